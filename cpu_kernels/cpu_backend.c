@@ -1,0 +1,306 @@
+/* cpu_backend.c: struct backend_i for the CPU. Work is split into tasks over output rows
+ * (GEMM/GEMV), heads (attention) or tokens (LoRA, norms) and run on the thread pool.
+ * Large-n GEMMs widen a cache-sized tile of weight rows to F32 and call single-threaded
+ * cblas_sgemm on it; small-n (decode) uses the AVX-512 GEMV that streams BF16 weights. */
+#include "cpu_kernels/cpu_backend.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "cpu_kernels/kernels.h"
+#include "cpu_kernels/threadpool.h"
+
+#define GEMV_MAX_N 8          /* up to this many rows use the GEMV kernel */
+#define TILE_BYTES (256 * 1024)
+
+typedef struct cpu_ctx {
+    threadpool_t *pool;
+    int n_threads;
+    bool avx512;
+    bool reference;
+    float **scratch;      /* per thread */
+    size_t *scratch_len;  /* floats */
+} cpu_ctx_t;
+
+static cpu_ctx_t *ctx_of(backend_t *b) { return b->ctx; }
+
+/* make every thread's scratch hold at least n floats (called before a parallel run) */
+static void scratch_reserve(cpu_ctx_t *c, size_t n) {
+    for (int t = 0; t < c->n_threads; t++) {
+        if (c->scratch_len[t] >= n) continue;
+        free(c->scratch[t]);
+        c->scratch[t] = cs_aligned_alloc(64, n * sizeof(float));
+        CS_ASSERT(c->scratch[t]);
+        c->scratch_len[t] = n;
+    }
+}
+
+/* ---- memory ---- */
+static void *cpu_buf_alloc(backend_t *b, size_t n) { (void)b; return cs_aligned_alloc(64, n); }
+static void cpu_buf_free(backend_t *b, void *p) { (void)b; free(p); }
+static void cpu_buf_copy(backend_t *b, void *d, const void *s, size_t n) { (void)b; memcpy(d, s, n); }
+
+/* ---- matmul ---- */
+struct mm_job {
+    cpu_ctx_t *c;
+    float *y;
+    const float *x;
+    int n;
+    const cs_weight_t *w;
+    const float *bias;
+    int rows_per_task;
+};
+
+static void mm_gemv_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    (void)thread;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
+    cs_gemv_rows_avx512(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+}
+
+static void mm_gemm_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    const cs_weight_t *w = j->w;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows);
+    const float *wt;
+    if (w->dtype == CS_DTYPE_F32) {
+        wt = (const float *)w->data + (size_t)r0 * w->cols;
+    } else {
+        float *buf = j->c->scratch[thread];
+        if (j->c->avx512) cs_convert_rows_avx512(buf, w, r0, r1);
+        else cs_to_f32(buf, (const uint16_t *)w->data + (size_t)r0 * w->cols, w->dtype, (size_t)(r1 - r0) * w->cols);
+        wt = buf;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, r1 - r0, w->cols, 1.0f, j->x, w->cols, wt, w->cols,
+                0.0f, j->y + r0, w->rows);
+}
+
+static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
+    cpu_ctx_t *c = ctx_of(b);
+    if (c->reference) { cs_matmul_ref(y, x, n, w, bias); return; }
+    struct mm_job j = {c, y, x, n, w, bias, 0};
+    if (n <= GEMV_MAX_N && c->avx512) {
+        int tasks = c->n_threads * 8;
+        j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
+        j.rows_per_task = (j.rows_per_task + 3) & ~3;
+        threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_gemv_task, &j);
+    } else {
+        int tile = (int)(TILE_BYTES / (sizeof(float) * (size_t)w->cols));
+        tile = CS_MAX(16, tile & ~15);
+        /* at least two tasks per thread so uneven cores balance */
+        int per = (w->rows + 2 * c->n_threads - 1) / (2 * c->n_threads);
+        j.rows_per_task = CS_MAX(16, CS_MIN(tile, (per + 15) & ~15));
+        if (w->dtype != CS_DTYPE_F32) scratch_reserve(c, (size_t)j.rows_per_task * w->cols);
+        threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_gemm_task, &j);
+    }
+    if (bias)
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < w->rows; r++) y[(size_t)i * w->rows + r] += bias[r];
+}
+
+/* ---- rmsnorm ---- */
+struct norm_job { float *y; const float *x; int dim; const float *w; float eps; int per; int n; };
+
+static void norm_task(void *p, int task, int thread) {
+    struct norm_job *j = p;
+    (void)thread;
+    int i0 = task * j->per, i1 = CS_MIN(i0 + j->per, j->n);
+    cs_rmsnorm_ref(j->y + (size_t)i0 * j->dim, j->x + (size_t)i0 * j->dim, i1 - i0, j->dim, j->w, j->eps);
+}
+
+static void cpu_rmsnorm(backend_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps) {
+    cpu_ctx_t *c = ctx_of(b);
+    CS_ASSERT(w->dtype == CS_DTYPE_F32 && w->rows * w->cols == dim);
+    if (c->reference || (size_t)n * dim < 16384) { cs_rmsnorm_ref(y, x, n, dim, w->data, eps); return; }
+    struct norm_job j = {y, x, dim, w->data, eps, (n + c->n_threads - 1) / c->n_threads, n};
+    threadpool_run(c->pool, (n + j.per - 1) / j.per, norm_task, &j);
+}
+
+/* ---- rope ---- */
+static void cpu_rope(backend_t *b, float *x, int n, int nh, int hd, const int32_t *pos, const float *inv_freq) {
+    (void)b;
+    int half = hd / 2;
+    float cs[512], sn[512];
+    CS_ASSERT(half <= 512);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < half; j++) {
+            float f = (float)pos[i] * inv_freq[j];
+            cs[j] = cosf(f);
+            sn[j] = sinf(f);
+        }
+        for (int h = 0; h < nh; h++) {
+            float *v = x + ((size_t)i * nh + h) * hd;
+            for (int j = 0; j < half; j++) {
+                float a = v[j], bb = v[j + half];
+                v[j] = a * cs[j] - bb * sn[j];
+                v[j + half] = bb * cs[j] + a * sn[j];
+            }
+        }
+    }
+}
+
+/* ---- attention ---- */
+struct attn_job {
+    cpu_ctx_t *c;
+    float *out;
+    const float *q, *k, *v;
+    int n, pos0, nh, nkv, hd, window;
+};
+
+static void attn_task(void *p, int task, int thread) {
+    struct attn_job *j = p;
+    int h = task % j->nh, i = task / j->nh;   /* task = (query, head) */
+    int group = j->nh / j->nkv, kvh = h / group, kv_dim = j->nkv * j->hd;
+    float scale = 1.0f / sqrtf((float)j->hd);
+    float *s = j->c->scratch[thread];
+    int qpos = j->pos0 + i;
+    int first = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
+    const float *qh = j->q + ((size_t)i * j->nh + h) * j->hd;
+    float mx = -INFINITY;
+    for (int t = first; t <= qpos; t++) {
+        const float *kt = j->k + (size_t)t * kv_dim + kvh * j->hd;
+        float d = cs_dot_f32_avx512(qh, kt, j->hd) * scale;
+        s[t] = d;
+        if (d > mx) mx = d;
+    }
+    double sum = 0;
+    for (int t = first; t <= qpos; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
+    float *oh = j->out + ((size_t)i * j->nh + h) * j->hd;
+    memset(oh, 0, sizeof(float) * j->hd);
+    float inv = (float)(1.0 / sum);
+    for (int t = first; t <= qpos; t++)
+        cs_axpy_f32_avx512(oh, s[t] * inv, j->v + (size_t)t * kv_dim + kvh * j->hd, j->hd);
+}
+
+static void cpu_attention(backend_t *b, float *out, const float *q, const float *k, const float *v, int n, int pos0,
+                          int nh, int nkv, int hd, int window) {
+    cpu_ctx_t *c = ctx_of(b);
+    if (c->reference || !c->avx512) { cs_attention_ref(out, q, k, v, n, pos0, nh, nkv, hd, window); return; }
+    scratch_reserve(c, (size_t)(pos0 + n));
+    struct attn_job j = {c, out, q, k, v, n, pos0, nh, nkv, hd, window};
+    threadpool_run(c->pool, n * nh, attn_task, &j);
+}
+
+/* ---- elementwise ---- */
+struct ew_job { float *g; const float *u; size_t n, per; };
+
+static void silu_task(void *p, int task, int thread) {
+    struct ew_job *j = p;
+    (void)thread;
+    size_t i0 = (size_t)task * j->per, i1 = CS_MIN(i0 + j->per, j->n);
+    cs_silu_mul_ref(j->g + i0, j->u + i0, i1 - i0);
+}
+
+static void cpu_silu_mul(backend_t *b, float *g, const float *u, size_t n) {
+    cpu_ctx_t *c = ctx_of(b);
+    if (c->reference || n < 16384) { cs_silu_mul_ref(g, u, n); return; }
+    struct ew_job j = {g, u, n, (n + c->n_threads - 1) / c->n_threads};
+    threadpool_run(c->pool, (int)((n + j.per - 1) / j.per), silu_task, &j);
+}
+
+static void cpu_add(backend_t *b, float *y, const float *x, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* ---- LoRA: two small GEMMs per token chunk ---- */
+struct lora_job {
+    cpu_ctx_t *c;
+    float *y;
+    const float *x, *a, *bm;
+    int n, rank, d_in, d_out, per;
+    float scale;
+};
+
+static void lora_task(void *p, int task, int thread) {
+    struct lora_job *j = p;
+    int i0 = task * j->per, m = CS_MIN(j->per, j->n - i0);
+    float *t = j->c->scratch[thread]; /* (m, rank) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, j->rank, j->d_in, 1.0f, j->x + (size_t)i0 * j->d_in,
+                j->d_in, j->a, j->d_in, 0.0f, t, j->rank);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, j->d_out, j->rank, j->scale, t, j->rank, j->bm, j->rank,
+                1.0f, j->y + (size_t)i0 * j->d_out, j->d_out);
+}
+
+static void cpu_lora(backend_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank, int d_in,
+                     int d_out, float scale) {
+    cpu_ctx_t *c = ctx_of(b);
+    if (rank <= 0 || n <= 0) return;
+    if (c->reference) { cs_lora_ref(y, x, n, a, bm, rank, d_in, d_out, scale); return; }
+    struct lora_job j = {c, y, x, a, bm, n, rank, d_in, d_out, (n + c->n_threads - 1) / c->n_threads, scale};
+    scratch_reserve(c, (size_t)j.per * rank);
+    threadpool_run(c->pool, (n + j.per - 1) / j.per, lora_task, &j);
+}
+
+static void cpu_embed(backend_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
+    (void)b;
+    size_t esz = cs_dtype_size(t->dtype);
+    for (int i = 0; i < n; i++) {
+        CS_ASSERT(ids[i] >= 0 && ids[i] < t->rows);
+        cs_to_f32(y + (size_t)i * t->cols, (const char *)t->data + (size_t)ids[i] * t->cols * esz, t->dtype,
+                  (size_t)t->cols);
+    }
+}
+
+static void cpu_free(backend_t *b) {
+    cpu_ctx_t *c = ctx_of(b);
+    if (c) {
+        threadpool_free(c->pool);
+        for (int t = 0; t < c->n_threads; t++) free(c->scratch[t]);
+        free(c->scratch);
+        free(c->scratch_len);
+        free(c);
+    }
+    free(b);
+}
+
+static const struct backend_i cpu_iface = {
+    .name = "cpu",
+    .host_memory = true,
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .buf_set = cpu_buf_copy,
+    .buf_get = cpu_buf_copy,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .lora = cpu_lora,
+    .embed = cpu_embed,
+    .synchronize = NULL,
+    .free = cpu_free,
+};
+
+backend_t *cpu_backend_new(const cpu_backend_params_t *p) {
+    backend_t *b = calloc(1, sizeof *b);
+    cpu_ctx_t *c = calloc(1, sizeof *c);
+    if (!b || !c) goto err;
+    b->iface = &cpu_iface;
+    b->ctx = c;
+    int n = p && p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    c->n_threads = b->n_threads = n;
+    c->reference = p && p->reference;
+    c->avx512 = cs_cpu_has_avx512() && !getenv("CS_NO_AVX512");
+    c->scratch = calloc((size_t)n, sizeof *c->scratch);
+    c->scratch_len = calloc((size_t)n, sizeof *c->scratch_len);
+    c->pool = threadpool_new(n);
+    if (!c->scratch || !c->scratch_len || !c->pool) goto err;
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+    /* our pool owns the cores; OpenBLAS runs single-threaded inside each task */
+    openblas_set_num_threads(1);
+#endif
+    return b;
+err:
+    if (b && c) { b->ctx = c; cpu_free(b); return NULL; }
+    free(b);
+    free(c);
+    cs_error_set(CS_ENOMEM, "cpu backend: out of memory");
+    return NULL;
+}

@@ -1,0 +1,153 @@
+/* kernels_avx512.c: AVX-512 fast paths of the CPU backend. Weights stay in their file
+ * dtype (BF16/F16/F32) and are widened to F32 in registers; accumulation is F32 with
+ * independent accumulators. Compiled with target attributes, called only after
+ * cs_cpu_has_avx512(); each has a reference in kernels_ref.c it is tested against. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "cpu_kernels/kernels.h"
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+int cs_cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+AVX512 INLINE __m512 load16(const void *base, size_t i, cs_dtype dt) {
+    if (dt == CS_DTYPE_BF16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    if (dt == CS_DTYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+    return _mm512_loadu_ps((const float *)base + i);
+}
+
+INLINE float scalar_at(const void *base, size_t i, cs_dtype dt) {
+    if (dt == CS_DTYPE_BF16) return cs_bf16_to_f32(((const uint16_t *)base)[i]);
+    if (dt == CS_DTYPE_F16) return cs_f16_to_f32(((const uint16_t *)base)[i]);
+    return ((const float *)base)[i];
+}
+
+/* four rows at a time against one x vector */
+AVX512 INLINE void gemv_impl(float *y, int ldy, const float *x, int n, const void *w, int cols, int r0, int r1,
+                             cs_dtype dt) {
+    int c16 = cols & ~15;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * cols;
+        float *yi = y + (size_t)i * ldy;
+        int r = r0;
+        for (; r + 4 <= r1; r += 4) {
+            size_t b0 = (size_t)r * cols, b1 = b0 + cols, b2 = b1 + cols, b3 = b2 + cols;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int c = 0; c < c16; c += 16) {
+                __m512 xv = _mm512_loadu_ps(xi + c);
+                a0 = _mm512_fmadd_ps(load16(w, b0 + c, dt), xv, a0);
+                a1 = _mm512_fmadd_ps(load16(w, b1 + c, dt), xv, a1);
+                a2 = _mm512_fmadd_ps(load16(w, b2 + c, dt), xv, a2);
+                a3 = _mm512_fmadd_ps(load16(w, b3 + c, dt), xv, a3);
+            }
+            float s0 = _mm512_reduce_add_ps(a0), s1 = _mm512_reduce_add_ps(a1);
+            float s2 = _mm512_reduce_add_ps(a2), s3 = _mm512_reduce_add_ps(a3);
+            for (int c = c16; c < cols; c++) {
+                s0 += scalar_at(w, b0 + c, dt) * xi[c];
+                s1 += scalar_at(w, b1 + c, dt) * xi[c];
+                s2 += scalar_at(w, b2 + c, dt) * xi[c];
+                s3 += scalar_at(w, b3 + c, dt) * xi[c];
+            }
+            yi[r] = s0; yi[r + 1] = s1; yi[r + 2] = s2; yi[r + 3] = s3;
+        }
+        for (; r < r1; r++) {
+            size_t b0 = (size_t)r * cols;
+            __m512 a0 = _mm512_setzero_ps();
+            for (int c = 0; c < c16; c += 16) a0 = _mm512_fmadd_ps(load16(w, b0 + c, dt), _mm512_loadu_ps(xi + c), a0);
+            float s0 = _mm512_reduce_add_ps(a0);
+            for (int c = c16; c < cols; c++) s0 += scalar_at(w, b0 + c, dt) * xi[c];
+            yi[r] = s0;
+        }
+    }
+}
+
+/* n in 2..4: each weight row is read once for all x vectors */
+AVX512 INLINE void gemv_multi_impl(float *y, int ldy, const float *x, int n, const void *w, int cols, int r0,
+                                   int r1, cs_dtype dt) {
+    int c16 = cols & ~15;
+    for (int r = r0; r < r1; r++) {
+        size_t b = (size_t)r * cols;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int c = 0; c < c16; c += 16) {
+            __m512 wv = load16(w, b + c, dt);
+            for (int i = 0; i < n; i++) acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * cols + c), acc[i]);
+        }
+        for (int i = 0; i < n; i++) {
+            float s = _mm512_reduce_add_ps(acc[i]);
+            for (int c = c16; c < cols; c++) s += scalar_at(w, b + c, dt) * x[(size_t)i * cols + c];
+            y[(size_t)i * ldy + r] = s;
+        }
+    }
+}
+
+AVX512 void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
+    for (int i0 = 0; i0 < n; i0 += 4) {
+        int m = n - i0 < 4 ? n - i0 : 4;
+        const float *xi = x + (size_t)i0 * w->cols;
+        float *yi = y + (size_t)i0 * ldy;
+        if (m == 1) {
+            switch (w->dtype) {
+            case CS_DTYPE_BF16: gemv_impl(yi, ldy, xi, 1, w->data, w->cols, r0, r1, CS_DTYPE_BF16); break;
+            case CS_DTYPE_F16: gemv_impl(yi, ldy, xi, 1, w->data, w->cols, r0, r1, CS_DTYPE_F16); break;
+            default: gemv_impl(yi, ldy, xi, 1, w->data, w->cols, r0, r1, CS_DTYPE_F32); break;
+            }
+        } else {
+            switch (w->dtype) {
+            case CS_DTYPE_BF16: gemv_multi_impl(yi, ldy, xi, m, w->data, w->cols, r0, r1, CS_DTYPE_BF16); break;
+            case CS_DTYPE_F16: gemv_multi_impl(yi, ldy, xi, m, w->data, w->cols, r0, r1, CS_DTYPE_F16); break;
+            default: gemv_multi_impl(yi, ldy, xi, m, w->data, w->cols, r0, r1, CS_DTYPE_F32); break;
+            }
+        }
+    }
+}
+
+AVX512 INLINE void convert_impl(float *dst, const void *w, size_t i0, size_t count, cs_dtype dt) {
+    size_t c16 = count & ~(size_t)15;
+    for (size_t c = 0; c < c16; c += 16) _mm512_storeu_ps(dst + c, load16(w, i0 + c, dt));
+    for (size_t c = c16; c < count; c++) dst[c] = scalar_at(w, i0 + c, dt);
+}
+
+AVX512 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1) {
+    size_t i0 = (size_t)r0 * w->cols, count = (size_t)(r1 - r0) * w->cols;
+    if (w->dtype == CS_DTYPE_BF16) convert_impl(dst, w->data, i0, count, CS_DTYPE_BF16);
+    else if (w->dtype == CS_DTYPE_F16) convert_impl(dst, w->data, i0, count, CS_DTYPE_F16);
+    else convert_impl(dst, w->data, i0, count, CS_DTYPE_F32);
+}
+
+AVX512 float cs_dot_f32_avx512(const float *a, const float *b, int n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+AVX512 void cs_axpy_f32_avx512(float *y, float a, const float *x, int n) {
+    __m512 av = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+void cs_silu_mul_avx512(float *gate, const float *up, size_t n) {
+    /* expf stays the libm one: accuracy matters more than the few % this op costs */
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}

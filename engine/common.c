@@ -1,0 +1,164 @@
+/* common.c: error strings, the thread-local last-error message, dtype tables and the
+ * half-precision conversions every layer uses. */
+#include "engine/common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static _Thread_local char cs_errbuf[1024];
+int cs_log_verbose = 0;
+
+const char *cs_strerror(int status) {
+    switch (status) {
+    case CS_OK: return "ok";
+    case CS_EINVAL: return "invalid argument";
+    case CS_ENOMEM: return "out of memory";
+    case CS_EIO: return "I/O error";
+    case CS_EFORMAT: return "malformed input";
+    case CS_EUNSUPPORTED: return "unsupported";
+    case CS_ENOTFOUND: return "not found";
+    case CS_ESHAPE: return "shape mismatch";
+    default: return "unknown error";
+    }
+}
+
+int cs_error_set(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cs_errbuf, sizeof cs_errbuf, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char *cs_error_last(void) { return cs_errbuf[0] ? cs_errbuf : "no error message"; }
+void cs_error_clear(void) { cs_errbuf[0] = 0; }
+
+void cs_log(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+void cs_assert_fail(const char *file, int line, const char *expr) {
+    fprintf(stderr, "%s:%d: assertion failed: %s\n", file, line, expr);
+    abort();
+}
+
+static const struct { const char *name; size_t size; } dtype_tab[CS_DTYPE_COUNT] = {
+    [CS_DTYPE_F32] = {"F32", 4},  [CS_DTYPE_F16] = {"F16", 2}, [CS_DTYPE_BF16] = {"BF16", 2},
+    [CS_DTYPE_F64] = {"F64", 8},  [CS_DTYPE_I64] = {"I64", 8}, [CS_DTYPE_I32] = {"I32", 4},
+    [CS_DTYPE_I16] = {"I16", 2},  [CS_DTYPE_I8] = {"I8", 1},   [CS_DTYPE_U8] = {"U8", 1},
+    [CS_DTYPE_BOOL] = {"BOOL", 1},
+};
+
+const char *cs_dtype_name(cs_dtype t) { return (unsigned)t < CS_DTYPE_COUNT ? dtype_tab[t].name : "?"; }
+size_t cs_dtype_size(cs_dtype t) { return (unsigned)t < CS_DTYPE_COUNT ? dtype_tab[t].size : 0; }
+
+int cs_dtype_from_name(const char *name) {
+    for (int i = 0; i < CS_DTYPE_COUNT; i++)
+        if (strcmp(dtype_tab[i].name, name) == 0) return i;
+    return -1;
+}
+
+float cs_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    union { uint32_t u; float f; } v;
+    if (exp == 0) {
+        if (mant == 0) { v.u = sign; return v.f; }
+        float f = ldexpf((float)mant, -24); /* subnormal */
+        return sign ? -f : f;
+    }
+    if (exp == 31) v.u = sign | 0x7f800000u | (mant << 13);
+    else v.u = sign | ((exp + 112) << 23) | (mant << 13);
+    return v.f;
+}
+
+uint16_t cs_f32_to_f16(float f) {
+    union { uint32_t u; float f; } v = { .f = f };
+    uint32_t sign = (v.u >> 16) & 0x8000, a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);          /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);         /* overflow -> inf */
+    if (a < 0x38800000u) {                                          /* subnormal or zero */
+        float r = fabsf(f) * 16777216.0f;                           /* 2^24 */
+        return (uint16_t)(sign | (uint32_t)nearbyintf(r));
+    }
+    uint32_t mant = a & 0x7fffff, exp = (a >> 23) - 112;
+    uint32_t h = (exp << 10) | (mant >> 13);
+    uint32_t rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+void cs_to_f32(float *dst, const void *src, cs_dtype t, size_t n) {
+    switch (t) {
+    case CS_DTYPE_F32: memcpy(dst, src, n * 4); break;
+    case CS_DTYPE_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = cs_bf16_to_f32(s[i]);
+        break;
+    }
+    case CS_DTYPE_F16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = cs_f16_to_f32(s[i]);
+        break;
+    }
+    default: CS_ASSERT(!"cs_to_f32: unsupported dtype");
+    }
+}
+
+void *cs_aligned_alloc(size_t align, size_t size) {
+    size_t sz = (size + align - 1) / align * align;
+    if (sz == 0) sz = align;
+    void *p = aligned_alloc(align, sz);
+    if (p) memset(p, 0, sz);
+    return p;
+}
+
+char *cs_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { cs_error_set(CS_EIO, "%s: %s", path, strerror(errno)); return NULL; }
+    if (fseek(f, 0, SEEK_END) != 0) goto err;
+    long n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto err;
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) { fclose(f); cs_error_set(CS_ENOMEM, "%s: out of memory", path); return NULL; }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); goto err; }
+    buf[n] = 0;
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return buf;
+err:
+    cs_error_set(CS_EIO, "%s: read failed: %s", path, strerror(errno));
+    fclose(f);
+    return NULL;
+}
+
+char *cs_path_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    size_t k = a;
+    if (a && dir[a - 1] != '/') p[k++] = '/';
+    memcpy(p + k, name, b + 1);
+    return p;
+}
+
+bool cs_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+double cs_time_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}

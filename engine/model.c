@@ -1,0 +1,410 @@
+/* model.c: loads a Llama-family checkpoint (see model.h) and runs its forward pass on a
+ * backend. Matrices stay in their file dtype (BF16 stays BF16) and, on a host-memory
+ * backend, stay in the mmap; norms and biases are widened to F32 at load. */
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/safetensors.h"
+
+typedef struct layer_w {
+    cs_weight_t attn_norm, ffn_norm;       /* (1, hidden) F32 */
+    cs_weight_t q_norm, k_norm;            /* (1, head_dim) F32, Qwen3 */
+    cs_weight_t wq, wk, wv, wo;            /* (out, in) */
+    cs_weight_t w_gate, w_up, w_down;
+    float *bq, *bk, *bv, *bo;              /* biases, NULL when absent */
+    float *b_gate, *b_up, *b_down;
+} layer_w_t;
+
+struct model {
+    model_config_t cfg;
+    backend_t *be;
+    safetensors_t *st;
+    cs_weight_t embed;      /* (vocab, hidden) */
+    cs_weight_t lm_head;    /* (vocab, hidden), == embed when tied */
+    cs_weight_t final_norm;
+    layer_w_t *layers;
+    float *inv_freq;        /* host, head_dim/2 */
+    void **owned;           /* backend buffers to free */
+    size_t n_owned, cap_owned;
+    size_t n_params;
+    cs_dtype wdtype;
+    /* activations, grown on demand (backend memory) */
+    int act_cap;
+    float *x, *xb, *xb2, *q, *att, *hb, *hb2, *logits_buf;
+    int32_t *pos;
+};
+
+struct model_seq {
+    model_t *m;
+    int capacity;
+    int len;
+    float **k, **v;         /* per layer: (capacity, kv_dim) */
+};
+
+const model_config_t *model_get_config(const model_t *m) { return &m->cfg; }
+size_t model_n_params(const model_t *m) { return m->n_params; }
+cs_dtype model_weight_dtype(const model_t *m) { return m->wdtype; }
+
+static int own(model_t *m, void *p) {
+    if (!p) return cs_error_set(CS_ENOMEM, "out of memory");
+    if (m->n_owned == m->cap_owned) {
+        size_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **no = realloc(m->owned, nc * sizeof *no);
+        if (!no) return cs_error_set(CS_ENOMEM, "out of memory");
+        m->owned = no;
+        m->cap_owned = nc;
+    }
+    m->owned[m->n_owned++] = p;
+    return CS_OK;
+}
+
+static const char *shape_str(char *buf, size_t len, const int64_t *s, int nd) {
+    size_t k = 0;
+    k += snprintf(buf + k, len - k, "[");
+    for (int i = 0; i < nd && k < len; i++) k += snprintf(buf + k, len - k, "%s%lld", i ? ", " : "", (long long)s[i]);
+    if (k < len) snprintf(buf + k, len - k, "]");
+    return buf;
+}
+
+/* Look up `name`, check dtype and shape (rows, cols; rows == 0 means a vector of cols). */
+static int get_tensor(model_t *m, const char *name, int rows, int cols, const st_tensor_t **out) {
+    const st_tensor_t *t = safetensors_find(m->st, name);
+    if (!t) return cs_error_set(CS_ENOTFOUND, "missing tensor '%s'", name);
+    if (t->dtype != CS_DTYPE_F32 && t->dtype != CS_DTYPE_BF16 && t->dtype != CS_DTYPE_F16)
+        return cs_error_set(CS_EUNSUPPORTED, "tensor '%s': dtype %s not supported (F32, BF16, F16 are)", name,
+                            cs_dtype_name(t->dtype));
+    int64_t want[2] = {rows, cols};
+    int want_nd = rows ? 2 : 1;
+    const int64_t *w = rows ? want : want + 1;
+    bool ok = t->n_dims == want_nd;
+    for (int i = 0; ok && i < want_nd; i++) ok = t->shape[i] == w[i];
+    if (!ok) {
+        char a[96], b[96];
+        return cs_error_set(CS_ESHAPE, "tensor '%s': expected shape %s, got %s", name, shape_str(a, sizeof a, w, want_nd),
+                            shape_str(b, sizeof b, t->shape, t->n_dims));
+    }
+    *out = t;
+    return CS_OK;
+}
+
+static int load_matrix(model_t *m, const char *name, int rows, int cols, cs_weight_t *w) {
+    const st_tensor_t *t;
+    int rc = get_tensor(m, name, rows, cols, &t);
+    if (rc) return rc;
+    w->dtype = t->dtype;
+    w->rows = rows;
+    w->cols = cols;
+    if (m->be->iface->host_memory) {
+        w->data = t->data;
+    } else {
+        void *d = backend_buf_alloc(m->be, t->nbytes);
+        if ((rc = own(m, d))) return rc;
+        backend_buf_set(m->be, d, t->data, t->nbytes);
+        w->data = d;
+    }
+    m->n_params += (size_t)rows * cols;
+    return CS_OK;
+}
+
+/* vectors (norms, biases) are widened to F32 */
+static int load_vector(model_t *m, const char *name, int n, float **out) {
+    const st_tensor_t *t;
+    int rc = get_tensor(m, name, 0, n, &t);
+    if (rc) return rc;
+    float *h = malloc(sizeof(float) * (size_t)n);
+    if (!h) return cs_error_set(CS_ENOMEM, "out of memory");
+    cs_to_f32(h, t->data, t->dtype, (size_t)n);
+    float *d = backend_buf_alloc(m->be, sizeof(float) * (size_t)n);
+    if ((rc = own(m, d))) { free(h); return rc; }
+    backend_buf_set(m->be, d, h, sizeof(float) * (size_t)n);
+    free(h);
+    *out = d;
+    m->n_params += (size_t)n;
+    return CS_OK;
+}
+
+static int load_norm(model_t *m, const char *name, int n, cs_weight_t *w) {
+    float *d;
+    int rc = load_vector(m, name, n, &d);
+    if (rc) return rc;
+    *w = (cs_weight_t){CS_DTYPE_F32, 1, n, d};
+    return CS_OK;
+}
+
+void model_rope_inv_freq(const model_config_t *c, float *inv) {
+    int hd = c->head_dim;
+    for (int i = 0; i < hd / 2; i++) {
+        float e = (float)(2 * i) / (float)hd;
+        inv[i] = 1.0f / powf((float)c->rope_theta, e);
+    }
+    if (c->rope_scaling == ROPE_SCALING_LINEAR) {
+        for (int i = 0; i < hd / 2; i++) inv[i] = inv[i] / (float)c->rope_factor;
+    } else if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
+        /* transformers' _compute_llama3_parameters, in float32 */
+        float factor = (float)c->rope_factor, lo = (float)c->rope_low_freq_factor, hi = (float)c->rope_high_freq_factor;
+        float old = (float)c->rope_original_max_pos;
+        float lo_wl = old / lo, hi_wl = old / hi;
+        for (int i = 0; i < hd / 2; i++) {
+            float f = inv[i];
+            float wl = 2.0f * (float)M_PI / f;
+            float scaled = wl > lo_wl ? f / factor : f;
+            if (!(wl < hi_wl) && !(wl > lo_wl)) {
+                float smooth = (old / wl - lo) / (hi - lo);
+                scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+            }
+            inv[i] = scaled;
+        }
+    }
+}
+
+static bool tensor_expected(const model_t *m, const char *name) {
+    /* buffers some checkpoints carry that do not change the math */
+    if (strstr(name, "rotary_emb.inv_freq")) return true;
+    if (m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0) return true;
+    return false;
+}
+
+int model_load(const char *dir, backend_t *be, model_t **out) {
+    *out = NULL;
+    model_t *m = calloc(1, sizeof *m);
+    if (!m) return cs_error_set(CS_ENOMEM, "out of memory");
+    m->be = be;
+    int rc = model_config_load(dir, &m->cfg);
+    if (rc) goto err;
+    if ((rc = safetensors_open_dir(dir, "model", &m->st))) goto err;
+    const model_config_t *c = &m->cfg;
+    int H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    char name[256];
+    size_t n_used = 0;
+    if ((rc = load_matrix(m, "model.embed_tokens.weight", c->vocab_size, H, &m->embed))) goto err;
+    m->wdtype = m->embed.dtype;
+    n_used++;
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else {
+        if ((rc = load_matrix(m, "lm_head.weight", c->vocab_size, H, &m->lm_head))) goto err;
+        n_used++;
+    }
+    if ((rc = load_norm(m, "model.norm.weight", H, &m->final_norm))) goto err;
+    n_used++;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
+#define L(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), n_used++, name)
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_w_t *w = &m->layers[l];
+        if ((rc = load_norm(m, L("input_layernorm.weight"), H, &w->attn_norm))) goto err;
+        if ((rc = load_norm(m, L("post_attention_layernorm.weight"), H, &w->ffn_norm))) goto err;
+        if ((rc = load_matrix(m, L("self_attn.q_proj.weight"), qd, H, &w->wq))) goto err;
+        if ((rc = load_matrix(m, L("self_attn.k_proj.weight"), kvd, H, &w->wk))) goto err;
+        if ((rc = load_matrix(m, L("self_attn.v_proj.weight"), kvd, H, &w->wv))) goto err;
+        if ((rc = load_matrix(m, L("self_attn.o_proj.weight"), H, qd, &w->wo))) goto err;
+        if ((rc = load_matrix(m, L("mlp.gate_proj.weight"), I, H, &w->w_gate))) goto err;
+        if ((rc = load_matrix(m, L("mlp.up_proj.weight"), I, H, &w->w_up))) goto err;
+        if ((rc = load_matrix(m, L("mlp.down_proj.weight"), H, I, &w->w_down))) goto err;
+        if (c->attention_bias) {
+            if ((rc = load_vector(m, L("self_attn.q_proj.bias"), qd, &w->bq))) goto err;
+            if ((rc = load_vector(m, L("self_attn.k_proj.bias"), kvd, &w->bk))) goto err;
+            if ((rc = load_vector(m, L("self_attn.v_proj.bias"), kvd, &w->bv))) goto err;
+        }
+        if (c->o_bias && (rc = load_vector(m, L("self_attn.o_proj.bias"), H, &w->bo))) goto err;
+        if (c->mlp_bias) {
+            if ((rc = load_vector(m, L("mlp.gate_proj.bias"), I, &w->b_gate))) goto err;
+            if ((rc = load_vector(m, L("mlp.up_proj.bias"), I, &w->b_up))) goto err;
+            if ((rc = load_vector(m, L("mlp.down_proj.bias"), H, &w->b_down))) goto err;
+        }
+        if (c->qk_norm) {
+            if ((rc = load_norm(m, L("self_attn.q_norm.weight"), hd, &w->q_norm))) goto err;
+            if ((rc = load_norm(m, L("self_attn.k_norm.weight"), hd, &w->k_norm))) goto err;
+        }
+    }
+#undef L
+    /* a tensor we did not use would be silently ignored math: refuse it */
+    size_t n_all = safetensors_count(m->st);
+    if (n_all > n_used) {
+        for (size_t i = 0; i < n_all; i++) {
+            const st_tensor_t *t = safetensors_at(m->st, i);
+            if (tensor_expected(m, t->name)) continue;
+            bool used = strcmp(t->name, "model.embed_tokens.weight") == 0 || strcmp(t->name, "lm_head.weight") == 0 ||
+                        strcmp(t->name, "model.norm.weight") == 0;
+            int l;
+            char rest[200];
+            if (!used && sscanf(t->name, "model.layers.%d.%199s", &l, rest) == 2 && l >= 0 && l < c->n_layers) {
+                static const char *const known[] = {
+                    "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                    "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+                for (size_t k = 0; k < CS_ARRAY_LEN(known) && !used; k++) used = strcmp(rest, known[k]) == 0;
+                if (!used && c->attention_bias)
+                    used = !strcmp(rest, "self_attn.q_proj.bias") || !strcmp(rest, "self_attn.k_proj.bias") ||
+                           !strcmp(rest, "self_attn.v_proj.bias");
+                if (!used && c->o_bias) used = !strcmp(rest, "self_attn.o_proj.bias");
+                if (!used && c->mlp_bias)
+                    used = !strcmp(rest, "mlp.gate_proj.bias") || !strcmp(rest, "mlp.up_proj.bias") ||
+                           !strcmp(rest, "mlp.down_proj.bias");
+                if (!used && c->qk_norm) used = !strcmp(rest, "self_attn.q_norm.weight") || !strcmp(rest, "self_attn.k_norm.weight");
+            }
+            if (!used) {
+                rc = cs_error_set(CS_EUNSUPPORTED, "unexpected tensor '%s' for %s (config.json does not account for it)",
+                                  t->name, c->arch_name);
+                goto err;
+            }
+        }
+    }
+    m->inv_freq = malloc(sizeof(float) * (size_t)(hd / 2));
+    if (!m->inv_freq) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
+    model_rope_inv_freq(c, m->inv_freq);
+    *out = m;
+    return CS_OK;
+err:
+    model_free(m);
+    return rc;
+}
+
+static void free_acts(model_t *m) {
+    float **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->att, &m->hb, &m->hb2, &m->logits_buf};
+    for (size_t i = 0; i < CS_ARRAY_LEN(bufs); i++) { backend_buf_free(m->be, *bufs[i]); *bufs[i] = NULL; }
+    free(m->pos);
+    m->pos = NULL;
+    m->act_cap = 0;
+}
+
+void model_free(model_t *m) {
+    if (!m) return;
+    free_acts(m);
+    for (size_t i = 0; i < m->n_owned; i++) backend_buf_free(m->be, m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    free(m->inv_freq);
+    safetensors_free(m->st);
+    free(m);
+}
+
+static int ensure_acts(model_t *m, int n) {
+    if (n <= m->act_cap) return CS_OK;
+    free_acts(m);
+    const model_config_t *c = &m->cfg;
+    size_t H = (size_t)c->hidden_size, qd = (size_t)c->n_heads * c->head_dim;
+    m->x = backend_buf_alloc(m->be, sizeof(float) * n * H);
+    m->xb = backend_buf_alloc(m->be, sizeof(float) * n * CS_MAX(H, qd));
+    m->xb2 = backend_buf_alloc(m->be, sizeof(float) * n * H);
+    m->q = backend_buf_alloc(m->be, sizeof(float) * n * qd);
+    m->att = backend_buf_alloc(m->be, sizeof(float) * n * qd);
+    m->hb = backend_buf_alloc(m->be, sizeof(float) * n * c->intermediate_size);
+    m->hb2 = backend_buf_alloc(m->be, sizeof(float) * n * c->intermediate_size);
+    m->logits_buf = backend_buf_alloc(m->be, sizeof(float) * n * c->vocab_size);
+    m->pos = malloc(sizeof(int32_t) * n);
+    if (!m->x || !m->xb || !m->xb2 || !m->q || !m->att || !m->hb || !m->hb2 || !m->logits_buf || !m->pos) {
+        free_acts(m);
+        return cs_error_set(CS_ENOMEM, "out of memory for activations of %d tokens", n);
+    }
+    m->act_cap = n;
+    return CS_OK;
+}
+
+model_seq_t *model_seq_new(model_t *m, int capacity) {
+    model_seq_t *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->m = m;
+    s->capacity = capacity;
+    int L = m->cfg.n_layers;
+    size_t bytes = sizeof(float) * (size_t)capacity * m->cfg.n_kv_heads * m->cfg.head_dim;
+    s->k = calloc((size_t)L, sizeof *s->k);
+    s->v = calloc((size_t)L, sizeof *s->v);
+    if (!s->k || !s->v) goto err;
+    for (int l = 0; l < L; l++) {
+        s->k[l] = backend_buf_alloc(m->be, bytes);
+        s->v[l] = backend_buf_alloc(m->be, bytes);
+        if (!s->k[l] || !s->v[l]) goto err;
+    }
+    return s;
+err:
+    model_seq_free(s);
+    cs_error_set(CS_ENOMEM, "out of memory for a KV cache of %d tokens", capacity);
+    return NULL;
+}
+
+void model_seq_free(model_seq_t *s) {
+    if (!s) return;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        if (s->k) backend_buf_free(s->m->be, s->k[l]);
+        if (s->v) backend_buf_free(s->m->be, s->v[l]);
+    }
+    free(s->k);
+    free(s->v);
+    free(s);
+}
+
+int model_seq_len(const model_seq_t *s) { return s->len; }
+void model_seq_reset(model_seq_t *s) { s->len = 0; }
+
+static inline void apply_lora(backend_t *be, float *y, const float *x, int n, const lora_adapter_t *lora, int layer,
+                              lora_target t) {
+    if (!lora) return;
+    const lora_module_t *md = lora_adapter_module(lora, layer, t);
+    if (md->rank > 0) backend_lora(be, y, x, n, md->a, md->b, md->rank, md->d_in, md->d_out, md->scale);
+}
+
+int model_forward(model_t *m, model_seq_t *s, const int32_t *ids, int n, const lora_adapter_t *lora, float *logits,
+                  bool all_logits) {
+    const model_config_t *c = &m->cfg;
+    backend_t *be = m->be;
+    if (n <= 0) return cs_error_set(CS_EINVAL, "no tokens to run");
+    if (s->len + n > s->capacity)
+        return cs_error_set(CS_EINVAL, "sequence of %d tokens exceeds its KV cache capacity %d", s->len + n, s->capacity);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return cs_error_set(CS_EINVAL, "token id %d out of range [0, %d)", ids[i], c->vocab_size);
+    if (lora && lora->n_layers != c->n_layers)
+        return cs_error_set(CS_EINVAL, "adapter '%s' has %d layers, the model %d", lora->name, lora->n_layers, c->n_layers);
+    int rc = ensure_acts(m, n);
+    if (rc) return rc;
+    int H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    int kvd = nkv * hd, pos0 = s->len;
+    for (int i = 0; i < n; i++) m->pos[i] = pos0 + i;
+
+    backend_embed(be, m->x, &m->embed, ids, n);
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_w_t *w = &m->layers[l];
+        float *kc = s->k[l] + (size_t)pos0 * kvd, *vc = s->v[l] + (size_t)pos0 * kvd;
+        backend_rmsnorm(be, m->xb, m->x, n, H, &w->attn_norm, c->rms_norm_eps);
+        backend_matmul(be, m->q, m->xb, n, &w->wq, w->bq);
+        backend_matmul(be, kc, m->xb, n, &w->wk, w->bk);
+        backend_matmul(be, vc, m->xb, n, &w->wv, w->bv);
+        apply_lora(be, m->q, m->xb, n, lora, l, LORA_Q);
+        apply_lora(be, kc, m->xb, n, lora, l, LORA_K);
+        apply_lora(be, vc, m->xb, n, lora, l, LORA_V);
+        if (c->qk_norm) {
+            backend_rmsnorm(be, m->q, m->q, n * nh, hd, &w->q_norm, c->rms_norm_eps);
+            backend_rmsnorm(be, kc, kc, n * nkv, hd, &w->k_norm, c->rms_norm_eps);
+        }
+        backend_rope(be, m->q, n, nh, hd, m->pos, m->inv_freq);
+        backend_rope(be, kc, n, nkv, hd, m->pos, m->inv_freq);
+        backend_attention(be, m->att, m->q, s->k[l], s->v[l], n, pos0, nh, nkv, hd, c->sliding_window);
+        backend_matmul(be, m->xb2, m->att, n, &w->wo, w->bo);
+        apply_lora(be, m->xb2, m->att, n, lora, l, LORA_O);
+        backend_add(be, m->x, m->xb2, (size_t)n * H);
+
+        backend_rmsnorm(be, m->xb, m->x, n, H, &w->ffn_norm, c->rms_norm_eps);
+        backend_matmul(be, m->hb, m->xb, n, &w->w_gate, w->b_gate);
+        backend_matmul(be, m->hb2, m->xb, n, &w->w_up, w->b_up);
+        apply_lora(be, m->hb, m->xb, n, lora, l, LORA_GATE);
+        apply_lora(be, m->hb2, m->xb, n, lora, l, LORA_UP);
+        backend_silu_mul(be, m->hb, m->hb2, (size_t)n * I);
+        backend_matmul(be, m->xb2, m->hb, n, &w->w_down, w->b_down);
+        apply_lora(be, m->xb2, m->hb, n, lora, l, LORA_DOWN);
+        backend_add(be, m->x, m->xb2, (size_t)n * H);
+    }
+    int n_out = all_logits ? n : 1;
+    const float *xin = m->x + (size_t)(n - n_out) * H;
+    backend_rmsnorm(be, m->xb, xin, n_out, H, &m->final_norm, c->rms_norm_eps);
+    backend_matmul(be, m->logits_buf, m->xb, n_out, &m->lm_head, NULL);
+    backend_buf_get(be, logits, m->logits_buf, sizeof(float) * (size_t)n_out * c->vocab_size);
+    backend_synchronize(be);
+    s->len += n;
+    return CS_OK;
+}

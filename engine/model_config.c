@@ -1,0 +1,417 @@
+/* model_config.c: config.json -> model_config_t for Llama, Mistral, Qwen2 and Qwen3, with
+ * the defaults transformers 5.23 applies per architecture when a key is absent (they differ:
+ * e.g. num_key_value_heads is 8 for Mistral and 32 for Qwen2/Qwen3 when absent). RoPE is read
+ * from either the legacy `rope_scaling` + `rope_theta` layout or the transformers 5
+ * `rope_parameters` dict, as transformers' own standardization does. */
+#include "engine/model_config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MC_MAX_DIM (1 << 20)       /* hidden, intermediate, heads * head_dim */
+#define MC_MAX_VOCAB (1 << 24)
+#define MC_MAX_LAYERS 4096
+
+static const struct arch_info {
+    const char *name;
+    model_arch arch;
+    int kv_heads_absent;    /* num_key_value_heads when the key is absent; 0 = num_attention_heads */
+    int max_pos_absent;
+    int head_dim_absent;    /* 0 = hidden_size / num_attention_heads */
+} arch_tab[] = {
+    { "LlamaForCausalLM",   MODEL_ARCH_LLAMA,   0,  2048,   0   },
+    { "MistralForCausalLM", MODEL_ARCH_MISTRAL, 8,  131072, 0   },
+    { "Qwen2ForCausalLM",   MODEL_ARCH_QWEN2,   32, 32768,  0   },
+    { "Qwen3ForCausalLM",   MODEL_ARCH_QWEN3,   32, 32768,  128 },
+};
+
+static const char *jtype(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* present = key exists and is not null */
+static json_t *get(const json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int get_int(const char *label, const json_t *obj, const char *key, bool required, int def,
+                   int *out) {
+    json_t *v = get(obj, key);
+    if (!v) {
+        if (required) return cs_error_set(CS_EFORMAT, "%s: missing required field '%s'", label, key);
+        *out = def;
+        return CS_OK;
+    }
+    if (!json_is_integer(v))
+        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be an integer, got %s", label, key, jtype(v));
+    json_int_t x = json_integer_value(v);
+    if (x < -2147483647LL || x > 2147483647LL)
+        return cs_error_set(CS_EFORMAT, "%s: field '%s' = %lld is out of range", label, key, (long long)x);
+    *out = (int)x;
+    return CS_OK;
+}
+
+static int get_num(const char *label, const char *where, const json_t *obj, const char *key,
+                   bool required, double def, double *out) {
+    json_t *v = get(obj, key);
+    if (!v) {
+        if (required)
+            return cs_error_set(CS_EFORMAT, "%s: missing required field '%s%s'", label, where, key);
+        *out = def;
+        return CS_OK;
+    }
+    if (!json_is_number(v))
+        return cs_error_set(CS_EFORMAT, "%s: field '%s%s' must be a number, got %s", label, where,
+                            key, jtype(v));
+    *out = json_number_value(v);
+    if (!isfinite(*out))
+        return cs_error_set(CS_EFORMAT, "%s: field '%s%s' is not finite", label, where, key);
+    return CS_OK;
+}
+
+static int get_bool(const char *label, const json_t *obj, const char *key, bool def, bool *out) {
+    json_t *v = get(obj, key);
+    if (!v) { *out = def; return CS_OK; }
+    if (!json_is_boolean(v))
+        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a boolean, got %s", label, key, jtype(v));
+    *out = json_is_true(v);
+    return CS_OK;
+}
+
+static int get_token_id(const char *label, const json_t *v, const char *key, int *out) {
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 2147483647LL)
+        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a non-negative integer token id", label, key);
+    *out = (int)json_integer_value(v);
+    return CS_OK;
+}
+
+/* RoPE: mirrors transformers' convert_rope_params_to_dict + standardize_rope_params. */
+static int parse_rope(const char *label, const json_t *root, model_config_t *c) {
+    json_t *rs = get(root, "rope_scaling"), *rp = get(root, "rope_parameters");
+    if (rs && !json_is_object(rs))
+        return cs_error_set(CS_EFORMAT, "%s: field 'rope_scaling' must be an object, got %s", label, jtype(rs));
+    if (rp && !json_is_object(rp))
+        return cs_error_set(CS_EFORMAT, "%s: field 'rope_parameters' must be an object, got %s", label, jtype(rp));
+    /* `rope_scaling or rope_parameters`: an empty rope_scaling falls through */
+    const json_t *rope = (rs && json_object_size(rs) > 0) ? rs : rp;
+    const char *field = rope == rs ? "rope_scaling" : "rope_parameters";
+    char where[40];
+    snprintf(where, sizeof where, "%s.", field);
+
+    if (rope && (json_is_object(json_object_get(rope, "full_attention")) ||
+                 json_is_object(json_object_get(rope, "sliding_attention"))))
+        return cs_error_set(CS_EUNSUPPORTED, "%s: '%s' nested per layer type is not supported", label, field);
+
+    int rc;
+    double top_theta;
+    if ((rc = get_num(label, "", root, "rope_theta", false, 10000.0, &top_theta))) return rc;
+    if (rope) {
+        if ((rc = get_num(label, where, rope, "rope_theta", false, top_theta, &c->rope_theta))) return rc;
+    } else {
+        c->rope_theta = top_theta;
+    }
+    if (!(c->rope_theta > 0))
+        return cs_error_set(CS_EFORMAT, "%s: rope_theta must be positive, got %g", label, c->rope_theta);
+
+    double prf;
+    if ((rc = get_num(label, "", root, "partial_rotary_factor", false, 1.0, &prf))) return rc;
+    if (rope && (rc = get_num(label, where, rope, "partial_rotary_factor", false, prf, &prf))) return rc;
+    if (prf != 1.0)
+        return cs_error_set(CS_EUNSUPPORTED, "%s: partial_rotary_factor %g is not supported (only 1.0)", label, prf);
+
+    const char *type = "default";
+    if (rope) {
+        json_t *t = get(rope, "rope_type");
+        if (!t) t = get(rope, "type");
+        if (t && !json_is_string(t))
+            return cs_error_set(CS_EFORMAT, "%s: field '%srope_type' must be a string, got %s", label, where, jtype(t));
+        if (t) type = json_string_value(t);
+    }
+    c->rope_scaling = ROPE_SCALING_NONE;
+    c->rope_factor = 1.0;
+    c->rope_low_freq_factor = c->rope_high_freq_factor = 0.0;
+    c->rope_original_max_pos = 0;
+    if (strcmp(type, "default") == 0) return CS_OK;
+    if (strcmp(type, "linear") == 0) {
+        c->rope_scaling = ROPE_SCALING_LINEAR;
+        if ((rc = get_num(label, where, rope, "factor", true, 0, &c->rope_factor))) return rc;
+        if (!(c->rope_factor > 0))
+            return cs_error_set(CS_EFORMAT, "%s: %sfactor must be positive", label, where);
+        return CS_OK;
+    }
+    if (strcmp(type, "llama3") == 0) {
+        c->rope_scaling = ROPE_SCALING_LLAMA3;
+        if ((rc = get_num(label, where, rope, "factor", true, 0, &c->rope_factor)) ||
+            (rc = get_num(label, where, rope, "low_freq_factor", true, 0, &c->rope_low_freq_factor)) ||
+            (rc = get_num(label, where, rope, "high_freq_factor", true, 0, &c->rope_high_freq_factor)))
+            return rc;
+        /* a top-level original_max_position_embeddings wins (transformers' Phi-3 exception),
+         * then the rope dict's, then max_position_embeddings */
+        int orig;
+        if ((rc = get_int(label, rope, "original_max_position_embeddings", false,
+                          c->max_position_embeddings, &orig)) ||
+            (rc = get_int(label, root, "original_max_position_embeddings", false, orig, &orig)))
+            return rc;
+        c->rope_original_max_pos = orig;
+        if (!(c->rope_factor > 0) || !(c->rope_low_freq_factor > 0) ||
+            !(c->rope_high_freq_factor > c->rope_low_freq_factor) || orig <= 0)
+            return cs_error_set(CS_EFORMAT,
+                                "%s: invalid llama3 %s: need factor > 0, 0 < low_freq_factor < "
+                                "high_freq_factor, original_max_position_embeddings > 0",
+                                label, field);
+        return CS_OK;
+    }
+    return cs_error_set(CS_EUNSUPPORTED, "%s: rope type '%s' (%s) is not supported (default, linear, llama3)",
+                        label, type, field);
+}
+
+static int parse_sliding(const char *label, const json_t *root, model_config_t *c) {
+    int rc;
+    c->sliding_window = 0;
+    if (c->arch == MODEL_ARCH_LLAMA) return CS_OK;   /* LlamaAttention has no sliding window */
+
+    json_t *swv = json_object_get(root, "sliding_window");
+    int sw;
+    if (!swv) sw = 4096;                             /* dataclass default of both configs */
+    else if (json_is_null(swv)) sw = 0;
+    else if ((rc = get_int(label, root, "sliding_window", true, 0, &sw))) return rc;
+    if (swv && !json_is_null(swv) && sw <= 0)
+        return cs_error_set(CS_EFORMAT, "%s: sliding_window must be positive or null, got %d", label, sw);
+
+    if (c->arch == MODEL_ARCH_MISTRAL) { c->sliding_window = sw; return CS_OK; }
+
+    /* Qwen2/Qwen3: the window applies only with use_sliding_window, and only to the layers
+     * layer_types marks "sliding_attention" (computed from max_window_layers when absent) */
+    bool use;
+    if ((rc = get_bool(label, root, "use_sliding_window", false, &use))) return rc;
+    if (!use) sw = 0;
+    int n_sliding = 0;
+    json_t *lt = get(root, "layer_types");
+    if (lt) {
+        if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->n_layers)
+            return cs_error_set(CS_EFORMAT, "%s: field 'layer_types' must be an array of %d strings",
+                                label, c->n_layers);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            const char *s = json_string_value(json_array_get(lt, i));
+            if (!s)
+                return cs_error_set(CS_EFORMAT, "%s: layer_types[%zu] is not a string", label, i);
+            if (strcmp(s, "sliding_attention") == 0) n_sliding++;
+            else if (strcmp(s, "full_attention") != 0)
+                return cs_error_set(CS_EUNSUPPORTED, "%s: layer_types[%zu] = '%s' is not supported", label, i, s);
+        }
+    } else {
+        int mwl;
+        if ((rc = get_int(label, root, "max_window_layers", false, 28, &mwl))) return rc;
+        n_sliding = mwl <= 0 ? c->n_layers : mwl >= c->n_layers ? 0 : c->n_layers - mwl;
+    }
+    if (sw == 0 || n_sliding == 0) return CS_OK;
+    if (n_sliding != c->n_layers)
+        return cs_error_set(CS_EUNSUPPORTED,
+                            "%s: use_sliding_window with %s makes %d of %d layers sliding-window and "
+                            "the rest full attention; mixed attention is not supported",
+                            label, lt ? "layer_types" : "max_window_layers", n_sliding, c->n_layers);
+    c->sliding_window = sw;
+    return CS_OK;
+}
+
+static int parse_impl(const char *label, const char *json_text, model_config_t *c) {
+    int rc = CS_OK;
+    json_error_t jerr;
+    json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &jerr);
+    memset(c, 0, sizeof *c);
+    if (!root) {
+        rc = cs_error_set(CS_EFORMAT, "%s: not valid JSON: %s (line %d)", label, jerr.text, jerr.line);
+        goto err;
+    }
+    if (!json_is_object(root)) {
+        rc = cs_error_set(CS_EFORMAT, "%s: expected a JSON object", label);
+        goto err;
+    }
+
+    json_t *archs = get(root, "architectures");
+    if (!archs) { rc = cs_error_set(CS_EFORMAT, "%s: missing required field 'architectures'", label); goto err; }
+    if (!json_is_array(archs) || json_array_size(archs) == 0 || !json_is_string(json_array_get(archs, 0))) {
+        rc = cs_error_set(CS_EFORMAT, "%s: field 'architectures' must be a non-empty array of strings", label);
+        goto err;
+    }
+    const char *an = json_string_value(json_array_get(archs, 0));
+    const struct arch_info *ai = NULL;
+    for (size_t i = 0; i < CS_ARRAY_LEN(arch_tab); i++)
+        if (strcmp(an, arch_tab[i].name) == 0) ai = &arch_tab[i];
+    if (!ai) {
+        rc = cs_error_set(CS_EUNSUPPORTED,
+                          "%s: architecture '%s' is not supported (LlamaForCausalLM, "
+                          "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)", label, an);
+        goto err;
+    }
+    c->arch = ai->arch;
+    snprintf(c->arch_name, sizeof c->arch_name, "%s", ai->name);
+
+    if (get(root, "quantization_config")) {
+        rc = cs_error_set(CS_EUNSUPPORTED, "%s: quantized checkpoints (quantization_config) are not supported", label);
+        goto err;
+    }
+
+    if ((rc = get_int(label, root, "vocab_size", true, 0, &c->vocab_size)) ||
+        (rc = get_int(label, root, "hidden_size", true, 0, &c->hidden_size)) ||
+        (rc = get_int(label, root, "intermediate_size", true, 0, &c->intermediate_size)) ||
+        (rc = get_int(label, root, "num_hidden_layers", true, 0, &c->n_layers)) ||
+        (rc = get_int(label, root, "num_attention_heads", true, 0, &c->n_heads)))
+        goto err;
+    struct { const char *k; int v, max; } pos[] = {
+        { "vocab_size", c->vocab_size, MC_MAX_VOCAB }, { "hidden_size", c->hidden_size, MC_MAX_DIM },
+        { "intermediate_size", c->intermediate_size, MC_MAX_DIM },
+        { "num_hidden_layers", c->n_layers, MC_MAX_LAYERS }, { "num_attention_heads", c->n_heads, MC_MAX_DIM },
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(pos); i++) {
+        if (pos[i].v <= 0) { rc = cs_error_set(CS_EFORMAT, "%s: field '%s' must be positive, got %d", label, pos[i].k, pos[i].v); goto err; }
+        if (pos[i].v > pos[i].max) { rc = cs_error_set(CS_EUNSUPPORTED, "%s: field '%s' = %d is larger than supported (%d)", label, pos[i].k, pos[i].v, pos[i].max); goto err; }
+    }
+
+    /* num_key_value_heads: absent -> the arch's dataclass default; null -> num_attention_heads */
+    json_t *kv = json_object_get(root, "num_key_value_heads");
+    if ((rc = get_int(label, root, "num_key_value_heads", false,
+                      (!kv && ai->kv_heads_absent) ? ai->kv_heads_absent : c->n_heads, &c->n_kv_heads)))
+        goto err;
+    if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0) {
+        rc = cs_error_set(CS_EFORMAT, "%s: num_attention_heads (%d) must be a positive multiple of num_key_value_heads (%d)",
+                          label, c->n_heads, c->n_kv_heads);
+        goto err;
+    }
+
+    /* head_dim: Llama/Mistral treat null as absent; Qwen2 reads it with getattr and Qwen3's
+     * dataclass requires an int, so null there breaks transformers and is refused */
+    json_t *hd = json_object_get(root, "head_dim");
+    if (json_is_null(hd) && (c->arch == MODEL_ARCH_QWEN2 || c->arch == MODEL_ARCH_QWEN3)) {
+        rc = cs_error_set(CS_EFORMAT, "%s: field 'head_dim' may not be null for %s", label, ai->name);
+        goto err;
+    }
+    if ((rc = get_int(label, root, "head_dim", false,
+                      (!hd && ai->head_dim_absent) ? ai->head_dim_absent : c->hidden_size / c->n_heads,
+                      &c->head_dim)))
+        goto err;
+    if (c->head_dim <= 0 || c->head_dim % 2 != 0 || (long long)c->head_dim * c->n_heads > MC_MAX_DIM) {
+        rc = cs_error_set(CS_EFORMAT, "%s: head_dim %d must be positive and even (with heads * head_dim <= %d)",
+                          label, c->head_dim, MC_MAX_DIM);
+        goto err;
+    }
+    if (c->arch == MODEL_ARCH_LLAMA && c->hidden_size % c->n_heads != 0) {
+        rc = cs_error_set(CS_EFORMAT, "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d)",
+                          label, c->hidden_size, c->n_heads);
+        goto err;
+    }
+
+    if ((rc = get_int(label, root, "max_position_embeddings", false, ai->max_pos_absent,
+                      &c->max_position_embeddings)))
+        goto err;
+    if (c->max_position_embeddings <= 0) {
+        rc = cs_error_set(CS_EFORMAT, "%s: field 'max_position_embeddings' must be positive", label);
+        goto err;
+    }
+    double eps;
+    if ((rc = get_num(label, "", root, "rms_norm_eps", false, 1e-6, &eps))) goto err;
+    if (eps < 0) { rc = cs_error_set(CS_EFORMAT, "%s: field 'rms_norm_eps' must be >= 0", label); goto err; }
+    c->rms_norm_eps = (float)eps;
+
+    json_t *act = get(root, "hidden_act");
+    if (act && !json_is_string(act)) {
+        rc = cs_error_set(CS_EFORMAT, "%s: field 'hidden_act' must be a string, got %s", label, jtype(act));
+        goto err;
+    }
+    if (act && strcmp(json_string_value(act), "silu") != 0 && strcmp(json_string_value(act), "swish") != 0) {
+        rc = cs_error_set(CS_EUNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)", label,
+                          json_string_value(act));
+        goto err;
+    }
+
+    if ((rc = parse_rope(label, root, c))) goto err;
+
+    if ((rc = get_bool(label, root, "tie_word_embeddings", false, &c->tie_word_embeddings))) goto err;
+    bool ab = false, mb = false;
+    switch (c->arch) {
+    case MODEL_ARCH_LLAMA:
+        if ((rc = get_bool(label, root, "attention_bias", false, &ab)) ||
+            (rc = get_bool(label, root, "mlp_bias", false, &mb)))
+            goto err;
+        c->attention_bias = c->o_bias = ab;
+        c->mlp_bias = mb;
+        break;
+    case MODEL_ARCH_MISTRAL:
+        break;
+    case MODEL_ARCH_QWEN2:
+        c->attention_bias = true;
+        break;
+    case MODEL_ARCH_QWEN3:
+        if ((rc = get_bool(label, root, "attention_bias", false, &ab))) goto err;
+        c->attention_bias = c->o_bias = ab;
+        c->qk_norm = true;
+        break;
+    }
+
+    if ((rc = parse_sliding(label, root, c))) goto err;
+
+    const char *dkey = get(root, "dtype") ? "dtype" : "torch_dtype";
+    json_t *dt = get(root, dkey);
+    c->torch_dtype = CS_DTYPE_F32;
+    if (dt) {
+        const char *s = json_string_value(dt);
+        if (!s) { rc = cs_error_set(CS_EFORMAT, "%s: field '%s' must be a string, got %s", label, dkey, jtype(dt)); goto err; }
+        if (!strcmp(s, "float32") || !strcmp(s, "float")) c->torch_dtype = CS_DTYPE_F32;
+        else if (!strcmp(s, "bfloat16")) c->torch_dtype = CS_DTYPE_BF16;
+        else if (!strcmp(s, "float16") || !strcmp(s, "half")) c->torch_dtype = CS_DTYPE_F16;
+        else { rc = cs_error_set(CS_EUNSUPPORTED, "%s: %s '%s' is not supported (float32, bfloat16, float16)", label, dkey, s); goto err; }
+    }
+
+    json_t *bos = get(root, "bos_token_id"), *eos = get(root, "eos_token_id");
+    c->bos_token_id = -1;
+    if (bos && (rc = get_token_id(label, bos, "bos_token_id", &c->bos_token_id))) goto err;
+    c->n_eos = 0;
+    if (eos && json_is_array(eos)) {
+        if (json_array_size(eos) > MODEL_MAX_EOS) {
+            rc = cs_error_set(CS_EUNSUPPORTED, "%s: more than %d eos_token_id values", label, MODEL_MAX_EOS);
+            goto err;
+        }
+        for (size_t i = 0; i < json_array_size(eos); i++)
+            if ((rc = get_token_id(label, json_array_get(eos, i), "eos_token_id", &c->eos_token_ids[c->n_eos++]))) goto err;
+    } else if (eos) {
+        if ((rc = get_token_id(label, eos, "eos_token_id", &c->eos_token_ids[0]))) goto err;
+        c->n_eos = 1;
+    }
+    json_decref(root);
+    return CS_OK;
+err:
+    json_decref(root);
+    return rc;
+}
+
+int model_config_parse(const char *json_text, model_config_t *out) {
+    return parse_impl("config.json", json_text, out);
+}
+
+int model_config_load(const char *dir, model_config_t *out) {
+    char *path = cs_path_join(dir, "config.json");
+    if (!path) return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
+    if (!cs_file_exists(path)) {
+        int rc = cs_error_set(CS_ENOTFOUND, "%s: no config.json", dir);
+        free(path);
+        memset(out, 0, sizeof *out);
+        return rc;
+    }
+    char *text = cs_read_file(path, NULL);
+    int rc = text ? parse_impl(path, text, out) : CS_EIO;
+    free(text);
+    free(path);
+    return rc;
+}

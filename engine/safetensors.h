@@ -1,0 +1,60 @@
+/* safetensors.h: memory-mapped reader (and a small writer) for Hugging Face safetensors
+ * files, single or sharded through model.safetensors.index.json. The header is validated
+ * fully before any tensor is handed out: offsets in bounds, no overlap, dtype x shape ==
+ * byte size; every error names the file and the tensor. */
+#ifndef CS_SAFETENSORS_H
+#define CS_SAFETENSORS_H
+
+#include "engine/common.h"
+
+#define ST_MAX_DIMS 8
+
+#define ST_MAX_HEADER (100u * 1000u * 1000u) /* header JSON cap, as the Python library */
+
+typedef struct st_tensor {
+    const char *name;
+    cs_dtype dtype;
+    int n_dims;
+    int64_t shape[ST_MAX_DIMS];
+    const void *data;   /* points into the mapping; aligned to the element size only if the
+                         * writer aligned it (ours and the Python library's do) */
+    size_t nbytes;
+} st_tensor_t;
+
+typedef struct safetensors safetensors_t;
+
+/* One .safetensors file. */
+int safetensors_open(const char *path, safetensors_t **out);
+/* A model directory: model.safetensors.index.json (sharded) if present, else
+ * model.safetensors. `basename` is "model" for models, "adapter_model" for PEFT. */
+int safetensors_open_dir(const char *dir, const char *basename, safetensors_t **out);
+void safetensors_free(safetensors_t *st);
+
+/* Tensors in header order, shard after shard (shards in order of first mention in the
+ * index). Names are unique across shards. */
+size_t safetensors_count(const safetensors_t *st);
+const st_tensor_t *safetensors_at(const safetensors_t *st, size_t i);
+const st_tensor_t *safetensors_find(const safetensors_t *st, const char *name); /* NULL if absent */
+/* __metadata__ string value, NULL if absent */
+const char *safetensors_metadata(const safetensors_t *st, const char *key);
+
+/* Writer: tensors are written in the order given, data contiguous, 8-byte aligned header. */
+typedef struct st_write_tensor {
+    const char *name;
+    cs_dtype dtype;
+    int n_dims;
+    int64_t shape[ST_MAX_DIMS];
+    const void *data;
+} st_write_tensor_t;
+int safetensors_write(const char *path, const st_write_tensor_t *t, size_t n,
+                      const char *const *metadata_kv /* key,value,...,NULL or NULL */);
+/* Streaming variant for files larger than memory: `data` is ignored and fill(user, i, buf,
+ * nbytes) writes tensor i's bytes into buf (a nonzero return aborts with that status).
+ * The file appears atomically (written to a temporary name, then renamed). */
+typedef int (*st_fill_fn)(void *user, size_t i, void *buf, size_t nbytes);
+int safetensors_write_cb(const char *path, const st_write_tensor_t *t, size_t n,
+                         const char *const *metadata_kv, st_fill_fn fill, void *user);
+/* Bytes of a tensor of this dtype and shape; 0 with *ok = false on overflow. */
+size_t safetensors_nbytes(cs_dtype dtype, int n_dims, const int64_t *shape, bool *ok);
+
+#endif

@@ -1,0 +1,47 @@
+/* peft.h: PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors) mapped onto
+ * a base model's projections. Scale = lora_alpha / r (or / sqrt(r) with rsLoRA), with
+ * rank_pattern / alpha_pattern overrides per module. Weights are converted to F32 at load
+ * (they are small). What we cannot serve exactly (DoRA, modules_to_save, embedding or
+ * lm_head LoRA, bias != "none", ...) is refused with a clear message. */
+#ifndef CS_PEFT_H
+#define CS_PEFT_H
+
+#include "engine/common.h"
+#include "engine/model_config.h"
+
+typedef enum lora_target {
+    LORA_Q = 0, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN,
+    LORA_N_TARGETS,
+} lora_target;
+
+extern const char *const lora_target_names[LORA_N_TARGETS]; /* "q_proj", ... */
+
+typedef struct lora_module {
+    int rank;           /* 0: this projection is not adapted */
+    int d_in, d_out;
+    float scale;        /* alpha / r, or alpha / sqrt(r) */
+    float *a;           /* (rank, d_in)  lora_A.weight; cs_aligned_alloc(64), freed by lora_adapter_free */
+    float *b;           /* (d_out, rank) lora_B.weight; same */
+} lora_module_t;
+
+typedef struct lora_adapter {
+    char *name;             /* directory basename unless set by the caller */
+    char *path;
+    int n_layers;
+    int max_rank;
+    size_t nbytes;          /* bytes of A and B held */
+    lora_module_t *mods;    /* [n_layers * LORA_N_TARGETS] */
+} lora_adapter_t;
+
+static inline lora_module_t *lora_adapter_module(const lora_adapter_t *a, int layer, lora_target t) {
+    return &a->mods[layer * LORA_N_TARGETS + t];
+}
+
+/* Load DIR (adapter_config.json + adapter_model.safetensors) against the base config. */
+int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t **out);
+void lora_adapter_free(lora_adapter_t *a);
+
+/* Projection shapes of the base model: d_in / d_out of each target. */
+void lora_target_dims(const model_config_t *cfg, lora_target t, int *d_in, int *d_out);
+
+#endif

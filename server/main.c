@@ -1,0 +1,294 @@
+/* main.c: the `caraserve` command. `generate` runs one prompt through the model on the
+ * CPU backend (with or without a PEFT adapter) and prints the continuation; it is also how
+ * tests compare the engine with transformers (--dump-logits). `serve` comes with the HTTP
+ * server. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "cpu_kernels/cpu_backend.h"
+#include "engine/model.h"
+#include "engine/sampling.h"
+#include "engine/tokenizer.h"
+#include "lora/peft.h"
+
+static void usage_generate(FILE *f) {
+    fprintf(f,
+            "usage: caraserve generate --model DIR [--lora DIR] (--prompt TEXT | --prompt-ids 1,2,3)\n"
+            "                          [--max-tokens N] [--temperature T] [--seed S] [--print-ids]\n"
+            "                          [--threads N] [--no-special] [--ignore-eos] [--stats]\n"
+            "                          [--dump-logits FILE] [--reference-kernels]\n"
+            "\n"
+            "  --model DIR          Hugging Face model directory (config.json, *.safetensors, tokenizer.json)\n"
+            "  --lora DIR           PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)\n"
+            "  --prompt TEXT        prompt text (tokenized with the model's tokenizer.json)\n"
+            "  --prompt-ids LIST    prompt as comma-separated token ids (no tokenizer needed)\n"
+            "  --max-tokens N       tokens to generate (default 64; 0 only scores the prompt)\n"
+            "  --temperature T      0 = greedy (default), else sample with this temperature\n"
+            "  --seed S             sampling seed (default 0)\n"
+            "  --print-ids          also print the prompt and generated token ids\n"
+            "  --threads N          CPU threads (default: all online CPUs)\n"
+            "  --no-special         do not add the tokenizer's special tokens (e.g. BOS) to --prompt\n"
+            "  --ignore-eos         keep generating past end-of-sequence tokens\n"
+            "  --stats              print prefill and decode speed to stderr\n"
+            "  --dump-logits FILE   write the logits of every position (binary, for tests)\n"
+            "  --reference-kernels  use the plain reference kernels (slow; for checking)\n");
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "caraserve %s: multi-LoRA LLM inference server\n"
+            "\n"
+            "usage: caraserve <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  generate   one-shot generation on the CPU (see caraserve generate --help)\n"
+            "  version    print the version\n",
+            PACKAGE_VERSION);
+}
+
+static int parse_ids(const char *s, int32_t **out, int *n) {
+    int cap = 16, k = 0;
+    int32_t *ids = malloc(sizeof *ids * cap);
+    if (!ids) return -1;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == ',') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "caraserve: --prompt-ids: bad token id near '%.20s'\n", p);
+            free(ids);
+            return -1;
+        }
+        if (k == cap) {
+            cap *= 2;
+            int32_t *ni = realloc(ids, sizeof *ids * cap);
+            if (!ni) { free(ids); return -1; }
+            ids = ni;
+        }
+        ids[k++] = (int32_t)v;
+        p = end;
+    }
+    *out = ids;
+    *n = k;
+    return 0;
+}
+
+static int write_logits_header(FILE *f, int32_t rows, int32_t vocab) {
+    int32_t hdr[3] = {0x474c5343 /* "CSLG" */, rows, vocab};
+    return fwrite(hdr, sizeof hdr, 1, f) == 1 ? 0 : -1;
+}
+
+static int cmd_generate(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},     {"lora", required_argument, 0, 'l'},
+        {"prompt", required_argument, 0, 'p'},    {"prompt-ids", required_argument, 0, 'i'},
+        {"max-tokens", required_argument, 0, 'n'}, {"temperature", required_argument, 0, 't'},
+        {"seed", required_argument, 0, 's'},      {"print-ids", no_argument, 0, 'P'},
+        {"threads", required_argument, 0, 'T'},   {"no-special", no_argument, 0, 'N'},
+        {"ignore-eos", no_argument, 0, 'E'},      {"stats", no_argument, 0, 'S'},
+        {"dump-logits", required_argument, 0, 'D'}, {"reference-kernels", no_argument, 0, 'R'},
+        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+    };
+    const char *model_dir = NULL, *lora_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *dump = NULL;
+    int max_tokens = 64, threads = 0;
+    bool print_ids = false, no_special = false, ignore_eos = false, stats = false, reference = false;
+    sampling_params_t sp = {0, 0};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        char *end = NULL;
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 'l': lora_dir = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'i': prompt_ids = optarg; break;
+        case 'n':
+            max_tokens = (int)strtol(optarg, &end, 10);
+            if (*end || max_tokens < 0) { fprintf(stderr, "caraserve: --max-tokens must be an integer >= 0\n"); return 2; }
+            break;
+        case 't':
+            sp.temperature = strtof(optarg, &end);
+            if (*end || !(sp.temperature >= 0)) { fprintf(stderr, "caraserve: --temperature must be a number >= 0\n"); return 2; }
+            break;
+        case 's':
+            sp.seed = strtoull(optarg, &end, 10);
+            if (*end) { fprintf(stderr, "caraserve: --seed must be an integer\n"); return 2; }
+            break;
+        case 'P': print_ids = true; break;
+        case 'T':
+            threads = (int)strtol(optarg, &end, 10);
+            if (*end || threads < 1) { fprintf(stderr, "caraserve: --threads must be an integer >= 1\n"); return 2; }
+            break;
+        case 'N': no_special = true; break;
+        case 'E': ignore_eos = true; break;
+        case 'S': stats = true; break;
+        case 'D': dump = optarg; break;
+        case 'R': reference = true; break;
+        case 'h': usage_generate(stdout); return 0;
+        default: usage_generate(stderr); return 2;
+        }
+    }
+    if (optind < argc) { fprintf(stderr, "caraserve generate: unexpected argument '%s'\n", argv[optind]); return 2; }
+    if (!model_dir) { fprintf(stderr, "caraserve generate: --model DIR is required\n"); usage_generate(stderr); return 2; }
+    if (!prompt == !prompt_ids) {
+        fprintf(stderr, "caraserve generate: give exactly one of --prompt or --prompt-ids\n");
+        return 2;
+    }
+
+    int status = 1;
+    backend_t *be = NULL;
+    model_t *model = NULL;
+    tokenizer_t *tok = NULL;
+    lora_adapter_t *lora = NULL;
+    model_seq_t *seq = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    FILE *df = NULL;
+    tokenizer_stream_t *ts = NULL;
+    int n_prompt = 0;
+
+    be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads, .reference = reference});
+    if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    double t0 = cs_time_ms();
+    if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
+    const model_config_t *cfg = model_get_config(model);
+    char *tj = cs_path_join(model_dir, "tokenizer.json");
+    bool have_tok = tj && cs_file_exists(tj);
+    free(tj);
+    if (have_tok && tokenizer_load(model_dir, &tok)) {
+        fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last());
+        goto out;
+    }
+    if (prompt && !tok) { fprintf(stderr, "caraserve: %s has no tokenizer.json; use --prompt-ids\n", model_dir); goto out; }
+    if (lora_dir && lora_adapter_load(lora_dir, cfg, &lora)) {
+        fprintf(stderr, "caraserve: adapter %s: %s\n", lora_dir, cs_error_last());
+        goto out;
+    }
+    double t_load = cs_time_ms() - t0;
+    if (prompt) {
+        size_t n;
+        if (tokenizer_encode(tok, prompt, strlen(prompt), !no_special, &ids, &n)) {
+            fprintf(stderr, "caraserve: tokenize: %s\n", cs_error_last());
+            goto out;
+        }
+        n_prompt = (int)n;
+    } else if (parse_ids(prompt_ids, &ids, &n_prompt)) {
+        goto out;
+    }
+    if (n_prompt == 0) { fprintf(stderr, "caraserve: the prompt is empty (no tokens)\n"); goto out; }
+    for (int i = 0; i < n_prompt; i++)
+        if (ids[i] >= cfg->vocab_size) {
+            fprintf(stderr, "caraserve: prompt token id %d is out of the vocabulary (size %d)\n", ids[i], cfg->vocab_size);
+            goto out;
+        }
+    int capacity = n_prompt + max_tokens;
+    seq = model_seq_new(model, capacity);
+    logits = malloc(sizeof(float) * (size_t)n_prompt * cfg->vocab_size);
+    int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(capacity + 1));
+    if (!seq || !logits || !all) { fprintf(stderr, "caraserve: out of memory\n"); goto out; }
+    ids = all;
+    if (dump) {
+        df = fopen(dump, "wb");
+        if (!df) { fprintf(stderr, "caraserve: %s: %s\n", dump, strerror(errno)); goto out; }
+        write_logits_header(df, 0, cfg->vocab_size);
+    }
+    if (tok) ts = tokenizer_stream_new(tok, true);
+
+    double tp0 = cs_time_ms();
+    if (model_forward(model, seq, ids, n_prompt, lora, logits, dump != NULL)) {
+        fprintf(stderr, "caraserve: forward: %s\n", cs_error_last());
+        goto out;
+    }
+    double t_prefill = cs_time_ms() - tp0;
+    int rows = dump ? n_prompt : 1;
+    if (df && fwrite(logits, sizeof(float) * cfg->vocab_size, (size_t)rows, df) != (size_t)rows) goto dump_err;
+    const float *last = logits + (size_t)(rows - 1) * cfg->vocab_size;
+    const int32_t *eos = NULL;
+    int n_eos = tok ? tokenizer_eos_ids(tok, &eos) : 0;
+    cs_rng_t rng;
+    cs_rng_seed(&rng, sp.seed);
+    int n_gen = 0;
+    double td0 = cs_time_ms();
+    while (n_gen < max_tokens) {
+        int32_t t = sampling_sample(last, cfg->vocab_size, &sp, &rng);
+        ids[n_prompt + n_gen++] = t;
+        bool is_eos = false;
+        for (int e = 0; e < n_eos; e++) is_eos |= eos[e] == t;
+        for (int e = 0; e < cfg->n_eos; e++) is_eos |= cfg->eos_token_ids[e] == t;
+        if (ts) {
+            char *piece;
+            size_t plen;
+            if (tokenizer_stream_push(ts, t, &piece, &plen) == CS_OK) {
+                fwrite(piece, 1, plen, stdout);
+                fflush(stdout);
+                free(piece);
+            }
+        }
+        if ((is_eos && !ignore_eos) || n_gen == max_tokens) break;
+        if (model_forward(model, seq, &t, 1, lora, logits, false)) {
+            fprintf(stderr, "caraserve: forward: %s\n", cs_error_last());
+            goto out;
+        }
+        if (df && fwrite(logits, sizeof(float) * cfg->vocab_size, 1, df) != 1) goto dump_err;
+        last = logits;
+    }
+    double t_decode = cs_time_ms() - td0;
+    if (ts) {
+        char *piece;
+        size_t plen;
+        if (tokenizer_stream_flush(ts, &piece, &plen) == CS_OK) { fwrite(piece, 1, plen, stdout); free(piece); }
+    }
+    if (max_tokens > 0) printf("\n");
+    if (print_ids) {
+        printf("prompt_ids:");
+        for (int i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : " ", ids[i]);
+        printf("\ngenerated_ids:");
+        for (int i = 0; i < n_gen; i++) printf("%s%d", i ? "," : " ", ids[n_prompt + i]);
+        printf("\n");
+    }
+    if (df) {
+        int32_t total = rows + (n_gen > 0 ? n_gen - 1 : 0); /* the last token is never run */
+        if (fseek(df, 0, SEEK_SET) || write_logits_header(df, total, cfg->vocab_size)) goto dump_err;
+    }
+    if (stats) {
+        fprintf(stderr,
+                "stats: load %.1f ms | prefill %d tokens in %.1f ms (%.1f tok/s) | decode %d tokens in %.1f ms "
+                "(%.2f tok/s) | threads %d | weights %s | params %.1fM\n",
+                t_load, n_prompt, t_prefill, n_prompt / (t_prefill / 1e3), n_gen > 1 ? n_gen - 1 : 0, t_decode,
+                n_gen > 1 ? (n_gen - 1) / (t_decode / 1e3) : 0.0, be->n_threads,
+                cs_dtype_name(model_weight_dtype(model)), model_n_params(model) / 1e6);
+    }
+    status = 0;
+    goto out;
+dump_err:
+    fprintf(stderr, "caraserve: %s: write failed\n", dump);
+out:
+    if (df && fclose(df) && status == 0) { fprintf(stderr, "caraserve: %s: write failed\n", dump); status = 1; }
+    tokenizer_stream_free(ts);
+    free(logits);
+    free(ids);
+    model_seq_free(seq);
+    lora_adapter_free(lora);
+    tokenizer_free(tok);
+    model_free(model);
+    backend_free(be);
+    return status;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("caraserve %s\n", PACKAGE_VERSION); return 0; }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { usage(stdout); return 0; }
+    fprintf(stderr, "caraserve: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

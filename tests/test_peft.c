@@ -1,0 +1,651 @@
+/* test_peft.c: PEFT LoRA adapter loading against an in-memory base config: scale (plain
+ * and rsLoRA), rank_pattern / alpha_pattern key matching as peft does it, target_modules as
+ * list / regex / all-linear, layers_to_transform, exclude_modules, and refusals (DoRA,
+ * modules_to_save, lm_head / embeddings, wrong shapes naming both shapes, missing tensors). */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/safetensors.h"
+#include "lora/peft.h"
+
+static char dir[256];
+static model_config_t base;
+
+#define N_LAYERS 3
+/* hidden 64, 4 heads x 16 (q 64), 2 kv heads (k/v 32), intermediate 96 */
+static const char *base_json =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 64, "
+    "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+    "\"num_key_value_heads\": 2}";
+
+static void rm_dir_files(const char *d) {
+    DIR *dd = opendir(d);
+    if (!dd) return;
+    struct dirent *e;
+    while ((e = readdir(dd))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", d, e->d_name);
+        unlink(p);
+    }
+    closedir(dd);
+}
+
+static void setup(void) {
+    snprintf(dir, sizeof dir, "/tmp/cs_test_peft_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(model_config_parse(base_json, &base), CS_OK);
+}
+
+static void teardown(void) {
+    rm_dir_files(dir);
+    rmdir(dir);
+}
+
+/* ---- building adapter files ---- */
+
+#define TB_MAX 128
+typedef struct tb {
+    st_write_tensor_t t[TB_MAX];
+    char names[TB_MAX][160];
+    void *bufs[TB_MAX];
+    int n;
+} tb_t;
+
+/* exactly representable in BF16 and F16 */
+static float val(int seed, size_t i) { return (float)seed * 0.25f + (float)((int)(i % 64) - 32) * 0.125f; }
+
+static void tb_add(tb_t *b, const char *name, cs_dtype dt, int64_t d0, int64_t d1, int seed) {
+    ck_assert_int_lt(b->n, TB_MAX);
+    size_t n = (size_t)d0 * (size_t)d1;
+    void *buf = malloc(n * cs_dtype_size(dt) + 1);
+    for (size_t i = 0; i < n; i++) {
+        float v = val(seed, i);
+        if (dt == CS_DTYPE_F32) ((float *)buf)[i] = v;
+        else if (dt == CS_DTYPE_BF16) ((uint16_t *)buf)[i] = cs_f32_to_bf16(v);
+        else if (dt == CS_DTYPE_F16) ((uint16_t *)buf)[i] = cs_f32_to_f16(v);
+        else if (dt == CS_DTYPE_F64) ((double *)buf)[i] = v;
+    }
+    snprintf(b->names[b->n], sizeof b->names[b->n], "%s", name);
+    b->t[b->n] = (st_write_tensor_t){ .name = b->names[b->n], .dtype = dt, .n_dims = 2, .shape = { d0, d1 }, .data = buf };
+    b->bufs[b->n++] = buf;
+}
+
+static const char *parent(int t) { return t < LORA_GATE ? "self_attn" : "mlp"; }
+
+static void tensor_name(char *buf, size_t cap, int layer, int t, char ab) {
+    snprintf(buf, cap, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, parent(t), lora_target_names[t], ab);
+}
+
+static int seed_of(int layer, int t, int ab) { return layer * 7 + t + ab; }
+
+/* A [rank, d_in] and B [d_out, rank] of the base model */
+static void tb_lora(tb_t *b, int layer, int t, int rank, cs_dtype dt) {
+    int din, dout;
+    lora_target_dims(&base, (lora_target)t, &din, &dout);
+    char n[160];
+    tensor_name(n, sizeof n, layer, t, 'A');
+    tb_add(b, n, dt, rank, din, seed_of(layer, t, 0));
+    tensor_name(n, sizeof n, layer, t, 'B');
+    tb_add(b, n, dt, dout, rank, seed_of(layer, t, 1));
+}
+
+/* every layer, the targets in mask, rank r */
+static void tb_all(tb_t *b, unsigned mask, int r, cs_dtype dt) {
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            if (mask & (1u << t)) tb_lora(b, l, t, r, dt);
+}
+
+static void tb_write(tb_t *b, const char *file) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    const char *meta[] = { "format", "pt", NULL };
+    ck_assert_int_eq(safetensors_write(p, b->t, (size_t)b->n, meta), CS_OK);
+    for (int i = 0; i < b->n; i++) free(b->bufs[i]);
+    b->n = 0;
+}
+
+static void write_file(const char *file, const char *text) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+#define ALL_TARGETS "[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]"
+#define ALL_MASK 0x7fu
+
+static void write_cfg(const char *fmt_extra) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "{\"peft_type\": \"LORA\", \"task_type\": \"CAUSAL_LM\", \"bias\": \"none\", %s}", fmt_extra);
+    write_file("adapter_config.json", buf);
+}
+
+static lora_adapter_t *load_ok(void) {
+    lora_adapter_t *a = NULL;
+    int rc = lora_adapter_load(dir, &base, &a);
+    ck_assert_msg(rc == CS_OK, "load: %d %s", rc, cs_error_last());
+    ck_assert_ptr_nonnull(a);
+    return a;
+}
+
+static void load_fail(int want, const char *needle) {
+    lora_adapter_t *a = (lora_adapter_t *)0x1;
+    cs_error_clear();
+    int rc = lora_adapter_load(dir, &base, &a);
+    ck_assert_msg(rc == want, "got %d (%s), want %d", rc, cs_error_last(), want);
+    ck_assert_ptr_null(a);
+    if (needle)
+        ck_assert_msg(strstr(cs_error_last(), needle) != NULL, "message '%s' lacks '%s'", cs_error_last(), needle);
+}
+
+static void check_mod(const lora_adapter_t *a, int layer, int t, int rank, double scale) {
+    const lora_module_t *m = lora_adapter_module(a, layer, (lora_target)t);
+    ck_assert_msg(m->rank == rank, "layer %d %s: rank %d, want %d", layer, lora_target_names[t], m->rank, rank);
+    int din, dout;
+    lora_target_dims(&base, (lora_target)t, &din, &dout);
+    ck_assert_int_eq(m->d_in, din);
+    ck_assert_int_eq(m->d_out, dout);
+    if (!rank) {
+        ck_assert_ptr_null(m->a);
+        return;
+    }
+    ck_assert_msg(fabs(m->scale - scale) < 1e-6, "layer %d %s: scale %g, want %g", layer, lora_target_names[t],
+                  (double)m->scale, scale);
+    for (size_t i = 0; i < (size_t)rank * din; i += 7) ck_assert_float_eq(m->a[i], val(seed_of(layer, t, 0), i));
+    for (size_t i = 0; i < (size_t)dout * rank; i += 5) ck_assert_float_eq(m->b[i], val(seed_of(layer, t, 1), i));
+    ck_assert_float_eq(m->b[(size_t)dout * rank - 1], val(seed_of(layer, t, 1), (size_t)dout * rank - 1));
+}
+
+/* ---- tests ---- */
+
+START_TEST(test_target_dims) {
+    int din, dout;
+    lora_target_dims(&base, LORA_Q, &din, &dout);
+    ck_assert(din == 64 && dout == 64);
+    lora_target_dims(&base, LORA_K, &din, &dout);
+    ck_assert(din == 64 && dout == 32);
+    lora_target_dims(&base, LORA_V, &din, &dout);
+    ck_assert(din == 64 && dout == 32);
+    lora_target_dims(&base, LORA_O, &din, &dout);
+    ck_assert(din == 64 && dout == 64);
+    lora_target_dims(&base, LORA_GATE, &din, &dout);
+    ck_assert(din == 64 && dout == 96);
+    lora_target_dims(&base, LORA_UP, &din, &dout);
+    ck_assert(din == 64 && dout == 96);
+    lora_target_dims(&base, LORA_DOWN, &din, &dout);
+    ck_assert(din == 96 && dout == 64);
+    model_config_t q3;
+    ck_assert_int_eq(model_config_parse("{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 10, "
+                                        "\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1, "
+                                        "\"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"head_dim\": 32}", &q3), CS_OK);
+    lora_target_dims(&q3, LORA_Q, &din, &dout);
+    ck_assert(din == 64 && dout == 128);
+    lora_target_dims(&q3, LORA_K, &din, &dout);
+    ck_assert(din == 64 && dout == 32);
+    lora_target_dims(&q3, LORA_O, &din, &dout);
+    ck_assert(din == 128 && dout == 64);
+    ck_assert_str_eq(lora_target_names[LORA_DOWN], "down_proj");
+}
+END_TEST
+
+START_TEST(test_all_targets) {
+    tb_t b = { 0 };
+    tb_all(&b, ALL_MASK, 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"use_rslora\": false, "
+              "\"use_dora\": false, \"modules_to_save\": null, \"rank_pattern\": {}, \"alpha_pattern\": {}, "
+              "\"lora_dropout\": 0.05, \"fan_in_fan_out\": false, \"init_lora_weights\": true, "
+              "\"layers_to_transform\": null, \"layers_pattern\": null, \"exclude_modules\": null");
+    lora_adapter_t *a = load_ok();
+    ck_assert_int_eq(a->n_layers, N_LAYERS);
+    ck_assert_int_eq(a->max_rank, 8);
+    size_t want = 0;
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            check_mod(a, l, t, 8, 2.0);
+            int din, dout;
+            lora_target_dims(&base, (lora_target)t, &din, &dout);
+            want += (size_t)8 * (din + dout) * sizeof(float);
+        }
+    ck_assert_uint_eq(a->nbytes, want);
+    ck_assert_str_eq(a->path, dir);
+    ck_assert_str_eq(a->name, strrchr(dir, '/') + 1);
+    lora_adapter_free(a);
+    lora_adapter_free(NULL);
+    /* trailing slash: same name */
+    char d2[300];
+    snprintf(d2, sizeof d2, "%s/", dir);
+    ck_assert_int_eq(lora_adapter_load(d2, &base, &a), CS_OK);
+    ck_assert_str_eq(a->name, strrchr(dir, '/') + 1);
+    lora_adapter_free(a);
+}
+END_TEST
+
+START_TEST(test_rslora) {
+    tb_t b = { 0 };
+    tb_all(&b, ALL_MASK, 4, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    write_cfg("\"r\": 4, \"lora_alpha\": 8, \"target_modules\": " ALL_TARGETS ", \"use_rslora\": true");
+    lora_adapter_t *a = load_ok();
+    check_mod(a, 0, LORA_Q, 4, 4.0);        /* 8 / sqrt(4) */
+    check_mod(a, 2, LORA_DOWN, 4, 4.0);
+    lora_adapter_free(a);
+    write_cfg("\"r\": 4, \"lora_alpha\": 6.5, \"target_modules\": " ALL_TARGETS);
+    a = load_ok();
+    check_mod(a, 1, LORA_UP, 4, 6.5 / 4);
+    lora_adapter_free(a);
+}
+END_TEST
+
+START_TEST(test_rank_alpha_pattern) {
+    /* peft's get_pattern_key: first key K in file order with re.match(r"(.*\.)?(K)$", name) */
+    int ranks[N_LAYERS][LORA_N_TARGETS];
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) ranks[l][t] = 8;
+    for (int l = 0; l < N_LAYERS; l++) ranks[l][LORA_Q] = 4;
+    ranks[1][LORA_V] = 2;
+    ranks[2][LORA_GATE] = ranks[2][LORA_UP] = ranks[2][LORA_DOWN] = 6;
+    tb_t b = { 0 };
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) tb_lora(&b, l, t, ranks[l][t], CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", "
+              "\"rank_pattern\": {\"q_proj\": 4, \"self_attn.q_proj\": 5, \"model.layers.1.self_attn.v_proj\": 2, "
+              "\"layers\\\\.2\\\\.mlp\\\\..*\": 6, \"roj\": 99, \"layers.0.k\": 99}, "
+              "\"alpha_pattern\": {\"v_proj\": 32, \"down_proj\": 3, \"model.layers.1.self_attn.v_proj\": 1}");
+    lora_adapter_t *a = load_ok();
+    for (int l = 0; l < N_LAYERS; l++) {
+        check_mod(a, l, LORA_Q, 4, 16.0 / 4);
+        check_mod(a, l, LORA_K, 8, 2.0);
+        check_mod(a, l, LORA_V, ranks[l][LORA_V], 32.0 / ranks[l][LORA_V]);   /* "v_proj" listed first wins */
+        check_mod(a, l, LORA_O, 8, 2.0);
+        check_mod(a, l, LORA_GATE, ranks[l][LORA_GATE], 16.0 / ranks[l][LORA_GATE]);
+        check_mod(a, l, LORA_DOWN, ranks[l][LORA_DOWN], 3.0 / ranks[l][LORA_DOWN]);
+    }
+    ck_assert_int_eq(a->max_rank, 8);
+    lora_adapter_free(a);
+    /* rsLoRA uses each module's own rank */
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"use_rslora\": true, \"target_modules\": " ALL_TARGETS ", "
+              "\"rank_pattern\": {\"q_proj\": 4, \"model.layers.1.self_attn.v_proj\": 2, \"layers\\\\.2\\\\.mlp\\\\..*\": 6}");
+    a = load_ok();
+    check_mod(a, 0, LORA_Q, 4, 16.0 / 2);
+    check_mod(a, 1, LORA_V, 2, 16.0 / sqrt(2.0));
+    check_mod(a, 2, LORA_UP, 6, 16.0 / sqrt(6.0));
+    check_mod(a, 0, LORA_UP, 8, 16.0 / sqrt(8.0));
+    lora_adapter_free(a);
+}
+END_TEST
+
+START_TEST(test_partial_targets) {
+    tb_t b = { 0 };
+    tb_all(&b, (1u << LORA_Q) | (1u << LORA_V), 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    write_cfg("\"r\": 8, \"lora_alpha\": 8, \"target_modules\": [\"v_proj\", \"q_proj\"]");
+    lora_adapter_t *a = load_ok();
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) check_mod(a, l, t, (t == LORA_Q || t == LORA_V) ? 8 : 0, 1.0);
+    lora_adapter_free(a);
+    /* no target_modules: peft's default for these architectures is q_proj, v_proj */
+    write_cfg("\"r\": 8, \"lora_alpha\": 8");
+    a = load_ok();
+    check_mod(a, 1, LORA_V, 8, 1.0);
+    check_mod(a, 1, LORA_K, 0, 0);
+    lora_adapter_free(a);
+    /* full module names also match, as do dotted suffixes */
+    write_cfg("\"r\": 8, \"lora_alpha\": 8, \"target_modules\": [\"self_attn.q_proj\", \"model.layers.0.self_attn.v_proj\", "
+              "\"model.layers.1.self_attn.v_proj\", \"layers.2.self_attn.v_proj\"]");
+    a = load_ok();
+    check_mod(a, 2, LORA_V, 8, 1.0);
+    lora_adapter_free(a);
+}
+END_TEST
+
+START_TEST(test_target_regex_and_all_linear) {
+    tb_t b = { 0 };
+    for (int l = 0; l < N_LAYERS; l += 2) {
+        tb_lora(&b, l, LORA_Q, 8, CS_DTYPE_F32);
+        tb_lora(&b, l, LORA_K, 8, CS_DTYPE_F32);
+    }
+    tb_write(&b, "adapter_model.safetensors");
+    /* a string is re.fullmatch'ed against each module name */
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \".*\\\\.layers\\\\.[02]\\\\.self_attn\\\\.(q|k)_proj\"");
+    lora_adapter_t *a = load_ok();
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            check_mod(a, l, t, (l != 1 && (t == LORA_Q || t == LORA_K)) ? 8 : 0, 2.0);
+    lora_adapter_free(a);
+    /* fullmatch, not search: a suffix alone matches nothing */
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \"q_proj\"");
+    load_fail(CS_EFORMAT, "matches no projection");
+
+    tb_all(&b, ALL_MASK, 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \"ALL-LINEAR\"");
+    a = load_ok();
+    for (int t = 0; t < LORA_N_TARGETS; t++) check_mod(a, 1, t, 8, 2.0);
+    lora_adapter_free(a);
+}
+END_TEST
+
+START_TEST(test_layers_to_transform) {
+    tb_t b = { 0 };
+    for (int t = 0; t < LORA_N_TARGETS; t++) tb_lora(&b, 1, t, 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"layers_to_transform\": [1]");
+    lora_adapter_t *a = load_ok();
+    for (int l = 0; l < N_LAYERS; l++) check_mod(a, l, LORA_O, l == 1 ? 8 : 0, 2.0);
+    lora_adapter_free(a);
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"layers_to_transform\": 1, "
+              "\"layers_pattern\": \"layers\"");
+    a = load_ok();
+    check_mod(a, 1, LORA_DOWN, 8, 2.0);
+    check_mod(a, 0, LORA_DOWN, 0, 0);
+    lora_adapter_free(a);
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \"all-linear\", \"layers_to_transform\": [1], "
+              "\"layers_pattern\": [\"h\", \"layers\"]");
+    a = load_ok();
+    check_mod(a, 1, LORA_GATE, 8, 2.0);
+    lora_adapter_free(a);
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"layers_to_transform\": [1], "
+              "\"layers_pattern\": \"h\"");
+    load_fail(CS_EFORMAT, "matches no projection");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \".*proj\", \"layers_to_transform\": [1]");
+    load_fail(CS_EFORMAT, "layers_to_transform");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"layers_pattern\": \"layers\"");
+    load_fail(CS_EFORMAT, "layers_pattern");
+    /* layers 0 and 2 are targeted but absent from the file */
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"layers_to_transform\": [0, 1]");
+    load_fail(CS_ENOTFOUND, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+}
+END_TEST
+
+START_TEST(test_exclude_modules) {
+    tb_t b = { 0 };
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            if (t != LORA_DOWN && !(l == 0 && t == LORA_Q)) tb_lora(&b, l, t, 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \"all-linear\", "
+              "\"exclude_modules\": [\"down_proj\", \"model.layers.0.self_attn.q_proj\"]");
+    lora_adapter_t *a = load_ok();
+    check_mod(a, 0, LORA_Q, 0, 0);
+    check_mod(a, 1, LORA_Q, 8, 2.0);
+    for (int l = 0; l < N_LAYERS; l++) check_mod(a, l, LORA_DOWN, 0, 0);
+    lora_adapter_free(a);
+    tb_all(&b, 0x0fu, 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"exclude_modules\": \".*mlp.*\"");
+    a = load_ok();
+    check_mod(a, 2, LORA_GATE, 0, 0);
+    check_mod(a, 2, LORA_O, 8, 2.0);
+    lora_adapter_free(a);
+}
+END_TEST
+
+START_TEST(test_config_refusals) {
+    tb_t b = { 0 };
+    tb_all(&b, ALL_MASK, 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    static const struct { const char *extra; int rc; const char *needle; } cases[] = {
+        { "\"use_dora\": true", CS_EUNSUPPORTED, "DoRA" },
+        { "\"modules_to_save\": [\"lm_head\"]", CS_EUNSUPPORTED, "modules_to_save" },
+        { "\"bias\": \"all\"", CS_EUNSUPPORTED, "bias" },
+        { "\"bias\": \"lora_only\"", CS_EUNSUPPORTED, "lora_only" },
+        { "\"fan_in_fan_out\": true", CS_EUNSUPPORTED, "fan_in_fan_out" },
+        { "\"lora_bias\": true", CS_EUNSUPPORTED, "lora_bias" },
+        { "\"use_qalora\": true", CS_EUNSUPPORTED, "use_qalora" },
+        { "\"alora_invocation_tokens\": [1, 2]", CS_EUNSUPPORTED, "alora_invocation_tokens" },
+        { "\"velora_config\": {}", CS_EUNSUPPORTED, "velora_config" },
+        { "\"use_bdlora\": {\"nblocks\": 2}", CS_EUNSUPPORTED, "use_bdlora" },
+        { "\"kasa_config\": {}", CS_EUNSUPPORTED, "kasa_config" },
+        { "\"layer_replication\": [[0, 2]]", CS_EUNSUPPORTED, "layer_replication" },
+        { "\"trainable_token_indices\": [5]", CS_EUNSUPPORTED, "trainable_token_indices" },
+        { "\"target_parameters\": [\"mlp.experts.down_proj\"]", CS_EUNSUPPORTED, "target_parameters" },
+        { "\"init_lora_weights\": \"pissa_niter_4\"", CS_EUNSUPPORTED, "pissa" },
+        { "\"init_lora_weights\": \"olora\"", CS_EUNSUPPORTED, "olora" },
+        { "\"init_lora_weights\": \"mica\"", CS_EUNSUPPORTED, "mica" },
+        { "\"r\": 0", CS_EFORMAT, "'r'" },
+        { "\"r\": 2.5", CS_EFORMAT, "'r'" },
+        { "\"lora_alpha\": \"16\"", CS_EFORMAT, "lora_alpha" },
+        { "\"rank_pattern\": {\"q_proj\": 0}", CS_EFORMAT, "rank_pattern" },
+        { "\"rank_pattern\": {\"(q_proj\": 4}", CS_EFORMAT, "rank_pattern" },
+        { "\"alpha_pattern\": [1]", CS_EFORMAT, "alpha_pattern" },
+        { "\"exclude_modules\": 5", CS_EFORMAT, "exclude_modules" },
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(cases); i++) {
+        char extra[512];
+        snprintf(extra, sizeof extra, "\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", %s", cases[i].extra);
+        /* "bias" given twice would be a duplicate key: the base config sets it */
+        if (!strncmp(cases[i].extra, "\"bias\"", 6)) {
+            char buf[1024];
+            snprintf(buf, sizeof buf, "{\"peft_type\": \"LORA\", %s}", extra);
+            write_file("adapter_config.json", buf);
+        } else {
+            write_cfg(extra);
+        }
+        load_fail(cases[i].rc, cases[i].needle);
+    }
+    /* target_modules naming lm_head, embed_tokens, a norm, or nothing linear */
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"lm_head\"]");
+    load_fail(CS_EUNSUPPORTED, "lm_head");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"embed_tokens\", \"v_proj\"]");
+    load_fail(CS_EUNSUPPORTED, "embed_tokens");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"input_layernorm\"]");
+    load_fail(CS_EUNSUPPORTED, "input_layernorm");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \".*\"");
+    load_fail(CS_EUNSUPPORTED, "not a linear projection");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"c_attn\"]");
+    load_fail(CS_EFORMAT, "matches no projection");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": 5");
+    load_fail(CS_EFORMAT, "target_modules");
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \"(\"");
+    load_fail(CS_EFORMAT, "regex");
+    write_file("adapter_config.json", "{\"peft_type\": \"IA3\", \"target_modules\": [\"q_proj\"]}");
+    load_fail(CS_EUNSUPPORTED, "IA3");
+    write_file("adapter_config.json", "{\"r\": 8}");
+    load_fail(CS_EFORMAT, "peft_type");
+    write_file("adapter_config.json", "{\"peft_type\": \"LORA\", ");
+    load_fail(CS_EFORMAT, "adapter_config.json");
+    /* options that do not change the math are accepted */
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"modules_to_save\": [], "
+              "\"init_lora_weights\": \"gaussian\", \"loftq_config\": {}, \"megatron_config\": null, "
+              "\"use_dora\": false, \"lora_bias\": false, \"layers_pattern\": \"\", \"exclude_modules\": [], "
+              "\"some_future_key\": 1");
+    lora_adapter_free(load_ok());
+}
+END_TEST
+
+START_TEST(test_refused_tensors) {
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]");
+    tb_t b = { 0 };
+    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
+    tb_add(&b, "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", CS_DTYPE_F32, 1, 64, 0);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_EUNSUPPORTED, "DoRA");
+    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
+    tb_add(&b, "base_model.model.model.embed_tokens.lora_embedding_A", CS_DTYPE_F32, 8, 100, 0);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_EUNSUPPORTED, "embeddings");
+    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
+    tb_add(&b, "base_model.model.lm_head.weight", CS_DTYPE_F32, 100, 64, 0);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_EUNSUPPORTED, "'base_model.model.lm_head.weight'");
+    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
+    tb_add(&b, "base_model.model.model.layers.0.self_attn.q_proj.lora_B.bias", CS_DTYPE_F32, 1, 64, 0);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_EUNSUPPORTED, "lora_bias");
+    /* tensors of a module the config does not target, or of a layer the model lacks */
+    tb_all(&b, (1u << LORA_Q) | (1u << LORA_K), 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_EFORMAT, "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight");
+    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
+    tb_add(&b, "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight", CS_DTYPE_F32, 8, 64, 0);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_EFORMAT, "fewer layers");
+    /* adapter-name-qualified keys are not what peft saves */
+    tb_add(&b, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", CS_DTYPE_F32, 8, 64, 0);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_EUNSUPPORTED, "lora_A.default.weight");
+}
+END_TEST
+
+START_TEST(test_wrong_shapes) {
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"k_proj\"]");
+    tb_t b = { 0 };
+    for (int l = 0; l < N_LAYERS; l++) {
+        tb_lora(&b, l, LORA_Q, 8, CS_DTYPE_F32);
+        if (l != 1) tb_lora(&b, l, LORA_K, 8, CS_DTYPE_F32);
+    }
+    /* k_proj of layer 1 built for a model with hidden 32 */
+    tb_add(&b, "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight", CS_DTYPE_F32, 8, 32, 0);
+    tb_add(&b, "base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight", CS_DTYPE_F32, 32, 8, 0);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_ESHAPE, "tensor 'base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight': expected [8, 64], got [8, 32]");
+
+    /* B too wide for k (out 32) */
+    for (int l = 0; l < N_LAYERS; l++) {
+        tb_lora(&b, l, LORA_Q, 8, CS_DTYPE_F32);
+        if (l != 2) tb_lora(&b, l, LORA_K, 8, CS_DTYPE_F32);
+    }
+    tb_add(&b, "base_model.model.model.layers.2.self_attn.k_proj.lora_A.weight", CS_DTYPE_F32, 8, 64, 0);
+    tb_add(&b, "base_model.model.model.layers.2.self_attn.k_proj.lora_B.weight", CS_DTYPE_F32, 64, 8, 0);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_ESHAPE, "expected [32, 8], got [64, 8]");
+
+    /* rank in the file differs from adapter_config.json */
+    tb_all(&b, (1u << LORA_Q) | (1u << LORA_K), 4, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_ESHAPE, "expected [8, 64], got [4, 64]");
+
+    /* A and B disagree on the rank */
+    for (int l = 0; l < N_LAYERS; l++) tb_lora(&b, l, LORA_K, 8, CS_DTYPE_F32);
+    for (int l = 0; l < N_LAYERS; l++) {
+        char n[160];
+        tensor_name(n, sizeof n, l, LORA_Q, 'A');
+        tb_add(&b, n, CS_DTYPE_F32, 8, 64, 0);
+        tensor_name(n, sizeof n, l, LORA_Q, 'B');
+        tb_add(&b, n, CS_DTYPE_F32, 64, 4, 0);
+    }
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_ESHAPE, "expected [64, 8], got [64, 4]");
+}
+END_TEST
+
+START_TEST(test_missing_tensor) {
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS);
+    tb_t b = { 0 };
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            if (l == 2 && t == LORA_V) {
+                char n[160];
+                tensor_name(n, sizeof n, l, t, 'A');
+                tb_add(&b, n, CS_DTYPE_F32, 8, 64, 0);
+                continue;
+            }
+            tb_lora(&b, l, t, 8, CS_DTYPE_F32);
+        }
+    tb_write(&b, "adapter_model.safetensors");
+    load_fail(CS_ENOTFOUND, "missing tensor 'base_model.model.model.layers.2.self_attn.v_proj.lora_B.weight'");
+}
+END_TEST
+
+START_TEST(test_dtypes) {
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS);
+    static const cs_dtype dts[] = { CS_DTYPE_BF16, CS_DTYPE_F16 };
+    for (size_t i = 0; i < 2; i++) {
+        tb_t b = { 0 };
+        tb_all(&b, ALL_MASK, 8, dts[i]);
+        tb_write(&b, "adapter_model.safetensors");
+        lora_adapter_t *a = load_ok();
+        for (int l = 0; l < N_LAYERS; l++)
+            for (int t = 0; t < LORA_N_TARGETS; t++) check_mod(a, l, t, 8, 2.0);
+        ck_assert_uint_eq(a->nbytes % sizeof(float), 0);
+        lora_adapter_free(a);
+    }
+    tb_t b = { 0 };
+    tb_all(&b, ALL_MASK, 8, CS_DTYPE_F32);
+    b.t[3].dtype = CS_DTYPE_F64;   /* same element count, twice the bytes */
+    void *big = calloc((size_t)b.t[3].shape[0] * b.t[3].shape[1], 8);
+    b.t[3].data = big;
+    tb_write(&b, "adapter_model.safetensors");
+    free(big);
+    load_fail(CS_EUNSUPPORTED, "F64");
+}
+END_TEST
+
+START_TEST(test_sharded_and_files) {
+    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"v_proj\"]");
+    lora_adapter_t *a;
+    /* neither safetensors file */
+    load_fail(CS_ENOTFOUND, "adapter_model.safetensors");
+    write_file("adapter_model.bin", "PK");
+    load_fail(CS_EUNSUPPORTED, "adapter_model.bin");
+    tb_t b = { 0 };
+    for (int l = 0; l < N_LAYERS; l++) tb_lora(&b, l, LORA_Q, 8, CS_DTYPE_BF16);
+    tb_write(&b, "adapter_model-00001-of-00002.safetensors");
+    for (int l = 0; l < N_LAYERS; l++) tb_lora(&b, l, LORA_V, 8, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model-00002-of-00002.safetensors");
+    char idx[4096] = "{\"metadata\": {}, \"weight_map\": {";
+    for (int l = 0; l < N_LAYERS; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t += 2)
+            for (char ab = 'A'; ab <= 'B'; ab++) {
+                if (t != LORA_Q && t != LORA_V) continue;
+                char n[160], e[300];
+                tensor_name(n, sizeof n, l, t, ab);
+                snprintf(e, sizeof e, "%s\"%s\": \"adapter_model-0000%d-of-00002.safetensors\"",
+                         idx[strlen(idx) - 1] == '{' ? "" : ", ", n, t == LORA_Q ? 1 : 2);
+                strcat(idx, e);
+            }
+    strcat(idx, "}}");
+    write_file("adapter_model.safetensors.index.json", idx);
+    a = load_ok();
+    check_mod(a, 2, LORA_Q, 8, 2.0);
+    check_mod(a, 2, LORA_V, 8, 2.0);
+    lora_adapter_free(a);
+    /* no adapter_config.json */
+    char p[512];
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    unlink(p);
+    load_fail(CS_ENOTFOUND, "adapter_config.json");
+    load_fail(CS_ENOTFOUND, dir);
+}
+END_TEST
+
+static Suite *peft_suite(void) {
+    Suite *s = suite_create("peft");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_target_dims);
+    tcase_add_test(tc, test_all_targets);
+    tcase_add_test(tc, test_rslora);
+    tcase_add_test(tc, test_rank_alpha_pattern);
+    tcase_add_test(tc, test_partial_targets);
+    tcase_add_test(tc, test_target_regex_and_all_linear);
+    tcase_add_test(tc, test_layers_to_transform);
+    tcase_add_test(tc, test_exclude_modules);
+    tcase_add_test(tc, test_config_refusals);
+    tcase_add_test(tc, test_refused_tensors);
+    tcase_add_test(tc, test_wrong_shapes);
+    tcase_add_test(tc, test_missing_tensor);
+    tcase_add_test(tc, test_dtypes);
+    tcase_add_test(tc, test_sharded_and_files);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(peft_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,173 @@
+"""test_ref_forward.py: the C engine against transformers + peft themselves.
+
+Checkpoints are random-initialised LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
+Qwen3ForCausalLM written by transformers' save_pretrained (F32 and BF16, tied and untied,
+GQA, Llama-3 rope scaling, sliding window, explicit head_dim), adapters by peft's
+save_pretrained (lora_B made non-zero; several ranks, rsLoRA, partial targets, rank and
+alpha patterns), plus files written by caraserve-mkmodel. For every position of prompts of
+1..300 tokens and a 16-token greedy continuation, log-softmax must agree within 1e-4 (F32
+weights) or 1e-3 (BF16 weights). The reference runs in float32 (BF16 weights upcast
+exactly), i.e. the math our engine claims: BF16 storage, F32 compute."""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reflib  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+
+torch.manual_seed(0)
+torch.set_num_threads(2)
+VOCAB = 512
+
+
+def perturb(model, seed, std=0.08):
+    """transformers' init gives near-uniform outputs and unit norms; spread everything so a
+    wrong norm, bias or rotation shows up in the logprobs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g) if "norm" in name else 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+
+
+def make_model(kind, dtype="float32", tied=False, heads=4, kv_heads=4, hidden=64, head_dim=None, layers=2,
+               inter=96, rope_scaling=None, sliding_window=None, seed=0):
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+                  rms_norm_eps=1e-6, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
+    if head_dim:
+        common["head_dim"] = head_dim
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(rope_theta=10000.0, **common)
+        if rope_scaling:
+            cfg.rope_scaling = rope_scaling
+            cfg.rope_parameters = dict(rope_scaling, rope_theta=10000.0)
+        cls = transformers.LlamaForCausalLM
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(sliding_window=sliding_window, rope_theta=1e6, **common)
+        cls = transformers.MistralForCausalLM
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(rope_theta=1e6, use_sliding_window=False, **common)
+        cls = transformers.Qwen2ForCausalLM
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(rope_theta=1e6, use_sliding_window=False, **common)
+        cls = transformers.Qwen3ForCausalLM
+    else:
+        raise ValueError(kind)
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval()
+    perturb(model, seed)
+    if tied:
+        model.tie_weights()
+    d = reflib.tmpdir(f"cs_ref_{kind}_")
+    save = model.to(torch.bfloat16) if dtype == "bfloat16" else model
+    save.save_pretrained(d, safe_serialization=True)
+    # the reference: exactly the saved weights, computed in float32
+    ref = cls.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    return d, ref
+
+
+def make_adapter(model_dir, ref_cls_model, r, alpha, targets, rslora=False, rank_pattern=None, alpha_pattern=None,
+                 seed=1, dtype="float32"):
+    base = type(ref_cls_model).from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, lora_dropout=0.0,
+                     rank_pattern=rank_pattern or {}, alpha_pattern=alpha_pattern or {}, task_type="CAUSAL_LM")
+    pm = get_peft_model(base, cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name or "lora_A" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    d = reflib.tmpdir("cs_ref_lora_")
+    if dtype == "bfloat16":
+        pm = pm.to(torch.bfloat16)
+    pm.save_pretrained(d, safe_serialization=True)
+    base2 = type(ref_cls_model).from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    ref = PeftModel.from_pretrained(base2, d, torch_dtype=torch.float32).eval()
+    ref = ref.float()
+    return d, ref
+
+
+def prompts(seed, lengths):
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(3, VOCAB, size=n)] for n in lengths]
+
+
+worst = {}
+
+
+def check(name, ref, d, tol, lengths=(1, 7, 300), lora=None, gen=16):
+    for i, p in enumerate(prompts(hash(name) % 1000, lengths)):
+        w = reflib.compare(f"{name} [len {len(p)}]", ref, d, p, gen, tol, lora_dir=lora)
+        worst[name] = max(worst.get(name, 0), w)
+
+
+F32, BF16 = 1e-4, 1e-3
+
+# ---- base models ----
+d, ref = make_model("llama", "float32", tied=False, heads=4, kv_heads=4)
+check("llama f32 untied MHA", ref, d, F32)
+a, aref = make_adapter(d, ref, r=8, alpha=16, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+check("llama f32 + lora r8 all targets", aref, d, F32, lora=a)
+a, aref = make_adapter(d, ref, r=16, alpha=8, targets=["q_proj", "v_proj"], rslora=True, seed=3)
+check("llama f32 + lora r16 rslora q,v", aref, d, F32, lora=a, lengths=(5, 120))
+a, aref = make_adapter(d, ref, r=4, alpha=8, targets=["o_proj", "gate_proj", "up_proj", "down_proj"], seed=4,
+                       rank_pattern={"model.layers.0.mlp.down_proj": 12, "o_proj": 6},
+                       alpha_pattern={"up_proj": 3, "model.layers.1.mlp.gate_proj": 32})
+check("llama f32 + lora rank/alpha patterns", aref, d, F32, lora=a, lengths=(9, 64))
+
+d, ref = make_model("llama", "bfloat16", tied=True, heads=8, kv_heads=2,
+                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+check("llama bf16 tied GQA llama3-rope", ref, d, BF16)
+a, aref = make_adapter(d, ref, r=16, alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj"], seed=5, dtype="bfloat16")
+check("llama bf16 + bf16 lora r16", aref, d, BF16, lora=a, lengths=(33, 300))
+
+d, ref = make_model("mistral", "float32", heads=8, kv_heads=2, sliding_window=48)
+check("mistral f32 GQA sliding-window 48", ref, d, F32, lengths=(1, 47, 300))
+a, aref = make_adapter(d, ref, r=64, alpha=16, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], seed=6)
+check("mistral f32 + lora r64", aref, d, F32, lora=a, lengths=(20, 200))
+
+d, ref = make_model("qwen2", "float32", tied=True, heads=4, kv_heads=2)
+check("qwen2 f32 tied q/k/v bias", ref, d, F32)
+a, aref = make_adapter(d, ref, r=8, alpha=16, targets=["k_proj", "v_proj", "up_proj"], seed=7)
+check("qwen2 f32 + lora r8 k,v,up", aref, d, F32, lora=a, lengths=(30,))
+
+d, ref = make_model("qwen3", "bfloat16", heads=4, kv_heads=2, head_dim=32)
+check("qwen3 bf16 qk-norm head_dim 32", ref, d, BF16)
+d, ref = make_model("qwen3", "float32", heads=4, kv_heads=1, head_dim=24, layers=3)
+check("qwen3 f32 MQA head_dim 24", ref, d, F32, lengths=(2, 150))
+a, aref = make_adapter(d, ref, r=32, alpha=64, targets="all-linear", seed=8)
+check("qwen3 f32 + lora r32 all-linear", aref, d, F32, lora=a, lengths=(40,))
+
+# ---- files written by caraserve-mkmodel load identically in transformers ----
+for arch, dtype, extra in [("llama", "bf16", ["--tied"]), ("qwen2", "f32", []), ("qwen3", "f32", ["--kv-heads", "2"]),
+                           ("mistral", "bf16", ["--kv-heads", "1"])]:
+    md = reflib.tmpdir(f"cs_mk_{arch}_")
+    subprocess.run([reflib.MKMODEL, "model", "--out", md, "--arch", arch, "--hidden", "64", "--layers", "2",
+                    "--heads", "4", "--intermediate", "96", "--vocab", str(VOCAB), "--dtype", dtype, "--seed", "3",
+                    "--init-std", "0.08", *extra], check=True, capture_output=True)
+    cls = getattr(transformers, {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                 "mistral": "MistralForCausalLM"}[arch])
+    mref = cls.from_pretrained(md, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    tol = BF16 if dtype == "bf16" else F32
+    check(f"mkmodel {arch} {dtype}", mref, md, tol, lengths=(11, 100))
+    ad = reflib.tmpdir("cs_mk_lora_")
+    subprocess.run([reflib.MKMODEL, "adapter", "--model", md, "--out", ad, "--rank", "8", "--alpha", "16",
+                    "--targets", "q,v,down", "--seed", "5", "--std", "0.1"] + (["--rslora"] if arch == "qwen3" else []),
+                   check=True, capture_output=True)
+    base = cls.from_pretrained(md, torch_dtype=torch.float32, attn_implementation="eager")
+    aref = PeftModel.from_pretrained(base, ad, torch_dtype=torch.float32).eval().float()
+    check(f"mkmodel {arch} {dtype} + mkmodel adapter", aref, md, tol, lora=ad, lengths=(25,))
+
+print("worst |dlogprob| per case:")
+for k, v in worst.items():
+    print(f"  {v:.2e}  {k}")
+print("PASS")
