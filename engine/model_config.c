@@ -229,7 +229,7 @@ static int parse_sliding(const char *label, const json_t *root, model_config_t *
 static int parse_impl(const char *label, const char *json_text, model_config_t *c) {
     int rc = CS_OK;
     json_error_t jerr;
-    json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loads(json_text, 0, &jerr);   /* duplicate keys: the last wins, as in Python */
     memset(c, 0, sizeof *c);
     if (!root) {
         rc = cs_error_set(CS_EFORMAT, "%s: not valid JSON: %s (line %d)", label, jerr.text, jerr.line);

@@ -30,7 +30,7 @@ typedef struct model_config {
     int n_layers;
     int n_heads;
     int n_kv_heads;
-    int head_dim;           /* config head_dim, else hidden_size / n_heads */
+    int head_dim;           /* config head_dim, else hidden_size / n_heads (Qwen3: 128) */
     int max_position_embeddings;
     float rms_norm_eps;
     double rope_theta;
@@ -44,7 +44,8 @@ typedef struct model_config {
     bool o_bias;                    /* o_proj bias (Llama attention_bias) */
     bool mlp_bias;                  /* Llama mlp_bias */
     bool qk_norm;                   /* Qwen3 */
-    int sliding_window;             /* 0 = full attention */
+    int sliding_window;             /* 0 = full attention; else every layer slides (mixed
+                                     * full/sliding layer_types are refused at parse) */
     cs_dtype torch_dtype;           /* declared dtype (F32 if absent) */
     int bos_token_id;               /* -1 if absent */
     int eos_token_ids[MODEL_MAX_EOS];

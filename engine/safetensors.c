@@ -543,7 +543,10 @@ int safetensors_write_cb(const char *path, const st_write_tensor_t *t, size_t n,
                 rc = cs_error_set(CS_EINVAL, "%s: metadata key '%s' has no value", path, metadata_kv[i]);
                 goto err;
             }
-            json_object_set_new(meta, metadata_kv[i], json_string(metadata_kv[i + 1]));
+            if (json_object_set_new(meta, metadata_kv[i], json_string(metadata_kv[i + 1]))) {
+                rc = cs_error_set(CS_EINVAL, "%s: metadata '%s' is not valid UTF-8", path, metadata_kv[i]);
+                goto err;
+            }
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -558,7 +561,7 @@ int safetensors_write_cb(const char *path, const st_write_tensor_t *t, size_t n,
             rc = cs_error_set(CS_EINVAL, "%s: tensor '%s': invalid dtype or shape", path, name);
             goto err;
         }
-        if (json_object_get(seen, name)) {
+        if (json_object_get(seen, name) || json_object_get(root, name)) {
             rc = cs_error_set(CS_EINVAL, "%s: tensor '%s' given twice", path, name);
             goto err;
         }
@@ -572,7 +575,7 @@ int safetensors_write_cb(const char *path, const st_write_tensor_t *t, size_t n,
         json_array_append_new(offs, json_integer((json_int_t)(off + nb)));
         json_object_set_new(e, "data_offsets", offs);
         if (json_object_set_new(root, name, e)) {
-            rc = cs_error_set(CS_ENOMEM, "%s: out of memory", path);
+            rc = cs_error_set(CS_EINVAL, "%s: tensor '%s': name is not valid UTF-8", path, name);
             goto err;
         }
         off += nb;

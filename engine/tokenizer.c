@@ -818,6 +818,128 @@ static const char *j_type(json_t *o) { return j_str(o, "type"); }
                                 "\"type\"", what);                                         \
     } while (0)
 
+/* Unicode normalization as the tokenizers library does it. Its tables (the crate
+ * unicode-normalization-alignments) are Unicode 9.0: marks added later have combining
+ * class 0 there and later (compatibility) decompositions do not exist. So decomposition,
+ * canonical ordering and composition are done here with utf8proc's data restricted to what
+ * those tables know. REF_MARKS: the ranges of marks they know (classes from utf8proc);
+ * REF_NEW_DECOMP: code points whose decompositions they lack. Both were found by probing
+ * tokenizers' NFD/NFKD on every code point utf8proc 2.8 knows. */
+static const int32_t REF_MARKS[][2] = {
+    {0x300, 0x33F}, {0x342, 0x342}, {0x345, 0x36F}, {0x483, 0x487}, {0x591, 0x5C7},
+    {0x610, 0x670}, {0x6D6, 0x74A}, {0x7EB, 0x7F3}, {0x816, 0x85B}, {0x8D4, 0x954},
+    {0x9BC, 0x9CD}, {0xA3C, 0xA4D}, {0xABC, 0xACD}, {0xB3C, 0xB4D}, {0xBCD, 0xBCD},
+    {0xC4D, 0xC56}, {0xCBC, 0xCCD}, {0xD4D, 0xD4D}, {0xDCA, 0xDCA}, {0xE38, 0xE4B},
+    {0xEB8, 0xEB9}, {0xEC8, 0xECB}, {0xF18, 0xFC6}, {0x1037, 0x103A}, {0x108D, 0x108D},
+    {0x135D, 0x135F}, {0x1714, 0x1714}, {0x1734, 0x1734}, {0x17D2, 0x17DD}, {0x18A9, 0x18A9},
+    {0x1939, 0x193B}, {0x1A17, 0x1A18}, {0x1A60, 0x1ABD}, {0x1B34, 0x1BF3}, {0x1C37, 0x1C37},
+    {0x1CD0, 0x1CF9}, {0x1DC0, 0x1DF5}, {0x1DFB, 0x1DFF}, {0x20D0, 0x20F0}, {0x2CEF, 0x2CF1},
+    {0x2D7F, 0x2D7F}, {0x2DE0, 0x2DFF}, {0x302A, 0x302F}, {0x3099, 0x309A}, {0xA66F, 0xA69F},
+    {0xA6F0, 0xA6F1}, {0xA806, 0xA806}, {0xA8C4, 0xA953}, {0xA9B3, 0xA9C0}, {0xAAB0, 0xAAF6},
+    {0xABED, 0xABED}, {0xFB1E, 0xFB1E}, {0xFE20, 0xFE2F}, {0x101FD, 0x101FD},
+    {0x102E0, 0x102E0}, {0x10376, 0x1037A}, {0x10A0D, 0x10A3F}, {0x10AE5, 0x10AE6},
+    {0x11046, 0x11046}, {0x1107F, 0x110BA}, {0x11100, 0x11173}, {0x111C0, 0x111CA},
+    {0x11235, 0x11236}, {0x112E9, 0x112EA}, {0x1133C, 0x11374}, {0x11442, 0x11446},
+    {0x114C2, 0x114C3}, {0x115BF, 0x115C0}, {0x1163F, 0x1163F}, {0x116B6, 0x116B7},
+    {0x1172B, 0x1172B}, {0x11C3F, 0x11C3F}, {0x16AF0, 0x16B36}, {0x1BC9E, 0x1BC9E},
+    {0x1D165, 0x1D1AD}, {0x1D242, 0x1D244}, {0x1E000, 0x1E02A}, {0x1E8D0, 0x1E8D6},
+    {0x1E944, 0x1E94A},
+};
+static const int32_t REF_NEW_DECOMP[][2] = {
+    {0x32FF, 0x32FF}, {0xA7F2, 0xA7F4}, {0xAB69, 0xAB69}, {0x10781, 0x10785},
+    {0x10787, 0x107B0}, {0x107B2, 0x107BA}, {0x11938, 0x11938}, {0x1E030, 0x1E06D},
+    {0x1F16C, 0x1F16C}, {0x1FBF0, 0x1FBF9},
+};
+
+static bool in_ranges(const int32_t (*r)[2], size_t n, int32_t c) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c < r[mid][0]) hi = mid;
+        else if (c > r[mid][1]) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+
+static int ref_ccc(int32_t c) {
+    if (c < 0x300 || !in_ranges(REF_MARKS, CS_ARRAY_LEN(REF_MARKS), c)) return 0;
+    return utf8proc_get_property(c)->combining_class;
+}
+
+/* NFC / NFD / NFKC / NFKD of valid UTF-8 s into out. */
+static int unicode_normalize(int type, const char *s, size_t n, sbuf *out) {
+    bool compat = type == NORM_NFKC || type == NORM_NFKD;
+    bool compose = type == NORM_NFC || type == NORM_NFKC;
+    i32vec cp = {0};
+    struct { uint8_t *p; size_t n, cap; } cc = {0};
+    int rc = CS_OK;
+    /* 1. decompose */
+    for (size_t i = 0; i < n && rc == CS_OK;) {
+        size_t k;
+        int32_t c = utf8_cp(s + i, n - i, &k), d[32];
+        i += k;
+        utf8proc_ssize_t m = 1;
+        d[0] = c;
+        if (c >= 0xA0 && !in_ranges(REF_NEW_DECOMP, CS_ARRAY_LEN(REF_NEW_DECOMP), c)) {
+            int last = 0;
+            m = utf8proc_decompose_char(c, d, 32, (utf8proc_option_t)(UTF8PROC_DECOMPOSE |
+                                        (compat ? UTF8PROC_COMPAT : 0)), &last);
+            if (m < 1 || m > 32) { m = 1; d[0] = c; }
+        }
+        if ((rc = VEC_RESERVE(&cp, cp.n + (size_t)m)) < 0 || (rc = VEC_RESERVE(&cc, cp.n + (size_t)m)) < 0)
+            break;
+        for (utf8proc_ssize_t j = 0; j < m; j++) {
+            cp.p[cp.n++] = d[j];
+            cc.p[cc.n++] = (uint8_t)ref_ccc(d[j]);
+        }
+    }
+    /* 2. canonical ordering: stable sort of each run of non-starters by class */
+    for (size_t i = 1; i < cp.n && rc == CS_OK; i++) {
+        uint8_t k = cc.p[i];
+        if (k == 0) continue;
+        int32_t c = cp.p[i];
+        size_t j = i;
+        while (j > 0 && cc.p[j - 1] > k) {
+            cp.p[j] = cp.p[j - 1];
+            cc.p[j] = cc.p[j - 1];
+            j--;
+        }
+        cp.p[j] = c;
+        cc.p[j] = k;
+    }
+    /* 3. compose, cutting the text before every character utf8proc would treat otherwise:
+     * marks that are starters for tokenizers, and U+11930 (it composes into U+11938) */
+    size_t w = 0;
+    if (rc == CS_OK && compose) {
+        size_t seg = 0;
+        for (size_t i = 0; i <= cp.n; i++) {
+            bool cut = i == cp.n;
+            if (!cut) {
+                int32_t c = cp.p[i];
+                cut = (cc.p[i] == 0 && utf8proc_get_property(c)->combining_class != 0) || c == 0x11930;
+            }
+            if (!cut) continue;
+            if (i > seg) {
+                utf8proc_ssize_t m = utf8proc_normalize_utf32(cp.p + seg, (utf8proc_ssize_t)(i - seg),
+                                                              (utf8proc_option_t)(UTF8PROC_COMPOSE | UTF8PROC_STABLE));
+                if (m < 0) m = (utf8proc_ssize_t)(i - seg);
+                memmove(cp.p + w, cp.p + seg, (size_t)m * sizeof *cp.p);
+                w += (size_t)m;
+            }
+            if (i < cp.n) cp.p[w++] = cp.p[i];
+            seg = i + 1;
+        }
+    } else {
+        w = cp.n;
+    }
+    for (size_t i = 0; i < w && rc == CS_OK; i++) rc = sbuf_put_cp(out, cp.p[i]);
+    if (rc == CS_OK) rc = sbuf_put(out, "", 0);
+    free(cp.p);
+    free(cc.p);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- normalizers ---- */
 
 static int parse_normalizer(json_t *o, normalizer **out) {
@@ -906,23 +1028,8 @@ static int normalize(const normalizer *nm, const char *s, size_t n, scratch *sc,
         sbuf_free(&nxt);
         return rc;
     }
-    case NORM_NFC: case NORM_NFD: case NORM_NFKC: case NORM_NFKD: {
-        int opt = UTF8PROC_STABLE;
-        opt |= (nm->type == NORM_NFC || nm->type == NORM_NFKC) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
-        if (nm->type == NORM_NFKC || nm->type == NORM_NFKD) opt |= UTF8PROC_COMPAT;
-        if (n == 0) return sbuf_put(out, "", 0);
-        utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
-                                          (utf8proc_option_t)opt);
-        if (m < 0) {
-            free(dst);
-            return cs_error_set(CS_EINVAL, "tokenizer: unicode normalization failed: %s",
-                                utf8proc_errmsg(m));
-        }
-        rc = sbuf_put(out, dst, (size_t)m);
-        free(dst);
-        return rc;
-    }
+    case NORM_NFC: case NORM_NFD: case NORM_NFKC: case NORM_NFKD:
+        return unicode_normalize(nm->type, s, n, out);
     case NORM_LOWERCASE:
         for (size_t i = 0; i < n && rc == CS_OK;) {
             size_t k;
@@ -1033,12 +1140,12 @@ err:
 
 /* Pieces of text flowing through the pre-tokenizers. at0: the piece starts at offset 0 of
  * the original input (Metaspace's prepend_scheme "first"). */
-typedef struct { size_t off, len; bool at0; } piece;
-typedef struct { sbuf buf; piece *p; size_t n, cap; } piecelist;
+typedef struct { size_t off, len; bool at0; } pretok_piece;
+typedef struct { sbuf buf; pretok_piece *p; size_t n, cap; } piecelist;
 
 static int pieces_add(piecelist *pl, const char *s, size_t n, bool at0) {
     if (n == 0) return CS_OK; /* empty splits are dropped */
-    if (VEC_PUSH(pl, ((piece){pl->buf.n, n, at0})) < 0) return CS_ENOMEM;
+    if (VEC_PUSH(pl, ((pretok_piece){pl->buf.n, n, at0})) < 0) return CS_ENOMEM;
     return sbuf_put(&pl->buf, s, n);
 }
 static void pieces_reset(piecelist *pl) { pl->n = 0; pl->buf.n = 0; }
@@ -2107,6 +2214,11 @@ int tokenizer_stream_push(tokenizer_stream_t *s, int32_t id, char **piece, size_
         s->emitted = true;
     } else {
         text.n = 0;
+        if (text.p) text.p[0] = 0;
+        /* ids that decode to nothing anywhere (skipped specials, unknown ids) need not wait */
+        bool any = false;
+        for (size_t i = 0; i < s->pending.n && !any; i++) any = id_survives(t, s->pending.p[i], s->skip_special);
+        if (!any) s->pending.n = 0;
     }
     if ((rc = stream_out(&text, piece, piece_len)) < 0) goto err;
     return CS_OK;

@@ -132,7 +132,7 @@ static int parse_config(const char *label, const char *text, peft_cfg_t *c) {
     json_error_t jerr;
     memset(c, 0, sizeof *c);
     c->label = label;
-    c->root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    c->root = json_loads(text, 0, &jerr);   /* duplicate keys: the last wins, as in Python */
     if (!c->root) return cs_error_set(CS_EFORMAT, "%s: not valid JSON: %s (line %d)", label, jerr.text, jerr.line);
     json_t *root = c->root, *v;
     if (!json_is_object(root)) return cs_error_set(CS_EFORMAT, "%s: expected a JSON object", label);
@@ -226,8 +226,8 @@ static int parse_config(const char *label, const char *text, peft_cfg_t *c) {
     else if (v) return cs_error_set(CS_EFORMAT, "%s: field 'exclude_modules' must be a string or a list of strings", label);
 
     json_t *ltt = get(root, "layers_to_transform"), *lp = get(root, "layers_pattern");
-    if (c->target_re && (ltt || lp))
-        return cs_error_set(CS_EFORMAT, "%s: layers_to_transform / layers_pattern cannot be used when target_modules is a regex string", label);
+    if ((c->target_re || c->all_linear) && (ltt || lp))
+        return cs_error_set(CS_EFORMAT, "%s: layers_to_transform / layers_pattern cannot be used when target_modules is a string", label);
     if (truthy(lp) && !ltt)
         return cs_error_set(CS_EFORMAT, "%s: layers_pattern needs layers_to_transform", label);
     if (ltt) {

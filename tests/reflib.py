@@ -71,7 +71,7 @@ def hf_logits(model, ids):
     import torch
     with torch.no_grad():
         out = model(torch.tensor([ids], dtype=torch.long))
-    return out.logits[0].float().numpy()
+    return out.logits[0].double().numpy()
 
 
 def compare(name, model_ref, model_dir, prompt_ids, max_tokens, tol, lora_dir=None, threads=2):

@@ -1,11 +1,13 @@
 /* test_safetensors.c: the safetensors reader and writer: round trips (single file and
  * sharded directories) and every kind of malformed file we know of, each of which must be
  * refused with the right status and a message naming the tensor, never a crash. */
+#define _GNU_SOURCE /* memfd_create */
 #include <check.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "engine/safetensors.h"
@@ -152,6 +154,8 @@ START_TEST(test_write_no_metadata_and_errors) {
     ck_assert(!cs_file_exists(path_in("d.safetensors")));
     st_write_tensor_t bad = { .name = "neg", .dtype = CS_DTYPE_F32, .n_dims = 1, .shape = { -1 }, .data = &x };
     ck_assert_int_eq(safetensors_write(path_in("e.safetensors"), &bad, 1, NULL), CS_EINVAL);
+    st_write_tensor_t badname = { .name = "bad\xff", .dtype = CS_DTYPE_F32, .n_dims = 1, .shape = { 1 }, .data = &x };
+    ck_assert_int_eq(safetensors_write(path_in("u.safetensors"), &badname, 1, NULL), CS_EINVAL);
     st_write_tensor_t nodata = { .name = "nd", .dtype = CS_DTYPE_F32, .n_dims = 1, .shape = { 2 }, .data = NULL };
     ck_assert_int_eq(safetensors_write(path_in("f.safetensors"), &nodata, 1, NULL), CS_EINVAL);
     ck_assert_int_eq(safetensors_write("/nonexistent-dir/x.safetensors", t, 1, NULL), CS_EIO);
@@ -362,16 +366,26 @@ START_TEST(test_good_edge_cases) {
 }
 END_TEST
 
+/* an in-memory file (memfd) holding `data`, reachable by path: no disk round trips */
+static const char *mem_file(int fd, const void *data, size_t n) {
+    static char p[64];
+    ck_assert_int_eq(ftruncate(fd, 0), 0);
+    ck_assert_int_eq(pwrite(fd, data, n, 0), (ssize_t)n);
+    snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+    return p;
+}
+
 /* every truncation and many corruptions of a valid file: a status, never a crash */
 START_TEST(test_no_crash_on_corruption) {
     write_sample("base.safetensors");
     size_t len;
     unsigned char *raw = (unsigned char *)cs_read_file(path_in("base.safetensors"), &len);
     ck_assert_ptr_nonnull(raw);
+    int fd = memfd_create("cs_test_st", 0);
+    ck_assert_int_ge(fd, 0);
     for (size_t cut = 0; cut < len; cut++) {
-        write_bytes("cut.safetensors", raw, cut);
         safetensors_t *st = NULL;
-        int rc = safetensors_open(path_in("cut.safetensors"), &st);
+        int rc = safetensors_open(mem_file(fd, raw, cut), &st);
         ck_assert_int_lt(rc, 0);
         ck_assert_ptr_null(st);
     }
@@ -385,9 +399,8 @@ START_TEST(test_no_crash_on_corruption) {
             size_t pos = (size_t)(x >> 33) % (len < 200 ? len : 200); /* mostly the header */
             mut[pos] = (unsigned char)(x >> 20);
         }
-        write_bytes("mut.safetensors", mut, len);
         safetensors_t *st = NULL;
-        int rc = safetensors_open(path_in("mut.safetensors"), &st);
+        int rc = safetensors_open(mem_file(fd, mut, len), &st);
         if (rc == CS_OK) {
             for (size_t i = 0; i < safetensors_count(st); i++) {
                 const st_tensor_t *t = safetensors_at(st, i);
@@ -402,6 +415,7 @@ START_TEST(test_no_crash_on_corruption) {
             ck_assert_int_lt(rc, 0);
         }
     }
+    close(fd);
     free(mut);
     free(raw);
 }

@@ -310,7 +310,17 @@ static int read_tokenizer(const char *dir, int *vocab, int *bos, int *eos) {
     *vocab = (int)max + 1;
     *bos = *eos = -1;
     p = cs_path_join(dir, "tokenizer_config.json");
-    json_t *tc = json_load_file(p, 0, &jerr);
+    json_t *tc = NULL;
+    if (cs_file_exists(p)) {
+        /* model_max_length is often 1e30 written as an integer: read integers as reals */
+        tc = json_load_file(p, JSON_DECODE_INT_AS_REAL, &jerr);
+        if (!tc) {
+            fail("%s: %s", p, jerr.text);
+            free(p);
+            json_decref(tok);
+            return -1;
+        }
+    }
     free(p);
     static const char *const keys[2] = { "bos_token", "eos_token" };
     int *outs[2] = { bos, eos };
@@ -688,8 +698,9 @@ static int cmd_adapter(int argc, char **argv) {
                 found = i;
         }
         if (found < 0) {
+            fail("--targets: unknown target '%s' (q, k, v, o, gate, up, down)", t);
             free(list);
-            return fail("--targets: unknown target '%s' (q, k, v, o, gate, up, down)", t);
+            return 1;
         }
         on[found] = true;
     }

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# bench/forward.sh: prefill and decode tokens/s of `caraserve generate` on a ~200M-parameter
+# Llama model (caraserve-mkmodel: hidden 1024, 12 layers, 16 heads, intermediate 2816, vocab
+# 32000, BF16), and beside it llama.cpp's llama-bench on the same shapes (F16 GGUF converted
+# from the same checkpoint) when LLAMA_CPP_DIR points at a llama.cpp build. Runs alternate
+# between the two so machine noise hits both alike; the JSON lands in bench/results/.
+#
+#   bench/forward.sh                       # caraserve only
+#   LLAMA_CPP_DIR=/path/to/llama.cpp bench/forward.sh
+# Env: BUILD (build), THREADS (2), PROMPT (512), GEN (128), REPS (3), CACHE (~/.cache/caraserve-bench),
+#      LLAMA_PY (python for convert_hf_to_gguf.py; default .venv/bin/python), DTYPE (bf16)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD=${BUILD:-build} THREADS=${THREADS:-2} PROMPT=${PROMPT:-512} GEN=${GEN:-128} REPS=${REPS:-3}
+DTYPE=${DTYPE:-bf16}
+CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/caraserve-bench}
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+LLAMA_PY=${LLAMA_PY:-$PY}
+model="$CACHE/llama-200m-$DTYPE"
+mkdir -p "$CACHE" bench/results
+
+if [ ! -f "$model/config.json" ]; then
+    tok="$CACHE/spm-32k"
+    mkdir -p "$tok"
+    xz -dc tests/data/tokenizers/spm-32k/tokenizer.json.xz > "$tok/tokenizer.json"
+    cp tests/data/tokenizers/spm-32k/tokenizer_config.json "$tok/"
+    "$BUILD/caraserve-mkmodel" model --out "$model" --arch llama --hidden 1024 --layers 12 --heads 16 \
+        --intermediate 2816 --vocab 32000 --dtype "$DTYPE" --seed 1 --tokenizer "$tok" >&2
+fi
+ids=$($PY -c "import random; random.seed(1); print(','.join(str(random.randrange(3, 32000)) for _ in range($PROMPT)))")
+
+gguf=""
+if [ -n "${LLAMA_CPP_DIR:-}" ]; then
+    bench_bin="$LLAMA_CPP_DIR/build/bin/llama-bench"
+    [ -x "$bench_bin" ] || { echo "forward.sh: $bench_bin not found (build llama.cpp first)" >&2; exit 1; }
+    gguf="$CACHE/llama-200m-f16.gguf"
+    if [ ! -f "$gguf" ]; then
+        PYTHONPATH="$LLAMA_CPP_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$LLAMA_PY" "$LLAMA_CPP_DIR/convert_hf_to_gguf.py" \
+            "$model" --outtype f16 --outfile "$gguf" >&2
+    fi
+fi
+
+cs_runs=() ll_runs=()
+for r in $(seq "$REPS"); do
+    line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens $((GEN + 1)) --ignore-eos \
+        --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
+    pp=$(sed -E 's/.*prefill [0-9]+ tokens in [0-9.]+ ms \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
+    tg=$(sed -E 's/.*decode [0-9]+ tokens in [0-9.]+ ms \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
+    cs_runs+=("$pp:$tg")
+    echo "caraserve rep $r: prefill $pp tok/s, decode $tg tok/s" >&2
+    if [ -n "$gguf" ]; then
+        js=$("$bench_bin" -m "$gguf" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null)
+        lp=$($PY -c "import json,sys; d=json.loads(sys.argv[1]); print([x['avg_ts'] for x in d if x['n_prompt']>0][0])" "$js")
+        lt=$($PY -c "import json,sys; d=json.loads(sys.argv[1]); print([x['avg_ts'] for x in d if x['n_gen']>0][0])" "$js")
+        ll_runs+=("$lp:$lt")
+        echo "llama.cpp rep $r: prefill $lp tok/s, decode $lt tok/s" >&2
+    fi
+done
+
+out="bench/results/forward-$(date -u +%Y%m%dT%H%M%SZ).json"
+$PY - "$out" "$PROMPT" "$GEN" "$THREADS" "$DTYPE" "${LLAMA_CPP_DIR:-}" "${cs_runs[*]}" "${ll_runs[*]:-}" <<'PYEOF'
+import json, platform, statistics, subprocess, sys
+out, prompt, gen, threads, dtype, llama_dir, cs, ll = sys.argv[1:9]
+def parse(s):
+    runs = [tuple(float(v) for v in r.split(":")) for r in s.split()] if s.strip() else []
+    return {"prefill_tok_s": [r[0] for r in runs], "decode_tok_s": [r[1] for r in runs],
+            "prefill_median": statistics.median(r[0] for r in runs) if runs else None,
+            "decode_median": statistics.median(r[1] for r in runs) if runs else None}
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+res = {"benchmark": "forward", "model": "llama 200M (hidden 1024, 12 layers, 16 heads, inter 2816, vocab 32000)",
+       "caraserve_weights": dtype.upper(), "prompt_tokens": int(prompt), "gen_tokens": int(gen), "threads": int(threads),
+       "cpu": cpu, "nproc": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
+       "caraserve": parse(cs)}
+if llama_dir:
+    res["llama_cpp"] = dict(parse(ll), weights="F16", dir=llama_dir)
+    res["ratio_prefill"] = res["caraserve"]["prefill_median"] / res["llama_cpp"]["prefill_median"]
+    res["ratio_decode"] = res["caraserve"]["decode_median"] / res["llama_cpp"]["decode_median"]
+json.dump(res, open(out, "w"), indent=2)
+c = res["caraserve"]
+print(f"caraserve ({dtype}, {threads} threads): prefill {c['prefill_median']:.1f} tok/s, decode {c['decode_median']:.2f} tok/s")
+if llama_dir:
+    l = res["llama_cpp"]
+    print(f"llama.cpp (F16, {threads} threads):  prefill {l['prefill_median']:.1f} tok/s, decode {l['decode_median']:.2f} tok/s")
+    print(f"ratio caraserve/llama.cpp: prefill {res['ratio_prefill']:.2f}x, decode {res['ratio_decode']:.2f}x")
+print(f"wrote {out}")
+PYEOF
