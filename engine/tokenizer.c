@@ -206,6 +206,70 @@ static int utf8_lossy_append(sbuf *out, const char *s, size_t n) {
     return sbuf_put(out, s + run, n - run);
 }
 
+/* The tokenizers library takes its Unicode data from several places, each of its own
+ * Unicode version: Oniguruma (regex \p{L}, \p{N}: Unicode 16), Rust's std (is_numeric,
+ * to_lowercase, is_whitespace: Unicode 16/17), unicode_categories (Punctuation: older) and
+ * unicode-normalization-alignments (normalization, StripAccents: Unicode 9). utf8proc 2.8 is
+ * Unicode 15 and PCRE2 10.42 Unicode 14. The tables below are the differences, found by
+ * probing tokenizers 0.23 on every code point (tests/test_ref_tokenizer.py checks them all). */
+#define ONIG_EXTRA_L "\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D65}\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}\\x{113D3}\\x{11BC0}-\\x{11BE0}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
+#define ONIG_EXTRA_N "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11F50}-\\x{11F59}\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}"
+static const int32_t RUST_NUMERIC_EXTRA[][2] = {
+    {0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9}, {0x11DE0, 0x11DE9}, {0x16130, 0x16139},
+    {0x16D70, 0x16D79}, {0x16FF4, 0x16FF6}, {0x1CCF0, 0x1CCF9}, {0x1E5F1, 0x1E5FA},
+};
+static const int32_t REF_PUNCT_EXTRA[][2] = {
+    {0x166D, 0x166D}, {0x111C9, 0x111C9},
+};
+static const int32_t REF_PUNCT_MISSING[][2] = {
+    {0x61D, 0x61D}, {0x9FD, 0x9FD}, {0xA76, 0xA76}, {0xC77, 0xC77}, {0xC84, 0xC84},
+    {0x1B7D, 0x1B7E}, {0x2E43, 0x2E4F}, {0x2E52, 0x2E5D}, {0x10EAD, 0x10EAD}, {0x10F55, 0x10F59},
+    {0x10F86, 0x10F89}, {0x1144B, 0x1144F}, {0x1145A, 0x1145B}, {0x1145D, 0x1145D}, {0x11660, 0x1166C},
+    {0x116B9, 0x116B9}, {0x1183B, 0x1183B}, {0x11944, 0x11946}, {0x119E2, 0x119E2}, {0x11A3F, 0x11A46},
+    {0x11A9A, 0x11A9C}, {0x11A9E, 0x11AA2}, {0x11B00, 0x11B09}, {0x11C41, 0x11C45}, {0x11C70, 0x11C71},
+    {0x11EF7, 0x11EF8}, {0x11F43, 0x11F4F}, {0x11FFF, 0x11FFF}, {0x12FF1, 0x12FF2}, {0x16E97, 0x16E9A},
+    {0x16FE2, 0x16FE2}, {0x1E95E, 0x1E95F},
+};
+static const int32_t REF_MARK_EXTRA[][2] = {
+    {0x1CF2, 0x1CF3},
+};
+static const int32_t REF_MARK_MISSING[][2] = {
+    {0x7FD, 0x7FD}, {0x898, 0x89F}, {0x8CA, 0x8D3}, {0x9FE, 0x9FE}, {0xAFA, 0xAFF},
+    {0xB55, 0xB55}, {0xC04, 0xC04}, {0xC3C, 0xC3C}, {0xCF3, 0xCF3}, {0xD00, 0xD00},
+    {0xD3B, 0xD3C}, {0xD81, 0xD81}, {0xEBA, 0xEBA}, {0xECE, 0xECE}, {0x1715, 0x1715},
+    {0x180F, 0x180F}, {0x1ABF, 0x1ACE}, {0x1CF7, 0x1CF7}, {0x1DF6, 0x1DFA}, {0xA82C, 0xA82C},
+    {0xA8FF, 0xA8FF}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50},
+    {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x11073, 0x11074}, {0x110C2, 0x110C2}, {0x11145, 0x11146},
+    {0x111C9, 0x111C9}, {0x111CE, 0x111CF}, {0x11241, 0x11241}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E},
+    {0x1182C, 0x1183A}, {0x11930, 0x11935}, {0x11937, 0x11938}, {0x1193B, 0x1193E}, {0x11940, 0x11940},
+    {0x11942, 0x11943}, {0x119D1, 0x119D7}, {0x119DA, 0x119E0}, {0x119E4, 0x119E4}, {0x11A01, 0x11A0A},
+    {0x11A33, 0x11A39}, {0x11A3B, 0x11A3E}, {0x11A47, 0x11A47}, {0x11A51, 0x11A5B}, {0x11A8A, 0x11A99},
+    {0x11D31, 0x11D36}, {0x11D3A, 0x11D3A}, {0x11D3C, 0x11D3D}, {0x11D3F, 0x11D45}, {0x11D47, 0x11D47},
+    {0x11D8A, 0x11D8E}, {0x11D90, 0x11D91}, {0x11D93, 0x11D97}, {0x11EF3, 0x11EF6}, {0x11F00, 0x11F01},
+    {0x11F03, 0x11F03}, {0x11F34, 0x11F3A}, {0x11F3E, 0x11F42}, {0x13440, 0x13440}, {0x13447, 0x13455},
+    {0x16F4F, 0x16F4F}, {0x16F7F, 0x16F87}, {0x16FE4, 0x16FE4}, {0x16FF0, 0x16FF1}, {0x1CF00, 0x1CF2D},
+    {0x1CF30, 0x1CF46}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF},
+    {0x1E4EC, 0x1E4EF},
+};
+/* Rust's char::to_lowercase where utf8proc's simple mapping differs (cased letters of
+ * Unicode 16 and 17): ranges [first, last] mapped by +delta, or to one code point. */
+static const int32_t RUST_LOWER_EXTRA[][3] = {
+    {0x1C89, 0x1C89, 1}, {0xA7CC, 0xA7CC, 1}, {0xA7CE, 0xA7CE, 1}, {0xA7D2, 0xA7D2, 1},
+    {0xA7D4, 0xA7D4, 1}, {0xA7DA, 0xA7DA, 1}, {0x10D50, 0x10D65, 0x20}, {0x16EA0, 0x16EB8, 0x1B},
+};
+
+static bool in_ranges(const int32_t (*r)[2], size_t n, int32_t c) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c < r[mid][0]) hi = mid;
+        else if (c > r[mid][1]) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+#define IN_TABLE(t, c) in_ranges((t), CS_ARRAY_LEN(t), (c))
+
 /* Rust char::is_whitespace / the Unicode White_Space property. */
 static bool uni_is_space(int32_t c) {
     return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
@@ -218,7 +282,8 @@ static int uni_cat(int32_t c) { return (int)utf8proc_category(c); }
 /* Rust char::is_numeric: Nd, Nl, No. */
 static bool uni_is_numeric(int32_t c) {
     int k = uni_cat(c);
-    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
+    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO ||
+           IN_TABLE(RUST_NUMERIC_EXTRA, c);
 }
 
 /* is_ascii_punctuation || general category P*. */
@@ -226,7 +291,8 @@ static bool uni_is_punct(int32_t c) {
     if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) ||
                          (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
     int k = uni_cat(c);
-    return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
+    if (k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO) return !IN_TABLE(REF_PUNCT_MISSING, c);
+    return IN_TABLE(REF_PUNCT_EXTRA, c);
 }
 
 /* The regex crate's Unicode \w: Alphabetic, M, Nd, Pc, Join_Control (Alphabetic is
@@ -241,9 +307,20 @@ static bool uni_is_word(int32_t c) {
            (c >= 0x1F170 && c <= 0x1F189);
 }
 
+/* General category M as StripAccents sees it (Unicode 9). */
 static bool uni_is_mark(int32_t c) {
     int k = uni_cat(c);
-    return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
+    if (k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME)
+        return !IN_TABLE(REF_MARK_MISSING, c);
+    return IN_TABLE(REF_MARK_EXTRA, c);
+}
+
+static int32_t uni_tolower(int32_t c) {
+    for (size_t i = 0; i < CS_ARRAY_LEN(RUST_LOWER_EXTRA); i++)
+        if (c >= RUST_LOWER_EXTRA[i][0] && c <= RUST_LOWER_EXTRA[i][1]) return c + RUST_LOWER_EXTRA[i][2];
+    if (c == 0xA7CB) return 0x264;
+    if (c == 0xA7DC) return 0x19B;
+    return utf8proc_tolower(c);
 }
 
 /* GPT-2 byte <-> unicode table (tokenizers' bytes_char). */
@@ -404,7 +481,7 @@ typedef struct scratch {
 /* White_Space as an explicit class: Oniguruma's \s (PCRE2's also has U+180E). */
 #define ONIG_SPACE_CLASS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}" \
                          "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
-#define ONIG_WORD_CLASS "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}"
+#define ONIG_WORD_CLASS "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}" ONIG_EXTRA_L
 
 /* Rewrite an Oniguruma (Ruby syntax) pattern for PCRE2 where the two disagree: \s, \w and
  * \h. */
@@ -415,7 +492,27 @@ static char *regex_translate(const char *pat) {
     for (size_t i = 0; i < n; i++) {
         char c = pat[i];
         int rc = 0;
-        if (c == '\\' && i + 1 < n) {
+        if (c == '\\' && i + 1 < n && (pat[i + 1] == 'p' || pat[i + 1] == 'P')) {
+            /* \p{L} / \p{N} (or \pL / \pN) get the letters and numbers Oniguruma knows */
+            bool neg = pat[i + 1] == 'P';
+            const char *q = pat + i + 2, *extra = NULL;
+            size_t len = 0;
+            if (strncmp(q, "{L}", 3) == 0 || strncmp(q, "{N}", 3) == 0) len = 3;
+            else if (*q == 'L' || *q == 'N') len = 1;
+            if (len) extra = q[len == 3 ? 1 : 0] == 'L' ? ONIG_EXTRA_L : ONIG_EXTRA_N;
+            if (extra && !(neg && in_class)) {
+                char prop[8];
+                snprintf(prop, sizeof prop, "\\p{%c}", q[len == 3 ? 1 : 0]);
+                if (!in_class) rc |= sbuf_put(&o, neg ? "[^" : "[", neg ? 2 : 1);
+                rc |= sbuf_put(&o, prop, strlen(prop));
+                rc |= sbuf_put(&o, extra, strlen(extra));
+                if (!in_class) rc |= sbuf_put(&o, "]", 1);
+                i += 1 + len;
+            } else {
+                rc |= sbuf_put(&o, pat + i, 2);
+                i += 1;
+            }
+        } else if (c == '\\' && i + 1 < n) {
             char d = pat[++i];
             const char *rep = NULL, *neg = NULL;
             switch (d) {
@@ -851,16 +948,6 @@ static const int32_t REF_NEW_DECOMP[][2] = {
     {0x1F16C, 0x1F16C}, {0x1FBF0, 0x1FBF9},
 };
 
-static bool in_ranges(const int32_t (*r)[2], size_t n, int32_t c) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (c < r[mid][0]) hi = mid;
-        else if (c > r[mid][1]) lo = mid + 1;
-        else return true;
-    }
-    return false;
-}
 
 static int ref_ccc(int32_t c) {
     if (c < 0x300 || !in_ranges(REF_MARKS, CS_ARRAY_LEN(REF_MARKS), c)) return 0;
@@ -1035,7 +1122,7 @@ static int normalize(const normalizer *nm, const char *s, size_t n, scratch *sc,
             size_t k;
             int32_t c = utf8_cp(s + i, n - i, &k);
             if (c == 0x130) rc = sbuf_put(out, "i\xCC\x87", 3); /* the one multi-char mapping */
-            else rc = sbuf_put_cp(out, utf8proc_tolower(c));
+            else rc = sbuf_put_cp(out, uni_tolower(c));
             i += k;
         }
         return rc == CS_OK ? sbuf_put(out, "", 0) : rc;

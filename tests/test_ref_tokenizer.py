@@ -247,6 +247,18 @@ def corpus():
     return out
 
 
+def all_codepoint_texts():
+    """Every code point up to the end of CJK Extension H plus the tags and variation
+    selectors plane, each in contexts where its Unicode properties decide the split, case,
+    normalization or accent stripping ("x" c "x": letter, number or other; c "1": digit runs;
+    "a" c U+0301: combining order). Catches Unicode-version differences in the tables."""
+    cps = [c for c in list(range(0x20, 0x323B0)) + list(range(0xE0000, 0xE1000)) if not 0xD800 <= c <= 0xDFFF]
+    out = []
+    for i in range(0, len(cps), 1500):
+        out.append("".join("x" + chr(c) + "x" + chr(c) + "1a" + chr(c) + "\u0301 " for c in cps[i:i + 1500]))
+    return out
+
+
 # ---------------------------------------------------------------- checks ----
 
 def run_harness(d, lines, mode=None):
@@ -335,8 +347,8 @@ def short(x):
     return s if len(s) < 200 else s[:200] + "..."
 
 
-def test_encode(name, d, tok, texts, rep):
-    lines = [{"text": s, "add_special": a} for s in texts for a in (True, False)]
+def test_encode(name, d, tok, texts, rep, add_specials=(True, False)):
+    lines = [{"text": s, "add_special": a} for s in texts for a in add_specials]
     got = run_harness(d, lines)
     for line, g in zip(lines, got):
         s, a = line["text"], line["add_special"]
@@ -551,6 +563,9 @@ def v_nodecoder(js):
     js["post_processor"] = None
 
 
+ALLCP = {"llama-3.1", "qwen3", "qwen-normalizers-digits", "ws-punctuation", "ws-whitespace",
+         "split-removed-invert", "gpt2-prefix-space"}
+
 VARIANTS = [
     ("spm-32k", "spm-metaspace-first", v_metaspace("first", False)),
     ("spm-32k", "spm-metaspace-always-split", v_metaspace("always", True)),
@@ -595,16 +610,18 @@ def make_variant(base, name, fn, cache):
     return d
 
 
-def test_variants(texts):
+def test_variants(texts, allcp):
     ok = True
     cache = {}
-    sub = HANDWRITTEN + texts[len(HANDWRITTEN)::5]
+    sub = HANDWRITTEN + texts[len(HANDWRITTEN)::8]
     for base, name, fn in VARIANTS:
         d = make_variant(base, name, fn, cache)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
         rep = Report("variant " + name)
         with quiet_stderr():
             test_encode(None, d, tok, sub, rep)
+            if name in ALLCP:
+                test_encode(None, d, tok, allcp, rep, add_specials=(False,))
             test_decode(d, tok, rep, random.Random(name), n=60)
         rep.show()
         ok = ok and rep.ok()
@@ -623,7 +640,9 @@ def main():
     if not os.path.exists(HARNESS):
         raise SystemExit(f"FAIL: {HARNESS} not built")
     texts = corpus()
-    print(f"corpus: {len(texts)} strings, {sum(len(s) for s in texts)} code points")
+    allcp = all_codepoint_texts()
+    print(f"corpus: {len(texts)} strings, {sum(len(s) for s in texts)} code points; "
+          f"all-code-point texts: {len(allcp)} strings, {sum(len(s) for s in allcp)} code points")
     ok = True
     r = random.Random(7)
     for name in NAMES:
@@ -631,6 +650,11 @@ def main():
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
         rep = Report(name)
         test_encode(name, d, tok, texts, rep)
+        if name in ALLCP:
+            rep2 = Report(name + " (all code points)")
+            test_encode(None, d, tok, allcp, rep2, add_specials=(False,))
+            rep2.show()
+            ok = ok and rep2.ok()
         test_decode(d, tok, rep, r)
         test_info(d, tok, rep)
         if name == "spm-32k":
@@ -638,7 +662,7 @@ def main():
         rep.show()
         print(f"  bench: {bench(d)}")
         ok = ok and rep.ok()
-    ok = test_variants(texts) and ok
+    ok = test_variants(texts, allcp) and ok
     if not ok:
         print("FAIL")
         return 1
