@@ -30,6 +30,8 @@ struct model {
     float *inv_freq;        /* host, head_dim/2 */
     void **owned;           /* backend buffers to free */
     size_t n_owned, cap_owned;
+    void **host_owned;      /* host copies of misaligned tensors */
+    size_t n_host, cap_host;
     size_t n_params;
     cs_dtype wdtype;
     /* activations, grown on demand (backend memory) */
@@ -59,6 +61,19 @@ static int own(model_t *m, void *p) {
         m->cap_owned = nc;
     }
     m->owned[m->n_owned++] = p;
+    return CS_OK;
+}
+
+static int own_host(model_t *m, void *p) {
+    if (!p) return cs_error_set(CS_ENOMEM, "out of memory");
+    if (m->n_host == m->cap_host) {
+        size_t nc = m->cap_host ? m->cap_host * 2 : 16;
+        void **no = realloc(m->host_owned, nc * sizeof *no);
+        if (!no) { free(p); return cs_error_set(CS_ENOMEM, "out of memory"); }
+        m->host_owned = no;
+        m->cap_host = nc;
+    }
+    m->host_owned[m->n_host++] = p;
     return CS_OK;
 }
 
@@ -98,8 +113,15 @@ static int load_matrix(model_t *m, const char *name, int rows, int cols, cs_weig
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;
-    if (m->be->iface->host_memory) {
+    bool aligned = (uintptr_t)t->data % cs_dtype_size(t->dtype) == 0;
+    if (m->be->iface->host_memory && aligned) {
         w->data = t->data;
+    } else if (m->be->iface->host_memory) {
+        /* safetensors does not promise element alignment: copy rather than misread */
+        void *d = cs_aligned_alloc(64, t->nbytes);
+        if ((rc = own_host(m, d))) return rc;
+        memcpy(d, t->data, t->nbytes);
+        w->data = d;
     } else {
         void *d = backend_buf_alloc(m->be, t->nbytes);
         if ((rc = own(m, d))) return rc;
@@ -116,8 +138,11 @@ static int load_vector(model_t *m, const char *name, int n, float **out) {
     int rc = get_tensor(m, name, 0, n, &t);
     if (rc) return rc;
     float *h = malloc(sizeof(float) * (size_t)n);
-    if (!h) return cs_error_set(CS_ENOMEM, "out of memory");
-    cs_to_f32(h, t->data, t->dtype, (size_t)n);
+    void *src = malloc(t->nbytes); /* the mapping may be misaligned for the dtype */
+    if (!h || !src) { free(h); free(src); return cs_error_set(CS_ENOMEM, "out of memory"); }
+    memcpy(src, t->data, t->nbytes);
+    cs_to_f32(h, src, t->dtype, (size_t)n);
+    free(src);
     float *d = backend_buf_alloc(m->be, sizeof(float) * (size_t)n);
     if ((rc = own(m, d))) { free(h); return rc; }
     backend_buf_set(m->be, d, h, sizeof(float) * (size_t)n);
@@ -278,6 +303,8 @@ void model_free(model_t *m) {
     free_acts(m);
     for (size_t i = 0; i < m->n_owned; i++) backend_buf_free(m->be, m->owned[i]);
     free(m->owned);
+    for (size_t i = 0; i < m->n_host; i++) free(m->host_owned[i]);
+    free(m->host_owned);
     free(m->layers);
     free(m->inv_freq);
     safetensors_free(m->st);

@@ -615,6 +615,7 @@ static int regex_find(const tok_regex *re, const char *s, size_t n, scratch *sc,
             ms = (size_t)(hit - s);
             me = ms + re->lit_len;
         } else {
+            if (!sc->md && !(sc->md = pcre2_match_data_create(1, NULL))) return tok_oom();
             int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, pos, opts, sc->md, NULL);
             if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
                 rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, pos, opts | PCRE2_NO_JIT, sc->md,
@@ -958,6 +959,11 @@ static int ref_ccc(int32_t c) {
 static int unicode_normalize(int type, const char *s, size_t n, sbuf *out) {
     bool compat = type == NORM_NFKC || type == NORM_NFKD;
     bool compose = type == NORM_NFC || type == NORM_NFKC;
+    /* fast path: below U+00A0 nothing decomposes, below U+0300 nothing changes under NFC */
+    int32_t stable = type == NORM_NFC ? 0x300 : 0xA0;
+    size_t i0 = 0, k0;
+    while (i0 < n && utf8_cp(s + i0, n - i0, &k0) < stable) i0 += k0;
+    if (i0 == n) return sbuf_put(out, s, n);
     i32vec cp = {0};
     struct { uint8_t *p; size_t n, cap; } cc = {0};
     int rc = CS_OK;
@@ -2088,10 +2094,10 @@ static int bpe_tokenize(const tokenizer_t *tc, const char *w, size_t n, bpe_scra
  * Encode
  * ==================================================================================== */
 
+/* The match data is made on first use: most decodes never run a regex. */
 static int scratch_init(scratch *sc) {
     memset(sc, 0, sizeof *sc);
-    sc->md = pcre2_match_data_create(1, NULL);
-    return sc->md ? CS_OK : tok_oom();
+    return CS_OK;
 }
 
 static void scratch_free(scratch *sc) {

@@ -1,4 +1,4 @@
-/* gpu_backend.h: the CUDA backend's public header, plain C (only gpu_kernels/*.cu include
+/* gpu_backend.h: the CUDA backend's public header, plain C (only the .cu files of gpu_kernels/ include
  * CUDA headers). For now it exposes the toolchain check; the backend vtable follows with
  * the GPU issue. */
 #ifndef CS_GPU_BACKEND_H

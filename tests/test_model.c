@@ -21,6 +21,7 @@ enum { HID = 64, LAYERS = 2, HEADS = 4, KVH = 2, HD = 16, INTER = 96, VOCAB = 50
 typedef struct { char *name; int nd; int64_t shape[2]; float *f; } tw_t;
 
 static cs_rng_t rng;
+static bool misalign; /* write a 3-byte U8 buffer first so every later tensor sits at an odd address */
 static char tmpl[] = "/tmp/cs_test_model_XXXXXX";
 static char *root;
 
@@ -85,9 +86,15 @@ static char *write_model(const char *sub, const char *arch, cs_dtype dt, const c
     }
     if (extra) ADD(extra, 0, 4, 1, 0);
 #undef ADD
-    st_write_tensor_t wt[64];
-    void *bufs[64];
+    st_write_tensor_t wt[65];
+    void *bufs[65];
     int k = 0;
+    static const uint8_t odd[3] = {1, 2, 3};
+    if (misalign) {
+        wt[k] = (st_write_tensor_t){.name = "model.layers.0.self_attn.rotary_emb.inv_freq", .dtype = CS_DTYPE_U8,
+                                    .n_dims = 1, .shape = {3}, .data = odd};
+        bufs[k++] = NULL;
+    }
     for (int i = 0; i < n; i++) {
         if (skip && !strcmp(t[i].name, skip)) continue;
         size_t cnt = (size_t)t[i].shape[0] * (t[i].nd == 2 ? t[i].shape[1] : 1);
@@ -109,6 +116,7 @@ static char *write_model(const char *sub, const char *arch, cs_dtype dt, const c
     ck_assert_int_eq(safetensors_write(p, wt, (size_t)k, NULL), 0);
     free(p);
     for (int i = 0; i < k; i++) free(bufs[i]);
+    (void)odd;
     for (int i = 0; i < n; i++) { free(t[i].name); free(t[i].f); }
     return dir;
 }
@@ -161,6 +169,31 @@ static void check_prefill_equals_decode(const char *arch, cs_dtype dt) {
 
 START_TEST(test_llama_f32) { check_prefill_equals_decode("LlamaForCausalLM", CS_DTYPE_F32); }
 END_TEST
+
+/* safetensors does not align tensors to their element size; such files are valid */
+START_TEST(test_misaligned_tensors) {
+    cs_rng_t saved = rng;
+    char *a = write_model("aligned", "LlamaForCausalLM", CS_DTYPE_BF16, NULL, NULL, NULL);
+    rng = saved;
+    misalign = true;
+    char *b = write_model("misaligned", "LlamaForCausalLM", CS_DTYPE_BF16, NULL, NULL, NULL);
+    misalign = false;
+    backend_t *be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
+    model_t *ma, *mb;
+    ck_assert_msg(model_load(a, be, &ma) == 0, "%s", cs_error_last());
+    ck_assert_msg(model_load(b, be, &mb) == 0, "%s", cs_error_last());
+    int32_t ids[9] = {3, 1, 4, 1, 5, 9, 2, 6, 5};
+    float la[9 * VOCAB], lb[9 * VOCAB];
+    model_seq_t *sa = model_seq_new(ma, 9), *sb = model_seq_new(mb, 9);
+    ck_assert_int_eq(model_forward(ma, sa, ids, 9, NULL, la, true), 0);
+    ck_assert_int_eq(model_forward(mb, sb, ids, 9, NULL, lb, true), 0);
+    ck_assert_float_eq(max_abs_diff(la, lb, 9 * VOCAB), 0.0f);
+    model_seq_free(sa); model_seq_free(sb);
+    model_free(ma); model_free(mb);
+    backend_free(be);
+    free(a); free(b);
+}
+END_TEST
 START_TEST(test_llama_bf16) { check_prefill_equals_decode("LlamaForCausalLM", CS_DTYPE_BF16); }
 END_TEST
 START_TEST(test_qwen3_f32) { check_prefill_equals_decode("Qwen3ForCausalLM", CS_DTYPE_F32); }
@@ -203,6 +236,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_llama_f32);
     tcase_add_test(tc, test_llama_bf16);
+    tcase_add_test(tc, test_misaligned_tensors);
     tcase_add_test(tc, test_qwen3_f32);
     tcase_add_test(tc, test_missing_tensor);
     tcase_add_test(tc, test_wrong_shape);

@@ -1,6 +1,7 @@
 /* tokenizer_harness.c: drives engine/tokenizer.c from JSON lines so that
  * tests/test_ref_tokenizer.py can compare it with the Python `tokenizers` library.
  *   tokenizer_harness DIR            {"text": s, "add_special": b} -> ids, decodes, streams
+ *                                    ("stream": false leaves the streams out)
  *   tokenizer_harness DIR --decode   {"ids": [...]}                -> decodes, streams
  *   tokenizer_harness DIR --info     one line: vocab size, bos/eos ids, chat template
  *   tokenizer_harness DIR --bench N  stdin is one text, encoded N times; prints tokens/s */
@@ -50,10 +51,10 @@ static int stream_all(const tokenizer_t *t, const int32_t *ids, size_t n, bool s
     return CS_OK;
 }
 
-/* Adds decode, decode_skip, stream, stream_skip for ids to obj. */
-static int add_decodes(const tokenizer_t *t, json_t *obj, const int32_t *ids, size_t n) {
+/* Adds decode, decode_skip and (with streams) stream, stream_skip for ids to obj. */
+static int add_decodes(const tokenizer_t *t, json_t *obj, const int32_t *ids, size_t n, bool streams) {
     static const char *keys[4] = {"decode", "decode_skip", "stream", "stream_skip"};
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < (streams ? 4 : 2); k++) {
         char *s;
         size_t len;
         bool skip = k & 1;
@@ -84,7 +85,7 @@ static json_t *handle_encode(const tokenizer_t *t, json_t *in) {
     json_t *o = json_object(), *arr = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
     json_object_set_new(o, "ids", arr);
-    rc = add_decodes(t, o, ids, n);
+    rc = add_decodes(t, o, ids, n, !json_is_false(json_object_get(in, "stream")));
     free(ids);
     if (rc < 0) {
         json_decref(o);
@@ -101,7 +102,7 @@ static json_t *handle_decode(const tokenizer_t *t, json_t *in) {
     if (!ids) return error_obj(CS_ENOMEM);
     for (size_t i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
     json_t *o = json_object();
-    int rc = add_decodes(t, o, ids, n);
+    int rc = add_decodes(t, o, ids, n, true);
     free(ids);
     if (rc < 0) {
         json_decref(o);
