@@ -2239,19 +2239,21 @@ int tokenizer_decode(const tokenizer_t *t, const int32_t *ids, size_t n, bool sk
 /* ======================================================================================
  * Incremental detokenization
  *
- * The stream keeps the ids since the last point where text was emitted (`base`). On each
- * push it decodes those ids as the tail of the whole sequence (decpos: not the first
- * element once something was emitted) and emits the text when it is final: not ending in
- * U+FFFD (an incomplete UTF-8 sequence), and, with a ByteFallback decoder, not ending in a
- * <0xXX> token (a later byte can turn the whole run into U+FFFDs). Then base moves to the
- * end. Because a decode of the tail equals the matching suffix of the full decode, the
- * pieces concatenate to exactly tokenizer_decode(all ids).
+ * The prefix/read-offset scheme of vLLM and TGI, made exact. The stream keeps the ids
+ * pushed since text was last emitted (`pending`; the read offset). On each push it decodes
+ * them as the tail of the whole sequence (decpos: after a first element, so Strip and
+ * Metaspace do not treat them as the start) and emits that text when it is final: not
+ * empty, not ending in U+FFFD (an incomplete UTF-8 sequence) and, with a ByteFallback
+ * decoder, not ending in a <0xXX> token (a later byte can turn the whole run into U+FFFDs).
+ * A decoder that strips the end (Strip with stop > 0) holds everything until the flush.
+ * Since the tail decodes to exactly the matching suffix of the full decode, the pieces
+ * concatenate to tokenizer_decode(all ids); no earlier context needs re-decoding.
  * ==================================================================================== */
 
 struct tokenizer_stream {
     const tokenizer_t *t;
     bool skip_special;
-    bool emitted; /* some text (hence a surviving token) lies before the pending ids */
+    bool emitted; /* text, hence a surviving token, lies before the pending ids */
     i32vec pending;
 };
 
@@ -2332,7 +2334,8 @@ int tokenizer_stream_flush(tokenizer_stream_t *s, char **piece, size_t *piece_le
         sbuf_free(&text);
         return rc;
     }
-    if (text.n) s->emitted = true;
+    for (size_t i = 0; i < s->pending.n; i++)
+        if (id_survives(s->t, s->pending.p[i], s->skip_special)) s->emitted = true;
     s->pending.n = 0;
     return CS_OK;
 }

@@ -1,9 +1,11 @@
 /* test_tokenizer.c: engine/tokenizer.c on tiny tokenizer.json files written inline (no
  * Python needed): a byte-level BPE with merges and special tokens, a SentencePiece-style
  * BPE with byte fallback, unk handling, Metaspace, tokenizer_config.json and
- * generation_config.json, streaming that never emits a partial UTF-8 sequence, and load
- * errors that must name what they refuse. Expected ids are derived by hand in comments. */
+ * generation_config.json, streaming that never emits a partial UTF-8 sequence, concurrent
+ * encoding, and load errors that must name what they refuse. Expected ids are derived by
+ * hand in comments. */
 #include <check.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,6 +390,46 @@ START_TEST(test_config) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- threads ---- */
+
+static const char *THREAD_TEXTS[] = {"hello world!", "hello<|end|>hello", "\xC3\xA9 hello", "world world",
+                                     "\xF0\x9F\x98\x80!", "hellohello world"};
+
+static void *encode_worker(void *arg) {
+    const tokenizer_t *t = arg;
+    int32_t *ref[6];
+    size_t nref[6];
+    for (int k = 0; k < 6; k++)
+        if (tokenizer_encode(t, THREAD_TEXTS[k], strlen(THREAD_TEXTS[k]), true, &ref[k], &nref[k]) != CS_OK)
+            return (void *)1;
+    intptr_t bad = 0;
+    for (int i = 0; i < 3000; i++) {
+        int k = i % 6;
+        int32_t *ids;
+        size_t n;
+        if (tokenizer_encode(t, THREAD_TEXTS[k], strlen(THREAD_TEXTS[k]), true, &ids, &n) != CS_OK ||
+            n != nref[k] || memcmp(ids, ref[k], n * sizeof *ids) != 0)
+            bad = 1;
+        free(ids);
+    }
+    for (int k = 0; k < 6; k++) free(ref[k]);
+    return (void *)bad;
+}
+
+/* encode takes a const tokenizer; several threads share one (its word cache is locked) */
+START_TEST(test_threads) {
+    tokenizer_t *t = load(BYTELEVEL_JSON);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(pthread_create(&th[i], NULL, encode_worker, t), 0);
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        ck_assert_msg(r == NULL, "thread %d saw different ids", i);
+    }
+    tokenizer_free(t);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- errors ---- */
 
 /* BYTELEVEL_JSON with one substring replaced */
@@ -457,6 +499,7 @@ static Suite *tokenizer_suite(void) {
     tcase_add_test(tc, test_unk);
     tcase_add_test(tc, test_metaspace);
     tcase_add_test(tc, test_config);
+    tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_load_errors);
     suite_add_tcase(s, tc);
     return s;
