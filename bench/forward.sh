@@ -2,13 +2,19 @@
 # bench/forward.sh: prefill and decode tokens/s of `caraserve generate` on a ~200M-parameter
 # Llama model (caraserve-mkmodel: hidden 1024, 12 layers, 16 heads, intermediate 2816, vocab
 # 32000, BF16), and beside it llama.cpp's llama-bench on the same shapes (F16 GGUF converted
-# from the same checkpoint) when LLAMA_CPP_DIR points at a llama.cpp build. Runs alternate
-# between the two so machine noise hits both alike; the JSON lands in bench/results/.
+# from the same checkpoint) when LLAMA_CPP_DIR points at a llama.cpp build. Measured as
+# llama-bench does: prefill = a PROMPT-token prompt (pp512), decode = GEN tokens generated
+# from an empty context (tg128). Runs alternate between the two so machine noise hits both
+# alike; the JSON lands in bench/results/. Quiet the machine first: numbers from a busy one
+# are meaningless.
 #
 #   bench/forward.sh                       # caraserve only
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/forward.sh
 # Env: BUILD (build), THREADS (2), PROMPT (512), GEN (128), REPS (3), CACHE (~/.cache/caraserve-bench),
-#      LLAMA_PY (python for convert_hf_to_gguf.py; default .venv/bin/python), DTYPE (bf16)
+#      LLAMA_PY (python for convert_hf_to_gguf.py, with numpy, torch and sentencepiece; default
+#      .venv/bin/python), DTYPE (bf16)
+# llama.cpp: cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF &&
+#            cmake --build build -j --target llama-bench
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD=${BUILD:-build} THREADS=${THREADS:-2} PROMPT=${PROMPT:-512} GEN=${GEN:-128} REPS=${REPS:-3}
@@ -43,9 +49,12 @@ fi
 
 cs_runs=() ll_runs=()
 for r in $(seq "$REPS"); do
-    line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens $((GEN + 1)) --ignore-eos \
+    line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens 1 \
         --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
     pp=$(sed -E 's/.*prefill [0-9]+ tokens in [0-9.]+ ms \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
+    # one prompt token, then GEN decode steps (the first token comes from the prefill)
+    line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids 1 --max-tokens $((GEN + 1)) --ignore-eos \
+        --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
     tg=$(sed -E 's/.*decode [0-9]+ tokens in [0-9.]+ ms \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
     cs_runs+=("$pp:$tg")
     echo "caraserve rep $r: prefill $pp tok/s, decode $tg tok/s" >&2

@@ -15,7 +15,8 @@
 #include "cpu_kernels/threadpool.h"
 
 #define GEMV_MAX_N 8          /* up to this many rows use the GEMV kernel */
-#define TILE_BYTES (256 * 1024)
+#define SLAB_BYTES (8u << 20) /* widened weight rows per GEMM task, per thread */
+#define ATTN_QBLOCK 64        /* queries per attention GEMM task */
 
 typedef struct cpu_ctx {
     threadpool_t *pool;
@@ -89,11 +90,12 @@ static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_w
         j.rows_per_task = (j.rows_per_task + 3) & ~3;
         threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_gemv_task, &j);
     } else {
-        int tile = (int)(TILE_BYTES / (sizeof(float) * (size_t)w->cols));
-        tile = CS_MAX(16, tile & ~15);
-        /* at least two tasks per thread so uneven cores balance */
+        /* Few large slabs: every sgemm call packs all of x again, so many small tiles would
+         * spend their time packing. Two slabs per thread keep uneven cores balanced. */
+        int cap = (int)(SLAB_BYTES / (sizeof(float) * (size_t)w->cols));
+        cap = CS_MAX(16, cap & ~15);
         int per = (w->rows + 2 * c->n_threads - 1) / (2 * c->n_threads);
-        j.rows_per_task = CS_MAX(16, CS_MIN(tile, (per + 15) & ~15));
+        j.rows_per_task = CS_MAX(16, CS_MIN(cap, (per + 15) & ~15));
         if (w->dtype != CS_DTYPE_F32) scratch_reserve(c, (size_t)j.rows_per_task * w->cols);
         threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_gemm_task, &j);
     }
@@ -176,13 +178,53 @@ static void attn_task(void *p, int task, int thread) {
         cs_axpy_f32_avx512(oh, s[t] * inv, j->v + (size_t)t * kv_dim + kvh * j->hd, j->hd);
 }
 
+/* Prefill: one task per (head, block of queries). S = Q·Kᵀ over the keys the block can
+ * see, masked (causal, window) softmax per row, then O = P·V; both products are sgemm. */
+static void attn_gemm_task(void *p, int task, int thread) {
+    struct attn_job *j = p;
+    int nblk = (j->n + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    int h = task / nblk, blk = task % nblk;
+    int i0 = blk * ATTN_QBLOCK, m = CS_MIN(ATTN_QBLOCK, j->n - i0);
+    int group = j->nh / j->nkv, kvh = h / group, kv_dim = j->nkv * j->hd, q_dim = j->nh * j->hd;
+    int last = j->pos0 + i0 + m - 1;                 /* newest key any query here sees */
+    int first = 0;
+    if (j->window > 0) first = CS_MAX(0, j->pos0 + i0 - j->window + 1);
+    int L = last - first + 1;
+    float scale = 1.0f / sqrtf((float)j->hd);
+    float *s = j->c->scratch[thread];                /* (m, L) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, L, j->hd, scale, j->q + (size_t)i0 * q_dim + h * j->hd,
+                q_dim, j->k + (size_t)first * kv_dim + kvh * j->hd, kv_dim, 0.0f, s, L);
+    for (int r = 0; r < m; r++) {
+        float *row = s + (size_t)r * L;
+        int qpos = j->pos0 + i0 + r;
+        int lo = j->window > 0 ? CS_MAX(first, qpos - j->window + 1) : first; /* visible keys [lo, qpos] */
+        float mx = -INFINITY;
+        for (int t = lo; t <= qpos; t++) mx = fmaxf(mx, row[t - first]);
+        double sum = 0;
+        for (int t = first; t <= last; t++) {
+            float e = t >= lo && t <= qpos ? expf(row[t - first] - mx) : 0.0f;
+            row[t - first] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int t = 0; t < L; t++) row[t] *= inv;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, j->hd, L, 1.0f, s, L,
+                j->v + (size_t)first * kv_dim + kvh * j->hd, kv_dim, 0.0f, j->out + (size_t)i0 * q_dim + h * j->hd, q_dim);
+}
+
 static void cpu_attention(backend_t *b, float *out, const float *q, const float *k, const float *v, int n, int pos0,
                           int nh, int nkv, int hd, int window) {
     cpu_ctx_t *c = ctx_of(b);
     if (c->reference || !c->avx512) { cs_attention_ref(out, q, k, v, n, pos0, nh, nkv, hd, window); return; }
-    scratch_reserve(c, (size_t)(pos0 + n));
     struct attn_job j = {c, out, q, k, v, n, pos0, nh, nkv, hd, window};
-    threadpool_run(c->pool, n * nh, attn_task, &j);
+    if (n >= 16) {
+        scratch_reserve(c, (size_t)ATTN_QBLOCK * (size_t)(pos0 + n));
+        threadpool_run(c->pool, nh * ((n + ATTN_QBLOCK - 1) / ATTN_QBLOCK), attn_gemm_task, &j);
+    } else {
+        scratch_reserve(c, (size_t)(pos0 + n));
+        threadpool_run(c->pool, n * nh, attn_task, &j);
+    }
 }
 
 /* ---- elementwise ---- */

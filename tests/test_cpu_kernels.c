@@ -74,7 +74,10 @@ START_TEST(test_attention_vs_ref) {
     static const int cfg[][6] = {
         /* n, pos0, heads, kv heads, head_dim, window */
         {1, 0, 4, 4, 64, 0}, {1, 37, 8, 2, 64, 0}, {19, 0, 6, 3, 32, 0}, {5, 11, 4, 1, 48, 0},
-        {40, 0, 4, 2, 64, 8}, {1, 70, 4, 4, 16, 16}, {64, 3, 2, 2, 128, 0}};
+        {40, 0, 4, 2, 64, 8}, {1, 70, 4, 4, 16, 16}, {64, 3, 2, 2, 128, 0},
+        /* the GEMM path (n >= 16): several query blocks, a cache prefix, windows */
+        {150, 0, 4, 2, 64, 0}, {70, 33, 8, 2, 32, 0}, {130, 5, 4, 4, 16, 20}, {16, 100, 2, 1, 64, 50},
+        {200, 0, 3, 3, 24, 64}};
     backend_t *be = be_for(3);
     for (size_t c = 0; c < CS_ARRAY_LEN(cfg); c++) {
         int n = cfg[c][0], pos0 = cfg[c][1], nh = cfg[c][2], nkv = cfg[c][3], hd = cfg[c][4], win = cfg[c][5];
