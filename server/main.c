@@ -142,17 +142,19 @@ static int cmd_generate(int argc, char **argv) {
         return 2;
     }
 
+    int32_t *ids = NULL;
+    int n_prompt = 0;
+    if (prompt_ids && parse_ids(prompt_ids, &ids, &n_prompt)) return 2; /* before the slow part */
+
     int status = 1;
     backend_t *be = NULL;
     model_t *model = NULL;
     tokenizer_t *tok = NULL;
     lora_adapter_t *lora = NULL;
     model_seq_t *seq = NULL;
-    int32_t *ids = NULL;
     float *logits = NULL;
     FILE *df = NULL;
     tokenizer_stream_t *ts = NULL;
-    int n_prompt = 0;
 
     be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads, .reference = reference});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
@@ -179,8 +181,6 @@ static int cmd_generate(int argc, char **argv) {
             goto out;
         }
         n_prompt = (int)n;
-    } else if (parse_ids(prompt_ids, &ids, &n_prompt)) {
-        goto out;
     }
     if (n_prompt == 0) { fprintf(stderr, "caraserve: the prompt is empty (no tokens)\n"); goto out; }
     for (int i = 0; i < n_prompt; i++)

@@ -1,0 +1,98 @@
+"""test_cli.py: the `caraserve` command line itself: usage errors exit 2 with a message,
+--help exits 0, sampling with a seed is reproducible and differs across seeds, greedy is the
+default, --max-tokens 0 only scores the prompt, --no-special drops the BOS token, and
+--reference-kernels gives the same tokens as the fast kernels. Standard library only."""
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reflib  # noqa: E402
+
+root = tempfile.mkdtemp(prefix="cs_cli_")
+tok = os.path.join(root, "tok")
+os.makedirs(tok)
+src = os.path.join(reflib.SRCDIR, "tests", "data", "tokenizers", "spm-32k")
+with lzma.open(os.path.join(src, "tokenizer.json.xz")) as f, open(os.path.join(tok, "tokenizer.json"), "wb") as g:
+    shutil.copyfileobj(f, g)
+shutil.copy(os.path.join(src, "tokenizer_config.json"), tok)
+model = os.path.join(root, "m")
+subprocess.run([reflib.MKMODEL, "model", "--out", model, "--hidden", "64", "--layers", "2", "--heads", "4",
+                "--intermediate", "96", "--dtype", "bf16", "--tokenizer", tok, "--init-std", "0.1"],
+               check=True, capture_output=True)
+failures = []
+
+
+def cs(*args):
+    return subprocess.run([reflib.CARASERVE, *args], capture_output=True, text=True, timeout=120)
+
+
+def expect(name, cond, p):
+    if cond:
+        print(f"ok  {name}")
+    else:
+        failures.append(f"{name}: exit {p.returncode}\nstdout: {p.stdout[-400:]}\nstderr: {p.stderr[-400:]}")
+
+
+for name, args in [
+    ("no command", []),
+    ("unknown command", ["frobnicate"]),
+    ("unknown flag", ["generate", "--model", model, "--prompt", "x", "--bogus"]),
+    ("missing --model", ["generate", "--prompt", "x"]),
+    ("neither prompt", ["generate", "--model", model]),
+    ("both prompts", ["generate", "--model", model, "--prompt", "x", "--prompt-ids", "1"]),
+    ("bad --max-tokens", ["generate", "--model", model, "--prompt", "x", "--max-tokens", "ten"]),
+    ("negative --temperature", ["generate", "--model", model, "--prompt", "x", "--temperature", "-1"]),
+    ("bad --threads", ["generate", "--model", model, "--prompt", "x", "--threads", "0"]),
+    ("bad --prompt-ids", ["generate", "--model", model, "--prompt-ids", "1,abc"]),
+    ("stray argument", ["generate", "--model", model, "--prompt", "x", "extra"]),
+]:
+    p = cs(*args)
+    expect(f"usage error: {name} -> exit 2", p.returncode == 2 and p.stderr.strip() != "", p)
+
+p = cs("generate", "--help")
+expect("generate --help exits 0 and lists --lora", p.returncode == 0 and "--lora" in p.stdout, p)
+p = cs("--version")
+expect("--version", p.returncode == 0 and p.stdout.startswith("caraserve "), p)
+p = cs("generate", "--model", model, "--prompt-ids", "", "--max-tokens", "1")
+expect("empty prompt -> exit 1", p.returncode == 1 and "empty" in p.stderr, p)
+
+
+def gen_ids(*extra):
+    p = cs("generate", "--model", model, "--prompt", "Hello world", "--max-tokens", "12", "--ignore-eos",
+           "--print-ids", *extra)
+    if p.returncode != 0:
+        failures.append(f"generate {extra}: {p.stderr}")
+        return [], []
+    lines = dict(l.split(":", 1) for l in p.stdout.splitlines() if l.startswith(("prompt_ids:", "generated_ids:")))
+    parse = lambda s: [int(t) for t in s.strip().split(",")] if s.strip() else []  # noqa: E731
+    return parse(lines["prompt_ids"]), parse(lines["generated_ids"])
+
+
+prompt, greedy = gen_ids()
+_, greedy2 = gen_ids("--temperature", "0")
+expect("greedy is the default and deterministic", greedy and greedy == greedy2, subprocess.CompletedProcess([], 0, "", ""))
+_, s1 = gen_ids("--temperature", "1.5", "--seed", "7")
+_, s1b = gen_ids("--temperature", "1.5", "--seed", "7", "--threads", "1")
+_, s2 = gen_ids("--temperature", "1.5", "--seed", "8")
+cp = subprocess.CompletedProcess([], 0, f"{s1} {s1b} {s2} {greedy}", "")
+expect("same seed, same tokens (any thread count)", s1 == s1b and len(s1) == 12, cp)
+expect("another seed, other tokens", s1 != s2, cp)
+expect("sampling differs from greedy", s1 != greedy or s2 != greedy, cp)
+_, ref = gen_ids("--reference-kernels")
+expect("reference kernels give the greedy tokens too", ref == greedy, subprocess.CompletedProcess([], 0, f"{ref} {greedy}", ""))
+nospec, _ = gen_ids("--no-special")
+expect("BOS added by the post-processor, dropped by --no-special",
+       prompt[0] == 1 and nospec == prompt[1:], subprocess.CompletedProcess([], 0, f"{prompt} {nospec}", ""))
+p = cs("generate", "--model", model, "--prompt", "Hello", "--max-tokens", "0", "--print-ids")
+expect("--max-tokens 0 generates nothing", p.returncode == 0 and "generated_ids:\n" in p.stdout + "\n", p)
+
+shutil.rmtree(root, ignore_errors=True)
+if failures:
+    print("\n".join("FAIL " + f for f in failures))
+    sys.exit(1)
+print("PASS")
