@@ -2023,7 +2023,8 @@ static bool cache_get(tokenizer_t *t, const char *w, size_t n, i32vec *out, int 
         while (t->cache[i].key) {
             cache_ent *e = &t->cache[i];
             if (e->len == n && memcmp(e->key, w, n) == 0) {
-                if ((*rc = VEC_RESERVE(out, out->n + e->n_ids)) == CS_OK) {
+                /* a word can map to no ids (bytes the vocabulary lacks): nothing to copy */
+                if (e->n_ids && (*rc = VEC_RESERVE(out, out->n + e->n_ids)) == CS_OK) {
                     memcpy(out->p + out->n, e->ids, e->n_ids * sizeof *e->ids);
                     out->n += e->n_ids;
                 }
@@ -2086,7 +2087,7 @@ static int bpe_tokenize(const tokenizer_t *tc, const char *w, size_t n, bpe_scra
     if (cacheable && cache_get(t, w, n, out, &rc)) return rc;
     size_t before = out->n;
     if ((rc = bpe_merge_word(t, w, n, sc, out)) < 0) return rc;
-    if (cacheable) cache_put(t, w, n, out->p + before, out->n - before);
+    if (cacheable) cache_put(t, w, n, out->n > before ? out->p + before : NULL, out->n - before);
     return CS_OK;
 }
 

@@ -206,6 +206,7 @@ START_TEST(test_bytelevel_encode) {
     expect_ids(t, "", false, NULL, 0);
     expect_ids(t, "", true, (int32_t[]){26}, 1);
     expect_ids(t, "z", false, NULL, 0); /* not in vocab, no unk, no byte fallback: dropped */
+    expect_ids(t, "z", false, NULL, 0); /* again: now a word-cache hit with no ids (was UB) */
     ck_assert_int_eq(tokenizer_vocab_size(t), 27);
     ck_assert_int_eq(tokenizer_token_to_id(t, "<|end|>"), 25);
     ck_assert_int_eq(tokenizer_token_to_id(t, "hello"), 12);
