@@ -153,6 +153,8 @@ struct attn_job {
     int n, pos0, nh, nkv, hd, window;
 };
 
+/* Decode (few queries): one task per (query, head); scores = K·q and out = Vᵀ·p are two
+ * strided matrix-vector products over the visible keys. */
 static void attn_task(void *p, int task, int thread) {
     struct attn_job *j = p;
     int h = task % j->nh, i = task / j->nh;   /* task = (query, head) */
@@ -161,21 +163,19 @@ static void attn_task(void *p, int task, int thread) {
     float *s = j->c->scratch[thread];
     int qpos = j->pos0 + i;
     int first = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
+    int L = qpos - first + 1;
     const float *qh = j->q + ((size_t)i * j->nh + h) * j->hd;
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, L, j->hd, scale, j->k + (size_t)first * kv_dim + kvh * j->hd, kv_dim, qh,
+                1, 0.0f, s, 1);
     float mx = -INFINITY;
-    for (int t = first; t <= qpos; t++) {
-        const float *kt = j->k + (size_t)t * kv_dim + kvh * j->hd;
-        float d = cs_dot_f32_avx512(qh, kt, j->hd) * scale;
-        s[t] = d;
-        if (d > mx) mx = d;
-    }
+    for (int t = 0; t < L; t++) mx = fmaxf(mx, s[t]);
     double sum = 0;
-    for (int t = first; t <= qpos; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
-    float *oh = j->out + ((size_t)i * j->nh + h) * j->hd;
-    memset(oh, 0, sizeof(float) * j->hd);
+    for (int t = 0; t < L; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
     float inv = (float)(1.0 / sum);
-    for (int t = first; t <= qpos; t++)
-        cs_axpy_f32_avx512(oh, s[t] * inv, j->v + (size_t)t * kv_dim + kvh * j->hd, j->hd);
+    for (int t = 0; t < L; t++) s[t] *= inv;
+    float *oh = j->out + ((size_t)i * j->nh + h) * j->hd;
+    cblas_sgemv(CblasRowMajor, CblasTrans, L, j->hd, 1.0f, j->v + (size_t)first * kv_dim + kvh * j->hd, kv_dim, s, 1,
+                0.0f, oh, 1);
 }
 
 /* Prefill: one task per (head, block of queries). S = Q·Kᵀ over the keys the block can

@@ -25,8 +25,5 @@ int cs_cpu_has_avx512(void);
 void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 /* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
-float cs_dot_f32_avx512(const float *a, const float *b, int n);
-void cs_axpy_f32_avx512(float *y, float a, const float *x, int n); /* y += a x */
-void cs_silu_mul_avx512(float *gate, const float *up, size_t n);
 
 #endif

@@ -122,32 +122,3 @@ AVX512 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int
     else if (w->dtype == CS_DTYPE_F16) convert_impl(dst, w->data, i0, count, CS_DTYPE_F16);
     else convert_impl(dst, w->data, i0, count, CS_DTYPE_F32);
 }
-
-AVX512 float cs_dot_f32_avx512(const float *a, const float *b, int n) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
-    }
-    for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-AVX512 void cs_axpy_f32_avx512(float *y, float a, const float *x, int n) {
-    __m512 av = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
-}
-
-void cs_silu_mul_avx512(float *gate, const float *up, size_t n) {
-    /* expf stays the libm one: accuracy matters more than the few % this op costs */
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
-}
