@@ -246,6 +246,7 @@ static int cmd_generate(int argc, char **argv) {
         if (tokenizer_stream_flush(ts, &piece, &plen) == CS_OK) { fwrite(piece, 1, plen, stdout); free(piece); }
     }
     if (max_tokens > 0) printf("\n");
+    fflush(stdout); /* the text before the stats on stderr */
     if (print_ids) {
         printf("prompt_ids:");
         for (int i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : " ", ids[i]);
