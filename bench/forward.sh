@@ -4,7 +4,8 @@
 # 32000, BF16), and beside it llama.cpp's llama-bench on the same shapes (F16 GGUF converted
 # from the same checkpoint) when LLAMA_CPP_DIR points at a llama.cpp build. Measured as
 # llama-bench does: prefill = a PROMPT-token prompt (pp512), decode = GEN tokens generated
-# from an empty context (tg128). Runs alternate between the two so machine noise hits both
+# from an empty context (tg128), and pg = PROMPT tokens then GEN generated, all tokens over the
+# whole time (llama-bench -pg 512,128), where decode attends to the prompt. Runs alternate between the two so machine noise hits both
 # alike; the JSON lands in bench/results/. Quiet the machine first: numbers from a busy one
 # are meaningless.
 #
@@ -56,14 +57,19 @@ for r in $(seq "$REPS"); do
     line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids 1 --max-tokens $((GEN + 1)) --ignore-eos \
         --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
     tg=$(sed -E 's/.*decode [0-9]+ tokens in [0-9.]+ ms \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
-    cs_runs+=("$pp:$tg")
-    echo "caraserve rep $r: prefill $pp tok/s, decode $tg tok/s" >&2
+    # GEN decode steps after the prompt, as llama-bench -pg runs them
+    line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens $((GEN + 1)) --ignore-eos \
+        --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
+    pg=$($PY -c "import re,sys; ms=[float(x) for x in re.findall(r'in ([0-9.]+) ms', sys.argv[1])]; print(round(($PROMPT + $GEN) / (ms[0] + ms[1]) * 1e3, 2))" "$line")
+    cs_runs+=("$pp:$tg:$pg")
+    echo "caraserve rep $r: prefill $pp tok/s, decode $tg tok/s, pp${PROMPT}+tg${GEN} $pg tok/s" >&2
     if [ -n "$gguf" ]; then
-        js=$("$bench_bin" -m "$gguf" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null)
-        lp=$($PY -c "import json,sys; d=json.loads(sys.argv[1]); print([x['avg_ts'] for x in d if x['n_prompt']>0][0])" "$js")
-        lt=$($PY -c "import json,sys; d=json.loads(sys.argv[1]); print([x['avg_ts'] for x in d if x['n_gen']>0][0])" "$js")
-        ll_runs+=("$lp:$lt")
-        echo "llama.cpp rep $r: prefill $lp tok/s, decode $lt tok/s" >&2
+        js=$("$bench_bin" -m "$gguf" -p "$PROMPT" -n "$GEN" -pg "$PROMPT,$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null)
+        lp=$($PY -c "import json,sys; d=json.loads(sys.argv[1]); print([x['avg_ts'] for x in d if x['n_prompt']>0 and x['n_gen']==0][0])" "$js")
+        lt=$($PY -c "import json,sys; d=json.loads(sys.argv[1]); print([x['avg_ts'] for x in d if x['n_gen']>0 and x['n_prompt']==0][0])" "$js")
+        lg=$($PY -c "import json,sys; d=json.loads(sys.argv[1]); print([x['avg_ts'] for x in d if x['n_gen']>0 and x['n_prompt']>0][0])" "$js")
+        ll_runs+=("$lp:$lt:$lg")
+        echo "llama.cpp rep $r: prefill $lp tok/s, decode $lt tok/s, pp${PROMPT}+tg${GEN} $lg tok/s" >&2
     fi
 done
 
@@ -73,9 +79,10 @@ import json, platform, statistics, subprocess, sys
 out, prompt, gen, threads, dtype, llama_dir, cs, ll = sys.argv[1:9]
 def parse(s):
     runs = [tuple(float(v) for v in r.split(":")) for r in s.split()] if s.strip() else []
+    med = lambda k: statistics.median(r[k] for r in runs) if runs else None  # noqa: E731
     return {"prefill_tok_s": [r[0] for r in runs], "decode_tok_s": [r[1] for r in runs],
-            "prefill_median": statistics.median(r[0] for r in runs) if runs else None,
-            "decode_median": statistics.median(r[1] for r in runs) if runs else None}
+            "prompt_then_gen_tok_s": [r[2] for r in runs],
+            "prefill_median": med(0), "decode_median": med(1), "prompt_then_gen_median": med(2)}
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 res = {"benchmark": "forward", "model": "llama 200M (hidden 1024, 12 layers, 16 heads, inter 2816, vocab 32000)",
        "caraserve_weights": dtype.upper(), "prompt_tokens": int(prompt), "gen_tokens": int(gen), "threads": int(threads),
@@ -85,12 +92,16 @@ if llama_dir:
     res["llama_cpp"] = dict(parse(ll), weights="F16", dir=llama_dir)
     res["ratio_prefill"] = res["caraserve"]["prefill_median"] / res["llama_cpp"]["prefill_median"]
     res["ratio_decode"] = res["caraserve"]["decode_median"] / res["llama_cpp"]["decode_median"]
+    res["ratio_prompt_then_gen"] = res["caraserve"]["prompt_then_gen_median"] / res["llama_cpp"]["prompt_then_gen_median"]
 json.dump(res, open(out, "w"), indent=2)
 c = res["caraserve"]
-print(f"caraserve ({dtype}, {threads} threads): prefill {c['prefill_median']:.1f} tok/s, decode {c['decode_median']:.2f} tok/s")
+print(f"caraserve ({dtype}, {threads} threads): prefill {c['prefill_median']:.1f} tok/s, decode {c['decode_median']:.2f} tok/s, "
+      f"prompt+gen {c['prompt_then_gen_median']:.2f} tok/s")
 if llama_dir:
     l = res["llama_cpp"]
-    print(f"llama.cpp (F16, {threads} threads):  prefill {l['prefill_median']:.1f} tok/s, decode {l['decode_median']:.2f} tok/s")
-    print(f"ratio caraserve/llama.cpp: prefill {res['ratio_prefill']:.2f}x, decode {res['ratio_decode']:.2f}x")
+    print(f"llama.cpp (F16, {threads} threads):  prefill {l['prefill_median']:.1f} tok/s, decode {l['decode_median']:.2f} tok/s, "
+          f"prompt+gen {l['prompt_then_gen_median']:.2f} tok/s")
+    print(f"ratio caraserve/llama.cpp: prefill {res['ratio_prefill']:.2f}x, decode {res['ratio_decode']:.2f}x, "
+          f"prompt+gen {res['ratio_prompt_then_gen']:.2f}x")
 print(f"wrote {out}")
 PYEOF
