@@ -1,40 +1,46 @@
-/* threadpool.c: see threadpool.h. One generation counter wakes the workers; tasks are
- * claimed with an atomic counter so uneven tasks balance themselves. */
+/* threadpool.c: see threadpool.h. A run is published as a new generation in one atomic
+ * word (generation | task count | next task); workers claim tasks with a compare-and-swap
+ * on that word, so a worker that wakes late can never claim a task of a newer run. The caller
+ * returns as soon as every task is done: a worker whose vCPU was descheduled does not hold
+ * up the run (every decode op is a run). Run parameters live in two alternating slots; a
+ * slot is only rewritten two runs later, when all of its tasks have completed. */
 #include "cpu_kernels/threadpool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "engine/common.h"
 
 #define SPIN_ITERS 20000
 
+struct run_slot {
+    threadpool_fn fn;
+    void *ctx;
+};
+
+/* the work word: generation (24 bits) | task count (20 bits) | next task (20 bits) */
+#define TASK_BITS 20
+#define TASK_MASK ((1u << TASK_BITS) - 1)
+#define GEN_MASK 0xffffffu
+static inline uint32_t gen_of(uint64_t w) { return (uint32_t)(w >> (2 * TASK_BITS)); }
+static inline uint32_t ntasks_of(uint64_t w) { return (uint32_t)(w >> TASK_BITS) & TASK_MASK; }
+static inline uint32_t next_of(uint64_t w) { return (uint32_t)w & TASK_MASK; }
+
 struct threadpool {
     int n;                      /* threads including the caller */
     pthread_t *threads;
     pthread_mutex_t mu;
-    pthread_cond_t wake;
-    pthread_cond_t done_cv;
-    atomic_uint gen;            /* bumped for each run */
-    atomic_int next_task;
-    atomic_int pending;         /* workers still inside the current run */
+    pthread_cond_t wake;        /* workers: a new generation */
+    pthread_cond_t done_cv;     /* caller: all tasks done */
+    _Atomic uint64_t work;      /* see gen_of / ntasks_of / next_of */
+    struct run_slot slot[2];    /* parameters of generation g in slot[g & 1] */
+    atomic_uint done;           /* tasks of the current run finished */
     atomic_int sleepers;
-    int n_tasks;
-    threadpool_fn fn;
-    void *ctx;
+    atomic_bool caller_sleeping;
     atomic_bool stop;
 };
-
-struct worker_arg { threadpool_t *tp; int id; };
-
-static void run_tasks(threadpool_t *tp, int id) {
-    for (;;) {
-        int t = atomic_fetch_add(&tp->next_task, 1);
-        if (t >= tp->n_tasks) break;
-        tp->fn(tp->ctx, t, id);
-    }
-}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,30 +48,50 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Claim and run tasks of generation `gen` until none is left or a newer run started. */
+static void run_tasks(threadpool_t *tp, uint32_t gen, int thread) {
+    uint64_t w = atomic_load_explicit(&tp->work, memory_order_acquire);
+    for (;;) {
+        if (gen_of(w) != gen) return;
+        uint32_t t = next_of(w), n_tasks = ntasks_of(w);
+        if (t >= n_tasks) return;
+        if (!atomic_compare_exchange_weak_explicit(&tp->work, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
+            continue; /* w was reloaded */
+        /* task t of this generation is ours and not done, so the caller is still inside this
+         * run and the slot cannot be rewritten under us */
+        const struct run_slot *s = &tp->slot[gen & 1];
+        s->fn(s->ctx, (int)t, thread);
+        if (atomic_fetch_add(&tp->done, 1) + 1 == n_tasks && atomic_load(&tp->caller_sleeping)) {
+            pthread_mutex_lock(&tp->mu);
+            pthread_cond_signal(&tp->done_cv);
+            pthread_mutex_unlock(&tp->mu);
+        }
+        w = atomic_load_explicit(&tp->work, memory_order_acquire);
+    }
+}
+
+struct worker_arg { threadpool_t *tp; int id; };
+
 static void *worker_main(void *p) {
     struct worker_arg *wa = p;
     threadpool_t *tp = wa->tp;
     int id = wa->id;
     free(wa);
-    unsigned seen = 0; /* the generation at creation: a run may start before we do */
+    uint32_t seen = 0; /* the generation at creation: a run may start before we do */
     for (;;) {
         int spins = 0;
-        while (atomic_load_explicit(&tp->gen, memory_order_acquire) == seen && !atomic_load(&tp->stop)) {
+        uint32_t g;
+        while ((g = gen_of(atomic_load_explicit(&tp->work, memory_order_acquire))) == seen && !atomic_load(&tp->stop)) {
             if (++spins < SPIN_ITERS) { cpu_relax(); continue; }
             pthread_mutex_lock(&tp->mu);
             atomic_fetch_add(&tp->sleepers, 1);
-            while (atomic_load(&tp->gen) == seen && !atomic_load(&tp->stop)) pthread_cond_wait(&tp->wake, &tp->mu);
+            while (gen_of(atomic_load(&tp->work)) == seen && !atomic_load(&tp->stop)) pthread_cond_wait(&tp->wake, &tp->mu);
             atomic_fetch_sub(&tp->sleepers, 1);
             pthread_mutex_unlock(&tp->mu);
         }
         if (atomic_load(&tp->stop)) return NULL;
-        seen = atomic_load(&tp->gen);
-        run_tasks(tp, id);
-        if (atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&tp->mu);
-            pthread_cond_signal(&tp->done_cv);
-            pthread_mutex_unlock(&tp->mu);
-        }
+        seen = g;
+        run_tasks(tp, g, id);
     }
 }
 
@@ -114,21 +140,23 @@ void threadpool_run(threadpool_t *tp, int n_tasks, threadpool_fn fn, void *ctx) 
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
-    tp->fn = fn;
-    tp->ctx = ctx;
-    tp->n_tasks = n_tasks;
-    atomic_store(&tp->next_task, 0);
-    atomic_store(&tp->pending, tp->n - 1);
+    CS_ASSERT((unsigned)n_tasks <= TASK_MASK);
+    uint32_t gen = (gen_of(atomic_load(&tp->work)) + 1) & GEN_MASK;
+    /* slot gen & 1 last served generation gen - 2, whose tasks all completed */
+    tp->slot[gen & 1] = (struct run_slot){fn, ctx};
+    atomic_store(&tp->done, 0);
     pthread_mutex_lock(&tp->mu);
-    atomic_fetch_add_explicit(&tp->gen, 1, memory_order_release);
+    atomic_store(&tp->work, (uint64_t)gen << (2 * TASK_BITS) | (uint64_t)n_tasks << TASK_BITS);
     if (atomic_load(&tp->sleepers) > 0) pthread_cond_broadcast(&tp->wake);
     pthread_mutex_unlock(&tp->mu);
-    run_tasks(tp, 0);
+    run_tasks(tp, gen, 0);
     int spins = 0;
-    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) {
+    while (atomic_load_explicit(&tp->done, memory_order_acquire) < (unsigned)n_tasks) {
         if (++spins < SPIN_ITERS) { cpu_relax(); continue; }
         pthread_mutex_lock(&tp->mu);
-        while (atomic_load(&tp->pending) > 0) pthread_cond_wait(&tp->done_cv, &tp->mu);
+        atomic_store(&tp->caller_sleeping, true);
+        while (atomic_load(&tp->done) < (unsigned)n_tasks) pthread_cond_wait(&tp->done_cv, &tp->mu);
+        atomic_store(&tp->caller_sleeping, false);
         pthread_mutex_unlock(&tp->mu);
     }
 }

@@ -8,6 +8,9 @@
 
 #include "cpu_kernels/cpu_backend.h"
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/threadpool.h"
+
+#include <stdatomic.h>
 #include "engine/sampling.h"
 
 static cs_rng_t rng;
@@ -168,6 +171,33 @@ START_TEST(test_norm_rope_silu) {
 }
 END_TEST
 
+/* every task of every run executes exactly once, over many short back-to-back runs (the
+ * decode pattern), whatever the pool size */
+struct tp_job { atomic_int *hits; int run; };
+static void tp_task(void *p, int task, int thread) {
+    struct tp_job *j = p;
+    (void)thread;
+    atomic_fetch_add(&j->hits[task], j->run);
+}
+
+START_TEST(test_threadpool_exactly_once) {
+    for (int n = 1; n <= 4; n++) {
+        threadpool_t *tp = threadpool_new(n);
+        ck_assert_ptr_nonnull(tp);
+        atomic_int hits[64];
+        for (int run = 1; run <= 20000; run++) {
+            int tasks = 1 + (int)(cs_rng_next(&rng) % 40);
+            for (int t = 0; t < tasks; t++) atomic_store(&hits[t], 0);
+            struct tp_job j = {hits, run};
+            threadpool_run(tp, tasks, tp_task, &j);
+            for (int t = 0; t < tasks; t++)
+                ck_assert_msg(atomic_load(&hits[t]) == run, "pool %d run %d task %d: %d", n, run, t, atomic_load(&hits[t]));
+        }
+        threadpool_free(tp);
+    }
+}
+END_TEST
+
 START_TEST(test_half_conversions) {
     /* round-to-nearest-even at the tie, and exact round trips */
     ck_assert_uint_eq(cs_f32_to_bf16(1.0f), 0x3f80);
@@ -196,6 +226,7 @@ int main(void) {
     tcase_add_test(tc, test_lora_vs_ref);
     tcase_add_test(tc, test_norm_rope_silu);
     tcase_add_test(tc, test_half_conversions);
+    tcase_add_test(tc, test_threadpool_exactly_once);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
