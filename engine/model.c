@@ -51,30 +51,33 @@ const model_config_t *model_get_config(const model_t *m) { return &m->cfg; }
 size_t model_n_params(const model_t *m) { return m->n_params; }
 cs_dtype model_weight_dtype(const model_t *m) { return m->wdtype; }
 
-static int own(model_t *m, void *p) {
+/* append p to a growable pointer list (the buffers a model frees); CS_ENOMEM leaves p
+ * with the caller */
+static int ptr_list_push(void ***list, size_t *n, size_t *cap, void *p) {
     if (!p) return cs_error_set(CS_ENOMEM, "out of memory");
-    if (m->n_owned == m->cap_owned) {
-        size_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
-        void **no = realloc(m->owned, nc * sizeof *no);
-        if (!no) return cs_error_set(CS_ENOMEM, "out of memory");
-        m->owned = no;
-        m->cap_owned = nc;
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        void **nl = realloc(*list, nc * sizeof *nl);
+        if (!nl) return cs_error_set(CS_ENOMEM, "out of memory");
+        *list = nl;
+        *cap = nc;
     }
-    m->owned[m->n_owned++] = p;
+    (*list)[(*n)++] = p;
     return CS_OK;
 }
 
+/* backend buffer owned by the model */
+static int own(model_t *m, void *p) {
+    int rc = ptr_list_push(&m->owned, &m->n_owned, &m->cap_owned, p);
+    if (rc && p) backend_buf_free(m->be, p);
+    return rc;
+}
+
+/* host copy owned by the model */
 static int own_host(model_t *m, void *p) {
-    if (!p) return cs_error_set(CS_ENOMEM, "out of memory");
-    if (m->n_host == m->cap_host) {
-        size_t nc = m->cap_host ? m->cap_host * 2 : 16;
-        void **no = realloc(m->host_owned, nc * sizeof *no);
-        if (!no) { free(p); return cs_error_set(CS_ENOMEM, "out of memory"); }
-        m->host_owned = no;
-        m->cap_host = nc;
-    }
-    m->host_owned[m->n_host++] = p;
-    return CS_OK;
+    int rc = ptr_list_push(&m->host_owned, &m->n_host, &m->cap_host, p);
+    if (rc) free(p);
+    return rc;
 }
 
 static const char *shape_str(char *buf, size_t len, const int64_t *s, int nd) {
