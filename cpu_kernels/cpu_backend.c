@@ -5,6 +5,7 @@
 #include "cpu_kernels/cpu_backend.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +13,11 @@
 
 #include "config.h"
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/kernels_paged.h"
 #include "cpu_kernels/threadpool.h"
 
 #define GEMV_MAX_N 8          /* up to this many rows use the GEMV kernel */
+#define AMX_MIN_N 2           /* BF16 weights: from this many rows on, the AMX GEMM */
 #define SLAB_BYTES (8u << 20) /* widened weight rows per GEMM task, per thread */
 #define ATTN_QBLOCK 64        /* queries per attention GEMM task */
 
@@ -25,6 +28,12 @@ typedef struct cpu_ctx {
     bool reference;
     float **scratch;      /* per thread */
     size_t *scratch_len;  /* floats */
+    float *gather;        /* paged attention: one sequence's K and V made contiguous */
+    bool amx;             /* AMX BF16 tiles usable (cs_cpu_has_amx_bf16) */
+    int amx_terms;        /* BF16 terms of x for large n: 2 or 3 (CS_AMX_TERMS) */
+    uint16_t *xpack;      /* matmul: x packed into BF16 tiles */
+    size_t xpack_len;     /* bf16 elements */
+    size_t gather_len;    /* floats */
 } cpu_ctx_t;
 
 static cpu_ctx_t *ctx_of(backend_t *b) { return b->ctx; }
@@ -45,7 +54,11 @@ static void *cpu_buf_alloc(backend_t *b, size_t n) { (void)b; return cs_aligned_
 static void cpu_buf_free(backend_t *b, void *p) { (void)b; free(p); }
 static void cpu_buf_copy(backend_t *b, void *d, const void *s, size_t n) { (void)b; memcpy(d, s, n); }
 
-/* ---- matmul ---- */
+/* ---- matmul ----
+ * BF16 weights with AMX: x is packed into BF16 tiles once (split in terms, see
+ * gemm_bf16.c), then one task per block of weight rows packs them and runs the tile GEMM.
+ * Otherwise small n streams the weights through the AVX-512 GEMV, and large n widens
+ * slabs of weight rows to F32 for OpenBLAS sgemm (F32 weights are used in place). */
 struct mm_job {
     cpu_ctx_t *c;
     float *y;
@@ -54,6 +67,8 @@ struct mm_job {
     const cs_weight_t *w;
     const float *bias;
     int rows_per_task;
+    int terms;            /* AMX: BF16 terms of x */
+    int tiles_per_task;   /* AMX x packing: 16-row tiles per task */
 };
 
 static void mm_gemv_task(void *p, int task, int thread) {
@@ -80,11 +95,51 @@ static void mm_gemm_task(void *p, int task, int thread) {
                 0.0f, j->y + r0, w->rows);
 }
 
+static void mm_pack_x_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    (void)thread;
+    int mt = (j->n + 31) / 32 * 2, t0 = task * j->tiles_per_task;
+    cs_gemm_bf16_pack_x(j->c->xpack, j->x, j->n, j->w->cols, j->terms, t0, CS_MIN(mt, t0 + j->tiles_per_task));
+}
+
+static void mm_amx_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
+    cs_gemm_bf16_amx(j->y, j->w->rows, j->c->xpack, j->n, j->terms, j->w, r0, r1, (uint16_t *)j->c->scratch[thread]);
+}
+
+static void mm_amx(cpu_ctx_t *c, struct mm_job *j) {
+    const cs_weight_t *w = j->w;
+    int n = j->n;
+    /* memory-bound up to CS_AMX_SMALL_N rows: the exact third term costs nothing there */
+    j->terms = n <= CS_AMX_SMALL_N ? 3 : c->amx_terms;
+    size_t need = cs_gemm_bf16_xp_len(n, w->cols, j->terms);
+    if (c->xpack_len < need) {
+        free(c->xpack);
+        c->xpack = cs_aligned_alloc(64, need * sizeof(uint16_t));
+        CS_ASSERT(c->xpack);
+        c->xpack_len = need;
+    }
+    int mt = (n + 31) / 32 * 2;
+    j->tiles_per_task = CS_MAX(2, (mt + 2 * c->n_threads - 1) / (2 * c->n_threads));
+    if (n <= CS_AMX_SMALL_N) cs_gemm_bf16_pack_x(c->xpack, j->x, n, w->cols, j->terms, 0, mt);
+    else threadpool_run(c->pool, (mt + j->tiles_per_task - 1) / j->tiles_per_task, mm_pack_x_task, j);
+    /* Small n streams each weight once: 32-row tasks, several per thread. Large n reuses a
+     * task's packed weight block (in L2) across all of x. */
+    int rows = n <= CS_AMX_SMALL_N ? 32 : 128;
+    int tasks = (w->rows + rows - 1) / rows;
+    j->rows_per_task = rows;
+    scratch_reserve(c, (cs_gemm_bf16_wp_len(n, rows, w->cols, j->terms) + 1) / 2);
+    threadpool_run(c->pool, tasks, mm_amx_task, j);
+}
+
 static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
     if (c->reference) { cs_matmul_ref(y, x, n, w, bias); return; }
-    struct mm_job j = {c, y, x, n, w, bias, 0};
-    if (n <= GEMV_MAX_N && c->avx512) {
+    struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0};
+    if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) {
+        mm_amx(c, &j);
+    } else if (n <= GEMV_MAX_N && c->avx512) {
         int tasks = c->n_threads * 8;
         j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
         j.rows_per_task = (j.rows_per_task + 3) & ~3;
@@ -278,6 +333,135 @@ static void cpu_lora(backend_t *b, float *y, const float *x, int n, const float 
     threadpool_run(c->pool, (n + j.per - 1) / j.per, lora_task, &j);
 }
 
+/* ---- paged attention (engine/kv_cache.h layout) ---- */
+/* dot and axpy over one head's row, AVX-512 when head_dim is a multiple of 16 */
+__attribute__((target("avx512f"))) static float dot16(const float *a, const float *b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int e = 0; e < n; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), _mm512_loadu_ps(b + e), acc);
+    return _mm512_reduce_add_ps(acc);
+}
+__attribute__((target("avx512f"))) static void axpy16(float *y, float w, const float *x, int n) {
+    __m512 vw = _mm512_set1_ps(w);
+    for (int e = 0; e < n; e += 16) _mm512_storeu_ps(y + e, _mm512_fmadd_ps(vw, _mm512_loadu_ps(x + e), _mm512_loadu_ps(y + e)));
+}
+
+struct pattn_job {
+    cpu_ctx_t *c;
+    float *out;
+    const float *q, *k, *v;
+    const backend_attn_seq_t *seqs;
+    const int *task0;   /* [n_dec + 1] first task of each decode sequence */
+    const int *dec;     /* indices into seqs of the decode sequences */
+    int n_dec, bs, nh, nkv, hd, window;
+};
+
+/* one task per (sequence, query, head): scores over the visible keys block by block, then
+ * the probability-weighted sum of the value rows */
+static void pattn_task(void *p, int task, int thread) {
+    struct pattn_job *j = p;
+    int lo = 0, hi = j->n_dec - 1;                       /* find the sequence of this task */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->task0[mid] <= task) lo = mid; else hi = mid - 1;
+    }
+    const backend_attn_seq_t *sq = &j->seqs[j->dec[lo]];
+    int local = task - j->task0[lo], i = local / j->nh, h = local % j->nh;
+    int hd = j->hd, kv_dim = j->nkv * hd, kvh = h / (j->nh / j->nkv);
+    int qpos = sq->pos0 + i, first = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
+    float scale = 1.0f / sqrtf((float)hd), *s = j->c->scratch[thread];
+    const float *qh = j->q + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
+    bool vec = hd % 16 == 0;
+    float mx = -INFINITY;
+    for (int t = first; t <= qpos; t++) {
+        const float *kr = j->k + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + kvh * hd;
+        float d;
+        if (vec) d = dot16(qh, kr, hd);
+        else { d = 0; for (int e = 0; e < hd; e++) d += qh[e] * kr[e]; }
+        s[t - first] = d * scale;
+        mx = fmaxf(mx, s[t - first]);
+    }
+    int L = qpos - first + 1;
+    double sum = 0;
+    for (int t = 0; t < L; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
+    float inv = (float)(1.0 / sum);
+    float *oh = j->out + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
+    memset(oh, 0, sizeof(float) * (size_t)hd);
+    for (int t = first; t <= qpos; t++) {
+        const float *vr = j->v + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + kvh * hd;
+        float w = s[t - first] * inv;
+        if (vec) axpy16(oh, w, vr, hd);
+        else for (int e = 0; e < hd; e++) oh[e] += w * vr[e];
+    }
+}
+
+/* Prefill chunks (16+ queries) go through the GEMM attention: in place when the block table
+ * is contiguous, else after gathering the sequence's keys and values; decode rows of all
+ * sequences run in one pool dispatch. */
+static void cpu_attention_paged(backend_t *b, float *out, const float *q, const float *k, const float *v,
+                                const backend_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
+                                int window) {
+    cpu_ctx_t *c = ctx_of(b);
+    if (c->reference || !c->avx512) {
+        cs_attention_paged_ref(out, q, k, v, seqs, n_seqs, bs, nh, nkv, hd, window);
+        return;
+    }
+    size_t kv_dim = (size_t)nkv * hd, q_dim = (size_t)nh * hd;
+    int *dec = malloc(sizeof(int) * (size_t)(2 * n_seqs + 1)), *task0 = dec + n_seqs, n_dec = 0, max_len = 0;
+    CS_ASSERT(dec);
+    for (int s = 0; s < n_seqs; s++) {
+        const backend_attn_seq_t *sq = &seqs[s];
+        int len = sq->pos0 + sq->n, nb = (len + bs - 1) / bs;
+        if (sq->n < 16) {
+            task0[n_dec] = n_dec ? task0[n_dec - 1] + seqs[dec[n_dec - 1]].n * nh : 0;
+            dec[n_dec++] = s;
+            max_len = CS_MAX(max_len, len);
+            continue;
+        }
+        bool contiguous = true;
+        for (int i = 1; i < nb && contiguous; i++) contiguous = sq->blocks[i] == sq->blocks[0] + i;
+        const float *ks, *vs;
+        if (contiguous) {
+            ks = k + (size_t)sq->blocks[0] * bs * kv_dim;
+            vs = v + (size_t)sq->blocks[0] * bs * kv_dim;
+        } else {
+            size_t need = (size_t)len * kv_dim * 2;
+            if (c->gather_len < need) {
+                free(c->gather);
+                c->gather = cs_aligned_alloc(64, need * sizeof(float));
+                CS_ASSERT(c->gather);
+                c->gather_len = need;
+            }
+            float *kg = c->gather, *vg = c->gather + (size_t)len * kv_dim;
+            for (int i = 0; i < nb; i++) {
+                int rows = CS_MIN(bs, len - i * bs);
+                memcpy(kg + (size_t)i * bs * kv_dim, k + (size_t)sq->blocks[i] * bs * kv_dim, sizeof(float) * rows * kv_dim);
+                memcpy(vg + (size_t)i * bs * kv_dim, v + (size_t)sq->blocks[i] * bs * kv_dim, sizeof(float) * rows * kv_dim);
+            }
+            ks = kg;
+            vs = vg;
+        }
+        cpu_attention(b, out + (size_t)sq->row0 * q_dim, q + (size_t)sq->row0 * q_dim, ks, vs, sq->n, sq->pos0, nh, nkv,
+                      hd, window);
+    }
+    if (n_dec) {
+        task0[n_dec] = task0[n_dec - 1] + seqs[dec[n_dec - 1]].n * nh;
+        scratch_reserve(c, (size_t)max_len);
+        struct pattn_job j = {c, out, q, k, v, seqs, task0, dec, n_dec, bs, nh, nkv, hd, window};
+        threadpool_run(c->pool, task0[n_dec], pattn_task, &j);
+    }
+    free(dec);
+}
+
+static void cpu_set_rows(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
+    (void)b;
+    for (int i = 0; i < n; i++) memcpy(dst + (size_t)idx[i] * len, src + (size_t)i * len, sizeof(float) * (size_t)len);
+}
+
+static void cpu_get_rows(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
+    (void)b;
+    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * len, src + (size_t)idx[i] * len, sizeof(float) * (size_t)len);
+}
+
 static void cpu_embed(backend_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
     (void)b;
     size_t esz = cs_dtype_size(t->dtype);
@@ -295,6 +479,8 @@ static void cpu_free(backend_t *b) {
         for (int t = 0; t < c->n_threads; t++) free(c->scratch[t]);
         free(c->scratch);
         free(c->scratch_len);
+        free(c->gather);
+        free(c->xpack);
         free(c);
     }
     free(b);
@@ -311,6 +497,9 @@ static const struct backend_i cpu_iface = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention = cpu_attention,
+    .attention_paged = cpu_attention_paged,
+    .set_rows = cpu_set_rows,
+    .get_rows = cpu_get_rows,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
     .lora = cpu_lora,
@@ -330,6 +519,8 @@ backend_t *cpu_backend_new(const cpu_backend_params_t *p) {
     c->n_threads = b->n_threads = n;
     c->reference = p && p->reference;
     c->avx512 = cs_cpu_has_avx512() && !getenv("CS_NO_AVX512");
+    c->amx = c->avx512 && !getenv("CS_NO_AMX") && cs_cpu_has_amx_bf16();
+    c->amx_terms = getenv("CS_AMX_TERMS") && atoi(getenv("CS_AMX_TERMS")) == 3 ? 3 : 2;
     c->scratch = calloc((size_t)n, sizeof *c->scratch);
     c->scratch_len = calloc((size_t)n, sizeof *c->scratch_len);
     c->pool = threadpool_new(n);

@@ -26,4 +26,25 @@ void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weig
 /* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
 
+/* ---- AMX BF16 GEMM (gemm_bf16.c; call only when cs_cpu_has_amx_bf16()) ----
+ * y = x · wᵀ for a BF16 w with x split into `terms` BF16 parts (2: x's residual below
+ * 2⁻¹⁶ relative; 3: exact), products accumulated in F32 on the tile unit. */
+int cs_cpu_has_amx_bf16(void); /* also requests the tile-data permission from Linux */
+#define CS_AMX_TILE_ELEMS 512   /* bf16 in one packed 16×32 tile */
+/* bf16 elements of the packed x for n rows (mt_pad tiles of 16 rows, K padded to 32) */
+static inline size_t cs_gemm_bf16_xp_len(int n, int K, int terms) {
+    return (size_t)((n + 31) / 32 * 2) * (size_t)((K + 31) / 32) * (size_t)terms * CS_AMX_TILE_ELEMS;
+}
+#define CS_AMX_SMALL_N 64       /* up to here the GEMM is memory-bound: no K chunking */
+/* bf16 elements of the scratch a task over `rows` weight rows needs (weight tiles and
+ * F32 partial sums) */
+size_t cs_gemm_bf16_wp_len(int n, int rows, int K, int terms);
+/* pack row tiles [mt0, mt1) of x (n, K) into xp (64-byte aligned); rows past n are zero.
+ * Tiles go up to (n + 31) / 32 * 2. */
+void cs_gemm_bf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, int mt0, int mt1);
+/* y[i, r] for i < n, r in [r0, r1); ldy in floats; wp: scratch of cs_gemm_bf16_wp_len(r1 - r0,
+ * K) bf16, 64-byte aligned */
+void cs_gemm_bf16_amx(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0,
+                      int r1, uint16_t *wp);
+
 #endif

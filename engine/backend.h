@@ -16,6 +16,11 @@ typedef struct cs_weight {
     const void *data;   /* backend-accessible memory (may point into an mmap) */
 } cs_weight_t;
 
+typedef struct backend_attn_seq {
+    int row0, n, pos0;
+    const int32_t *blocks;  /* block table covering positions [0, pos0 + n) */
+} backend_attn_seq_t;
+
 struct backend_i {
     const char *name;
     /* true when ops read host memory directly: the model then uses its mmap'd weights in
@@ -40,6 +45,18 @@ struct backend_i {
      * already written). window > 0 limits keys to (p - window, p]. out[n, n_heads, head_dim] */
     void (*attention)(backend_t *b, float *out, const float *q, const float *k, const float *v, int n,
                       int pos0, int n_heads, int n_kv_heads, int head_dim, int window);
+    /* Paged attention for a batch of sequences. Sequence s owns query rows
+     * [seq[s].row0, seq[s].row0 + seq[s].n) of q/out at positions pos0 .. pos0 + n - 1; its
+     * keys and values for positions [0, pos0 + n) live in the pools k/v, laid out as
+     * [block][block_size][n_kv_heads * head_dim], position p at block blocks[p / block_size]
+     * (the new keys already stored). Causal; window > 0 limits keys to (p - window, p]. */
+    void (*attention_paged)(backend_t *b, float *out, const float *q, const float *k, const float *v,
+                            const struct backend_attn_seq *seqs, int n_seqs, int block_size, int n_heads,
+                            int n_kv_heads, int head_dim, int window);
+    /* dst row idx[i] = src row i (scatter), rows of row_len floats */
+    void (*set_rows)(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int row_len);
+    /* dst row i = src row idx[i] (gather) */
+    void (*get_rows)(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int row_len);
     /* gate[i] = silu(gate[i]) * up[i] */
     void (*silu_mul)(backend_t *b, float *gate, const float *up, size_t n);
     /* y[i] += x[i] */
@@ -76,6 +93,17 @@ static inline void backend_rope(backend_t *b, float *x, int n, int nh, int hd, c
 static inline void backend_attention(backend_t *b, float *out, const float *q, const float *k, const float *v, int n,
                                      int pos0, int nh, int nkv, int hd, int window) {
     b->iface->attention(b, out, q, k, v, n, pos0, nh, nkv, hd, window);
+}
+static inline void backend_attention_paged(backend_t *b, float *out, const float *q, const float *k, const float *v,
+                                           const backend_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
+                                           int window) {
+    b->iface->attention_paged(b, out, q, k, v, seqs, n_seqs, bs, nh, nkv, hd, window);
+}
+static inline void backend_set_rows(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
+    b->iface->set_rows(b, dst, src, idx, n, len);
+}
+static inline void backend_get_rows(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
+    b->iface->get_rows(b, dst, src, idx, n, len);
 }
 static inline void backend_silu_mul(backend_t *b, float *g, const float *u, size_t n) { b->iface->silu_mul(b, g, u, n); }
 static inline void backend_add(backend_t *b, float *y, const float *x, size_t n) { b->iface->add(b, y, x, n); }

@@ -24,6 +24,7 @@ const char *cs_strerror(int status) {
     case CS_EUNSUPPORTED: return "unsupported";
     case CS_ENOTFOUND: return "not found";
     case CS_ESHAPE: return "shape mismatch";
+    case CS_EAGAIN: return "not ready, try again";
     default: return "unknown error";
     }
 }

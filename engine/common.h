@@ -18,6 +18,7 @@ enum cs_status {
     CS_EUNSUPPORTED = -5,  /* valid input we refuse to serve (architecture, DoRA, ...) */
     CS_ENOTFOUND    = -6,  /* missing file or tensor */
     CS_ESHAPE       = -7,  /* tensor shape does not match the model */
+    CS_EAGAIN       = -8,  /* not ready yet (an adapter is loading): retry later */
 };
 
 const char *cs_strerror(int status);

@@ -36,20 +36,24 @@ struct model {
     cs_dtype wdtype;
     /* activations, grown on demand (backend memory) */
     int act_cap;
-    float *x, *xb, *xb2, *q, *att, *hb, *hb2, *logits_buf;
-    int32_t *pos;
+    float *x, *xb, *xb2, *q, *kb, *vb, *att, *hb, *hb2, *logits_buf;
+    int32_t *pos, *ids, *slots, *out_rows;   /* per batch row */
+    backend_attn_seq_t *aseqs;
+    int seq_cap, logits_cap;
 };
 
 struct model_seq {
     model_t *m;
     int capacity;
     int len;
-    float **k, **v;         /* per layer: (capacity, kv_dim) */
+    kv_cache_t *kv;         /* private, ceil(capacity / KV_BLOCK_SIZE) blocks */
+    int32_t *blocks;        /* identity block table */
 };
 
 const model_config_t *model_get_config(const model_t *m) { return &m->cfg; }
 size_t model_n_params(const model_t *m) { return m->n_params; }
 cs_dtype model_weight_dtype(const model_t *m) { return m->wdtype; }
+backend_t *model_backend(const model_t *m) { return m->be; }
 
 /* append p to a growable pointer list (the buffers a model frees); CS_ENOMEM leaves p
  * with the caller */
@@ -294,16 +298,22 @@ err:
 }
 
 static void free_acts(model_t *m) {
-    float **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->att, &m->hb, &m->hb2, &m->logits_buf};
+    float **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->kb, &m->vb, &m->att, &m->hb, &m->hb2};
     for (size_t i = 0; i < CS_ARRAY_LEN(bufs); i++) { backend_buf_free(m->be, *bufs[i]); *bufs[i] = NULL; }
     free(m->pos);
-    m->pos = NULL;
+    free(m->ids);
+    free(m->slots);
+    free(m->out_rows);
+    free(m->aseqs);
+    m->pos = m->ids = m->slots = m->out_rows = NULL;
+    m->aseqs = NULL;
     m->act_cap = 0;
 }
 
 void model_free(model_t *m) {
     if (!m) return;
     free_acts(m);
+    backend_buf_free(m->be, m->logits_buf);
     for (size_t i = 0; i < m->n_owned; i++) backend_buf_free(m->be, m->owned[i]);
     free(m->owned);
     for (size_t i = 0; i < m->n_host; i++) free(m->host_owned[i]);
@@ -314,21 +324,37 @@ void model_free(model_t *m) {
     free(m);
 }
 
-static int ensure_acts(model_t *m, int n) {
+static int ensure_acts(model_t *m, int n, int n_seqs) {
+    if (n_seqs > m->seq_cap) {
+        free(m->aseqs);
+        m->aseqs = malloc(sizeof *m->aseqs * (size_t)n_seqs);
+        if (!m->aseqs) { m->seq_cap = 0; return cs_error_set(CS_ENOMEM, "out of memory"); }
+        m->seq_cap = n_seqs;
+    }
     if (n <= m->act_cap) return CS_OK;
+    int seq_cap = m->seq_cap;
+    backend_attn_seq_t *aseqs = m->aseqs;
+    m->aseqs = NULL;
     free_acts(m);
+    m->aseqs = aseqs;
+    m->seq_cap = seq_cap;
     const model_config_t *c = &m->cfg;
-    size_t H = (size_t)c->hidden_size, qd = (size_t)c->n_heads * c->head_dim;
+    size_t H = (size_t)c->hidden_size, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     m->x = backend_buf_alloc(m->be, sizeof(float) * n * H);
     m->xb = backend_buf_alloc(m->be, sizeof(float) * n * CS_MAX(H, qd));
     m->xb2 = backend_buf_alloc(m->be, sizeof(float) * n * H);
     m->q = backend_buf_alloc(m->be, sizeof(float) * n * qd);
+    m->kb = backend_buf_alloc(m->be, sizeof(float) * n * kvd);
+    m->vb = backend_buf_alloc(m->be, sizeof(float) * n * kvd);
     m->att = backend_buf_alloc(m->be, sizeof(float) * n * qd);
     m->hb = backend_buf_alloc(m->be, sizeof(float) * n * c->intermediate_size);
     m->hb2 = backend_buf_alloc(m->be, sizeof(float) * n * c->intermediate_size);
-    m->logits_buf = backend_buf_alloc(m->be, sizeof(float) * n * c->vocab_size);
     m->pos = malloc(sizeof(int32_t) * n);
-    if (!m->x || !m->xb || !m->xb2 || !m->q || !m->att || !m->hb || !m->hb2 || !m->logits_buf || !m->pos) {
+    m->ids = malloc(sizeof(int32_t) * n);
+    m->slots = malloc(sizeof(int32_t) * n);
+    m->out_rows = malloc(sizeof(int32_t) * n);
+    if (!m->x || !m->xb || !m->xb2 || !m->q || !m->kb || !m->vb || !m->att || !m->hb || !m->hb2 ||
+        !m->pos || !m->ids || !m->slots || !m->out_rows) {
         free_acts(m);
         return cs_error_set(CS_ENOMEM, "out of memory for activations of %d tokens", n);
     }
@@ -336,105 +362,152 @@ static int ensure_acts(model_t *m, int n) {
     return CS_OK;
 }
 
+/* ---- single sequence (generate, tests): a private paged cache with an identity table ---- */
 model_seq_t *model_seq_new(model_t *m, int capacity) {
     model_seq_t *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
+    if (!s) { cs_error_set(CS_ENOMEM, "out of memory"); return NULL; }
     s->m = m;
     s->capacity = capacity;
-    int L = m->cfg.n_layers;
-    size_t bytes = sizeof(float) * (size_t)capacity * m->cfg.n_kv_heads * m->cfg.head_dim;
-    s->k = calloc((size_t)L, sizeof *s->k);
-    s->v = calloc((size_t)L, sizeof *s->v);
-    if (!s->k || !s->v) goto err;
-    for (int l = 0; l < L; l++) {
-        s->k[l] = backend_buf_alloc(m->be, bytes);
-        s->v[l] = backend_buf_alloc(m->be, bytes);
-        if (!s->k[l] || !s->v[l]) goto err;
+    int nb = (capacity + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
+    kv_cache_params_t kp = {m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim,
+                            (size_t)nb * kv_cache_block_bytes(m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim)};
+    s->blocks = malloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
+    if (!s->blocks || kv_cache_new(m->be, &kp, &s->kv)) {
+        const char *msg = cs_error_last();
+        model_seq_free(s);
+        cs_error_set(CS_ENOMEM, "KV cache of %d tokens: %s", capacity, msg ? msg : "out of memory");
+        return NULL;
     }
+    for (int i = 0; i < nb; i++) s->blocks[i] = kv_block_alloc(s->kv);
     return s;
-err:
-    model_seq_free(s);
-    cs_error_set(CS_ENOMEM, "out of memory for a KV cache of %d tokens", capacity);
-    return NULL;
 }
 
 void model_seq_free(model_seq_t *s) {
     if (!s) return;
-    for (int l = 0; l < s->m->cfg.n_layers; l++) {
-        if (s->k) backend_buf_free(s->m->be, s->k[l]);
-        if (s->v) backend_buf_free(s->m->be, s->v[l]);
-    }
-    free(s->k);
-    free(s->v);
+    kv_cache_free(s->kv);
+    free(s->blocks);
     free(s);
 }
 
 int model_seq_len(const model_seq_t *s) { return s->len; }
 void model_seq_reset(model_seq_t *s) { s->len = 0; }
 
-static inline void apply_lora(backend_t *be, float *y, const float *x, int n, const lora_adapter_t *lora, int layer,
-                              lora_target t) {
-    if (!lora) return;
-    const lora_module_t *md = lora_adapter_module(lora, layer, t);
-    if (md->rank > 0) backend_lora(be, y, x, n, md->a, md->b, md->rank, md->d_in, md->d_out, md->scale);
-}
-
 int model_forward(model_t *m, model_seq_t *s, const int32_t *ids, int n, const lora_adapter_t *lora, float *logits,
                   bool all_logits) {
-    const model_config_t *c = &m->cfg;
-    backend_t *be = m->be;
     if (n <= 0) return cs_error_set(CS_EINVAL, "no tokens to run");
     if (s->len + n > s->capacity)
         return cs_error_set(CS_EINVAL, "sequence of %d tokens exceeds its KV cache capacity %d", s->len + n, s->capacity);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= c->vocab_size)
-            return cs_error_set(CS_EINVAL, "token id %d out of range [0, %d)", ids[i], c->vocab_size);
-    if (lora && lora->n_layers != c->n_layers)
-        return cs_error_set(CS_EINVAL, "adapter '%s' has %d layers, the model %d", lora->name, lora->n_layers, c->n_layers);
-    int rc = ensure_acts(m, n);
+    model_batch_seq_t bs = {ids, n, s->len, s->blocks, lora, all_logits ? n : 1};
+    int rc = model_forward_batch(m, s->kv, &bs, 1, logits);
+    if (rc == CS_OK) s->len += n;
+    return rc;
+}
+
+/* ---- the batched forward pass ---- */
+/* y rows of each run of sequences sharing an adapter += their LoRA (grouped: one
+ * shrink/expand pair per adapter and projection, whatever the batch mixes) */
+static void apply_lora_groups(model_t *m, float *y, const float *x, const model_batch_seq_t *seqs, int n_seqs,
+                              int layer, lora_target t) {
+    int r0 = 0;
+    for (int i = 0; i < n_seqs;) {
+        const lora_adapter_t *a = seqs[i].lora;
+        int rows = 0, j = i;
+        for (; j < n_seqs && seqs[j].lora == a; j++) rows += seqs[j].n;
+        if (a) {
+            const lora_module_t *md = lora_adapter_module(a, layer, t);
+            if (md->rank > 0) {
+                size_t din = (size_t)md->d_in, dout = (size_t)md->d_out;
+                backend_lora(m->be, y + (size_t)r0 * dout, x + (size_t)r0 * din, rows, md->a, md->b, md->rank, md->d_in,
+                             md->d_out, md->scale);
+            }
+        }
+        r0 += rows;
+        i = j;
+    }
+}
+
+int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits) {
+    const model_config_t *c = &m->cfg;
+    backend_t *be = m->be;
+    int T = 0, n_out = 0;
+    if (n_seqs <= 0) return cs_error_set(CS_EINVAL, "empty batch");
+    for (int s = 0; s < n_seqs; s++) {
+        const model_batch_seq_t *q = &seqs[s];
+        if (q->n <= 0 || q->pos0 < 0) return cs_error_set(CS_EINVAL, "batch entry %d: no tokens to run", s);
+        if (q->n_logits != 0 && q->n_logits != 1 && q->n_logits != q->n)
+            return cs_error_set(CS_EINVAL, "batch entry %d: n_logits must be 0, 1 or n", s);
+        if (q->lora && q->lora->n_layers != c->n_layers)
+            return cs_error_set(CS_EINVAL, "adapter '%s' has %d layers, the model %d", q->lora->name, q->lora->n_layers,
+                                c->n_layers);
+        for (int i = 0; i < q->n; i++)
+            if (q->ids[i] < 0 || q->ids[i] >= c->vocab_size)
+                return cs_error_set(CS_EINVAL, "token id %d out of range [0, %d)", q->ids[i], c->vocab_size);
+        T += q->n;
+        n_out += q->n_logits;
+    }
+    int rc = ensure_acts(m, T, n_seqs);
     if (rc) return rc;
     int H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int kvd = nkv * hd, pos0 = s->len;
-    for (int i = 0; i < n; i++) m->pos[i] = pos0 + i;
+    int kvd = nkv * hd, row = 0, o = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const model_batch_seq_t *q = &seqs[s];
+        m->aseqs[s] = (backend_attn_seq_t){row, q->n, q->pos0, q->blocks};
+        for (int i = 0; i < q->n; i++, row++) {
+            int p = q->pos0 + i;
+            m->ids[row] = q->ids[i];
+            m->pos[row] = p;
+            m->slots[row] = q->blocks[p / KV_BLOCK_SIZE] * KV_BLOCK_SIZE + p % KV_BLOCK_SIZE;
+            if (i >= q->n - q->n_logits) m->out_rows[o++] = row;
+        }
+    }
 
-    backend_embed(be, m->x, &m->embed, ids, n);
+    backend_embed(be, m->x, &m->embed, m->ids, T);
     for (int l = 0; l < c->n_layers; l++) {
         const layer_w_t *w = &m->layers[l];
-        float *kc = s->k[l] + (size_t)pos0 * kvd, *vc = s->v[l] + (size_t)pos0 * kvd;
-        backend_rmsnorm(be, m->xb, m->x, n, H, &w->attn_norm, c->rms_norm_eps);
-        backend_matmul(be, m->q, m->xb, n, &w->wq, w->bq);
-        backend_matmul(be, kc, m->xb, n, &w->wk, w->bk);
-        backend_matmul(be, vc, m->xb, n, &w->wv, w->bv);
-        apply_lora(be, m->q, m->xb, n, lora, l, LORA_Q);
-        apply_lora(be, kc, m->xb, n, lora, l, LORA_K);
-        apply_lora(be, vc, m->xb, n, lora, l, LORA_V);
+        float *kc = kv_cache_k(kv, l), *vc = kv_cache_v(kv, l);
+        backend_rmsnorm(be, m->xb, m->x, T, H, &w->attn_norm, c->rms_norm_eps);
+        backend_matmul(be, m->q, m->xb, T, &w->wq, w->bq);
+        backend_matmul(be, m->kb, m->xb, T, &w->wk, w->bk);
+        backend_matmul(be, m->vb, m->xb, T, &w->wv, w->bv);
+        apply_lora_groups(m, m->q, m->xb, seqs, n_seqs, l, LORA_Q);
+        apply_lora_groups(m, m->kb, m->xb, seqs, n_seqs, l, LORA_K);
+        apply_lora_groups(m, m->vb, m->xb, seqs, n_seqs, l, LORA_V);
         if (c->qk_norm) {
-            backend_rmsnorm(be, m->q, m->q, n * nh, hd, &w->q_norm, c->rms_norm_eps);
-            backend_rmsnorm(be, kc, kc, n * nkv, hd, &w->k_norm, c->rms_norm_eps);
+            backend_rmsnorm(be, m->q, m->q, T * nh, hd, &w->q_norm, c->rms_norm_eps);
+            backend_rmsnorm(be, m->kb, m->kb, T * nkv, hd, &w->k_norm, c->rms_norm_eps);
         }
-        backend_rope(be, m->q, n, nh, hd, m->pos, m->inv_freq);
-        backend_rope(be, kc, n, nkv, hd, m->pos, m->inv_freq);
-        backend_attention(be, m->att, m->q, s->k[l], s->v[l], n, pos0, nh, nkv, hd, c->sliding_window);
-        backend_matmul(be, m->xb2, m->att, n, &w->wo, w->bo);
-        apply_lora(be, m->xb2, m->att, n, lora, l, LORA_O);
-        backend_add(be, m->x, m->xb2, (size_t)n * H);
+        backend_rope(be, m->q, T, nh, hd, m->pos, m->inv_freq);
+        backend_rope(be, m->kb, T, nkv, hd, m->pos, m->inv_freq);
+        backend_set_rows(be, kc, m->kb, m->slots, T, kvd);
+        backend_set_rows(be, vc, m->vb, m->slots, T, kvd);
+        backend_attention_paged(be, m->att, m->q, kc, vc, m->aseqs, n_seqs, KV_BLOCK_SIZE, nh, nkv, hd,
+                                c->sliding_window);
+        backend_matmul(be, m->xb2, m->att, T, &w->wo, w->bo);
+        apply_lora_groups(m, m->xb2, m->att, seqs, n_seqs, l, LORA_O);
+        backend_add(be, m->x, m->xb2, (size_t)T * H);
 
-        backend_rmsnorm(be, m->xb, m->x, n, H, &w->ffn_norm, c->rms_norm_eps);
-        backend_matmul(be, m->hb, m->xb, n, &w->w_gate, w->b_gate);
-        backend_matmul(be, m->hb2, m->xb, n, &w->w_up, w->b_up);
-        apply_lora(be, m->hb, m->xb, n, lora, l, LORA_GATE);
-        apply_lora(be, m->hb2, m->xb, n, lora, l, LORA_UP);
-        backend_silu_mul(be, m->hb, m->hb2, (size_t)n * I);
-        backend_matmul(be, m->xb2, m->hb, n, &w->w_down, w->b_down);
-        apply_lora(be, m->xb2, m->hb, n, lora, l, LORA_DOWN);
-        backend_add(be, m->x, m->xb2, (size_t)n * H);
+        backend_rmsnorm(be, m->xb, m->x, T, H, &w->ffn_norm, c->rms_norm_eps);
+        backend_matmul(be, m->hb, m->xb, T, &w->w_gate, w->b_gate);
+        backend_matmul(be, m->hb2, m->xb, T, &w->w_up, w->b_up);
+        apply_lora_groups(m, m->hb, m->xb, seqs, n_seqs, l, LORA_GATE);
+        apply_lora_groups(m, m->hb2, m->xb, seqs, n_seqs, l, LORA_UP);
+        backend_silu_mul(be, m->hb, m->hb2, (size_t)T * I);
+        backend_matmul(be, m->xb2, m->hb, T, &w->w_down, w->b_down);
+        apply_lora_groups(m, m->xb2, m->hb, seqs, n_seqs, l, LORA_DOWN);
+        backend_add(be, m->x, m->xb2, (size_t)T * H);
     }
-    int n_out = all_logits ? n : 1;
-    const float *xin = m->x + (size_t)(n - n_out) * H;
-    backend_rmsnorm(be, m->xb, xin, n_out, H, &m->final_norm, c->rms_norm_eps);
-    backend_matmul(be, m->logits_buf, m->xb, n_out, &m->lm_head, NULL);
-    backend_buf_get(be, logits, m->logits_buf, sizeof(float) * (size_t)n_out * c->vocab_size);
+    if (n_out > m->logits_cap) {
+        backend_buf_free(be, m->logits_buf);
+        m->logits_buf = backend_buf_alloc(be, sizeof(float) * (size_t)n_out * c->vocab_size);
+        m->logits_cap = m->logits_buf ? n_out : 0;
+        if (!m->logits_buf) return cs_error_set(CS_ENOMEM, "out of memory for %d rows of logits", n_out);
+    }
+    if (n_out > 0) {
+        backend_get_rows(be, m->xb2, m->x, m->out_rows, n_out, H);
+        backend_rmsnorm(be, m->xb, m->xb2, n_out, H, &m->final_norm, c->rms_norm_eps);
+        backend_matmul(be, m->logits_buf, m->xb, n_out, &m->lm_head, NULL);
+        backend_buf_get(be, logits, m->logits_buf, sizeof(float) * (size_t)n_out * c->vocab_size);
+    }
     backend_synchronize(be);
-    s->len += n;
     return CS_OK;
 }

@@ -5,6 +5,7 @@
 #define CS_MODEL_H
 
 #include "engine/backend.h"
+#include "engine/kv_cache.h"
 #include "engine/model_config.h"
 #include "lora/peft.h"
 
@@ -17,6 +18,7 @@ void model_free(model_t *m);
 const model_config_t *model_get_config(const model_t *m);
 size_t model_n_params(const model_t *m);
 cs_dtype model_weight_dtype(const model_t *m);
+backend_t *model_backend(const model_t *m);
 
 /* A sequence's KV cache with room for `capacity` tokens. */
 model_seq_t *model_seq_new(model_t *m, int capacity);
@@ -30,6 +32,23 @@ void model_seq_reset(model_seq_t *s);
  * out of range. */
 int model_forward(model_t *m, model_seq_t *s, const int32_t *ids, int n, const lora_adapter_t *lora,
                   float *logits, bool all_logits);
+
+/* One sequence's part of a batch: n tokens at positions pos0 .. pos0 + n - 1, its KV for
+ * [0, pos0) already in the cache through `blocks`, which must also cover the new positions.
+ * n_logits: 0 (none), 1 (the last token) or n (every token). */
+typedef struct model_batch_seq {
+    const int32_t *ids;
+    int n, pos0;
+    const int32_t *blocks;
+    const lora_adapter_t *lora;     /* NULL: base model */
+    int n_logits;
+} model_batch_seq_t;
+
+/* Run a batch of sequences in one pass: the base GEMMs once over every row, LoRA grouped
+ * by runs of consecutive sequences with the same adapter (put them next to each other),
+ * attention per sequence over the paged cache. logits receives the requested rows in
+ * batch order (vocab_size floats each, host memory). */
+int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits);
 
 /* RoPE inverse frequencies (head_dim/2 values) as transformers computes them. */
 void model_rope_inv_freq(const model_config_t *cfg, float *inv_freq);

@@ -15,8 +15,9 @@
 #include <unistd.h>
 
 typedef struct st_shard {
-    char *path;
-    void *map;          /* whole file, PROT_READ */
+    char *path;         /* file path, or the caller's label for a buffer */
+    void *map;          /* whole file, PROT_READ; NULL for a buffer */
+    void *owned;        /* a buffer handed over by safetensors_open_buffer: free()d with st */
     size_t size;
 } st_shard_t;
 
@@ -166,13 +167,8 @@ static int span_cmp(const void *a, const void *b) {
     return 0;
 }
 
-/* Map `path`, validate its header and append its tensors and metadata to `st`. */
-static int load_shard(safetensors_t *st, const char *path) {
-    int rc = CS_OK;
-    json_t *root = NULL;
-    span_t *spans = NULL;
-    size_t first = st->n_tensors, shard = st->n_shards;
-
+/* Append an empty shard named `path`. */
+static int shard_push(safetensors_t *st, const char *path, st_shard_t **out) {
     st_shard_t *sh = realloc(st->shards, (st->n_shards + 1) * sizeof *sh);
     if (!sh) return cs_error_set(CS_ENOMEM, "%s: out of memory", path);
     st->shards = sh;
@@ -180,6 +176,17 @@ static int load_shard(safetensors_t *st, const char *path) {
     memset(sh, 0, sizeof *sh);
     if (!(sh->path = strdup(path))) return cs_error_set(CS_ENOMEM, "%s: out of memory", path);
     st->n_shards++;
+    *out = sh;
+    return CS_OK;
+}
+
+static int parse_shard(safetensors_t *st, size_t shard, const unsigned char *p, size_t size);
+
+/* Map `path`, validate its header and append its tensors and metadata to `st`. */
+static int load_shard(safetensors_t *st, const char *path) {
+    st_shard_t *sh;
+    int rc = shard_push(st, path, &sh);
+    if (rc != CS_OK) return rc;
 
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -191,17 +198,29 @@ static int load_shard(safetensors_t *st, const char *path) {
         return cs_error_set(CS_EIO, "%s: not a regular file", path);
     }
     sh->size = (size_t)sb.st_size;
-    if (sh->size < 8) {
+    if (sh->size < 8) { /* mmap of an empty file fails: let the parser say what is wrong */
         close(fd);
-        return cs_error_set(CS_EFORMAT, "%s: file is %zu bytes, too short for a safetensors header",
-                            path, sh->size);
+        return parse_shard(st, st->n_shards - 1, NULL, sh->size);
     }
     void *map = mmap(NULL, sh->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return cs_error_set(CS_EIO, "%s: mmap: %s", path, strerror(errno));
     sh->map = map;
+    return parse_shard(st, st->n_shards - 1, map, sh->size);
+}
 
-    const unsigned char *p = map;
+/* Validate the header of shard `shard` (bytes p[0..size)) and append its tensors and
+ * metadata to `st`. */
+static int parse_shard(safetensors_t *st, size_t shard, const unsigned char *p, size_t size) {
+    int rc = CS_OK;
+    json_t *root = NULL;
+    span_t *spans = NULL;
+    size_t first = st->n_tensors;
+    const char *path = st->shards[shard].path;
+
+    if (size < 8)
+        return cs_error_set(CS_EFORMAT, "%s: file is %zu bytes, too short for a safetensors header",
+                            path, size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
     if (hlen < 2)
@@ -210,12 +229,12 @@ static int load_shard(safetensors_t *st, const char *path) {
     if (hlen > ST_MAX_HEADER)
         return cs_error_set(CS_EFORMAT, "%s: header length %llu exceeds the %u byte limit", path,
                             (unsigned long long)hlen, ST_MAX_HEADER);
-    if (hlen > sh->size - 8)
+    if (hlen > size - 8)
         return cs_error_set(CS_EFORMAT, "%s: header length %llu is larger than the file (%zu bytes)",
-                            path, (unsigned long long)hlen, sh->size);
+                            path, (unsigned long long)hlen, size);
     const char *hdr = (const char *)p + 8;
     if (hdr[0] != '{') return cs_error_set(CS_EFORMAT, "%s: header does not start with '{'", path);
-    size_t dsize = sh->size - 8 - (size_t)hlen;
+    size_t dsize = size - 8 - (size_t)hlen;
     const unsigned char *data = p + 8 + hlen;
 
     json_error_t jerr;
@@ -350,6 +369,31 @@ err:
     return rc;
 }
 
+int safetensors_open_buffer(const char *label, void *buf, size_t len, bool take_ownership,
+                            safetensors_t **out) {
+    int rc;
+    st_shard_t *sh;
+    *out = NULL;
+    safetensors_t *st = st_new();
+    if (!st) {
+        if (take_ownership) free(buf);
+        return cs_error_set(CS_ENOMEM, "%s: out of memory", label);
+    }
+    if ((rc = shard_push(st, label, &sh)) != CS_OK) {
+        if (take_ownership) free(buf);
+        goto err;
+    }
+    sh->size = len;
+    if (take_ownership) sh->owned = buf;
+    if ((rc = parse_shard(st, 0, buf, len)) != CS_OK) goto err;
+    if ((rc = build_index(st)) != CS_OK) goto err;
+    *out = st;
+    return CS_OK;
+err:
+    safetensors_free(st);
+    return rc;
+}
+
 static bool shard_name_ok(const char *s) {
     return s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
@@ -463,6 +507,7 @@ void safetensors_free(safetensors_t *st) {
     if (!st) return;
     for (size_t i = 0; i < st->n_shards; i++) {
         if (st->shards[i].map) munmap(st->shards[i].map, st->shards[i].size);
+        free(st->shards[i].owned);
         free(st->shards[i].path);
     }
     for (size_t i = 0; i < st->n_tensors; i++) free((char *)st->tensors[i].name);

@@ -1,5 +1,5 @@
 /* safetensors.h: memory-mapped reader (and a small writer) for Hugging Face safetensors
- * files, single or sharded through model.safetensors.index.json. The header is validated
+ * files (or buffers already in memory), single or sharded through model.safetensors.index.json. The header is validated
  * fully before any tensor is handed out: offsets in bounds, no overlap, dtype x shape ==
  * byte size; every error names the file and the tensor. */
 #ifndef CS_SAFETENSORS_H
@@ -28,6 +28,13 @@ int safetensors_open(const char *path, safetensors_t **out);
 /* A model directory: model.safetensors.index.json (sharded) if present, else
  * model.safetensors. `basename` is "model" for models, "adapter_model" for PEFT. */
 int safetensors_open_dir(const char *dir, const char *basename, safetensors_t **out);
+/* One safetensors file already in memory (read by the io_uring loader, received over
+ * HTTP): the same validation as safetensors_open, messages name `label` (the path it came
+ * from). Tensors point into `buf`, which must stay valid until safetensors_free. With
+ * take_ownership, `buf` (from malloc / cs_aligned_alloc) is free()d by safetensors_free, or
+ * by this function when it fails; without, the caller keeps it. */
+int safetensors_open_buffer(const char *label, void *buf, size_t len, bool take_ownership,
+                            safetensors_t **out);
 void safetensors_free(safetensors_t *st);
 
 /* Tensors in header order, shard after shard (shards in order of first mention in the

@@ -128,11 +128,11 @@ static bool is_string_array(const json_t *v) {
     return true;
 }
 
-static int parse_config(const char *label, const char *text, peft_cfg_t *c) {
+static int parse_config(const char *label, const char *text, size_t len, peft_cfg_t *c) {
     json_error_t jerr;
     memset(c, 0, sizeof *c);
     c->label = label;
-    c->root = json_loads(text, 0, &jerr);   /* duplicate keys: the last wins, as in Python */
+    c->root = json_loadb(text, len, 0, &jerr);   /* duplicate keys: the last wins, as in Python */
     if (!c->root) return cs_error_set(CS_EFORMAT, "%s: not valid JSON: %s (line %d)", label, jerr.text, jerr.line);
     json_t *root = c->root, *v;
     if (!json_is_object(root)) return cs_error_set(CS_EFORMAT, "%s: expected a JSON object", label);
@@ -414,28 +414,28 @@ static char *base_name(const char *dir) {
     return strndup(dir + b, n - b);
 }
 
-int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t **out) {
+/* Decide every module of the model from adapter_config.json (TEXT, LEN bytes), the way peft
+ * walks named_modules(): a new adapter with rank, scale and shape set per module, no weights
+ * yet, and nbytes = the F32 A/B bytes the weights will take. */
+static int plan(const char *name, const char *dir, const char *text, size_t len, const model_config_t *cfg,
+                lora_adapter_t **out) {
     int rc = CS_OK;
-    char *cfg_path = NULL, *text = NULL;
+    char *cfg_path = NULL;
     peft_cfg_t pc = { 0 };
-    safetensors_t *st = NULL;
     lora_adapter_t *a = NULL;
     *out = NULL;
 
     if (!(cfg_path = cs_path_join(dir, "adapter_config.json"))) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
-    if (!cs_file_exists(cfg_path)) { rc = cs_error_set(CS_ENOTFOUND, "%s: no adapter_config.json", dir); goto err; }
-    if (!(text = cs_read_file(cfg_path, NULL))) { rc = CS_EIO; goto err; }
-    if ((rc = parse_config(cfg_path, text, &pc)) != CS_OK) goto err;
+    if ((rc = parse_config(cfg_path, text, len, &pc)) != CS_OK) goto err;
 
-    if (!(a = calloc(1, sizeof *a)) || !(a->name = base_name(dir)) || !(a->path = strdup(dir)) ||
+    if (!(a = calloc(1, sizeof *a)) || !(a->name = name ? strdup(name) : base_name(dir)) || !(a->path = strdup(dir)) ||
         !(a->mods = calloc((size_t)cfg->n_layers * LORA_N_TARGETS, sizeof *a->mods))) {
         rc = cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
         goto err;
     }
     a->n_layers = cfg->n_layers;
 
-    /* Decide every module of the model the way peft walks named_modules(); projections get
-     * rank/alpha, anything else that matches is refused. */
+    /* projections get rank/alpha, anything else that matches is refused */
     static const char *const other_global[] = { "model", "model.embed_tokens", "model.layers", "model.norm",
                                                 "model.rotary_emb", "lm_head" };
     static const char *const other_layer[] = { "", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm",
@@ -482,6 +482,8 @@ int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t
             mod->rank = rv ? (int)json_integer_value(rv) : pc.r;
             double alpha = av ? json_number_value(av) : pc.alpha;
             mod->scale = (float)(pc.rslora ? alpha / sqrt((double)mod->rank) : alpha / mod->rank);
+            a->nbytes += ((size_t)mod->rank * mod->d_in + (size_t)mod->d_out * mod->rank) * sizeof(float);
+            a->max_rank = CS_MAX(a->max_rank, mod->rank);
             n_targeted++;
         }
     }
@@ -490,46 +492,37 @@ int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t
                           cfg->n_layers);
         goto err;
     }
+    json_decref(pc.root);
+    free(cfg_path);
+    *out = a;
+    return CS_OK;
+err:
+    json_decref(pc.root);
+    free(cfg_path);
+    lora_adapter_free(a);
+    return rc;
+}
 
-    char *st1 = cs_path_join(dir, "adapter_model.safetensors"), *st2 = cs_path_join(dir, "adapter_model.safetensors.index.json"),
-         *bin = cs_path_join(dir, "adapter_model.bin");
-    bool only_bin = st1 && st2 && bin && !cs_file_exists(st1) && !cs_file_exists(st2) && cs_file_exists(bin);
-    free(st1);
-    free(st2);
-    free(bin);
-    if (only_bin) {
-        rc = cs_error_set(CS_EUNSUPPORTED, "%s: only adapter_model.bin (pickle) found; convert it to adapter_model.safetensors", dir);
-        goto err;
-    }
-    if ((rc = safetensors_open_dir(dir, "adapter_model", &st)) != CS_OK) goto err;
-
+/* Check every tensor of ST against the plan in A and convert the weights to F32. */
+static int fill(const char *dir, const safetensors_t *st, const model_config_t *cfg, lora_adapter_t *a) {
+    int rc;
     /* every tensor must be one we expect */
     for (size_t i = 0; i < safetensors_count(st); i++) {
         const char *name = safetensors_at(st, i)->name;
         int l, t, ab;
-        if (strstr(name, "lora_magnitude_vector")) {
-            rc = cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': DoRA (magnitude vectors) is not supported", dir, name);
-            goto err;
-        }
-        if (strstr(name, "lora_embedding_A") || strstr(name, "lora_embedding_B")) {
-            rc = cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': LoRA on embeddings is not supported", dir, name);
-            goto err;
-        }
-        if (strstr(name, ".lora_B.bias")) {
-            rc = cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': a bias on lora_B (lora_bias) is not supported", dir, name);
-            goto err;
-        }
-        if (!parse_tensor_name(name, &l, &t, &ab)) {
-            rc = cs_error_set(CS_EUNSUPPORTED, "%s: unexpected tensor '%s' (only lora_A/lora_B of the q/k/v/o/gate/up/down "
-                              "projections are supported)", dir, name);
-            goto err;
-        }
-        if (l >= cfg->n_layers || lora_adapter_module(a, l, (lora_target)t)->rank == 0) {
-            rc = cs_error_set(CS_EFORMAT, "%s: unexpected tensor '%s': %s", dir, name,
-                              l >= cfg->n_layers ? "the base model has fewer layers"
-                                                 : "adapter_config.json does not target this module");
-            goto err;
-        }
+        if (strstr(name, "lora_magnitude_vector"))
+            return cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': DoRA (magnitude vectors) is not supported", dir, name);
+        if (strstr(name, "lora_embedding_A") || strstr(name, "lora_embedding_B"))
+            return cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': LoRA on embeddings is not supported", dir, name);
+        if (strstr(name, ".lora_B.bias"))
+            return cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': a bias on lora_B (lora_bias) is not supported", dir, name);
+        if (!parse_tensor_name(name, &l, &t, &ab))
+            return cs_error_set(CS_EUNSUPPORTED, "%s: unexpected tensor '%s' (only lora_A/lora_B of the q/k/v/o/gate/up/down "
+                                "projections are supported)", dir, name);
+        if (l >= cfg->n_layers || lora_adapter_module(a, l, (lora_target)t)->rank == 0)
+            return cs_error_set(CS_EFORMAT, "%s: unexpected tensor '%s': %s", dir, name,
+                                l >= cfg->n_layers ? "the base model has fewer layers"
+                                                   : "adapter_config.json does not target this module");
     }
 
     for (int l = 0; l < cfg->n_layers; l++) {
@@ -544,29 +537,74 @@ int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t
             const st_tensor_t *ta, *tb;
             if ((rc = check_tensor(dir, st, na, mod->rank, mod->d_in, why, &ta)) ||
                 (rc = check_tensor(dir, st, nb, mod->d_out, mod->rank, why, &tb)))
-                goto err;
+                return rc;
             size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank;
             if (!(mod->a = cs_aligned_alloc(64, n_a * sizeof(float))) ||
-                !(mod->b = cs_aligned_alloc(64, n_b * sizeof(float)))) {
-                rc = cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
-                goto err;
-            }
-            if ((rc = convert(dir, ta, mod->a, n_a)) || (rc = convert(dir, tb, mod->b, n_b))) goto err;
-            a->nbytes += (n_a + n_b) * sizeof(float);
-            a->max_rank = CS_MAX(a->max_rank, mod->rank);
+                !(mod->b = cs_aligned_alloc(64, n_b * sizeof(float))))
+                return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
+            if ((rc = convert(dir, ta, mod->a, n_a)) || (rc = convert(dir, tb, mod->b, n_b))) return rc;
         }
     }
+    return CS_OK;
+}
+
+int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t **out) {
+    int rc = CS_OK;
+    char *cfg_path = NULL, *text = NULL;
+    size_t len = 0;
+    safetensors_t *st = NULL;
+    lora_adapter_t *a = NULL;
+    *out = NULL;
+
+    if (!(cfg_path = cs_path_join(dir, "adapter_config.json"))) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
+    if (!cs_file_exists(cfg_path)) { rc = cs_error_set(CS_ENOTFOUND, "%s: no adapter_config.json", dir); goto err; }
+    if (!(text = cs_read_file(cfg_path, &len))) { rc = CS_EIO; goto err; }
+    if ((rc = plan(NULL, dir, text, len, cfg, &a)) != CS_OK) goto err;
+
+    char *st1 = cs_path_join(dir, "adapter_model.safetensors"), *st2 = cs_path_join(dir, "adapter_model.safetensors.index.json"),
+         *bin = cs_path_join(dir, "adapter_model.bin");
+    bool only_bin = st1 && st2 && bin && !cs_file_exists(st1) && !cs_file_exists(st2) && cs_file_exists(bin);
+    free(st1);
+    free(st2);
+    free(bin);
+    if (only_bin) {
+        rc = cs_error_set(CS_EUNSUPPORTED, "%s: only adapter_model.bin (pickle) found; convert it to adapter_model.safetensors", dir);
+        goto err;
+    }
+    if ((rc = safetensors_open_dir(dir, "adapter_model", &st)) != CS_OK) goto err;
+    if ((rc = fill(dir, st, cfg, a)) != CS_OK) goto err;
     safetensors_free(st);
-    json_decref(pc.root);
     free(text);
     free(cfg_path);
     *out = a;
     return CS_OK;
 err:
     safetensors_free(st);
-    json_decref(pc.root);
     free(text);
     free(cfg_path);
+    lora_adapter_free(a);
+    return rc;
+}
+
+int lora_adapter_load_buffers(const char *name, const char *dir, const char *config_json, size_t config_len,
+                              const safetensors_t *st, const model_config_t *cfg, lora_adapter_t **out) {
+    lora_adapter_t *a;
+    int rc;
+    *out = NULL;
+    if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
+    if ((rc = fill(dir, st, cfg, a)) != CS_OK) {
+        lora_adapter_free(a);
+        return rc;
+    }
+    *out = a;
+    return CS_OK;
+}
+
+int lora_adapter_config_nbytes(const char *dir, const char *config_json, size_t config_len,
+                               const model_config_t *cfg, size_t *nbytes) {
+    lora_adapter_t *a;
+    int rc = plan(NULL, dir, config_json, config_len, cfg, &a);
+    *nbytes = rc == CS_OK ? a->nbytes : 0;
     lora_adapter_free(a);
     return rc;
 }

@@ -9,6 +9,8 @@
 #include "engine/common.h"
 #include "engine/model_config.h"
 
+struct safetensors; /* engine/safetensors.h */
+
 typedef enum lora_target {
     LORA_Q = 0, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN,
     LORA_N_TARGETS,
@@ -39,6 +41,22 @@ static inline lora_module_t *lora_adapter_module(const lora_adapter_t *a, int la
 
 /* Load DIR (adapter_config.json + adapter_model.safetensors) against the base config. */
 int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t **out);
+
+/* The same load from files already in memory (the io_uring loader, an HTTP upload):
+ * CONFIG_JSON is adapter_config.json's text (CONFIG_LEN bytes, NUL not needed) and ST the
+ * opened adapter_model.safetensors; nothing is read from disk. DIR is where they came from:
+ * it names the files in error messages and becomes a->path; a->name is NAME, or DIR's
+ * basename when NAME is NULL. ST is only read: the caller frees it (the adapter holds its
+ * own F32 copies). */
+int lora_adapter_load_buffers(const char *name, const char *dir, const char *config_json,
+                              size_t config_len, const struct safetensors *st,
+                              const model_config_t *cfg, lora_adapter_t **out);
+
+/* Bytes of F32 A and B (the nbytes of the adapter it would load) that adapter_config.json
+ * CONFIG_JSON implies for this base model, with the same checks of the config as a load;
+ * lets a cache reserve room before reading the weights. */
+int lora_adapter_config_nbytes(const char *dir, const char *config_json, size_t config_len,
+                               const model_config_t *cfg, size_t *nbytes);
 void lora_adapter_free(lora_adapter_t *a);
 
 /* Projection shapes of the base model: d_in / d_out of each target. */

@@ -14,6 +14,7 @@
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
 #include "lora/peft.h"
+#include "server/commands.h"
 
 static void usage_generate(FILE *f) {
     fprintf(f,
@@ -46,6 +47,7 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  generate   one-shot generation on the CPU (see caraserve generate --help)\n"
+            "  batch      run JSON-lines requests through the batching engine (caraserve batch --help)\n"
             "  version    print the version\n",
             PACKAGE_VERSION);
 }
@@ -99,7 +101,9 @@ static int cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *lora_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *dump = NULL;
     int max_tokens = 64, threads = 0;
     bool print_ids = false, no_special = false, ignore_eos = false, stats = false, reference = false;
-    sampling_params_t sp = {0, 0};
+    sampling_params_t sp;
+    sampling_params_default(&sp);
+    sp.temperature = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -287,6 +291,7 @@ int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "batch")) return cmd_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("caraserve %s\n", PACKAGE_VERSION); return 0; }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { usage(stdout); return 0; }
     fprintf(stderr, "caraserve: unknown command '%s'\n", cmd);

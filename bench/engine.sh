@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# bench/engine.sh: the serving engine's throughput on the ~200M Llama of bench/forward.sh
+# (BF16, 2 threads), side by side in one run:
+#   - decode tokens/s at batch 1, 8, 32 with 0, 1 and 8 distinct rank-16 adapters (all
+#     targets), measured over the decode-only iterations of `caraserve batch`;
+#   - the LoRA overhead with 8 distinct adapters in one batch (vs the base model alone at the
+#     same batch size) and the batch-32 decode throughput against batch 1;
+#   - prefill of a PROMPT-token prompt (tokens/s);
+#   - the memory-bandwidth roofline of batch-1 decode: bench/membw's read bandwidth divided
+#     by the bytes of weights one token reads;
+#   - with LLAMA_CPP_DIR, llama.cpp on the same shapes (F16 GGUF of the same checkpoint):
+#     llama-bench pp/tg and llama-batched-bench decode at the same batch sizes.
+# Configurations alternate within each repetition so machine noise hits all alike; the
+# JSON lands in bench/results/. Quiet the machine first.
+#
+#   bench/engine.sh
+#   LLAMA_CPP_DIR=/path/to/llama.cpp bench/engine.sh
+# Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (2), CACHE, LLAMA_PY, DTYPE (bf16)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD=${BUILD:-build} THREADS=${THREADS:-2} GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-2}
+DTYPE=${DTYPE:-bf16}
+CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/caraserve-bench}
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+LLAMA_PY=${LLAMA_PY:-$PY}
+model="$CACHE/llama-200m-$DTYPE"
+mkdir -p "$CACHE" bench/results
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+if [ ! -f "$model/config.json" ]; then
+    tok="$CACHE/spm-32k"
+    mkdir -p "$tok"
+    xz -dc tests/data/tokenizers/spm-32k/tokenizer.json.xz > "$tok/tokenizer.json"
+    cp tests/data/tokenizers/spm-32k/tokenizer_config.json "$tok/"
+    "$BUILD/caraserve-mkmodel" model --out "$model" --arch llama --hidden 1024 --layers 12 --heads 16 \
+        --intermediate 2816 --vocab 32000 --dtype "$DTYPE" --seed 1 --tokenizer "$tok" >&2
+fi
+lora_args=()
+for i in 0 1 2 3 4 5 6 7; do
+    a="$CACHE/llama-200m-lora-r16-$i"
+    [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$model" --out "$a" --rank 16 \
+        --alpha 32 --seed $((40 + i)) >&2
+    lora_args+=(--lora "ad$i=$a")
+done
+
+# requests: B sequences with 16-token prompts, GEN tokens each, adapters round-robin over A
+mkreq() { # B A -> file
+    $PY - "$1" "$2" "$GEN" > "$work/req-$1-$2.jsonl" <<'PYEOF'
+import json, random, sys
+b, a, gen = map(int, sys.argv[1:4])
+random.seed(b * 100 + a)
+for i in range(b):
+    r = {"prompt_ids": [random.randrange(3, 32000) for _ in range(16)], "max_tokens": gen, "ignore_eos": True,
+         "temperature": 0}
+    if a:
+        r["adapter"] = f"ad{i % a}"
+    print(json.dumps(r))
+PYEOF
+    echo "$work/req-$1-$2.jsonl"
+}
+configs="1:0 1:1 8:0 8:1 8:8 32:0 32:1 32:8"
+for c in $configs; do mkreq "${c%%:*}" "${c##*:}" >/dev/null; done
+$PY -c "import random; random.seed(1); print('{\"prompt_ids\": [' + ','.join(str(random.randrange(3, 32000)) for _ in range($PROMPT)) + '], \"max_tokens\": 1}')" > "$work/prefill.jsonl"
+
+gguf=""
+if [ -n "${LLAMA_CPP_DIR:-}" ]; then
+    gguf="$CACHE/llama-200m-f16.gguf"
+    if [ ! -f "$gguf" ]; then
+        PYTHONPATH="$LLAMA_CPP_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$LLAMA_PY" "$LLAMA_CPP_DIR/convert_hf_to_gguf.py" \
+            "$model" --outtype f16 --outfile "$gguf" >&2
+    fi
+fi
+
+results="$work/runs.jsonl"
+: > "$results"
+for r in $(seq "$REPS"); do
+    if [ -x "$BUILD/bench/membw" ]; then
+        bw=$("$BUILD/bench/membw" --threads "$THREADS" 2>/dev/null | tail -1 || true)
+        [ -n "$bw" ] && echo "{\"kind\": \"membw\", \"rep\": $r, \"out\": $bw}" >> "$results"
+    fi
+    for c in $configs; do
+        b=${c%%:*} a=${c##*:}
+        st=$("$BUILD/caraserve" batch --model "$model" "${lora_args[@]}" --requests "$work/req-$b-$a.jsonl" \
+            --threads "$THREADS" --stats --max-num-seqs 64 --kv-cache-bytes 2G 2>&1 >/dev/null | grep '^{')
+        echo "{\"kind\": \"decode\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
+        echo "rep $r batch $b adapters $a: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
+    done
+    st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/prefill.jsonl" --threads "$THREADS" --stats \
+        --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
+    echo "{\"kind\": \"prefill\", \"rep\": $r, \"stats\": $st}" >> "$results"
+    if [ -n "$gguf" ]; then
+        js=$("$LLAMA_CPP_DIR/build/bin/llama-bench" -m "$gguf" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null)
+        echo "{\"kind\": \"llama-bench\", \"rep\": $r, \"out\": $js}" >> "$results"
+        bb="$LLAMA_CPP_DIR/build/bin/llama-batched-bench"
+        if [ -x "$bb" ]; then
+            out=$("$bb" -m "$gguf" -c 4096 -b 2048 -ub 512 -npp 16 -ntg "$GEN" -npl 1,8,32 -t "$THREADS" \
+                --output-format jsonl 2>/dev/null | grep '^{' | $PY -c "import sys,json; print(json.dumps([json.loads(l) for l in sys.stdin]))")
+            echo "{\"kind\": \"llama-batched-bench\", \"rep\": $r, \"out\": $out}" >> "$results"
+        fi
+    fi
+done
+
+out="bench/results/engine-$(date -u +%Y%m%dT%H%M%SZ).json"
+$PY - "$results" "$out" "$model" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" <<'PYEOF'
+import json, os, statistics, subprocess, sys
+runs_path, out, model, threads, gen, prompt, dtype = sys.argv[1:8]
+runs = [json.loads(l) for l in open(runs_path)]
+med = statistics.median
+dec = {}
+for r in runs:
+    if r["kind"] == "decode":
+        s = r["stats"]
+        dec.setdefault((r["batch"], r["adapters"]), []).append(s["decode_only_tokens"] / s["decode_only_ms"] * 1e3)
+pre = [r["stats"]["prefill_tokens"] / r["stats"]["busy_ms"] * 1e3 for r in runs if r["kind"] == "prefill"]
+# bytes of weights one decode token reads: every matrix once (embedding rows are negligible)
+cfg = json.load(open(os.path.join(model, "config.json")))
+h, L, inter, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+kvd = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * (h // cfg["num_attention_heads"])
+per_layer = h * h * 2 + h * kvd * 2 + 3 * h * inter
+wbytes = (L * per_layer + V * h) * (2 if dtype in ("bf16", "f16") else 4)
+bws = [r["out"]["read_gb_s_best"] for r in runs if r["kind"] == "membw" and "read_gb_s_best" in r.get("out", {})]
+res = {"benchmark": "engine", "model": f"llama ~200M ({h} hidden, {L} layers, inter {inter}, vocab {V}), {dtype.upper()}",
+       "threads": int(threads), "gen_tokens": int(gen), "adapter_rank": 16,
+       "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
+       "decode_tok_s": {f"batch{b}_adapters{a}": {"runs": v, "median": med(v)} for (b, a), v in sorted(dec.items())},
+       "prefill_tok_s": {"prompt": int(prompt), "runs": pre, "median": med(pre) if pre else None},
+       "weight_bytes_per_token": wbytes}
+d = {k: v["median"] for k, v in res["decode_tok_s"].items()}
+for b in (8, 32):
+    if f"batch{b}_adapters8" in d:
+        res[f"lora_overhead_batch{b}_8_adapters"] = d[f"batch{b}_adapters0"] / d[f"batch{b}_adapters8"] - 1
+res["batch32_vs_batch1"] = d["batch32_adapters0"] / d["batch1_adapters0"]
+if bws:
+    bw = med(bws)
+    res["membw_read_gb_s"] = {"runs": bws, "median": bw}
+    res["roofline_decode_tok_s"] = bw * 1e9 / wbytes
+    res["batch1_fraction_of_roofline"] = d["batch1_adapters0"] / res["roofline_decode_tok_s"]
+lb = [r["out"] for r in runs if r["kind"] == "llama-bench"]
+if lb:
+    pp = [x["avg_ts"] for o in lb for x in o if x["n_prompt"] > 0 and x["n_gen"] == 0]
+    tg = [x["avg_ts"] for o in lb for x in o if x["n_gen"] > 0 and x["n_prompt"] == 0]
+    res["llama_cpp"] = {"weights": "F16", "prefill_tok_s": med(pp), "decode_batch1_tok_s": med(tg)}
+    res["prefill_vs_llama_cpp"] = res["prefill_tok_s"]["median"] / med(pp)
+    res["decode_batch1_vs_llama_cpp"] = d["batch1_adapters0"] / med(tg)
+bb = [r["out"] for r in runs if r["kind"] == "llama-batched-bench"]
+if bb:
+    for b in (1, 8, 32):
+        v = [x["speed_tg"] for o in bb for x in o if x.get("pl") == b]
+        if v:
+            res.setdefault("llama_cpp", {})[f"decode_batch{b}_tok_s"] = med(v)
+            res[f"decode_batch{b}_vs_llama_cpp"] = d[f"batch{b}_adapters0"] / med(v)
+json.dump(res, open(out, "w"), indent=2)
+for k, v in d.items():
+    print(f"decode {k}: {v:.2f} tok/s")
+for k in sorted(res):
+    if k.startswith(("lora_overhead", "batch32", "roofline", "batch1_fraction", "prefill_vs", "decode_batch")):
+        print(f"{k}: {res[k]:.3f}")
+print(f"prefill {prompt}: {res['prefill_tok_s']['median']:.1f} tok/s")
+print(f"wrote {out}")
+PYEOF

@@ -1,0 +1,241 @@
+/* gemm_bf16.c: y = x · Wᵀ for BF16 weights on Intel AMX, exact to F32 rounding of x.
+ * Weights are exactly BF16; the F32 activations are split into BF16 terms
+ * x = x₁ + x₂ (+ x₃) and every term is multiplied on the tile unit with F32
+ * accumulation: two terms leave x's residual below 2⁻¹⁶ relative, three represent all 24
+ * bits of an F32 mantissa. x is packed once per call into 16×32 tiles (the A operand),
+ * each task packs its block of weight rows into VNNI tiles (the B operand) and walks a 2×2
+ * block of 16×16 F32 accumulator tiles over K. The plain reference is cs_matmul_ref. */
+#include <immintrin.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+#include "cpu_kernels/kernels.h"
+
+#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
+#define INLINE static inline __attribute__((always_inline))
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define TILE_ELEMS 512 /* bf16 per 16×32 tile (1 KiB) */
+
+int cs_cpu_has_amx_bf16(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    int ok = 0;
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    bool tile = d >> 24 & 1, bf16 = d >> 22 & 1, avx512 = b >> 16 & 1 && b >> 30 & 1;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    bool osxsave = c >> 27 & 1;
+    if (tile && bf16 && avx512 && osxsave) {
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        /* XTILECFG and XTILEDATA state enabled by the OS; then ask for the tile data
+         * permission, once per process (Linux ≥ 5.16) */
+        if ((lo >> 17 & 3) == 3 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0) ok = 1;
+    }
+#endif
+    cached = ok;
+    return ok;
+}
+
+#if defined(__x86_64__)
+
+struct tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* tiles 0-3: C (16×16 F32), 4-5: A (x, 16×32 bf16), 6-7: B (w, 16 pairs × 16 × 2 bf16) */
+AMX static void tile_config(void) {
+    struct tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    _tile_loadconfig(&cfg);
+}
+
+/* bf16 bits of f rounded to nearest even (finite inputs) */
+AMX INLINE __m512i round_bf16(__m512 f) {
+    __m512i u = _mm512_castps_si512(f);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+}
+
+/* 32 floats -> `terms` rows of 32 bf16 whose sum is x (to 2⁻¹⁶ relative, or exactly) */
+AMX INLINE void split_store(uint16_t *dst, __m512 x0, __m512 x1, int terms) {
+    /* packus interleaves the 128-bit lanes of its two inputs; this restores the order */
+    const __m512i fix = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
+    for (int t = 0; t < terms; t++) {
+        __m512i h0 = round_bf16(x0), h1 = round_bf16(x1);
+        _mm512_store_si512(dst + t * TILE_ELEMS, _mm512_permutexvar_epi64(fix, _mm512_packus_epi32(h0, h1)));
+        x0 = _mm512_sub_ps(x0, _mm512_castsi512_ps(_mm512_slli_epi32(h0, 16)));
+        x1 = _mm512_sub_ps(x1, _mm512_castsi512_ps(_mm512_slli_epi32(h1, 16)));
+    }
+}
+
+AMX void cs_gemm_bf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, int mt0, int mt1) {
+    int kb_n = (K + 31) / 32;
+    for (int mt = mt0; mt < mt1; mt++)
+        for (int r = 0; r < 16; r++) {
+            int m = mt * 16 + r;
+            for (int kb = 0; kb < kb_n; kb++) {
+                uint16_t *dst = xp + ((size_t)(mt * kb_n + kb) * terms) * TILE_ELEMS + r * 32;
+                if (m >= n) {
+                    for (int t = 0; t < terms; t++) memset(dst + t * TILE_ELEMS, 0, 64);
+                    continue;
+                }
+                const float *src = x + (size_t)m * K + kb * 32;
+                int left = K - kb * 32;
+                __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                split_store(dst, _mm512_maskz_loadu_ps(m0, src), _mm512_maskz_loadu_ps(m1, src + 16), terms);
+            }
+        }
+}
+
+/* 16×16 transpose of 32-bit elements in r[0..15] */
+AMX INLINE void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4q + j] now holds, in each 128-bit lane L, column (4L + j) entries of rows 4q..4q+3
+     * of the lane-L block; combine lanes across quads */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
+/* weight rows [r0, r0 + 16·nt) (zero past w->rows), k blocks [kb0, kb1) (zero past K), into
+ * VNNI tiles [nt][kb1 - kb0]: tile row i holds the pairs (w[n][2i], w[n][2i+1]) of 16 rows n */
+AMX static void pack_w(uint16_t *wp, const cs_weight_t *w, int r0, int nt, int kb0, int kb1) {
+    int K = w->cols;
+    const uint16_t *base = w->data;
+    for (int j = 0; j < nt; j++) {
+        int n0 = r0 + j * 16;
+        int valid = CS_MAX(0, CS_MIN(16, w->rows - n0));
+        for (int kb = kb0; kb < kb1; kb++) {
+            int left = K - kb * 32;
+            __mmask32 mk = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < valid ? _mm512_maskz_loadu_epi16(mk, base + (size_t)(n0 + i) * K + kb * 32)
+                                 : _mm512_setzero_si512();
+            transpose16(r);
+            uint16_t *dst = wp + ((size_t)j * (kb1 - kb0) + kb - kb0) * TILE_ELEMS;
+            for (int i = 0; i < 16; i++) _mm512_store_si512(dst + i * 32, r[i]);
+        }
+    }
+}
+
+/* C tile (16 m × 16 n, F32 at tmp) into y rows [m0, m0+16) cols [n0, n0+16), clipped */
+INLINE void store_clipped(float *y, int ldy, const float *tmp, int m0, int n, int n0, int r1) {
+    int mm = CS_MIN(16, n - m0), nn = CS_MIN(16, r1 - n0);
+    for (int i = 0; i < mm; i++) memcpy(y + (size_t)(m0 + i) * ldy + n0, tmp + i * 16, sizeof(float) * (size_t)nn);
+}
+
+/* k blocks per chunk for large n: a chunk of a 2-tile row pair of x (all terms) stays in L1
+ * while the task's weight tiles for the chunk stream from L2 */
+static int chunk_kb(int n, int terms, int kb_n) {
+    if (n <= CS_AMX_SMALL_N) return kb_n;
+    return terms == 3 ? 5 : 8;
+}
+
+size_t cs_gemm_bf16_wp_len(int n, int rows, int K, int terms) {
+    int kb_n = (K + 31) / 32, kc = chunk_kb(n, terms, kb_n);
+    size_t nt = (size_t)(rows + 31) / 32 * 2, mt = (size_t)(n + 31) / 32 * 2;
+    size_t cbuf = kc < kb_n ? mt * nt * 256 * 2 : 0; /* F32 partial sums, in bf16 units */
+    return nt * (size_t)kc * TILE_ELEMS + cbuf;
+}
+
+#define TDP(c, a, b) _tile_dpbf16ps(c, a, b)
+
+AMX void cs_gemm_bf16_amx(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0,
+                          int r1, uint16_t *wp) {
+    int kb_n = (w->cols + 31) / 32, kc = chunk_kb(n, terms, kb_n);
+    int nt = ((r1 - r0 + 31) / 32) * 2, mt = ((n + 31) / 32) * 2;
+    size_t xs = (size_t)terms * TILE_ELEMS; /* bf16 between k blocks of one x tile row */
+    float *cbuf = (float *)(wp + (size_t)nt * kc * TILE_ELEMS); /* [mt/2][nt/2][4][256] */
+    float tmp[4][256] __attribute__((aligned(64)));
+    tile_config();
+    for (int kb0 = 0; kb0 < kb_n; kb0 += kc) {
+        int kb1 = CS_MIN(kb_n, kb0 + kc), nk = kb1 - kb0;
+        bool first = kb0 == 0, last = kb1 == kb_n;
+        pack_w(wp, w, r0, nt, kb0, kb1);
+        for (int mp = 0; mp < mt; mp += 2) {
+            const uint16_t *xa = xp + ((size_t)mp * kb_n + kb0) * xs, *xb = xa + (size_t)kb_n * xs;
+            for (int np = 0; np < nt; np += 2) {
+                const uint16_t *wa = wp + (size_t)np * nk * TILE_ELEMS, *wb = wa + (size_t)nk * TILE_ELEMS;
+                float *cb = cbuf + ((size_t)(mp / 2) * (nt / 2) + np / 2) * 4 * 256;
+                if (first) {
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                } else {
+                    _tile_loadd(0, cb, 64); _tile_loadd(1, cb + 256, 64);
+                    _tile_loadd(2, cb + 512, 64); _tile_loadd(3, cb + 768, 64);
+                }
+                for (int kb = 0; kb < nk; kb++) {
+                    _tile_loadd(6, wa + (size_t)kb * TILE_ELEMS, 64);
+                    _tile_loadd(7, wb + (size_t)kb * TILE_ELEMS, 64);
+                    for (int t = 0; t < terms; t++) {
+                        _tile_loadd(4, xa + kb * xs + t * TILE_ELEMS, 64);
+                        _tile_loadd(5, xb + kb * xs + t * TILE_ELEMS, 64);
+                        TDP(0, 4, 6); TDP(1, 4, 7); TDP(2, 5, 6); TDP(3, 5, 7);
+                    }
+                }
+                if (!last) {
+                    _tile_stored(0, cb, 64); _tile_stored(1, cb + 256, 64);
+                    _tile_stored(2, cb + 512, 64); _tile_stored(3, cb + 768, 64);
+                    continue;
+                }
+                int m0 = mp * 16, n0 = r0 + np * 16;
+                if (m0 + 32 <= n && n0 + 32 <= r1) {
+                    float *yc = y + (size_t)m0 * ldy + n0;
+                    _tile_stored(0, yc, ldy * 4);
+                    _tile_stored(1, yc + 16, ldy * 4);
+                    _tile_stored(2, yc + (size_t)16 * ldy, ldy * 4);
+                    _tile_stored(3, yc + (size_t)16 * ldy + 16, ldy * 4);
+                } else {
+                    _tile_stored(0, tmp[0], 64); _tile_stored(1, tmp[1], 64);
+                    _tile_stored(2, tmp[2], 64); _tile_stored(3, tmp[3], 64);
+                    if (m0 < n && n0 < r1) store_clipped(y, ldy, tmp[0], m0, n, n0, r1);
+                    if (m0 < n && n0 + 16 < r1) store_clipped(y, ldy, tmp[1], m0, n, n0 + 16, r1);
+                    if (m0 + 16 < n && n0 < r1) store_clipped(y, ldy, tmp[2], m0 + 16, n, n0, r1);
+                    if (m0 + 16 < n && n0 + 16 < r1) store_clipped(y, ldy, tmp[3], m0 + 16, n, n0 + 16, r1);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
+#else /* not x86-64: never called, cs_cpu_has_amx_bf16() is 0 */
+void cs_gemm_bf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, int mt0, int mt1) {
+    (void)xp; (void)x; (void)n; (void)K; (void)terms; (void)mt0; (void)mt1;
+    CS_ASSERT(!"no AMX");
+}
+void cs_gemm_bf16_amx(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0,
+                      int r1, uint16_t *wp) {
+    (void)y; (void)ldy; (void)xp; (void)n; (void)terms; (void)w; (void)r0; (void)r1; (void)wp;
+    CS_ASSERT(!"no AMX");
+}
+#endif

@@ -1,0 +1,975 @@
+/* engine.c: see engine.h. The engine thread owns every sequence, the KV cache and the
+ * batch; other threads reach it only through the inbox (new requests, aborts) under a
+ * mutex. A request with n samples runs its prompt once; when the prompt's last token has
+ * been computed it forks into n sequences that share the prompt's full blocks (the
+ * partial last block is copied), each with its own sampler seeded seed + i. */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/stop.h"
+
+const char *const engine_finish_names[] = {"", "stop", "length", "abort", "error"};
+
+typedef enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state;
+
+typedef struct req req_t;
+
+typedef struct seq {
+    req_t *req;
+    int index;
+    seq_state state;
+    int32_t *tokens;            /* prompt + generated */
+    int n_tokens, cap_tokens;
+    int n_computed;             /* tokens whose KV is in the cache */
+    int32_t *blocks;
+    int n_blocks, cap_blocks;
+    int n_hashed;               /* leading full blocks that are in the prefix table chain */
+    uint64_t chain;             /* hash chain value after block n_hashed - 1 (root when 0) */
+    int n_generated;
+    bool admitted_once;
+    uint64_t admit_order;       /* newest admitted = largest: preempted first */
+    sampler_t *sampler;
+    stop_matcher_t *stop;
+    tokenizer_stream_t *detok;
+    struct seq *prev, *next;    /* in the waiting or running list */
+} seq_t;
+
+struct req {
+    uint64_t id;
+    engine_request_t p;         /* deep copy; p.prompt, p.stop, ... owned */
+    char *adapter;              /* NULL: base */
+    lora_ref_t *lora;
+    int adapter_version;
+    bool adapter_ready;
+    uint64_t root;              /* prefix hash chain root */
+    int n;
+    seq_t **seqs;               /* [n]; only [0] exists until the fork */
+    bool forked;
+    int n_live;                 /* sequences not yet done */
+    int n_cached;
+    bool aborted;
+    req_t *hnext;               /* id table chain */
+    req_t *inext;               /* inbox link */
+};
+
+typedef struct seq_list { seq_t *head, *tail; int n; } seq_list_t;
+
+#define REQ_BUCKETS 1024
+
+struct engine {
+    engine_params_t p;
+    model_t *model;
+    const model_config_t *cfg;
+    kv_cache_t *kv;
+    int max_model_len, vocab;
+    int32_t *eos;
+    int n_eos;
+
+    seq_list_t waiting, running;
+    req_t *reqs[REQ_BUCKETS];   /* engine-thread view of live requests */
+    uint64_t admit_counter;
+
+    /* batch scratch */
+    model_batch_seq_t *batch;
+    seq_t **batch_seq;
+    int *batch_chunk;
+    int batch_cap;
+    float *logits;
+    size_t logits_cap;
+    int32_t *banned;
+    float *lp_scratch;
+
+    /* shared with other threads */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    req_t *inbox_head, *inbox_tail;
+    uint64_t *aborts;
+    int n_aborts, cap_aborts;
+    uint64_t next_id;
+    bool stop_thread, thread_started, wake;
+    pthread_t thread;
+    engine_stats_t stats;       /* published copy, under mu */
+    engine_stats_t st;          /* engine thread's working copy */
+    int n_live_requests;        /* submitted and not done (under mu) */
+};
+
+/* ---- helpers ---- */
+static void list_push_back(seq_list_t *l, seq_t *s) {
+    s->next = NULL;
+    s->prev = l->tail;
+    if (l->tail) l->tail->next = s; else l->head = s;
+    l->tail = s;
+    l->n++;
+}
+
+static void list_push_front(seq_list_t *l, seq_t *s) {
+    s->prev = NULL;
+    s->next = l->head;
+    if (l->head) l->head->prev = s; else l->tail = s;
+    l->head = s;
+    l->n++;
+}
+
+static void list_remove(seq_list_t *l, seq_t *s) {
+    if (s->prev) s->prev->next = s->next; else l->head = s->next;
+    if (s->next) s->next->prev = s->prev; else l->tail = s->prev;
+    s->prev = s->next = NULL;
+    l->n--;
+}
+
+static double now_ms(void) { return cs_time_ms(); }
+
+static int grow(void **p, int *cap, int need, size_t elem) {
+    if (need <= *cap) return CS_OK;
+    int nc = *cap ? *cap : 16;
+    while (nc < need) nc *= 2;
+    void *np = realloc(*p, (size_t)nc * elem);
+    if (!np) return cs_error_set(CS_ENOMEM, "out of memory");
+    *p = np;
+    *cap = nc;
+    return CS_OK;
+}
+
+static bool is_eos(const engine_t *e, int32_t t) {
+    for (int i = 0; i < e->n_eos; i++)
+        if (e->eos[i] == t) return true;
+    return false;
+}
+
+static bool in_list(const int32_t *l, int n, int32_t t) {
+    for (int i = 0; i < n; i++)
+        if (l[i] == t) return true;
+    return false;
+}
+
+/* ---- requests ---- */
+static void req_table_add(engine_t *e, req_t *r) {
+    req_t **b = &e->reqs[r->id % REQ_BUCKETS];
+    r->hnext = *b;
+    *b = r;
+}
+
+static req_t *req_table_find(engine_t *e, uint64_t id) {
+    for (req_t *r = e->reqs[id % REQ_BUCKETS]; r; r = r->hnext)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+static void req_table_remove(engine_t *e, req_t *r) {
+    req_t **pp = &e->reqs[r->id % REQ_BUCKETS];
+    while (*pp && *pp != r) pp = &(*pp)->hnext;
+    if (*pp) *pp = r->hnext;
+}
+
+static void seq_free(seq_t *s) {
+    if (!s) return;
+    free(s->tokens);
+    free(s->blocks);
+    sampler_free(s->sampler);
+    stop_matcher_free(s->stop);
+    tokenizer_stream_free(s->detok);
+    free(s);
+}
+
+static void req_free(req_t *r) {
+    if (!r) return;
+    if (r->seqs)
+        for (int i = 0; i < r->n; i++) seq_free(r->seqs[i]);
+    free(r->seqs);
+    free((void *)r->p.prompt);
+    if (r->p.stop)
+        for (int i = 0; i < r->p.n_stop; i++) free((void *)r->p.stop[i]);
+    free((void *)r->p.stop);
+    free((void *)r->p.stop_token_ids);
+    free(r->adapter);
+    free(r);
+}
+
+static seq_t *seq_new(engine_t *e, req_t *r, int index, const int32_t *tokens, int n_tokens) {
+    seq_t *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->req = r;
+    s->index = index;
+    s->cap_tokens = n_tokens + 16;
+    s->tokens = malloc(sizeof(int32_t) * (size_t)s->cap_tokens);
+    if (!s->tokens) goto err;
+    memcpy(s->tokens, tokens, sizeof(int32_t) * (size_t)n_tokens);
+    s->n_tokens = n_tokens;
+    s->chain = r->root;
+    s->sampler = sampler_new(&r->p.sampling, e->vocab, r->p.prompt, r->p.n_prompt,
+                             sampling_seed_for(&r->p.sampling, index));
+    if (!s->sampler) goto err;
+    if (r->p.n_stop > 0 && !(s->stop = stop_matcher_new(r->p.stop, r->p.n_stop))) goto err;
+    if (e->p.tokenizer && !(s->detok = tokenizer_stream_new(e->p.tokenizer, !r->p.keep_special_text))) goto err;
+    return s;
+err:
+    seq_free(s);
+    return NULL;
+}
+
+/* ---- KV blocks of a sequence ---- */
+static void seq_release_blocks(engine_t *e, seq_t *s) {
+    /* newest blocks first, so they are the first evicted of this chain */
+    for (int i = s->n_blocks - 1; i >= 0; i--) kv_block_unref(e->kv, s->blocks[i]);
+    s->n_blocks = 0;
+    s->n_computed = 0;
+    s->n_hashed = 0;
+    s->chain = s->req->root;
+}
+
+/* make the block table cover positions [0, upto); false when the cache has no block */
+static bool seq_reserve(engine_t *e, seq_t *s, int upto) {
+    int need = (upto + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
+    if (grow((void **)&s->blocks, &s->cap_blocks, need, sizeof(int32_t))) return false;
+    while (s->n_blocks < need) {
+        int32_t b = kv_block_alloc(e->kv);
+        if (b < 0) return false;
+        s->blocks[s->n_blocks++] = b;
+    }
+    return true;
+}
+
+/* take the longest cached prefix of full blocks (at least one token is left to compute) */
+static void seq_match_prefix(engine_t *e, seq_t *s) {
+    if (e->p.no_prefix_caching || s->n_blocks > 0) return;
+    int full = (s->n_tokens - 1) / KV_BLOCK_SIZE;
+    if (grow((void **)&s->blocks, &s->cap_blocks, full + 1, sizeof(int32_t))) return;
+    for (int i = 0; i < full; i++) {
+        const int32_t *t = s->tokens + (size_t)i * KV_BLOCK_SIZE;
+        int32_t b = kv_prefix_lookup(e->kv, s->chain, t);
+        if (b < 0) break;
+        s->blocks[s->n_blocks++] = b;
+        s->chain = kv_hash_block(s->chain, t);
+        s->n_hashed++;
+    }
+    s->n_computed = s->n_blocks * KV_BLOCK_SIZE;
+}
+
+/* publish the blocks that became full */
+static void seq_publish(engine_t *e, seq_t *s) {
+    if (e->p.no_prefix_caching) return;
+    while ((s->n_hashed + 1) * KV_BLOCK_SIZE <= s->n_computed) {
+        const int32_t *t = s->tokens + (size_t)s->n_hashed * KV_BLOCK_SIZE;
+        kv_prefix_publish(e->kv, s->blocks[s->n_hashed], s->chain, t);
+        s->chain = kv_hash_block(s->chain, t);
+        s->n_hashed++;
+    }
+}
+
+/* ---- events ---- */
+static void emit(engine_t *e, req_t *r, int index, int n_generated, const sample_out_t *so, bool has_token,
+                 const char *text, size_t text_len, engine_finish fin, int err, const char *msg, bool done) {
+    (void)e;
+    int32_t ids[SAMPLING_MAX_LOGPROBS];
+    float lps[SAMPLING_MAX_LOGPROBS];
+    engine_event_t ev = {0};
+    ev.request_id = r->id;
+    ev.index = index;
+    ev.has_token = has_token;
+    if (has_token && so) {
+        ev.token = so->token;
+        if (r->p.sampling.logprobs >= 0) {
+            ev.logprob = so->logprob;
+            ev.n_top = so->n_top;
+            for (int i = 0; i < so->n_top; i++) { ids[i] = so->top[i].id; lps[i] = so->top[i].logprob; }
+            ev.top_ids = ids;
+            ev.top_logprobs = lps;
+        }
+    }
+    ev.text = text ? text : "";
+    ev.text_len = text ? text_len : 0;
+    ev.finish = fin;
+    ev.error = err;
+    ev.error_msg = msg;
+    ev.n_prompt_tokens = r->p.n_prompt;
+    ev.n_cached_tokens = r->n_cached;
+    ev.n_generated = n_generated;
+    ev.adapter_version = r->adapter_version;
+    ev.request_done = done;
+    if (r->p.sink) r->p.sink(r->p.user, &ev);
+}
+
+static void req_done(engine_t *e, req_t *r) {
+    if (r->lora) lora_registry_release(e->p.loras, r->lora);
+    r->lora = NULL;
+    req_table_remove(e, r);
+    req_free(r);
+    e->st.requests_done++;
+    pthread_mutex_lock(&e->mu);
+    e->n_live_requests--;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* End sequence s (removing it from its list) and, with its last sequence, the request
+ * (freed: do not touch r afterwards when this returns true). Ending seq 0 of a request
+ * of n samples that has not forked yet ends every sample. */
+static bool seq_finish(engine_t *e, seq_t *s, engine_finish fin, int err, const char *msg, const sample_out_t *so,
+                       bool has_token, const char *text, size_t text_len) {
+    req_t *r = s->req;
+    if (s->state == SEQ_WAITING) list_remove(&e->waiting, s);
+    else if (s->state == SEQ_RUNNING) list_remove(&e->running, s);
+    s->state = SEQ_DONE;
+    seq_release_blocks(e, s);
+    if (!r->forked)
+        for (int i = 1; i < r->n; i++) emit(e, r, i, 0, NULL, false, NULL, 0, fin, err, msg, false);
+    bool done = --r->n_live == 0;
+    emit(e, r, s->index, s->n_generated, so, has_token, text, text_len, fin, err, msg, done);
+    if (done) req_done(e, r);
+    return done;
+}
+
+static void req_fail(engine_t *e, req_t *r, engine_finish fin, int err, const char *msg) {
+    int n = r->forked ? r->n : 1;
+    for (int i = 0; i < n; i++) {
+        seq_t *s = r->seqs[i];
+        if (!s || s->state == SEQ_DONE) continue;
+        if (seq_finish(e, s, fin, err, msg, NULL, false, NULL, 0)) return;
+    }
+}
+
+/* ---- inbox ---- */
+static void take_inbox(engine_t *e) {
+    pthread_mutex_lock(&e->mu);
+    req_t *in = e->inbox_head;
+    e->inbox_head = e->inbox_tail = NULL;
+    uint64_t *ab = NULL;
+    int n_ab = e->n_aborts;
+    if (n_ab) {
+        ab = malloc(sizeof *ab * (size_t)n_ab);
+        if (ab) memcpy(ab, e->aborts, sizeof *ab * (size_t)n_ab);
+        e->n_aborts = 0;
+    }
+    e->wake = false;
+    pthread_mutex_unlock(&e->mu);
+    for (req_t *r = in, *nx; r; r = nx) {
+        nx = r->inext;
+        req_table_add(e, r);
+        seq_t *s = r->seqs[0];
+        s->state = SEQ_WAITING;
+        list_push_back(&e->waiting, s);
+    }
+    for (int i = 0; ab && i < n_ab; i++) {
+        req_t *r = req_table_find(e, ab[i]);
+        if (r) req_fail(e, r, ENGINE_FINISH_ABORT, 0, NULL);
+    }
+    free(ab);
+}
+
+/* ---- preemption ---- */
+static void preempt(engine_t *e, seq_t *s) {
+    list_remove(&e->running, s);
+    seq_release_blocks(e, s);
+    s->state = SEQ_WAITING;
+    list_push_front(&e->waiting, s);
+    e->st.preemptions++;
+}
+
+static seq_t *newest_running(engine_t *e) {
+    seq_t *best = NULL;
+    for (seq_t *s = e->running.head; s; s = s->next)
+        if (!best || s->admit_order > best->admit_order) best = s;
+    return best;
+}
+
+/* ---- forking n samples ---- */
+static int req_fork(engine_t *e, req_t *r) {
+    seq_t *p = r->seqs[0];
+    r->forked = true;
+    for (int i = 1; i < r->n; i++) {
+        seq_t *c = seq_new(e, r, i, p->tokens, p->n_tokens);
+        if (!c) return cs_error_set(CS_ENOMEM, "out of memory forking sample %d", i);
+        r->seqs[i] = c;
+        r->n_live++;
+        int full = p->n_computed / KV_BLOCK_SIZE, part = p->n_computed % KV_BLOCK_SIZE;
+        if (grow((void **)&c->blocks, &c->cap_blocks, full + 1, sizeof(int32_t)))
+            return cs_error_set(CS_ENOMEM, "out of memory");
+        for (int b = 0; b < full; b++) {
+            kv_block_ref(e->kv, p->blocks[b]);
+            c->blocks[c->n_blocks++] = p->blocks[b];
+        }
+        c->n_computed = full * KV_BLOCK_SIZE;
+        c->n_hashed = CS_MIN(p->n_hashed, full);
+        c->chain = r->root;
+        for (int b = 0; b < c->n_hashed; b++) c->chain = kv_hash_block(c->chain, c->tokens + (size_t)b * KV_BLOCK_SIZE);
+        if (part) {
+            int32_t nb = kv_block_alloc(e->kv);
+            if (nb >= 0) {
+                kv_block_copy(e->kv, nb, p->blocks[full], part);
+                c->blocks[c->n_blocks++] = nb;
+                c->n_computed = p->n_computed;
+            }
+        }
+        c->admit_order = ++e->admit_counter;
+        c->admitted_once = true;
+        if (c->n_computed == p->n_computed) {
+            c->state = SEQ_RUNNING;
+            list_push_back(&e->running, c);
+        } else {
+            /* no block for the copy: it recomputes its partial block later (and samples
+             * from its own logits then) */
+            c->state = SEQ_WAITING;
+            list_push_front(&e->waiting, c);
+        }
+    }
+    return CS_OK;
+}
+
+/* ---- one sampled token ---- */
+static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
+    req_t *r = s->req;
+    const engine_request_t *p = &r->p;
+    int n_banned = 0;
+    if (s->n_generated < p->min_tokens) {
+        if (!p->ignore_eos)
+            for (int i = 0; i < e->n_eos; i++) e->banned[n_banned++] = e->eos[i];
+        for (int i = 0; i < p->n_stop_token_ids; i++) e->banned[n_banned++] = p->stop_token_ids[i];
+    }
+    sample_out_t so;
+    int32_t tok = sampler_sample(s->sampler, logits, e->banned, n_banned, &so);
+    if (tok < 0) {
+        seq_finish(e, s, ENGINE_FINISH_ERROR, CS_EINVAL, "no token can be sampled (all banned or masked)", NULL, false,
+                   NULL, 0);
+        return;
+    }
+    sampler_accept(s->sampler, tok);
+    if (grow((void **)&s->tokens, &s->cap_tokens, s->n_tokens + 1, sizeof(int32_t))) {
+        seq_finish(e, s, ENGINE_FINISH_ERROR, CS_ENOMEM, "out of memory", NULL, false, NULL, 0);
+        return;
+    }
+    s->tokens[s->n_tokens++] = tok;
+    s->n_generated++;
+
+    engine_finish fin = ENGINE_FINISH_NONE;
+    if (in_list(p->stop_token_ids, p->n_stop_token_ids, tok) || (!p->ignore_eos && is_eos(e, tok)))
+        fin = ENGINE_FINISH_STOP;
+
+    /* text: detokenize, then hold back what could start a stop string */
+    char *piece = NULL, *tail = NULL;
+    size_t plen = 0, tlen = 0;
+    if (s->detok) {
+        if (tokenizer_stream_push(s->detok, tok, &piece, &plen)) plen = 0;
+        if (fin != ENGINE_FINISH_NONE || s->n_generated >= p->max_tokens || s->n_tokens >= e->max_model_len)
+            if (tokenizer_stream_flush(s->detok, &tail, &tlen)) tlen = 0;
+    }
+    size_t total = plen + tlen;
+    char *text = malloc(total + 1);
+    if (!text) total = 0;
+    else {
+        if (plen) memcpy(text, piece, plen);
+        if (tlen) memcpy(text + plen, tail, tlen);
+        text[total] = 0;
+    }
+    free(piece);
+    free(tail);
+    size_t emit_len = total;
+    bool stop_hit = false;
+    if (s->stop && text && s->n_generated >= p->min_tokens) {
+        /* the matcher releases what can no longer start a stop string */
+        stop_result_t res;
+        int m = stop_matcher_feed(s->stop, text, total, &res);
+        if (m >= 0) {
+            char *nt = malloc(res.len + 1);
+            if (nt) {
+                memcpy(nt, res.text, res.len);
+                nt[res.len] = 0;
+                free(text);
+                text = nt;
+                emit_len = res.len;
+            }
+            if (m == 1) { fin = ENGINE_FINISH_STOP; stop_hit = true; }
+        }
+    } else if (s->stop && text && stop_matcher_held(s->stop)) {
+        /* below min_tokens: stop strings do not count yet, but text held earlier goes first */
+        stop_result_t res;
+        if (stop_matcher_flush(s->stop, &res) >= 0 && res.len) {
+            char *nt = malloc(res.len + total + 1);
+            if (nt) {
+                memcpy(nt, res.text, res.len);
+                memcpy(nt + res.len, text, total);
+                nt[res.len + total] = 0;
+                free(text);
+                text = nt;
+                emit_len = res.len + total;
+            }
+        }
+    }
+    if (fin == ENGINE_FINISH_NONE && (s->n_generated >= p->max_tokens || s->n_tokens >= e->max_model_len))
+        fin = ENGINE_FINISH_LENGTH;
+    if (fin != ENGINE_FINISH_NONE && !stop_hit && s->stop && text) {
+        /* release what the matcher held back */
+        stop_result_t res;
+        if (stop_matcher_flush(s->stop, &res) == 0 && res.len) {
+            char *nt = realloc(text, emit_len + res.len + 1);
+            if (nt) {
+                text = nt;
+                memcpy(text + emit_len, res.text, res.len);
+                emit_len += res.len;
+                text[emit_len] = 0;
+            }
+        }
+    }
+    if (fin != ENGINE_FINISH_NONE) seq_finish(e, s, fin, 0, NULL, &so, true, text, emit_len);
+    else emit(e, r, s->index, s->n_generated, &so, true, text, emit_len, ENGINE_FINISH_NONE, 0, NULL, false);
+    free(text);
+}
+
+/* ---- the step ---- */
+static bool batch_add(engine_t *e, int *nb, seq_t *s, int chunk) {
+    if (grow((void **)&e->batch, &e->batch_cap, *nb + 1, sizeof *e->batch)) return false;
+    int cap = e->batch_cap;
+    e->batch_seq = realloc(e->batch_seq, sizeof *e->batch_seq * (size_t)cap);
+    e->batch_chunk = realloc(e->batch_chunk, sizeof *e->batch_chunk * (size_t)cap);
+    CS_ASSERT(e->batch_seq && e->batch_chunk);
+    e->batch_seq[*nb] = s;
+    e->batch_chunk[*nb] = chunk;
+    (*nb)++;
+    return true;
+}
+
+/* adapter of a waiting request: CS_OK when usable, CS_EAGAIN while loading, else error */
+static int req_adapter(engine_t *e, req_t *r) {
+    if (r->adapter_ready) return CS_OK;
+    if (!r->adapter) { r->adapter_ready = true; return CS_OK; }
+    if (!e->p.loras) return cs_error_set(CS_ENOTFOUND, "no adapters are served (unknown adapter '%s')", r->adapter);
+    int rc = lora_registry_acquire(e->p.loras, r->adapter, &r->lora);
+    if (rc) return rc;
+    r->adapter_version = r->lora->version;
+    r->root = kv_hash_root(r->adapter, r->adapter_version);
+    for (int i = 0; i < r->n; i++)
+        if (r->seqs[i]) r->seqs[i]->chain = r->root;
+    r->adapter_ready = true;
+    return CS_OK;
+}
+
+int engine_step(engine_t *e) {
+    take_inbox(e);
+    double t0 = now_ms();
+    int budget = e->p.max_num_batched_tokens, nb = 0;
+    bool preempted = false;
+
+    /* 1. running sequences, oldest first: decode rows and continuing prefill chunks */
+    for (seq_t *s = e->running.head, *nx; s && budget > 0; s = nx) {
+        nx = s->next;
+        int chunk = CS_MIN(s->n_tokens - s->n_computed, budget);
+        if (chunk <= 0) continue;
+        bool self_preempted = false;
+        while (!seq_reserve(e, s, s->n_computed + chunk)) {
+            seq_t *victim = newest_running(e);
+            if (victim == s) { preempt(e, s); self_preempted = true; break; }
+            if (victim == nx) nx = victim->next;
+            /* a victim already in this batch: drop it from the batch */
+            for (int i = 0; i < nb; i++)
+                if (e->batch_seq[i] == victim) {
+                    budget += e->batch_chunk[i];
+                    memmove(e->batch_seq + i, e->batch_seq + i + 1, sizeof *e->batch_seq * (size_t)(nb - i - 1));
+                    memmove(e->batch_chunk + i, e->batch_chunk + i + 1, sizeof *e->batch_chunk * (size_t)(nb - i - 1));
+                    nb--;
+                    break;
+                }
+            preempt(e, victim);
+            preempted = true;
+        }
+        if (self_preempted) { preempted = true; continue; }
+        batch_add(e, &nb, s, chunk);
+        budget -= chunk;
+    }
+
+    /* 2. waiting sequences in order, while the budget, the sequence cap and the cache allow
+     * (none after a preemption: the cache is short) */
+    int n_running = e->running.n;
+    for (seq_t *s = e->waiting.head, *nx; s && budget > 0 && !preempted; s = nx) {
+        nx = s->next;
+        req_t *r = s->req;
+        int want = r->forked ? 1 : r->n;
+        if (n_running + want > e->p.max_num_seqs) break;
+        int rc = req_adapter(e, r);
+        if (rc == CS_EAGAIN) continue;  /* loading: let others pass */
+        if (rc) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "adapter '%s': %s", r->adapter, cs_error_last());
+            req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
+            continue;
+        }
+        bool first = !s->admitted_once;
+        seq_match_prefix(e, s);
+        int chunk = CS_MIN(s->n_tokens - s->n_computed, budget);
+        /* keep a little headroom for the running sequences' next tokens */
+        int avail = kv_cache_n_available(e->kv);
+        int need = (s->n_computed + chunk + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE - s->n_blocks;
+        int watermark = e->running.n ? CS_MAX(1, kv_cache_n_blocks(e->kv) / 100) : 0;
+        if (need + watermark > avail || !seq_reserve(e, s, s->n_computed + chunk)) {
+            seq_release_blocks(e, s);   /* matched blocks go back to the cache */
+            break;
+        }
+        if (first) {
+            s->admitted_once = true;
+            if (s->index == 0) {
+                r->n_cached = s->n_computed;
+                e->st.cached_prompt_tokens += (uint64_t)s->n_computed;
+                e->st.prompt_tokens += (uint64_t)r->p.n_prompt;
+            }
+        }
+        list_remove(&e->waiting, s);
+        s->state = SEQ_RUNNING;
+        s->admit_order = ++e->admit_counter;
+        list_push_back(&e->running, s);
+        n_running += want;
+        batch_add(e, &nb, s, chunk);
+        budget -= chunk;
+    }
+    if (nb == 0) return 0;
+
+    /* 3. the batch, with sequences of one adapter next to each other */
+    for (int i = 1; i < nb; i++) { /* insertion sort by adapter pointer (stable) */
+        seq_t *s = e->batch_seq[i];
+        int c = e->batch_chunk[i], j = i;
+        const void *key = s->req->lora ? (const void *)s->req->lora->adapter : NULL;
+        while (j > 0) {
+            seq_t *pj = e->batch_seq[j - 1];
+            const void *kj = pj->req->lora ? (const void *)pj->req->lora->adapter : NULL;
+            if ((uintptr_t)kj <= (uintptr_t)key) break;
+            e->batch_seq[j] = pj;
+            e->batch_chunk[j] = e->batch_chunk[j - 1];
+            j--;
+        }
+        e->batch_seq[j] = s;
+        e->batch_chunk[j] = c;
+    }
+    int n_logits = 0, n_tok = 0;
+    bool decode_only = true;
+    for (int i = 0; i < nb; i++) {
+        seq_t *s = e->batch_seq[i];
+        int c = e->batch_chunk[i];
+        bool last = s->n_computed + c == s->n_tokens;
+        e->batch[i] = (model_batch_seq_t){s->tokens + s->n_computed, c, s->n_computed, s->blocks,
+                                          s->req->lora ? s->req->lora->adapter : NULL, last ? 1 : 0};
+        n_logits += last;
+        n_tok += c;
+        if (!(c == 1 && last && s->n_generated > 0)) decode_only = false;
+    }
+    size_t need = (size_t)n_logits * e->vocab;
+    if (need > e->logits_cap) {
+        free(e->logits);
+        e->logits = malloc(sizeof(float) * need);
+        e->logits_cap = e->logits ? need : 0;
+    }
+    int rc = e->logits ? model_forward_batch(e->model, e->kv, e->batch, nb, e->logits) : CS_ENOMEM;
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "forward pass failed: %s", cs_error_last());
+        for (int i = 0; i < nb; i++) {
+            req_t *r = e->batch_seq[i]->req;
+            if (req_table_find(e, r->id)) req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
+        }
+        return nb;
+    }
+
+    /* 4. bookkeeping and sampling */
+    int row = 0;
+    for (int i = 0; i < nb; i++) {
+        seq_t *s = e->batch_seq[i];
+        int c = e->batch_chunk[i];
+        bool last = e->batch[i].n_logits == 1;
+        if (c == 1 && last && s->n_generated > 0) e->st.decode_tokens++;
+        else e->st.prefill_tokens += (uint64_t)c;
+        s->n_computed += c;
+        seq_publish(e, s);
+        if (!last) continue;
+        const float *lg = e->logits + (size_t)row++ * e->vocab;
+        req_t *r = s->req;
+        if (!r->forked && r->n > 1 && s == r->seqs[0]) {
+            if (req_fork(e, r)) {
+                req_fail(e, r, ENGINE_FINISH_ERROR, CS_ENOMEM, cs_error_last());
+                continue;
+            }
+            /* every sample with its KV in place draws from these logits */
+            int n = r->n;
+            uint64_t rid = r->id;
+            for (int k = 0; k < n && req_table_find(e, rid); k++) {
+                seq_t *c2 = r->seqs[k];
+                if (c2 && c2->state == SEQ_RUNNING && c2->n_computed == c2->n_tokens) seq_sample(e, c2, lg);
+            }
+        } else {
+            seq_sample(e, s, lg);
+        }
+    }
+    double dt = now_ms() - t0;
+    e->st.steps++;
+    e->st.busy_ms += dt;
+    if (decode_only) {
+        e->st.decode_only_ms += dt;
+        e->st.decode_only_tokens += (uint64_t)n_tok;
+    }
+    return nb;
+}
+
+/* ---- publishing stats, threads ---- */
+static void publish_stats(engine_t *e) {
+    e->st.n_waiting = e->waiting.n;
+    e->st.n_running = e->running.n;
+    kv_cache_get_stats(e->kv, &e->st.kv);
+    pthread_mutex_lock(&e->mu);
+    e->st.n_requests = e->n_live_requests;
+    e->stats = e->st;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static bool has_work(engine_t *e) { return e->waiting.n > 0 || e->running.n > 0; }
+
+/* sleep until something may have changed (a submit, an abort, an adapter load) */
+static void wait_for_work(engine_t *e, int timeout_ms) {
+    pthread_mutex_lock(&e->mu);
+    if (!e->wake && !e->stop_thread && !e->inbox_head && !e->n_aborts) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)timeout_ms * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+    }
+    e->wake = false;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void *engine_thread(void *arg) {
+    engine_t *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        bool stop = e->stop_thread;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        int ran = engine_step(e);
+        publish_stats(e);
+        if (ran == 0) wait_for_work(e, has_work(e) ? 20 : 1000);
+    }
+    sampling_scratch_free();
+    return NULL;
+}
+
+void engine_run_until_idle(engine_t *e) {
+    for (;;) {
+        int ran = engine_step(e);
+        publish_stats(e);
+        pthread_mutex_lock(&e->mu);
+        bool pending = e->inbox_head != NULL || e->n_aborts > 0;
+        pthread_mutex_unlock(&e->mu);
+        if (ran == 0 && !has_work(e) && !pending) break;
+        if (ran == 0) wait_for_work(e, 20);
+    }
+}
+
+int engine_start(engine_t *e) {
+    if (e->thread_started) return CS_OK;
+    if (pthread_create(&e->thread, NULL, engine_thread, e)) return cs_error_set(CS_ENOMEM, "cannot start the engine thread");
+    e->thread_started = true;
+    return CS_OK;
+}
+
+static void on_adapter_loaded(void *user) {
+    engine_t *e = user;
+    pthread_mutex_lock(&e->mu);
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_wake(engine_t *e) { on_adapter_loaded(e); }
+
+/* ---- construction ---- */
+int engine_new(const engine_params_t *p, engine_t **out) {
+    *out = NULL;
+    if (!p->model) return cs_error_set(CS_EINVAL, "engine: no model");
+    engine_t *e = calloc(1, sizeof *e);
+    if (!e) return cs_error_set(CS_ENOMEM, "out of memory");
+    e->p = *p;
+    e->model = p->model;
+    e->cfg = model_get_config(p->model);
+    e->vocab = e->cfg->vocab_size;
+    if (e->p.max_num_seqs <= 0) e->p.max_num_seqs = 256;
+    if (e->p.max_num_batched_tokens <= 0) e->p.max_num_batched_tokens = 2048;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->next_id = 1;
+    int rc;
+    kv_cache_params_t kp = {e->cfg->n_layers, e->cfg->n_kv_heads * e->cfg->head_dim, p->kv_cache_bytes};
+    if ((rc = kv_cache_new(model_backend(p->model), &kp, &e->kv))) goto err;
+    int cap_tokens = kv_cache_n_blocks(e->kv) * KV_BLOCK_SIZE;
+    e->max_model_len = p->max_model_len > 0 ? p->max_model_len
+                                            : (e->cfg->max_position_embeddings > 0 ? e->cfg->max_position_embeddings : cap_tokens);
+    if (e->max_model_len > cap_tokens) e->max_model_len = cap_tokens;
+    /* EOS ids */
+    const int32_t *eos = p->eos_ids;
+    int n_eos = p->n_eos;
+    if (!eos && p->tokenizer) n_eos = tokenizer_eos_ids(p->tokenizer, &eos);
+    e->eos = malloc(sizeof(int32_t) * (size_t)(n_eos + 1));
+    e->banned = malloc(sizeof(int32_t) * (size_t)(n_eos + 256 + 1));
+    if (!e->eos || !e->banned) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
+    if (n_eos) memcpy(e->eos, eos, sizeof(int32_t) * (size_t)n_eos);
+    e->n_eos = n_eos;
+    *out = e;
+    return CS_OK;
+err:
+    engine_free(e);
+    return rc;
+}
+
+int engine_max_model_len(const engine_t *e) { return e->max_model_len; }
+
+void engine_free(engine_t *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop_thread = true;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    if (e->kv) {
+        take_inbox(e);
+        for (int b = 0; b < REQ_BUCKETS; b++)
+            while (e->reqs[b]) req_fail(e, e->reqs[b], ENGINE_FINISH_ABORT, 0, NULL);
+    }
+    kv_cache_free(e->kv);
+    free(e->eos);
+    free(e->banned);
+    free(e->batch);
+    free(e->batch_seq);
+    free(e->batch_chunk);
+    free(e->logits);
+    free(e->aborts);
+    free(e->lp_scratch);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+/* ---- submission (any thread) ---- */
+static char *dupstr(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
+    int n = rq->n > 0 ? rq->n : 1;
+    if (rq->n < 0) return cs_error_set(CS_EINVAL, "n must be at least 1");
+    if (n > e->p.max_num_seqs)
+        return cs_error_set(CS_EINVAL, "n = %d exceeds the server's max_num_seqs (%d)", n, e->p.max_num_seqs);
+    if (!rq->prompt || rq->n_prompt <= 0) return cs_error_set(CS_EINVAL, "the prompt is empty");
+    for (int i = 0; i < rq->n_prompt; i++)
+        if (rq->prompt[i] < 0 || rq->prompt[i] >= e->vocab)
+            return cs_error_set(CS_EINVAL, "prompt token id %d (position %d) is out of range [0, %d)", rq->prompt[i], i,
+                                e->vocab);
+    if (rq->n_prompt >= e->max_model_len)
+        return cs_error_set(CS_EINVAL,
+                            "this model's maximum context length is %d tokens, but the prompt has %d tokens (at least "
+                            "one must be left to generate)",
+                            e->max_model_len, rq->n_prompt);
+    int max_tokens = rq->max_tokens < 0 ? e->max_model_len - rq->n_prompt : rq->max_tokens;
+    if (max_tokens < 1) return cs_error_set(CS_EINVAL, "max_tokens must be at least 1");
+    if ((long)rq->n_prompt + max_tokens > e->max_model_len)
+        return cs_error_set(CS_EINVAL,
+                            "this model's maximum context length is %d tokens, but %d were requested (%d in the prompt, "
+                            "%d for the completion); reduce the prompt or max_tokens",
+                            e->max_model_len, rq->n_prompt + max_tokens, rq->n_prompt, max_tokens);
+    if (rq->min_tokens < 0 || rq->min_tokens > max_tokens)
+        return cs_error_set(CS_EINVAL, "min_tokens must be between 0 and max_tokens (%d)", max_tokens);
+    int rc = sampling_params_validate(&rq->sampling);
+    if (rc) return rc;
+    if (rq->n_stop < 0 || rq->n_stop > 16) return cs_error_set(CS_EINVAL, "at most 16 stop strings");
+    if (rq->n_stop > 0 && !e->p.tokenizer) return cs_error_set(CS_EINVAL, "stop strings need a tokenizer");
+    if (rq->n_stop > 0) {
+        stop_matcher_t *m = stop_matcher_new(rq->stop, rq->n_stop);
+        if (!m) return CS_EINVAL;
+        stop_matcher_free(m);
+    }
+    if (rq->n_stop_token_ids < 0 || rq->n_stop_token_ids > 256) return cs_error_set(CS_EINVAL, "at most 256 stop_token_ids");
+    for (int i = 0; i < rq->n_stop_token_ids; i++)
+        if (rq->stop_token_ids[i] < 0 || rq->stop_token_ids[i] >= e->vocab)
+            return cs_error_set(CS_EINVAL, "stop_token_ids: %d is out of range [0, %d)", rq->stop_token_ids[i], e->vocab);
+    const char *adapter = rq->adapter && rq->adapter[0] ? rq->adapter : NULL;
+    if (adapter) {
+        if (!e->p.loras) return cs_error_set(CS_ENOTFOUND, "adapter '%s' does not exist (no adapters are served)", adapter);
+        lora_state st;
+        int ver;
+        if (lora_registry_state(e->p.loras, adapter, &st, &ver))
+            return cs_error_set(CS_ENOTFOUND, "adapter '%s' does not exist", adapter);
+    }
+
+    req_t *r = calloc(1, sizeof *r);
+    if (!r) return cs_error_set(CS_ENOMEM, "out of memory");
+    r->p = *rq;
+    r->p.n = n;
+    r->p.max_tokens = max_tokens;
+    r->n = n;
+    r->p.prompt = NULL;
+    r->p.stop = NULL;
+    r->p.stop_token_ids = NULL;
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)rq->n_prompt);
+    char **stops = rq->n_stop ? calloc((size_t)rq->n_stop, sizeof(char *)) : NULL;
+    int32_t *stids = rq->n_stop_token_ids ? malloc(sizeof(int32_t) * (size_t)rq->n_stop_token_ids) : NULL;
+    r->seqs = calloc((size_t)n, sizeof *r->seqs);
+    r->p.prompt = prompt;
+    r->p.stop = (const char *const *)stops;
+    r->p.stop_token_ids = stids;
+    if (!prompt || (rq->n_stop && !stops) || (rq->n_stop_token_ids && !stids) || !r->seqs) goto oom;
+    memcpy(prompt, rq->prompt, sizeof(int32_t) * (size_t)rq->n_prompt);
+    for (int i = 0; i < rq->n_stop; i++)
+        if (!(stops[i] = dupstr(rq->stop[i]))) goto oom;
+    if (stids) memcpy(stids, rq->stop_token_ids, sizeof(int32_t) * (size_t)rq->n_stop_token_ids);
+    if (adapter && !(r->adapter = dupstr(adapter))) goto oom;
+    r->root = kv_hash_root(NULL, 0);
+    r->n_live = 1;
+    if (!(r->seqs[0] = seq_new(e, r, 0, prompt, rq->n_prompt))) goto oom;
+    if (!r->p.sampling.has_seed) {
+        /* one random seed for the request so samples are seed + i of it */
+        r->p.sampling.seed = sampling_seed_for(&r->p.sampling, 0);
+        r->p.sampling.has_seed = true;
+    }
+
+    pthread_mutex_lock(&e->mu);
+    r->id = e->next_id++;
+    if (e->inbox_tail) e->inbox_tail->inext = r; else e->inbox_head = r;
+    e->inbox_tail = r;
+    e->n_live_requests++;
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (id) *id = r->id;
+    return CS_OK;
+oom:
+    req_free(r);
+    return cs_error_set(CS_ENOMEM, "out of memory");
+}
+
+int engine_abort(engine_t *e, uint64_t id) {
+    pthread_mutex_lock(&e->mu);
+    if (id == 0 || id >= e->next_id) {
+        pthread_mutex_unlock(&e->mu);
+        return cs_error_set(CS_ENOTFOUND, "no request %llu", (unsigned long long)id);
+    }
+    if (e->n_aborts == e->cap_aborts) {
+        int nc = e->cap_aborts ? e->cap_aborts * 2 : 16;
+        uint64_t *na = realloc(e->aborts, sizeof *na * (size_t)nc);
+        if (!na) { pthread_mutex_unlock(&e->mu); return cs_error_set(CS_ENOMEM, "out of memory"); }
+        e->aborts = na;
+        e->cap_aborts = nc;
+    }
+    e->aborts[e->n_aborts++] = id;
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return CS_OK;
+}
+
+void engine_get_stats(engine_t *e, engine_stats_t *st) {
+    pthread_mutex_lock(&e->mu);
+    *st = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,124 @@
+/* engine.h: the serving engine. Requests (token ids + sampling parameters + an adapter
+ * name) go in from any thread; one engine thread runs the step loop: each iteration takes
+ * the running sequences' decode rows and chunks of prefills (within a token budget), runs
+ * them as one batch on the backend over the paged KV cache, samples, and hands each new
+ * token to the request's sink. Requests join and leave every iteration; an abort takes
+ * effect at the next one. When KV blocks run out new work waits, then the newest running
+ * sequence is preempted and later recomputed (its prefix blocks usually still cached).
+ * Adapters come from a lora_registry: a request whose adapter is still loading waits
+ * without holding up the batch. */
+#ifndef CS_ENGINE_H
+#define CS_ENGINE_H
+
+#include "engine/model.h"
+#include "engine/sampling.h"
+#include "engine/tokenizer.h"
+#include "lora/registry.h"
+
+typedef struct engine engine_t;
+
+typedef struct engine_params {
+    model_t *model;
+    const tokenizer_t *tokenizer;   /* may be NULL: no text, no stop strings */
+    lora_registry_t *loras;         /* may be NULL: base model only */
+    size_t kv_cache_bytes;          /* KV budget (required) */
+    int max_num_seqs;               /* running sequences per iteration (0: 256) */
+    int max_num_batched_tokens;     /* tokens per iteration (0: 2048) */
+    int max_model_len;              /* 0: max_position_embeddings, capped by the KV cache */
+    bool no_prefix_caching;
+    const int32_t *eos_ids;         /* NULL: the tokenizer's */
+    int n_eos;
+} engine_params_t;
+
+typedef enum engine_finish {
+    ENGINE_FINISH_NONE = 0,
+    ENGINE_FINISH_STOP,     /* EOS, a stop token id or a stop string */
+    ENGINE_FINISH_LENGTH,   /* max_tokens or the model's context */
+    ENGINE_FINISH_ABORT,
+    ENGINE_FINISH_ERROR,
+} engine_finish;
+
+extern const char *const engine_finish_names[]; /* "", "stop", "length", "abort", "error" */
+
+/* One event per sample per iteration that produced something: a new token (with its
+ * logprobs and the text that became final), and/or the end of the sample. Pointers are
+ * valid during the sink call only. */
+typedef struct engine_event {
+    uint64_t request_id;
+    int index;                  /* sample 0 .. n-1 */
+    bool has_token;
+    int32_t token;
+    float logprob;              /* when the request asked for logprobs */
+    int n_top;
+    const int32_t *top_ids;     /* [n_top], by logprob desc */
+    const float *top_logprobs;
+    const char *text;           /* new final text (may be empty); UTF-8 */
+    size_t text_len;
+    engine_finish finish;       /* NONE while running */
+    int error;                  /* CS_* with ENGINE_FINISH_ERROR */
+    const char *error_msg;
+    int n_prompt_tokens;
+    int n_cached_tokens;        /* prompt tokens whose KV came from the prefix cache */
+    int n_generated;            /* tokens of this sample so far */
+    int adapter_version;        /* 0: base model */
+    bool request_done;          /* the last event of the whole request */
+} engine_event_t;
+
+/* Called on the engine thread; must not block and must not call engine_* except
+ * engine_abort. */
+typedef void (*engine_sink_fn)(void *user, const engine_event_t *ev);
+
+typedef struct engine_request {
+    const int32_t *prompt;
+    int n_prompt;
+    const char *adapter;            /* NULL or "": the base model */
+    sampling_params_t sampling;     /* sample i uses seed + i */
+    int n;                          /* samples (default 1 when 0) */
+    int max_tokens;                 /* < 0: up to the context length */
+    int min_tokens;                 /* EOS and stop tokens are banned until this many */
+    const char *const *stop;        /* stop strings (not included in the text) */
+    int n_stop;
+    const int32_t *stop_token_ids;
+    int n_stop_token_ids;
+    bool ignore_eos;
+    bool keep_special_text;         /* include special tokens in the text */
+    engine_sink_fn sink;
+    void *user;
+} engine_request_t;
+
+typedef struct engine_stats {
+    int n_waiting, n_running;       /* sequences */
+    int n_requests;
+    kv_cache_stats_t kv;
+    uint64_t steps, prefill_tokens, decode_tokens, preemptions, requests_done;
+    uint64_t cached_prompt_tokens, prompt_tokens;
+    double busy_ms;                 /* time spent in steps that ran a batch */
+    double decode_only_ms;          /* ... of which steps with decode rows only */
+    uint64_t decode_only_tokens;
+} engine_stats_t;
+
+int engine_new(const engine_params_t *p, engine_t **out);
+/* Aborts whatever is left (sinks get ENGINE_FINISH_ABORT), stops the thread, frees. */
+void engine_free(engine_t *e);
+int engine_max_model_len(const engine_t *e);
+
+/* Validate and queue a request (everything is copied). Errors (CS_EINVAL with a message:
+ * empty prompt, id out of range, too long for the context, bad n/logprobs/stop, unknown
+ * adapter CS_ENOTFOUND) are returned here and the sink is never called. */
+int engine_submit(engine_t *e, const engine_request_t *r, uint64_t *id);
+/* Abort a request (any thread): it ends with ENGINE_FINISH_ABORT at the next iteration.
+ * CS_ENOTFOUND when it is not (or no longer) known. */
+int engine_abort(engine_t *e, uint64_t id);
+
+/* Run the step loop on a thread of its own. */
+int engine_start(engine_t *e);
+/* Or drive it from the caller: one iteration (returns the number of sequences it ran,
+ * 0 when nothing was runnable), or iterations until no request is left. */
+int engine_step(engine_t *e);
+void engine_run_until_idle(engine_t *e);
+
+void engine_get_stats(engine_t *e, engine_stats_t *st);
+/* Wake the engine (any thread): e.g. from the adapter registry's on_loaded callback. */
+void engine_wake(engine_t *e);
+
+#endif

@@ -1,0 +1,534 @@
+/* loader_uring.c: one thread, one io_uring. Jobs queue under a mutex and an eventfd wakes
+ * the thread, whose only blocking point is io_uring_wait_cqe (a read of the eventfd is kept
+ * in flight beside the file operations). Each file goes openat -> statx -> reads of
+ * chunk_bytes at increasing offsets (short reads resubmit the rest) -> close, all through
+ * the ring, with at most queue_depth operations in flight over all files of all jobs and
+ * the oldest job's files served first. Every io_uring call is checked; errors name the
+ * call or operation, the file, and this source's file and line. */
+#include "config.h" /* _GNU_SOURCE: statx, AT_EMPTY_PATH */
+#include "lora/loader_uring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Ring-level failures: a status with the call, file and line. */
+#define URING_CHECK(call) uring_check((call), #call, __FILE__, __LINE__)
+static int uring_check(int rc, const char *what, const char *file, int line) {
+    if (rc >= 0) return rc;
+    return cs_error_set(CS_EIO, "%s:%d: %s: %s", file, line, what, strerror(-rc));
+}
+/* In the thread a broken ring (EBADF, EFAULT, ... from wait/submit) is a programming error:
+ * operations in flight may still write into buffers, so nothing can be safely unwound. */
+#define URING_FATAL(what, rc)                                                                     \
+    do {                                                                                          \
+        cs_log("%s:%d: %s: %s", __FILE__, __LINE__, what, strerror(-(rc)));                       \
+        abort();                                                                                  \
+    } while (0)
+
+enum { OP_OPEN, OP_STATX, OP_READ, OP_CLOSE, OP_WAKE, OP_TIMER };
+
+enum { F_QUEUED, F_NEED_STATX, F_READING, F_NEED_CLOSE, F_BUSY, F_DONE };
+
+typedef struct ld_job ld_job_t;
+
+typedef struct ld_file {
+    ld_job_t *job;
+    lora_file_t *pub;
+    int state;
+    int fd;
+    struct statx stx;       /* written by the kernel: zeroed first (valgrind cannot see it) */
+    size_t next_off;        /* next offset to issue a read at */
+    size_t done_bytes;      /* bytes read so far */
+    int reads;              /* reads in flight or waiting to resubmit */
+} ld_file_t;
+
+struct ld_job {
+    ld_job_t *next;
+    lora_loader_done_fn done;
+    void *user;
+    size_t n_files, n_done;
+    ld_file_t *files;
+    lora_file_t *pub;
+};
+
+typedef struct ld_op {
+    int kind;
+    ld_file_t *f;
+    size_t off, len;
+    struct ld_op *next;     /* free list, or the resubmit list */
+} ld_op_t;
+
+typedef struct ld_timer {
+    int kind;               /* OP_TIMER: user_data points here as it does at an ld_op_t */
+    struct __kernel_timespec ts;
+    lora_loader_timer_fn fn;
+    void *user;
+    struct ld_timer *next;  /* l->timers_new, then l->timers_armed */
+} ld_timer_t;
+
+struct lora_loader {
+    struct io_uring ring;
+    bool ring_ok;
+    int efd;
+    pthread_t thread;
+    bool thread_ok;
+    int qd;
+    size_t chunk;
+
+    pthread_mutex_t mu;     /* guards queue_head/tail and stopping */
+    ld_job_t *queue_head, *queue_tail;
+    ld_timer_t *timers_new;
+    bool stopping;
+
+    /* loader thread only */
+    ld_job_t *active_head, *active_tail;
+    ld_op_t *ops, *free_ops, *resubmit;
+    int ops_used;           /* allocated from ops: in flight or on resubmit */
+    int files_open;         /* files between openat and close */
+    ld_timer_t *timers_armed; /* in the ring: freed on completion or at free */
+    ld_op_t wake_op;
+    bool wake_armed;
+    uint64_t wake_buf;
+};
+
+static void job_free(ld_job_t *j) {
+    if (!j) return;
+    for (size_t i = 0; i < j->n_files; i++) {
+        free((char *)j->pub[i].path);
+        free(j->pub[i].data);
+    }
+    free(j->files);
+    free(j->pub);
+    free(j);
+}
+
+static void file_fail(ld_file_t *f, int err, const char *what, int line) {
+    if (f->pub->status != CS_OK) return;  /* keep the first error */
+    f->pub->status = err == -ENOENT ? CS_ENOTFOUND : err == -ENOMEM ? CS_ENOMEM : CS_EIO;
+    snprintf(f->pub->error, sizeof f->pub->error, "%s: %s: %s (%s:%d)", f->pub->path, what,
+             err < 0 ? strerror(-err) : "unexpected end of file", __FILE__, line);
+    free(f->pub->data);
+    f->pub->data = NULL;
+    f->pub->len = 0;
+}
+
+static ld_op_t *op_get(lora_loader_t *l, int kind, ld_file_t *f) {
+    ld_op_t *op = l->free_ops;
+    CS_ASSERT(op && l->ops_used < l->qd);
+    l->free_ops = op->next;
+    l->ops_used++;
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->f = f;
+    return op;
+}
+
+static void op_put(lora_loader_t *l, ld_op_t *op) {
+    op->next = l->free_ops;
+    l->free_ops = op;
+    l->ops_used--;
+}
+
+static struct io_uring_sqe *sqe_get(lora_loader_t *l) {
+    /* the ring has room for queue_depth + 1 entries and is submitted after every round;
+     * timers can fill it sooner: then what is queued goes first */
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&l->ring);
+    if (!sqe) {
+        int rc = io_uring_submit(&l->ring);
+        if (rc < 0) URING_FATAL("io_uring_submit", rc);
+        sqe = io_uring_get_sqe(&l->ring);
+    }
+    CS_ASSERT(sqe != NULL);
+    return sqe;
+}
+
+static void prep(lora_loader_t *l, ld_op_t *op) {
+    struct io_uring_sqe *sqe = sqe_get(l);
+    ld_file_t *f = op->f;
+    switch (op->kind) {
+    case OP_OPEN: io_uring_prep_openat(sqe, AT_FDCWD, f->pub->path, O_RDONLY | O_CLOEXEC, 0); break;
+    case OP_STATX:
+        io_uring_prep_statx(sqe, f->fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE, &f->stx);
+        break;
+    case OP_READ:
+        io_uring_prep_read(sqe, f->fd, (char *)f->pub->data + op->off, (unsigned)op->len, op->off);
+        break;
+    case OP_CLOSE: io_uring_prep_close(sqe, f->fd); break;
+    case OP_WAKE: io_uring_prep_read(sqe, l->efd, &l->wake_buf, sizeof l->wake_buf, 0); break;
+    default: CS_ASSERT(!"loader: bad op");
+    }
+    io_uring_sqe_set_data(sqe, op);
+}
+
+/* Prepare what can go now: resubmits, then per file in job order its next step. */
+static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
+    while (timers) {
+        ld_timer_t *t = timers;
+        timers = t->next;
+        struct io_uring_sqe *sqe = sqe_get(l);
+        io_uring_prep_timeout(sqe, &t->ts, 0, 0);
+        io_uring_sqe_set_data(sqe, t);
+        t->next = l->timers_armed;
+        l->timers_armed = t;
+    }
+    if (!l->wake_armed) {
+        prep(l, &l->wake_op);
+        l->wake_armed = true;
+    }
+    while (l->resubmit) {
+        ld_op_t *op = l->resubmit;
+        l->resubmit = op->next;
+        prep(l, op);
+    }
+    for (ld_job_t *j = l->active_head; j && l->ops_used < l->qd; j = j->next) {
+        for (size_t i = 0; i < j->n_files && l->ops_used < l->qd; i++) {
+            ld_file_t *f = &j->files[i];
+            switch (f->state) {
+            case F_QUEUED:
+                if (stopping || l->files_open >= l->qd) break;
+                l->files_open++;
+                f->state = F_BUSY;
+                prep(l, op_get(l, OP_OPEN, f));
+                break;
+            case F_NEED_STATX:
+                f->state = F_BUSY;
+                prep(l, op_get(l, OP_STATX, f));
+                break;
+            case F_READING:
+                while (!stopping && f->pub->status == CS_OK && f->next_off < f->pub->len && l->ops_used < l->qd) {
+                    ld_op_t *op = op_get(l, OP_READ, f);
+                    op->off = f->next_off;
+                    op->len = CS_MIN(l->chunk, f->pub->len - f->next_off);
+                    f->next_off += op->len;
+                    f->reads++;
+                    prep(l, op);
+                }
+                break;
+            case F_NEED_CLOSE:
+                f->state = F_BUSY;
+                prep(l, op_get(l, OP_CLOSE, f));
+                break;
+            default: break;
+            }
+        }
+    }
+}
+
+static void file_finish(lora_loader_t *l, ld_file_t *f) {
+    f->state = F_DONE;
+    f->job->n_done++;
+}
+
+/* A read finished or failed: close once nothing of this file is in flight any more. */
+static void read_settled(ld_file_t *f) {
+    if (f->reads == 0 && (f->pub->status != CS_OK || f->done_bytes == f->pub->len)) f->state = F_NEED_CLOSE;
+}
+
+static void complete(lora_loader_t *l, ld_op_t *op, int res) {
+    if (op->kind == OP_WAKE) {
+        l->wake_armed = false;
+        return;
+    }
+    if (op->kind == OP_TIMER) {
+        ld_timer_t *t = (ld_timer_t *)op, **pp = &l->timers_armed;
+        while (*pp != t) pp = &(*pp)->next;
+        *pp = t->next;
+        if (res == -ETIME || res == 0) t->fn(t->user);   /* -ECANCELED: dropped */
+        free(t);
+        return;
+    }
+    ld_file_t *f = op->f;
+    switch (op->kind) {
+    case OP_OPEN:
+        op_put(l, op);
+        if (res < 0) {
+            file_fail(f, res, "openat", __LINE__);
+            l->files_open--;
+            file_finish(l, f);
+            return;
+        }
+        f->fd = res;
+        f->state = F_NEED_STATX;
+        return;
+    case OP_STATX:
+        op_put(l, op);
+        if (res < 0) {
+            file_fail(f, res, "statx", __LINE__);
+            f->state = F_NEED_CLOSE;
+            return;
+        }
+        if (!S_ISREG(f->stx.stx_mode)) {
+            file_fail(f, -EISDIR, "not a regular file", __LINE__);
+            f->state = F_NEED_CLOSE;
+            return;
+        }
+        f->pub->len = (size_t)f->stx.stx_size;
+        /* zero-filled: the NUL after the data and the padding; and valgrind sees it defined */
+        f->pub->data = cs_aligned_alloc(LORA_LOADER_ALIGN, f->pub->len + 1);
+        if (!f->pub->data) {
+            file_fail(f, -ENOMEM, "buffer", __LINE__);
+            f->state = F_NEED_CLOSE;
+            return;
+        }
+        f->state = F_READING;
+        read_settled(f);    /* an empty file is read already */
+        return;
+    case OP_READ:
+        if (res == -EAGAIN || res == -EINTR || (res > 0 && (size_t)res < op->len && f->pub->status == CS_OK)) {
+            if (res > 0) {
+                f->done_bytes += (size_t)res;
+                op->off += (size_t)res;
+                op->len -= (size_t)res;
+            }
+            op->next = l->resubmit;         /* short read: the rest goes again */
+            l->resubmit = op;
+            return;
+        }
+        f->reads--;
+        if (res < 0) file_fail(f, res, "read", __LINE__);
+        else if (res == 0 && op->len > 0) file_fail(f, 0, "read", __LINE__); /* file shrank */
+        else f->done_bytes += (size_t)res;
+        op_put(l, op);
+        read_settled(f);
+        return;
+    case OP_CLOSE:
+        op_put(l, op);
+        if (res < 0) file_fail(f, res, "close", __LINE__);
+        l->files_open--;
+        file_finish(l, f);
+        return;
+    default: CS_ASSERT(!"loader: bad completion");
+    }
+}
+
+/* Call and free every active job whose files are all done. */
+static void finish_jobs(lora_loader_t *l) {
+    ld_job_t **pp = &l->active_head, *prev = NULL;
+    while (*pp) {
+        ld_job_t *j = *pp;
+        if (j->n_done < j->n_files) {
+            prev = j;
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        if (l->active_tail == j) l->active_tail = prev;
+        j->done(j->user, j->pub, j->n_files);
+        job_free(j);
+    }
+}
+
+static void cancel_job(ld_job_t *j) {
+    for (size_t i = 0; i < j->n_files; i++) {
+        ld_file_t *f = &j->files[i];
+        if (f->state == F_DONE) continue;
+        if (f->pub->status == CS_OK) {
+            f->pub->status = CS_EIO;
+            snprintf(f->pub->error, sizeof f->pub->error, "%s: loader shut down before the file was read",
+                     f->pub->path);
+        }
+        free(f->pub->data);
+        f->pub->data = NULL;
+        f->pub->len = 0;
+    }
+    j->done(j->user, j->pub, j->n_files);
+    job_free(j);
+}
+
+static void *loader_main(void *arg) {
+    lora_loader_t *l = arg;
+    for (;;) {
+        pthread_mutex_lock(&l->mu);
+        bool stopping = l->stopping;
+        ld_timer_t *timers = stopping ? NULL : l->timers_new;
+        if (timers) l->timers_new = NULL;
+        if (l->queue_head) {
+            if (l->active_tail) l->active_tail->next = l->queue_head;
+            else l->active_head = l->queue_head;
+            l->active_tail = l->queue_tail;
+            l->queue_head = l->queue_tail = NULL;
+        }
+        pthread_mutex_unlock(&l->mu);
+
+        if (stopping) {
+            /* nothing new starts; once no operation is in flight, unwind */
+            while (l->resubmit) {
+                ld_op_t *op = l->resubmit;
+                l->resubmit = op->next;
+                op->f->reads--;
+                op_put(l, op);
+            }
+            if (l->ops_used == 0) break;
+        }
+        issue(l, timers, stopping);
+        int rc = io_uring_submit(&l->ring);
+        if (rc == -EAGAIN || rc == -EBUSY || rc == -EINTR) {
+            usleep(1000);   /* kernel short of resources: the SQEs stay queued, retry */
+            continue;
+        }
+        if (rc < 0) URING_FATAL("io_uring_submit", rc);
+
+        struct io_uring_cqe *cqe;
+        rc = io_uring_wait_cqe(&l->ring, &cqe);
+        if (rc == -EINTR || rc == -EAGAIN) continue;
+        if (rc < 0) URING_FATAL("io_uring_wait_cqe", rc);
+        unsigned head, n = 0;
+        io_uring_for_each_cqe(&l->ring, head, cqe) {
+            complete(l, io_uring_cqe_get_data(cqe), cqe->res);
+            n++;
+        }
+        io_uring_cq_advance(&l->ring, n);
+        finish_jobs(l);
+    }
+    /* stopping, nothing in flight but the eventfd read: close what is open, cancel the rest */
+    for (ld_job_t *j = l->active_head; j; j = j->next)
+        for (size_t i = 0; i < j->n_files; i++) {
+            ld_file_t *f = &j->files[i];
+            if (f->state != F_DONE && f->state != F_QUEUED && f->fd >= 0) close(f->fd);
+        }
+    while (l->active_head) {
+        ld_job_t *j = l->active_head;
+        l->active_head = j->next;
+        cancel_job(j);
+    }
+    l->active_tail = NULL;
+    return NULL;
+}
+
+int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
+    int rc = CS_OK;
+    *out = NULL;
+    lora_loader_t *l = calloc(1, sizeof *l);
+    if (!l) return cs_error_set(CS_ENOMEM, "loader: out of memory");
+    l->efd = -1;
+    l->qd = p && p->queue_depth ? p->queue_depth : 16;
+    l->chunk = p && p->chunk_bytes ? p->chunk_bytes : (size_t)1 << 20;
+    if (l->qd < 1 || l->qd > 256 || l->chunk % LORA_LOADER_ALIGN != 0 || l->chunk > (1u << 30)) {
+        rc = cs_error_set(CS_EINVAL, "loader: queue_depth %d (1..256) or chunk_bytes %zu (a multiple of %d) out of range",
+                          l->qd, l->chunk, LORA_LOADER_ALIGN);
+        goto err;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    l->wake_op.kind = OP_WAKE;
+    if (!(l->ops = calloc((size_t)l->qd, sizeof *l->ops))) {
+        rc = cs_error_set(CS_ENOMEM, "loader: out of memory");
+        goto err;
+    }
+    for (int i = 0; i < l->qd; i++) {
+        l->ops[i].next = l->free_ops;
+        l->free_ops = &l->ops[i];
+    }
+    if ((l->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+        rc = cs_error_set(CS_EIO, "%s:%d: eventfd: %s", __FILE__, __LINE__, strerror(errno));
+        goto err;
+    }
+    if ((rc = URING_CHECK(io_uring_queue_init((unsigned)l->qd + 1, &l->ring, 0))) < 0) goto err;
+    l->ring_ok = true;
+    int prc = pthread_create(&l->thread, NULL, loader_main, l);
+    if (prc != 0) {
+        rc = cs_error_set(CS_ENOMEM, "loader: pthread_create: %s", strerror(prc));
+        goto err;
+    }
+    l->thread_ok = true;
+    *out = l;
+    return CS_OK;
+err:
+    lora_loader_free(l);
+    return rc;
+}
+
+void lora_loader_free(lora_loader_t *l) {
+    if (!l) return;
+    if (l->thread_ok) {
+        pthread_mutex_lock(&l->mu);
+        l->stopping = true;
+        pthread_mutex_unlock(&l->mu);
+        uint64_t one = 1;
+        if (write(l->efd, &one, sizeof one) < 0) { /* the counter is already non-zero: awake */ }
+        pthread_join(l->thread, NULL);
+        pthread_mutex_lock(&l->mu);
+        ld_job_t *q = l->queue_head;    /* submitted after the thread last looked */
+        l->queue_head = l->queue_tail = NULL;
+        pthread_mutex_unlock(&l->mu);
+        while (q) {
+            ld_job_t *j = q;
+            q = j->next;
+            cancel_job(j);
+        }
+    }
+    if (l->ring_ok) io_uring_queue_exit(&l->ring);   /* cancels armed timers */
+    ld_timer_t *lists[2] = { l->timers_armed, l->timers_new };
+    for (int k = 0; k < 2; k++)
+        for (ld_timer_t *t = lists[k], *nx; t; t = nx) {
+            nx = t->next;
+            free(t);
+        }
+    if (l->efd >= 0) close(l->efd);
+    pthread_mutex_destroy(&l->mu);
+    free(l->ops);
+    free(l);
+}
+
+int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n, lora_loader_done_fn done,
+                       void *user) {
+    CS_ASSERT(done && (paths || n == 0));
+    ld_job_t *j = calloc(1, sizeof *j);
+    if (!j || !(j->files = calloc(n ? n : 1, sizeof *j->files)) || !(j->pub = calloc(n ? n : 1, sizeof *j->pub))) {
+        job_free(j);
+        return cs_error_set(CS_ENOMEM, "loader: out of memory");
+    }
+    j->n_files = n;
+    j->done = done;
+    j->user = user;
+    for (size_t i = 0; i < n; i++) {
+        j->files[i] = (ld_file_t){ .job = j, .pub = &j->pub[i], .state = F_QUEUED, .fd = -1 };
+        if (!(j->pub[i].path = strdup(paths[i]))) {
+            job_free(j);
+            return cs_error_set(CS_ENOMEM, "loader: out of memory");
+        }
+    }
+    pthread_mutex_lock(&l->mu);
+    if (l->stopping) {
+        pthread_mutex_unlock(&l->mu);
+        job_free(j);
+        return cs_error_set(CS_EINVAL, "loader: shutting down");
+    }
+    if (l->queue_tail) l->queue_tail->next = j;
+    else l->queue_head = j;
+    l->queue_tail = j;
+    pthread_mutex_unlock(&l->mu);
+    uint64_t one = 1;
+    if (write(l->efd, &one, sizeof one) < 0) { /* EAGAIN: the counter is already non-zero */ }
+    return CS_OK;
+}
+
+int lora_loader_timer(lora_loader_t *l, unsigned ms, lora_loader_timer_fn fn, void *user) {
+    CS_ASSERT(fn);
+    ld_timer_t *t = calloc(1, sizeof *t);
+    if (!t) return cs_error_set(CS_ENOMEM, "loader: out of memory");
+    t->kind = OP_TIMER;
+    t->ts.tv_sec = ms / 1000;
+    t->ts.tv_nsec = (long long)(ms % 1000) * 1000000;
+    t->fn = fn;
+    t->user = user;
+    pthread_mutex_lock(&l->mu);
+    if (l->stopping) {
+        pthread_mutex_unlock(&l->mu);
+        free(t);
+        return cs_error_set(CS_EINVAL, "loader: shutting down");
+    }
+    t->next = l->timers_new;
+    l->timers_new = t;
+    pthread_mutex_unlock(&l->mu);
+    uint64_t one = 1;
+    if (write(l->efd, &one, sizeof one) < 0) { /* EAGAIN: the counter is already non-zero */ }
+    return CS_OK;
+}

@@ -1,0 +1,61 @@
+/* loader_uring.h: the adapter loader thread. Callers queue jobs (a few files each, read
+ * whole); one thread runs every queued job's files through a single io_uring at once:
+ * openat, statx, then chunked reads into 4096-aligned buffers with up to queue_depth
+ * operations in flight across all files, then close. The caller never touches the disk:
+ * lora_loader_submit only queues, and the job's done callback runs on the loader thread.
+ * Timers (lora_loader_timer) run on the same thread.
+ * Used by lora/registry.c; kept free of adapter semantics so an HTTP upload path or a
+ * device-slot stage can queue jobs of its own. */
+#ifndef CS_LORA_LOADER_URING_H
+#define CS_LORA_LOADER_URING_H
+
+#include "engine/common.h"
+
+#define LORA_LOADER_ALIGN 4096
+
+typedef struct lora_loader lora_loader_t;
+
+typedef struct lora_loader_params {
+    int queue_depth;        /* operations in flight at once (8..256); 0 = 16 */
+    size_t chunk_bytes;     /* bytes per read, a multiple of 4096; 0 = 1 MiB */
+} lora_loader_params_t;
+
+/* One file of a job, as the done callback sees it. */
+typedef struct lora_file {
+    const char *path;
+    void *data;             /* len bytes, LORA_LOADER_ALIGN-aligned, NUL after the last byte
+                             * (zero-filled up to a multiple of the alignment); free() it.
+                             * The callback may take it by setting data = NULL; the loader
+                             * frees what is left after the callback returns. NULL on error. */
+    size_t len;
+    int status;             /* CS_OK, or CS_ENOTFOUND (no such file), CS_EIO, CS_ENOMEM */
+    char error[384];        /* with status != CS_OK: what failed, naming the file */
+} lora_file_t;
+
+/* Called exactly once per submitted job: from the loader thread when all its files are
+ * read or failed, or from lora_loader_free for jobs that never finished (every file then
+ * has status CS_EIO, "loader shut down"). Must not call lora_loader_free; may submit. */
+typedef void (*lora_loader_done_fn)(void *user, lora_file_t *files, size_t n_files);
+
+/* Set up the ring (checked: an error names the io_uring call, file and line) and start
+ * the thread. p may be NULL for the defaults. */
+int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out);
+
+/* Stop the thread: operations in flight are waited for, queued and unfinished jobs get
+ * their done callback with CS_EIO. Then frees everything. NULL does nothing. */
+void lora_loader_free(lora_loader_t *l);
+
+/* Queue a job reading the N files PATHS (copied) whole; DONE(USER, ...) reports it. Never
+ * blocks on I/O (takes a mutex and writes an eventfd); callable from any thread, including
+ * from a done callback. CS_ENOMEM, or CS_EINVAL after lora_loader_free has begun. */
+int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n,
+                       lora_loader_done_fn done, void *user);
+
+/* Call FN(USER) from the loader thread after MS milliseconds (an io_uring timeout, so the
+ * thread keeps serving files meanwhile). Timers still pending at lora_loader_free are
+ * dropped without a call. Callable from any thread and from callbacks. CS_ENOMEM, or
+ * CS_EINVAL after lora_loader_free has begun. */
+typedef void (*lora_loader_timer_fn)(void *user);
+int lora_loader_timer(lora_loader_t *l, unsigned ms, lora_loader_timer_fn fn, void *user);
+
+#endif

@@ -1,0 +1,575 @@
+/* registry.c: adapter names -> versions -> load state, refcounts and the host cache. One
+ * mutex guards it all; the disk work runs on the loader thread (lora/loader_uring.c) in two
+ * reads per load: adapter_config.json first, which gives the exact F32 size so room is
+ * reserved (evicting unheld adapters, least recently released first) before the weights
+ * are read; a load that finds no room waits in a FIFO until a release or a removal makes
+ * some. A freshly loaded adapter is kept for its requester (who retries on on_loaded) for
+ * LORA_FRESH_MS before a waiting load may evict it, or two loads could evict each other
+ * forever; a loader timer re-runs the wait queue when that grace ends. The loader's
+ * callbacks parse and convert outside the mutex. */
+#include "lora/registry.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/safetensors.h"
+#include "lora/loader_uring.h"
+
+#define LORA_FRESH_MS 500   /* grace of a loaded, not yet acquired adapter */
+
+typedef struct lora_entry lora_entry_t;
+
+/* an intrusive doubly linked list */
+typedef struct elist { lora_entry_t *head, *tail; } elist_t;
+typedef struct elink { lora_entry_t *prev, *next; } elink_t;
+
+/* One version of one name. */
+struct lora_entry {
+    lora_registry_t *r;
+    char *name, *dir;
+    int version;
+    lora_state state;
+    bool current;           /* still what acquire of the name gets */
+    bool in_io;             /* a loader job points at this entry: it is freed only after */
+    bool reserved;          /* counted in used_bytes / used_count */
+    bool waiting;           /* on r->waitq (LOADING, config read, no room yet) */
+    bool on_lru;            /* on r->lru (RESIDENT, current, refs == 0) */
+    int refs;
+    size_t nbytes;          /* F32 A/B bytes, known once adapter_config.json is read */
+    double fresh_until;     /* cs_time_ms() before which only its requester may take it */
+    void *config;           /* adapter_config.json text between the two reads */
+    size_t config_len;
+    lora_adapter_t *adapter;
+    int err;                /* FAILED: status and message */
+    char *errmsg;
+    lora_ref_t ref;         /* handed to every acquirer: refs counts them */
+    elink_t q;              /* r->lru or r->waitq */
+    elink_t all;            /* r->all */
+};
+
+typedef struct lora_name {
+    struct lora_name *next;
+    char *name;
+    int last_version;       /* kept after remove, so versions never repeat */
+    lora_entry_t *cur;      /* NULL when removed */
+} lora_name_t;
+
+struct lora_registry {
+    lora_registry_params_t p;
+    lora_loader_t *loader;
+    pthread_mutex_t mu;
+    bool closing;
+    bool tick_pending;      /* a loader timer will re-run the wait queue */
+
+    lora_name_t **buckets;
+    size_t n_buckets, n_names;
+
+    elist_t all;            /* every live entry */
+    elist_t lru;            /* evictable, least recently released at head */
+    elist_t waitq;          /* loads waiting for room, oldest at head */
+    size_t used_bytes, lru_bytes;
+    int used_count, lru_count;
+    lora_registry_stats_t stats;
+};
+
+static void list_push(elist_t *l, lora_entry_t *e, elink_t *(*link)(lora_entry_t *)) {
+    link(e)->prev = l->tail;
+    link(e)->next = NULL;
+    if (l->tail) link(l->tail)->next = e;
+    else l->head = e;
+    l->tail = e;
+}
+
+static void list_del(elist_t *l, lora_entry_t *e, elink_t *(*link)(lora_entry_t *)) {
+    elink_t *k = link(e);
+    if (k->prev) link(k->prev)->next = k->next;
+    else l->head = k->next;
+    if (k->next) link(k->next)->prev = k->prev;
+    else l->tail = k->prev;
+    k->prev = k->next = NULL;
+}
+
+static elink_t *qlink(lora_entry_t *e) { return &e->q; }
+static elink_t *alllink(lora_entry_t *e) { return &e->all; }
+
+const char *lora_state_name(lora_state st) {
+    switch (st) {
+    case LORA_ON_DISK: return "on_disk";
+    case LORA_LOADING: return "loading";
+    case LORA_RESIDENT: return "resident";
+    case LORA_FAILED: return "failed";
+    default: return "?";
+    }
+}
+
+/* ---- names ---- */
+
+static size_t hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return (size_t)h;
+}
+
+static lora_name_t *name_find(const lora_registry_t *r, const char *name) {
+    for (lora_name_t *n = r->buckets[hash_str(name) & (r->n_buckets - 1)]; n; n = n->next)
+        if (strcmp(n->name, name) == 0) return n;
+    return NULL;
+}
+
+static lora_name_t *name_get(lora_registry_t *r, const char *name) {
+    lora_name_t *n = name_find(r, name);
+    if (n) return n;
+    if (r->n_names + 1 > 2 * r->n_buckets) {
+        size_t nb = r->n_buckets * 4;
+        lora_name_t **b = calloc(nb, sizeof *b);
+        if (b) {
+            for (size_t i = 0; i < r->n_buckets; i++)
+                for (lora_name_t *x = r->buckets[i], *nx; x; x = nx) {
+                    nx = x->next;
+                    size_t h = hash_str(x->name) & (nb - 1);
+                    x->next = b[h];
+                    b[h] = x;
+                }
+            free(r->buckets);
+            r->buckets = b;
+            r->n_buckets = nb;
+        } /* else: longer chains, still correct */
+    }
+    if (!(n = calloc(1, sizeof *n)) || !(n->name = strdup(name))) {
+        free(n);
+        return NULL;
+    }
+    size_t h = hash_str(name) & (r->n_buckets - 1);
+    n->next = r->buckets[h];
+    r->buckets[h] = n;
+    r->n_names++;
+    return n;
+}
+
+/* ---- entries and the cache accounting (all with r->mu held) ---- */
+
+static void set_state(lora_registry_t *r, lora_entry_t *e, lora_state st) {
+    if (e->state == LORA_LOADING) r->stats.n_loading--;
+    if (e->state == LORA_RESIDENT) {
+        r->stats.n_resident--;
+        r->stats.bytes_resident -= e->nbytes;
+    }
+    e->state = st;
+    if (st == LORA_LOADING) r->stats.n_loading++;
+    if (st == LORA_RESIDENT) {
+        r->stats.n_resident++;
+        r->stats.bytes_resident += e->nbytes;
+    }
+}
+
+static void unreserve(lora_registry_t *r, lora_entry_t *e) {
+    if (!e->reserved) return;
+    r->used_bytes -= e->nbytes;
+    r->used_count--;
+    e->reserved = false;
+}
+
+static void lru_add(lora_registry_t *r, lora_entry_t *e) {
+    list_push(&r->lru, e, qlink);
+    e->on_lru = true;
+    r->lru_bytes += e->nbytes;
+    r->lru_count++;
+}
+
+static void lru_del(lora_registry_t *r, lora_entry_t *e) {
+    if (!e->on_lru) return;
+    list_del(&r->lru, e, qlink);
+    e->on_lru = false;
+    r->lru_bytes -= e->nbytes;
+    r->lru_count--;
+}
+
+static void wait_del(lora_registry_t *r, lora_entry_t *e) {
+    if (!e->waiting) return;
+    list_del(&r->waitq, e, qlink);
+    e->waiting = false;
+}
+
+static void entry_free(lora_registry_t *r, lora_entry_t *e) {
+    list_del(&r->all, e, alllink);
+    lora_adapter_free(e->adapter);
+    free(e->config);
+    free(e->errmsg);
+    free(e->name);
+    free(e->dir);
+    free(e);
+}
+
+/* Free E if nothing refers to it any more: not current, not held, no loader job. */
+static void maybe_free(lora_registry_t *r, lora_entry_t *e) {
+    if (e->current || e->refs > 0 || e->in_io) return;
+    lru_del(r, e);
+    wait_del(r, e);
+    unreserve(r, e);
+    set_state(r, e, LORA_ON_DISK);
+    entry_free(r, e);
+}
+
+static void fail(lora_registry_t *r, lora_entry_t *e, int rc, const char *msg) {
+    unreserve(r, e);
+    wait_del(r, e);
+    free(e->config);
+    e->config = NULL;
+    e->err = rc;
+    free(e->errmsg);
+    e->errmsg = strdup(msg);
+    set_state(r, e, LORA_FAILED);
+    r->stats.load_failures++;
+}
+
+static void pump(lora_registry_t *r);
+
+static void tick(void *user) {
+    lora_registry_t *r = user;
+    pthread_mutex_lock(&r->mu);
+    r->tick_pending = false;
+    pump(r);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Reserve E's room, evicting unheld adapters (least recently released first), but only if
+ * that is enough: never evict for nothing. Adapters still in their fresh grace are not
+ * taken; when only they are in the way, a timer retries when the first grace ends. */
+static bool try_reserve(lora_registry_t *r, lora_entry_t *e) {
+    size_t cap = r->p.cache_bytes;
+    int max = r->p.max_loras;
+    double now = cs_time_ms(), first_fresh = 0;
+    size_t free_bytes = 0;
+    int free_count = 0;
+    for (lora_entry_t *v = r->lru.head; v; v = v->q.next) {
+        if (v->fresh_until > now) {
+            if (!first_fresh || v->fresh_until < first_fresh) first_fresh = v->fresh_until;
+            continue;
+        }
+        free_bytes += v->nbytes;
+        free_count++;
+    }
+    if ((cap && r->used_bytes - free_bytes + e->nbytes > cap) || (max && r->used_count - free_count + 1 > max)) {
+        if (first_fresh && !r->tick_pending && !r->closing &&
+            (!cap || r->used_bytes - r->lru_bytes + e->nbytes <= cap) && (!max || r->used_count - r->lru_count + 1 <= max) &&
+            lora_loader_timer(r->loader, (unsigned)(first_fresh - now) + 1, tick, r) == CS_OK)
+            r->tick_pending = true;
+        return false;
+    }
+    for (lora_entry_t *v = r->lru.head, *nx; v && ((cap && r->used_bytes + e->nbytes > cap) ||
+                                                   (max && r->used_count + 1 > max)); v = nx) {
+        nx = v->q.next;
+        if (v->fresh_until > now) continue;
+        CS_ASSERT(v->refs == 0 && v->state == LORA_RESIDENT);
+        lru_del(r, v);
+        unreserve(r, v);
+        set_state(r, v, LORA_ON_DISK);
+        lora_adapter_free(v->adapter);
+        v->adapter = NULL;
+        v->ref.adapter = NULL;
+        r->stats.evictions++;
+    }
+    r->used_bytes += e->nbytes;
+    r->used_count++;
+    e->reserved = true;
+    return true;
+}
+
+static void weights_done(void *user, lora_file_t *files, size_t n);
+
+/* Room is reserved: queue the read of the weights. */
+static void start_weights(lora_registry_t *r, lora_entry_t *e) {
+    char *path = cs_path_join(e->dir, "adapter_model.safetensors");
+    const char *paths[1] = { path };
+    int rc = path ? lora_loader_submit(r->loader, paths, 1, weights_done, e)
+                  : cs_error_set(CS_ENOMEM, "out of memory");
+    free(path);
+    if (rc != CS_OK) {
+        fail(r, e, rc, cs_error_last());
+        return;
+    }
+    e->in_io = true;
+}
+
+/* Give room to waiting loads, oldest first. */
+static void pump(lora_registry_t *r) {
+    while (r->waitq.head && try_reserve(r, r->waitq.head)) {
+        lora_entry_t *e = r->waitq.head;
+        wait_del(r, e);
+        start_weights(r, e);
+    }
+}
+
+/* E stops being current (re-added or removed). */
+static void retire(lora_registry_t *r, lora_entry_t *e) {
+    e->current = false;
+    if (e->waiting) {
+        wait_del(r, e);
+        unreserve(r, e);
+    }
+    maybe_free(r, e);
+    pump(r);
+}
+
+/* ---- loader callbacks (loader thread) ---- */
+
+static void notify(lora_registry_t *r, bool closing) {
+    if (!closing && r->p.on_loaded) r->p.on_loaded(r->p.user);
+}
+
+static void config_done(void *user, lora_file_t *files, size_t n) {
+    lora_entry_t *e = user;
+    lora_registry_t *r = e->r;
+    size_t nbytes = 0;
+    char msg[1024];
+    CS_ASSERT(n == 1);
+    int rc = files[0].status;
+    if (rc != CS_OK) snprintf(msg, sizeof msg, "%s", files[0].error);
+    else if ((rc = lora_adapter_config_nbytes(e->dir, files[0].data, files[0].len, r->p.cfg, &nbytes)) != CS_OK)
+        snprintf(msg, sizeof msg, "%s", cs_error_last());
+
+    pthread_mutex_lock(&r->mu);
+    bool closing = r->closing, finished = true;
+    e->in_io = false;
+    if (!e->current) {
+        maybe_free(r, e);
+    } else if (rc != CS_OK) {
+        fail(r, e, rc, msg);
+    } else if (r->p.cache_bytes && nbytes > r->p.cache_bytes) {
+        snprintf(msg, sizeof msg, "%s: needs %zu bytes of F32 A/B weights, more than the whole host cache (%zu bytes)",
+                 e->dir, nbytes, r->p.cache_bytes);
+        fail(r, e, CS_ENOMEM, msg);
+    } else {
+        e->config = files[0].data;
+        e->config_len = files[0].len;
+        files[0].data = NULL;
+        e->nbytes = nbytes;
+        list_push(&r->waitq, e, qlink);
+        e->waiting = true;
+        pump(r);
+        finished = e->state == LORA_FAILED;   /* the weights' read could not be queued */
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (finished) notify(r, closing);
+}
+
+static void weights_done(void *user, lora_file_t *files, size_t n) {
+    lora_entry_t *e = user;
+    lora_registry_t *r = e->r;
+    lora_adapter_t *a = NULL;
+    char msg[1024];
+    CS_ASSERT(n == 1);
+    int rc = files[0].status;
+    if (rc != CS_OK) {
+        snprintf(msg, sizeof msg, "%s", files[0].error);
+    } else {
+        /* e->config, name and dir are this load's alone until in_io is cleared */
+        safetensors_t *st = NULL;
+        rc = safetensors_open_buffer(files[0].path, files[0].data, files[0].len, true, &st);
+        files[0].data = NULL;
+        if (rc == CS_OK)
+            rc = lora_adapter_load_buffers(e->name, e->dir, e->config, e->config_len, st, r->p.cfg, &a);
+        if (rc != CS_OK) snprintf(msg, sizeof msg, "%s", cs_error_last());
+        safetensors_free(st);
+    }
+
+    pthread_mutex_lock(&r->mu);
+    bool closing = r->closing;
+    e->in_io = false;
+    free(e->config);
+    e->config = NULL;
+    if (!e->current) {
+        lora_adapter_free(a);
+        maybe_free(r, e);
+        pump(r);
+    } else if (rc != CS_OK) {
+        fail(r, e, rc, msg);
+        pump(r);
+    } else {
+        CS_ASSERT(a->nbytes == e->nbytes && e->refs == 0);
+        e->adapter = a;
+        e->ref.adapter = a;
+        set_state(r, e, LORA_RESIDENT);
+        e->fresh_until = cs_time_ms() + LORA_FRESH_MS;
+        lru_add(r, e);
+        r->stats.loads++;
+        pump(r);    /* at worst, arms the timer for when its grace ends */
+    }
+    pthread_mutex_unlock(&r->mu);
+    notify(r, closing);
+}
+
+/* ---- API ---- */
+
+int lora_registry_new(const lora_registry_params_t *p, lora_registry_t **out) {
+    int rc;
+    *out = NULL;
+    if (!p || !p->cfg || p->max_loras < 0) return cs_error_set(CS_EINVAL, "lora registry: bad parameters");
+    lora_registry_t *r = calloc(1, sizeof *r);
+    if (!r) return cs_error_set(CS_ENOMEM, "lora registry: out of memory");
+    r->p = *p;
+    pthread_mutex_init(&r->mu, NULL);
+    r->n_buckets = 64;
+    if (!(r->buckets = calloc(r->n_buckets, sizeof *r->buckets))) {
+        rc = cs_error_set(CS_ENOMEM, "lora registry: out of memory");
+        goto err;
+    }
+    if ((rc = lora_loader_init(NULL, &r->loader)) != CS_OK) goto err;
+    *out = r;
+    return CS_OK;
+err:
+    lora_registry_free(r);
+    return rc;
+}
+
+void lora_registry_free(lora_registry_t *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->closing = true;
+    pthread_mutex_unlock(&r->mu);
+    lora_loader_free(r->loader);    /* the callbacks of unfinished loads run here */
+    while (r->all.head) {
+        lora_entry_t *e = r->all.head;
+        CS_ASSERT(e->refs == 0 && !e->in_io);
+        entry_free(r, e);
+    }
+    for (size_t i = 0; r->buckets && i < r->n_buckets; i++)
+        for (lora_name_t *n = r->buckets[i], *nx; n; n = nx) {
+            nx = n->next;
+            free(n->name);
+            free(n);
+        }
+    free(r->buckets);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version) {
+    if (!name || !name[0] || !dir || !dir[0])
+        return cs_error_set(CS_EINVAL, "lora registry: an adapter needs a name and a directory");
+    lora_entry_t *e = calloc(1, sizeof *e);
+    if (!e || !(e->name = strdup(name)) || !(e->dir = strdup(dir))) {
+        if (e) free(e->name);
+        free(e);
+        return cs_error_set(CS_ENOMEM, "adapter '%s': out of memory", name);
+    }
+    e->r = r;
+    e->state = LORA_ON_DISK;
+    e->current = true;
+    e->ref.name = e->name;
+
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_get(r, name);
+    if (!n) {
+        pthread_mutex_unlock(&r->mu);
+        free(e->name);
+        free(e->dir);
+        free(e);
+        return cs_error_set(CS_ENOMEM, "adapter '%s': out of memory", name);
+    }
+    e->version = e->ref.version = ++n->last_version;
+    list_push(&r->all, e, alllink);
+    lora_entry_t *old = n->cur;
+    n->cur = e;
+    if (old) retire(r, old);
+    else r->stats.n_registered++;
+    pthread_mutex_unlock(&r->mu);
+    if (version) *version = e->version;
+    return CS_OK;
+}
+
+int lora_registry_remove(lora_registry_t *r, const char *name) {
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    if (!n || !n->cur) {
+        pthread_mutex_unlock(&r->mu);
+        return cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+    }
+    lora_entry_t *old = n->cur;
+    n->cur = NULL;
+    r->stats.n_registered--;
+    retire(r, old);
+    pthread_mutex_unlock(&r->mu);
+    return CS_OK;
+}
+
+int lora_registry_acquire(lora_registry_t *r, const char *name, lora_ref_t **out) {
+    int rc = CS_OK;
+    *out = NULL;
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    lora_entry_t *e = n ? n->cur : NULL;
+    if (!e) {
+        rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+        goto out;
+    }
+    switch (e->state) {
+    case LORA_RESIDENT:
+        if (e->refs++ == 0) lru_del(r, e);
+        e->fresh_until = 0;
+        r->stats.hits++;
+        *out = &e->ref;
+        break;
+    case LORA_LOADING:
+        rc = cs_error_set(CS_EAGAIN, "adapter '%s' version %d is loading", name, e->version);
+        break;
+    case LORA_FAILED:
+        rc = cs_error_set(e->err, "adapter '%s' version %d: %s", name, e->version,
+                          e->errmsg ? e->errmsg : cs_strerror(e->err));
+        break;
+    case LORA_ON_DISK: {
+        char *path = cs_path_join(e->dir, "adapter_config.json");
+        const char *paths[1] = { path };
+        rc = path ? lora_loader_submit(r->loader, paths, 1, config_done, e) : cs_error_set(CS_ENOMEM, "out of memory");
+        free(path);
+        if (rc != CS_OK) {
+            rc = cs_error_set(rc, "adapter '%s' version %d: cannot start loading: %s", name, e->version, cs_error_last());
+            break;
+        }
+        e->in_io = true;
+        set_state(r, e, LORA_LOADING);
+        r->stats.misses++;
+        rc = cs_error_set(CS_EAGAIN, "adapter '%s' version %d is loading", name, e->version);
+        break;
+    }
+    }
+out:
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void lora_registry_release(lora_registry_t *r, lora_ref_t *ref) {
+    if (!ref) return;
+    lora_entry_t *e = (lora_entry_t *)((char *)ref - offsetof(lora_entry_t, ref));
+    pthread_mutex_lock(&r->mu);
+    CS_ASSERT(e->r == r && e->refs > 0 && e->state == LORA_RESIDENT);
+    if (--e->refs == 0) {
+        if (e->current) lru_add(r, e);
+        else maybe_free(r, e);
+        pump(r);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+int lora_registry_state(lora_registry_t *r, const char *name, lora_state *st, int *version) {
+    int rc = CS_OK;
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    if (!n || !n->cur) {
+        rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+    } else {
+        if (st) *st = n->cur->state;
+        if (version) *version = n->cur->version;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void lora_registry_stats(lora_registry_t *r, lora_registry_stats_t *st) {
+    pthread_mutex_lock(&r->mu);
+    *st = r->stats;
+    pthread_mutex_unlock(&r->mu);
+}

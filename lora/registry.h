@@ -1,0 +1,95 @@
+/* registry.h: the host tier of LoRA adapters. Adapters are registered by name (each add of
+ * a name is a new version) and loaded on first use by the io_uring loader thread into a host
+ * cache bounded in bytes and in count, evicting least recently used adapters that nobody
+ * holds. Acquire never blocks on disk: it answers CS_EAGAIN while a load runs (or waits for
+ * room) and the engine retries after on_loaded fires. States per version:
+ * ON_DISK -> LOADING -> RESIDENT (-> ON_DISK when evicted), or FAILED until re-added. */
+#ifndef CS_LORA_REGISTRY_H
+#define CS_LORA_REGISTRY_H
+
+#include "engine/common.h"
+#include "engine/model_config.h"
+#include "lora/peft.h"
+
+typedef struct lora_registry lora_registry_t;
+
+typedef enum lora_state { LORA_ON_DISK, LORA_LOADING, LORA_RESIDENT, LORA_FAILED } lora_state;
+
+typedef struct lora_ref {            /* what an acquirer holds; valid until lora_registry_release */
+    const lora_adapter_t *adapter;   /* F32 A/B per layer x target (lora/peft.h) */
+    const char *name;
+    int version;                     /* 1, 2, ... bumped by each lora_registry_add of the same name */
+} lora_ref_t;
+
+typedef struct lora_registry_params {
+    const model_config_t *cfg;       /* base model the adapters must fit; must outlive the registry */
+    size_t cache_bytes;              /* host cache bound in bytes of A/B held; 0 = unbounded */
+    int max_loras;                   /* bound on resident adapters; 0 = unbounded */
+    void (*on_loaded)(void *user);   /* called (from the loader thread) after any load finishes, ok or
+                                      * failed, with no registry lock held; must be cheap (the engine
+                                      * uses it to wake up) */
+    void *user;
+} lora_registry_params_t;
+
+/* Create an empty registry and start its loader thread (io_uring). The bounds count every
+ * adapter held in host memory: resident ones, old versions still held, and loads that have
+ * reserved their room. */
+int lora_registry_new(const lora_registry_params_t *p, lora_registry_t **out);
+
+/* Stop the loader thread (loads in flight are finished or cancelled first; on_loaded is not
+ * called any more) and free every adapter. No lora_ref_t may be outstanding: that is
+ * asserted. NULL does nothing. */
+void lora_registry_free(lora_registry_t *r);
+
+/* Register NAME as the PEFT directory DIR, or re-point it: each call makes a new version
+ * (*version, if not NULL, gets it; versions keep counting across remove). Nothing is read
+ * now: the files are checked when the version is first acquired. Later acquires get the new
+ * version; holders of an older one keep it until they release it, then it is freed; an
+ * older version still loading is dropped when its load ends. CS_EINVAL for an empty name or
+ * dir, CS_ENOMEM. */
+int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version);
+
+/* Unregister NAME: later acquires fail with CS_ENOTFOUND; versions still held are freed at
+ * their last release. CS_ENOTFOUND if NAME is not registered. */
+int lora_registry_remove(lora_registry_t *r, const char *name);
+
+/* Take a reference to NAME's current version. Returns
+ *   CS_OK with *out (valid until lora_registry_release) when it is resident;
+ *   CS_EAGAIN when a load was started by this call, is in progress, or waits for cache room
+ *     (every cached adapter is held): retry after on_loaded fires;
+ *   CS_ENOTFOUND when NAME is not registered;
+ *   the load's error (CS_EFORMAT, CS_ESHAPE, CS_EIO, CS_ENOTFOUND, CS_EUNSUPPORTED, CS_ENOMEM
+ *     for an adapter larger than the whole cache, ...) when its load failed, with a
+ *     cs_error_last() message naming the adapter, its version and the file; it stays failed
+ *     until the name is re-added.
+ * Never blocks on I/O. Thread-safe (engine thread and HTTP threads). */
+int lora_registry_acquire(lora_registry_t *r, const char *name, lora_ref_t **out);
+
+/* Drop a reference from lora_registry_acquire. The last release of a version that is no
+ * longer current frees it; of a current one makes it evictable (and may let a waiting load
+ * take its room). Thread-safe. */
+void lora_registry_release(lora_registry_t *r, lora_ref_t *ref);
+
+/* State and version of NAME's current version (for listings and metrics). CS_ENOTFOUND if
+ * NAME is not registered. Either output may be NULL. */
+int lora_registry_state(lora_registry_t *r, const char *name, lora_state *st, int *version);
+
+typedef struct lora_registry_stats {
+    int n_registered;        /* names with a current version */
+    int n_resident;          /* adapters in host memory, old versions still held included */
+    int n_loading;           /* loads started and not yet finished (waiting for room included) */
+    size_t bytes_resident;   /* F32 A/B bytes of the n_resident adapters */
+    uint64_t loads;          /* loads that finished ok */
+    uint64_t load_failures;
+    uint64_t evictions;      /* resident adapters dropped to make room */
+    uint64_t hits;           /* acquires answered CS_OK */
+    uint64_t misses;         /* acquires that started a load */
+} lora_registry_stats_t;
+
+/* A consistent snapshot of the counters. */
+void lora_registry_stats(lora_registry_t *r, lora_registry_stats_t *st);
+
+/* Name of a state: "on_disk", "loading", "resident", "failed". */
+const char *lora_state_name(lora_state st);
+
+#endif

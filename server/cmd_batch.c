@@ -1,0 +1,529 @@
+/* cmd_batch.c: `caraserve batch`: runs a file of JSON-lines requests through the serving
+ * engine (continuous batching, paged KV, prefix cache, many adapters) and prints one JSON
+ * line per request with every sample's tokens, logprobs, text and finish reason. It is
+ * how tests and bench/engine.sh drive the engine without HTTP. --sequential runs each
+ * request alone (to compare with the batched run). */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels/cpu_backend.h"
+#include "engine/engine.h"
+#include "lora/registry.h"
+#include "server/commands.h"
+
+static void usage_batch(FILE *f) {
+    fprintf(f,
+            "usage: caraserve batch --model DIR [--lora NAME=DIR ...] [--requests FILE] [options]\n"
+            "\n"
+            "  --model DIR                 Hugging Face model directory\n"
+            "  --lora NAME=DIR             serve the PEFT adapter in DIR as NAME (repeatable)\n"
+            "  --requests FILE             JSON lines, one request each (default: stdin)\n"
+            "  --threads N                 CPU threads (default: all online CPUs)\n"
+            "  --kv-cache-bytes N          KV cache budget, suffixes K M G (default 1G)\n"
+            "  --max-num-seqs N            running sequences per iteration (default 256)\n"
+            "  --max-num-batched-tokens N  tokens per iteration (default 2048)\n"
+            "  --max-model-len N           context length (default: the model's, capped by the KV cache)\n"
+            "  --max-cpu-loras N           adapters resident in host memory (default: unbounded)\n"
+            "  --lora-cache-bytes N        host memory for adapters, suffixes K M G (default: unbounded)\n"
+            "  --no-prefix-caching         do not reuse KV blocks across requests\n"
+            "  --sequential                run each request alone, one after the other\n"
+            "  --stats                     print engine statistics (JSON) to stderr at the end\n"
+            "  --reference-kernels         use the plain reference kernels\n"
+            "\n"
+            "A request line: {\"prompt_ids\": [1, 2], or \"prompt\": \"text\", \"adapter\": \"NAME\",\n"
+            "  \"max_tokens\", \"min_tokens\", \"n\", \"temperature\", \"top_k\", \"top_p\", \"min_p\",\n"
+            "  \"repetition_penalty\", \"presence_penalty\", \"frequency_penalty\", \"seed\", \"stop\": [..],\n"
+            "  \"stop_token_ids\": [..], \"ignore_eos\", \"logprobs\": K, \"logprobs_mode\": \"raw\"|\"processed\",\n"
+            "  \"abort_after\": K (abort once sample 0 has K tokens; for tests), \"id\": anything}\n"
+            "A control line {\"add_adapter\": {\"name\": N, \"dir\": D}} registers a new version of N when\n"
+            "it is reached (with --sequential: after the requests before it have finished).\n");
+}
+
+typedef struct sample_res {
+    json_t *tokens, *logprobs, *top;
+    char *text;
+    size_t text_len, text_cap;
+    const char *finish;
+    char *error;
+} sample_res_t;
+
+typedef struct job {
+    json_t *in;              /* the request line */
+    engine_request_t rq;
+    int32_t *prompt;
+    char **stops;
+    int32_t *stop_ids;
+    uint64_t id;
+    int n;
+    sample_res_t *samples;
+    int prompt_tokens, cached_tokens, adapter_version;
+    bool done, submitted;
+    char *submit_error;
+    int abort_after;
+    bool abort_sent;
+    bool control;            /* {"add_adapter": {"name", "dir"}}: registers (a new version) in order */
+    int control_version;
+    engine_t *engine;
+} job_t;
+
+static void sink(void *user, const engine_event_t *ev) {
+    job_t *j = user;
+    if (ev->index < 0 || ev->index >= j->n) return;
+    sample_res_t *s = &j->samples[ev->index];
+    j->prompt_tokens = ev->n_prompt_tokens;
+    j->cached_tokens = ev->n_cached_tokens;
+    j->adapter_version = ev->adapter_version;
+    if (ev->has_token) {
+        json_array_append_new(s->tokens, json_integer(ev->token));
+        if (j->rq.sampling.logprobs >= 0) {
+            json_array_append_new(s->logprobs, isfinite(ev->logprob) ? json_real(ev->logprob) : json_null());
+            json_t *alts = json_array();
+            for (int i = 0; i < ev->n_top; i++)
+                json_array_append_new(alts, json_pack("[i,o]", ev->top_ids[i],
+                                                      isfinite(ev->top_logprobs[i]) ? json_real(ev->top_logprobs[i]) : json_null()));
+            json_array_append_new(s->top, alts);
+        }
+    }
+    if (ev->text_len) {
+        if (s->text_len + ev->text_len + 1 > s->text_cap) {
+            size_t nc = (s->text_len + ev->text_len + 1) * 2;
+            char *nt = realloc(s->text, nc);
+            if (nt) { s->text = nt; s->text_cap = nc; }
+        }
+        if (s->text_len + ev->text_len + 1 <= s->text_cap) {
+            memcpy(s->text + s->text_len, ev->text, ev->text_len);
+            s->text_len += ev->text_len;
+            s->text[s->text_len] = 0;
+        }
+    }
+    if (ev->finish != ENGINE_FINISH_NONE) {
+        s->finish = engine_finish_names[ev->finish];
+        if (ev->error_msg) s->error = strdup(ev->error_msg);
+    }
+    if (ev->request_done) j->done = true;
+    if (j->abort_after > 0 && !j->abort_sent && ev->index == 0 && ev->n_generated >= j->abort_after &&
+        ev->finish == ENGINE_FINISH_NONE) {
+        engine_abort(j->engine, j->id);
+        j->abort_sent = true;
+    }
+}
+
+static long long parse_size(const char *s, bool *ok) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    *ok = end != s && !*end && !errno && v >= 0;
+    return (long long)(v * mul);
+}
+
+static int parse_int_opt(const char *name, const char *s, int lo, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > INT32_MAX) {
+        fprintf(stderr, "caraserve batch: %s must be an integer >= %d\n", name, lo);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int json_int_array(json_t *a, int32_t **out, int *n, const char *what, char *err, size_t errlen) {
+    if (!json_is_array(a)) { snprintf(err, errlen, "%s must be an array of integers", what); return -1; }
+    size_t k = json_array_size(a);
+    int32_t *v = malloc(sizeof(int32_t) * (k ? k : 1));
+    for (size_t i = 0; i < k; i++) {
+        json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
+            snprintf(err, errlen, "%s[%zu] is not a token id", what, i);
+            free(v);
+            return -1;
+        }
+        v[i] = (int32_t)json_integer_value(x);
+    }
+    *out = v;
+    *n = (int)k;
+    return 0;
+}
+
+/* fill j->rq from the JSON line; returns -1 with err set on a bad field */
+static int job_parse(job_t *j, const tokenizer_t *tok, char *err, size_t errlen) {
+    json_t *o = j->in;
+    engine_request_t *rq = &j->rq;
+    memset(rq, 0, sizeof *rq);
+    sampling_params_default(&rq->sampling);
+    rq->max_tokens = 16;
+    json_t *v;
+    if ((v = json_object_get(o, "prompt_ids"))) {
+        if (json_int_array(v, &j->prompt, &rq->n_prompt, "prompt_ids", err, errlen)) return -1;
+    } else if ((v = json_object_get(o, "prompt"))) {
+        if (!json_is_string(v)) { snprintf(err, errlen, "prompt must be a string"); return -1; }
+        if (!tok) { snprintf(err, errlen, "the model has no tokenizer.json: give prompt_ids"); return -1; }
+        size_t n;
+        if (tokenizer_encode(tok, json_string_value(v), json_string_length(v), true, &j->prompt, &n)) {
+            snprintf(err, errlen, "tokenize: %s", cs_error_last());
+            return -1;
+        }
+        rq->n_prompt = (int)n;
+    } else {
+        snprintf(err, errlen, "a request needs prompt_ids or prompt");
+        return -1;
+    }
+    rq->prompt = j->prompt;
+    if ((v = json_object_get(o, "adapter")) && !json_is_null(v)) {
+        if (!json_is_string(v)) { snprintf(err, errlen, "adapter must be a string"); return -1; }
+        rq->adapter = json_string_value(v);
+    }
+#define INT_FIELD(name, dst)                                                                   \
+    if ((v = json_object_get(o, name)) && !json_is_null(v)) {                                 \
+        if (!json_is_integer(v)) { snprintf(err, errlen, name " must be an integer"); return -1; } \
+        dst = (int)json_integer_value(v);                                                      \
+    }
+#define NUM_FIELD(name, dst)                                                                   \
+    if ((v = json_object_get(o, name)) && !json_is_null(v)) {                                 \
+        if (!json_is_number(v)) { snprintf(err, errlen, name " must be a number"); return -1; } \
+        dst = (float)json_number_value(v);                                                     \
+    }
+    INT_FIELD("max_tokens", rq->max_tokens);
+    INT_FIELD("min_tokens", rq->min_tokens);
+    INT_FIELD("n", rq->n);
+    INT_FIELD("top_k", rq->sampling.top_k);
+    INT_FIELD("logprobs", rq->sampling.logprobs);
+    INT_FIELD("abort_after", j->abort_after);
+    NUM_FIELD("temperature", rq->sampling.temperature);
+    NUM_FIELD("top_p", rq->sampling.top_p);
+    NUM_FIELD("min_p", rq->sampling.min_p);
+    NUM_FIELD("repetition_penalty", rq->sampling.repetition_penalty);
+    NUM_FIELD("presence_penalty", rq->sampling.presence_penalty);
+    NUM_FIELD("frequency_penalty", rq->sampling.frequency_penalty);
+#undef INT_FIELD
+#undef NUM_FIELD
+    if ((v = json_object_get(o, "seed")) && !json_is_null(v)) {
+        if (!json_is_integer(v)) { snprintf(err, errlen, "seed must be an integer"); return -1; }
+        rq->sampling.seed = (uint64_t)json_integer_value(v);
+        rq->sampling.has_seed = true;
+    }
+    if ((v = json_object_get(o, "logprobs_mode")) && !json_is_null(v)) {
+        const char *m = json_string_value(v);
+        if (m && !strcmp(m, "raw")) rq->sampling.logprobs_mode = SAMPLING_LOGPROBS_RAW;
+        else if (m && !strcmp(m, "processed")) rq->sampling.logprobs_mode = SAMPLING_LOGPROBS_PROCESSED;
+        else { snprintf(err, errlen, "logprobs_mode must be \"raw\" or \"processed\""); return -1; }
+    }
+    if ((v = json_object_get(o, "ignore_eos"))) rq->ignore_eos = json_is_true(v);
+    if ((v = json_object_get(o, "stop")) && !json_is_null(v)) {
+        if (json_is_string(v)) {
+            j->stops = calloc(1, sizeof(char *));
+            j->stops[0] = strdup(json_string_value(v));
+            rq->n_stop = 1;
+        } else if (json_is_array(v)) {
+            size_t k = json_array_size(v);
+            j->stops = calloc(k ? k : 1, sizeof(char *));
+            for (size_t i = 0; i < k; i++) {
+                const char *s = json_string_value(json_array_get(v, i));
+                if (!s) { snprintf(err, errlen, "stop[%zu] must be a string", i); return -1; }
+                j->stops[i] = strdup(s);
+                rq->n_stop = (int)i + 1;
+            }
+        } else {
+            snprintf(err, errlen, "stop must be a string or an array of strings");
+            return -1;
+        }
+        rq->stop = (const char *const *)j->stops;
+    }
+    if ((v = json_object_get(o, "stop_token_ids")) && !json_is_null(v)) {
+        if (json_int_array(v, &j->stop_ids, &rq->n_stop_token_ids, "stop_token_ids", err, errlen)) return -1;
+        rq->stop_token_ids = j->stop_ids;
+    }
+    j->n = rq->n > 0 ? rq->n : 1;
+    return 0;
+}
+
+static json_t *job_result(job_t *j) {
+    json_t *o = json_object();
+    json_t *id = json_object_get(j->in, "id");
+    if (id) json_object_set(o, "id", id);
+    if (j->submit_error) {
+        json_object_set_new(o, "error", json_string(j->submit_error));
+        return o;
+    }
+    if (j->control) {
+        json_object_set(o, "add_adapter", json_object_get(json_object_get(j->in, "add_adapter"), "name"));
+        json_object_set_new(o, "version", json_integer(j->control_version));
+        return o;
+    }
+    json_object_set_new(o, "prompt_tokens", json_integer(j->prompt_tokens));
+    json_object_set_new(o, "cached_tokens", json_integer(j->cached_tokens));
+    json_object_set_new(o, "adapter_version", json_integer(j->adapter_version));
+    json_t *arr = json_array();
+    for (int i = 0; i < j->n; i++) {
+        sample_res_t *s = &j->samples[i];
+        json_t *so = json_object();
+        json_object_set_new(so, "index", json_integer(i));
+        json_object_set(so, "tokens", s->tokens);
+        if (j->rq.sampling.logprobs >= 0) {
+            json_object_set(so, "logprobs", s->logprobs);
+            json_object_set(so, "top_logprobs", s->top);
+        }
+        json_object_set_new(so, "text", json_stringn(s->text ? s->text : "", s->text_len));
+        json_object_set_new(so, "finish_reason", s->finish ? json_string(s->finish) : json_null());
+        if (s->error) json_object_set_new(so, "error", json_string(s->error));
+        json_array_append_new(arr, so);
+    }
+    json_object_set_new(o, "samples", arr);
+    return o;
+}
+
+static void job_free(job_t *j) {
+    json_decref(j->in);
+    free(j->prompt);
+    if (j->stops)
+        for (int i = 0; i < j->rq.n_stop; i++) free(j->stops[i]);
+    free(j->stops);
+    free(j->stop_ids);
+    for (int i = 0; j->samples && i < j->n; i++) {
+        json_decref(j->samples[i].tokens);
+        json_decref(j->samples[i].logprobs);
+        json_decref(j->samples[i].top);
+        free(j->samples[i].text);
+        free(j->samples[i].error);
+    }
+    free(j->samples);
+    free(j->submit_error);
+}
+
+static void submit_job(engine_t *e, job_t *j) {
+    j->engine = e;
+    j->samples = calloc((size_t)j->n, sizeof *j->samples);
+    for (int i = 0; i < j->n; i++) {
+        j->samples[i].tokens = json_array();
+        j->samples[i].logprobs = json_array();
+        j->samples[i].top = json_array();
+    }
+    j->rq.sink = sink;
+    j->rq.user = j;
+    if (engine_submit(e, &j->rq, &j->id)) j->submit_error = strdup(cs_error_last());
+    else j->submitted = true;
+}
+
+static void wake_engine(void *user) {
+    engine_t **ep = user;
+    if (*ep) engine_wake(*ep);
+}
+
+int cmd_batch(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"lora", required_argument, 0, 'l'},
+        {"requests", required_argument, 0, 'r'},
+        {"threads", required_argument, 0, 'T'},
+        {"kv-cache-bytes", required_argument, 0, 'k'},
+        {"max-num-seqs", required_argument, 0, 's'},
+        {"max-num-batched-tokens", required_argument, 0, 'b'},
+        {"max-model-len", required_argument, 0, 'L'},
+        {"max-cpu-loras", required_argument, 0, 'c'},
+        {"lora-cache-bytes", required_argument, 0, 'C'},
+        {"no-prefix-caching", no_argument, 0, 'P'},
+        {"sequential", no_argument, 0, 'Q'},
+        {"stats", no_argument, 0, 'S'},
+        {"reference-kernels", no_argument, 0, 'R'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model_dir = NULL, *req_path = NULL;
+    const char **lora_specs = calloc((size_t)argc + 1, sizeof(char *));
+    int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0;
+    long long kv_bytes = 1LL << 30, lora_bytes = 0;
+    bool no_prefix = false, sequential = false, stats = false, reference = false, ok;
+    int c, status = 1;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 'l': lora_specs[n_loras++] = optarg; break;
+        case 'r': req_path = optarg; break;
+        case 'T': if (parse_int_opt("--threads", optarg, 1, &threads)) goto usage_err; break;
+        case 's': if (parse_int_opt("--max-num-seqs", optarg, 1, &max_seqs)) goto usage_err; break;
+        case 'b': if (parse_int_opt("--max-num-batched-tokens", optarg, 1, &max_tokens_batch)) goto usage_err; break;
+        case 'L': if (parse_int_opt("--max-model-len", optarg, 2, &max_model_len)) goto usage_err; break;
+        case 'c': if (parse_int_opt("--max-cpu-loras", optarg, 1, &max_cpu_loras)) goto usage_err; break;
+        case 'k':
+            kv_bytes = parse_size(optarg, &ok);
+            if (!ok || kv_bytes <= 0) { fprintf(stderr, "caraserve batch: --kv-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
+            break;
+        case 'C':
+            lora_bytes = parse_size(optarg, &ok);
+            if (!ok || lora_bytes <= 0) { fprintf(stderr, "caraserve batch: --lora-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
+            break;
+        case 'P': no_prefix = true; break;
+        case 'Q': sequential = true; break;
+        case 'S': stats = true; break;
+        case 'R': reference = true; break;
+        case 'h': usage_batch(stdout); free(lora_specs); return 0;
+        default: goto usage_err;
+        }
+    }
+    if (optind < argc) { fprintf(stderr, "caraserve batch: unexpected argument '%s'\n", argv[optind]); goto usage_err; }
+    if (!model_dir) { fprintf(stderr, "caraserve batch: --model DIR is required\n"); goto usage_err; }
+    for (int i = 0; i < n_loras; i++)
+        if (!strchr(lora_specs[i], '=') || lora_specs[i][0] == '=') {
+            fprintf(stderr, "caraserve batch: --lora wants NAME=DIR, got '%s'\n", lora_specs[i]);
+            goto usage_err;
+        }
+
+    backend_t *be = NULL;
+    model_t *model = NULL;
+    tokenizer_t *tok = NULL;
+    lora_registry_t *reg = NULL;
+    engine_t *engine = NULL;
+    job_t *jobs = NULL;
+    int n_jobs = 0, cap_jobs = 0;
+    FILE *in = stdin;
+
+    if (req_path && strcmp(req_path, "-") && !(in = fopen(req_path, "r"))) {
+        fprintf(stderr, "caraserve batch: %s: %s\n", req_path, strerror(errno));
+        goto out;
+    }
+    be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads, .reference = reference});
+    if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
+    char *tj = cs_path_join(model_dir, "tokenizer.json");
+    bool have_tok = tj && cs_file_exists(tj);
+    free(tj);
+    if (have_tok && tokenizer_load(model_dir, &tok)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
+    const model_config_t *cfg = model_get_config(model);
+    lora_registry_params_t lp = {.cfg = cfg, .cache_bytes = (size_t)lora_bytes, .max_loras = max_cpu_loras,
+                                 .on_loaded = wake_engine, .user = &engine};
+    if (lora_registry_new(&lp, &reg)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    for (int i = 0; i < n_loras; i++) {
+        char *name = strdup(lora_specs[i]);
+        char *eq = strchr(name, '=');
+        *eq = 0;
+        int ver;
+        int rc = lora_registry_add(reg, name, eq + 1, &ver);
+        if (rc) fprintf(stderr, "caraserve: adapter %s: %s\n", name, cs_error_last());
+        free(name);
+        if (rc) goto out;
+    }
+    const int32_t *eos = cfg->n_eos ? cfg->eos_token_ids : NULL;
+    engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg, .kv_cache_bytes = (size_t)kv_bytes,
+                          .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,
+                          .max_model_len = max_model_len, .no_prefix_caching = no_prefix};
+    if (!tok && eos) { ep.eos_ids = eos; ep.n_eos = cfg->n_eos; }
+    if (engine_new(&ep, &engine)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+
+    /* read every request first */
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    int lineno = 0;
+    while ((len = getline(&line, &lcap, in)) > 0) {
+        lineno++;
+        bool blank = true;
+        for (ssize_t i = 0; i < len && blank; i++) blank = line[i] == ' ' || line[i] == '\n' || line[i] == '\t' || line[i] == '\r';
+        if (blank) continue;
+        if (n_jobs == cap_jobs) {
+            cap_jobs = cap_jobs ? cap_jobs * 2 : 64;
+            jobs = realloc(jobs, sizeof *jobs * (size_t)cap_jobs);
+        }
+        job_t *j = &jobs[n_jobs++];
+        memset(j, 0, sizeof *j);
+        json_error_t jerr;
+        j->in = json_loadb(line, (size_t)len, 0, &jerr);
+        char err[512];
+        if (!j->in || !json_is_object(j->in)) {
+            snprintf(err, sizeof err, "line %d: not a JSON object (%s)", lineno, j->in ? "wrong type" : jerr.text);
+            json_decref(j->in);
+            j->in = json_object();
+            j->submit_error = strdup(err);
+            continue;
+        }
+        json_t *add = json_object_get(j->in, "add_adapter");
+        if (add) {
+            j->control = true;
+            if (!json_is_string(json_object_get(add, "name")) || !json_is_string(json_object_get(add, "dir")))
+                j->submit_error = strdup("add_adapter needs {\"name\": ..., \"dir\": ...}");
+            continue;
+        }
+        if (job_parse(j, tok, err, sizeof err)) {
+            char full[600];
+            snprintf(full, sizeof full, "line %d: %s", lineno, err);
+            j->submit_error = strdup(full);
+        }
+    }
+    free(line);
+
+    double t0 = cs_time_ms();
+    for (int i = 0; i < n_jobs; i++) {
+        if (jobs[i].submit_error) continue;
+        if (jobs[i].control) {
+            json_t *add = json_object_get(jobs[i].in, "add_adapter");
+            if (lora_registry_add(reg, json_string_value(json_object_get(add, "name")),
+                                  json_string_value(json_object_get(add, "dir")), &jobs[i].control_version))
+                jobs[i].submit_error = strdup(cs_error_last());
+            continue;
+        }
+        submit_job(engine, &jobs[i]);
+        if (sequential) engine_run_until_idle(engine);
+    }
+    if (!sequential) engine_run_until_idle(engine);
+    double wall = cs_time_ms() - t0;
+
+    for (int i = 0; i < n_jobs; i++) {
+        json_t *r = job_result(&jobs[i]);
+        char *s = json_dumps(r, JSON_COMPACT);
+        printf("%s\n", s);
+        free(s);
+        json_decref(r);
+    }
+    if (stats) {
+        engine_stats_t st;
+        engine_get_stats(engine, &st);
+        lora_registry_stats_t ls;
+        lora_registry_stats(reg, &ls);
+        fprintf(stderr,
+                "{\"wall_ms\": %.3f, \"steps\": %llu, \"prefill_tokens\": %llu, \"decode_tokens\": %llu, "
+                "\"busy_ms\": %.3f, \"decode_only_ms\": %.3f, \"decode_only_tokens\": %llu, \"preemptions\": %llu, "
+                "\"prompt_tokens\": %llu, \"cached_prompt_tokens\": %llu, \"kv_blocks\": %d, \"kv_free\": %d, "
+                "\"kv_cached\": %d, \"prefix_lookups\": %llu, \"prefix_hits\": %llu, \"lora_loads\": %llu, "
+                "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"threads\": %d}\n",
+                wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
+                (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
+                (unsigned long long)st.decode_only_tokens, (unsigned long long)st.preemptions,
+                (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_prompt_tokens, st.kv.n_blocks,
+                st.kv.n_free, st.kv.n_cached, (unsigned long long)st.kv.lookups, (unsigned long long)st.kv.hits,
+                (unsigned long long)ls.loads, (unsigned long long)ls.evictions, (unsigned long long)ls.load_failures,
+                be->n_threads);
+    }
+    status = 0;
+    for (int i = 0; i < n_jobs; i++)
+        if (jobs[i].submitted && !jobs[i].done) {
+            fprintf(stderr, "caraserve batch: request %d did not finish\n", i);
+            status = 1;
+        }
+out:
+    engine_free(engine);
+    engine = NULL;
+    for (int i = 0; i < n_jobs; i++) job_free(&jobs[i]);
+    free(jobs);
+    lora_registry_free(reg);
+    tokenizer_free(tok);
+    model_free(model);
+    backend_free(be);
+    if (in && in != stdin) fclose(in);
+    free(lora_specs);
+    return status;
+usage_err:
+    usage_batch(stderr);
+    free(lora_specs);
+    return 2;
+}

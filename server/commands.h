@@ -1,0 +1,7 @@
+/* commands.h: the `caraserve` subcommands other than generate, one file each. */
+#ifndef CS_COMMANDS_H
+#define CS_COMMANDS_H
+
+int cmd_batch(int argc, char **argv);
+
+#endif

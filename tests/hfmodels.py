@@ -1,0 +1,79 @@
+"""hfmodels.py: random-weight checkpoints written by transformers' and peft's own
+save_pretrained for the reference tests, and the float32 reference models that load them."""
+import torch
+import transformers
+from peft import LoraConfig, PeftModel, get_peft_model
+
+import reflib
+
+VOCAB = 512
+
+
+def perturb(model, seed, std=0.08):
+    """transformers' init gives near-uniform outputs and unit norms; spread everything so a
+    wrong norm, bias or rotation shows up in the logprobs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g) if "norm" in name else 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+
+
+def make_model(kind, dtype="float32", tied=False, heads=4, kv_heads=4, hidden=64, head_dim=None, layers=2,
+               inter=96, rope_scaling=None, sliding_window=None, seed=0):
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+                  rms_norm_eps=1e-6, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
+    if head_dim:
+        common["head_dim"] = head_dim
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(rope_theta=10000.0, **common)
+        if rope_scaling:
+            cfg.rope_scaling = rope_scaling
+            cfg.rope_parameters = dict(rope_scaling, rope_theta=10000.0)
+        cls = transformers.LlamaForCausalLM
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(sliding_window=sliding_window, rope_theta=1e6, **common)
+        cls = transformers.MistralForCausalLM
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(rope_theta=1e6, use_sliding_window=False, **common)
+        cls = transformers.Qwen2ForCausalLM
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(rope_theta=1e6, use_sliding_window=False, **common)
+        cls = transformers.Qwen3ForCausalLM
+    else:
+        raise ValueError(kind)
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval()
+    perturb(model, seed)
+    if tied:
+        model.tie_weights()
+    d = reflib.tmpdir(f"cs_ref_{kind}_")
+    save = model.to(torch.bfloat16) if dtype == "bfloat16" else model
+    save.save_pretrained(d, safe_serialization=True)
+    # the reference: exactly the saved weights, computed in float32
+    ref = cls.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    return d, ref
+
+
+def make_adapter(model_dir, ref_cls_model, r, alpha, targets, rslora=False, rank_pattern=None, alpha_pattern=None,
+                 seed=1, dtype="float32"):
+    base = type(ref_cls_model).from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, lora_dropout=0.0,
+                     rank_pattern=rank_pattern or {}, alpha_pattern=alpha_pattern or {}, task_type="CAUSAL_LM")
+    pm = get_peft_model(base, cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name or "lora_A" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    d = reflib.tmpdir("cs_ref_lora_")
+    if dtype == "bfloat16":
+        pm = pm.to(torch.bfloat16)
+    pm.save_pretrained(d, safe_serialization=True)
+    base2 = type(ref_cls_model).from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    ref = PeftModel.from_pretrained(base2, d, torch_dtype=torch.float32).eval()
+    ref = ref.float()
+    return d, ref

@@ -1,0 +1,931 @@
+/* test_lora_registry.c: the host tier of adapters. The io_uring loader on its own (chunked
+ * reads of odd sizes, many jobs at once, missing files); the registry: load -> acquire ->
+ * resident, 50 adapters through a cache of 5 (by count, by bytes) with every acquired
+ * adapter equal to lora_adapter_load's, held adapters never evicted (a 6th waits for a
+ * release), corrupt adapters failing only themselves, versions, remove, threads acquiring
+ * and re-adding at once, and freeing with loads in flight. */
+#include "config.h" /* _GNU_SOURCE: nftw, rand_r */
+#include <check.h>
+#include <errno.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/safetensors.h"
+#include "lora/loader_uring.h"
+#include "lora/registry.h"
+
+static char root[256];
+static model_config_t base;
+
+#define N_LAYERS 3
+/* hidden 64, 4 heads x 16 (q 64), 2 kv heads (k/v 32), intermediate 96 */
+static const char *base_json =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 64, "
+    "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+    "\"num_key_value_heads\": 2}";
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+static void setup(void) {
+    snprintf(root, sizeof root, "/tmp/cs_test_lreg_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    ck_assert_int_eq(model_config_parse(base_json, &base), CS_OK);
+}
+
+static void teardown(void) { nftw(root, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* ---- adapters on disk ---- */
+
+static const int targets[] = { LORA_Q, LORA_V, LORA_DOWN };
+static const char *parent(int t) { return t < LORA_GATE ? "self_attn" : "mlp"; }
+
+/* exactly representable in BF16 */
+static float val(int seed, size_t i) { return (float)(seed % 97) * 0.25f + (float)((int)(i % 64) - 32) * 0.125f; }
+
+/* root/NAME: q, v, down of every layer at RANK (tensors written with rank TRANK), weights
+ * from SEED; BF16 for odd seeds. Returns the directory (static buffer). */
+static const char *write_adapter_shape(const char *name, int rank, int trank, int seed) {
+    static char d[512];
+    snprintf(d, sizeof d, "%s/%s", root, name);
+    mkdir(d, 0755);
+    char p[600];
+    snprintf(p, sizeof p, "%s/adapter_config.json", d);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": %d, \"bias\": \"none\", "
+               "\"target_modules\": [\"q_proj\", \"v_proj\", \"down_proj\"]}", rank, 2 * rank + seed % 5);
+    fclose(f);
+
+    enum { NT = N_LAYERS * 3 * 2 };
+    st_write_tensor_t t[NT];
+    char names[NT][160];
+    void *bufs[NT];
+    cs_dtype dt = seed % 2 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+    int n = 0;
+    for (int l = 0; l < N_LAYERS; l++)
+        for (size_t k = 0; k < CS_ARRAY_LEN(targets); k++) {
+            int tg = targets[k], din, dout;
+            lora_target_dims(&base, (lora_target)tg, &din, &dout);
+            for (int ab = 0; ab < 2; ab++) {
+                int64_t d0 = ab ? dout : trank, d1 = ab ? trank : din;
+                size_t cnt = (size_t)d0 * (size_t)d1;
+                void *buf = malloc(cnt * 4 + 1);
+                for (size_t i = 0; i < cnt; i++) {
+                    float v = val(seed + l * 7 + tg * 3 + ab, i);
+                    if (dt == CS_DTYPE_F32) ((float *)buf)[i] = v;
+                    else ((uint16_t *)buf)[i] = cs_f32_to_bf16(v);
+                }
+                snprintf(names[n], sizeof names[n], "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
+                         parent(tg), lora_target_names[tg], ab ? 'B' : 'A');
+                t[n] = (st_write_tensor_t){ .name = names[n], .dtype = dt, .n_dims = 2, .shape = { d0, d1 }, .data = buf };
+                bufs[n++] = buf;
+            }
+        }
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", d);
+    const char *meta[] = { "format", "pt", NULL };
+    ck_assert_int_eq(safetensors_write(p, t, (size_t)n, meta), CS_OK);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    return d;
+}
+
+static const char *write_adapter(const char *name, int rank, int seed) {
+    return write_adapter_shape(name, rank, rank, seed);
+}
+
+static lora_adapter_t *load_ref(const char *dir) {
+    lora_adapter_t *a = NULL;
+    int rc = lora_adapter_load(dir, &base, &a);
+    ck_assert_msg(rc == CS_OK, "lora_adapter_load(%s): %s", dir, cs_error_last());
+    return a;
+}
+
+/* 1 if equal (weights bit for bit) */
+static int adapters_equal(const lora_adapter_t *x, const lora_adapter_t *y) {
+    if (!x || !y || x->n_layers != y->n_layers || x->nbytes != y->nbytes || x->max_rank != y->max_rank) return 0;
+    for (int i = 0; i < x->n_layers * LORA_N_TARGETS; i++) {
+        const lora_module_t *a = &x->mods[i], *b = &y->mods[i];
+        if (a->rank != b->rank || a->d_in != b->d_in || a->d_out != b->d_out || a->scale != b->scale) return 0;
+        if (!a->rank) continue;
+        if (memcmp(a->a, b->a, (size_t)a->rank * a->d_in * 4) || memcmp(a->b, b->b, (size_t)a->d_out * a->rank * 4))
+            return 0;
+    }
+    return 1;
+}
+
+/* ---- waiting for on_loaded ---- */
+
+static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ev_cond = PTHREAD_COND_INITIALIZER;
+static uint64_t ev_count;
+static lora_registry_t *ev_reg;        /* checked from on_loaded */
+static int ev_max_resident;
+static size_t ev_max_bytes;
+
+static void on_loaded(void *user) {
+    (void)user;
+    lora_registry_stats_t st;
+    pthread_mutex_lock(&ev_mu);
+    lora_registry_t *r = ev_reg;
+    pthread_mutex_unlock(&ev_mu);
+    if (r) lora_registry_stats(r, &st);
+    pthread_mutex_lock(&ev_mu);
+    if (r) {
+        ev_max_resident = CS_MAX(ev_max_resident, st.n_resident);
+        ev_max_bytes = CS_MAX(ev_max_bytes, st.bytes_resident);
+    }
+    ev_count++;
+    pthread_cond_broadcast(&ev_cond);
+    pthread_mutex_unlock(&ev_mu);
+}
+
+static uint64_t ev_now(void) {
+    pthread_mutex_lock(&ev_mu);
+    uint64_t c = ev_count;
+    pthread_mutex_unlock(&ev_mu);
+    return c;
+}
+
+/* wait until ev_count != seen or MS pass; 0 on timeout */
+static int ev_wait(uint64_t seen, int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&ev_mu);
+    while (ev_count == seen)
+        if (pthread_cond_timedwait(&ev_cond, &ev_mu, &ts) == ETIMEDOUT) break;
+    int changed = ev_count != seen;
+    pthread_mutex_unlock(&ev_mu);
+    return changed;
+}
+
+static lora_registry_t *reg_new(size_t cache_bytes, int max_loras) {
+    lora_registry_params_t p = { .cfg = &base, .cache_bytes = cache_bytes, .max_loras = max_loras,
+                                 .on_loaded = on_loaded, .user = NULL };
+    lora_registry_t *r = NULL;
+    int rc = lora_registry_new(&p, &r);
+    ck_assert_msg(rc == CS_OK, "lora_registry_new: %s", cs_error_last());
+    pthread_mutex_lock(&ev_mu);
+    ev_reg = r;
+    ev_max_resident = 0;
+    ev_max_bytes = 0;
+    pthread_mutex_unlock(&ev_mu);
+    return r;
+}
+
+static void reg_free(lora_registry_t *r) {
+    pthread_mutex_lock(&ev_mu);
+    ev_reg = NULL;
+    pthread_mutex_unlock(&ev_mu);
+    lora_registry_free(r);
+}
+
+/* acquire, waiting on on_loaded while CS_EAGAIN; the final status (30 s at most) */
+static int acquire_wait(lora_registry_t *r, const char *name, lora_ref_t **out) {
+    double t0 = cs_time_ms();
+    for (;;) {
+        uint64_t seen = ev_now();
+        int rc = lora_registry_acquire(r, name, out);
+        if (rc != CS_EAGAIN) return rc;
+        ck_assert_ptr_null(*out);
+        ck_assert_msg(cs_time_ms() - t0 < 30000, "acquire '%s': still CS_EAGAIN after 30 s", name);
+        ev_wait(seen, 200);
+    }
+}
+
+static lora_ref_t *acquire_ok(lora_registry_t *r, const char *name) {
+    lora_ref_t *ref = NULL;
+    int rc = acquire_wait(r, name, &ref);
+    ck_assert_msg(rc == CS_OK, "acquire '%s': %d %s", name, rc, cs_error_last());
+    ck_assert_ptr_nonnull(ref);
+    ck_assert_str_eq(ref->name, name);
+    return ref;
+}
+
+static lora_state state_of(lora_registry_t *r, const char *name) {
+    lora_state st;
+    ck_assert_int_eq(lora_registry_state(r, name, &st, NULL), CS_OK);
+    return st;
+}
+
+static lora_registry_stats_t stats(lora_registry_t *r) {
+    lora_registry_stats_t st;
+    lora_registry_stats(r, &st);
+    return st;
+}
+
+/* wait until no load is in flight (loads waiting for room would wait forever: not used then) */
+static void settle(lora_registry_t *r) {
+    double t0 = cs_time_ms();
+    while (stats(r).n_loading > 0) {
+        ck_assert_msg(cs_time_ms() - t0 < 30000, "loads did not finish");
+        usleep(1000);
+    }
+}
+
+/* ---- the loader on its own ---- */
+
+typedef struct got {
+    pthread_mutex_t mu;
+    int jobs;
+    struct { char path[256]; void *data; size_t len; int status; char error[384]; } f[256];
+    int n;
+} got_t;
+
+static void got_done(void *user, lora_file_t *files, size_t n) {
+    got_t *g = user;
+    pthread_mutex_lock(&g->mu);
+    for (size_t i = 0; i < n && g->n < 256; i++, g->n++) {
+        snprintf(g->f[g->n].path, sizeof g->f[g->n].path, "%s", files[i].path);
+        g->f[g->n].data = files[i].data;
+        files[i].data = NULL;
+        g->f[g->n].len = files[i].len;
+        g->f[g->n].status = files[i].status;
+        snprintf(g->f[g->n].error, sizeof g->f[g->n].error, "%s", files[i].error);
+    }
+    g->jobs++;
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void got_wait(got_t *g, int jobs) {
+    double t0 = cs_time_ms();
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        int j = g->jobs;
+        pthread_mutex_unlock(&g->mu);
+        if (j >= jobs) return;
+        ck_assert_msg(cs_time_ms() - t0 < 30000, "loader: %d of %d jobs done after 30 s", j, jobs);
+        usleep(1000);
+    }
+}
+
+static unsigned char pattern(size_t file, size_t i) { return (unsigned char)(file * 31 + i * 7 + (i >> 12)); }
+
+static void write_pattern(const char *path, size_t file, size_t len) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    for (size_t i = 0; i < len; i++) fputc(pattern(file, i), f);
+    fclose(f);
+}
+
+static void check_got(const got_t *g, int k, size_t file, size_t len) {
+    ck_assert_msg(g->f[k].status == CS_OK, "%s: %s", g->f[k].path, g->f[k].error);
+    ck_assert_uint_eq(g->f[k].len, len);
+    ck_assert_ptr_nonnull(g->f[k].data);
+    ck_assert_uint_eq((uintptr_t)g->f[k].data % LORA_LOADER_ALIGN, 0);
+    const unsigned char *d = g->f[k].data;
+    for (size_t i = 0; i < len; i++)
+        if (d[i] != pattern(file, i)) ck_abort_msg("%s: byte %zu is %u, want %u", g->f[k].path, i, d[i], pattern(file, i));
+    ck_assert_uint_eq(d[len], 0);
+}
+
+START_TEST(test_loader_files) {
+    /* 4 KiB chunks, 4 in flight: sizes around the chunk edges and a many-chunk file */
+    static const size_t sizes[] = { 0, 1, 4095, 4096, 4097, 3 * 4096 + 5, 300001 };
+    enum { NS = CS_ARRAY_LEN(sizes) };
+    char paths[NS + 2][300];
+    const char *pp[NS + 2];
+    for (size_t i = 0; i < NS; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/f%zu", root, i);
+        write_pattern(paths[i], i, sizes[i]);
+        pp[i] = paths[i];
+    }
+    snprintf(paths[NS], sizeof paths[NS], "%s/missing", root);
+    snprintf(paths[NS + 1], sizeof paths[NS + 1], "%s", root); /* a directory */
+    pp[NS] = paths[NS];
+    pp[NS + 1] = paths[NS + 1];
+
+    lora_loader_params_t lp = { .queue_depth = 4, .chunk_bytes = 4096 };
+    lora_loader_t *l;
+    ck_assert_int_eq(lora_loader_init(&lp, &l), CS_OK);
+    got_t *g = calloc(1, sizeof *g);
+    pthread_mutex_init(&g->mu, NULL);
+    ck_assert_int_eq(lora_loader_submit(l, pp, 4, got_done, g), CS_OK);          /* files 0..3 */
+    ck_assert_int_eq(lora_loader_submit(l, pp + 4, NS - 4 + 2, got_done, g), CS_OK); /* 4.., missing, dir */
+    got_wait(g, 2);
+    ck_assert_int_eq(g->n, NS + 2);
+    for (int k = 0; k < g->n; k++) {
+        size_t i = 0;
+        while (strcmp(paths[i], g->f[k].path) != 0) i++;
+        if (i < NS) check_got(g, k, i, sizes[i]);
+        else if (i == NS) {
+            ck_assert_int_eq(g->f[k].status, CS_ENOTFOUND);
+            ck_assert_msg(strstr(g->f[k].error, "missing") && strstr(g->f[k].error, "openat") &&
+                          strstr(g->f[k].error, "loader_uring.c:"), "message: %s", g->f[k].error);
+            ck_assert_ptr_null(g->f[k].data);
+        } else {
+            ck_assert_int_eq(g->f[k].status, CS_EIO);
+            ck_assert_msg(strstr(g->f[k].error, "regular"), "message: %s", g->f[k].error);
+        }
+        free(g->f[k].data);
+    }
+    lora_loader_free(l);
+
+    /* bad parameters are refused */
+    lp.chunk_bytes = 1000;
+    ck_assert_int_eq(lora_loader_init(&lp, &l), CS_EINVAL);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+END_TEST
+
+START_TEST(test_loader_many_jobs) {
+    /* 60 jobs of 3 files queued at once through 8 operations in flight */
+    enum { NJ = 60, NF = 3 };
+    char paths[NJ * NF][300];
+    for (int i = 0; i < NJ * NF; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/m%d", root, i);
+        write_pattern(paths[i], (size_t)i, (size_t)(i * 977 % 20000));
+    }
+    lora_loader_params_t lp = { .queue_depth = 8, .chunk_bytes = 8192 };
+    lora_loader_t *l;
+    ck_assert_int_eq(lora_loader_init(&lp, &l), CS_OK);
+    got_t *g = calloc(1, sizeof *g);
+    pthread_mutex_init(&g->mu, NULL);
+    for (int j = 0; j < NJ; j++) {
+        const char *pp[NF];
+        for (int k = 0; k < NF; k++) pp[k] = paths[j * NF + k];
+        ck_assert_int_eq(lora_loader_submit(l, pp, NF, got_done, g), CS_OK);
+    }
+    got_wait(g, NJ);
+    ck_assert_int_eq(g->n, NJ * NF);
+    for (int k = 0; k < g->n; k++) {
+        int i = atoi(strrchr(g->f[k].path, '/') + 2);
+        check_got(g, k, (size_t)i, (size_t)(i * 977 % 20000));
+        free(g->f[k].data);
+    }
+    /* a job left queued at free still gets its callback, with an error */
+    g->n = 0;
+    g->jobs = 0;
+    const char *pp[1] = { paths[0] };
+    for (int j = 0; j < 20; j++) ck_assert_int_eq(lora_loader_submit(l, pp, 1, got_done, g), CS_OK);
+    lora_loader_free(l);
+    ck_assert_int_eq(g->jobs, 20);
+    for (int k = 0; k < g->n; k++) {
+        if (g->f[k].status == CS_OK) check_got(g, k, 0, 0);
+        else ck_assert_int_eq(g->f[k].status, CS_EIO);
+        free(g->f[k].data);
+    }
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+END_TEST
+
+/* ---- the registry ---- */
+
+START_TEST(test_basic) {
+    const char *d = write_adapter("a0", 4, 10);
+    lora_adapter_t *want = load_ref(d);
+    lora_registry_t *r = reg_new(0, 0);
+    lora_ref_t *ref = (lora_ref_t *)0x1;
+    ck_assert_int_eq(lora_registry_acquire(r, "a0", &ref), CS_ENOTFOUND);
+    ck_assert_ptr_null(ref);
+    ck_assert(strstr(cs_error_last(), "a0") != NULL);
+    int v = 0;
+    ck_assert_int_eq(lora_registry_add(r, "a0", d, &v), CS_OK);
+    ck_assert_int_eq(v, 1);
+    ck_assert_int_eq(lora_registry_add(r, "", d, &v), CS_EINVAL);
+    lora_state st;
+    ck_assert_int_eq(lora_registry_state(r, "a0", &st, &v), CS_OK);
+    ck_assert_int_eq(st, LORA_ON_DISK);
+    ck_assert_int_eq(v, 1);
+    ck_assert_str_eq(lora_state_name(st), "on_disk");
+
+    uint64_t seen = ev_now();
+    ck_assert_int_eq(lora_registry_acquire(r, "a0", &ref), CS_EAGAIN);   /* starts the load */
+    ck_assert_ptr_null(ref);
+    ck_assert(state_of(r, "a0") == LORA_LOADING || state_of(r, "a0") == LORA_RESIDENT);
+    ck_assert_msg(ev_wait(seen, 30000), "on_loaded never called");
+    ck_assert_int_eq(state_of(r, "a0"), LORA_RESIDENT);
+    ck_assert_int_eq(lora_registry_acquire(r, "a0", &ref), CS_OK);
+    ck_assert(adapters_equal(ref->adapter, want));
+    ck_assert_int_eq(ref->version, 1);
+    ck_assert_str_eq(ref->name, "a0");
+    ck_assert_str_eq(ref->adapter->name, "a0");
+    lora_ref_t *ref2 = acquire_ok(r, "a0");
+    ck_assert_ptr_eq(ref2->adapter, ref->adapter);
+    lora_registry_stats_t s = stats(r);
+    ck_assert_int_eq(s.n_registered, 1);
+    ck_assert_int_eq(s.n_resident, 1);
+    ck_assert_int_eq(s.n_loading, 0);
+    ck_assert_uint_eq(s.bytes_resident, want->nbytes);
+    ck_assert_uint_eq(s.loads, 1);
+    ck_assert_uint_eq(s.misses, 1);
+    ck_assert_uint_eq(s.hits, 2);
+    ck_assert_uint_eq(s.load_failures, 0);
+    lora_registry_release(r, ref);
+    lora_registry_release(r, ref2);
+    ck_assert_int_eq(state_of(r, "a0"), LORA_RESIDENT);   /* stays cached */
+    reg_free(r);
+    lora_adapter_free(want);
+}
+END_TEST
+
+enum { N_MANY = 50, BOUND = 5 };
+
+/* 50 adapters through a cache of 5, acquires spread over all of them, up to 3 held at once
+ * and bursts that queue several loads together. */
+static void run_many(size_t cache_bytes, int max_loras) {
+    lora_adapter_t *want[N_MANY];
+    char names[N_MANY][16];
+    for (int i = 0; i < N_MANY; i++) {
+        snprintf(names[i], sizeof names[i], "m%02d", i);
+        want[i] = load_ref(write_adapter(names[i], 4, 100 + i));
+    }
+    lora_registry_t *r = reg_new(cache_bytes, max_loras);
+    for (int i = 0; i < N_MANY; i++) ck_assert_int_eq(lora_registry_add(r, names[i], want[i]->path, NULL), CS_OK);
+
+    lora_ref_t *held[3] = { 0 };
+    int held_idx[3] = { 0 };
+    unsigned seed = 12345;
+    for (int step = 0; step < 300; step++) {
+        if (step % 25 == 0) {
+            /* a burst: several loads queued at once, most of them waiting for room; then
+             * taken one by one as an engine would when on_loaded wakes it */
+            for (int k = 0; k < 8; k++) {
+                lora_ref_t *x = NULL;
+                int rc = lora_registry_acquire(r, names[(step + k * 7) % N_MANY], &x);
+                ck_assert_msg(rc == CS_OK || rc == CS_EAGAIN, "burst: %d %s", rc, cs_error_last());
+                if (x) lora_registry_release(r, x);
+            }
+            for (int k = 0; k < 8; k++) {
+                int j = (step + k * 7) % N_MANY;
+                lora_ref_t *x = acquire_ok(r, names[j]);
+                ck_assert(adapters_equal(x->adapter, want[j]));
+                lora_registry_release(r, x);
+            }
+        }
+        seed = seed * 1103515245u + 12345u;
+        int i = (int)((seed >> 8) % N_MANY);
+        int slot = step % 3;
+        if (held[slot]) {
+            ck_assert(adapters_equal(held[slot]->adapter, want[held_idx[slot]]));  /* not evicted under us */
+            lora_registry_release(r, held[slot]);
+            held[slot] = NULL;
+        }
+        lora_ref_t *ref = acquire_ok(r, names[i]);
+        ck_assert_msg(adapters_equal(ref->adapter, want[i]), "step %d: %s differs from lora_adapter_load", step, names[i]);
+        ck_assert_int_eq(ref->version, 1);
+        held[slot] = ref;
+        held_idx[slot] = i;
+        lora_registry_stats_t s = stats(r);
+        ck_assert_int_le(s.n_resident, BOUND);
+        if (cache_bytes) ck_assert_uint_le(s.bytes_resident, cache_bytes);
+    }
+    for (int k = 0; k < 3; k++) lora_registry_release(r, held[k]);
+    settle(r);
+    lora_registry_stats_t s = stats(r);
+    ck_assert_int_le(s.n_resident, BOUND);
+    ck_assert_int_eq(s.n_registered, N_MANY);
+    ck_assert_uint_gt(s.evictions, 40);
+    ck_assert_uint_ge(s.loads, N_MANY);
+    ck_assert_uint_gt(s.hits, 0);
+    ck_assert_uint_eq(s.load_failures, 0);
+    pthread_mutex_lock(&ev_mu);
+    ck_assert_int_le(ev_max_resident, BOUND);
+    ck_assert_int_ge(ev_max_resident, 3);
+    if (cache_bytes) ck_assert_uint_le(ev_max_bytes, cache_bytes);
+    pthread_mutex_unlock(&ev_mu);
+    reg_free(r);
+    for (int i = 0; i < N_MANY; i++) lora_adapter_free(want[i]);
+}
+
+START_TEST(test_many_by_count) { run_many(0, BOUND); }
+END_TEST
+
+START_TEST(test_many_by_bytes) {
+    lora_adapter_t *a = load_ref(write_adapter("size", 4, 1));
+    size_t one = a->nbytes;
+    lora_adapter_free(a);
+    run_many(BOUND * one + one / 2, 0);
+}
+END_TEST
+
+/* hold 5, ask for a 6th: CS_EAGAIN (and nothing held is evicted) until a release */
+static void run_pinned(size_t cache_bytes, int max_loras) {
+    lora_adapter_t *want[7];
+    char names[7][16];
+    for (int i = 0; i < 7; i++) {
+        snprintf(names[i], sizeof names[i], "p%d", i);
+        want[i] = load_ref(write_adapter(names[i], 4, 200 + i));
+    }
+    lora_registry_t *r = reg_new(cache_bytes, max_loras);
+    for (int i = 0; i < 7; i++) ck_assert_int_eq(lora_registry_add(r, names[i], want[i]->path, NULL), CS_OK);
+    lora_ref_t *held[5];
+    for (int i = 0; i < 5; i++) held[i] = acquire_ok(r, names[i]);
+
+    lora_ref_t *x = NULL;
+    ck_assert_int_eq(lora_registry_acquire(r, "p5", &x), CS_EAGAIN);
+    for (int k = 0; k < 10; k++) {
+        usleep(20000);
+        ck_assert_int_eq(lora_registry_acquire(r, "p5", &x), CS_EAGAIN);
+        ck_assert_ptr_null(x);
+    }
+    ck_assert_int_eq(state_of(r, "p5"), LORA_LOADING);
+    lora_registry_stats_t s = stats(r);
+    ck_assert_int_eq(s.n_resident, 5);
+    ck_assert_int_eq(s.n_loading, 1);
+    ck_assert_uint_eq(s.evictions, 0);
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(state_of(r, names[i]), LORA_RESIDENT);
+        ck_assert(adapters_equal(held[i]->adapter, want[i]));
+    }
+    /* a second waiter queues behind the first */
+    ck_assert_int_eq(lora_registry_acquire(r, "p6", &x), CS_EAGAIN);
+
+    lora_registry_release(r, held[2]);
+    lora_ref_t *r5 = acquire_ok(r, "p5");
+    ck_assert(adapters_equal(r5->adapter, want[5]));
+    ck_assert_int_eq(state_of(r, "p2"), LORA_ON_DISK);   /* the released one made room */
+    ck_assert_uint_eq(stats(r).evictions, 1);
+    ck_assert_int_eq(state_of(r, "p6"), LORA_LOADING);   /* still no room for it */
+    ck_assert_int_eq(lora_registry_acquire(r, "p6", &x), CS_EAGAIN);
+    for (int i = 0; i < 5; i++)
+        if (i != 2) ck_assert(adapters_equal(held[i]->adapter, want[i]));
+
+    lora_registry_release(r, r5);
+    lora_ref_t *r6 = acquire_ok(r, "p6");
+    ck_assert(adapters_equal(r6->adapter, want[6]));
+    ck_assert_int_eq(state_of(r, "p5"), LORA_ON_DISK);
+    s = stats(r);
+    ck_assert_int_eq(s.n_resident, 5);
+    ck_assert_int_eq(s.n_loading, 0);
+    lora_registry_release(r, r6);
+    for (int i = 0; i < 5; i++)
+        if (i != 2) lora_registry_release(r, held[i]);
+    /* everything is evictable again: p2 comes back */
+    lora_ref_t *r2 = acquire_ok(r, "p2");
+    ck_assert(adapters_equal(r2->adapter, want[2]));
+    lora_registry_release(r, r2);
+    pthread_mutex_lock(&ev_mu);
+    ck_assert_int_le(ev_max_resident, 5);
+    pthread_mutex_unlock(&ev_mu);
+    reg_free(r);
+    for (int i = 0; i < 7; i++) lora_adapter_free(want[i]);
+}
+
+START_TEST(test_pinned_by_count) { run_pinned(0, 5); }
+END_TEST
+
+START_TEST(test_pinned_by_bytes) {
+    lora_adapter_t *a = load_ref(write_adapter("size", 4, 1));
+    size_t one = a->nbytes;
+    lora_adapter_free(a);
+    run_pinned(5 * one + one - 1, 0);
+}
+END_TEST
+
+static void truncate_file(const char *dir, const char *file, double frac) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    struct stat sb;
+    ck_assert_int_eq(stat(p, &sb), 0);
+    ck_assert_int_eq(truncate(p, (off_t)((double)sb.st_size * frac)), 0);
+}
+
+static void expect_fail(lora_registry_t *r, const char *name, int code, const char *file) {
+    lora_ref_t *ref = NULL;
+    int rc = acquire_wait(r, name, &ref);
+    ck_assert_msg(rc == code, "%s: got %d (%s), want %d", name, rc, cs_error_last(), code);
+    ck_assert_ptr_null(ref);
+    char q[64];
+    snprintf(q, sizeof q, "adapter '%s'", name);
+    ck_assert_msg(strstr(cs_error_last(), q) && strstr(cs_error_last(), file), "%s: message '%s' lacks '%s' or '%s'",
+                  name, cs_error_last(), q, file);
+    ck_assert_int_eq(state_of(r, name), LORA_FAILED);
+}
+
+START_TEST(test_corrupt) {
+    lora_adapter_t *g0 = load_ref(write_adapter("good0", 4, 300));
+    lora_adapter_t *g1 = load_ref(write_adapter("good1", 2, 301));
+    const char *d = write_adapter("trunc", 4, 302);
+    truncate_file(d, "adapter_model.safetensors", 0.6);
+    d = write_adapter("badjson", 4, 303);
+    char p[600];
+    snprintf(p, sizeof p, "%s/adapter_config.json", d);
+    FILE *f = fopen(p, "w");
+    fputs("{\"peft_type\": \"LORA\", \"r\": 4,", f);
+    fclose(f);
+    write_adapter_shape("shape", 4, 3, 304);
+    write_adapter("hdr", 4, 305);
+    snprintf(p, sizeof p, "%s/hdr", root);
+    truncate_file(p, "adapter_model.safetensors", 0.0);
+
+    lora_registry_t *r = reg_new(0, 3);
+    static const char *const all[] = { "good0", "trunc", "badjson", "good1", "shape", "hdr", "missing" };
+    for (size_t i = 0; i < CS_ARRAY_LEN(all); i++) {
+        snprintf(p, sizeof p, "%s/%s", root, all[i]);
+        ck_assert_int_eq(lora_registry_add(r, all[i], p, NULL), CS_OK);
+    }
+    lora_ref_t *x;
+    for (size_t i = 0; i < CS_ARRAY_LEN(all); i++) {   /* all queued together */
+        int rc = lora_registry_acquire(r, all[i], &x);
+        ck_assert_int_eq(rc, CS_EAGAIN);
+    }
+    expect_fail(r, "trunc", CS_EFORMAT, "adapter_model.safetensors");
+    expect_fail(r, "badjson", CS_EFORMAT, "adapter_config.json");
+    expect_fail(r, "shape", CS_ESHAPE, "lora_A.weight");
+    expect_fail(r, "hdr", CS_EFORMAT, "adapter_model.safetensors");
+    expect_fail(r, "missing", CS_ENOTFOUND, "adapter_config.json");
+    lora_ref_t *a = acquire_ok(r, "good0"), *b = acquire_ok(r, "good1");
+    ck_assert(adapters_equal(a->adapter, g0));
+    ck_assert(adapters_equal(b->adapter, g1));
+    /* the errors match lora_adapter_load's */
+    lora_adapter_t *t = NULL;
+    snprintf(p, sizeof p, "%s/shape", root);
+    ck_assert_int_eq(lora_adapter_load(p, &base, &t), CS_ESHAPE);
+    snprintf(p, sizeof p, "%s/trunc", root);
+    ck_assert_int_eq(lora_adapter_load(p, &base, &t), CS_EFORMAT);
+
+    /* failed stays failed, without new loads; failures took no room */
+    lora_registry_stats_t s = stats(r);
+    ck_assert_uint_eq(s.load_failures, 5);
+    ck_assert_int_eq(s.n_resident, 2);
+    expect_fail(r, "trunc", CS_EFORMAT, "adapter_model.safetensors");
+    ck_assert_uint_eq(stats(r).misses, s.misses);
+    ck_assert_uint_eq(stats(r).load_failures, 5);
+
+    /* fixed on disk and re-added: loads */
+    d = write_adapter("trunc", 4, 302);
+    lora_adapter_t *tw = load_ref(d);
+    int v;
+    ck_assert_int_eq(lora_registry_add(r, "trunc", d, &v), CS_OK);
+    ck_assert_int_eq(v, 2);
+    lora_ref_t *c = acquire_ok(r, "trunc");
+    ck_assert(adapters_equal(c->adapter, tw));
+    ck_assert_int_eq(c->version, 2);
+    lora_registry_release(r, a);
+    lora_registry_release(r, b);
+    lora_registry_release(r, c);
+    reg_free(r);
+
+    /* an adapter larger than the whole cache fails clearly */
+    r = reg_new(g0->nbytes - 1, 0);
+    ck_assert_int_eq(lora_registry_add(r, "big", g0->path, NULL), CS_OK);
+    ck_assert_int_eq(lora_registry_add(r, "small", g1->path, NULL), CS_OK);
+    lora_ref_t *y = NULL;
+    ck_assert_int_eq(acquire_wait(r, "big", &y), CS_ENOMEM);
+    ck_assert_msg(strstr(cs_error_last(), "more than the whole host cache") && strstr(cs_error_last(), "big"),
+                  "message: %s", cs_error_last());
+    y = acquire_ok(r, "small");
+    lora_registry_release(r, y);
+    reg_free(r);
+    lora_adapter_free(g0);
+    lora_adapter_free(g1);
+    lora_adapter_free(tw);
+}
+END_TEST
+
+START_TEST(test_versions) {
+    lora_adapter_t *wa = load_ref(write_adapter("va", 4, 400));
+    lora_adapter_t *wb = load_ref(write_adapter("vb", 2, 401));
+    lora_registry_t *r = reg_new(0, 0);
+    int v;
+    ck_assert_int_eq(lora_registry_add(r, "v", wa->path, &v), CS_OK);
+    ck_assert_int_eq(v, 1);
+    lora_ref_t *r1 = acquire_ok(r, "v");
+    ck_assert(adapters_equal(r1->adapter, wa));
+    ck_assert_int_eq(r1->version, 1);
+
+    ck_assert_int_eq(lora_registry_add(r, "v", wb->path, &v), CS_OK);
+    ck_assert_int_eq(v, 2);
+    lora_state st;
+    ck_assert_int_eq(lora_registry_state(r, "v", &st, &v), CS_OK);
+    ck_assert_int_eq(st, LORA_ON_DISK);
+    ck_assert_int_eq(v, 2);
+    lora_ref_t *r2 = acquire_ok(r, "v");
+    ck_assert_int_eq(r2->version, 2);
+    ck_assert(adapters_equal(r2->adapter, wb));
+    ck_assert(adapters_equal(r1->adapter, wa));    /* the old holder keeps the old weights */
+    ck_assert_int_eq(r1->version, 1);
+    ck_assert_int_eq(stats(r).n_resident, 2);
+    ck_assert_int_eq(stats(r).n_registered, 1);
+    lora_registry_release(r, r1);                  /* old version freed */
+    lora_registry_stats_t s = stats(r);
+    ck_assert_int_eq(s.n_resident, 1);
+    ck_assert_uint_eq(s.bytes_resident, wb->nbytes);
+    lora_registry_release(r, r2);
+
+    /* re-added while loading: the first load is dropped, the new version wins */
+    ck_assert_int_eq(lora_registry_add(r, "w", wa->path, NULL), CS_OK);
+    lora_ref_t *x;
+    ck_assert_int_eq(lora_registry_acquire(r, "w", &x), CS_EAGAIN);
+    ck_assert_int_eq(lora_registry_add(r, "w", wb->path, &v), CS_OK);
+    ck_assert_int_eq(v, 2);
+    lora_ref_t *w = acquire_ok(r, "w");
+    ck_assert_int_eq(w->version, 2);
+    ck_assert(adapters_equal(w->adapter, wb));
+    lora_registry_release(r, w);
+    settle(r);
+    ck_assert_int_eq(stats(r).n_resident, 2);       /* v v2, w v2 */
+
+    /* re-added while resident and unheld: the old copy goes at once */
+    ck_assert_int_eq(lora_registry_add(r, "w", wa->path, &v), CS_OK);
+    ck_assert_int_eq(v, 3);
+    ck_assert_int_eq(stats(r).n_resident, 1);
+    w = acquire_ok(r, "w");
+    ck_assert(adapters_equal(w->adapter, wa));
+    lora_registry_release(r, w);
+    reg_free(r);
+    lora_adapter_free(wa);
+    lora_adapter_free(wb);
+}
+END_TEST
+
+START_TEST(test_remove) {
+    lora_adapter_t *wa = load_ref(write_adapter("ra", 4, 500));
+    lora_registry_t *r = reg_new(0, 0);
+    ck_assert_int_eq(lora_registry_add(r, "x", wa->path, NULL), CS_OK);
+    lora_ref_t *h = acquire_ok(r, "x");
+    ck_assert_int_eq(lora_registry_remove(r, "x"), CS_OK);
+    lora_ref_t *x = NULL;
+    ck_assert_int_eq(lora_registry_acquire(r, "x", &x), CS_ENOTFOUND);
+    ck_assert_int_eq(lora_registry_state(r, "x", NULL, NULL), CS_ENOTFOUND);
+    ck_assert_int_eq(lora_registry_remove(r, "x"), CS_ENOTFOUND);
+    ck_assert_int_eq(stats(r).n_registered, 0);
+    ck_assert(adapters_equal(h->adapter, wa));     /* still valid while held */
+    ck_assert_int_eq(stats(r).n_resident, 1);
+    lora_registry_release(r, h);
+    ck_assert_int_eq(stats(r).n_resident, 0);
+    ck_assert_uint_eq(stats(r).bytes_resident, 0);
+    int v;
+    ck_assert_int_eq(lora_registry_add(r, "x", wa->path, &v), CS_OK);
+    ck_assert_int_eq(v, 2);                         /* versions never repeat */
+    /* removed while loading */
+    ck_assert_int_eq(lora_registry_acquire(r, "x", &x), CS_EAGAIN);
+    ck_assert_int_eq(lora_registry_remove(r, "x"), CS_OK);
+    settle(r);
+    ck_assert_int_eq(stats(r).n_resident, 0);
+    reg_free(r);
+    lora_adapter_free(wa);
+}
+END_TEST
+
+/* ---- threads ---- */
+
+enum { C_NAMES = 12, C_WORKERS = 4, C_ITERS = 150, C_READDS = 40 };
+
+typedef struct conc {
+    lora_registry_t *r;
+    lora_adapter_t *wa[C_NAMES], *wb[C_NAMES];
+    char names[C_NAMES][16];
+    pthread_mutex_t mu;
+    int errors;
+    char first[512];
+    int ok;
+} conc_t;
+
+static void conc_err(conc_t *c, const char *fmt, const char *name, int rc) {
+    pthread_mutex_lock(&c->mu);
+    if (c->errors++ == 0) snprintf(c->first, sizeof c->first, fmt, name, rc, cs_error_last());
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void *worker(void *arg) {
+    conc_t *c = ((void **)arg)[0];
+    unsigned seed = (unsigned)(uintptr_t)((void **)arg)[1];
+    for (int it = 0; it < C_ITERS; it++) {
+        int i = (int)(rand_r(&seed) % C_NAMES);
+        lora_ref_t *ref = NULL;
+        double t0 = cs_time_ms();
+        int rc;
+        for (;;) {
+            uint64_t seen = ev_now();
+            rc = lora_registry_acquire(c->r, c->names[i], &ref);
+            if (rc != CS_EAGAIN || cs_time_ms() - t0 > 30000) break;
+            ev_wait(seen, 50);
+        }
+        if (rc != CS_OK) {
+            conc_err(c, "acquire %s: %d %s", c->names[i], rc);
+            return NULL;
+        }
+        const lora_adapter_t *want = ref->version % 2 ? c->wa[i] : c->wb[i];
+        if (strcmp(ref->name, c->names[i]) != 0 || !adapters_equal(ref->adapter, want))
+            conc_err(c, "%s version %d: wrong weights", c->names[i], ref->version);
+        if (rand_r(&seed) % 4 == 0) sched_yield();
+        lora_registry_release(c->r, ref);
+        pthread_mutex_lock(&c->mu);
+        c->ok++;
+        pthread_mutex_unlock(&c->mu);
+    }
+    return NULL;
+}
+
+static void *readder(void *arg) {
+    conc_t *c = arg;
+    int ver[C_NAMES];
+    for (int i = 0; i < C_NAMES; i++) ver[i] = 1;
+    for (int k = 0; k < C_READDS; k++) {
+        int i = (k * 5) % C_NAMES, v;
+        /* odd versions are the A weights, even ones B */
+        int rc = lora_registry_add(c->r, c->names[i], (ver[i] + 1) % 2 ? c->wa[i]->path : c->wb[i]->path, &v);
+        if (rc != CS_OK || v != ver[i] + 1) conc_err(c, "re-add %s: %d %s", c->names[i], rc);
+        ver[i] = v;
+        usleep(2000);
+    }
+    return NULL;
+}
+
+START_TEST(test_concurrent) {
+    conc_t *c = calloc(1, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    for (int i = 0; i < C_NAMES; i++) {
+        snprintf(c->names[i], sizeof c->names[i], "c%d", i);
+        char n[32];
+        snprintf(n, sizeof n, "ca%d", i);
+        c->wa[i] = load_ref(write_adapter(n, 2 + i % 3, 600 + i));
+        snprintf(n, sizeof n, "cb%d", i);
+        c->wb[i] = load_ref(write_adapter(n, 3, 700 + i));
+    }
+    c->r = reg_new(0, C_WORKERS);
+    for (int i = 0; i < C_NAMES; i++) ck_assert_int_eq(lora_registry_add(c->r, c->names[i], c->wa[i]->path, NULL), CS_OK);
+    pthread_t th[C_WORKERS + 1];
+    void *args[C_WORKERS][2];
+    for (int w = 0; w < C_WORKERS; w++) {
+        args[w][0] = c;
+        args[w][1] = (void *)(uintptr_t)(w * 7919 + 1);
+        ck_assert_int_eq(pthread_create(&th[w], NULL, worker, args[w]), 0);
+    }
+    ck_assert_int_eq(pthread_create(&th[C_WORKERS], NULL, readder, c), 0);
+    for (int w = 0; w <= C_WORKERS; w++) pthread_join(th[w], NULL);
+    ck_assert_msg(c->errors == 0, "%d errors, first: %s", c->errors, c->first);
+    ck_assert_int_eq(c->ok, C_WORKERS * C_ITERS);
+    settle(c->r);
+    lora_registry_stats_t s = stats(c->r);
+    ck_assert_int_le(s.n_resident, C_WORKERS);
+    ck_assert_int_eq(s.n_registered, C_NAMES);
+    ck_assert_uint_eq(s.load_failures, 0);
+    pthread_mutex_lock(&ev_mu);
+    ck_assert_int_le(ev_max_resident, C_WORKERS);
+    pthread_mutex_unlock(&ev_mu);
+    reg_free(c->r);
+    for (int i = 0; i < C_NAMES; i++) {
+        lora_adapter_free(c->wa[i]);
+        lora_adapter_free(c->wb[i]);
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+END_TEST
+
+START_TEST(test_free_while_loading) {
+    /* loads in flight, loads waiting for room, old versions loading: all dropped cleanly */
+    lora_registry_t *r = reg_new(0, 2);
+    char names[10][16];
+    for (int i = 0; i < 10; i++) {
+        snprintf(names[i], sizeof names[i], "f%d", i);
+        const char *d = write_adapter(names[i], 4, 800 + i);
+        ck_assert_int_eq(lora_registry_add(r, names[i], d, NULL), CS_OK);
+    }
+    lora_ref_t *x;
+    for (int i = 0; i < 10; i++) ck_assert_int_eq(lora_registry_acquire(r, names[i], &x), CS_EAGAIN);
+    char d[300];
+    snprintf(d, sizeof d, "%s/f0", root);
+    ck_assert_int_eq(lora_registry_add(r, "f1", d, NULL), CS_OK);
+    reg_free(r);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("lora_registry");
+    TCase *tc = tcase_create("loader");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_loader_files);
+    tcase_add_test(tc, test_loader_many_jobs);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("registry");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_basic);
+    tcase_add_test(tc, test_many_by_count);
+    tcase_add_test(tc, test_many_by_bytes);
+    tcase_add_test(tc, test_pinned_by_count);
+    tcase_add_test(tc, test_pinned_by_bytes);
+    tcase_add_test(tc, test_corrupt);
+    tcase_add_test(tc, test_versions);
+    tcase_add_test(tc, test_remove);
+    tcase_add_test(tc, test_concurrent);
+    tcase_add_test(tc, test_free_while_loading);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
