@@ -34,6 +34,8 @@ typedef struct cpu_ctx {
     uint16_t *xpack;      /* matmul: x packed into BF16 tiles */
     size_t xpack_len;     /* bf16 elements */
     size_t gather_len;    /* floats */
+    float *lora_t;        /* grouped LoRA: shrink results of a batch */
+    size_t lora_t_len;    /* floats */
 } cpu_ctx_t;
 
 static cpu_ctx_t *ctx_of(backend_t *b) { return b->ctx; }
@@ -462,6 +464,86 @@ static void cpu_get_rows(backend_t *b, float *dst, const float *src, const int32
     for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * len, src + (size_t)idx[i] * len, sizeof(float) * (size_t)len);
 }
 
+/* ---- grouped LoRA over the segments of a batch ---- */
+/* Few rows (decode): threads split the rank of A (shrink) and then the rows of B (expand),
+ * so every adapter's A and B are read once per step, not once per thread. Many rows
+ * (prefill): per segment, split by rows. */
+#define LORA_BATCH_MAX_ROWS 64
+#define LORA_EXPAND_COLS 256
+
+struct lora_batch_job {
+    cpu_ctx_t *c;
+    float *y, *t;           /* t: (rows, max_rank) shrink results */
+    const float *x;
+    const backend_lora_seg_t *segs;
+    const int *task0;       /* [n_segs + 1] first task of each segment in this phase */
+    int n_segs, d_in, d_out, ld_t;
+};
+
+static int lb_find(const int *task0, int n, int task) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (task0[mid] <= task) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+static void lora_shrink_task(void *p, int task, int thread) {
+    struct lora_batch_job *j = p;
+    (void)thread;
+    int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
+    const backend_lora_seg_t *g = &j->segs[s];
+    int r0 = k * 8, r1 = CS_MIN(g->rank, r0 + 8);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n, r1 - r0, j->d_in, 1.0f, j->x + (size_t)g->row0 * j->d_in,
+                j->d_in, g->a + (size_t)r0 * j->d_in, j->d_in, 0.0f, j->t + (size_t)g->row0 * j->ld_t + r0, j->ld_t);
+}
+
+static void lora_expand_task(void *p, int task, int thread) {
+    struct lora_batch_job *j = p;
+    (void)thread;
+    int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
+    const backend_lora_seg_t *g = &j->segs[s];
+    int c0 = k * LORA_EXPAND_COLS, c1 = CS_MIN(j->d_out, c0 + LORA_EXPAND_COLS);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n, c1 - c0, g->rank, g->scale,
+                j->t + (size_t)g->row0 * j->ld_t, j->ld_t, g->b + (size_t)c0 * g->rank, g->rank, 1.0f,
+                j->y + (size_t)g->row0 * j->d_out + c0, j->d_out);
+}
+
+static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend_lora_seg_t *segs, int n_segs, int d_in,
+                           int d_out) {
+    cpu_ctx_t *c = ctx_of(b);
+    int rows = 0, max_rank = 0, max_row = 0;
+    for (int i = 0; i < n_segs; i++) {
+        rows += segs[i].n;
+        max_rank = CS_MAX(max_rank, segs[i].rank);
+        max_row = CS_MAX(max_row, segs[i].row0 + segs[i].n);
+    }
+    if (c->reference || rows > LORA_BATCH_MAX_ROWS) {
+        for (int i = 0; i < n_segs; i++)
+            cpu_lora(b, y + (size_t)segs[i].row0 * d_out, x + (size_t)segs[i].row0 * d_in, segs[i].n, segs[i].a,
+                     segs[i].b, segs[i].rank, d_in, d_out, segs[i].scale);
+        return;
+    }
+    size_t need = (size_t)max_row * max_rank;
+    if (c->lora_t_len < need) {
+        free(c->lora_t);
+        c->lora_t = cs_aligned_alloc(64, need * sizeof(float));
+        CS_ASSERT(c->lora_t);
+        c->lora_t_len = need;
+    }
+    int *task0 = malloc(sizeof(int) * (size_t)(n_segs + 1));
+    CS_ASSERT(task0);
+    struct lora_batch_job j = {c, y, c->lora_t, x, segs, task0, n_segs, d_in, d_out, max_rank};
+    task0[0] = 0;
+    for (int i = 0; i < n_segs; i++) task0[i + 1] = task0[i] + (segs[i].rank + 7) / 8;
+    threadpool_run(c->pool, task0[n_segs], lora_shrink_task, &j);
+    int per = (d_out + LORA_EXPAND_COLS - 1) / LORA_EXPAND_COLS;
+    for (int i = 0; i < n_segs; i++) task0[i + 1] = task0[i] + per;
+    threadpool_run(c->pool, task0[n_segs], lora_expand_task, &j);
+    free(task0);
+}
+
 static void cpu_embed(backend_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
     (void)b;
     size_t esz = cs_dtype_size(t->dtype);
@@ -503,6 +585,7 @@ static const struct backend_i cpu_iface = {
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
     .lora = cpu_lora,
+    .lora_batch = cpu_lora_batch,
     .embed = cpu_embed,
     .synchronize = NULL,
     .free = cpu_free,

@@ -21,6 +21,13 @@ typedef struct backend_attn_seq {
     const int32_t *blocks;  /* block table covering positions [0, pos0 + n) */
 } backend_attn_seq_t;
 
+typedef struct backend_lora_seg {
+    int row0, n;
+    const float *a, *b;     /* (rank, d_in), (d_out, rank) F32 */
+    int rank;
+    float scale;
+} backend_lora_seg_t;
+
 struct backend_i {
     const char *name;
     /* true when ops read host memory directly: the model then uses its mmap'd weights in
@@ -64,6 +71,11 @@ struct backend_i {
     /* y[n, d_out] += scale · (x[n, d_in] · aᵀ) · bᵀ ; a (rank, d_in), b (d_out, rank), F32 */
     void (*lora)(backend_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank,
                  int d_in, int d_out, float scale);
+    /* Grouped LoRA for a batch mixing adapters (the CPU analogue of SGMV/BGMV): for every
+     * segment, y[row0 .. row0 + n) += scale · (x rows · aᵀ) · bᵀ, a (rank, d_in), b (d_out,
+     * rank). Segments cover disjoint rows. Optional: without it, lora() per segment. */
+    void (*lora_batch)(backend_t *b, float *y, const float *x, const struct backend_lora_seg *segs, int n_segs,
+                       int d_in, int d_out);
     /* y[n, table.cols] = rows ids[i] of table */
     void (*embed)(backend_t *b, float *y, const cs_weight_t *table, const int32_t *ids, int n);
 
@@ -110,6 +122,16 @@ static inline void backend_add(backend_t *b, float *y, const float *x, size_t n)
 static inline void backend_lora(backend_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank,
                                 int d_in, int d_out, float scale) {
     b->iface->lora(b, y, x, n, a, bm, rank, d_in, d_out, scale);
+}
+static inline void backend_lora_batch(backend_t *b, float *y, const float *x, const backend_lora_seg_t *segs, int n_segs,
+                                      int d_in, int d_out) {
+    if (b->iface->lora_batch) {
+        b->iface->lora_batch(b, y, x, segs, n_segs, d_in, d_out);
+        return;
+    }
+    for (int i = 0; i < n_segs; i++)
+        b->iface->lora(b, y + (size_t)segs[i].row0 * d_out, x + (size_t)segs[i].row0 * d_in, segs[i].n, segs[i].a,
+                       segs[i].b, segs[i].rank, d_in, d_out, segs[i].scale);
 }
 static inline void backend_embed(backend_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
     b->iface->embed(b, y, t, ids, n);

@@ -39,6 +39,7 @@ struct model {
     float *x, *xb, *xb2, *q, *kb, *vb, *att, *hb, *hb2, *logits_buf;
     int32_t *pos, *ids, *slots, *out_rows;   /* per batch row */
     backend_attn_seq_t *aseqs;
+    backend_lora_seg_t *lsegs;
     int seq_cap, logits_cap;
 };
 
@@ -305,8 +306,11 @@ static void free_acts(model_t *m) {
     free(m->slots);
     free(m->out_rows);
     free(m->aseqs);
+    free(m->lsegs);
     m->pos = m->ids = m->slots = m->out_rows = NULL;
     m->aseqs = NULL;
+    m->lsegs = NULL;
+    m->seq_cap = 0;
     m->act_cap = 0;
 }
 
@@ -327,16 +331,21 @@ void model_free(model_t *m) {
 static int ensure_acts(model_t *m, int n, int n_seqs) {
     if (n_seqs > m->seq_cap) {
         free(m->aseqs);
+        free(m->lsegs);
         m->aseqs = malloc(sizeof *m->aseqs * (size_t)n_seqs);
-        if (!m->aseqs) { m->seq_cap = 0; return cs_error_set(CS_ENOMEM, "out of memory"); }
+        m->lsegs = malloc(sizeof *m->lsegs * (size_t)n_seqs);
+        if (!m->aseqs || !m->lsegs) { m->seq_cap = 0; return cs_error_set(CS_ENOMEM, "out of memory"); }
         m->seq_cap = n_seqs;
     }
     if (n <= m->act_cap) return CS_OK;
     int seq_cap = m->seq_cap;
     backend_attn_seq_t *aseqs = m->aseqs;
+    backend_lora_seg_t *lsegs = m->lsegs;
     m->aseqs = NULL;
+    m->lsegs = NULL;
     free_acts(m);
     m->aseqs = aseqs;
+    m->lsegs = lsegs;
     m->seq_cap = seq_cap;
     const model_config_t *c = &m->cfg;
     size_t H = (size_t)c->hidden_size, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
@@ -404,11 +413,11 @@ int model_forward(model_t *m, model_seq_t *s, const int32_t *ids, int n, const l
 }
 
 /* ---- the batched forward pass ---- */
-/* y rows of each run of sequences sharing an adapter += their LoRA (grouped: one
- * shrink/expand pair per adapter and projection, whatever the batch mixes) */
+/* y rows of each run of sequences sharing an adapter += their LoRA, all runs in one grouped
+ * call (one shrink/expand pair per adapter and projection, whatever the batch mixes) */
 static void apply_lora_groups(model_t *m, float *y, const float *x, const model_batch_seq_t *seqs, int n_seqs,
                               int layer, lora_target t) {
-    int r0 = 0;
+    int r0 = 0, ns = 0, d_in = 0, d_out = 0;
     for (int i = 0; i < n_seqs;) {
         const lora_adapter_t *a = seqs[i].lora;
         int rows = 0, j = i;
@@ -416,14 +425,15 @@ static void apply_lora_groups(model_t *m, float *y, const float *x, const model_
         if (a) {
             const lora_module_t *md = lora_adapter_module(a, layer, t);
             if (md->rank > 0) {
-                size_t din = (size_t)md->d_in, dout = (size_t)md->d_out;
-                backend_lora(m->be, y + (size_t)r0 * dout, x + (size_t)r0 * din, rows, md->a, md->b, md->rank, md->d_in,
-                             md->d_out, md->scale);
+                m->lsegs[ns++] = (backend_lora_seg_t){r0, rows, md->a, md->b, md->rank, md->scale};
+                d_in = md->d_in;
+                d_out = md->d_out;
             }
         }
         r0 += rows;
         i = j;
     }
+    if (ns) backend_lora_batch(m->be, y, x, m->lsegs, ns, d_in, d_out);
 }
 
 int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits) {

@@ -85,6 +85,7 @@ size_t stop_matcher_held(const stop_matcher_t *m) { return m->len - m->released;
 
 /* Drops what the last call returned, leaving the held-back bytes at the front. */
 static void compact(stop_matcher_t *m) {
+    if (!m->released) return;
     memmove(m->buf, m->buf + m->released, m->len - m->released);
     m->len -= m->released;
     m->released = 0;
@@ -104,7 +105,7 @@ static size_t held_suffix(const stop_matcher_t *m) {
 
 int stop_matcher_feed(stop_matcher_t *m, const char *delta, size_t len, stop_result_t *out) {
     compact(m);
-    *out = (stop_result_t){m->buf, 0, m->matched};
+    *out = (stop_result_t){m->buf ? m->buf : "", 0, m->matched};
     if (m->matched >= 0) return 1;
     if (m->len + len > m->cap) {
         size_t cap = CS_MAX(m->cap * 2, m->len + len);
@@ -116,7 +117,7 @@ int stop_matcher_feed(stop_matcher_t *m, const char *delta, size_t len, stop_res
     }
     if (len) memcpy(m->buf + m->len, delta, len);
     m->len += len;
-    out->text = m->buf;
+    if (m->buf) out->text = m->buf;
 
     /* the match that completes first: earliest end, then longest, then lowest index */
     size_t best_end = SIZE_MAX, best_start = 0;
@@ -144,7 +145,7 @@ int stop_matcher_feed(stop_matcher_t *m, const char *delta, size_t len, stop_res
 
 int stop_matcher_flush(stop_matcher_t *m, stop_result_t *out) {
     compact(m);
-    *out = (stop_result_t){m->buf, 0, m->matched};
+    *out = (stop_result_t){m->buf ? m->buf : "", 0, m->matched};
     if (m->matched >= 0) return 1;
     out->len = m->len;
     m->released = m->len;

@@ -19,7 +19,7 @@
 typedef struct stop_matcher stop_matcher_t;
 
 typedef struct stop_result {
-    const char *text;       /* the bytes safe to emit now (held-back text first, then new
+    const char *text;       /* never NULL: the bytes safe to emit now (held-back text, then new
                                text); valid until the next call on the matcher */
     size_t len;
     int stop;               /* -1, or the index of the stop string that matched */
@@ -33,8 +33,8 @@ int stop_strings_validate(const char *const *stops, int n);
 stop_matcher_t *stop_matcher_new(const char *const *stops, int n);
 void stop_matcher_free(stop_matcher_t *m);
 
-/* Feeds the next delta. Returns 1 when a stop string has matched (in this call or an
- * earlier one: then out->len is 0), 0 when not, CS_ENOMEM. */
+/* Feeds the next delta. Returns 1 when a stop string has matched (in this call: out holds
+ * the text up to the match; in an earlier one: out->len is 0), 0 when not, CS_ENOMEM. */
 int stop_matcher_feed(stop_matcher_t *m, const char *delta, size_t len, stop_result_t *out);
 /* End of the sequence without a stop (length, EOS): releases the held-back text. Returns
  * like stop_matcher_feed. */

@@ -256,4 +256,54 @@ for k, frag in [("bad-token", "out of range"), ("too-long", "maximum context len
     if frag not in out[k].get("error", ""):
         reflib.fail(f"bad request {k}: {out[k]}")
 print("ok  abort ends only its request within an iteration; bad requests get clear errors")
+
+# ---- 7: text, stop strings, stop_token_ids, min_tokens with a real tokenizer ----
+import lzma  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+tokdir = reflib.tmpdir("cs_tok_")
+src = os.path.join(reflib.SRCDIR, "tests", "data", "tokenizers", "spm-32k")
+with lzma.open(os.path.join(src, "tokenizer.json.xz")) as f, open(os.path.join(tokdir, "tokenizer.json"), "wb") as g:
+    g.write(f.read())
+for fn in os.listdir(src):
+    if not fn.endswith(".xz"):
+        with open(os.path.join(src, fn), "rb") as f, open(os.path.join(tokdir, fn), "wb") as g:
+            g.write(f.read())
+tmodel = reflib.tmpdir("cs_tmodel_")
+subprocess.run([reflib.MKMODEL, "model", "--out", tmodel, "--hidden", "64", "--layers", "2", "--heads", "4",
+                "--intermediate", "96", "--tokenizer", tokdir, "--seed", "5", "--init-std", "0.2"], check=True,
+               capture_output=True)
+hf_tok = Tokenizer.from_file(os.path.join(tokdir, "tokenizer.json"))
+base = dict(prompt="The quick brown fox", max_tokens=40, ignore_eos=True, temperature=0.0)
+plain = run_batch(tmodel, [base])[0][0]["samples"][0]
+want_text = hf_tok.decode(plain["tokens"], skip_special_tokens=True)
+if plain["text"] != want_text:
+    reflib.fail(f"streamed text {plain['text']!r} != tokenizers.decode {want_text!r}")
+text = plain["text"]
+stop = None
+for i in range(len(text) // 3, len(text) - 3):  # a stop string that starts mid-token somewhere
+    cand = text[i:i + 3]
+    if cand.strip() and text.find(cand) == i:
+        stop = cand
+        break
+if stop is None:
+    reflib.fail(f"no usable stop string in {text!r}")
+cut = text.find(stop)
+runs = run_batch(tmodel, [dict(base, stop=[stop]), dict(base, stop=["zzzz-never", stop + "#~"]),
+                          dict(base, stop_token_ids=[plain["tokens"][5]]),
+                          dict(base, stop_token_ids=[plain["tokens"][5]], min_tokens=12)])[0]
+s0, s1, s2, s3 = (r["samples"][0] for r in runs)
+if s0["finish_reason"] != "stop" or s0["text"] != text[:cut]:
+    reflib.fail(f"stop {stop!r}: {s0['finish_reason']} {s0['text']!r}, want {text[:cut]!r}")
+if s0["tokens"] != plain["tokens"][:len(s0["tokens"])] or hf_tok.decode(s0["tokens"]).find(stop) < 0:
+    reflib.fail("stop string: the tokens are not the prefix that completes the stop string")
+if s1["finish_reason"] != "length" or s1["text"] != text:
+    reflib.fail(f"non-matching stop strings changed the output: {s1}")
+first = plain["tokens"].index(plain["tokens"][5])
+if s2["finish_reason"] != "stop" or s2["tokens"] != plain["tokens"][:first + 1]:
+    reflib.fail(f"stop_token_ids: {s2}")
+if s3["finish_reason"] not in ("stop", "length") or len(s3["tokens"]) < 12 or plain["tokens"][5] in s3["tokens"][:12]:
+    reflib.fail(f"min_tokens: {s3}")
+print(f"ok  text equals tokenizers.decode; stop {stop!r} cuts at byte {cut} ({len(s0['tokens'])} tokens); "
+      f"stop_token_ids and min_tokens hold")
 print("PASS")
