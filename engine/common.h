@@ -79,6 +79,7 @@ char *cs_read_file(const char *path, size_t *len);  /* NUL-terminated; NULL + er
 char *cs_path_join(const char *dir, const char *name); /* malloc'd */
 bool cs_file_exists(const char *path);
 double cs_time_ms(void);                            /* CLOCK_MONOTONIC */
+size_t cs_mem_available(void);                      /* MemAvailable of /proc/meminfo in bytes, 0 if unknown */
 
 #define CS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CS_MAX(a, b) ((a) > (b) ? (a) : (b))

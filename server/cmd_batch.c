@@ -25,6 +25,7 @@ static void usage_batch(FILE *f) {
             "  --requests FILE             JSON lines, one request each (default: stdin)\n"
             "  --threads N                 CPU threads (default: all online CPUs)\n"
             "  --kv-cache-bytes N          KV cache budget, suffixes K M G (default 1G)\n"
+            "  --kv-cache-fraction F       KV cache budget as a fraction of available memory (0 < F <= 0.9)\n"
             "  --max-num-seqs N            running sequences per iteration (default 256)\n"
             "  --max-num-batched-tokens N  tokens per iteration (default 2048)\n"
             "  --max-model-len N           context length (default: the model's, capped by the KV cache)\n"
@@ -327,6 +328,7 @@ int cmd_batch(int argc, char **argv) {
         {"requests", required_argument, 0, 'r'},
         {"threads", required_argument, 0, 'T'},
         {"kv-cache-bytes", required_argument, 0, 'k'},
+        {"kv-cache-fraction", required_argument, 0, 'f'},
         {"max-num-seqs", required_argument, 0, 's'},
         {"max-num-batched-tokens", required_argument, 0, 'b'},
         {"max-model-len", required_argument, 0, 'L'},
@@ -360,6 +362,15 @@ int cmd_batch(int argc, char **argv) {
             kv_bytes = parse_size(optarg, &ok);
             if (!ok || kv_bytes <= 0) { fprintf(stderr, "caraserve batch: --kv-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
             break;
+        case 'f': {
+            char *end;
+            double fr = strtod(optarg, &end);
+            if (*end || !(fr > 0 && fr <= 0.9)) { fprintf(stderr, "caraserve batch: --kv-cache-fraction must be in (0, 0.9]\n"); goto usage_err; }
+            size_t avail = cs_mem_available();
+            if (!avail) { fprintf(stderr, "caraserve batch: cannot read MemAvailable from /proc/meminfo; use --kv-cache-bytes\n"); goto usage_err; }
+            kv_bytes = (long long)(fr * (double)avail);
+            break;
+        }
         case 'C':
             lora_bytes = parse_size(optarg, &ok);
             if (!ok || lora_bytes <= 0) { fprintf(stderr, "caraserve batch: --lora-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
