@@ -57,10 +57,13 @@ static void cpu_buf_free(backend_t *b, void *p) { (void)b; free(p); }
 static void cpu_buf_copy(backend_t *b, void *d, const void *s, size_t n) { (void)b; memcpy(d, s, n); }
 
 /* ---- matmul ----
- * BF16 weights with AMX: x is packed into BF16 tiles once (split in terms, see
- * gemm_bf16.c), then one task per block of weight rows packs them and runs the tile GEMM.
- * Otherwise small n streams the weights through the AVX-512 GEMV, and large n widens
- * slabs of weight rows to F32 for OpenBLAS sgemm (F32 weights are used in place). */
+ *   n = 1, AVX-512: the GEMV streams the weights in their dtype (exact F32 arithmetic).
+ *   BF16, AMX, n ≥ 2: x is split into BF16 terms and packed into tiles once (gemm_bf16.c),
+ *     then one task per block of weight rows: up to CS_AMX_SMALL_N rows (batched decode,
+ *     memory-bound) W tiles come straight from the weights and x has 3 terms (exact); above
+ *     (prefill) each task packs its weight block and x has 2 terms (CS_AMX_TERMS=3: exact).
+ *   Otherwise small n uses the GEMV, large n widens slabs of weight rows to F32 for
+ *     OpenBLAS sgemm (F32 weights in place). */
 struct mm_job {
     cpu_ctx_t *c;
     float *y;
@@ -113,7 +116,7 @@ static void mm_amx_task(void *p, int task, int thread) {
 static void mm_amx(cpu_ctx_t *c, struct mm_job *j) {
     const cs_weight_t *w = j->w;
     int n = j->n;
-    /* memory-bound up to CS_AMX_SMALL_N rows: the exact third term costs nothing there */
+    /* memory-bound up to CS_AMX_SMALL_N rows: the exact third term costs little there */
     j->terms = n <= CS_AMX_SMALL_N ? 3 : c->amx_terms;
     size_t need = cs_gemm_bf16_xp_len(n, w->cols, j->terms);
     if (c->xpack_len < need) {
@@ -126,9 +129,11 @@ static void mm_amx(cpu_ctx_t *c, struct mm_job *j) {
     j->tiles_per_task = CS_MAX(2, (mt + 2 * c->n_threads - 1) / (2 * c->n_threads));
     if (n <= CS_AMX_SMALL_N) cs_gemm_bf16_pack_x(c->xpack, j->x, n, w->cols, j->terms, 0, mt);
     else threadpool_run(c->pool, (mt + j->tiles_per_task - 1) / j->tiles_per_task, mm_pack_x_task, j);
-    /* Small n streams each weight once: 32-row tasks, several per thread. Large n reuses a
-     * task's packed weight block (in L2) across all of x. */
-    int rows = n <= CS_AMX_SMALL_N ? 32 : 128;
+    /* Small n streams each weight once: 128-row tasks, within which the next 32 rows are
+     * prefetched. Large n reuses a task's packed weight block (at most 512 KiB, in L2)
+     * across all of x. */
+    int rows = 128;
+    if (n > CS_AMX_SMALL_N) rows = CS_MAX(32, CS_MIN(64, (int)((512u << 10) / (2u * (unsigned)w->cols)) & ~31));
     int tasks = (w->rows + rows - 1) / rows;
     j->rows_per_task = rows;
     scratch_reserve(c, (cs_gemm_bf16_wp_len(n, rows, w->cols, j->terms) + 1) / 2);
@@ -562,6 +567,7 @@ static void cpu_free(backend_t *b) {
         free(c->scratch);
         free(c->scratch_len);
         free(c->gather);
+        free(c->lora_t);
         free(c->xpack);
         free(c);
     }
