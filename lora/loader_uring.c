@@ -1,6 +1,7 @@
-/* loader_uring.c: one thread, one io_uring. Jobs queue under a mutex and an eventfd wakes
- * the thread, whose only blocking point is io_uring_wait_cqe (a read of the eventfd is kept
- * in flight beside the file operations). Each file goes openat -> statx -> reads of
+/* loader_uring.c: one thread, one io_uring. Jobs queue under a mutex; one eventfd, also
+ * registered with the ring so that every completion signals it, wakes the thread, whose
+ * only blocking point is poll() on it (io_uring_enter is only used to submit, which also
+ * keeps the thread visible as blocked to tools like valgrind). Each file goes openat -> statx -> reads of
  * chunk_bytes at increasing offsets (short reads resubmit the rest) -> close, all through
  * the ring, with at most queue_depth operations in flight over all files of all jobs and
  * the oldest job's files served first. Every io_uring call is checked; errors name the
@@ -14,6 +15,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -33,7 +35,7 @@ static int uring_check(int rc, const char *what, const char *file, int line) {
         abort();                                                                                  \
     } while (0)
 
-enum { OP_OPEN, OP_STATX, OP_READ, OP_CLOSE, OP_WAKE, OP_TIMER };
+enum { OP_OPEN, OP_STATX, OP_READ, OP_CLOSE, OP_TIMER };
 
 enum { F_QUEUED, F_NEED_STATX, F_READING, F_NEED_CLOSE, F_BUSY, F_DONE };
 
@@ -94,9 +96,6 @@ struct lora_loader {
     int ops_used;           /* allocated from ops: in flight or on resubmit */
     int files_open;         /* files between openat and close */
     ld_timer_t *timers_armed; /* in the ring: freed on completion or at free */
-    ld_op_t wake_op;
-    bool wake_armed;
-    uint64_t wake_buf;
 };
 
 static void job_free(ld_job_t *j) {
@@ -138,7 +137,7 @@ static void op_put(lora_loader_t *l, ld_op_t *op) {
 }
 
 static struct io_uring_sqe *sqe_get(lora_loader_t *l) {
-    /* the ring has room for queue_depth + 1 entries and is submitted after every round;
+    /* the ring has room for queue_depth entries and is submitted after every round;
      * timers can fill it sooner: then what is queued goes first */
     struct io_uring_sqe *sqe = io_uring_get_sqe(&l->ring);
     if (!sqe) {
@@ -162,7 +161,6 @@ static void prep(lora_loader_t *l, ld_op_t *op) {
         io_uring_prep_read(sqe, f->fd, (char *)f->pub->data + op->off, (unsigned)op->len, op->off);
         break;
     case OP_CLOSE: io_uring_prep_close(sqe, f->fd); break;
-    case OP_WAKE: io_uring_prep_read(sqe, l->efd, &l->wake_buf, sizeof l->wake_buf, 0); break;
     default: CS_ASSERT(!"loader: bad op");
     }
     io_uring_sqe_set_data(sqe, op);
@@ -178,10 +176,6 @@ static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
         io_uring_sqe_set_data(sqe, t);
         t->next = l->timers_armed;
         l->timers_armed = t;
-    }
-    if (!l->wake_armed) {
-        prep(l, &l->wake_op);
-        l->wake_armed = true;
     }
     while (l->resubmit) {
         ld_op_t *op = l->resubmit;
@@ -233,10 +227,6 @@ static void read_settled(ld_file_t *f) {
 }
 
 static void complete(lora_loader_t *l, ld_op_t *op, int res) {
-    if (op->kind == OP_WAKE) {
-        l->wake_armed = false;
-        return;
-    }
     if (op->kind == OP_TIMER) {
         ld_timer_t *t = (ld_timer_t *)op, **pp = &l->timers_armed;
         while (*pp != t) pp = &(*pp)->next;
@@ -377,9 +367,6 @@ static void *loader_main(void *arg) {
         if (rc < 0) URING_FATAL("io_uring_submit", rc);
 
         struct io_uring_cqe *cqe;
-        rc = io_uring_wait_cqe(&l->ring, &cqe);
-        if (rc == -EINTR || rc == -EAGAIN) continue;
-        if (rc < 0) URING_FATAL("io_uring_wait_cqe", rc);
         unsigned head, n = 0;
         io_uring_for_each_cqe(&l->ring, head, cqe) {
             complete(l, io_uring_cqe_get_data(cqe), cqe->res);
@@ -387,8 +374,18 @@ static void *loader_main(void *arg) {
         }
         io_uring_cq_advance(&l->ring, n);
         finish_jobs(l);
+        if (n) continue;
+        /* nothing completed: sleep until a completion or a submit writes the eventfd (a
+         * completion posted since the peek above has already written it) */
+        struct pollfd pfd = { .fd = l->efd, .events = POLLIN };
+        if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
+            cs_log("%s:%d: poll(eventfd): %s", __FILE__, __LINE__, strerror(errno));
+            abort();
+        }
+        uint64_t cnt;
+        if (read(l->efd, &cnt, sizeof cnt) < 0) { /* EAGAIN: another wake-up got it first */ }
     }
-    /* stopping, nothing in flight but the eventfd read: close what is open, cancel the rest */
+    /* stopping, nothing in flight: close what is open, cancel the rest */
     for (ld_job_t *j = l->active_head; j; j = j->next)
         for (size_t i = 0; i < j->n_files; i++) {
             ld_file_t *f = &j->files[i];
@@ -417,7 +414,6 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
         goto err;
     }
     pthread_mutex_init(&l->mu, NULL);
-    l->wake_op.kind = OP_WAKE;
     if (!(l->ops = calloc((size_t)l->qd, sizeof *l->ops))) {
         rc = cs_error_set(CS_ENOMEM, "loader: out of memory");
         goto err;
@@ -430,8 +426,9 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
         rc = cs_error_set(CS_EIO, "%s:%d: eventfd: %s", __FILE__, __LINE__, strerror(errno));
         goto err;
     }
-    if ((rc = URING_CHECK(io_uring_queue_init((unsigned)l->qd + 1, &l->ring, 0))) < 0) goto err;
+    if ((rc = URING_CHECK(io_uring_queue_init((unsigned)l->qd, &l->ring, 0))) < 0) goto err;
     l->ring_ok = true;
+    if ((rc = URING_CHECK(io_uring_register_eventfd(&l->ring, l->efd))) < 0) goto err;
     int prc = pthread_create(&l->thread, NULL, loader_main, l);
     if (prc != 0) {
         rc = cs_error_set(CS_ENOMEM, "loader: pthread_create: %s", strerror(prc));

@@ -16,7 +16,8 @@
 typedef struct lora_loader lora_loader_t;
 
 typedef struct lora_loader_params {
-    int queue_depth;        /* operations in flight at once (8..256); 0 = 16 */
+    int queue_depth;        /* operations in flight at once (1..256; 8..32 is right for
+                             * NVMe); 0 = 16 */
     size_t chunk_bytes;     /* bytes per read, a multiple of 4096; 0 = 1 MiB */
 } lora_loader_params_t;
 

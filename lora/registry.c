@@ -514,7 +514,9 @@ int lora_registry_acquire(lora_registry_t *r, const char *name, lora_ref_t **out
         *out = &e->ref;
         break;
     case LORA_LOADING:
-        rc = cs_error_set(CS_EAGAIN, "adapter '%s' version %d is loading", name, e->version);
+        rc = cs_error_set(CS_EAGAIN, e->waiting ? "adapter '%s' version %d waits for room in the host cache "
+                                                  "(every cached adapter is in use)"
+                                                : "adapter '%s' version %d is loading", name, e->version);
         break;
     case LORA_FAILED:
         rc = cs_error_set(e->err, "adapter '%s' version %d: %s", name, e->version,

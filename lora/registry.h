@@ -56,7 +56,9 @@ int lora_registry_remove(lora_registry_t *r, const char *name);
 /* Take a reference to NAME's current version. Returns
  *   CS_OK with *out (valid until lora_registry_release) when it is resident;
  *   CS_EAGAIN when a load was started by this call, is in progress, or waits for cache room
- *     (every cached adapter is held): retry after on_loaded fires;
+ *     (every cached adapter is held): retry after on_loaded fires. A freshly loaded adapter
+ *     is kept for its requesters for half a second before a waiting load may evict it, so
+ *     retrying every pending acquire on each on_loaded is enough to make progress;
  *   CS_ENOTFOUND when NAME is not registered;
  *   the load's error (CS_EFORMAT, CS_ESHAPE, CS_EIO, CS_ENOTFOUND, CS_EUNSUPPORTED, CS_ENOMEM
  *     for an adapter larger than the whole cache, ...) when its load failed, with a
