@@ -622,6 +622,24 @@ int engine_step(engine_t *e) {
         batch_add(e, &nb, s, chunk);
         budget -= chunk;
     }
+    /* start loading the adapters of the next waiting requests now, so the loads overlap
+     * this iteration (only those still on disk: no reference is taken for the others) */
+    int ahead = 0;
+    for (seq_t *s = e->waiting.head, *nx; s && ahead < 16 && e->p.loras; s = nx) {
+        nx = s->next;
+        req_t *r = s->req;
+        if (r->adapter_ready || !r->adapter) continue;
+        ahead++;
+        lora_state st;
+        if (lora_registry_state(e->p.loras, r->adapter, &st, NULL) == CS_OK && st == LORA_ON_DISK) {
+            int rc = req_adapter(e, r);
+            if (rc && rc != CS_EAGAIN) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "adapter '%s': %s", r->adapter, cs_error_last());
+                req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
+            }
+        }
+    }
     if (nb == 0) return 0;
 
     /* 3. the batch, with sequences of one adapter next to each other */
