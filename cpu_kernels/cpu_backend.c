@@ -30,7 +30,7 @@ typedef struct cpu_ctx {
     size_t *scratch_len;  /* floats */
     float *gather;        /* paged attention: one sequence's K and V made contiguous */
     bool amx;             /* AMX BF16 tiles usable (cs_cpu_has_amx_bf16) */
-    int amx_terms;        /* BF16 terms of x for large n: 2 or 3 (CS_AMX_TERMS) */
+    int amx_terms;        /* BF16 terms of x for large n: 3 (exact) or 2 (CS_AMX_TERMS=2) */
     uint16_t *xpack;      /* matmul: x packed into BF16 tiles */
     size_t xpack_len;     /* bf16 elements */
     size_t gather_len;    /* floats */
@@ -60,8 +60,8 @@ static void cpu_buf_copy(backend_t *b, void *d, const void *s, size_t n) { (void
  *   n = 1, AVX-512: the GEMV streams the weights in their dtype (exact F32 arithmetic).
  *   BF16, AMX, n ≥ 2: x is split into BF16 terms and packed into tiles once (gemm_bf16.c),
  *     then one task per block of weight rows: up to CS_AMX_SMALL_N rows (batched decode,
- *     memory-bound) W tiles come straight from the weights and x has 3 terms (exact); above
- *     (prefill) each task packs its weight block and x has 2 terms (CS_AMX_TERMS=3: exact).
+ *     memory-bound) W tiles come straight from the weights; above (prefill) each task
+ *     packs its weight block. x has 3 terms (exact; CS_AMX_TERMS=2 trades 2^-17 for speed).
  *   Otherwise small n uses the GEMV, large n widens slabs of weight rows to F32 for
  *     OpenBLAS sgemm (F32 weights in place). */
 struct mm_job {
@@ -116,8 +116,7 @@ static void mm_amx_task(void *p, int task, int thread) {
 static void mm_amx(cpu_ctx_t *c, struct mm_job *j) {
     const cs_weight_t *w = j->w;
     int n = j->n;
-    /* memory-bound up to CS_AMX_SMALL_N rows: the exact third term costs little there */
-    j->terms = n <= CS_AMX_SMALL_N ? 3 : c->amx_terms;
+    j->terms = n <= CS_AMX_SMALL_N ? 3 : c->amx_terms; /* memory-bound there: exact always */
     size_t need = cs_gemm_bf16_xp_len(n, w->cols, j->terms);
     if (c->xpack_len < need) {
         free(c->xpack);
@@ -609,7 +608,9 @@ backend_t *cpu_backend_new(const cpu_backend_params_t *p) {
     c->reference = p && p->reference;
     c->avx512 = cs_cpu_has_avx512() && !getenv("CS_NO_AVX512");
     c->amx = c->avx512 && !getenv("CS_NO_AMX") && cs_cpu_has_amx_bf16();
-    c->amx_terms = getenv("CS_AMX_TERMS") && atoi(getenv("CS_AMX_TERMS")) == 3 ? 3 : 2;
+    /* two terms of x are ~1.3x faster for prefill but move BF16 logprobs from ~2e-6 to
+     * ~2.5e-5 against transformers (tests/test_ref_forward.py): exact by default */
+    c->amx_terms = getenv("CS_AMX_TERMS") && atoi(getenv("CS_AMX_TERMS")) == 2 ? 2 : 3;
     c->scratch = calloc((size_t)n, sizeof *c->scratch);
     c->scratch_len = calloc((size_t)n, sizeof *c->scratch_len);
     c->pool = threadpool_new(n);

@@ -35,7 +35,7 @@ int cs_cpu_has_amx_bf16(void); /* also requests the tile-data permission from Li
 static inline size_t cs_gemm_bf16_xp_len(int n, int K, int terms) {
     return (size_t)((n + 31) / 32 * 2) * (size_t)((K + 31) / 32) * (size_t)terms * CS_AMX_TILE_ELEMS;
 }
-#define CS_AMX_SMALL_N 64       /* up to here the GEMM is memory-bound: no K chunking */
+#define CS_AMX_SMALL_N 32       /* up to here: memory-bound, W · xᵀ straight from the weights */
 /* bf16 elements of the scratch a task over `rows` weight rows needs (weight tiles and
  * F32 partial sums) */
 size_t cs_gemm_bf16_wp_len(int n, int rows, int K, int terms);

@@ -4,7 +4,6 @@
  * cs_cpu_has_avx512(); each has a reference in kernels_ref.c it is tested against. */
 #include <immintrin.h>
 #include <math.h>
-#include <stdlib.h>
 
 #include "cpu_kernels/kernels.h"
 
@@ -108,21 +107,22 @@ AVX512 static void gemv_bf16_streams(float *y, const float *x, const uint16_t *w
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
     int c32 = cols & ~31, tail = cols - c32;
     __mmask32 tm = (__mmask32)((1ull << tail) - 1);
-    __mmask16 t0 = (__mmask16)(tail >= 16 ? 0xffff : (1u << tail) - 1), t1 = (__mmask16)(tail > 16 ? (1u << (tail - 16)) - 1 : 0);
+    __mmask16 t0 = (__mmask16)(tail >= 16 ? 0xffff : (1u << tail) - 1);
+    __mmask16 t1 = (__mmask16)(tail > 16 ? (1u << (tail - 16)) - 1 : 0);
     int per = (r1 - r0) / GEMV_STREAMS;
+    size_t stride = (size_t)per * cols; /* between streams, in bf16 */
     for (int g = 0; g < per; g++) {
-        const uint16_t *p[GEMV_STREAMS];
+        const uint16_t *p = w + (size_t)(r0 + g) * cols;
         __m512 acc[GEMV_STREAMS];
-        for (int s = 0; s < GEMV_STREAMS; s++) {
-            p[s] = w + (size_t)(r0 + s * per + g) * cols;
-            acc[s] = _mm512_setzero_ps();
-        }
+#pragma GCC unroll 16
+        for (int s = 0; s < GEMV_STREAMS; s++) acc[s] = _mm512_setzero_ps();
         for (int c = 0; c < c32; c += 32) {
             __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
             __m512 xe = _mm512_permutex2var_ps(x0, ev, x1), xo = _mm512_permutex2var_ps(x0, od, x1);
+#pragma GCC unroll 16
             for (int s = 0; s < GEMV_STREAMS; s++) {
-                _mm_prefetch((const char *)(p[s] + c) + GEMV_PREFETCH, _MM_HINT_T0);
-                __m512i v = _mm512_loadu_si512(p[s] + c);
+                _mm_prefetch((const char *)(p + s * stride + c) + GEMV_PREFETCH, _MM_HINT_T0);
+                __m512i v = _mm512_loadu_si512(p + s * stride + c);
                 acc[s] = _mm512_fmadd_ps(bf16_even(v), xe, acc[s]);
                 acc[s] = _mm512_fmadd_ps(bf16_odd(v), xo, acc[s]);
             }
@@ -130,12 +130,14 @@ AVX512 static void gemv_bf16_streams(float *y, const float *x, const uint16_t *w
         if (tail) {
             __m512 x0 = _mm512_maskz_loadu_ps(t0, x + c32), x1 = _mm512_maskz_loadu_ps(t1, x + c32 + 16);
             __m512 xe = _mm512_permutex2var_ps(x0, ev, x1), xo = _mm512_permutex2var_ps(x0, od, x1);
+#pragma GCC unroll 16
             for (int s = 0; s < GEMV_STREAMS; s++) {
-                __m512i v = _mm512_maskz_loadu_epi16(tm, p[s] + c32);
+                __m512i v = _mm512_maskz_loadu_epi16(tm, p + s * stride + c32);
                 acc[s] = _mm512_fmadd_ps(bf16_even(v), xe, acc[s]);
                 acc[s] = _mm512_fmadd_ps(bf16_odd(v), xo, acc[s]);
             }
         }
+#pragma GCC unroll 16
         for (int s = 0; s < GEMV_STREAMS; s++) y[r0 + s * per + g] = _mm512_reduce_add_ps(acc[s]);
     }
     /* the rows left over: a plain one-row loop */
@@ -143,9 +145,7 @@ AVX512 static void gemv_bf16_streams(float *y, const float *x, const uint16_t *w
 }
 
 AVX512 void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
-    static int xx_mode = -1; /* XXX experiment */
-    if (xx_mode < 0) xx_mode = getenv("CS_GEMV_OLD") ? 0 : 1;
-    if (xx_mode && n == 1 && w->dtype == CS_DTYPE_BF16) { gemv_bf16_streams(y, x, w->data, w->cols, r0, r1); return; }
+    if (n == 1 && w->dtype == CS_DTYPE_BF16) { gemv_bf16_streams(y, x, w->data, w->cols, r0, r1); return; }
     for (int i0 = 0; i0 < n; i0 += 4) {
         int m = n - i0 < 4 ? n - i0 : 4;
         const float *xi = x + (size_t)i0 * w->cols;

@@ -3,6 +3,7 @@
  * weight dtypes. The backend runs with 1 and with 3 threads. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +71,69 @@ START_TEST(test_matmul_vs_ref) {
             }
         backend_free(be);
     }
+}
+END_TEST
+
+/* every n from 1 to 70 (GEMV, AMX with 3 and with 2 terms of x, OpenBLAS) on random shapes
+ * with rows and cols that are and are not multiples of 8/16/32, all dtypes, with and without
+ * bias. The worst error of each path is printed: exact paths (F32 arithmetic, or BF16 x in
+ * three terms, the default) sit near 1e-7; two BF16 terms (CS_AMX_TERMS=2, above
+ * CS_AMX_SMALL_N rows) leave x's residual below 2^-16 relative. */
+START_TEST(test_matmul_sweep) {
+    static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
+    static const int dims[] = {1, 5, 16, 31, 32, 33, 48, 64, 67, 100, 128, 131};
+    float worst[3][2] = {{0}};  /* [dtype][n <= CS_AMX_SMALL_N, n > CS_AMX_SMALL_N] */
+    backend_t *be = be_for(3);
+    for (int n = 1; n <= 70; n++)
+        for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++) {
+            int rows = dims[cs_rng_next(&rng) % CS_ARRAY_LEN(dims)] + (int)(cs_rng_next(&rng) % 3);
+            int cols = dims[cs_rng_next(&rng) % CS_ARRAY_LEN(dims)] + (int)(cs_rng_next(&rng) % 40);
+            void *mem;
+            cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
+            float *x = randv((size_t)n * cols, 1.0f), *bias = n % 2 ? randv((size_t)rows, 0.1f) : NULL;
+            float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+            backend_matmul(be, y, x, n, &w, bias);
+            cs_matmul_ref(yr, x, n, &w, bias);
+            float e = max_rel_err(y, yr, (size_t)n * rows);
+            bool big = n > CS_AMX_SMALL_N;
+            worst[d][big] = fmaxf(worst[d][big], e);
+            /* BF16 with two terms of x (CS_AMX_TERMS=2): ~2^-17 relative per element, 3e-6 seen */
+            ck_assert_msg(e < (dts[d] == CS_DTYPE_BF16 && big && getenv("CS_AMX_TERMS") ? 5e-6f : 2e-6f), "matmul n=%d %dx%d %s: rel err %g", n,
+                          rows, cols, cs_dtype_name(dts[d]), e);
+            free(mem); free(x); free(bias); free(y); free(yr);
+        }
+    for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++)
+        printf("matmul sweep %s: max rel err %.3g (n <= %d), %.3g (n > %d)\n", cs_dtype_name(dts[d]), worst[d][0],
+               CS_AMX_SMALL_N, worst[d][1], CS_AMX_SMALL_N);
+    backend_free(be);
+}
+END_TEST
+
+/* the AMX kernel itself, both term counts, on shapes with every kind of tail; skipped
+ * where the CPU has no AMX */
+START_TEST(test_gemm_bf16_amx) {
+    if (!cs_cpu_has_amx_bf16()) return;
+    static const int shapes[][3] = {{2, 16, 32}, {17, 33, 31}, {32, 64, 64}, {70, 100, 333}, {130, 96, 1000}};
+    for (size_t s = 0; s < CS_ARRAY_LEN(shapes); s++)
+        for (int terms = 2; terms <= 3; terms++) {
+            int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+            void *mem;
+            cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
+            float *x = randv((size_t)n * cols, 1.0f);
+            float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+            uint16_t *xp = cs_aligned_alloc(64, 2 * cs_gemm_bf16_xp_len(n, cols, terms));
+            uint16_t *wp = cs_aligned_alloc(64, 2 * cs_gemm_bf16_wp_len(n, rows, cols, terms));
+            cs_gemm_bf16_pack_x(xp, x, n, cols, terms, 0, (n + 31) / 32 * 2);
+            /* two calls over a split of the rows, as two tasks would */
+            int half = rows / 2;
+            cs_gemm_bf16_amx(y, rows, xp, n, terms, &w, 0, half, wp);
+            cs_gemm_bf16_amx(y, rows, xp, n, terms, &w, half, rows, wp);
+            cs_matmul_ref(yr, x, n, &w, NULL);
+            float e = max_rel_err(y, yr, (size_t)n * rows);
+            printf("amx n=%d %dx%d terms=%d: max rel err %.3g\n", n, rows, cols, terms, e);
+            ck_assert_msg(e < (terms == 3 ? 1e-6f : 5e-6f), "amx n=%d %dx%d terms=%d: rel err %g", n, rows, cols, terms, e);
+            free(mem); free(x); free(y); free(yr); free(xp); free(wp);
+        }
 }
 END_TEST
 
@@ -221,6 +285,8 @@ int main(void) {
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_matmul_vs_ref);
+    tcase_add_test(tc, test_matmul_sweep);
+    tcase_add_test(tc, test_gemm_bf16_amx);
     tcase_add_test(tc, test_attention_vs_ref);
     tcase_add_test(tc, test_attention_ref_definition);
     tcase_add_test(tc, test_lora_vs_ref);
