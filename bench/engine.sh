@@ -91,7 +91,8 @@ for r in $(seq "$REPS"); do
         --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
     echo "{\"kind\": \"prefill\", \"rep\": $r, \"stats\": $st}" >> "$results"
     if [ -n "$gguf" ]; then
-        js=$("$LLAMA_CPP_DIR/build/bin/llama-bench" -m "$gguf" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null)
+        js=$("$LLAMA_CPP_DIR/build/bin/llama-bench" -m "$gguf" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null \
+            | $PY -c "import sys,json; print(json.dumps(json.load(sys.stdin)))")
         echo "{\"kind\": \"llama-bench\", \"rep\": $r, \"out\": $js}" >> "$results"
         bb="$LLAMA_CPP_DIR/build/bin/llama-batched-bench"
         if [ -x "$bb" ]; then

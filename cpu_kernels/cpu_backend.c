@@ -493,14 +493,46 @@ static int lb_find(const int *task0, int n, int task) {
     return lo;
 }
 
+/* few rows: stream A's rows (shrink) or B's rows (expand) once, dotting each with every x
+ * (t) row; AVX-512 with masked tails, plain loops without it */
+#define LORA_SMALL_M 8
+
+__attribute__((target("avx512f"))) static float dot_masked(const float *a, const float *b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int e = 0;
+    for (; e + 16 <= n; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), _mm512_loadu_ps(b + e), acc);
+    if (e < n) {
+        __mmask16 m = (__mmask16)((1u << (n - e)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + e), _mm512_maskz_loadu_ps(m, b + e), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static float dot_plain(const float *a, const float *b, int n) {
+    float d = 0;
+    for (int e = 0; e < n; e++) d += a[e] * b[e];
+    return d;
+}
+
 static void lora_shrink_task(void *p, int task, int thread) {
     struct lora_batch_job *j = p;
     (void)thread;
     int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
     const backend_lora_seg_t *g = &j->segs[s];
     int r0 = k * 8, r1 = CS_MIN(g->rank, r0 + 8);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n, r1 - r0, j->d_in, 1.0f, j->x + (size_t)g->row0 * j->d_in,
-                j->d_in, g->a + (size_t)r0 * j->d_in, j->d_in, 0.0f, j->t + (size_t)g->row0 * j->ld_t + r0, j->ld_t);
+    const float *x = j->x + (size_t)g->row0 * j->d_in;
+    float *t = j->t + (size_t)g->row0 * j->ld_t;
+    if (g->n <= LORA_SMALL_M) {
+        for (int r = r0; r < r1; r++) {
+            const float *ar = g->a + (size_t)r * j->d_in;
+            for (int i = 0; i < g->n; i++)
+                t[(size_t)i * j->ld_t + r] = j->c->avx512 ? dot_masked(x + (size_t)i * j->d_in, ar, j->d_in)
+                                                          : dot_plain(x + (size_t)i * j->d_in, ar, j->d_in);
+        }
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n, r1 - r0, j->d_in, 1.0f, x, j->d_in,
+                g->a + (size_t)r0 * j->d_in, j->d_in, 0.0f, t + r0, j->ld_t);
 }
 
 static void lora_expand_task(void *p, int task, int thread) {
@@ -509,9 +541,19 @@ static void lora_expand_task(void *p, int task, int thread) {
     int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
     const backend_lora_seg_t *g = &j->segs[s];
     int c0 = k * LORA_EXPAND_COLS, c1 = CS_MIN(j->d_out, c0 + LORA_EXPAND_COLS);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n, c1 - c0, g->rank, g->scale,
-                j->t + (size_t)g->row0 * j->ld_t, j->ld_t, g->b + (size_t)c0 * g->rank, g->rank, 1.0f,
-                j->y + (size_t)g->row0 * j->d_out + c0, j->d_out);
+    const float *t = j->t + (size_t)g->row0 * j->ld_t;
+    float *y = j->y + (size_t)g->row0 * j->d_out;
+    if (g->n <= LORA_SMALL_M) {
+        for (int c = c0; c < c1; c++) {
+            const float *br = g->b + (size_t)c * g->rank;
+            for (int i = 0; i < g->n; i++)
+                y[(size_t)i * j->d_out + c] += g->scale * (j->c->avx512 ? dot_masked(t + (size_t)i * j->ld_t, br, g->rank)
+                                                                        : dot_plain(t + (size_t)i * j->ld_t, br, g->rank));
+        }
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n, c1 - c0, g->rank, g->scale, t, j->ld_t,
+                g->b + (size_t)c0 * g->rank, g->rank, 1.0f, y + c0, j->d_out);
 }
 
 static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend_lora_seg_t *segs, int n_segs, int d_in,

@@ -113,7 +113,7 @@ START_TEST(lora_batch_segments) {
     int ranks[5] = {8, 16, 32, 64, 4}, rows[5] = {1, 3, 1, 2, 7};
     for (int trial = 0; trial < 4; trial++) {
         int n_segs = 5, total = 0;
-        if (trial == 3) rows[4] = 70; /* many rows: the per-segment path */
+        rows[4] = trial == 1 ? 20 : trial == 3 ? 70 : 7; /* 20: the GEMM path of a segment; 70: per segment */
         backend_lora_seg_t segs[5];
         float *a[5], *b[5];
         for (int i = 0; i < n_segs; i++) {
