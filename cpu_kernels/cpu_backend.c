@@ -207,6 +207,49 @@ static void cpu_rope(backend_t *b, float *x, int n, int nh, int hd, const int32_
 }
 
 /* ---- attention ---- */
+/* exp of 16 lanes: Cephes' expf polynomial on the reduced argument, scaled by 2^n
+ * (max relative error ~2 ulp; exp of anything below -87.3 is 0) */
+__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.72283f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3333300175E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* x[0..n) = softmax(x) in place (n >= 1) */
+__attribute__((target("avx512f"))) static void softmax_avx512(float *x, int n) {
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(x + i));
+    __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
+    if (i < n) vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, x + i));
+    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 vsum = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx));
+        _mm512_storeu_ps(x + i, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    if (i < n) {
+        __m512 e = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + i), mx)));
+        _mm512_mask_storeu_ps(x + i, tail, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    if (i < n) _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
+}
+
 struct attn_job {
     cpu_ctx_t *c;
     float *out;
@@ -228,12 +271,7 @@ static void attn_task(void *p, int task, int thread) {
     const float *qh = j->q + ((size_t)i * j->nh + h) * j->hd;
     cblas_sgemv(CblasRowMajor, CblasNoTrans, L, j->hd, scale, j->k + (size_t)first * kv_dim + kvh * j->hd, kv_dim, qh,
                 1, 0.0f, s, 1);
-    float mx = -INFINITY;
-    for (int t = 0; t < L; t++) mx = fmaxf(mx, s[t]);
-    double sum = 0;
-    for (int t = 0; t < L; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
-    float inv = (float)(1.0 / sum);
-    for (int t = 0; t < L; t++) s[t] *= inv;
+    softmax_avx512(s, L);
     float *oh = j->out + ((size_t)i * j->nh + h) * j->hd;
     cblas_sgemv(CblasRowMajor, CblasTrans, L, j->hd, 1.0f, j->v + (size_t)first * kv_dim + kvh * j->hd, kv_dim, s, 1,
                 0.0f, oh, 1);
@@ -259,16 +297,9 @@ static void attn_gemm_task(void *p, int task, int thread) {
         float *row = s + (size_t)r * L;
         int qpos = j->pos0 + i0 + r;
         int lo = j->window > 0 ? CS_MAX(first, qpos - j->window + 1) : first; /* visible keys [lo, qpos] */
-        float mx = -INFINITY;
-        for (int t = lo; t <= qpos; t++) mx = fmaxf(mx, row[t - first]);
-        double sum = 0;
-        for (int t = first; t <= last; t++) {
-            float e = t >= lo && t <= qpos ? expf(row[t - first] - mx) : 0.0f;
-            row[t - first] = e;
-            sum += e;
-        }
-        float inv = (float)(1.0 / sum);
-        for (int t = 0; t < L; t++) row[t] *= inv;
+        for (int t = first; t < lo; t++) row[t - first] = 0.0f;
+        for (int t = qpos + 1; t <= last; t++) row[t - first] = 0.0f;
+        softmax_avx512(row + (lo - first), qpos - lo + 1);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, j->hd, L, 1.0f, s, L,
                 j->v + (size_t)first * kv_dim + kvh * j->hd, kv_dim, 0.0f, j->out + (size_t)i0 * q_dim + h * j->hd, q_dim);
@@ -361,8 +392,31 @@ struct pattn_job {
     int n_dec, bs, nh, nkv, hd, window;
 };
 
-/* one task per (sequence, query, head): scores over the visible keys block by block, then
- * the probability-weighted sum of the value rows */
+/* scores s[t - first] = scale · q·k_t and out = Σ p_t v_t over the keys [first, last] of a
+ * paged sequence, with q and the output accumulator held in NV registers (head_dim 16·NV) */
+__attribute__((target("avx512f"))) static inline void pattn_head_nv(float *oh, float *s, const float *qh, const float *k,
+                                                                   const float *v, const int32_t *blocks, int bs,
+                                                                   int first, int last, size_t kv_dim, size_t off,
+                                                                   float scale, const int NV) {
+    __m512 q[8], acc[8];
+    for (int c = 0; c < NV; c++) q[c] = _mm512_loadu_ps(qh + 16 * c);
+    for (int t = first; t <= last; t++) {
+        const float *kr = k + cs_paged_row(blocks, bs, t) * kv_dim + off;
+        __m512 d = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr));
+        for (int c = 1; c < NV; c++) d = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr + 16 * c), d);
+        s[t - first] = _mm512_reduce_add_ps(d) * scale;
+    }
+    softmax_avx512(s, last - first + 1);
+    for (int c = 0; c < NV; c++) acc[c] = _mm512_setzero_ps();
+    for (int t = first; t <= last; t++) {
+        const float *vr = v + cs_paged_row(blocks, bs, t) * kv_dim + off;
+        __m512 w = _mm512_set1_ps(s[t - first]);
+        for (int c = 0; c < NV; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < NV; c++) _mm512_storeu_ps(oh + 16 * c, acc[c]);
+}
+
+/* one task per (sequence, query, head) */
 static void pattn_task(void *p, int task, int thread) {
     struct pattn_job *j = p;
     int lo = 0, hi = j->n_dec - 1;                       /* find the sequence of this task */
@@ -372,29 +426,32 @@ static void pattn_task(void *p, int task, int thread) {
     }
     const backend_attn_seq_t *sq = &j->seqs[j->dec[lo]];
     int local = task - j->task0[lo], i = local / j->nh, h = local % j->nh;
-    int hd = j->hd, kv_dim = j->nkv * hd, kvh = h / (j->nh / j->nkv);
+    int hd = j->hd, kvh = h / (j->nh / j->nkv);
+    size_t kv_dim = (size_t)j->nkv * hd, off = (size_t)kvh * hd;
     int qpos = sq->pos0 + i, first = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
     float scale = 1.0f / sqrtf((float)hd), *s = j->c->scratch[thread];
     const float *qh = j->q + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
+    float *oh = j->out + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
+    switch (hd) { /* the common head sizes keep everything in registers */
+    case 64: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 4); return;
+    case 128: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 8); return;
+    case 32: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 2); return;
+    case 16: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 1); return;
+    default: break;
+    }
     bool vec = hd % 16 == 0;
-    float mx = -INFINITY;
     for (int t = first; t <= qpos; t++) {
-        const float *kr = j->k + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + kvh * hd;
+        const float *kr = j->k + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
         float d;
         if (vec) d = dot16(qh, kr, hd);
         else { d = 0; for (int e = 0; e < hd; e++) d += qh[e] * kr[e]; }
         s[t - first] = d * scale;
-        mx = fmaxf(mx, s[t - first]);
     }
-    int L = qpos - first + 1;
-    double sum = 0;
-    for (int t = 0; t < L; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
-    float inv = (float)(1.0 / sum);
-    float *oh = j->out + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
+    softmax_avx512(s, qpos - first + 1);
     memset(oh, 0, sizeof(float) * (size_t)hd);
     for (int t = first; t <= qpos; t++) {
-        const float *vr = j->v + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + kvh * hd;
-        float w = s[t - first] * inv;
+        const float *vr = j->v + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
+        float w = s[t - first];
         if (vec) axpy16(oh, w, vr, hd);
         else for (int e = 0; e < hd; e++) oh[e] += w * vr[e];
     }

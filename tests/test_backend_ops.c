@@ -93,6 +93,8 @@ START_TEST(paged_attention_decode_batch) {
     run_paged(9, n_new, cached, 6, 2, 24, 0, false);   /* head_dim not a multiple of 16 */
     run_paged(9, n_new, cached, 4, 4, 32, 33, false);  /* sliding window */
     run_paged(9, n_new, cached, 4, 1, 64, 0, true);
+    run_paged(9, n_new, cached, 2, 1, 128, 0, false);
+    run_paged(9, n_new, cached, 2, 2, 48, 0, false);   /* multiple of 16, no register path */
 }
 END_TEST
 
