@@ -5,6 +5,7 @@
  * every sample of n gets its tokens and exactly one finish, the request exactly one
  * request_done. (Exact logprobs against transformers are in test_ref_engine.py.) */
 #include <check.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,66 @@ START_TEST(submit_validation) {
 }
 END_TEST
 
+/* the engine on its own thread, fed and aborted from this one (as the HTTP server does) */
+typedef struct trec { pthread_mutex_t mu; int done, tokens; engine_finish fin; } trec_t;
+
+static void tsink(void *user, const engine_event_t *ev) {
+    trec_t *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (ev->has_token) r->tokens++;
+    if (ev->finish != ENGINE_FINISH_NONE) r->fin = ev->finish;
+    if (ev->request_done) r->done++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int trec_done(trec_t *r) {
+    pthread_mutex_lock(&r->mu);
+    int d = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return d;
+}
+
+START_TEST(engine_thread) {
+    engine_t *e;
+    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    ck_assert_int_eq(engine_start(e), CS_OK);
+    int32_t p[8] = {3, 4, 5, 6, 7, 8, 9, 10};
+    enum { N = 12 };
+    trec_t r[N];
+    uint64_t ids[N];
+    for (int k = 0; k < N; k++) {
+        memset(&r[k], 0, sizeof r[k]);
+        pthread_mutex_init(&r[k].mu, NULL);
+        engine_request_t q = {0};
+        sampling_params_default(&q.sampling);
+        q.prompt = p;
+        q.n_prompt = 8 - k % 4;
+        q.max_tokens = k == 0 ? 900 : 20;
+        q.ignore_eos = true;
+        q.sink = tsink;
+        q.user = &r[k];
+        ck_assert_int_eq(engine_submit(e, &q, &ids[k]), CS_OK);
+    }
+    ck_assert_int_eq(engine_abort(e, ids[0]), CS_OK);
+    for (int k = 0; k < N; k++) {
+        for (int spin = 0; spin < 6000 && !trec_done(&r[k]); spin++) usleep(5000);
+        ck_assert_int_eq(trec_done(&r[k]), 1);
+        ck_assert_int_eq(r[k].fin, k == 0 ? ENGINE_FINISH_ABORT : ENGINE_FINISH_LENGTH);
+        if (k) ck_assert_int_eq(r[k].tokens, 20);
+    }
+    engine_stats_t st;
+    for (int spin = 0; spin < 200; spin++) { /* stats are published after the step */
+        engine_get_stats(e, &st);
+        if (st.n_requests == 0) break;
+        usleep(5000);
+    }
+    ck_assert_int_eq(st.n_requests, 0);
+    engine_free(e);
+    for (int k = 0; k < N; k++) pthread_mutex_destroy(&r[k].mu);
+}
+END_TEST
+
 static void setup_files(void) {
     if (!mkdtemp(dir)) { perror("mkdtemp"); exit(1); }
     const char *bd = getenv("CS_BUILDDIR");
@@ -210,6 +271,7 @@ int main(void) {
     tcase_add_test(tc, abort_within_one_iteration);
     tcase_add_test(tc, preemption_no_leak);
     tcase_add_test(tc, submit_validation);
+    tcase_add_test(tc, engine_thread);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
