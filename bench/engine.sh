@@ -16,27 +16,13 @@
 #   bench/engine.sh
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/engine.sh
 # Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (2), CACHE, LLAMA_PY, DTYPE (bf16)
+# llama.cpp: cmake --build build -j --target llama-bench llama-batched-bench
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-BUILD=${BUILD:-build} THREADS=${THREADS:-2} GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-2}
-DTYPE=${DTYPE:-bf16}
-CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/caraserve-bench}
-PY=python3
-[ -x .venv/bin/python ] && PY=.venv/bin/python
-LLAMA_PY=${LLAMA_PY:-$PY}
-model="$CACHE/llama-200m-$DTYPE"
-mkdir -p "$CACHE" bench/results
+GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-2}
+. bench/common.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-
-if [ ! -f "$model/config.json" ]; then
-    tok="$CACHE/spm-32k"
-    mkdir -p "$tok"
-    xz -dc tests/data/tokenizers/spm-32k/tokenizer.json.xz > "$tok/tokenizer.json"
-    cp tests/data/tokenizers/spm-32k/tokenizer_config.json "$tok/"
-    "$BUILD/caraserve-mkmodel" model --out "$model" --arch llama --hidden 1024 --layers 12 --heads 16 \
-        --intermediate 2816 --vocab 32000 --dtype "$DTYPE" --seed 1 --tokenizer "$tok" >&2
-fi
 lora_args=()
 for i in 0 1 2 3 4 5 6 7; do
     a="$CACHE/llama-200m-lora-r16-$i"
@@ -64,14 +50,6 @@ configs="1:0 1:1 8:0 8:1 8:8 32:0 32:1 32:8"
 for c in $configs; do mkreq "${c%%:*}" "${c##*:}" >/dev/null; done
 $PY -c "import random; random.seed(1); print('{\"prompt_ids\": [' + ','.join(str(random.randrange(3, 32000)) for _ in range($PROMPT)) + '], \"max_tokens\": 1}')" > "$work/prefill.jsonl"
 
-gguf=""
-if [ -n "${LLAMA_CPP_DIR:-}" ]; then
-    gguf="$CACHE/llama-200m-f16.gguf"
-    if [ ! -f "$gguf" ]; then
-        PYTHONPATH="$LLAMA_CPP_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$LLAMA_PY" "$LLAMA_CPP_DIR/convert_hf_to_gguf.py" \
-            "$model" --outtype f16 --outfile "$gguf" >&2
-    fi
-fi
 
 results="$work/runs.jsonl"
 : > "$results"

@@ -18,34 +18,13 @@
 #            cmake --build build -j --target llama-bench
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-BUILD=${BUILD:-build} THREADS=${THREADS:-2} PROMPT=${PROMPT:-512} GEN=${GEN:-128} REPS=${REPS:-3}
-DTYPE=${DTYPE:-bf16}
-CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/caraserve-bench}
-PY=python3
-[ -x .venv/bin/python ] && PY=.venv/bin/python
-LLAMA_PY=${LLAMA_PY:-$PY}
-model="$CACHE/llama-200m-$DTYPE"
-mkdir -p "$CACHE" bench/results
-
-if [ ! -f "$model/config.json" ]; then
-    tok="$CACHE/spm-32k"
-    mkdir -p "$tok"
-    xz -dc tests/data/tokenizers/spm-32k/tokenizer.json.xz > "$tok/tokenizer.json"
-    cp tests/data/tokenizers/spm-32k/tokenizer_config.json "$tok/"
-    "$BUILD/caraserve-mkmodel" model --out "$model" --arch llama --hidden 1024 --layers 12 --heads 16 \
-        --intermediate 2816 --vocab 32000 --dtype "$DTYPE" --seed 1 --tokenizer "$tok" >&2
-fi
+PROMPT=${PROMPT:-512} GEN=${GEN:-128} REPS=${REPS:-3}
+. bench/common.sh
 ids=$($PY -c "import random; random.seed(1); print(','.join(str(random.randrange(3, 32000)) for _ in range($PROMPT)))")
 
-gguf=""
-if [ -n "${LLAMA_CPP_DIR:-}" ]; then
+if [ -n "$gguf" ]; then
     bench_bin="$LLAMA_CPP_DIR/build/bin/llama-bench"
     [ -x "$bench_bin" ] || { echo "forward.sh: $bench_bin not found (build llama.cpp first)" >&2; exit 1; }
-    gguf="$CACHE/llama-200m-f16.gguf"
-    if [ ! -f "$gguf" ]; then
-        PYTHONPATH="$LLAMA_CPP_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$LLAMA_PY" "$LLAMA_CPP_DIR/convert_hf_to_gguf.py" \
-            "$model" --outtype f16 --outfile "$gguf" >&2
-    fi
 fi
 
 cs_runs=() ll_runs=()

@@ -1,0 +1,30 @@
+# bench/common.sh: sourced by the bench scripts (run from the source root): the shared
+# settings and the ~200M Llama benchmark model (caraserve-mkmodel: hidden 1024, 12 layers,
+# 16 heads, intermediate 2816, vocab 32000, the Llama-2 32k tokenizer), written once into
+# $CACHE, and its F16 GGUF for llama.cpp when LLAMA_CPP_DIR is set.
+BUILD=${BUILD:-build} THREADS=${THREADS:-2}
+DTYPE=${DTYPE:-bf16}
+CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/caraserve-bench}
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+LLAMA_PY=${LLAMA_PY:-$PY}
+model="$CACHE/llama-200m-$DTYPE"
+mkdir -p "$CACHE" bench/results
+
+if [ ! -f "$model/config.json" ]; then
+    tok="$CACHE/spm-32k"
+    mkdir -p "$tok"
+    xz -dc tests/data/tokenizers/spm-32k/tokenizer.json.xz > "$tok/tokenizer.json"
+    cp tests/data/tokenizers/spm-32k/tokenizer_config.json "$tok/"
+    "$BUILD/caraserve-mkmodel" model --out "$model" --arch llama --hidden 1024 --layers 12 --heads 16 \
+        --intermediate 2816 --vocab 32000 --dtype "$DTYPE" --seed 1 --tokenizer "$tok" >&2
+fi
+
+gguf=""
+if [ -n "${LLAMA_CPP_DIR:-}" ]; then
+    gguf="$CACHE/llama-200m-f16.gguf"
+    if [ ! -f "$gguf" ]; then
+        PYTHONPATH="$LLAMA_CPP_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$LLAMA_PY" "$LLAMA_CPP_DIR/convert_hf_to_gguf.py" \
+            "$model" --outtype f16 --outfile "$gguf" >&2
+    fi
+fi
