@@ -546,7 +546,18 @@ static int req_adapter(engine_t *e, req_t *r) {
     return CS_OK;
 }
 
-int engine_step(engine_t *e) {
+/* ---- publishing stats, threads ---- */
+static void publish_stats(engine_t *e) {
+    e->st.n_waiting = e->waiting.n;
+    e->st.n_running = e->running.n;
+    kv_cache_get_stats(e->kv, &e->st.kv);
+    pthread_mutex_lock(&e->mu);
+    e->st.n_requests = e->n_live_requests;
+    e->stats = e->st;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static int step(engine_t *e) {
     take_inbox(e);
     double t0 = now_ms();
     int budget = e->p.max_num_batched_tokens, nb = 0;
@@ -726,15 +737,10 @@ int engine_step(engine_t *e) {
     return nb;
 }
 
-/* ---- publishing stats, threads ---- */
-static void publish_stats(engine_t *e) {
-    e->st.n_waiting = e->waiting.n;
-    e->st.n_running = e->running.n;
-    kv_cache_get_stats(e->kv, &e->st.kv);
-    pthread_mutex_lock(&e->mu);
-    e->st.n_requests = e->n_live_requests;
-    e->stats = e->st;
-    pthread_mutex_unlock(&e->mu);
+int engine_step(engine_t *e) {
+    int ran = step(e);
+    publish_stats(e);
+    return ran;
 }
 
 static bool has_work(engine_t *e) { return e->waiting.n > 0 || e->running.n > 0; }
@@ -762,7 +768,6 @@ static void *engine_thread(void *arg) {
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
         int ran = engine_step(e);
-        publish_stats(e);
         if (ran == 0) wait_for_work(e, has_work(e) ? 20 : 1000);
     }
     sampling_scratch_free();
@@ -772,7 +777,6 @@ static void *engine_thread(void *arg) {
 void engine_run_until_idle(engine_t *e) {
     for (;;) {
         int ran = engine_step(e);
-        publish_stats(e);
         pthread_mutex_lock(&e->mu);
         bool pending = e->inbox_head != NULL || e->n_aborts > 0;
         pthread_mutex_unlock(&e->mu);

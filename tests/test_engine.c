@@ -158,6 +158,32 @@ START_TEST(preemption_no_leak) {
 }
 END_TEST
 
+/* n samples share the prompt's full blocks; only the partial last block is copied */
+START_TEST(samples_share_prompt_blocks) {
+    engine_t *e;
+    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    int32_t p[40];
+    for (int i = 0; i < 40; i++) p[i] = 3 + i;
+    rec_t r = {0};
+    engine_request_t q = req(p, 40, 3, &r);
+    q.n = 4;
+    q.sampling.temperature = 1;
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_OK);
+    ck_assert_int_eq(engine_step(e), 1);   /* the prompt, the fork, 4 first tokens */
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(r.tokens[i], 1);
+    engine_stats_t st;
+    engine_get_stats(e, &st);
+    /* 40 tokens = 2 full blocks + 8: shared 2, plus 4 partial blocks (1 + 3 copies) */
+    ck_assert_int_eq(st.kv.n_blocks - st.kv.n_free - st.kv.n_cached, 6);
+    ck_assert_int_eq(st.n_running, 4);
+    engine_run_until_idle(e);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(r.tokens[i], 3);
+    ck_assert_int_eq(r.done, 1);
+    engine_free(e);
+}
+END_TEST
+
 START_TEST(submit_validation) {
     engine_t *e;
     engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(64), .max_num_seqs = 4};
@@ -270,6 +296,7 @@ int main(void) {
     tcase_add_test(tc, loading_adapter_does_not_block);
     tcase_add_test(tc, abort_within_one_iteration);
     tcase_add_test(tc, preemption_no_leak);
+    tcase_add_test(tc, samples_share_prompt_blocks);
     tcase_add_test(tc, submit_validation);
     tcase_add_test(tc, engine_thread);
     suite_add_tcase(s, tc);
