@@ -571,12 +571,8 @@ static float dot_plain(const float *a, const float *b, int n) {
     return d;
 }
 
-static void lora_shrink_task(void *p, int task, int thread) {
-    struct lora_batch_job *j = p;
-    (void)thread;
-    int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
-    const backend_lora_seg_t *g = &j->segs[s];
-    int r0 = k * 8, r1 = CS_MIN(g->rank, r0 + 8);
+/* t rows of segment g, ranks [r0, r1): x rows · A[r0:r1]ᵀ */
+static void lora_seg_shrink(const struct lora_batch_job *j, const backend_lora_seg_t *g, int r0, int r1) {
     const float *x = j->x + (size_t)g->row0 * j->d_in;
     float *t = j->t + (size_t)g->row0 * j->ld_t;
     if (g->n <= LORA_SMALL_M) {
@@ -592,12 +588,8 @@ static void lora_shrink_task(void *p, int task, int thread) {
                 g->a + (size_t)r0 * j->d_in, j->d_in, 0.0f, t + r0, j->ld_t);
 }
 
-static void lora_expand_task(void *p, int task, int thread) {
-    struct lora_batch_job *j = p;
-    (void)thread;
-    int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
-    const backend_lora_seg_t *g = &j->segs[s];
-    int c0 = k * LORA_EXPAND_COLS, c1 = CS_MIN(j->d_out, c0 + LORA_EXPAND_COLS);
+/* y rows of segment g, outputs [c0, c1): += scale · t rows · B[c0:c1]ᵀ */
+static void lora_seg_expand(const struct lora_batch_job *j, const backend_lora_seg_t *g, int c0, int c1) {
     const float *t = j->t + (size_t)g->row0 * j->ld_t;
     float *y = j->y + (size_t)g->row0 * j->d_out;
     if (g->n <= LORA_SMALL_M) {
@@ -613,14 +605,45 @@ static void lora_expand_task(void *p, int task, int thread) {
                 g->b + (size_t)c0 * g->rank, g->rank, 1.0f, y + c0, j->d_out);
 }
 
+static void lora_shrink_task(void *p, int task, int thread) {
+    struct lora_batch_job *j = p;
+    (void)thread;
+    int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
+    const backend_lora_seg_t *g = &j->segs[s];
+    lora_seg_shrink(j, g, k * 8, CS_MIN(g->rank, k * 8 + 8));
+}
+
+static void lora_expand_task(void *p, int task, int thread) {
+    struct lora_batch_job *j = p;
+    (void)thread;
+    int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
+    lora_seg_expand(j, &j->segs[s], k * LORA_EXPAND_COLS, CS_MIN(j->d_out, (k + 1) * LORA_EXPAND_COLS));
+}
+
+/* a whole segment in one task: with several adapters in the batch, one dispatch per
+ * projection instead of two */
+static void lora_seg_task(void *p, int task, int thread) {
+    struct lora_batch_job *j = p;
+    (void)thread;
+    const backend_lora_seg_t *g = &j->segs[task];
+    lora_seg_shrink(j, g, 0, g->rank);
+    lora_seg_expand(j, g, 0, j->d_out);
+}
+
+/* below this many multiply-adds a projection's LoRA runs on the calling thread: waking the
+ * pool twice costs more than the work (decode with one adapter) */
+#define LORA_INLINE_MACS (1L << 20)
+
 static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend_lora_seg_t *segs, int n_segs, int d_in,
                            int d_out) {
     cpu_ctx_t *c = ctx_of(b);
     int rows = 0, max_rank = 0, max_row = 0;
+    long macs = 0;
     for (int i = 0; i < n_segs; i++) {
         rows += segs[i].n;
         max_rank = CS_MAX(max_rank, segs[i].rank);
         max_row = CS_MAX(max_row, segs[i].row0 + segs[i].n);
+        macs += (long)segs[i].n * segs[i].rank * (d_in + d_out);
     }
     if (c->reference || rows > LORA_BATCH_MAX_ROWS) {
         for (int i = 0; i < n_segs; i++)
@@ -635,9 +658,18 @@ static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend
         CS_ASSERT(c->lora_t);
         c->lora_t_len = need;
     }
+    struct lora_batch_job j = {c, y, c->lora_t, x, segs, NULL, n_segs, d_in, d_out, max_rank};
+    if (macs < LORA_INLINE_MACS) {
+        for (int i = 0; i < n_segs; i++) lora_seg_task(&j, i, 0);
+        return;
+    }
+    if (n_segs >= 2 * c->n_threads) {
+        threadpool_run(c->pool, n_segs, lora_seg_task, &j);
+        return;
+    }
     int *task0 = malloc(sizeof(int) * (size_t)(n_segs + 1));
     CS_ASSERT(task0);
-    struct lora_batch_job j = {c, y, c->lora_t, x, segs, task0, n_segs, d_in, d_out, max_rank};
+    j.task0 = task0;
     task0[0] = 0;
     for (int i = 0; i < n_segs; i++) task0[i + 1] = task0[i] + (segs[i].rank + 7) / 8;
     threadpool_run(c->pool, task0[n_segs], lora_shrink_task, &j);
