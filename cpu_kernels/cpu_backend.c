@@ -588,10 +588,35 @@ static void lora_seg_shrink(const struct lora_batch_job *j, const backend_lora_s
                 g->a + (size_t)r0 * j->d_in, j->d_in, 0.0f, t + r0, j->ld_t);
 }
 
+/* y[i, c0:c1] += scale · Σ_r t[i, r] · Bᵀ[r, c0:c1] for n rows: streams Bᵀ's rows, 16
+ * outputs per vector, no horizontal sums */
+__attribute__((target("avx512f"))) static void expand_bt_avx512(float *y, int ld_y, const float *t, int ld_t, int n,
+                                                                const float *bt, int rank, int c0, int c1, float scale) {
+    CS_ASSERT(n <= LORA_SMALL_M);
+    __m512 vs = _mm512_set1_ps(scale);
+    for (int c = c0; c < c1; c += 16) {
+        __mmask16 m = c + 16 <= c1 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - c)) - 1);
+        __m512 acc[LORA_SMALL_M];
+        for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
+        for (int r = 0; r < rank; r++) {
+            __m512 b = _mm512_maskz_loadu_ps(m, bt + (size_t)r * ld_y + c);
+            for (int i = 0; i < n; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(t[(size_t)i * ld_t + r]), b, acc[i]);
+        }
+        for (int i = 0; i < n; i++) {
+            float *yi = y + (size_t)i * ld_y + c;
+            _mm512_mask_storeu_ps(yi, m, _mm512_fmadd_ps(vs, acc[i], _mm512_maskz_loadu_ps(m, yi)));
+        }
+    }
+}
+
 /* y rows of segment g, outputs [c0, c1): += scale · t rows · B[c0:c1]ᵀ */
 static void lora_seg_expand(const struct lora_batch_job *j, const backend_lora_seg_t *g, int c0, int c1) {
     const float *t = j->t + (size_t)g->row0 * j->ld_t;
     float *y = j->y + (size_t)g->row0 * j->d_out;
+    if (g->n <= LORA_SMALL_M && g->bt && j->c->avx512) {
+        expand_bt_avx512(y, j->d_out, t, j->ld_t, g->n, g->bt, g->rank, c0, c1, g->scale);
+        return;
+    }
     if (g->n <= LORA_SMALL_M) {
         for (int c = c0; c < c1; c++) {
             const float *br = g->b + (size_t)c * g->rank;

@@ -26,6 +26,7 @@ typedef struct backend_lora_seg {
     const float *a, *b;     /* (rank, d_in), (d_out, rank) F32 */
     int rank;
     float scale;
+    const float *bt;        /* optional: b transposed, (rank, d_out) */
 } backend_lora_seg_t;
 
 struct backend_i {

@@ -425,7 +425,7 @@ static void apply_lora_groups(model_t *m, float *y, const float *x, const model_
         if (a) {
             const lora_module_t *md = lora_adapter_module(a, layer, t);
             if (md->rank > 0) {
-                m->lsegs[ns++] = (backend_lora_seg_t){r0, rows, md->a, md->b, md->rank, md->scale};
+                m->lsegs[ns++] = (backend_lora_seg_t){r0, rows, md->a, md->b, md->rank, md->scale, md->bt};
                 d_in = md->d_in;
                 d_out = md->d_out;
             }

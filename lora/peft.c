@@ -482,7 +482,7 @@ static int plan(const char *name, const char *dir, const char *text, size_t len,
             mod->rank = rv ? (int)json_integer_value(rv) : pc.r;
             double alpha = av ? json_number_value(av) : pc.alpha;
             mod->scale = (float)(pc.rslora ? alpha / sqrt((double)mod->rank) : alpha / mod->rank);
-            a->nbytes += ((size_t)mod->rank * mod->d_in + (size_t)mod->d_out * mod->rank) * sizeof(float);
+            a->nbytes += ((size_t)mod->rank * mod->d_in + 2 * (size_t)mod->d_out * mod->rank) * sizeof(float);
             a->max_rank = CS_MAX(a->max_rank, mod->rank);
             n_targeted++;
         }
@@ -540,9 +540,12 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
                 return rc;
             size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank;
             if (!(mod->a = cs_aligned_alloc(64, n_a * sizeof(float))) ||
-                !(mod->b = cs_aligned_alloc(64, n_b * sizeof(float))))
+                !(mod->b = cs_aligned_alloc(64, n_b * sizeof(float))) ||
+                !(mod->bt = cs_aligned_alloc(64, n_b * sizeof(float))))
                 return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
             if ((rc = convert(dir, ta, mod->a, n_a)) || (rc = convert(dir, tb, mod->b, n_b))) return rc;
+            for (int o = 0; o < mod->d_out; o++)
+                for (int r = 0; r < mod->rank; r++) mod->bt[(size_t)r * mod->d_out + o] = mod->b[(size_t)o * mod->rank + r];
         }
     }
     return CS_OK;
@@ -615,6 +618,7 @@ void lora_adapter_free(lora_adapter_t *a) {
         for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++) {
             free(a->mods[i].a);
             free(a->mods[i].b);
+            free(a->mods[i].bt);
         }
     }
     free(a->mods);

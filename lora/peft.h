@@ -24,6 +24,8 @@ typedef struct lora_module {
     float scale;        /* alpha / r, or alpha / sqrt(r) */
     float *a;           /* (rank, d_in)  lora_A.weight; cs_aligned_alloc(64), freed by lora_adapter_free */
     float *b;           /* (d_out, rank) lora_B.weight; same */
+    float *bt;          /* (rank, d_out) B transposed, for the decode fast path (expand without
+                           horizontal sums); same */
 } lora_module_t;
 
 typedef struct lora_adapter {
@@ -31,7 +33,7 @@ typedef struct lora_adapter {
     char *path;
     int n_layers;
     int max_rank;
-    size_t nbytes;          /* bytes of A and B held */
+    size_t nbytes;          /* bytes of A, B and Bᵀ held */
     lora_module_t *mods;    /* [n_layers * LORA_N_TARGETS] */
 } lora_adapter_t;
 

@@ -135,11 +135,16 @@ START_TEST(lora_batch_segments) {
         int ranks[5] = {8, 16, 32, 64, 4}, rows[5] = {1, 3, 1, 2, 7};
         rows[n_segs - 1] = trials[trial].big_rows;
         backend_lora_seg_t segs[5];
-        float *a[5], *b[5];
+        float *a[5], *b[5], *bt[5];
         for (int i = 0; i < n_segs; i++) {
             a[i] = randv((size_t)ranks[i] * d_in);
             b[i] = randv((size_t)d_out * ranks[i]);
-            segs[i] = (backend_lora_seg_t){total + (i == 1 ? 1 : 0), rows[i], a[i], b[i], ranks[i], 0.5f + i};
+            bt[i] = malloc(sizeof(float) * (size_t)d_out * ranks[i]);
+            for (int o = 0; o < d_out; o++)
+                for (int r = 0; r < ranks[i]; r++) bt[i][(size_t)r * d_out + o] = b[i][(size_t)o * ranks[i] + r];
+            /* with and without the transposed copy (its fast path and the one over B) */
+            segs[i] = (backend_lora_seg_t){total + (i == 1 ? 1 : 0), rows[i], a[i], b[i], ranks[i], 0.5f + i,
+                                           (trial + i) % 2 ? bt[i] : NULL};
             total = segs[i].row0 + rows[i];
         }
         float *x = randv((size_t)total * d_in), *y0 = randv((size_t)total * d_out);
@@ -177,7 +182,7 @@ START_TEST(lora_batch_segments) {
         backend_lora_batch(fast, y1, x, segs, n_segs, d_in, d_out);
         if (n_segs > 1) /* the row between segments 0 and 1 belongs to no segment: untouched */
             for (int c = 0; c < d_out; c++) ck_assert(y1[(size_t)rows[0] * d_out + c] == y0[(size_t)rows[0] * d_out + c]);
-        for (int i = 0; i < n_segs; i++) { free(a[i]); free(b[i]); }
+        for (int i = 0; i < n_segs; i++) { free(a[i]); free(b[i]); free(bt[i]); }
         free(x); free(y0); free(y1); free(y2);
     }
 }

@@ -214,7 +214,10 @@ START_TEST(test_all_targets) {
             check_mod(a, l, t, 8, 2.0);
             int din, dout;
             lora_target_dims(&base, (lora_target)t, &din, &dout);
-            want += (size_t)8 * (din + dout) * sizeof(float);
+            want += (size_t)8 * (din + 2 * dout) * sizeof(float);   /* A, B and Bᵀ */
+            const lora_module_t *m = lora_adapter_module(a, l, (lora_target)t);
+            for (int o = 0; o < dout; o++)
+                for (int r = 0; r < 8; r++) ck_assert(m->bt[(size_t)r * dout + o] == m->b[(size_t)o * 8 + r]);
         }
     ck_assert_uint_eq(a->nbytes, want);
     ck_assert_str_eq(a->path, dir);
