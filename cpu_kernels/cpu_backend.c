@@ -165,6 +165,52 @@ static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_w
             for (int r = 0; r < w->rows; r++) y[(size_t)i * w->rows + r] += bias[r];
 }
 
+/* several weights of one input in one pool dispatch (the decode GEMV path only: one wake-up
+ * of the workers instead of one per projection) */
+#define MM_MULTI_MAX 4
+struct mm_multi_job {
+    float *const *ys;
+    const float *x;
+    int n, count;
+    const cs_weight_t *const *ws;
+    int task0[MM_MULTI_MAX + 1], rows_per_task[MM_MULTI_MAX];
+};
+
+static void mm_multi_task(void *p, int task, int thread) {
+    struct mm_multi_job *j = p;
+    (void)thread;
+    int k = 0;
+    while (task >= j->task0[k + 1]) k++;
+    const cs_weight_t *w = j->ws[k];
+    int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows);
+    cs_gemv_rows_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
+}
+
+static void cpu_matmul_multi(backend_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
+                             const float *const *biases, int count) {
+    cpu_ctx_t *c = ctx_of(b);
+    bool gemv = !c->reference && c->avx512 && n <= GEMV_MAX_N && count <= MM_MULTI_MAX;
+    for (int k = 0; k < count && gemv; k++) gemv = !(ws[k]->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N);
+    if (!gemv) {
+        for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x, n, ws[k], biases[k]);
+        return;
+    }
+    struct mm_multi_job j = {ys, x, n, count, ws, {0}, {0}};
+    int total_rows = 0;
+    for (int k = 0; k < count; k++) total_rows += ws[k]->rows;
+    int per = CS_MAX(4, (total_rows + c->n_threads * 8 - 1) / (c->n_threads * 8));
+    per = (per + 3) & ~3;
+    for (int k = 0; k < count; k++) {
+        j.rows_per_task[k] = per;
+        j.task0[k + 1] = j.task0[k] + (ws[k]->rows + per - 1) / per;
+    }
+    threadpool_run(c->pool, j.task0[count], mm_multi_task, &j);
+    for (int k = 0; k < count; k++)
+        if (biases[k])
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < ws[k]->rows; r++) ys[k][(size_t)i * ws[k]->rows + r] += biases[k][r];
+}
+
 /* ---- rmsnorm ---- */
 struct norm_job { float *y; const float *x; int dim; const float *w; float eps; int per; int n; };
 
@@ -737,6 +783,7 @@ static const struct backend_i cpu_iface = {
     .buf_set = cpu_buf_copy,
     .buf_get = cpu_buf_copy,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention = cpu_attention,

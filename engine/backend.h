@@ -43,6 +43,10 @@ struct backend_i {
 
     /* y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias[w.rows], F32, may be NULL) */
     void (*matmul)(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias);
+    /* Several projections of the same input in one go: ys[k] = x · ws[k]ᵀ (+ biases[k]), k <
+     * count (q/k/v, gate/up). Optional: without it, matmul per weight. */
+    void (*matmul_multi)(backend_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
+                         const float *const *biases, int count);
     /* y[n, dim] = x / rms(x) * w ; w is a (1, dim) weight; y may equal x */
     void (*rmsnorm)(backend_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps);
     /* rotate-half RoPE in place on x[n, n_heads, head_dim], row i at position pos[i];
@@ -96,6 +100,14 @@ static inline void backend_buf_set(backend_t *b, void *d, const void *s, size_t 
 static inline void backend_buf_get(backend_t *b, void *d, const void *s, size_t n) { b->iface->buf_get(b, d, s, n); }
 static inline void backend_matmul(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     b->iface->matmul(b, y, x, n, w, bias);
+}
+static inline void backend_matmul_multi(backend_t *b, float *const *ys, const float *x, int n,
+                                        const cs_weight_t *const *ws, const float *const *biases, int count) {
+    if (b->iface->matmul_multi) {
+        b->iface->matmul_multi(b, ys, x, n, ws, biases, count);
+        return;
+    }
+    for (int k = 0; k < count; k++) b->iface->matmul(b, ys[k], x, n, ws[k], biases[k]);
 }
 static inline void backend_rmsnorm(backend_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps) {
     b->iface->rmsnorm(b, y, x, n, dim, w, eps);

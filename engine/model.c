@@ -476,9 +476,12 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
         const layer_w_t *w = &m->layers[l];
         float *kc = kv_cache_k(kv, l), *vc = kv_cache_v(kv, l);
         backend_rmsnorm(be, m->xb, m->x, T, H, &w->attn_norm, c->rms_norm_eps);
-        backend_matmul(be, m->q, m->xb, T, &w->wq, w->bq);
-        backend_matmul(be, m->kb, m->xb, T, &w->wk, w->bk);
-        backend_matmul(be, m->vb, m->xb, T, &w->wv, w->bv);
+        {
+            float *const ys[3] = {m->q, m->kb, m->vb};
+            const cs_weight_t *const ws[3] = {&w->wq, &w->wk, &w->wv};
+            const float *const bs[3] = {w->bq, w->bk, w->bv};
+            backend_matmul_multi(be, ys, m->xb, T, ws, bs, 3);
+        }
         apply_lora_groups(m, m->q, m->xb, seqs, n_seqs, l, LORA_Q);
         apply_lora_groups(m, m->kb, m->xb, seqs, n_seqs, l, LORA_K);
         apply_lora_groups(m, m->vb, m->xb, seqs, n_seqs, l, LORA_V);
@@ -497,8 +500,12 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
         backend_add(be, m->x, m->xb2, (size_t)T * H);
 
         backend_rmsnorm(be, m->xb, m->x, T, H, &w->ffn_norm, c->rms_norm_eps);
-        backend_matmul(be, m->hb, m->xb, T, &w->w_gate, w->b_gate);
-        backend_matmul(be, m->hb2, m->xb, T, &w->w_up, w->b_up);
+        {
+            float *const ys[2] = {m->hb, m->hb2};
+            const cs_weight_t *const ws[2] = {&w->w_gate, &w->w_up};
+            const float *const bs[2] = {w->b_gate, w->b_up};
+            backend_matmul_multi(be, ys, m->xb, T, ws, bs, 2);
+        }
         apply_lora_groups(m, m->hb, m->xb, seqs, n_seqs, l, LORA_GATE);
         apply_lora_groups(m, m->hb2, m->xb, seqs, n_seqs, l, LORA_UP);
         backend_silu_mul(be, m->hb, m->hb2, (size_t)T * I);

@@ -188,6 +188,48 @@ START_TEST(lora_batch_segments) {
 }
 END_TEST
 
+/* projections of one input in one call (q/k/v, gate/up) equal matmul per weight */
+START_TEST(matmul_multi_equals_each) {
+    static const int ns[] = {1, 3, 8, 20};
+    static const cs_dtype dts[] = {CS_DTYPE_BF16, CS_DTYPE_F32, CS_DTYPE_F16};
+    int rows[3] = {64, 24, 40}, cols = 48;
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ni = 0; ni < 4; ni++) {
+            int n = ns[ni];
+            cs_weight_t w[3];
+            void *data[3];
+            float *bias[3], *y[3], *yr[3];
+            for (int k = 0; k < 3; k++) {
+                float *f = randv((size_t)rows[k] * cols);
+                size_t esz = cs_dtype_size(dts[di]);
+                data[k] = malloc(esz * (size_t)rows[k] * cols);
+                for (size_t e = 0; e < (size_t)rows[k] * cols; e++) {
+                    if (dts[di] == CS_DTYPE_BF16) ((uint16_t *)data[k])[e] = cs_f32_to_bf16(f[e]);
+                    else if (dts[di] == CS_DTYPE_F16) ((uint16_t *)data[k])[e] = cs_f32_to_f16(f[e]);
+                    else ((float *)data[k])[e] = f[e];
+                }
+                free(f);
+                w[k] = (cs_weight_t){dts[di], rows[k], cols, data[k]};
+                bias[k] = k == 1 ? NULL : randv((size_t)rows[k]);
+                y[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
+                yr[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
+            }
+            float *x = randv((size_t)n * cols);
+            float *const ys[3] = {y[0], y[1], y[2]};
+            const cs_weight_t *const ws[3] = {&w[0], &w[1], &w[2]};
+            const float *const bs[3] = {bias[0], bias[1], bias[2]};
+            backend_matmul_multi(fast, ys, x, n, ws, bs, 3);
+            for (int k = 0; k < 3; k++) {
+                cs_matmul_ref(yr[k], x, n, &w[k], bias[k]);
+                float e = max_rel_err(y[k], yr[k], (size_t)n * rows[k]);
+                ck_assert_msg(e < 2e-6f, "matmul_multi dtype %d n %d weight %d: %g", (int)dts[di], n, k, e);
+                free(data[k]); free(bias[k]); free(y[k]); free(yr[k]);
+            }
+            free(x);
+        }
+}
+END_TEST
+
 START_TEST(rows_scatter_gather) {
     float *src = randv(5 * 7), dst[10 * 7] = {0}, back[5 * 7];
     int32_t idx[5] = {9, 0, 4, 2, 7};
@@ -208,6 +250,7 @@ int main(void) {
     tcase_add_test(tc, paged_attention_decode_batch);
     tcase_add_test(tc, paged_attention_mixed);
     tcase_add_test(tc, lora_batch_segments);
+    tcase_add_test(tc, matmul_multi_equals_each);
     tcase_add_test(tc, rows_scatter_gather);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
