@@ -1,7 +1,8 @@
 """test_cli.py: the `caraserve` command line itself: usage errors exit 2 with a message,
 --help exits 0, sampling with a seed is reproducible and differs across seeds, greedy is the
 default, --max-tokens 0 only scores the prompt, --no-special drops the BOS token, and
---reference-kernels gives the same tokens as the fast kernels. Standard library only."""
+--reference-kernels gives the same tokens as the fast kernels; `caraserve batch` usage errors,
+bad request lines and a missing requests file. Standard library only."""
 import json
 import lzma
 import os
@@ -50,6 +51,12 @@ for name, args in [
     ("bad --threads", ["generate", "--model", model, "--prompt", "x", "--threads", "0"]),
     ("bad --prompt-ids", ["generate", "--model", model, "--prompt-ids", "1,abc"]),
     ("stray argument", ["generate", "--model", model, "--prompt", "x", "extra"]),
+    ("batch: missing --model", ["batch"]),
+    ("batch: unknown flag", ["batch", "--model", model, "--bogus"]),
+    ("batch: --lora without NAME=", ["batch", "--model", model, "--lora", "/tmp/x"]),
+    ("batch: bad --kv-cache-bytes", ["batch", "--model", model, "--kv-cache-bytes", "lots"]),
+    ("batch: bad --kv-cache-fraction", ["batch", "--model", model, "--kv-cache-fraction", "2"]),
+    ("batch: bad --max-num-seqs", ["batch", "--model", model, "--max-num-seqs", "0"]),
 ]:
     p = cs(*args)
     expect(f"usage error: {name} -> exit 2", p.returncode == 2 and p.stderr.strip() != "", p)
@@ -90,6 +97,19 @@ expect("BOS added by the post-processor, dropped by --no-special",
        prompt[0] == 1 and nospec == prompt[1:], subprocess.CompletedProcess([], 0, f"{prompt} {nospec}", ""))
 p = cs("generate", "--model", model, "--prompt", "Hello", "--max-tokens", "0", "--print-ids")
 expect("--max-tokens 0 generates nothing", p.returncode == 0 and "generated_ids:\n" in p.stdout + "\n", p)
+
+# batch: a bad line gets an error line, the others run; a missing requests file is exit 1
+p = subprocess.run([reflib.CARASERVE, "batch", "--model", model, "--kv-cache-bytes", "4M"], capture_output=True,
+                   text=True, timeout=120,
+                   input='{"prompt": "Hello", "max_tokens": 3, "temperature": 0}\nnot json\n{"max_tokens": 2}\n')
+lines = [json.loads(l) for l in p.stdout.splitlines()] if p.returncode == 0 else []
+expect("batch: good line runs, bad lines get errors",
+       len(lines) == 3 and len(lines[0]["samples"][0]["tokens"]) == 3 and "line 2" in lines[1].get("error", "")
+       and "prompt" in lines[2].get("error", ""), p)
+p = cs("batch", "--model", model, "--requests", os.path.join(root, "nope.jsonl"))
+expect("batch: missing requests file -> exit 1", p.returncode == 1 and "nope.jsonl" in p.stderr, p)
+p = cs("batch", "--help")
+expect("batch --help exits 0 and lists --kv-cache-bytes", p.returncode == 0 and "--kv-cache-bytes" in p.stdout, p)
 
 shutil.rmtree(root, ignore_errors=True)
 if failures:
