@@ -904,13 +904,9 @@ int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
         return cs_error_set(CS_EINVAL, "min_tokens must be between 0 and max_tokens (%d)", max_tokens);
     int rc = sampling_params_validate(&rq->sampling);
     if (rc) return rc;
-    if (rq->n_stop < 0 || rq->n_stop > 16) return cs_error_set(CS_EINVAL, "at most 16 stop strings");
+    if (rq->n_stop < 0) return cs_error_set(CS_EINVAL, "negative number of stop strings");
     if (rq->n_stop > 0 && !e->p.tokenizer) return cs_error_set(CS_EINVAL, "stop strings need a tokenizer");
-    if (rq->n_stop > 0) {
-        stop_matcher_t *m = stop_matcher_new(rq->stop, rq->n_stop);
-        if (!m) return CS_EINVAL;
-        stop_matcher_free(m);
-    }
+    if (rq->n_stop > 0 && (rc = stop_strings_validate(rq->stop, rq->n_stop))) return rc;
     if (rq->n_stop_token_ids < 0 || rq->n_stop_token_ids > 256) return cs_error_set(CS_EINVAL, "at most 256 stop_token_ids");
     for (int i = 0; i < rq->n_stop_token_ids; i++)
         if (rq->stop_token_ids[i] < 0 || rq->stop_token_ids[i] >= e->vocab)
