@@ -5,6 +5,7 @@
  * partial last block is copied), each with its own sampler seeded seed + i. */
 #include "engine/engine.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,12 @@ struct req {
     int n_live;                 /* sequences not yet done */
     int n_cached;
     bool aborted;
+    /* prompt logprobs (p.prompt_logprobs): filled chunk by chunk during seq 0's prefill */
+    float *plp;                 /* [n_prompt] */
+    int32_t *plp_ids;           /* [n_prompt * p.prompt_top_logprobs] */
+    float *plp_lps;
+    bool plp_done;
+    double t_submit, t_admit;   /* cs_time_ms(): submitted, first scheduled (0: not yet) */
     req_t *hnext;               /* id table chain */
     req_t *inext;               /* inbox link */
 };
@@ -187,6 +194,9 @@ static void req_free(req_t *r) {
     free((void *)r->p.stop);
     free((void *)r->p.stop_token_ids);
     free(r->adapter);
+    free(r->plp);
+    free(r->plp_ids);
+    free(r->plp_lps);
     free(r);
 }
 
@@ -237,6 +247,7 @@ static bool seq_reserve(engine_t *e, seq_t *s, int upto) {
 /* take the longest cached prefix of full blocks (at least one token is left to compute) */
 static void seq_match_prefix(engine_t *e, seq_t *s) {
     if (e->p.no_prefix_caching || s->n_blocks > 0) return;
+    if (s->req->p.prompt_logprobs && !s->req->plp_done) return; /* every prompt row's logits are wanted */
     int full = (s->n_tokens - 1) / KV_BLOCK_SIZE;
     if (grow((void **)&s->blocks, &s->cap_blocks, full + 1, sizeof(int32_t))) return;
     for (int i = 0; i < full; i++) {
@@ -290,6 +301,7 @@ static void emit(engine_t *e, req_t *r, int index, int n_generated, const sample
     ev.n_cached_tokens = r->n_cached;
     ev.n_generated = n_generated;
     ev.adapter_version = r->adapter_version;
+    ev.queue_ms = r->t_admit > 0 ? r->t_admit - r->t_submit : 0;
     ev.request_done = done;
     if (r->p.sink) r->p.sink(r->p.user, &ev);
 }
@@ -518,6 +530,45 @@ static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
     free(text);
 }
 
+/* ---- prompt logprobs ---- */
+#define PLP_MAX_CHUNK 128   /* prompt rows per iteration when all their logits are kept */
+
+static bool wants_plp(const seq_t *s) { return s->req->p.prompt_logprobs && !s->req->plp_done && s->index == 0; }
+
+/* rows [0, c) of logits are positions pos0.. of seq s's prompt: each predicts the next */
+static void plp_fill(engine_t *e, seq_t *s, int pos0, int c, const float *logits) {
+    req_t *r = s->req;
+    int k = r->p.prompt_top_logprobs;
+    sample_out_t so;
+    for (int j = 0; j < c; j++) {
+        int t = pos0 + j + 1;
+        if (t >= r->p.n_prompt) break;
+        sampling_logprobs_of(logits + (size_t)j * e->vocab, e->vocab, r->p.prompt[t], k, &so);
+        r->plp[t] = so.logprob;
+        for (int i = 0; i < k; i++) {
+            r->plp_ids[(size_t)t * k + i] = i < so.n_top ? so.top[i].id : -1;
+            r->plp_lps[(size_t)t * k + i] = i < so.n_top ? so.top[i].logprob : -INFINITY;
+        }
+    }
+}
+
+static void plp_emit(engine_t *e, req_t *r) {
+    (void)e;
+    r->plp_done = true;
+    engine_event_t ev = {0};
+    ev.request_id = r->id;
+    ev.text = "";
+    ev.n_prompt_tokens = r->p.n_prompt;
+    ev.n_cached_tokens = r->n_cached;
+    ev.adapter_version = r->adapter_version;
+    ev.queue_ms = r->t_admit > 0 ? r->t_admit - r->t_submit : 0;
+    ev.prompt_logprobs = r->plp;
+    ev.prompt_n_top = r->p.prompt_top_logprobs;
+    ev.prompt_top_ids = r->plp_ids;
+    ev.prompt_top_logprobs = r->plp_lps;
+    if (r->p.sink) r->p.sink(r->p.user, &ev);
+}
+
 /* ---- the step ---- */
 static bool batch_add(engine_t *e, int *nb, seq_t *s, int chunk) {
     if (grow((void **)&e->batch, &e->batch_cap, *nb + 1, sizeof *e->batch)) return false;
@@ -568,6 +619,7 @@ static int step(engine_t *e) {
         nx = s->next;
         int chunk = CS_MIN(s->n_tokens - s->n_computed, budget);
         if (chunk <= 0) continue;
+        if (wants_plp(s)) chunk = CS_MIN(chunk, PLP_MAX_CHUNK);
         bool self_preempted = false;
         while (!seq_reserve(e, s, s->n_computed + chunk)) {
             seq_t *victim = newest_running(e);
@@ -609,6 +661,7 @@ static int step(engine_t *e) {
         bool first = !s->admitted_once;
         seq_match_prefix(e, s);
         int chunk = CS_MIN(s->n_tokens - s->n_computed, budget);
+        if (wants_plp(s)) chunk = CS_MIN(chunk, PLP_MAX_CHUNK);
         /* keep a little headroom for the running sequences' next tokens */
         int avail = kv_cache_n_available(e->kv);
         int need = (s->n_computed + chunk + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE - s->n_blocks;
@@ -619,6 +672,7 @@ static int step(engine_t *e) {
         }
         if (first) {
             s->admitted_once = true;
+            if (r->t_admit == 0) r->t_admit = now_ms();
             if (s->index == 0) {
                 r->n_cached = s->n_computed;
                 e->st.cached_prompt_tokens += (uint64_t)s->n_computed;
@@ -675,9 +729,10 @@ static int step(engine_t *e) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i];
         bool last = s->n_computed + c == s->n_tokens;
+        int nl = wants_plp(s) ? c : last ? 1 : 0;
         e->batch[i] = (model_batch_seq_t){s->tokens + s->n_computed, c, s->n_computed, s->blocks,
-                                          s->req->lora ? s->req->lora->adapter : NULL, last ? 1 : 0};
-        n_logits += last;
+                                          s->req->lora ? s->req->lora->adapter : NULL, nl};
+        n_logits += nl;
         n_tok += c;
         if (!(c == 1 && last && s->n_generated > 0)) decode_only = false;
     }
@@ -703,14 +758,27 @@ static int step(engine_t *e) {
     for (int i = 0; i < nb; i++) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i];
-        bool last = e->batch[i].n_logits == 1;
+        int nl = e->batch[i].n_logits;
+        bool last = s->n_computed + c == s->n_tokens;
         if (c == 1 && last && s->n_generated > 0) e->st.decode_tokens++;
         else e->st.prefill_tokens += (uint64_t)c;
+        req_t *r = s->req;
+        if (wants_plp(s)) {
+            plp_fill(e, s, s->n_computed, c, e->logits + (size_t)row * e->vocab);
+            if (last) plp_emit(e, r);
+            if (last && r->p.max_tokens == 0) { /* echo only: nothing to generate */
+                s->n_computed += c;
+                seq_publish(e, s);
+                row += nl;
+                seq_finish(e, s, ENGINE_FINISH_LENGTH, 0, NULL, NULL, false, NULL, 0);
+                continue;
+            }
+        }
         s->n_computed += c;
         seq_publish(e, s);
+        row += nl;
         if (!last) continue;
-        const float *lg = e->logits + (size_t)row++ * e->vocab;
-        req_t *r = s->req;
+        const float *lg = e->logits + (size_t)(row - 1) * e->vocab;
         if (!r->forked && r->n > 1 && s == r->seqs[0]) {
             if (req_fork(e, r)) {
                 req_fail(e, r, ENGINE_FINISH_ERROR, CS_ENOMEM, cs_error_last());
@@ -894,7 +962,8 @@ int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
                             "one must be left to generate)",
                             e->max_model_len, rq->n_prompt);
     int max_tokens = rq->max_tokens < 0 ? e->max_model_len - rq->n_prompt : rq->max_tokens;
-    if (max_tokens < 1) return cs_error_set(CS_EINVAL, "max_tokens must be at least 1");
+    if (max_tokens < 1 && !(max_tokens == 0 && rq->prompt_logprobs))
+        return cs_error_set(CS_EINVAL, "max_tokens must be at least 1 (0 only with prompt logprobs, as echo)");
     if ((long)rq->n_prompt + max_tokens > e->max_model_len)
         return cs_error_set(CS_EINVAL,
                             "this model's maximum context length is %d tokens, but %d were requested (%d in the prompt, "
@@ -904,6 +973,8 @@ int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
         return cs_error_set(CS_EINVAL, "min_tokens must be between 0 and max_tokens (%d)", max_tokens);
     int rc = sampling_params_validate(&rq->sampling);
     if (rc) return rc;
+    if (rq->prompt_logprobs && (rq->prompt_top_logprobs < 0 || rq->prompt_top_logprobs > SAMPLING_MAX_LOGPROBS))
+        return cs_error_set(CS_EINVAL, "prompt_logprobs must be between 0 and %d", SAMPLING_MAX_LOGPROBS);
     if (rq->n_stop < 0) return cs_error_set(CS_EINVAL, "negative number of stop strings");
     if (rq->n_stop > 0 && !e->p.tokenizer) return cs_error_set(CS_EINVAL, "stop strings need a tokenizer");
     if (rq->n_stop > 0 && (rc = stop_strings_validate(rq->stop, rq->n_stop))) return rc;
@@ -942,8 +1013,18 @@ int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
         if (!(stops[i] = dupstr(rq->stop[i]))) goto oom;
     if (stids) memcpy(stids, rq->stop_token_ids, sizeof(int32_t) * (size_t)rq->n_stop_token_ids);
     if (adapter && !(r->adapter = dupstr(adapter))) goto oom;
+    if (rq->prompt_logprobs) {
+        size_t np = (size_t)rq->n_prompt, k = (size_t)rq->prompt_top_logprobs;
+        r->plp = malloc(sizeof(float) * np);
+        r->plp_ids = k ? malloc(sizeof(int32_t) * np * k) : NULL;
+        r->plp_lps = k ? malloc(sizeof(float) * np * k) : NULL;
+        if (!r->plp || (k && (!r->plp_ids || !r->plp_lps))) goto oom;
+        for (size_t i = 0; i < np; i++) r->plp[i] = NAN;
+        for (size_t i = 0; k && i < np * k; i++) { r->plp_ids[i] = -1; r->plp_lps[i] = NAN; }
+    }
     r->root = kv_hash_root(NULL, 0);
     r->n_live = 1;
+    r->t_submit = now_ms();
     if (!(r->seqs[0] = seq_new(e, r, 0, prompt, rq->n_prompt))) goto oom;
     if (!r->p.sampling.has_seed) {
         /* one random seed for the request so samples are seed + i of it */

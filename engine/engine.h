@@ -62,6 +62,15 @@ typedef struct engine_event {
     int n_generated;            /* tokens of this sample so far */
     int adapter_version;        /* 0: base model */
     bool request_done;          /* the last event of the whole request */
+    double queue_ms;            /* submit to first scheduled (0 before that) */
+    /* Once per request that asked for prompt_logprobs, in an event of its own (index 0, no
+     * token) before its first token: [n_prompt_tokens] raw logprobs of the prompt tokens
+     * given the ones before (entry 0 is NAN: nothing precedes it), and prompt_n_top
+     * alternatives per position ([n_prompt_tokens * prompt_n_top], row 0 unused). */
+    const float *prompt_logprobs;
+    int prompt_n_top;
+    const int32_t *prompt_top_ids;
+    const float *prompt_top_logprobs;
 } engine_event_t;
 
 /* Called on the engine thread; must not block and must not call engine_* except
@@ -74,7 +83,8 @@ typedef struct engine_request {
     const char *adapter;            /* NULL or "": the base model */
     sampling_params_t sampling;     /* sample i uses seed + i */
     int n;                          /* samples (default 1 when 0) */
-    int max_tokens;                 /* < 0: up to the context length */
+    int max_tokens;                 /* < 0: up to the context length; 0 only with
+                                       prompt_logprobs (the prompt is scored, nothing sampled) */
     int min_tokens;                 /* EOS and stop tokens are banned until this many */
     const char *const *stop;        /* stop strings (not included in the text) */
     int n_stop;
@@ -82,6 +92,9 @@ typedef struct engine_request {
     int n_stop_token_ids;
     bool ignore_eos;
     bool keep_special_text;         /* include special tokens in the text */
+    bool prompt_logprobs;           /* logprobs of the prompt tokens (echo); its prompt is
+                                       then computed in full, not taken from the prefix cache */
+    int prompt_top_logprobs;        /* 0..20 alternatives per prompt position */
     engine_sink_fn sink;
     void *user;
 } engine_request_t;

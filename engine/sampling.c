@@ -442,6 +442,12 @@ static void fill_logprobs(const float *x, int n, int32_t token, int n_top, sampl
     out->logprob = xt == -INFINITY ? -INFINITY : (float)((double)xt - lse);
 }
 
+void sampling_logprobs_of(const float *logits, int n, int32_t token, int n_top, sample_out_t *out) {
+    memset(out, 0, sizeof *out);
+    out->token = token;
+    fill_logprobs(logits, n, token, CS_MIN(n_top, SAMPLING_MAX_LOGPROBS), out);
+}
+
 int32_t sampler_sample(sampler_t *s, const float *logits, const int32_t *banned, int n_banned,
                        sample_out_t *out) {
     const int n = s->vocab;

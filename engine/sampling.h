@@ -126,6 +126,9 @@ int32_t sampling_argmax(const float *logits, int n);
 /* Stateless convenience for the CLI: greedy when temperature < 1e-5, else plain
  * temperature sampling (one uniform, inverse CDF in id order); other knobs ignored. */
 int32_t sampling_sample(const float *logits, int n, const sampling_params_t *p, cs_rng_t *rng);
+/* Logprobs of token under log_softmax(logits) (no sampling params): out->token, logprob,
+ * rank and the top n_top (<= SAMPLING_MAX_LOGPROBS). For prompt logprobs. */
+void sampling_logprobs_of(const float *logits, int n, int32_t token, int n_top, sample_out_t *out);
 /* out[i] = logits[i] - logsumexp(logits) (double accumulation; -inf entries stay -inf) */
 void sampling_log_softmax(float *out, const float *logits, int n);
 

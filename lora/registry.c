@@ -40,6 +40,7 @@ struct lora_entry {
     int refs;
     size_t nbytes;          /* F32 A/B bytes, known once adapter_config.json is read */
     double fresh_until;     /* cs_time_ms() before which only its requester may take it */
+    double load_started;    /* cs_time_ms() when the load from disk began */
     void *config;           /* adapter_config.json text between the two reads */
     size_t config_len;
     lora_adapter_t *adapter;
@@ -361,6 +362,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
     lora_registry_t *r = e->r;
     lora_adapter_t *a = NULL;
     char msg[1024];
+    double load_s = -1;
     CS_ASSERT(n == 1);
     int rc = files[0].status;
     if (rc != CS_OK) {
@@ -396,9 +398,11 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         e->fresh_until = cs_time_ms() + LORA_FRESH_MS;
         lru_add(r, e);
         r->stats.loads++;
+        load_s = (cs_time_ms() - e->load_started) / 1000.0;
         pump(r);    /* at worst, arms the timer for when its grace ends */
     }
     pthread_mutex_unlock(&r->mu);
+    if (load_s >= 0 && !closing && r->p.on_load_time) r->p.on_load_time(r->p.user, load_s);
     notify(r, closing);
 }
 
@@ -532,6 +536,7 @@ int lora_registry_acquire(lora_registry_t *r, const char *name, lora_ref_t **out
             break;
         }
         e->in_io = true;
+        e->load_started = cs_time_ms();
         set_state(r, e, LORA_LOADING);
         r->stats.misses++;
         rc = cs_error_set(CS_EAGAIN, "adapter '%s' version %d is loading", name, e->version);

@@ -28,6 +28,8 @@ typedef struct lora_registry_params {
     void (*on_loaded)(void *user);   /* called (from the loader thread) after any load finishes, ok or
                                       * failed, with no registry lock held; must be cheap (the engine
                                       * uses it to wake up) */
+    void (*on_load_time)(void *user, double seconds); /* optional: after each successful load
+                                      * (loader thread, no lock held): disk to resident time */
     void *user;
 } lora_registry_params_t;
 

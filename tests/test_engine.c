@@ -5,6 +5,7 @@
  * every sample of n gets its tokens and exactly one finish, the request exactly one
  * request_done. (Exact logprobs against transformers are in test_ref_engine.py.) */
 #include <check.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -273,6 +274,74 @@ START_TEST(engine_thread) {
 }
 END_TEST
 
+
+/* prompt logprobs (echo): computed chunk by chunk (300 tokens > the 128-row chunk), equal to
+ * log_softmax of a whole-prompt reference forward; a second identical request (whose blocks
+ * are in the prefix cache) gets the same values; max_tokens 0 scores without sampling */
+typedef struct plp_rec {
+    float lp[400];
+    int32_t top[400 * 3];
+    int got, tokens, finish;
+    engine_finish fin;
+    bool done;
+} plp_rec_t;
+
+static void plp_sink(void *user, const engine_event_t *ev) {
+    plp_rec_t *r = user;
+    if (ev->prompt_logprobs) {
+        r->got++;
+        ck_assert_int_eq(r->tokens, 0);   /* before any token */
+        ck_assert_int_eq(ev->prompt_n_top, 3);
+        memcpy(r->lp, ev->prompt_logprobs, sizeof(float) * (size_t)ev->n_prompt_tokens);
+        memcpy(r->top, ev->prompt_top_ids, sizeof(int32_t) * 3 * (size_t)ev->n_prompt_tokens);
+    }
+    if (ev->has_token) r->tokens++;
+    if (ev->finish) { r->finish++; r->fin = ev->finish; }
+    if (ev->request_done) r->done = true;
+}
+
+START_TEST(prompt_logprobs) {
+    enum { N = 300 };
+    int32_t p[N];
+    for (int i = 0; i < N; i++) p[i] = (i * 37 + 11) % 200;
+    const int V = model_get_config(model)->vocab_size;
+    float *ref = malloc(sizeof(float) * (size_t)N * V), *lsm = malloc(sizeof(float) * (size_t)V);
+    model_seq_t *ms = model_seq_new(model, 512);
+    ck_assert_int_eq(model_forward(model, ms, p, N, NULL, ref, true), CS_OK);
+    engine_t *e = NULL;
+    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(2048)};
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    for (int round = 0; round < 3; round++) {
+        plp_rec_t r = {0};
+        engine_request_t q = req(p, N, round == 2 ? 0 : 2, NULL);
+        q.sink = plp_sink;
+        q.user = &r;
+        q.prompt_logprobs = true;
+        q.prompt_top_logprobs = 3;
+        ck_assert_int_eq(engine_submit(e, &q, NULL), CS_OK);
+        engine_run_until_idle(e);
+        ck_assert(r.done);
+        ck_assert_int_eq(r.got, 1);
+        ck_assert_int_eq(r.finish, 1);
+        ck_assert_int_eq(r.tokens, round == 2 ? 0 : 2);
+        ck_assert(round < 2 || r.fin == ENGINE_FINISH_LENGTH);
+        ck_assert(isnan(r.lp[0]));
+        for (int t = 1; t < N; t++) {
+            sampling_log_softmax(lsm, ref + (size_t)(t - 1) * V, V);
+            ck_assert_msg(fabsf(r.lp[t] - lsm[p[t]]) < 1e-4f, "pos %d: %f vs %f", t, r.lp[t], lsm[p[t]]);
+            ck_assert_int_eq(r.top[t * 3], sampling_argmax(ref + (size_t)(t - 1) * V, V));
+        }
+    }
+    engine_stats_t st;
+    engine_get_stats(e, &st);
+    ck_assert_int_eq(st.kv.n_free + st.kv.n_cached, st.kv.n_blocks);
+    engine_free(e);
+    model_seq_free(ms);
+    free(ref);
+    free(lsm);
+}
+END_TEST
+
 static void setup_files(void) {
     if (!mkdtemp(dir)) { perror("mkdtemp"); exit(1); }
     const char *bd = getenv("CS_BUILDDIR");
@@ -299,6 +368,7 @@ int main(void) {
     tcase_add_test(tc, samples_share_prompt_blocks);
     tcase_add_test(tc, submit_validation);
     tcase_add_test(tc, engine_thread);
+    tcase_add_test(tc, prompt_logprobs);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
