@@ -3,5 +3,6 @@
 #define CS_COMMANDS_H
 
 int cmd_batch(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

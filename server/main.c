@@ -46,6 +46,7 @@ static void usage(FILE *f) {
             "usage: caraserve <command> [options]\n"
             "\n"
             "commands:\n"
+            "  serve      the OpenAI-compatible HTTP server (see caraserve serve --help)\n"
             "  generate   one-shot generation on the CPU (see caraserve generate --help)\n"
             "  batch      run JSON-lines requests through the batching engine (caraserve batch --help)\n"
             "  version    print the version\n",
@@ -292,6 +293,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "batch")) return cmd_batch(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("caraserve %s\n", PACKAGE_VERSION); return 0; }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { usage(stdout); return 0; }
     fprintf(stderr, "caraserve: unknown command '%s'\n", cmd);

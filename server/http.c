@@ -1,0 +1,222 @@
+/* http.c: the libmicrohttpd side of the server. One access handler for every request:
+ * the first call sees the headers (authentication and Content-Length are checked before any
+ * body is read), the next ones collect the body within --max-body-bytes, the last one hands
+ * it to api.c. Generation requests suspend their connection while the engine works and are
+ * resumed by the engine's sink (api.c); a finished connection aborts whatever it still had
+ * running. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "server/server.h"
+
+/* ---- responses ---- */
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (status == MHD_HTTP_UNAUTHORIZED) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+enum MHD_Result http_text(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len) {
+    return queue(c, status, type, body, len);
+}
+
+enum MHD_Result http_json(struct MHD_Connection *c, unsigned status, json_t *body) {
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!s) return MHD_NO;
+    return queue(c, status, "application/json", s, strlen(s));
+}
+
+static const char *error_type(unsigned status) {
+    switch (status) {
+    case 400: return "BadRequestError";
+    case 401: return "AuthenticationError";
+    case 403: return "PermissionDeniedError";
+    case 404: return "NotFoundError";
+    case 405: return "MethodNotAllowedError";
+    case 413: return "RequestTooLargeError";
+    case 503: return "ServiceUnavailableError";
+    default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+    }
+}
+
+enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char *param, const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_t *e = json_pack("{s:s, s:s, s:o, s:i}", "message", msg, "type", error_type(status), "param",
+                          param ? json_string(param) : json_null(), "code", (int)status);
+    if (!e) { /* the message was not valid UTF-8 (it quotes user input) */
+        e = json_pack("{s:s, s:s, s:n, s:i}", "message", "invalid request (the error message is not valid UTF-8)",
+                      "type", error_type(status), "param", "code", (int)status);
+    }
+    return http_json(c, status, json_pack("{s:o}", "error", e));
+}
+
+/* ---- security ---- */
+bool auth_ok(const server_t *s, const char *h) {
+    if (!s->cfg.api_key || !s->cfg.api_key[0]) return true;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    const char *k = h + 7;
+    while (*k == ' ') k++;
+    /* constant time in the key's length: every byte of the longer string is compared */
+    size_t a = strlen(k), b = strlen(s->cfg.api_key), n = a > b ? a : b;
+    unsigned char diff = (unsigned char)(a != b);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char x = i < a ? (unsigned char)k[i] : 0, y = i < b ? (unsigned char)s->cfg.api_key[i] : 0;
+        diff |= x ^ y;
+    }
+    return diff == 0;
+}
+
+int lora_path_check(const server_t *s, const char *path, char **real, char *err, size_t errlen) {
+    *real = NULL;
+    if (s->n_roots == 0) {
+        snprintf(err, errlen, "loading adapters over HTTP is disabled: start the server with --lora-root DIR");
+        return 403;
+    }
+    char *rp = realpath(path, NULL);
+    if (!rp) {
+        snprintf(err, errlen, "adapter path '%s' does not exist", path);
+        return 404;
+    }
+    for (int i = 0; i < s->n_roots; i++) {
+        size_t n = strlen(s->roots[i]);
+        if (strncmp(rp, s->roots[i], n) == 0 && (rp[n] == '/' || rp[n] == 0 || (n == 1 && s->roots[i][0] == '/'))) {
+            *real = rp;
+            return 0;
+        }
+    }
+    free(rp);
+    snprintf(err, errlen, "adapter path '%s' is outside the allowed --lora-root directories", path);
+    return 403;
+}
+
+/* ---- the access handler ---- */
+static bool needs_auth(const char *url) {
+    return strncmp(url, "/v1/", 4) == 0 || !strcmp(url, "/v1") || !strcmp(url, "/tokenize") ||
+           !strcmp(url, "/detokenize");
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    server_t *s = cls;
+    conn_t *cn = *con_cls;
+    if (!cn) {
+        cn = calloc(1, sizeof *cn);
+        if (!cn) return MHD_NO;
+        cn->srv = s;
+        cn->t_arrival = cs_time_ms();
+        *con_cls = cn;
+        if (needs_auth(url) && !auth_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
+            cn->answered = true;
+            return http_error(c, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer KEY')");
+        }
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoll(cl, NULL, 10) > s->cfg.max_body_bytes) {
+            cn->answered = true;
+            return http_error(c, 413, NULL, "request body of %s bytes exceeds the limit of %lld bytes", cl,
+                              s->cfg.max_body_bytes);
+        }
+        return MHD_YES;
+    }
+    if (cn->answered) { /* an early answer: drop the rest of the upload */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cn->too_large) {
+            if ((long long)(cn->len + *upload_size) > s->cfg.max_body_bytes) {
+                cn->too_large = true;
+                free(cn->body);
+                cn->body = NULL;
+                cn->len = cn->cap = 0;
+            } else {
+                if (cn->len + *upload_size + 1 > cn->cap) {
+                    size_t nc = cn->cap ? cn->cap : 4096;
+                    while (nc < cn->len + *upload_size + 1) nc *= 2;
+                    char *nb = realloc(cn->body, nc);
+                    if (!nb) return MHD_NO;
+                    cn->body = nb;
+                    cn->cap = nc;
+                }
+                memcpy(cn->body + cn->len, upload, *upload_size);
+                cn->len += *upload_size;
+                cn->body[cn->len] = 0;
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cn->job) return api_resume(s, cn, c);
+    if (cn->started) return MHD_YES;
+    cn->started = true;
+    if (cn->too_large)
+        return http_error(c, 413, NULL, "request body exceeds the limit of %lld bytes", s->cfg.max_body_bytes);
+    return api_dispatch(s, cn, c, method, url, cn->body ? cn->body : "", cn->len);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)c;
+    (void)toe;
+    server_t *s = cls;
+    conn_t *cn = *con_cls;
+    if (!cn) return;
+    api_conn_done(s, cn);
+    free(cn->body);
+    free(cn);
+    *con_cls = NULL;
+}
+
+int http_start(server_t *s) {
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->cfg.port);
+    int gai = getaddrinfo(s->cfg.host, port, &hints, &ai);
+    if (gai) return cs_error_set(CS_EINVAL, "--host %s: %s", s->cfg.host, gai_strerror(gai));
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(s->cfg.http_threads > 0 ? s->cfg.http_threads : 4),
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                            MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d) return cs_error_set(CS_EIO, "cannot listen on %s:%d (in use, or not a local address?)", s->cfg.host, s->cfg.port);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->bound_port = di ? di->port : s->cfg.port;
+    return CS_OK;
+}
+
+void http_quiesce(server_t *s) {
+    if (!s->d) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->d);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void http_stop(server_t *s) {
+    if (!s->d) return;
+    MHD_stop_daemon(s->d);
+    s->d = NULL;
+}

@@ -1,0 +1,143 @@
+/* server.h: `caraserve serve`, the HTTP server. libmicrohttpd's thread pool parses requests
+ * (http.c: routing, body limits, auth, JSON and SSE responses, suspend/resume); the
+ * endpoints (api.c) validate OpenAI-style JSON, tokenize or render the chat template, and
+ * submit requests to the engine, whose thread feeds each token back through a sink into the
+ * waiting connection. cmd_serve.c reads flags and the config file, loads the model and
+ * runs the lifecycle (signals, graceful drain). */
+#ifndef CS_SERVER_H
+#define CS_SERVER_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "engine/chat_template.h"
+#include "engine/engine.h"
+#include "server/metrics.h"
+
+typedef struct serve_config {
+    char *model;
+    char *served_model_name;
+    char *host;
+    int port;
+    char *api_key;
+    char *chat_template;            /* file overriding the tokenizer_config.json template */
+    char **lora_modules;            /* "name=dir" */
+    int n_lora_modules;
+    char **lora_roots;
+    int n_lora_roots;
+    int threads;                    /* CPU compute threads (0: all) */
+    int http_threads;               /* libmicrohttpd pool */
+    long long kv_cache_bytes;
+    double kv_cache_fraction;
+    int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
+    long long lora_cache_bytes;
+    long long max_body_bytes;
+    int max_n;                      /* samples per request (n, times prompts for batches) */
+    int max_logprobs;
+    double shutdown_timeout;        /* seconds */
+    char *metrics_prefix;           /* "caraserve_" */
+    bool no_prefix_caching;
+    bool reference_kernels;
+} serve_config_t;
+
+/* An adapter served by name, with the requests using it (an unload waits for them). */
+typedef struct served_adapter {
+    char *name, *path;
+    int in_flight;
+    bool unloading;
+    time_t created;
+    struct served_adapter *next;
+} served_adapter_t;
+
+typedef struct server_metrics {
+    metrics_t *reg;
+    metric_t *ttft, *itl, *e2e, *queue, *prompt_tokens, *gen_tokens, *success;
+    metric_t *running, *waiting, *kv_usage, *prefix_queries, *prefix_hits, *preemptions;
+    metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses;
+    /* engine counters already reported (metrics are cumulative there) */
+    pthread_mutex_t mu;
+    uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;
+} server_metrics_t;
+
+typedef struct server {
+    serve_config_t cfg;
+    const char *model_name;         /* served name of the base model */
+    struct backend *be;
+    model_t *model;
+    tokenizer_t *tok;
+    lora_registry_t *reg;
+    engine_t *engine;
+    chat_template_t *tmpl;          /* NULL: the model has no chat template */
+    bool tmpl_wants_parts;          /* the template reads content parts (['type']) */
+    char *bos_token, *eos_token;    /* strings for the template */
+    int max_model_len;
+    time_t created;
+    char **roots;                   /* realpath of each --lora-root */
+    int n_roots;
+    server_metrics_t m;
+    struct MHD_Daemon *d;
+    int bound_port;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    served_adapter_t *adapters;
+    bool ready;                     /* model loaded: /health says 200 */
+    bool draining;                  /* SIGTERM: no new generation requests */
+    int n_jobs;                     /* generation jobs alive (each holds its connection) */
+    struct gen_job *jobs;           /* list of them (for shutdown) */
+} server_t;
+
+/* ---- http.c ---- */
+typedef struct conn conn_t;
+
+/* Start listening (the model may still be loading: /health answers 503 until ready). */
+int http_start(server_t *s);
+/* Stop accepting new connections (in-flight ones go on). */
+void http_quiesce(server_t *s);
+void http_stop(server_t *s);
+
+/* Responses (each queues exactly one response on the connection). */
+enum MHD_Result http_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
+enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+enum MHD_Result http_text(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len);
+
+/* ---- api.c: the endpoints. body: the parsed JSON (NULL for GET). ---- */
+enum MHD_Result api_dispatch(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method,
+                             const char *url, const char *body, size_t body_len);
+/* Called again after a suspended generation request resumes: its response. */
+enum MHD_Result api_resume(server_t *s, conn_t *cn, struct MHD_Connection *c);
+/* The connection is finished (normally or not): abort what is still running. */
+void api_conn_done(server_t *s, conn_t *cn);
+/* Every live job: abort its engine requests (shutdown after the timeout). */
+void api_abort_all(server_t *s);
+
+/* per-connection state shared by http.c and api.c */
+struct conn {
+    server_t *srv;
+    char *body;
+    size_t len, cap;
+    bool too_large, answered, started;
+    struct gen_job *job;
+    double t_arrival;               /* cs_time_ms() */
+};
+
+/* ---- metrics wiring (api.c) ---- */
+int server_metrics_init(server_t *s);
+void server_on_load_time(void *user, double seconds);  /* the registry's on_load_time */
+/* Register NAME -> DIR (a new version when it exists and inplace), validated first. */
+int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
+                       size_t errlen);
+void server_metrics_free(server_t *s);
+
+/* ---- security ---- */
+bool auth_ok(const server_t *s, const char *authorization_header);
+/* realpath(path) inside one of the --lora-root directories: 0 and *real set (malloc'd),
+ * else an HTTP status (403 outside, 404 missing) with a message in err. */
+int lora_path_check(const server_t *s, const char *path, char **real, char *err, size_t errlen);
+
+#endif
