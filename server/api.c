@@ -1478,7 +1478,10 @@ void server_metrics_free(server_t *s) {
 
 static enum MHD_Result metrics_endpoint(server_t *s, struct MHD_Connection *c) {
     server_metrics_t *m = &s->m;
-    if (s->engine) {
+    pthread_mutex_lock(&s->mu);
+    bool ready = s->ready; /* the engine and registry are set up before ready, under mu */
+    pthread_mutex_unlock(&s->mu);
+    if (ready) {
         engine_stats_t st;
         engine_get_stats(s->engine, &st);
         metric_set(m->running, NULL, st.n_running);
