@@ -239,6 +239,14 @@ conf = os.path.join(reflib.tmpdir("cs_conf_"), "caraserve.conf")
 with open(conf, "w") as f:
     f.write(f"# test config\nmodel = {model_dir}\nserved-model-name = fromconf\nmax-n = 3\nthreads = 2\n"
             "kv-cache-bytes = 32M\nno-prefix-caching = true\n")
+bad_tmpl = os.path.join(reflib.tmpdir("cs_tmpl_"), "bad.jinja")
+with open(bad_tmpl, "w") as f:
+    f.write("{% for m in messages %}\n{{ m.content | no_such_filter }}\n{% endfor %}")
+p = subprocess.run([reflib.CARASERVE, "serve", "--model", model_dir, "--port", "0", "--chat-template", bad_tmpl],
+                   capture_output=True, text=True, timeout=120)
+if p.returncode != 1 or "no_such_filter" not in p.stderr or "line 2" not in p.stderr:
+    reflib.fail(f"an unsupported template construct must stop the server at start-up: {p.returncode} {p.stderr}")
+print("ok  a chat template with an unknown filter stops start-up: " + p.stderr.strip().splitlines()[-1])
 s2 = Server(["--config", conf, "--max-n", "5"])
 st, body, _ = s2.request("POST", "/v1/completions", {"model": "fromconf", "prompt": "Hi", "max_tokens": 2, "n": 5})
 if st != 200 or len(body["choices"]) != 5:
