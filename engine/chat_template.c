@@ -7,14 +7,21 @@
  * recursive-descent parser to a tree (the grammar of jinja2/parser.py), and an evaluator with
  * Python value semantics: truthiness, str() and repr(), int/float arithmetic, code-point
  * strings, the sandbox's attribute rules and the filters, tests and methods templates use.
- * What it does not implement is refused at parse time with the line number.
+ * Two jinja2 behaviours are reproduced on purpose: its compile-time name resolution (see
+ * analyze_frame) and the laziness of generator filters (see lazy_filter). What the
+ * interpreter does not implement is refused at parse time with the line number.
+ *
+ * Known differences, all on inputs no real template has: a value Python would print with its
+ * memory address (a method, a generator) is an error; integers are 64-bit (overflow is an
+ * error, Python would go on with big integers); recursion stops at CHAT_TEMPLATE_MAX_DEPTH
+ * rather than at Python's stack limit; jinja2 folds constant expressions when compiling, so
+ * a nonsense like {{ 0[:2] }} prints nothing there and is an error here.
  *
  * Memory: the tree lives in the template's arena and is never written after parsing, so
  * renders may run concurrently. A render allocates all its values from its own arena, which
  * is freed at once; errors therefore unwind with longjmp (as in Lua) without leaking. */
 #include "engine/chat_template.h"
 
-#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -433,7 +440,7 @@ static void put_lower_at(sbuf *b, const char *s, size_t n, size_t i, int32_t c) 
  * namespace's attributes, an iterator's position and loop/cycler state change. */
 enum vtype {
     T_MISSING = 0, /* internal: an argument that was not given */
-    T_UNDEF,       /* jinja2 Undefined; k = 1: a sandbox SecurityError in waiting */
+    T_UNDEF,       /* jinja2 Undefined (k: UK_MSG, UK_UNSAFE or UK_LAZY) */
     T_NONE,
     T_BOOL,
     T_INT,
@@ -484,6 +491,14 @@ struct bound;
 struct loopctx;
 struct cycler;
 struct joiner;
+struct undef_info;
+
+/* T_UNDEF: what its k says about u */
+enum {
+    UK_MSG,    /* u.msg: the message to give when it is used */
+    UK_UNSAFE, /* u.msg: a sandbox SecurityError in waiting */
+    UK_LAZY,   /* u.ud: what was looked up, the message is written only if it is used */
+};
 
 struct val {
     uint8_t t, k;
@@ -503,7 +518,8 @@ struct val {
         iterobj *it;
         struct cycler *cy;
         struct joiner *jn;
-        const char *msg; /* T_UNDEF: what to say when it is used */
+        const char *msg; /* T_UNDEF */
+        struct undef_info *ud;
         int fn;          /* T_FUNC */
     } u;
 };
@@ -511,6 +527,15 @@ struct val {
 struct bound {
     val self;
     int mid;
+};
+
+enum { U_NAME, U_ATTR, U_ELEM };
+
+struct undef_info {
+    int kind;
+    const char *name; /* U_NAME, U_ATTR */
+    val obj;          /* U_ATTR, U_ELEM */
+    int64_t index;    /* U_ELEM */
 };
 
 struct loopctx {
@@ -578,8 +603,8 @@ enum nkind {
     E_COND,   /* b if a else x (x may be NULL) */
 };
 
-/* S_MACRO / S_CALLBLOCK flags: the body refers to these names */
-enum { MF_CALLER = 1, MF_VARARGS = 2, MF_KWARGS = 4 };
+/* S_MACRO / S_CALLBLOCK flags: the body refers to these names; S_IF: made by an elif */
+enum { MF_CALLER = 1, MF_VARARGS = 2, MF_KWARGS = 4, IF_ELIF = 8 };
 
 struct node {
     uint8_t kind, op, flags;
@@ -593,6 +618,10 @@ struct node {
     const char **kw;
     int nkw;
     uint8_t *ops;
+    /* names jinja2 starts as undefined in the scope this node opens (its body; for S_FOR
+     * also uninit2 for the else block), see analyze_frame */
+    const char **uninit, **uninit2;
+    int nuninit, nuninit2;
 };
 
 /* --------------------------------------------------------------------------- lexer ---- */
@@ -1067,7 +1096,7 @@ static void lex_source(lexer *lx) {
 
 enum filter_id {
     F_ABS, F_ATTR, F_BATCH, F_CAPITALIZE, F_CENTER, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT,
-    F_FORCEESCAPE, F_FORMAT, F_GROUPBY, F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER,
+    F_FORCEESCAPE, F_FORMAT, F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER,
     F_MAP, F_MAX, F_MIN, F_REJECT, F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR,
     F_SLICE, F_SORT, F_STRING, F_SUM, F_TITLE, F_TOJSON, F_TRIM, F_TRUNCATE, F_UNIQUE, F_UPPER, F_WORDCOUNT,
 };
@@ -1079,7 +1108,7 @@ static const struct {
     {"abs", F_ABS}, {"attr", F_ATTR}, {"batch", F_BATCH}, {"capitalize", F_CAPITALIZE}, {"center", F_CENTER},
     {"count", F_LENGTH}, {"d", F_DEFAULT}, {"default", F_DEFAULT}, {"dictsort", F_DICTSORT}, {"e", F_ESCAPE},
     {"escape", F_ESCAPE}, {"first", F_FIRST}, {"float", F_FLOAT}, {"forceescape", F_FORCEESCAPE},
-    {"format", F_FORMAT}, {"groupby", F_GROUPBY}, {"indent", F_INDENT}, {"int", F_INT}, {"items", F_ITEMS},
+    {"format", F_FORMAT}, {"indent", F_INDENT}, {"int", F_INT}, {"items", F_ITEMS},
     {"join", F_JOIN}, {"last", F_LAST}, {"length", F_LENGTH}, {"list", F_LIST}, {"lower", F_LOWER},
     {"map", F_MAP}, {"max", F_MAX}, {"min", F_MIN}, {"reject", F_REJECT}, {"rejectattr", F_REJECTATTR},
     {"replace", F_REPLACE}, {"reverse", F_REVERSE}, {"round", F_ROUND}, {"safe", F_SAFE}, {"select", F_SELECT},
@@ -1088,9 +1117,9 @@ static const struct {
     {"upper", F_UPPER}, {"wordcount", F_WORDCOUNT},
 };
 
-/* jinja2 filters this interpreter refuses (random or HTML-only) */
+/* jinja2 filters this interpreter refuses (random, HTML-only, or unused by chat templates) */
 static const char *const unsupported_filters[] = {
-    "filesizeformat", "pprint", "random", "striptags", "urlencode", "urlize", "wordwrap", "xmlattr",
+    "filesizeformat", "groupby", "pprint", "random", "striptags", "urlencode", "urlize", "wordwrap", "xmlattr",
 };
 
 enum test_id {
@@ -1133,9 +1162,13 @@ enum method_id {
     /* loop, cycler */
     M_CYCLE, M_CHANGED, M_NEXT, M_RESET,
     M_COUNT_,
+    /* attributes that are not methods: of the loop, of a range, of a cycler */
+    A_INDEX = M_COUNT_, A_INDEX0, A_REVINDEX, A_REVINDEX0, A_FIRST, A_LAST, A_LENGTH, A_DEPTH, A_DEPTH0,
+    A_PREVITEM, A_NEXTITEM, A_START, A_STOP, A_STEP, A_CURRENT,
+    A_COUNT_,
 };
 
-static const char *const method_names[M_COUNT_] = {
+static const char *const method_names[A_COUNT_] = {
     [M_STRIP] = "strip", [M_LSTRIP] = "lstrip", [M_RSTRIP] = "rstrip", [M_SPLIT] = "split",
     [M_RSPLIT] = "rsplit", [M_SPLITLINES] = "splitlines", [M_STARTSWITH] = "startswith",
     [M_ENDSWITH] = "endswith", [M_UPPER] = "upper", [M_LOWER] = "lower", [M_TITLE] = "title",
@@ -1150,6 +1183,10 @@ static const char *const method_names[M_COUNT_] = {
     [M_UPDATE] = "update", [M_CLEAR] = "clear", [M_APPEND] = "append", [M_EXTEND] = "extend",
     [M_INSERT] = "insert", [M_REMOVE] = "remove", [M_REVERSE] = "reverse", [M_SORT] = "sort",
     [M_CYCLE] = "cycle", [M_CHANGED] = "changed", [M_NEXT] = "next", [M_RESET] = "reset",
+    [A_INDEX] = "index", [A_INDEX0] = "index0", [A_REVINDEX] = "revindex", [A_REVINDEX0] = "revindex0",
+    [A_FIRST] = "first", [A_LAST] = "last", [A_LENGTH] = "length", [A_DEPTH] = "depth", [A_DEPTH0] = "depth0",
+    [A_PREVITEM] = "previtem", [A_NEXTITEM] = "nextitem", [A_START] = "start", [A_STOP] = "stop",
+    [A_STEP] = "step", [A_CURRENT] = "current",
 };
 
 static int lookup_filter(const char *name) {
@@ -1170,8 +1207,10 @@ static int lookup_func(const char *name) {
     return -1;
 }
 
-static int lookup_method(const char *name) {
-    for (int i = 0; i < M_COUNT_; i++)
+/* A method or one of the other attributes the interpreter knows (loop.index, ...); -1 if
+ * none. "index" is both list.index() and loop.index: the method id is returned. */
+static int lookup_attr(const char *name) {
+    for (int i = 0; i < A_COUNT_; i++)
         if (strcmp(method_names[i], name) == 0) return i;
     return -1;
 }
@@ -1354,7 +1393,7 @@ static node *parse_call(parser *p, node *callee) {
     if (callee->kind == E_NAME) {
         nv_push(p, &p->calls, n);
     } else if (callee->kind == E_GETATTR) {
-        if (lookup_method(callee->name) < 0) pfail(p, n->line, "unknown method '%s'", callee->name);
+        if (callee->id < 0 || callee->id >= M_COUNT_) pfail(p, n->line, "unknown method '%s'", callee->name);
     } else {
         pfail(p, n->line, "calling this kind of expression is not supported");
     }
@@ -1396,6 +1435,7 @@ static node *parse_subscript(parser *p, node *obj) {
             node *n = new_node(p, E_GETATTR, line);
             n->a = obj;
             n->name = a->s;
+            n->id = lookup_attr(a->s);
             return n;
         }
         if (a->type != TK_INT) pfail(p, a->line, "expected name or number");
@@ -1862,6 +1902,7 @@ static node *parse_statement(parser *p) {
             advance(p);
             if (is_name(e, "elif")) {
                 node *next_if = new_node(p, S_IF, e->line);
+                next_if->flags = IF_ELIF;
                 cur_if->w = arena_alloc(p->a, sizeof *cur_if->w);
                 cur_if->w[0] = next_if;
                 cur_if->nw = 1;
@@ -2059,6 +2100,251 @@ static node **parse_statements(parser *p, const char *const *ends, bool drop, in
     return body;
 }
 
+/* --------------------------------------------------------- jinja2's name resolution ---- */
+
+/* jinja2 decides at compile time where each name lives (jinja2/idtracking.py). Looking names
+ * up through the chain of scopes at run time agrees with it except in one case: a name whose
+ * first mention in a scope is an unconditional assignment starts that scope as undefined,
+ * even when an enclosing scope or the context has it. So in
+ *     {% for m in messages %}{{ x }}{% endfor %}{% set x = 1 %}
+ * the loop prints nothing although x was passed in. This pass replays jinja2's analysis and
+ * records those names on the node that opens each scope; the evaluator binds them to
+ * undefined when it enters the scope. */
+
+enum { LOAD_PARAM, LOAD_RESOLVE, LOAD_ALIAS, LOAD_UNDEF };
+
+typedef struct symref {
+    const char *name;
+    int load;
+} symref;
+
+typedef struct symtab {
+    struct symtab *parent;
+    symref *refs;
+    int nrefs, caprefs;
+    const char **stores;
+    int nstores, capstores;
+} symtab;
+
+static int sym_index(const symtab *st, const char *name) {
+    for (int i = 0; i < st->nrefs; i++)
+        if (!strcmp(st->refs[i].name, name)) return i;
+    return -1;
+}
+
+static bool sym_find(const symtab *st, const char *name) {
+    for (; st; st = st->parent)
+        if (sym_index(st, name) >= 0) return true;
+    return false;
+}
+
+static bool sym_stored(const symtab *st, const char *name) {
+    for (int i = 0; i < st->nstores; i++)
+        if (!strcmp(st->stores[i], name)) return true;
+    return false;
+}
+
+static void sym_define(parser *p, symtab *st, const char *name, int load) {
+    int i = sym_index(st, name);
+    if (i >= 0) {
+        st->refs[i].load = load;
+        return;
+    }
+    if (st->nrefs == st->caprefs) {
+        int cap = st->caprefs ? st->caprefs * 2 : 8;
+        symref *r = arena_alloc(p->a, (size_t)cap * sizeof *r);
+        if (st->nrefs) memcpy(r, st->refs, (size_t)st->nrefs * sizeof *r);
+        st->refs = r;
+        st->caprefs = cap;
+    }
+    st->refs[st->nrefs++] = (symref){name, load};
+}
+
+static void sym_add_store(parser *p, symtab *st, const char *name) {
+    if (sym_stored(st, name)) return;
+    if (st->nstores == st->capstores) {
+        int cap = st->capstores ? st->capstores * 2 : 8;
+        const char **s2 = arena_alloc(p->a, (size_t)cap * sizeof *s2);
+        if (st->nstores) memcpy(s2, st->stores, (size_t)st->nstores * sizeof *s2);
+        st->stores = s2;
+        st->capstores = cap;
+    }
+    st->stores[st->nstores++] = name;
+}
+
+static void sym_load(parser *p, symtab *st, const char *name) {
+    if (!sym_find(st, name)) sym_define(p, st, name, LOAD_RESOLVE);
+}
+
+static void sym_store(parser *p, symtab *st, const char *name) {
+    sym_add_store(p, st, name);
+    if (sym_index(st, name) >= 0) return;
+    sym_define(p, st, name, st->parent && sym_find(st->parent, name) ? LOAD_ALIAS : LOAD_UNDEF);
+}
+
+static void sym_param(parser *p, symtab *st, const char *name) {
+    sym_add_store(p, st, name);
+    sym_define(p, st, name, LOAD_PARAM);
+}
+
+static symtab *sym_copy(parser *p, const symtab *st) {
+    symtab *c = arena_zalloc(p->a, sizeof *c);
+    c->parent = st->parent;
+    for (int i = 0; i < st->nrefs; i++) sym_define(p, c, st->refs[i].name, st->refs[i].load);
+    for (int i = 0; i < st->nstores; i++) sym_add_store(p, c, st->stores[i]);
+    return c;
+}
+
+static void sym_stmts(parser *p, symtab *st, node *const *body, int n);
+
+static void sym_expr(parser *p, symtab *st, const node *n) {
+    if (!n) return;
+    if (n->kind == E_NAME) sym_load(p, st, n->name);
+    if (n->kind == E_NSREF) sym_load(p, st, n->name2);
+    sym_expr(p, st, n->a);
+    sym_expr(p, st, n->b);
+    sym_expr(p, st, n->x);
+    sym_expr(p, st, n->y);
+    for (int i = 0; i < n->nv; i++) sym_expr(p, st, n->v[i]);
+    for (int i = 0; i < n->nw; i++) sym_expr(p, st, n->w[i]);
+}
+
+static void sym_target(parser *p, symtab *st, const node *t, bool param) {
+    if (t->kind == E_NAME) {
+        if (param) sym_param(p, st, t->name);
+        else sym_store(p, st, t->name);
+    } else if (t->kind == E_NSREF) {
+        sym_load(p, st, t->name2);
+    } else {
+        for (int i = 0; i < t->nv; i++) sym_target(p, st, t->v[i], param);
+    }
+}
+
+/* Symbols.branch_update: merges the branches of an If into st. A name assigned in a branch
+ * (and not before in this scope) is read from outside until an assignment runs. */
+static void sym_branch_update(parser *p, symtab *st, symtab *const *br, int nbr) {
+    int cap = 0;
+    for (int k = 0; k < nbr; k++) cap += br[k]->nstores;
+    const char **names = cap ? arena_alloc(p->a, (size_t)cap * sizeof *names) : NULL;
+    int nnames = 0;
+    for (int k = 0; k < nbr; k++)
+        for (int i = 0; i < br[k]->nstores; i++)
+            if (!sym_stored(st, br[k]->stores[i])) names[nnames++] = br[k]->stores[i];
+    for (int k = 0; k < nbr; k++) {
+        for (int i = 0; i < br[k]->nrefs; i++) sym_define(p, st, br[k]->refs[i].name, br[k]->refs[i].load);
+        for (int i = 0; i < br[k]->nstores; i++) sym_add_store(p, st, br[k]->stores[i]);
+    }
+    for (int j = 0; j < nnames; j++)
+        sym_define(p, st, names[j], st->parent && sym_find(st->parent, names[j]) ? LOAD_ALIAS : LOAD_RESOLVE);
+}
+
+static bool is_elif(const node *n) { return n->nw == 1 && n->w[0]->kind == S_IF && (n->w[0]->flags & IF_ELIF); }
+
+/* FrameSymbolVisitor.visit_If: the test, then the body, the elifs (each an If of its own with
+ * a test and a body, all visited in one copy) and the else, each in a copy of the symbols */
+static void sym_if(parser *p, symtab *st, const node *n, bool single) {
+    sym_expr(p, st, n->a);
+    symtab *br[3];
+    br[0] = sym_copy(p, st);
+    sym_stmts(p, br[0], n->v, n->nv);
+    br[1] = sym_copy(p, st);
+    br[2] = sym_copy(p, st);
+    if (!single) {
+        const node *last = n;
+        while (is_elif(last)) {
+            last = last->w[0];
+            sym_if(p, br[1], last, true);
+        }
+        sym_stmts(p, br[2], last->w, last->nw);
+    }
+    sym_branch_update(p, st, br, 3);
+}
+
+/* jinja2's FrameSymbolVisitor: what a statement does to the names of its own scope */
+static void sym_stmts(parser *p, symtab *st, node *const *body, int n) {
+    for (int i = 0; i < n; i++) {
+        const node *s = body[i];
+        switch (s->kind) {
+        case S_OUTPUT:
+            for (int k = 0; k < s->nv; k++) sym_expr(p, st, s->v[k]);
+            break;
+        case S_SET:
+            sym_expr(p, st, s->b);
+            sym_target(p, st, s->a, false);
+            break;
+        case S_SETBLOCK: sym_target(p, st, s->a, false); break;
+        case S_IF: sym_if(p, st, s, false); break;
+        case S_FOR: sym_expr(p, st, s->b); break;
+        case S_MACRO: sym_store(p, st, s->name); break;
+        case S_CALLBLOCK: sym_expr(p, st, s->a); break;
+        case S_FILTERBLOCK: sym_expr(p, st, s->b); break;
+        case S_WITH:
+            for (int k = 0; k < s->nw; k++) sym_expr(p, st, s->w[k]);
+            break;
+        default: break;
+        }
+    }
+}
+
+static void analyze_children(parser *p, symtab *st, node *const *body, int n);
+
+/* Analyzes the scope a node opens (its parameters, then its body) and those inside it. */
+static void analyze_frame(parser *p, symtab *parent, node *owner, node *const *body, int n, bool else_block) {
+    symtab *st = arena_zalloc(p->a, sizeof *st);
+    st->parent = parent;
+    if (owner && owner->kind == S_FOR && !else_block) {
+        sym_target(p, st, owner->a, true);
+        sym_param(p, st, "loop");
+    }
+    if (owner && (owner->kind == S_MACRO || owner->kind == S_CALLBLOCK)) {
+        for (int i = 0; i < owner->nkw; i++) sym_param(p, st, owner->kw[i]);
+        if (owner->flags & MF_CALLER) sym_param(p, st, "caller");
+        if (owner->flags & MF_VARARGS) sym_param(p, st, "varargs");
+        if (owner->flags & MF_KWARGS) sym_param(p, st, "kwargs");
+        for (int i = 0; i < owner->nw; i++) sym_expr(p, st, owner->w[i]);
+    }
+    if (owner && owner->kind == S_WITH)
+        for (int i = 0; i < owner->nkw; i++) sym_param(p, st, owner->kw[i]);
+    sym_stmts(p, st, body, n);
+    int count = 0;
+    for (int i = 0; i < st->nrefs; i++) count += st->refs[i].load == LOAD_UNDEF;
+    const char **names = count ? arena_alloc(p->a, (size_t)count * sizeof *names) : NULL;
+    count = 0;
+    for (int i = 0; i < st->nrefs; i++)
+        if (st->refs[i].load == LOAD_UNDEF) names[count++] = st->refs[i].name;
+    if (else_block) {
+        owner->uninit2 = names;
+        owner->nuninit2 = count;
+    } else {
+        owner->uninit = names;
+        owner->nuninit = count;
+    }
+    analyze_children(p, st, body, n);
+}
+
+static void analyze_children(parser *p, symtab *st, node *const *body, int n) {
+    for (int i = 0; i < n; i++) {
+        node *s = body[i];
+        switch (s->kind) {
+        case S_IF:
+            analyze_children(p, st, s->v, s->nv);
+            analyze_children(p, st, s->w, s->nw);
+            break;
+        case S_FOR:
+            analyze_frame(p, st, s, s->v, s->nv, false);
+            if (s->nw) analyze_frame(p, st, s, s->w, s->nw, true);
+            break;
+        case S_MACRO:
+        case S_CALLBLOCK:
+        case S_SETBLOCK:
+        case S_FILTERBLOCK:
+        case S_WITH:
+        case S_SCOPE: analyze_frame(p, st, s, s->v, s->nv, false); break;
+        default: break;
+        }
+    }
+}
+
 /* A call of a plain name must be a global function, a macro of the template, a joiner
  * kept in a variable, or caller() inside a macro. */
 static void check_calls(parser *p) {
@@ -2147,6 +2433,19 @@ static void scope_set(rctx *r, scope *s, const char *name, val v) {
     }
     s->names[s->n] = name;
     s->vals[s->n++] = v;
+}
+
+/* Binds the names jinja2 starts as undefined in a new scope (see analyze_frame). */
+static val undef_lazy(rctx *r, int kind, const char *name, val obj, int64_t index);
+
+static void bind_uninit(rctx *r, scope *s, const char *const *names, int n) {
+    for (int i = 0; i < n; i++) scope_set(r, s, names[i], undef_lazy(r, U_NAME, names[i], v_none(), 0));
+}
+
+static scope *scope_open(rctx *r, scope *parent, const char *const *uninit, int nuninit) {
+    scope *s = scope_new(r, parent);
+    bind_uninit(r, s, uninit, nuninit);
+    return s;
 }
 
 static val mk_str(rctx *r, const char *p, size_t n) { return v_str(arena_strndup(&r->a, p, n), n); }
@@ -2245,8 +2544,22 @@ static const char *rsprintf(rctx *r, const char *fmt, ...) {
 }
 
 static _Noreturn void undef_fail(rctx *r, val v) {
-    if (v.k) throw_status(&r->ec, CS_EINVAL, "line %d: %s", r->line, v.u.msg);
+    if (v.k == UK_LAZY) {
+        const struct undef_info *u = v.u.ud;
+        if (u->kind == U_NAME) rfail(r, "'%s' is undefined", u->name);
+        if (u->kind == U_ATTR) rfail(r, "'%s' has no attribute '%s'", obj_desc(r, u->obj), u->name);
+        rfail(r, "'%s' has no element %" PRId64, obj_desc(r, u->obj), u->index);
+    }
     rfail(r, "%s", v.u.msg ? v.u.msg : "undefined value");
+}
+
+static val undef_lazy(rctx *r, int kind, const char *name, val obj, int64_t index) {
+    struct undef_info *u = arena_alloc(&r->a, sizeof *u);
+    u->kind = kind;
+    u->name = name;
+    u->obj = obj;
+    u->index = index;
+    return (val){.t = T_UNDEF, .k = UK_LAZY, .u.ud = u};
 }
 
 static bool truthy(val v) {
@@ -2296,32 +2609,39 @@ static void fmt_float(double d, char *out, size_t outlen) {
     while (nd > 1 && digits[nd - 1] == '0') nd--;
     digits[nd] = 0;
     int decpt = exp10 + 1;
+    /* at most 26 characters: the callers' 64-byte buffers hold them */
     char *o = out;
-    size_t left = outlen;
-#define PUT(...)                                          \
-    do {                                                  \
-        int k_ = snprintf(o, left, __VA_ARGS__);          \
-        if (k_ > 0 && (size_t)k_ < left) o += k_, left -= (size_t)k_; \
-    } while (0)
-    if (neg) PUT("-");
+    if (neg) *o++ = '-';
     if (decpt > -4 && decpt <= 16) {
         if (decpt <= 0) {
-            PUT("0.");
-            for (int i = 0; i < -decpt; i++) PUT("0");
-            PUT("%s", digits);
+            *o++ = '0';
+            *o++ = '.';
+            for (int i = 0; i < -decpt; i++) *o++ = '0';
+            memcpy(o, digits, (size_t)nd);
+            o += nd;
         } else if (decpt >= nd) {
-            PUT("%s", digits);
-            for (int i = nd; i < decpt; i++) PUT("0");
-            PUT(".0");
+            memcpy(o, digits, (size_t)nd);
+            o += nd;
+            for (int i = nd; i < decpt; i++) *o++ = '0';
+            *o++ = '.';
+            *o++ = '0';
         } else {
-            PUT("%.*s.%s", decpt, digits, digits + decpt);
+            memcpy(o, digits, (size_t)decpt);
+            o += decpt;
+            *o++ = '.';
+            memcpy(o, digits + decpt, (size_t)(nd - decpt));
+            o += nd - decpt;
         }
+        *o = 0;
     } else {
-        PUT("%c", digits[0]);
-        if (nd > 1) PUT(".%s", digits + 1);
-        PUT("e%c%02d", decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
+        *o++ = digits[0];
+        if (nd > 1) {
+            *o++ = '.';
+            memcpy(o, digits + 1, (size_t)(nd - 1));
+            o += nd - 1;
+        }
+        snprintf(o, outlen - (size_t)(o - out), "e%c%02d", decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
     }
-#undef PUT
 }
 
 static void put_repr(rctx *r, sbuf *b, val v);
@@ -2628,7 +2948,7 @@ static void json_put_str(sbuf *b, const char *p, size_t n, bool ascii) {
     sb_putc(b, '"');
 }
 
-static void json_newline(rctx *r, sbuf *b, const json_opts *o, int level) {
+static void json_newline(sbuf *b, const json_opts *o, int level) {
     sb_putc(b, '\n');
     if (o->indent.t == T_STR) {
         for (int i = 0; i < level; i++) sb_put(b, o->indent.u.s.p, o->indent.u.s.n);
@@ -2636,7 +2956,6 @@ static void json_newline(rctx *r, sbuf *b, const json_opts *o, int level) {
         int64_t w = as_int(o->indent);
         for (int64_t i = 0; i < w * level; i++) sb_putc(b, ' ');
     }
-    (void)r;
 }
 
 static void json_put(rctx *r, sbuf *b, val v, const json_opts *o, int level);
@@ -2683,10 +3002,10 @@ static void json_put(rctx *r, sbuf *b, val v, const json_opts *o, int level) {
         sb_putc(b, '[');
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) sb_put(b, o->item_sep, o->item_sep_n);
-            if (o->indent_set) json_newline(r, b, o, level + 1);
+            if (o->indent_set) json_newline(b, o, level + 1);
             json_put(r, b, v.u.l->v[i], o, level + 1);
         }
-        if (o->indent_set) json_newline(r, b, o, level);
+        if (o->indent_set) json_newline(b, o, level);
         sb_putc(b, ']');
         break;
     case T_DICT: {
@@ -2707,13 +3026,13 @@ static void json_put(rctx *r, sbuf *b, val v, const json_opts *o, int level) {
         sb_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
             if (i) sb_put(b, o->item_sep, o->item_sep_n);
-            if (o->indent_set) json_newline(r, b, o, level + 1);
+            if (o->indent_set) json_newline(b, o, level + 1);
             val k = json_key(r, d->k[order[i]]);
             json_put_str(b, k.u.s.p, k.u.s.n, o->ensure_ascii);
             sb_put(b, o->key_sep, o->key_sep_n);
             json_put(r, b, d->v[order[i]], o, level + 1);
         }
-        if (o->indent_set) json_newline(r, b, o, level);
+        if (o->indent_set) json_newline(b, o, level);
         sb_putc(b, '}');
         break;
     }
@@ -2853,35 +3172,36 @@ static val bound(rctx *r, val self, int mid) {
 
 static val unsafe_attr(rctx *r, val obj, const char *name) {
     val u = v_undef(rsprintf(r, "access to attribute '%s' of '%s' object is unsafe.", name, type_name(obj)));
-    u.k = 1;
+    u.k = UK_UNSAFE;
     return u;
 }
 
-static val loop_attr(rctx *r, struct loopctx *lp, const char *name, bool *found) {
+static val loop_attr(struct loopctx *lp, int aid, bool *found) {
     *found = true;
     int64_t i = (int64_t)lp->i, n = (int64_t)lp->n;
-    if (!strcmp(name, "index")) return v_int(i + 1);
-    if (!strcmp(name, "index0")) return v_int(i);
-    if (!strcmp(name, "revindex")) return v_int(n - i);
-    if (!strcmp(name, "revindex0")) return v_int(n - i - 1);
-    if (!strcmp(name, "first")) return v_bool(i == 0);
-    if (!strcmp(name, "last")) return v_bool(i == n - 1);
-    if (!strcmp(name, "length")) return v_int(n);
-    if (!strcmp(name, "depth")) return v_int(1);
-    if (!strcmp(name, "depth0")) return v_int(0);
-    if (!strcmp(name, "previtem")) return i > 0 ? lp->items[i - 1] : v_undef("there is no previous item");
-    if (!strcmp(name, "nextitem")) return i + 1 < n ? lp->items[i + 1] : v_undef("there is no next item");
-    (void)r;
+    switch (aid) {
+    case M_INDEX: /* "index" is also list.index() */
+    case A_INDEX: return v_int(i + 1);
+    case A_INDEX0: return v_int(i);
+    case A_REVINDEX: return v_int(n - i);
+    case A_REVINDEX0: return v_int(n - i - 1);
+    case A_FIRST: return v_bool(i == 0);
+    case A_LAST: return v_bool(i == n - 1);
+    case A_LENGTH: return v_int(n);
+    case A_DEPTH: return v_int(1);
+    case A_DEPTH0: return v_int(0);
+    case A_PREVITEM: return i > 0 ? lp->items[i - 1] : v_undef("there is no previous item");
+    case A_NEXTITEM: return i + 1 < n ? lp->items[i + 1] : v_undef("there is no next item");
+    }
     *found = false;
     return v_missing();
 }
 
 /* The Python attribute name of obj (a method, a namespace attribute, a loop property), as
- * the sandbox sees it; *found is false when there is none. */
-static val attr_only(rctx *r, val obj, const char *name, bool *found) {
+ * the sandbox sees it; aid is lookup_attr(name); *found is false when there is none. */
+static val attr_only(rctx *r, val obj, const char *name, int aid, bool *found) {
     *found = true;
-    int mid = lookup_method(name);
-    bool dunder = name[0] == '_' && name[1] == '_';
+    int mid = aid < M_COUNT_ ? aid : -1;
     switch (obj.t) {
     case T_STR:
         if (mid >= 0 && method_of_str(mid)) return bound(r, obj, mid);
@@ -2894,9 +3214,9 @@ static val attr_only(rctx *r, val obj, const char *name, bool *found) {
             return method_mutates(mid) ? unsafe_attr(r, obj, name) : bound(r, obj, mid);
         if ((obj.k == LK_TUPLE || obj.k == LK_RANGE) && (mid == M_INDEX || mid == M_COUNT)) return bound(r, obj, mid);
         if (obj.k == LK_RANGE) {
-            if (!strcmp(name, "start")) return v_int(obj.u.l->start);
-            if (!strcmp(name, "stop")) return v_int(obj.u.l->stop);
-            if (!strcmp(name, "step")) return v_int(obj.u.l->step);
+            if (aid == A_START) return v_int(obj.u.l->start);
+            if (aid == A_STOP) return v_int(obj.u.l->stop);
+            if (aid == A_STEP) return v_int(obj.u.l->step);
         }
         break;
     case T_NS: {
@@ -2906,30 +3226,29 @@ static val attr_only(rctx *r, val obj, const char *name, bool *found) {
     }
     case T_LOOP: {
         if (mid == M_CYCLE || mid == M_CHANGED) return bound(r, obj, mid);
-        val v = loop_attr(r, obj.u.lp, name, found);
+        val v = loop_attr(obj.u.lp, aid, found);
         if (*found) return v;
+        *found = true;
         break;
     }
     case T_CYCLER:
         if (mid == M_NEXT || mid == M_RESET) return bound(r, obj, mid);
-        if (!strcmp(name, "current")) return obj.u.cy->items[obj.u.cy->pos];
+        if (aid == A_CURRENT) return obj.u.cy->items[obj.u.cy->pos];
         break;
     default: break;
     }
-    if (dunder && obj.t != T_NS) return unsafe_attr(r, obj, name); /* Python internals */
+    if (name[0] == '_' && name[1] == '_' && obj.t != T_NS) return unsafe_attr(r, obj, name); /* Python internals */
     *found = false;
     return v_missing();
 }
 
-static val no_attr(rctx *r, val obj, const char *name) {
-    return v_undef(rsprintf(r, "'%s' has no attribute '%s'", obj_desc(r, obj), name));
-}
+static val no_attr(rctx *r, val obj, const char *name) { return undef_lazy(r, U_ATTR, name, obj, 0); }
 
 /* obj.name: the attribute first, then obj["name"] (jinja2's sandboxed getattr) */
-static val get_attr(rctx *r, val obj, const char *name) {
+static val get_attr(rctx *r, val obj, const char *name, int aid) {
     if (obj.t == T_UNDEF) undef_fail(r, obj);
     bool found;
-    val v = attr_only(r, obj, name, &found);
+    val v = attr_only(r, obj, name, aid, &found);
     if (found) return v;
     if (obj.t == T_DICT) {
         long i = dict_find(r, obj.u.d, v_cstr(name));
@@ -2938,8 +3257,7 @@ static val get_attr(rctx *r, val obj, const char *name) {
     return no_attr(r, obj, name);
 }
 
-static bool index_of(rctx *r, val key, int64_t n, int64_t *idx) {
-    (void)r;
+static bool index_of(val key, int64_t n, int64_t *idx) {
     if (!is_intlike(key)) return false;
     int64_t i = as_int(key);
     if (i < 0) i += n;
@@ -2960,12 +3278,12 @@ static val get_item(rctx *r, val obj, val key) {
         }
         break;
     case T_LIST:
-        if (obj.k <= LK_RANGE && index_of(r, key, (int64_t)obj.u.l->n, &i)) return obj.u.l->v[i];
+        if (obj.k <= LK_RANGE && index_of(key, (int64_t)obj.u.l->n, &i)) return obj.u.l->v[i];
         if (obj.k <= LK_RANGE && is_intlike(key))
-            return v_undef(rsprintf(r, "'%s' has no element %" PRId64, obj_desc(r, obj), as_int(key)));
+            return undef_lazy(r, U_ELEM, NULL, obj, as_int(key));
         break;
     case T_STR:
-        if (index_of(r, key, (int64_t)utf8_len(obj.u.s.p, obj.u.s.n), &i)) {
+        if (index_of(key, (int64_t)utf8_len(obj.u.s.p, obj.u.s.n), &i)) {
             size_t off = utf8_off(obj.u.s.p, obj.u.s.n, (size_t)i);
             int32_t c;
             val ch = v_str(obj.u.s.p + off, utf8_dec(obj.u.s.p + off, obj.u.s.n - off, &c));
@@ -2977,9 +3295,10 @@ static val get_item(rctx *r, val obj, val key) {
     }
     if (key.t == T_STR) {
         bool found;
-        val v = attr_only(r, obj, arena_strndup(&r->a, key.u.s.p, key.u.s.n), &found);
+        const char *name = arena_strndup(&r->a, key.u.s.p, key.u.s.n);
+        val v = attr_only(r, obj, name, lookup_attr(name), &found);
         if (found) return v;
-        return no_attr(r, obj, arena_strndup(&r->a, key.u.s.p, key.u.s.n));
+        return no_attr(r, obj, name);
     }
     sbuf b;
     sb_init(&b, &r->a, 1 << 20, false);
@@ -3443,6 +3762,13 @@ static val make_list(rctx *r, val *items, size_t n, int kind) {
     return v_list(l, kind);
 }
 
+/* Appends s[a:e] (byte offsets) to a split's pieces; a piece of a Markup is a Markup. */
+static void push_piece(rctx *r, val **items, size_t *n, size_t *cap, val s, size_t a, size_t e) {
+    val piece = v_str(s.u.s.p + a, e - a);
+    piece.k = s.k;
+    push_val(r, items, n, cap, piece);
+}
+
 static val str_split(rctx *r, val s, val sep, val vmax, bool right) {
     const char *p = s.u.s.p;
     size_t n = s.u.s.n, count = 0, cap = 0;
@@ -3450,22 +3776,16 @@ static val str_split(rctx *r, val s, val sep, val vmax, bool right) {
     int64_t maxsplit = vmax.t == T_MISSING || vmax.t == T_NONE ? -1 : as_int(vmax);
     if (vmax.t != T_MISSING && vmax.t != T_NONE && !is_intlike(vmax)) rfail(r, "maxsplit must be an integer");
     if (maxsplit < 0) maxsplit = INT64_MAX;
-#define PIECE(a, e)                                  \
-    do {                                             \
-        val piece_ = v_str(p + (a), (e) - (a));      \
-        piece_.k = s.k;                              \
-        push_val(r, &items, &count, &cap, piece_);   \
-    } while (0)
     if (sep.t == T_MISSING || sep.t == T_NONE) {
         if (!right) {
             size_t i = next_ws(p, n, 0, false);
             while (i < n) {
                 if (maxsplit-- == 0) {
-                    PIECE(i, n); /* the remainder keeps its trailing whitespace */
+                    push_piece(r, &items, &count, &cap, s, i, n); /* the remainder keeps its trailing whitespace */
                     break;
                 }
                 size_t e = next_ws(p, n, i, true);
-                PIECE(i, e);
+                push_piece(r, &items, &count, &cap, s, i, e);
                 i = next_ws(p, n, e, false);
             }
         } else {
@@ -3480,7 +3800,7 @@ static val str_split(rctx *r, val s, val sep, val vmax, bool right) {
                 }
                 if (e == 0) break;
                 if (maxsplit-- == 0) {
-                    PIECE(0, e);
+                    push_piece(r, &items, &count, &cap, s, 0, e);
                     break;
                 }
                 size_t a = e;
@@ -3491,7 +3811,7 @@ static val str_split(rctx *r, val s, val sep, val vmax, bool right) {
                     if (is_space_cp(c)) break;
                     a = k;
                 }
-                PIECE(a, e);
+                push_piece(r, &items, &count, &cap, s, a, e);
                 e = a;
             }
             for (size_t i = 0; i < count / 2; i++) {
@@ -3509,7 +3829,7 @@ static val str_split(rctx *r, val s, val sep, val vmax, bool right) {
             size_t a = 0, i = 0;
             while (i + m <= n && maxsplit > 0) {
                 if (!memcmp(p + i, q, m)) {
-                    PIECE(a, i);
+                    push_piece(r, &items, &count, &cap, s, a, i);
                     i += m;
                     a = i;
                     maxsplit--;
@@ -3517,12 +3837,12 @@ static val str_split(rctx *r, val s, val sep, val vmax, bool right) {
                     i++;
                 }
             }
-            PIECE(a, n);
+            push_piece(r, &items, &count, &cap, s, a, n);
         } else {
             size_t e = n, i = n;
             while (i >= m && maxsplit > 0) {
                 if (!memcmp(p + i - m, q, m)) {
-                    PIECE(i, e);
+                    push_piece(r, &items, &count, &cap, s, i, e);
                     i -= m;
                     e = i;
                     maxsplit--;
@@ -3530,7 +3850,7 @@ static val str_split(rctx *r, val s, val sep, val vmax, bool right) {
                     i--;
                 }
             }
-            PIECE(0, e);
+            push_piece(r, &items, &count, &cap, s, 0, e);
             for (size_t k = 0; k < count / 2; k++) {
                 val t = items[k];
                 items[k] = items[count - 1 - k];
@@ -3538,7 +3858,6 @@ static val str_split(rctx *r, val s, val sep, val vmax, bool right) {
             }
         }
     }
-#undef PIECE
     return make_list(r, items, count, LK_LIST);
 }
 
@@ -3931,7 +4250,8 @@ static val str_format(rctx *r, val s, const val *pos, int npos, const char **kwn
             if (*p == '.') {
                 const char *a = ++p;
                 while (p < q && *p != '.' && *p != '[' && *p != '!' && *p != ':') p++;
-                obj = get_attr(r, obj, arena_strndup(&r->a, a, (size_t)(p - a)));
+                const char *name = arena_strndup(&r->a, a, (size_t)(p - a));
+                obj = get_attr(r, obj, name, lookup_attr(name));
             } else {
                 const char *a = ++p;
                 while (p < q && *p != ']') p++;
@@ -4497,7 +4817,7 @@ static val do_filter(rctx *r, int fid, const char *fname, val v, const args *a) 
         if (name.t != T_STR) rfail(r, "attribute name must be a string");
         const char *nm = arena_strndup(&r->a, name.u.s.p, name.u.s.n);
         bool found;
-        val x = attr_only(r, v, nm, &found);
+        val x = attr_only(r, v, nm, lookup_attr(nm), &found);
         return found ? x : no_attr(r, v, nm);
     }
     /* generators: a call with bad arguments fails at once, the rest when consumed */
@@ -4790,7 +5110,7 @@ static bool do_test(rctx *r, int tid, const char *tname, val v, const args *a) {
         if (lookup_filter(s) >= 0) return true;
         for (size_t i = 0; i < sizeof unsupported_filters / sizeof unsupported_filters[0]; i++)
             if (!strcmp(unsupported_filters[i], s)) return true;
-        return !strcmp(s, "groupby");
+        return false;
     }
     case X_TEST: return v.t == T_STR && lookup_test(arena_strndup(&r->a, v.u.s.p, v.u.s.n)) >= 0;
     case X_NONE: return v.t == T_NONE;
@@ -5085,19 +5405,21 @@ static val call_func(rctx *r, int fn, const args *a) {
     case FN_RANGE: {
         if (a->nkw) rfail(r, "range() takes no keyword arguments");
         if (a->npos < 1 || a->npos > 3) rfail(r, "range expected 1 to 3 arguments, got %d", a->npos);
-        int64_t x[3];
+        int64_t x[3] = {0, 0, 1};
         for (int i = 0; i < a->npos; i++) {
             if (a->pos[i].t == T_UNDEF) undef_fail(r, a->pos[i]);
             x[i] = int_arg(r, a->pos[i], "range()");
         }
         int64_t start = a->npos == 1 ? 0 : x[0], stop = a->npos == 1 ? x[0] : x[1], step = a->npos == 3 ? x[2] : 1;
         if (step == 0) rfail(r, "range() arg 3 must not be zero");
-        int64_t n = step > 0 ? (stop > start ? (stop - start - 1) / step + 1 : 0)
-                             : (start > stop ? (start - stop - 1) / (-step) + 1 : 0);
+        /* unsigned differences: the span of two int64 values fits in a uint64 */
+        uint64_t n = 0;
+        if (step > 0 && stop > start) n = ((uint64_t)stop - (uint64_t)start - 1) / (uint64_t)step + 1;
+        if (step < 0 && start > stop) n = ((uint64_t)start - (uint64_t)stop - 1) / (0 - (uint64_t)step) + 1;
         if (n > MAX_RANGE)
             rfail(r, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", MAX_RANGE);
         list *l = list_new(r, (size_t)n);
-        for (int64_t i = 0; i < n; i++) l->v[i] = v_int(start + i * step);
+        for (uint64_t i = 0; i < n; i++) l->v[i] = v_int((int64_t)((uint64_t)start + i * (uint64_t)step));
         l->start = start;
         l->stop = stop;
         l->step = step;
@@ -5162,7 +5484,7 @@ static val call_macro(rctx *r, const macro *m, const args *a) {
     const char *mname = m->name ? m->name : "caller";
     int np = d->nkw, line = r->line;
     enter_r(r);
-    scope *s = scope_new(r, m->closure);
+    scope *s = scope_open(r, m->closure, d->uninit, d->nuninit);
     val *bound_args = arena_alloc(&r->a, (size_t)(np + 1) * sizeof *bound_args);
     for (int i = 0; i < np; i++) bound_args[i] = i < a->npos ? a->pos[i] : v_missing();
     int extra = a->npos > np ? a->npos - np : 0;
@@ -5252,7 +5574,7 @@ static val lookup_name(rctx *r, scope *s, const char *name) {
     if (p) return *p;
     int fn = lookup_func(name);
     if (fn >= 0) return (val){.t = T_FUNC, .u.fn = fn};
-    return v_undef(rsprintf(r, "'%s' is undefined", name));
+    return undef_lazy(r, U_NAME, name, v_none(), 0);
 }
 
 static bool compare(rctx *r, int op, val a, val b) {
@@ -5292,7 +5614,7 @@ static val eval(rctx *r, const node *n, scope *s) {
     case E_GETATTR: {
         val obj = eval(r, n->a, s);
         r->line = n->line;
-        out = get_attr(r, obj, n->name);
+        out = get_attr(r, obj, n->name, n->id);
         break;
     }
     case E_GETITEM: {
@@ -5430,7 +5752,7 @@ static int exec_for(rctx *r, const node *n, scope *s) {
         items = kept;
         count = k;
     }
-    if (count == 0) return n->nw ? exec_body(r, n->w, n->nw, scope_new(r, s)) : FLOW_NORMAL;
+    if (count == 0) return n->nw ? exec_body(r, n->w, n->nw, scope_open(r, s, n->uninit2, n->nuninit2)) : FLOW_NORMAL;
     struct loopctx *lp = arena_zalloc(&r->a, sizeof *lp);
     lp->items = items;
     lp->n = count;
@@ -5440,6 +5762,7 @@ static int exec_for(rctx *r, const node *n, scope *s) {
                         CHAT_TEMPLATE_MAX_ITERATIONS);
         lp->i = i;
         it->n = 0; /* a fresh scope for every iteration */
+        bind_uninit(r, it, n->uninit, n->nuninit);
         scope_set(r, it, "loop", (val){.t = T_LOOP, .u.lp = lp});
         assign(r, n->a, items[i], it);
         int flow = exec_body(r, n->v, n->nv, it);
@@ -5464,7 +5787,7 @@ static int exec_stmt(rctx *r, const node *n, scope *s) {
     case S_FOR: return exec_for(r, n, s);
     case S_SET: assign(r, n->a, eval(r, n->b, s), s); return FLOW_NORMAL;
     case S_SETBLOCK: {
-        val v = capture(r, n->v, n->nv, scope_new(r, s));
+        val v = capture(r, n->v, n->nv, scope_open(r, s, n->uninit, n->nuninit));
         if (n->b) v = eval_filter(r, n->b, s, v);
         assign(r, n->a, v, s);
         return FLOW_NORMAL;
@@ -5498,13 +5821,15 @@ static int exec_stmt(rctx *r, const node *n, scope *s) {
         emit(r, call_value(r, f, a.pos, a.npos, kwn, kwv, a.nkw + 1));
         return FLOW_NORMAL;
     }
-    case S_FILTERBLOCK: emit(r, eval_filter(r, n->b, s, capture(r, n->v, n->nv, scope_new(r, s)))); return FLOW_NORMAL;
+    case S_FILTERBLOCK:
+        emit(r, eval_filter(r, n->b, s, capture(r, n->v, n->nv, scope_open(r, s, n->uninit, n->nuninit))));
+        return FLOW_NORMAL;
     case S_WITH: {
-        scope *w = scope_new(r, s);
+        scope *w = scope_open(r, s, n->uninit, n->nuninit);
         for (int i = 0; i < n->nkw; i++) scope_set(r, w, n->kw[i], eval(r, n->w[i], s));
         return exec_body(r, n->v, n->nv, w);
     }
-    case S_SCOPE: return exec_body(r, n->v, n->nv, scope_new(r, s));
+    case S_SCOPE: return exec_body(r, n->v, n->nv, scope_open(r, s, n->uninit, n->nuninit));
     case S_BREAK: return FLOW_BREAK;
     case S_CONTINUE: return FLOW_CONTINUE;
     }
@@ -5528,8 +5853,7 @@ static int exec_body(rctx *r, node *const *body, int n, scope *s) {
 
 struct chat_template {
     arena a;
-    node **body;
-    int nbody;
+    node *root; /* an S_SCOPE holding the template's statements */
 };
 
 static void set_err(char *err, size_t errlen, const char *msg) {
@@ -5594,8 +5918,10 @@ int chat_template_parse(const char *src, size_t len, chat_template_t **out, char
     p->ec = &ps->ec;
     p->a = &t->a;
     p->t = lx->toks;
-    t->body = subparse(p, NULL, &t->nbody);
+    t->root = new_node(p, S_SCOPE, 1);
+    t->root->v = subparse(p, NULL, &t->root->nv);
     check_calls(p);
+    analyze_frame(p, NULL, t->root, t->root->v, t->root->nv, false);
     t->a.ec = NULL; /* the tree is complete: nothing allocates from this arena any more */
     free(ps);
     *out = t;
@@ -5645,7 +5971,7 @@ int chat_template_render(const chat_template_t *t, const json_t *ctx, char **out
             scope_set(r, vars, arena_strndup(&r->a, key, strlen(key)), from_json(r, value, 0));
     }
     r->out = result;
-    exec_body(r, t->body, t->nbody, scope_new(r, vars));
+    exec_body(r, t->root->v, t->root->nv, scope_open(r, vars, t->root->uninit, t->root->nuninit));
     char *text = result->p;
     size_t n = result->n;
     if (!text) {

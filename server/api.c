@@ -1053,7 +1053,8 @@ err:
 
 /* ---- chat templates ---- */
 /* Normalize OpenAI messages for the template: text parts joined into a string (unless the
- * template reads parts), reasoning fields aliased as transformers does. */
+ * template reads parts, as vLLM's content-format detection does), then transformers' own
+ * preparation (null keys dropped, reasoning fields aliased). */
 static bool chat_messages(server_t *s, json_t *msgs, json_t **out, perr_t *e) {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return fail(e, 400, "messages", "'messages' must be a non-empty list");
@@ -1092,21 +1093,12 @@ static bool chat_messages(server_t *s, json_t *msgs, json_t **out, perr_t *e) {
             json_decref(res);
             return fail(e, 400, "messages", "messages[%zu].content must be a string or a list of parts", i);
         }
-        static const char *const rf[] = {"reasoning_content", "thinking", "reasoning"};
-        for (int k = 0; k < 3; k++) {
-            json_t *r = field(mm, rf[k]);
-            if (r) {
-                json_incref(r);
-                json_object_set(mm, "thinking", r);
-                json_object_set(mm, "reasoning_content", r);
-                json_decref(r);
-                break;
-            }
-        }
         json_array_append_new(res, mm);
     }
-    *out = res;
-    return true;
+    /* then exactly what apply_chat_template does: null keys dropped, reasoning aliased */
+    *out = chat_template_hf_messages(res, true);
+    json_decref(res);
+    return *out != NULL || fail(e, 500, NULL, "out of memory");
 }
 
 /* render messages to the prompt text with the model's (or the request's) template */

@@ -10,8 +10,8 @@ them, Qwen3 with enable_thinking true/false and <think> reasoning, Llama 3.x wit
 date_string. transformers' render_jinja_template (jinja2 in its sandbox) is the reference and
 tests/chat_template_harness renders the same cases in C: the texts must be byte-for-byte
 equal, and a conversation the template rejects (raise_exception, a type error) must be an
-error in both. A set of small templates then exercises expressions, filters, tests, methods and
-whitespace control one by one. Run by tests/pyrun.sh; exits 77 (skip) without transformers.
+error in both. A set of small templates then exercises expressions, filters, tests, methods,
+whitespace control and jinja2's compile-time name resolution one by one. Run by tests/pyrun.sh; exits 77 (skip) without transformers.
 """
 import json
 import os
@@ -48,7 +48,10 @@ def reference(template, case):
                                             **kwargs)
         return {"text": rendered[0]}
     except Exception as e:  # the template rejected the conversation (or failed on it)
-        return {"error": f"{type(e).__name__}: {e}"}
+        out = {"error": f"{type(e).__name__}: {e}"}
+        if type(e).__name__ == "TemplateError":  # raise_exception(message)
+            out["raised"] = str(e)
+        return out
 
 
 def harness(template_path, cases):
@@ -439,6 +442,9 @@ def check_template(name, path, template):
                 ok = False
                 print(f"FAIL {name} case {i}: transformers failed ({want['error'][:200]}) but C rendered "
                       f"{g.get('text', '')[:200]!r}")
+            elif "raised" in want and g["error"] != want["raised"]:
+                ok = False
+                print(f"FAIL {name} case {i}: raise_exception({want['raised']!r}) but C said {g['error']!r}")
     if rendered < MIN_RENDERED:
         ok = False
         print(f"FAIL {name}: only {rendered} conversations rendered (want at least {MIN_RENDERED})")
@@ -528,6 +534,52 @@ _ws = SNIPPETS.index('{{ "x" }}    {{ "y" }}')
 SNIPPETS = SNIPPETS[:_ws] + ["\n".join(SNIPPETS[_ws:]) + "\n", "\r\n".join(SNIPPETS[_ws:]) + "\r\n"]
 SNIPPETS.append("{{ 'a\\\nb' }}|{{ \"line\\\r\ncontinued\" }}")  # a backslash before a newline in a string
 
+# jinja2 resolves names at compile time (idtracking): a name whose first mention in a scope is
+# an assignment starts that scope undefined, shadowing the context
+SCOPE_CTX = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "x": "ctx",
+             "y": "cy", "c": True, "f": False}
+SCOPE_SNIPPETS = [
+ "{% for i in [1] %}[{{ x }}]{% endfor %}{% set x = 'root' %}{{ x }}",
+ "{% for i in [1, 2] %}[{{ x }}]{% set x = i %}[{{ x }}]{% endfor %}{{ x }}",
+ "{% set x = 'r' %}{% for i in [1, 2] %}[{{ x }}]{% set x = i %}{% endfor %}{{ x }}",
+ "{% for i in [1, 2] %}{% if i == 2 %}{% set x = i %}{% endif %}[{{ x }}]{% endfor %}",
+ "{% if false %}{% set x = 1 %}{% endif %}{{ x }}",
+ "{{ x }}{% set x = 1 %}{{ x }}",
+ "{% macro m() %}{{ x }}{% endmacro %}{% set x = 'after' %}{{ m() }}",
+ "{% macro m() %}{{ x }}{% endmacro %}{{ m() }}{% set x = 'after' %}{{ m() }}",
+ "{% for i in [1] %}{% macro m() %}{{ i }}{{ x }}{% endmacro %}{{ m() }}{% set x = 'in' %}{{ m() }}{% endfor %}",
+ "{% macro m() %}{% set x = 'mx' %}{{ x }}{% endmacro %}{{ m() }}{{ x }}",
+ "{% for i in [1] %}{% for j in [2] %}{% set x = j %}{% endfor %}{{ x }}{% endfor %}",
+ "{% set y = 1 %}{% for i in [1] %}{% set y = y + 1 %}{% for j in [1] %}{% set y = y + 10 %}{{ y }}{% endfor %}{{ y }}{% endfor %}{{ y }}",
+ "{% for m in messages %}{% set x = m.role %}{% endfor %}{{ x }}",
+ "{% with %}{% set x = 'w' %}{{ x }}{% endwith %}{{ x }}",
+ "{% set x %}{% set y = 'inner' %}{{ y }}{% endset %}{{ x }}{{ y }}",
+ "{% for x in [1] %}{{ x }}{% endfor %}{{ x }}",
+ "{% for i in [1] %}{{ x }}{% set x = 2 %}{{ x }}{% endfor %}{% if x %}{{ x }}{% endif %}",
+ "{% macro m(x) %}{{ x }}{{ y }}{% endmacro %}{% for y in [5] %}{{ m(1) }}{% endfor %}",
+ "{% if true %}{% set x = 'if' %}{% endif %}{{ x }}",
+ "{% for i in [1] %}[{{ x }}]{% endfor %}{% if c %}{% set x = 'later' %}{% endif %}{{ x }}",
+ "{% for i in [1] %}[{{ x }}]{% endfor %}{% if c %}{% set x = 'a' %}{% else %}{% set x = 'b' %}{% endif %}{{ x }}",
+ "{% for i in [1] %}[{{ x }}]{% endfor %}{% if c %}{% set x = 'a' %}{% elif f %}{% set x = 'e' %}{% else %}{% set x = 'b' %}{% endif %}{{ x }}",
+ "{% for i in [1] %}[{{ x }}]{% endfor %}{% if f %}{% set x = 'a' %}{% elif c %}{% set x = 'e' %}{% else %}{% set x = 'b' %}{% endif %}{{ x }}",
+ "{% for i in [1] %}[{{ x }}]{% endfor %}{% if f %}{% set x = 'a' %}{% elif c %}{% set y = 'e' %}{% else %}{% set x = 'b' %}{% endif %}{{ x }}{{ y }}",
+ "{% set ns = namespace(v=x) %}{% set x = 'new' %}{{ ns.v }}{{ x }}",
+ "{% macro outer() %}{% macro inner() %}{{ z }}{% endmacro %}{{ inner() }}{% set z = 'oz' %}{{ inner() }}{% endmacro %}{{ outer() }}",
+ "{% for i in range(2) %}{% set x = loop.index %}{% endfor %}{{ x }}{% set loop = 5 %}{{ loop }}",
+ "{% for a in [1] %}{% for b in [2] %}[{{ x }}]{% endfor %}{% set x = 'mid' %}{% endfor %}",
+ "{% for a in [1, 2] %}{% for b in [2] %}[{{ y }}]{% endfor %}{% if a == 1 %}{% set y = 'mid' %}{% endif %}{% endfor %}",
+ "{% set x = x ~ '!' %}{{ x }}",
+ "{% macro m() %}{{ y }}{% endmacro %}{% set y = 'r' %}{% for i in [1] %}{% set y = 'loop' %}{{ m() }}{% endfor %}",
+ "{% set y %}{{ x }}{% endset %}{% set x = 1 %}{{ y }}",
+ "{% filter upper %}{{ x }}{% set x = 'f' %}{{ x }}{% endfilter %}{{ x }}",
+ "{% for i in [1] %}{% if c %}{% set x = 'a' %}{% else %}{% set x = 'b' %}{% endif %}{{ x }}{% endfor %}",
+ "{% for i in [1] %}{% macro q() %}{{ x }}{% endmacro %}{{ q() }}{% if c %}{% set x = 'a' %}{% else %}{% set x = 'b' %}{% endif %}{{ q() }}{% endfor %}",
+ "{% for i in [1] %}{% macro q() %}{{ x }}{% endmacro %}{{ q() }}{% set x = 'a' %}{{ q() }}{% endfor %}",
+ "{% for i in [] %}{% else %}{% macro q() %}{{ x }}{% endmacro %}{{ q() }}{% set x = 'e' %}{{ q() }}{% endfor %}",
+ "{% call(a) m2() %}{{ x }}{% set x = a %}{{ x }}{% endcall %}{% macro m2() %}{{ caller(1) }}{% endmacro %}",
+ "{% macro m2() %}{{ caller(1) }}{% endmacro %}{% call(a) m2() %}{{ x }}{% set x = a %}{{ x }}{% endcall %}",
+]
+
 # templates that must fail in both (errors at render time)
 FAILING = [
     "{{ raise_exception('custom error') }}", "{{ 1 + 'a' }}", "{{ undefined_var.attr }}", "{{ 1 / 0 }}",
@@ -542,11 +594,11 @@ def check_snippets():
     ok = True
     count = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for i, tmpl in enumerate(SNIPPETS + FAILING):
+        for i, tmpl in enumerate(SNIPPETS + FAILING + SCOPE_SNIPPETS):
             path = os.path.join(tmp, f"snippet{i}.jinja")
             with open(path, "w", encoding="utf-8", newline="") as f:
                 f.write(tmpl)
-            case = dict(CTX)
+            case = dict(SCOPE_CTX if tmpl in SCOPE_SNIPPETS else CTX)
             got, err = harness(path, [case])
             want = reference(tmpl, case)
             if err and tmpl in FAILING and "parse_error" in err:
