@@ -4,8 +4,8 @@
 #   - output tokens/s, mean TTFT and inter-token latency at concurrency 1, 8 and 32
 #     (64-token prompts, GEN new tokens each, greedy), base model only;
 #   - the same at concurrency 8 and 32 with every request on one of 8 rank-16 adapters;
-#   - the same requests through `caraserve batch` (no HTTP), so the HTTP layer's cost shows
-#     as a ratio;
+#   - the same requests through `caraserve batch` (no HTTP; --max-num-seqs = the clients;
+#     timed from first submit to last token), so the HTTP layer's cost shows as a ratio;
 #   - with LLAMA_CPP_DIR (llama-server built), llama.cpp's server on the F16 GGUF of the same
 #     checkpoint with as many parallel slots as clients.
 # Configurations alternate within each repetition; the JSON lands in bench/results/.
@@ -81,11 +81,11 @@ for r in $(seq "$REPS"); do
             echo "{\"kind\": \"caraserve-serve\", \"rep\": $r, \"c\": $c, \"adapters\": \"$tag\", \"out\": $out}" >> "$results"
             # the engine alone on the same requests, c at a time (--max-num-seqs c)
             f=$(mkbatch "$n" "$models")
-            t0=$($PY -c 'import time; print(time.perf_counter())')
+            # (its --stats wall_ms: first submit to last token, without loading the model)
             "$BUILD/caraserve" batch --model "$model" "${lora_batch[@]}" --threads "$THREADS" --kv-cache-bytes 2G \
-                --max-num-seqs "$c" --requests "$f" > /dev/null
-            t1=$($PY -c 'import time; print(time.perf_counter())')
-            echo "{\"kind\": \"caraserve-batch\", \"rep\": $r, \"c\": $c, \"adapters\": \"$tag\", \"wall_s\": $($PY -c "print($t1 - $t0)"), \"tokens\": $((n * GEN))}" >> "$results"
+                --max-num-seqs "$c" --requests "$f" --stats > /dev/null 2> "$work/stats"
+            wall=$(tail -n 1 "$work/stats" | $PY -c 'import json, sys; print(json.load(sys.stdin)["wall_ms"] / 1000)')
+            echo "{\"kind\": \"caraserve-batch\", \"rep\": $r, \"c\": $c, \"adapters\": \"$tag\", \"wall_s\": $wall, \"tokens\": $((n * GEN))}" >> "$results"
             if [ -n "$ll_port" ] && [ -z "$models" ]; then
                 out=$($PY bench/serve_client.py "http://127.0.0.1:$ll_port" --concurrency "$c" --requests "$n" \
                     --gen "$GEN" --prompt-len "$PLEN")

@@ -8,12 +8,14 @@
  * the buffer is empty; the sink resumes it. A non-streaming job suspends the connection
  * until the last engine request is done, then answers in one piece. The job is freed when
  * the connection, the stream reader and every engine request have let go of it. */
+#define _GNU_SOURCE 1 /* POLLRDHUP */
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -52,7 +54,11 @@ static json_t *jstr(const char *s, size_t n) {
         int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
         bool ok = len > 0 && i + (size_t)len <= n;
         for (int k = 1; ok && k < len; k++) ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
-        if (ok && len > 1) ok = json_stringn(s + i, (size_t)len) != NULL; /* overlong, surrogates */
+        if (ok && len > 1) { /* overlong forms, surrogates: let jansson judge the one character */
+            json_t *one = json_stringn(s + i, (size_t)len);
+            ok = one != NULL;
+            json_decref(one);
+        }
         if (ok) {
             sb_add(&b, s + i, (size_t)len);
             i += (size_t)len;
@@ -173,12 +179,34 @@ static bool resolve_model(server_t *s, json_t *body, served_adapter_t **ad, char
     return true;
 }
 
+static void adapter_unlink(server_t *s, served_adapter_t *a) {
+    served_adapter_t **pp = &s->adapters;
+    while (*pp != a) pp = &(*pp)->next;
+    *pp = a->next;
+}
+
+static void adapter_free(served_adapter_t *a) {
+    free(a->name);
+    free(a->path);
+    free(a->waiters);
+    free(a);
+}
+
+/* The last in-flight request of an adapter being unloaded takes it away and wakes the
+ * unload requests waiting for that. */
 static void adapter_unpin(server_t *s, served_adapter_t *a) {
     if (!a) return;
+    served_adapter_t *gone = NULL;
     pthread_mutex_lock(&s->mu);
-    a->in_flight--;
-    pthread_cond_broadcast(&s->cv);
+    if (--a->in_flight == 0 && a->unloading) {
+        lora_registry_remove(s->reg, a->name);
+        adapter_unlink(s, a);
+        gone = a;
+    }
     pthread_mutex_unlock(&s->mu);
+    if (!gone) return;
+    for (int i = 0; i < gone->n_waiters; i++) MHD_resume_connection(gone->waiters[i]); /* suspended until now */
+    adapter_free(gone);
 }
 
 /* ---- jobs ---- */
@@ -228,6 +256,7 @@ struct gen_job {
     sbuf_t out;                     /* SSE bytes not yet sent */
     size_t out_off;
     bool finished;
+    bool hung_up;                   /* the watcher saw the client go */
     unsigned err_status;
     char *err_msg;
     long long completion_tokens;
@@ -270,7 +299,10 @@ static void job_unref(gen_job_t *j) {
     job_free(j);
 }
 
-static gen_job_t *job_new(server_t *s, bool chat, int n_parts, int n) {
+/* NULL when out of memory or (*draining) when the server has begun shutting down: the check
+ * and the count are one step under s->mu, so the drain never misses a job */
+static gen_job_t *job_new(server_t *s, bool chat, int n_parts, int n, bool *draining) {
+    *draining = false;
     gen_job_t *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->srv = s;
@@ -305,6 +337,13 @@ static gen_job_t *job_new(server_t *s, bool chat, int n_parts, int n) {
     j->id[o] = 0;
     j->created = (long long)time(NULL);
     pthread_mutex_lock(&s->mu);
+    if (s->draining) {
+        pthread_mutex_unlock(&s->mu);
+        *draining = true;
+        j->refs = 0;
+        job_free(j);
+        return NULL;
+    }
     j->next = s->jobs;
     if (s->jobs) s->jobs->prev = j;
     s->jobs = j;
@@ -623,7 +662,8 @@ static enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection 
         pthread_mutex_lock(&j->mu);
         j->refs++;
         pthread_mutex_unlock(&j->mu);
-        int rc = engine_submit(s->engine, &rq, &p->id);
+        uint64_t id = 0;
+        int rc = engine_submit(s->engine, &rq, &id);
         if (rc) {
             fail(&e, status_of(rc), NULL, "%s", cs_error_last());
             pthread_mutex_lock(&j->mu);
@@ -631,7 +671,10 @@ static enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection 
             pthread_mutex_unlock(&j->mu);
             break;
         }
+        pthread_mutex_lock(&j->mu);
+        p->id = id;
         p->submitted = true;
+        pthread_mutex_unlock(&j->mu);
     }
     if (k < j->n_parts) {
         /* parts already in will finish as aborted; their events still come */
@@ -753,6 +796,63 @@ void api_conn_done(server_t *s, conn_t *cn) {
     job_unref(j);
 }
 
+/* MHD does not notice a client hanging up while its connection is suspended (a request still
+ * queued or prefilling, or any non-streaming one): look at the sockets of suspended
+ * connections every 100 ms and abort the requests of those that have closed. */
+static void *watch_thread(void *arg) {
+    server_t *s = arg;
+    for (;;) {
+        uint64_t ids[64];
+        int n = 0;
+        pthread_mutex_lock(&s->mu);
+        while (!s->watch_stop) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            if (pthread_cond_timedwait(&s->watch_cv, &s->mu, &ts) != 0) break;
+        }
+        if (s->watch_stop) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        for (gen_job_t *j = s->jobs; j && n < 64; j = j->next) {
+            pthread_mutex_lock(&j->mu);
+            if (j->suspended && j->conn && !j->finished && !j->hung_up) {
+                /* suspended: the connection cannot go away while we hold j->mu */
+                const union MHD_ConnectionInfo *ci = MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+                struct pollfd p = {.fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP};
+                if (p.fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                    j->hung_up = true;
+                    for (int i = 0; i < j->n_parts && n < 64; i++)
+                        if (j->parts[i].submitted && !j->parts[i].done) ids[n++] = j->parts[i].id;
+                }
+            }
+            pthread_mutex_unlock(&j->mu);
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < n; i++) engine_abort(s->engine, ids[i]);
+    }
+}
+
+int api_watch_start(server_t *s) {
+    pthread_cond_init(&s->watch_cv, NULL);
+    if (pthread_create(&s->watch, NULL, watch_thread, s)) return cs_error_set(CS_ENOMEM, "cannot start a thread");
+    s->watch_started = true;
+    return CS_OK;
+}
+
+void api_watch_stop(server_t *s) {
+    if (!s->watch_started) return;
+    pthread_mutex_lock(&s->mu);
+    s->watch_stop = true;
+    pthread_cond_signal(&s->watch_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->watch, NULL);
+    pthread_cond_destroy(&s->watch_cv);
+    s->watch_started = false;
+}
+
 void api_abort_all(server_t *s) {
     pthread_mutex_lock(&s->mu);
     for (gen_job_t *j = s->jobs; j; j = j->next) {
@@ -797,7 +897,7 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
     sp->repetition_penalty = (float)d;
     if (field(b, "seed")) {
         v = 0;
-        if (!get_int(b, "seed", -(1LL << 62), 1LL << 62, &v, e)) return false;
+        if (!get_int(b, "seed", LLONG_MIN, LLONG_MAX, &v, e)) return false;
         sp->seed = (uint64_t)v;
         sp->has_seed = true;
     }
@@ -885,6 +985,16 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
     if (b1) return fail(e, 400, "include_stop_str_in_output", "include_stop_str_in_output is not supported");
     const char *user = NULL;
     if (!get_str(b, "user", &user, e)) return false;
+    json_t *rf = field(b, "response_format");
+    if (rf) {
+        const char *t = json_string_value(json_object_get(rf, "type"));
+        if (!json_is_object(rf) || !t || strcmp(t, "text"))
+            return fail(e, 400, "response_format", "response_format other than {\"type\": \"text\"} is not supported");
+    }
+    json_t *tc = field(b, "tool_choice");
+    if (tc && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+        return fail(e, 400, "tool_choice", "tool_choice other than \"none\" or \"auto\" is not supported (tools are "
+                                            "shown to the chat template; tool calls are not parsed out of the text)");
     /* logprobs: completions an integer, chat a boolean plus top_logprobs */
     sp->logprobs = -1;
     if (chat) {
@@ -991,8 +1101,9 @@ static enum MHD_Result completions(server_t *s, conn_t *cn, struct MHD_Connectio
     if (!get_str(b, "suffix", &suffix, &e)) goto err;
     if (suffix && suffix[0]) { fail(&e, 400, "suffix", "suffix is not supported"); goto err; }
     if (!resolve_model(s, b, &ad, &label, &e)) goto err;
-    j = job_new(s, false, n_prompts, 1);
-    if (!j) { fail(&e, 500, NULL, "out of memory"); goto err; }
+    bool draining;
+    j = job_new(s, false, n_prompts, 1, &draining);
+    if (!j) { fail(&e, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory"); goto err; }
     j->adapter = ad;
     ad = NULL;
     j->label = label;
@@ -1055,7 +1166,9 @@ err:
 /* Normalize OpenAI messages for the template: text parts joined into a string (unless the
  * template reads parts, as vLLM's content-format detection does), then transformers' own
  * preparation (null keys dropped, reasoning fields aliased). */
-static bool chat_messages(server_t *s, json_t *msgs, json_t **out, perr_t *e) {
+static bool template_wants_parts(const char *src) { return strstr(src, "['type']") || strstr(src, "[\"type\"]"); }
+
+static bool chat_messages(json_t *msgs, bool wants_parts, json_t **out, perr_t *e) {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return fail(e, 400, "messages", "'messages' must be a non-empty list");
     json_t *res = json_array();
@@ -1086,7 +1199,7 @@ static bool chat_messages(server_t *s, json_t *msgs, json_t **out, perr_t *e) {
                 if (k) sb_add(&t, "\n", 1);
                 sb_add(&t, json_string_value(text), json_string_length(text));
             }
-            if (!s->tmpl_wants_parts) json_object_set_new(mm, "content", json_stringn(t.p ? t.p : "", t.len));
+            if (!wants_parts) json_object_set_new(mm, "content", json_stringn(t.p ? t.p : "", t.len));
             free(t.p);
         } else if (content && !json_is_string(content) && !json_is_null(content)) {
             json_decref(mm);
@@ -1104,8 +1217,8 @@ static bool chat_messages(server_t *s, json_t *msgs, json_t **out, perr_t *e) {
 /* render messages to the prompt text with the model's (or the request's) template */
 static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *add_special, perr_t *e) {
     json_t *msgs = NULL;
-    if (!chat_messages(s, json_object_get(b, "messages"), &msgs, e)) return false;
     chat_template_t *t = s->tmpl, *own = NULL;
+    bool wants_parts = s->tmpl_wants_parts;
     const char *req_tmpl = NULL;
     char err[1024];
     if (!get_str(b, "chat_template", &req_tmpl, e)) goto fail;
@@ -1115,7 +1228,9 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
             goto fail;
         }
         t = own;
+        wants_parts = template_wants_parts(req_tmpl);
     }
+    if (!chat_messages(json_object_get(b, "messages"), wants_parts, &msgs, e)) goto fail;
     if (!t) {
         fail(e, 400, "messages",
              "this model has no chat template (tokenizer_config.json has no chat_template); start the server with "
@@ -1172,8 +1287,9 @@ static enum MHD_Result chat(server_t *s, conn_t *cn, struct MHD_Connection *c, j
     enum MHD_Result ret;
     if (!json_object_get(b, "messages")) { fail(&e, 400, "messages", "'messages' is required"); goto err; }
     if (!resolve_model(s, b, &ad, &label, &e)) goto err;
-    j = job_new(s, true, 1, 1);
-    if (!j) { fail(&e, 500, NULL, "out of memory"); goto err; }
+    bool draining;
+    j = job_new(s, true, 1, 1, &draining);
+    if (!j) { fail(&e, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory"); goto err; }
     j->adapter = ad;
     ad = NULL;
     j->label = label;
@@ -1380,7 +1496,15 @@ static enum MHD_Result load_lora(server_t *s, struct MHD_Connection *c, json_t *
     return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), strlen(msg));
 }
 
-static enum MHD_Result unload_lora(server_t *s, struct MHD_Connection *c, json_t *b) {
+static enum MHD_Result unload_done(struct MHD_Connection *c, const char *name) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' removed successfully.", name);
+    return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), strlen(msg));
+}
+
+/* New requests for the adapter get 404 at once; the answer (and the removal) waits until
+ * the requests in flight on it have finished, without holding an HTTP thread. */
+static enum MHD_Result unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
     perr_t e = {0};
     const char *name = NULL;
     if (!get_str(b, "lora_name", &name, &e)) return reply_err(c, &e);
@@ -1391,20 +1515,38 @@ static enum MHD_Result unload_lora(server_t *s, struct MHD_Connection *c, json_t
         pthread_mutex_unlock(&s->mu);
         return http_error(c, 404, "lora_name", "The lora adapter '%s' cannot be found.", name);
     }
-    /* new requests are refused from now; the ones in flight finish on its weights */
     a->unloading = true;
-    while (a->in_flight > 0) pthread_cond_wait(&s->cv, &s->mu);
-    lora_registry_remove(s->reg, name);
-    served_adapter_t **pp = &s->adapters;
-    while (*pp != a) pp = &(*pp)->next;
-    *pp = a->next;
+    if (a->in_flight == 0) {
+        lora_registry_remove(s->reg, name);
+        adapter_unlink(s, a);
+        pthread_mutex_unlock(&s->mu);
+        enum MHD_Result r = unload_done(c, name);
+        adapter_free(a);
+        return r;
+    }
+    struct MHD_Connection **w = realloc(a->waiters, sizeof *w * (size_t)(a->n_waiters + 1));
+    cn->unload_name = strdup(name);
+    if (!w || !cn->unload_name) {
+        if (w) a->waiters = w;
+        pthread_mutex_unlock(&s->mu);
+        return http_error(c, 500, NULL, "out of memory");
+    }
+    a->waiters = w;
+    a->waiters[a->n_waiters++] = c;
+    cn->unload_waiting = true;
+    s->n_unload_waiting++;
+    MHD_suspend_connection(c); /* under s->mu: the last unpin resumes it only after this */
     pthread_mutex_unlock(&s->mu);
-    free(a->name);
-    free(a->path);
-    free(a);
-    char msg[512];
-    snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' removed successfully.", name);
-    return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), strlen(msg));
+    return MHD_YES;
+}
+
+enum MHD_Result api_unload_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
+    cn->unload_waiting = false;
+    pthread_mutex_lock(&s->mu);
+    s->n_unload_waiting--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return unload_done(c, cn->unload_name);
 }
 
 /* ---- /metrics ---- */
@@ -1475,14 +1617,16 @@ static enum MHD_Result metrics_endpoint(server_t *s, struct MHD_Connection *c) {
     pthread_mutex_unlock(&s->mu);
     if (ready) {
         engine_stats_t st;
+        lora_registry_stats_t ls = {0};
+        /* the snapshots and the deltas under one lock: a concurrent scrape must not apply an
+         * older snapshot after a newer one (the deltas would underflow) */
+        pthread_mutex_lock(&m->mu);
         engine_get_stats(s->engine, &st);
+        if (s->reg) lora_registry_stats(s->reg, &ls);
         metric_set(m->running, NULL, st.n_running);
         metric_set(m->waiting, NULL, st.n_waiting);
         int used = st.kv.n_blocks - st.kv.n_free - st.kv.n_cached;
         metric_set(m->kv_usage, NULL, st.kv.n_blocks ? (double)used / st.kv.n_blocks : 0);
-        lora_registry_stats_t ls = {0};
-        if (s->reg) lora_registry_stats(s->reg, &ls);
-        pthread_mutex_lock(&m->mu);
         metric_inc(m->prefix_queries, NULL, (double)(st.prompt_tokens - m->last_prefix_queries));
         metric_inc(m->prefix_hits, NULL, (double)(st.cached_prompt_tokens - m->last_prefix_hits));
         metric_inc(m->preemptions, NULL, (double)(st.preemptions - m->last_preemptions));
@@ -1551,7 +1695,7 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     else if (is(url, "/tokenize")) r = tokenize(s, c, b);
     else if (is(url, "/detokenize")) r = detokenize(s, c, b);
     else if (is(url, "/v1/load_lora_adapter")) r = load_lora(s, c, b);
-    else r = unload_lora(s, c, b);
+    else r = unload_lora(s, cn, c, b);
     json_decref(b);
     return r;
 }

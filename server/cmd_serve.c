@@ -23,7 +23,10 @@
  * only writes the signal to a pipe the main thread reads */
 static int sig_pipe[2] = {-1, -1};
 
+static volatile sig_atomic_t loading = 1;
+
 static void on_signal(int sig) {
+    if (loading) _exit(0); /* nothing accepted yet (requests got 503): no need to wait for the load */
     int saved = errno;
     unsigned char b = (unsigned char)sig;
     if (write(sig_pipe[1], &b, 1) < 0) {}
@@ -427,7 +430,7 @@ int cmd_serve(int argc, char **argv) {
                     s->cfg.chat_template ? s->cfg.chat_template : s->cfg.model, err);
             goto out;
         }
-        s->tmpl_wants_parts = strstr(tsrc, "['type']") || strstr(tsrc, "[\"type\"]") || strstr(tsrc, ".type");
+        s->tmpl_wants_parts = strstr(tsrc, "['type']") || strstr(tsrc, "[\"type\"]");
     }
     s->bos_token = special_token(tcfg, "bos_token");
     s->eos_token = special_token(tcfg, "eos_token");
@@ -460,9 +463,11 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (engine_start(s->engine)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
+    if (api_watch_start(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     pthread_mutex_lock(&s->mu);
     s->ready = true;
     pthread_mutex_unlock(&s->mu);
+    loading = 0;
     fprintf(stderr, "caraserve: ready: %s (%d adapters, context %d, %s chat template) on http://%s:%d\n", s->model_name,
             s->cfg.n_lora_modules, s->max_model_len, s->tmpl ? "with a" : "no", s->cfg.host, s->bound_port);
 
@@ -476,7 +481,7 @@ int cmd_serve(int argc, char **argv) {
     double deadline = cs_time_ms() + s->cfg.shutdown_timeout * 1000.0;
     pthread_mutex_lock(&s->mu);
     bool forced = false;
-    while (s->n_jobs > 0 && cs_time_ms() < deadline && !forced) {
+    while ((s->n_jobs > 0 || s->n_unload_waiting > 0) && cs_time_ms() < deadline && !forced) {
         pthread_mutex_unlock(&s->mu);
         if (next_signal(20) == SIGINT) { /* a second Ctrl-C: do not wait */
             fprintf(stderr, "caraserve: second SIGINT: not waiting\n");
@@ -484,19 +489,19 @@ int cmd_serve(int argc, char **argv) {
         }
         pthread_mutex_lock(&s->mu);
     }
-    int left = s->n_jobs;
+    int left = s->n_jobs + s->n_unload_waiting;
     pthread_mutex_unlock(&s->mu);
     if (left) {
         fprintf(stderr, "caraserve: aborting %d request(s) still running\n", left);
         api_abort_all(s);
         double d2 = cs_time_ms() + 5000;
         pthread_mutex_lock(&s->mu);
-        while (s->n_jobs > 0 && cs_time_ms() < d2) {
+        while ((s->n_jobs > 0 || s->n_unload_waiting > 0) && cs_time_ms() < d2) {
             pthread_mutex_unlock(&s->mu);
             usleep(20000);
             pthread_mutex_lock(&s->mu);
         }
-        left = s->n_jobs;
+        left = s->n_jobs + s->n_unload_waiting;
         pthread_mutex_unlock(&s->mu);
     }
     if (left) { /* connections still held: stopping the daemon under them is not allowed */
@@ -505,6 +510,7 @@ int cmd_serve(int argc, char **argv) {
     }
     rc = 0;
 out:
+    api_watch_stop(s);
     http_stop(s);
     engine_free(s->engine);
     lora_registry_free(s->reg);
@@ -517,6 +523,7 @@ out:
         nx = a->next;
         free(a->name);
         free(a->path);
+        free(a->waiters);
         free(a);
     }
     for (int i = 0; i < s->n_roots; i++) free(s->roots[i]);

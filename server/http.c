@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "server/server.h"
 
@@ -83,6 +84,42 @@ bool auth_ok(const server_t *s, const char *h) {
     return diff == 0;
 }
 
+/* "/a/./b/../c" -> "/a/c" for an absolute path (no file system access) */
+static char *lexical_abs(const char *path) {
+    char *cwd = path[0] == '/' ? NULL : getcwd(NULL, 0);
+    size_t n = strlen(path) + (cwd ? strlen(cwd) + 1 : 0) + 2;
+    char *in = malloc(n), *out = malloc(n);
+    if (!in || !out) { free(in); free(out); free(cwd); return NULL; }
+    snprintf(in, n, "%s%s%s", cwd ? cwd : "", cwd ? "/" : "", path);
+    free(cwd);
+    size_t o = 0;
+    for (char *tok = strtok(in, "/"); tok; tok = strtok(NULL, "/")) {
+        if (!strcmp(tok, ".")) continue;
+        if (!strcmp(tok, "..")) {
+            while (o > 0 && out[o - 1] != '/') o--;
+            if (o > 0) o--;
+            continue;
+        }
+        out[o++] = '/';
+        size_t l = strlen(tok);
+        memcpy(out + o, tok, l);
+        o += l;
+    }
+    if (o == 0) out[o++] = '/';
+    out[o] = 0;
+    free(in);
+    return out;
+}
+
+static int root_of(const server_t *s, const char *p) {
+    for (int i = 0; i < s->n_roots; i++) {
+        size_t n = strlen(s->roots[i]);
+        if (strncmp(p, s->roots[i], n) == 0 && (p[n] == '/' || p[n] == 0 || (n == 1 && s->roots[i][0] == '/')))
+            return i;
+    }
+    return -1;
+}
+
 int lora_path_check(const server_t *s, const char *path, char **real, char *err, size_t errlen) {
     *real = NULL;
     if (s->n_roots == 0) {
@@ -91,19 +128,41 @@ int lora_path_check(const server_t *s, const char *path, char **real, char *err,
     }
     char *rp = realpath(path, NULL);
     if (!rp) {
+        /* say "missing" only for a path that would be inside a root: no existence oracle
+         * for the rest of the file system */
+        char *lex = lexical_abs(path);
+        bool inside = lex && root_of(s, lex) >= 0;
+        free(lex);
+        if (!inside) {
+            snprintf(err, errlen, "adapter path '%s' is outside the allowed --lora-root directories", path);
+            return 403;
+        }
         snprintf(err, errlen, "adapter path '%s' does not exist", path);
         return 404;
     }
-    for (int i = 0; i < s->n_roots; i++) {
-        size_t n = strlen(s->roots[i]);
-        if (strncmp(rp, s->roots[i], n) == 0 && (rp[n] == '/' || rp[n] == 0 || (n == 1 && s->roots[i][0] == '/'))) {
-            *real = rp;
-            return 0;
+    int root = root_of(s, rp);
+    if (root < 0) {
+        free(rp);
+        snprintf(err, errlen, "adapter path '%s' is outside the allowed --lora-root directories", path);
+        return 403;
+    }
+    /* the files read from it must not lead out of the root either (symlinked files) */
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char *f = cs_path_join(rp, files[i]);
+        char *frp = f ? realpath(f, NULL) : NULL;
+        bool bad = frp && root_of(s, frp) != root;
+        free(f);
+        free(frp);
+        if (bad) {
+            free(rp);
+            snprintf(err, errlen, "adapter path '%s': %s leads outside the allowed --lora-root directories", path,
+                     files[i]);
+            return 403;
         }
     }
-    free(rp);
-    snprintf(err, errlen, "adapter path '%s' is outside the allowed --lora-root directories", path);
-    return 403;
+    *real = rp;
+    return 0;
 }
 
 /* ---- the access handler ---- */
@@ -140,7 +199,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!cn->too_large) {
+        if (cn->too_large) {
+            /* a body without Content-Length that went over: read and drop the rest so the
+             * client (still sending) gets its 413, but not forever */
+            cn->discarded += *upload_size;
+            if (cn->discarded > (size_t)8 * (size_t)s->cfg.max_body_bytes + ((size_t)256 << 20)) return MHD_NO;
+        } else {
             if ((long long)(cn->len + *upload_size) > s->cfg.max_body_bytes) {
                 cn->too_large = true;
                 free(cn->body);
@@ -163,6 +227,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    if (cn->unload_waiting) return api_unload_resume(s, cn, c);
     if (cn->job) return api_resume(s, cn, c);
     if (cn->started) return MHD_YES;
     cn->started = true;
@@ -178,6 +243,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     conn_t *cn = *con_cls;
     if (!cn) return;
     api_conn_done(s, cn);
+    free(cn->unload_name);
     free(cn->body);
     free(cn);
     *con_cls = NULL;
@@ -192,10 +258,14 @@ int http_start(server_t *s) {
     snprintf(port, sizeof port, "%d", s->cfg.port);
     int gai = getaddrinfo(s->cfg.host, port, &hints, &ai);
     if (gai) return cs_error_set(CS_EINVAL, "--host %s: %s", s->cfg.host, gai_strerror(gai));
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* "localhost" may list ::1 first: take IPv4 when there is one; "::" takes both */
+    struct addrinfo *pick = ai;
+    for (struct addrinfo *p = ai; p; p = p->ai_next)
+        if (p->ai_family == AF_INET) { pick = p; break; }
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG; /* epoll on Linux */
+    if (pick->ai_family == AF_INET6) flags |= MHD_USE_DUAL_STACK;
     s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_SOCK_ADDR, pick->ai_addr,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(s->cfg.http_threads > 0 ? s->cfg.http_threads : 4),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,

@@ -49,6 +49,8 @@ typedef struct served_adapter {
     char *name, *path;
     int in_flight;
     bool unloading;
+    struct MHD_Connection **waiters;  /* unload requests suspended until in_flight is 0 */
+    int n_waiters;
     time_t created;
     struct served_adapter *next;
 } served_adapter_t;
@@ -88,7 +90,11 @@ typedef struct server {
     bool ready;                     /* model loaded: /health says 200 */
     bool draining;                  /* SIGTERM: no new generation requests */
     int n_jobs;                     /* generation jobs alive (each holds its connection) */
+    int n_unload_waiting;           /* suspended unload requests */
     struct gen_job *jobs;           /* list of them (for shutdown) */
+    pthread_t watch;                /* notices clients hanging up on suspended connections */
+    pthread_cond_t watch_cv;
+    bool watch_started, watch_stop;
 } server_t;
 
 /* ---- http.c ---- */
@@ -109,10 +115,15 @@ enum MHD_Result http_text(struct MHD_Connection *c, unsigned status, const char 
 /* ---- api.c: the endpoints. body: the parsed JSON (NULL for GET). ---- */
 enum MHD_Result api_dispatch(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method,
                              const char *url, const char *body, size_t body_len);
+/* A suspended unload request resumed: its answer. */
+enum MHD_Result api_unload_resume(server_t *s, conn_t *cn, struct MHD_Connection *c);
 /* Called again after a suspended generation request resumes: its response. */
 enum MHD_Result api_resume(server_t *s, conn_t *cn, struct MHD_Connection *c);
 /* The connection is finished (normally or not): abort what is still running. */
 void api_conn_done(server_t *s, conn_t *cn);
+/* The thread that aborts requests whose client hung up while suspended. */
+int api_watch_start(server_t *s);
+void api_watch_stop(server_t *s);
 /* Every live job: abort its engine requests (shutdown after the timeout). */
 void api_abort_all(server_t *s);
 
@@ -122,6 +133,9 @@ struct conn {
     char *body;
     size_t len, cap;
     bool too_large, answered, started;
+    size_t discarded;               /* body bytes dropped after too_large */
+    char *unload_name;              /* a suspended /v1/unload_lora_adapter waiting for in-flight requests */
+    bool unload_waiting;
     struct gen_job *job;
     double t_arrival;               /* cs_time_ms() */
 };

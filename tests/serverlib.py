@@ -1,6 +1,7 @@
 """serverlib.py: start `caraserve serve` on a free loopback port for end-to-end tests, talk to
 it with plain HTTP (http.client) next to the official openai client, and build the small
 models the tests serve (transformers-written, with a real tokenizer)."""
+import atexit
 import http.client
 import json
 import lzma
@@ -21,6 +22,7 @@ class Server:
         self.lines = []
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=dict(os.environ, **(env or {})))
+        atexit.register(self.kill)  # a failing test must not leave its server running
         self.port = None
         self._ready = threading.Event()
         self._listening = threading.Event()

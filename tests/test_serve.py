@@ -214,7 +214,7 @@ def hf_render(tmpl, msgs, agp, tok=None):
     hmsgs = []
     for m in msgs:  # the server joins text parts into a string for templates that read strings
         c = m["content"]
-        if isinstance(c, list) and "['type']" not in tmpl and ".type" not in tmpl and '["type"]' not in tmpl:
+        if isinstance(c, list) and "['type']" not in tmpl and '["type"]' not in tmpl:
             c = "\n".join(p["text"] for p in c)
         hmsgs.append(dict(m, content=c))
     try:

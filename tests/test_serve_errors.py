@@ -4,7 +4,8 @@
    {"error": {"message", "type", "param", "code"}}, and a good request right after it succeeds.
    (Run with --print-table to print the table's rows.)
 2. Disconnects: 20 streaming clients hang up mid-stream; /metrics shows running requests back
-   to 0 and KV usage back to its idle value.
+   to 0 and KV usage back to its idle value. A non-streaming client that hangs up while it
+   waits has its request aborted too (section 4).
 3. Unload while busy: unloading an adapter with requests in flight waits for them; they finish
    with the same tokens as alone; the adapter is gone afterwards.
 4. --config FILE with the command line winning; SIGTERM lets an in-flight request finish and
@@ -121,6 +122,11 @@ expect("unsupported chat_template construct", 400, path="/v1/chat/completions",
              "chat_template": "{% macro_nope %}{{ messages }}"}, param="chat_template")
 expect("model without a chat template", 400, path="/v1/chat/completions",
        body={"model": "base", "messages": [{"role": "user", "content": "x"}]}, param="messages")
+expect("response_format json_object (not supported)", 400, body=dict(GOOD, response_format={"type": "json_object"}),
+       param="response_format")
+expect("tool_choice required (not supported)", 400, path="/v1/chat/completions",
+       body={"model": "base", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+             "chat_template": "{{ messages[0].content }}"}, param="tool_choice")
 expect("missing API key", 401, headers={})
 expect("wrong API key", 401, headers={"Authorization": "Bearer sk-wrong"})
 expect("unknown route", 404, path="/v1/nothing-here", body={})
@@ -132,6 +138,14 @@ expect("path traversal (../)", 403, path="/v1/load_lora_adapter",
        param="lora_path")
 expect("symlink out of --lora-root", 403, path="/v1/load_lora_adapter",
        body={"lora_name": "x", "lora_path": os.path.join(root, "link-out")}, param="lora_path")
+expect("a missing path outside the root (no existence oracle)", 403, path="/v1/load_lora_adapter",
+       body={"lora_name": "x", "lora_path": "/nonexistent/dir"}, param="lora_path")
+os.makedirs(os.path.join(root, "file-link"))
+os.symlink(os.path.join(outside, "evil", "adapter_config.json"), os.path.join(root, "file-link", "adapter_config.json"))
+os.symlink(os.path.join(outside, "evil", "adapter_model.safetensors"),
+           os.path.join(root, "file-link", "adapter_model.safetensors"))
+expect("adapter files symlinked out of the root", 403, path="/v1/load_lora_adapter",
+       body={"lora_name": "x", "lora_path": os.path.join(root, "file-link")}, param="lora_path")
 expect("not an adapter inside the root", 400, path="/v1/load_lora_adapter",
        body={"lora_name": "x", "lora_path": os.path.join(root, "not-an-adapter")}, param="lora_path")
 expect("unload an unknown adapter", 404, path="/v1/unload_lora_adapter", body={"lora_name": "nope"}, param="lora_name")
@@ -270,6 +284,21 @@ print("ok  --config with the command line winning; SIGTERM finishes the in-fligh
 
 s3 = Server(["--model", model_dir, "--threads", "2", "--kv-cache-bytes", "32M", "--shutdown-timeout", "0.3",
              "--max-model-len", "2048"])
+# a non-streaming client that hangs up: its connection is suspended (MHD does not see the
+# hang-up then); the server's watcher does, and aborts the request long before its 2000 tokens
+sock = socket.create_connection(("127.0.0.1", s3.port))
+body = json.dumps({"prompt": "Go on", "max_tokens": 2000, "ignore_eos": True}).encode()
+sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+             str(len(body)).encode() + b"\r\n\r\n" + body)
+wait_for(lambda: s3.metrics()[1]["caraserve_num_requests_running"] >= 1, 30, "the request to run")
+sock.close()
+v = wait_for(lambda: (lambda v: v if v.get('caraserve_request_success_total{adapter="' + os.path.basename(model_dir) +
+                                           '",finished_reason="abort"}') == 1 else None)(s3.metrics()[1]), 30,
+             "the hung-up non-streaming request to be aborted")
+gen = v['caraserve_generation_tokens_total{adapter="' + os.path.basename(model_dir) + '"}']
+if gen >= 2000:
+    reflib.fail(f"the hung-up request generated {gen} tokens")
+print(f"ok  a non-streaming client that hangs up: its request aborted after {int(gen)} of 2000 tokens")
 res = []
 th = threading.Thread(target=lambda: res.append(s3.request("POST", "/v1/completions",
                                                            {"prompt": "Go", "max_tokens": 2000, "ignore_eos": True})))
