@@ -946,7 +946,9 @@ static char *dupstr(const char *s) {
     return d;
 }
 
-int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
+/* validate and copy one request (not queued yet) */
+static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
+    *out = NULL;
     int n = rq->n > 0 ? rq->n : 1;
     if (rq->n < 0) return cs_error_set(CS_EINVAL, "n must be at least 1");
     if (n > e->p.max_num_seqs)
@@ -1032,19 +1034,56 @@ int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
         r->p.sampling.has_seed = true;
     }
 
-    pthread_mutex_lock(&e->mu);
-    r->id = e->next_id++;
-    if (e->inbox_tail) e->inbox_tail->inext = r; else e->inbox_head = r;
-    e->inbox_tail = r;
-    e->n_live_requests++;
-    e->wake = true;
-    pthread_cond_signal(&e->cv);
-    pthread_mutex_unlock(&e->mu);
-    if (id) *id = r->id;
+    *out = r;
     return CS_OK;
 oom:
     req_free(r);
     return cs_error_set(CS_ENOMEM, "out of memory");
+}
+
+/* under e->mu */
+static void enqueue(engine_t *e, req_t *r) {
+    r->id = e->next_id++;
+    if (e->inbox_tail) e->inbox_tail->inext = r; else e->inbox_head = r;
+    e->inbox_tail = r;
+    e->n_live_requests++;
+}
+
+int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
+    req_t *r;
+    int rc = prepare(e, rq, &r);
+    if (rc) return rc;
+    pthread_mutex_lock(&e->mu);
+    enqueue(e, r);
+    if (id) *id = r->id;
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return CS_OK;
+}
+
+int engine_submit_batch(engine_t *e, const engine_request_t *rqs, int n, uint64_t *ids, int *failed) {
+    req_t **rs = calloc((size_t)(n > 0 ? n : 1), sizeof *rs);
+    if (!rs) return cs_error_set(CS_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        int rc = prepare(e, &rqs[i], &rs[i]);
+        if (rc) {
+            for (int k = 0; k < i; k++) req_free(rs[k]);
+            free(rs);
+            if (failed) *failed = i;
+            return rc;
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < n; i++) {
+        enqueue(e, rs[i]);
+        if (ids) ids[i] = rs[i]->id; /* before the unlock: the sinks may run right after it */
+    }
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    free(rs);
+    return CS_OK;
 }
 
 int engine_abort(engine_t *e, uint64_t id) {

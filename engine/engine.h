@@ -119,6 +119,10 @@ int engine_max_model_len(const engine_t *e);
  * empty prompt, id out of range, too long for the context, bad n/logprobs/stop, unknown
  * adapter CS_ENOTFOUND) are returned here and the sink is never called. */
 int engine_submit(engine_t *e, const engine_request_t *r, uint64_t *id);
+/* Submit n requests at once: all are validated first (on an error nothing is queued and
+ * *failed, if not NULL, is the index of the bad one), then they reach the engine together,
+ * in one iteration's intake, so their batch does not depend on thread timing. */
+int engine_submit_batch(engine_t *e, const engine_request_t *rqs, int n, uint64_t *ids, int *failed);
 /* Abort a request (any thread): it ends with ENGINE_FINISH_ABORT at the next iteration.
  * CS_ENOTFOUND when it is not (or no longer) known. */
 int engine_abort(engine_t *e, uint64_t id);

@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "lora/peft.h"
+#include "rollout_api/rollout.h"
 #include "server/server.h"
 
 #define MAX_STOP_STRINGS 64
@@ -257,6 +258,8 @@ struct gen_job {
     size_t out_off;
     bool finished;
     bool hung_up;                   /* the watcher saw the client go */
+    rollout_t *ro;                  /* a /v1/rollout batch (the parts are unused then) */
+    json_t *ro_groups, *ro_summary; /* its lines, when not streamed */
     unsigned err_status;
     char *err_msg;
     long long completion_tokens;
@@ -279,6 +282,9 @@ static void job_free(gen_job_t *j) {
     free(j->label);
     free(j->out.p);
     free(j->err_msg);
+    rollout_release(j->ro);
+    json_decref(j->ro_groups);
+    json_decref(j->ro_summary);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -697,7 +703,7 @@ static enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection 
         j->conn = c;
         j->refs++; /* the reader's */
         pthread_mutex_unlock(&j->mu);
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, j->ro ? "application/x-ndjson" : "text/event-stream");
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         enum MHD_Result ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
@@ -774,7 +780,9 @@ enum MHD_Result api_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
         free(msg);
         return r;
     }
-    json_t *o = final_json(j);
+    json_t *o = j->ro ? json_pack("{s:O, s:O}", "groups", j->ro_groups, "summary",
+                                  json_object_get(j->ro_summary, "summary"))
+                      : final_json(j);
     pthread_mutex_unlock(&j->mu);
     return http_json(c, 200, o);
 }
@@ -791,7 +799,9 @@ void api_conn_done(server_t *s, conn_t *cn) {
     if (!j->finished)
         for (int i = 0; i < j->n_parts; i++)
             if (j->parts[i].submitted && !j->parts[i].done) ids[n++] = j->parts[i].id;
+    rollout_t *ro = !j->finished ? j->ro : NULL;
     pthread_mutex_unlock(&j->mu);
+    if (ro) rollout_abort(ro); /* its partial lines are dropped with the connection */
     for (int i = 0; i < n; i++) engine_abort(s->engine, ids[i]); /* a client that went away */
     job_unref(j);
 }
@@ -824,6 +834,7 @@ static void *watch_thread(void *arg) {
                 struct pollfd p = {.fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP};
                 if (p.fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
                     j->hung_up = true;
+                    if (j->ro) rollout_abort(j->ro);
                     for (int i = 0; i < j->n_parts && n < 64; i++)
                         if (j->parts[i].submitted && !j->parts[i].done) ids[n++] = j->parts[i].id;
                 }
@@ -859,6 +870,7 @@ void api_abort_all(server_t *s) {
         pthread_mutex_lock(&j->mu);
         for (int i = 0; i < j->n_parts; i++)
             if (j->parts[i].submitted && !j->parts[i].done) engine_abort(s->engine, j->parts[i].id);
+        if (j->ro && !j->finished) rollout_abort(j->ro);
         pthread_mutex_unlock(&j->mu);
     }
     pthread_mutex_unlock(&s->mu);
@@ -1321,6 +1333,89 @@ err:
     return reply_err(c, &e);
 }
 
+/* ---- /v1/rollout (rollout_api/) ---- */
+/* a finished group (or, last, the summary): engine thread */
+static void ro_emit(void *user, json_t *line, bool last) {
+    gen_job_t *j = user;
+    pthread_mutex_lock(&j->mu);
+    if (j->stream) {
+        char *txt = json_dumps(line, JSON_COMPACT);
+        if (txt) {
+            sb_add(&j->out, txt, strlen(txt));
+            sb_add(&j->out, "\n", 1);
+            free(txt);
+        }
+        json_decref(line);
+    } else if (last) {
+        j->ro_summary = line;
+    } else {
+        json_array_append_new(j->ro_groups, line);
+    }
+    if (last) j->finished = true;
+    bool resume = false;
+    if (j->suspended && j->conn && (j->finished || (j->stream && j->out.len > j->out_off))) {
+        j->suspended = false;
+        resume = true;
+    }
+    struct MHD_Connection *conn = j->conn;
+    pthread_mutex_unlock(&j->mu);
+    if (resume) MHD_resume_connection(conn);
+    if (last) job_unref(j); /* the rollout's reference */
+}
+
+static enum MHD_Result rollout_endpoint(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    bool draining;
+    gen_job_t *j = job_new(s, false, 1, 1, &draining);
+    if (!j) return http_error(c, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory");
+    j->t_arrival = cn->t_arrival;
+    j->ro_groups = json_array();
+    j->stream = json_is_true(json_object_get(b, "stream")); /* before any line can come */
+    j->n_parts = 0; /* no engine requests of its own: job_start only sets up the response */
+    j->refs++; /* the rollout's, dropped at its summary */
+    rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
+                            .base_name = s->model_name, .vocab = model_get_config(s->model)->vocab_size};
+    char err[1536], param[64];
+    rollout_t *ro = NULL;
+    int st = rollout_start(s->engine, &lim, b, ro_emit, j, &ro, err, sizeof err, param, sizeof param);
+    if (st) { /* nothing was emitted and nothing will be */
+        pthread_mutex_lock(&j->mu);
+        j->refs--;
+        pthread_mutex_unlock(&j->mu);
+        job_unref(j);
+        return http_error(c, (unsigned)st, param[0] ? param : NULL, "%s", err);
+    }
+    pthread_mutex_lock(&j->mu);
+    j->ro = ro;
+    pthread_mutex_unlock(&j->mu);
+    gen_opts_t none = {0};
+    return job_start(s, cn, c, j, &none);
+}
+
+static enum MHD_Result rollout_abort_endpoint(server_t *s, struct MHD_Connection *c, json_t *b) {
+    const char *bid = json_string_value(json_object_get(b, "batch_id"));
+    json_t *gids = json_object_get(b, "group_ids");
+    bool all = json_is_true(json_object_get(b, "all"));
+    if (!bid && !json_is_array(gids) && !all)
+        return http_error(c, 400, NULL, "say what to abort: 'batch_id', 'group_ids' or 'all': true");
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (gen_job_t *j = s->jobs; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        if (j->ro && !j->finished) {
+            const char *jb = rollout_batch_id(j->ro);
+            if (all || (bid && jb && !strcmp(jb, bid))) {
+                rollout_abort(j->ro);
+                n++;
+            } else if (json_is_array(gids)) {
+                n += rollout_abort_groups(j->ro, gids);
+            }
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:i}", "aborted", n));
+}
+
 /* ---- /tokenize, /detokenize (vLLM's shapes) ---- */
 static enum MHD_Result tokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
     perr_t e = {0};
@@ -1669,7 +1764,7 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     }
     bool known = is(url, "/v1/models") || is(url, "/v1/completions") || is(url, "/v1/chat/completions") ||
                  is(url, "/v1/load_lora_adapter") || is(url, "/v1/unload_lora_adapter") || is(url, "/tokenize") ||
-                 is(url, "/detokenize");
+                 is(url, "/detokenize") || is(url, "/v1/rollout") || is(url, "/v1/rollout/abort");
     if (!known) return http_error(c, 404, NULL, "no route %s %s", method, url);
     pthread_mutex_lock(&s->mu);
     bool ready = s->ready, draining = s->draining;
@@ -1688,10 +1783,12 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
         return http_error(c, 400, NULL, "the request body must be a JSON object");
     }
     enum MHD_Result r;
-    if ((is(url, "/v1/completions") || is(url, "/v1/chat/completions")) && draining)
+    if ((is(url, "/v1/completions") || is(url, "/v1/chat/completions") || is(url, "/v1/rollout")) && draining)
         r = http_error(c, 503, NULL, "the server is shutting down");
     else if (is(url, "/v1/completions")) r = completions(s, cn, c, b);
     else if (is(url, "/v1/chat/completions")) r = chat(s, cn, c, b);
+    else if (is(url, "/v1/rollout")) r = rollout_endpoint(s, cn, c, b);
+    else if (is(url, "/v1/rollout/abort")) r = rollout_abort_endpoint(s, c, b);
     else if (is(url, "/tokenize")) r = tokenize(s, c, b);
     else if (is(url, "/detokenize")) r = detokenize(s, c, b);
     else if (is(url, "/v1/load_lora_adapter")) r = load_lora(s, c, b);

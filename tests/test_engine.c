@@ -210,6 +210,22 @@ START_TEST(submit_validation) {
     engine_run_until_idle(e);
     ck_assert_int_eq(r.tokens[0], 54);
     ck_assert_int_eq(r.events, 54);
+    /* a batch with one bad request queues nothing and names it; a good batch runs whole */
+    rec_t rb[3];
+    memset(rb, 0, sizeof rb);
+    engine_request_t qs[3] = {req(p, 5, 3, &rb[0]), req(p, 70, 3, &rb[1]), req(p, 6, 3, &rb[2])};
+    uint64_t ids[3] = {0};
+    int bad = -1;
+    ck_assert_int_eq(engine_submit_batch(e, qs, 3, ids, &bad), CS_EINVAL);
+    ck_assert_int_eq(bad, 1);
+    engine_run_until_idle(e);
+    ck_assert_int_eq(rb[0].events + rb[2].events, 0);
+    qs[1] = req(p, 7, 3, &rb[1]);
+    ck_assert_int_eq(engine_submit_batch(e, qs, 3, ids, &bad), CS_OK);
+    ck_assert(ids[0] && ids[1] == ids[0] + 1 && ids[2] == ids[1] + 1);
+    ck_assert_int_eq(engine_step(e), 3);     /* all three in the first iteration */
+    engine_run_until_idle(e);
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(rb[i].tokens[0], 3);
     engine_free(e);
 }
 END_TEST

@@ -1,0 +1,49 @@
+/* rollout.h: the rollout batch behind POST /v1/rollout (../shared/ROLLOUT.md): groups of
+ * token-id prompts, n samples per group sharing the prompt's KV blocks (one engine request
+ * with n samples), seed + i per sample, per-token logprobs (raw or processed), the adapter
+ * version of every sample, server-side over-provisioning (target_groups: the rest are
+ * aborted and come back with their partial tokens) and continue_from (a partial sample
+ * resumed: its output re-sent after the prompt).
+ *
+ * Transport-agnostic: the HTTP side (server/api.c) hands in the parsed request and gets one
+ * JSON object per finished group, then the summary, through an emit callback that runs on
+ * the engine thread. */
+#ifndef CS_ROLLOUT_H
+#define CS_ROLLOUT_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "engine/engine.h"
+
+typedef struct rollout rollout_t;
+
+/* Called on the engine thread (or the caller's, for groups that fail at submission): line
+ * is a group result or, with last, the summary {"summary": {...}}; the callee owns it. */
+typedef void (*rollout_emit_fn)(void *user, json_t *line, bool last);
+
+typedef struct rollout_limits {
+    int max_samples;            /* sum of n over the groups */
+    int max_logprobs;           /* top-k alternatives per token */
+    const char *base_name;      /* the base model's served name ("adapter" may name it) */
+    int vocab;                  /* token ids must be below it */
+} rollout_limits_t;
+
+/* Validate req and submit every group. On a bad request: an HTTP status (400, 404) with the
+ * message in err and the field in param, nothing submitted, emit never called. On success
+ * 0, and *out until rollout_release. */
+int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_emit_fn emit, void *user,
+                  rollout_t **out, char *err, size_t errlen, char *param, size_t paramlen);
+/* Abort every sample still running (the client went away, or /v1/rollout/abort); they are
+ * returned with finish_reason "abort" and their partial tokens. Any thread. */
+void rollout_abort(rollout_t *r);
+/* The caller is done with r (after the last emit, or after rollout_abort when it no longer
+ * wants the lines): freed once the engine is done with it too. */
+void rollout_release(rollout_t *r);
+/* Abort the running groups whose group_id is in group_ids (a JSON list); returns how many. */
+int rollout_abort_groups(rollout_t *r, json_t *group_ids);
+const char *rollout_batch_id(const rollout_t *r);   /* NULL when the request had none */
+/* Whether the request asked for NDJSON streaming. */
+bool rollout_streaming(const rollout_t *r);
+
+#endif

@@ -1,0 +1,173 @@
+"""test_rollout.py: POST /v1/rollout (rollout_api/) end to end, against transformers + peft.
+
+1. Determinism: the same seeded rollout again gives identical ids and logprobs (to the bit
+   with the same prefix-cache state; within 2e-6 against a run that computed whole prompts:
+   the kernels are not batch-invariant yet).
+2. The training/inference mismatch: every sampled token's logprob equals transformers + peft
+   (raw mode: log_softmax of the logits; processed mode at temperature T: log_softmax of
+   logits / T) within 1e-4 for float32 weights, base model and adapter, greedy and sampled.
+3. Groups: n samples of a group are seeded seed + i (a group of n equals n groups of one with
+   those seeds) and share the prompt (shared_prompt_tokens); NDJSON streaming gives one line
+   per group, then the summary.
+4. Partial rollouts: with target_groups = half the groups the rest come back as "abort" with
+   their partial tokens, and continue_from those tokens reproduces the uninterrupted greedy
+   run token for token; /v1/rollout/abort ends a running batch, partial results included."""
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reflib  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from hfmodels import make_adapter  # noqa: E402
+from serverlib import Server, make_tok_model  # noqa: E402
+
+torch.set_num_threads(2)
+transformers.utils.logging.disable_progress_bar()
+TOL = 1e-4
+
+model_dir, ref_base, _ = make_tok_model("spm-32k", seed=5)
+a_dir, ref_a = make_adapter(model_dir, ref_base, r=8, alpha=16, targets=["q_proj", "v_proj", "down_proj"], seed=31)
+srv = Server(["--model", model_dir, "--served-model-name", "base", "--lora-modules", f"pol={a_dir}", "--threads", "2",
+              "--kv-cache-bytes", "64M"])
+
+
+def rollout(body):
+    st, r, _ = srv.request("POST", "/v1/rollout", body)
+    if st != 200:
+        reflib.fail(f"/v1/rollout: {st} {r}")
+    return r
+
+
+def lsm(ref, ids, temp=1.0):
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids])).logits[0].double().numpy()
+    return reflib.log_softmax64(logits / temp)
+
+
+rng = np.random.default_rng(0)
+prompts = [[1] + [int(x) for x in rng.integers(100, 32000, size=k)] for k in (5, 17, 33, 9)]
+
+# ---- 1 + 2 ----
+worst = 0.0
+for adapter, ref in (("base", ref_base), ("pol", ref_a)):
+    for temp, mode in ((0.0, "raw"), (0.8, "processed"), (1.0, "raw")):
+        body = {"adapter": adapter, "sampling": {"max_tokens": 12, "temperature": temp, "ignore_eos": True,
+                                                 "logprobs": {"mode": mode}},
+                "groups": [{"group_id": f"g{i}", "input_ids": p, "n": 2, "seed": 100 + i} for i, p in enumerate(prompts)]}
+        # The first run prefills whole prompts; the next ones find prompt blocks in the prefix
+        # cache, so their batches hold other row counts. The kernels are not batch-invariant
+        # (a GEMM's rounding depends on its row count), so the logprobs of run 1 and run 2 may
+        # differ in the last bits (ids are equal); runs 2 and 3 see the same cache and must
+        # be identical to the bit. Batch invariance is open work of the rollout issue.
+        r1, r2, r3 = rollout(body), rollout(body), rollout(body)
+        dump = [json.dumps([[(s["output_ids"], s["logprobs"]) for s in g["samples"]] for g in r["groups"]])
+                for r in (r1, r2, r3)]
+        if dump[1] != dump[2]:
+            reflib.fail(f"{adapter} T={temp}: the same rollout with the same cache state differs")
+        for g1, g2 in zip(r1["groups"], r2["groups"]):
+            for s1, s2 in zip(g1["samples"], g2["samples"]):
+                if s1["output_ids"] != s2["output_ids"] or \
+                        max(abs(a - b) for a, b in zip(s1["logprobs"], s2["logprobs"])) > 2e-6:
+                    reflib.fail(f"{adapter} T={temp}: the first and second run differ beyond rounding")
+        for g in r1["groups"]:
+            p = prompts[int(g["group_id"][1:])]
+            for s in g["samples"]:
+                if s["adapter_version"] != (1 if adapter == "pol" else 0) or len(s["output_ids"]) != 12:
+                    reflib.fail(f"sample {s}")
+                ls = lsm(ref, p + s["output_ids"], temp if mode == "processed" else 1.0)
+                for k, (t, lp) in enumerate(zip(s["output_ids"], s["logprobs"])):
+                    row = ls[len(p) + k - 1]
+                    worst = max(worst, abs(lp - row[t]))
+                    if temp == 0 and row.max() - row[t] > TOL:
+                        reflib.fail(f"greedy token {t} is not the argmax")
+if worst > TOL:
+    reflib.fail(f"rollout logprobs differ from transformers+peft by {worst:.2e}")
+print(f"ok  rollouts are deterministic; sampled-token logprobs equal transformers+peft (raw and processed, "
+      f"base and adapter): max |diff| {worst:.2e}")
+
+# ---- 3 ----
+samp = {"max_tokens": 10, "temperature": 1.0, "ignore_eos": True}
+one = rollout({"sampling": samp, "groups": [{"input_ids": prompts[1], "n": 4, "seed": 7}]})["groups"][0]
+sep = rollout({"sampling": samp, "groups": [{"input_ids": prompts[1], "n": 1, "seed": 7 + i} for i in range(4)]})["groups"]
+if [s["output_ids"] for s in one["samples"]] != [g["samples"][0]["output_ids"] for g in sep]:
+    reflib.fail("a group of n=4 with seed 7 differs from 4 groups with seeds 7..10")
+if one["shared_prompt_tokens"] != 3 * len(prompts[1]) or [s["seed"] for s in one["samples"]] != [7, 8, 9, 10]:
+    reflib.fail(f"group sharing: {one['shared_prompt_tokens']} {[s['seed'] for s in one['samples']]}")
+st, txt, hdr = srv.request("POST", "/v1/rollout", {"stream": True, "batch_id": "s1", "sampling": samp,
+                                                   "groups": [{"input_ids": p, "n": 2} for p in prompts]})
+lines = [json.loads(x) for x in txt.splitlines()] if st == 200 and isinstance(txt, str) else None
+if not lines or len(lines) != 5 or "summary" not in lines[-1] or lines[-1]["summary"]["completed_groups"] != 4 or \
+        hdr.get("Content-Type") != "application/x-ndjson":
+    reflib.fail(f"NDJSON stream: {st} {txt!r:.500}")
+print("ok  a group of n equals n groups seeded seed+i; the prompt is shared; NDJSON: a line per group + summary")
+
+# ---- 4 ----
+greedy = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+long_prompts = prompts + [[1] + [int(x) for x in rng.integers(100, 32000, size=k)] for k in (11, 23, 7, 3)]
+full = rollout({"adapter": "pol", "sampling": greedy,
+                "groups": [{"group_id": str(i), "input_ids": p} for i, p in enumerate(long_prompts)]})
+want = {g["group_id"]: g["samples"][0]["output_ids"] for g in full["groups"]}
+# stagger the groups: group i resumes from the first 4i tokens of its full run (max_tokens counts
+# the whole sample), so the later groups finish first and the target cuts the first ones short
+cont = {str(i): want[str(i)][:4 * i] for i in range(len(long_prompts))}
+body = {"adapter": "pol", "sampling": greedy, "completion": {"target_groups": 4},
+        "groups": [{"group_id": str(i), "input_ids": p, "continue_from": {"output_ids": cont[str(i)]}}
+                   for i, p in enumerate(long_prompts)]}
+part = rollout(body)
+summ = part["summary"]
+aborted = [g for g in part["groups"] if g["samples"][0]["finish_reason"] == "abort"]
+if summ["completed_groups"] != 4 or summ["aborted_groups"] != 4 or not summ["target_reached"] or \
+        len(part["groups"]) != 8 or len(aborted) != 4:
+    reflib.fail(f"target_groups: {summ}")
+for g in part["groups"]:
+    s0 = g["samples"][0]
+    got = cont[g["group_id"]] + s0["output_ids"]
+    if s0["resumed_len"] != len(cont[g["group_id"]]) or got != want[g["group_id"]][:len(got)]:
+        reflib.fail(f"group {g['group_id']}: resumed + new tokens are not a prefix of the full run")
+    if s0["finish_reason"] == "length" and len(got) != 40:
+        reflib.fail(f"group {g['group_id']}: max_tokens must count the resumed tokens")
+resumed = rollout({"adapter": "pol", "sampling": greedy,
+                   "groups": [{"group_id": g["group_id"], "input_ids": long_prompts[int(g["group_id"])],
+                               "continue_from": {"output_ids": cont[g["group_id"]] + g["samples"][0]["output_ids"]}}
+                              for g in aborted]})
+for g in resumed["groups"]:
+    s0 = g["samples"][0]
+    prev = cont[g["group_id"]] + next(a for a in aborted if a["group_id"] == g["group_id"])["samples"][0]["output_ids"]
+    if s0["resumed_len"] != len(prev) or prev + s0["output_ids"] != want[g["group_id"]]:
+        reflib.fail(f"continue_from group {g['group_id']}: {prev} + {s0['output_ids']} != {want[g['group_id']]}")
+print(f"ok  target_groups 4 of 8: 4 completed, 4 aborted with partial tokens "
+      f"({[len(g['samples'][0]['output_ids']) for g in aborted]}); continue_from reproduces the uninterrupted "
+      f"greedy runs token for token")
+
+res = []
+th = threading.Thread(target=lambda: res.append(rollout({"batch_id": "long", "sampling": {"max_tokens": 1500,
+                                                          "ignore_eos": True},
+                                                          "groups": [{"input_ids": prompts[0], "n": 2}]})))
+th.start()
+for _ in range(200):
+    if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
+        break
+    time.sleep(0.05)
+st, ab, _ = srv.request("POST", "/v1/rollout/abort", {"batch_id": "long"})
+th.join()
+s0 = res[0]["groups"][0]["samples"]
+if st != 200 or ab["aborted"] != 1 or [s["finish_reason"] for s in s0] != ["abort", "abort"] or \
+        not all(0 < len(s["output_ids"]) < 1500 and len(s["logprobs"]) == len(s["output_ids"]) for s in s0):
+    reflib.fail(f"/v1/rollout/abort: {st} {ab} {[(s['finish_reason'], len(s['output_ids'])) for s in s0]}")
+print(f"ok  /v1/rollout/abort: the batch returned with partial samples ({[len(s['output_ids']) for s in s0]} tokens)")
+for bad, frag in (({"groups": []}, "groups"), ({"groups": [{"input_ids": [10 ** 9]}]}, "token id"),
+                  ({"groups": [{"input_ids": [1, 2]}], "adapter": "nope"}, "nope"),
+                  ({"groups": [{"input_ids": [1, 2], "n": 2, "continue_from": {"output_ids": [3]}}]}, "n = 1"),
+                  ({"groups": [{"input_ids": [1]}], "sampling": {"logprobs": {"mode": "weird"}}}, "mode")):
+    st, r, _ = srv.request("POST", "/v1/rollout", bad)
+    if st not in (400, 404) or frag not in r["error"]["message"]:
+        reflib.fail(f"bad rollout {bad}: {st} {r}")
+print("ok  bad rollout requests get 4xx error objects")
+if srv.stop() != 0:
+    reflib.fail("exit status")
