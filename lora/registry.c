@@ -451,7 +451,7 @@ void lora_registry_free(lora_registry_t *r) {
     free(r);
 }
 
-int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version) {
+static int add(lora_registry_t *r, const char *name, const char *dir, int want, int *version) {
     if (!name || !name[0] || !dir || !dir[0])
         return cs_error_set(CS_EINVAL, "lora registry: an adapter needs a name and a directory");
     lora_entry_t *e = calloc(1, sizeof *e);
@@ -474,7 +474,15 @@ int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int
         free(e);
         return cs_error_set(CS_ENOMEM, "adapter '%s': out of memory", name);
     }
-    e->version = e->ref.version = ++n->last_version;
+    if (want > 0 && want <= n->last_version) {
+        int last = n->last_version;
+        pthread_mutex_unlock(&r->mu);
+        free(e->name);
+        free(e->dir);
+        free(e);
+        return cs_error_set(CS_EINVAL, "adapter '%s': version %d is not newer than version %d", name, want, last);
+    }
+    e->version = e->ref.version = n->last_version = want > 0 ? want : n->last_version + 1;
     list_push(&r->all, e, alllink);
     lora_entry_t *old = n->cur;
     n->cur = e;
@@ -483,6 +491,15 @@ int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int
     pthread_mutex_unlock(&r->mu);
     if (version) *version = e->version;
     return CS_OK;
+}
+
+int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version) {
+    return add(r, name, dir, 0, version);
+}
+
+int lora_registry_add_version(lora_registry_t *r, const char *name, const char *dir, int version) {
+    if (version < 1) return cs_error_set(CS_EINVAL, "adapter '%s': versions start at 1", name);
+    return add(r, name, dir, version, NULL);
 }
 
 int lora_registry_remove(lora_registry_t *r, const char *name) {

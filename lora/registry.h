@@ -50,6 +50,9 @@ void lora_registry_free(lora_registry_t *r);
  * older version still loading is dropped when its load ends. CS_EINVAL for an empty name or
  * dir, CS_ENOMEM. */
 int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version);
+/* The same with the version number chosen by the caller (a trainer's step): it must be
+ * newer than every version NAME had; CS_EINVAL otherwise. */
+int lora_registry_add_version(lora_registry_t *r, const char *name, const char *dir, int version);
 
 /* Unregister NAME: later acquires fail with CS_ENOTFOUND; versions still held are freed at
  * their last release. CS_ENOTFOUND if NAME is not registered. */

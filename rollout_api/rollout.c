@@ -200,6 +200,18 @@ int rollout_abort_groups(rollout_t *r, json_t *group_ids) {
     return n;
 }
 
+int rollout_abort_adapter(rollout_t *r, const char *adapter) {
+    uint64_t ids[4096];
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int k = 0; k < r->n_groups && n < 4096; k++)
+        if (r->groups[k].submitted && !r->groups[k].done && r->groups[k].adapter && !strcmp(r->groups[k].adapter, adapter))
+            ids[n++] = r->ids[k];
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < n; i++) engine_abort(r->e, ids[i]);
+    return n;
+}
+
 const char *rollout_batch_id(const rollout_t *r) { return r->batch_id; }
 
 /* ---- parsing ---- */
@@ -238,14 +250,19 @@ static int adapter_of(json_t *a, const rollout_limits_t *lim, char **name, char 
     if (json_is_string(a)) n = json_string_value(a);
     else if (json_is_object(a)) {
         n = json_string_value(json_object_get(a, "name"));
-        json_t *v = json_object_get(a, "version");
-        if (v && !json_is_null(v)) {
-            snprintf(err, errlen, "pinning an adapter version is not supported yet: omit 'version' (every sample "
-                                  "reports the version that produced it)");
+    }
+    if (!n) { snprintf(err, errlen, "'adapter' must be a name or {\"name\": ...}"); return -1; }
+    json_t *v = json_is_object(a) ? json_object_get(a, "version") : NULL;
+    if (v && !json_is_null(v)) { /* only the active version can be asked for (older ones are not kept yet) */
+        lora_state st;
+        int cur = 0;
+        if (!json_is_integer(v) || !lim->loras || lora_registry_state(lim->loras, n, &st, &cur) ||
+            cur != (int)json_integer_value(v)) {
+            snprintf(err, errlen, "adapter '%s' version %s is not the active version (%d); omit 'version' for the "
+                                  "active one", n, json_is_integer(v) ? "asked" : "(not an integer)", cur);
             return -1;
         }
     }
-    if (!n) { snprintf(err, errlen, "'adapter' must be a name or {\"name\": ...}"); return -1; }
     if (lim->base_name && !strcmp(n, lim->base_name)) return 0;
     *name = strdup(n);
     return 0;

@@ -27,6 +27,7 @@ typedef struct rollout_limits {
     int max_logprobs;           /* top-k alternatives per token */
     const char *base_name;      /* the base model's served name ("adapter" may name it) */
     int vocab;                  /* token ids must be below it */
+    lora_registry_t *loras;     /* for adapter versions (may be NULL) */
 } rollout_limits_t;
 
 /* Validate req and submit every group. On a bad request: an HTTP status (400, 404) with the
@@ -42,6 +43,8 @@ void rollout_abort(rollout_t *r);
 void rollout_release(rollout_t *r);
 /* Abort the running groups whose group_id is in group_ids (a JSON list); returns how many. */
 int rollout_abort_groups(rollout_t *r, json_t *group_ids);
+/* Abort the running groups on adapter NAME (an upload with apply=abort_inflight). */
+int rollout_abort_adapter(rollout_t *r, const char *adapter);
 const char *rollout_batch_id(const rollout_t *r);   /* NULL when the request had none */
 /* Whether the request asked for NDJSON streaming. */
 bool rollout_streaming(const rollout_t *r);

@@ -16,9 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
+#include "engine/safetensors.h"
 #include "lora/peft.h"
 #include "rollout_api/rollout.h"
 #include "server/server.h"
@@ -260,6 +262,7 @@ struct gen_job {
     bool hung_up;                   /* the watcher saw the client go */
     rollout_t *ro;                  /* a /v1/rollout batch (the parts are unused then) */
     json_t *ro_groups, *ro_summary; /* its lines, when not streamed */
+    json_t *sglang;                 /* SGLang /generate: {"batch": bool, "return_logprob": bool} */
     unsigned err_status;
     char *err_msg;
     long long completion_tokens;
@@ -285,6 +288,7 @@ static void job_free(gen_job_t *j) {
     rollout_release(j->ro);
     json_decref(j->ro_groups);
     json_decref(j->ro_summary);
+    json_decref(j->sglang);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -756,8 +760,49 @@ static json_t *final_json(gen_job_t *j) {
                      "created", (json_int_t)j->created, "model", j->model, "choices", choices, "usage", usage_json(j));
 }
 
+/* SGLang's /generate answer from the rollout's groups (one sample per prompt, in order) */
+static json_t *sglang_json(server_t *s, gen_job_t *j) {
+    json_t *list = json_array();
+    bool lp = json_is_true(json_object_get(j->sglang, "return_logprob"));
+    size_t gi;
+    json_t *g;
+    json_array_foreach(j->ro_groups, gi, g) {
+        json_t *samples = json_object_get(g, "samples");
+        size_t si;
+        json_t *sm;
+        json_array_foreach(samples, si, sm) {
+            json_t *ids = json_object_get(sm, "output_ids");
+            size_t n = json_array_size(ids);
+            int32_t *v = malloc(sizeof(int32_t) * (n + 1));
+            for (size_t k = 0; k < n; k++) v[k] = (int32_t)json_integer_value(json_array_get(ids, k));
+            char *text = NULL;
+            size_t tl = 0;
+            if (s->tok) tokenizer_decode(s->tok, v, n, true, &text, &tl);
+            free(v);
+            const char *fin = json_string_value(json_object_get(sm, "finish_reason"));
+            json_t *meta = json_pack("{s:s, s:{s:s}, s:O, s:I, s:O, s:O}", "id",
+                                     json_string_value(json_object_get(g, "group_id")), "finish_reason", "type", fin,
+                                     "prompt_tokens", json_object_get(g, "prompt_len"), "completion_tokens",
+                                     (json_int_t)n, "cached_tokens", json_object_get(g, "cached_prompt_tokens"),
+                                     "weight_version", json_object_get(sm, "adapter_version"));
+            if (lp) {
+                json_t *otl = json_array(), *lps = json_object_get(sm, "logprobs");
+                for (size_t k = 0; k < n; k++)
+                    json_array_append_new(otl, json_pack("[O, O, n]", json_array_get(lps, k), json_array_get(ids, k)));
+                json_object_set_new(meta, "output_token_logprobs", otl);
+            }
+            json_array_append_new(list, json_pack("{s:o, s:O, s:o}", "text", jstr(text ? text : "", tl), "output_ids", ids,
+                                                  "meta_info", meta));
+            free(text);
+        }
+    }
+    if (json_is_true(json_object_get(j->sglang, "batch"))) return list;
+    json_t *one = json_incref(json_array_get(list, 0));
+    json_decref(list);
+    return one;
+}
+
 enum MHD_Result api_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
-    (void)s;
     gen_job_t *j = cn->job;
     if (j->stream) return MHD_YES; /* the reader goes on */
     pthread_mutex_lock(&j->mu);
@@ -780,9 +825,10 @@ enum MHD_Result api_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
         free(msg);
         return r;
     }
-    json_t *o = j->ro ? json_pack("{s:O, s:O}", "groups", j->ro_groups, "summary",
-                                  json_object_get(j->ro_summary, "summary"))
-                      : final_json(j);
+    json_t *o = j->sglang ? sglang_json(s, j)
+                : j->ro   ? json_pack("{s:O, s:O}", "groups", j->ro_groups, "summary",
+                                      json_object_get(j->ro_summary, "summary"))
+                          : final_json(j);
     pthread_mutex_unlock(&j->mu);
     return http_json(c, 200, o);
 }
@@ -1363,17 +1409,30 @@ static void ro_emit(void *user, json_t *line, bool last) {
     if (last) job_unref(j); /* the rollout's reference */
 }
 
+static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, json_t *sglang);
+static enum MHD_Result rollout_abort_endpoint(server_t *s, struct MHD_Connection *c, json_t *b);
+
 static enum MHD_Result rollout_endpoint(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    return rollout_run(s, cn, c, b, NULL);
+}
+
+/* sglang (stolen): answer in SGLang's /generate shape instead */
+static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, json_t *sglang) {
     bool draining;
     gen_job_t *j = job_new(s, false, 1, 1, &draining);
-    if (!j) return http_error(c, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory");
+    if (!j) {
+        json_decref(sglang);
+        return http_error(c, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory");
+    }
     j->t_arrival = cn->t_arrival;
+    j->sglang = sglang;
     j->ro_groups = json_array();
     j->stream = json_is_true(json_object_get(b, "stream")); /* before any line can come */
     j->n_parts = 0; /* no engine requests of its own: job_start only sets up the response */
     j->refs++; /* the rollout's, dropped at its summary */
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
-                            .base_name = s->model_name, .vocab = model_get_config(s->model)->vocab_size};
+                            .base_name = s->model_name, .vocab = model_get_config(s->model)->vocab_size,
+                            .loras = s->reg};
     char err[1536], param[64];
     rollout_t *ro = NULL;
     int st = rollout_start(s->engine, &lim, b, ro_emit, j, &ro, err, sizeof err, param, sizeof param);
@@ -1389,6 +1448,82 @@ static enum MHD_Result rollout_endpoint(server_t *s, conn_t *cn, struct MHD_Conn
     pthread_mutex_unlock(&j->mu);
     gen_opts_t none = {0};
     return job_start(s, cn, c, j, &none);
+}
+
+/* SGLang's POST /generate: input_ids (or text; or lists of them), sampling_params,
+ * return_logprob, lora_path (an adapter name), rid; answered in SGLang's shape */
+static enum MHD_Result sglang_generate(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    json_t *ids = json_object_get(b, "input_ids"), *text = json_object_get(b, "text");
+    if (json_is_true(json_object_get(b, "stream"))) return http_error(c, 400, "stream", "stream is not supported on /generate yet");
+    bool batch = false;
+    json_t *prompts = json_array();
+    if (ids && !json_is_null(ids)) {
+        batch = json_is_array(ids) && json_array_size(ids) > 0 && json_is_array(json_array_get(ids, 0));
+        if (batch) json_array_extend(prompts, ids);
+        else json_array_append(prompts, ids);
+    } else if (json_is_string(text) || json_is_array(text)) {
+        batch = json_is_array(text);
+        size_t i;
+        json_t *t;
+        json_t *texts = batch ? text : json_pack("[O]", text);
+        json_array_foreach(texts, i, t) {
+            int32_t *v = NULL;
+            size_t n = 0;
+            if (!json_is_string(t) || !s->tok || tokenizer_encode(s->tok, json_string_value(t), json_string_length(t), true, &v, &n)) {
+                if (!batch) json_decref(texts);
+                json_decref(prompts);
+                return http_error(c, 400, "text", "'text' must be a string or a list of strings (and the model needs a tokenizer)");
+            }
+            json_t *a = json_array();
+            for (size_t k = 0; k < n; k++) json_array_append_new(a, json_integer(v[k]));
+            free(v);
+            json_array_append_new(prompts, a);
+        }
+        if (!batch) json_decref(texts);
+    } else {
+        json_decref(prompts);
+        return http_error(c, 400, "input_ids", "'input_ids' or 'text' is required");
+    }
+    json_t *sp = json_object_get(b, "sampling_params");
+    json_t *samp = json_object();
+    if (json_is_object(sp)) {
+        const char *keys[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                              "frequency_penalty", "stop", "stop_token_ids", "ignore_eos", "min_tokens"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (json_object_get(sp, keys[k])) json_object_set(samp, keys[k], json_object_get(sp, keys[k]));
+        json_t *mnt = json_object_get(sp, "max_new_tokens");
+        if (mnt && !json_is_null(mnt)) json_object_set(samp, "max_tokens", mnt);
+    }
+    if (!json_object_get(samp, "max_tokens")) json_object_set_new(samp, "max_tokens", json_integer(128)); /* SGLang's default */
+    json_object_set_new(samp, "logprobs", json_pack("{s:s}", "mode", "raw"));
+    const char *rid = json_string_value(json_object_get(b, "rid"));
+    json_t *groups = json_array();
+    size_t i;
+    json_t *p;
+    json_array_foreach(prompts, i, p) {
+        char gid[300];
+        snprintf(gid, sizeof gid, "%s%s%zu", rid ? rid : "", rid ? "-" : "", i);
+        if (!batch && rid) snprintf(gid, sizeof gid, "%s", rid);
+        json_array_append_new(groups, json_pack("{s:s, s:O}", "group_id", gid, "input_ids", p));
+    }
+    json_decref(prompts);
+    json_t *req = json_pack("{s:o, s:o}", "groups", groups, "sampling", samp);
+    const char *lora = json_string_value(json_object_get(b, "lora_path"));
+    if (lora) json_object_set_new(req, "adapter", json_string(lora));
+    if (rid) json_object_set_new(req, "batch_id", json_string(rid));
+    enum MHD_Result r = rollout_run(s, cn, c, req, json_pack("{s:b, s:b}", "batch", batch, "return_logprob",
+                                                             json_is_true(json_object_get(b, "return_logprob"))));
+    json_decref(req);
+    return r;
+}
+
+/* SGLang's POST /abort_request {rid | abort_all} */
+static enum MHD_Result sglang_abort(server_t *s, struct MHD_Connection *c, json_t *b) {
+    json_t *q = json_is_true(json_object_get(b, "abort_all")) ? json_pack("{s:b}", "all", 1)
+                                                              : json_pack("{s:O}", "batch_id", json_object_get(b, "rid"));
+    enum MHD_Result r = rollout_abort_endpoint(s, c, q);
+    json_decref(q);
+    return r;
 }
 
 static enum MHD_Result rollout_abort_endpoint(server_t *s, struct MHD_Connection *c, json_t *b) {
@@ -1644,6 +1779,211 @@ enum MHD_Result api_unload_resume(server_t *s, conn_t *cn, struct MHD_Connection
     return unload_done(c, cn->unload_name);
 }
 
+/* ---- versioned adapters (the rollout API): PUT/DELETE /v1/adapters/{name}/versions/{v}, GET /v1/adapters ---- */
+/* "/v1/adapters/NAME/versions/V" -> name, version; false when it is not that shape */
+static bool parse_version_url(const char *url, char *name, size_t nlen, int *version) {
+    const char *p = url + strlen("/v1/adapters/");
+    const char *slash = strchr(p, '/');
+    if (!slash || slash == p || (size_t)(slash - p) >= nlen || strncmp(slash, "/versions/", 10)) return false;
+    memcpy(name, p, (size_t)(slash - p));
+    name[slash - p] = 0;
+    char *end;
+    long v = strtol(slash + 10, &end, 10);
+    if (*end || end == slash + 10 || v < 1 || v > INT32_MAX) return false;
+    *version = (int)v;
+    return true;
+}
+
+static bool write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    bool ok = fwrite(data, 1, len, f) == len;
+    return fclose(f) == 0 && ok;
+}
+
+/* adapter_config.json for an uploaded adapter_model.safetensors: r and target_modules from
+ * the tensors (or the query), lora_alpha from the query (default: r) */
+static json_t *upload_config(struct MHD_Connection *c, const void *body, size_t len, perr_t *e) {
+    void *copy = malloc(len ? len : 1);
+    if (!copy) { fail(e, 500, NULL, "out of memory"); return NULL; }
+    memcpy(copy, body, len);
+    safetensors_t *st = NULL;
+    if (safetensors_open_buffer("upload", copy, len, true, &st)) {
+        fail(e, 400, NULL, "the body is not a safetensors file: %s", cs_error_last());
+        return NULL;
+    }
+    int r = 0;
+    json_t *targets = json_array();
+    for (size_t i = 0; i < safetensors_count(st); i++) {
+        const st_tensor_t *t = safetensors_at(st, i);
+        const char *a = strstr(t->name, ".lora_A.");
+        if (!a || t->n_dims != 2) continue;
+        if (!r) r = (int)t->shape[0];
+        const char *m = a;
+        while (m > t->name && m[-1] != '.') m--;
+        char mod[64];
+        snprintf(mod, sizeof mod, "%.*s", (int)(a - m), m);
+        bool seen = false;
+        size_t k;
+        json_t *x;
+        json_array_foreach(targets, k, x) if (!strcmp(json_string_value(x), mod)) seen = true;
+        if (!seen) json_array_append_new(targets, json_string(mod));
+    }
+    safetensors_free(st);
+    const char *qr = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "r");
+    const char *qa = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "lora_alpha");
+    const char *qt = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "target_modules");
+    const char *qs = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "use_rslora");
+    if (qr) r = atoi(qr);
+    if (r < 1 || json_array_size(targets) == 0) {
+        json_decref(targets);
+        fail(e, 400, NULL, "no lora_A tensors in the upload (r and target_modules cannot be inferred)");
+        return NULL;
+    }
+    if (qt) {
+        json_decref(targets);
+        targets = json_array();
+        char *dup = strdup(qt);
+        for (char *tok = strtok(dup, ","); tok; tok = strtok(NULL, ",")) json_array_append_new(targets, json_string(tok));
+        free(dup);
+    }
+    double alpha = qa ? atof(qa) : r;
+    return json_pack("{s:s, s:i, s:f, s:o, s:b, s:f, s:s, s:s}", "peft_type", "LORA", "r", r, "lora_alpha", alpha,
+                     "target_modules", targets, "use_rslora", qs && !strcmp(qs, "true"), "lora_dropout", 0.0, "bias",
+                     "none", "task_type", "CAUSAL_LM");
+}
+
+/* abort the running requests of adapter NAME (apply=abort_inflight) */
+static int abort_adapter_requests(server_t *s, const char *name) {
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (gen_job_t *j = s->jobs; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        if (j->adapter && !strcmp(j->adapter->name, name) && !j->finished)
+            for (int i = 0; i < j->n_parts; i++)
+                if (j->parts[i].submitted && !j->parts[i].done) { engine_abort(s->engine, j->parts[i].id); n++; }
+        if (j->ro && !j->finished) n += rollout_abort_adapter(j->ro, name);
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const char *url, const char *body, size_t len) {
+    perr_t e = {0};
+    char name[257];
+    int version;
+    if (!parse_version_url(url, name, sizeof name, &version))
+        return http_error(c, 404, NULL, "PUT /v1/adapters/NAME/versions/V (V a positive integer)");
+    if (!valid_adapter_name(name) || !strcmp(name, s->model_name)) return http_error(c, 400, NULL, "invalid adapter name '%s'", name);
+    const char *apply = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "apply");
+    const char *activate = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "activate");
+    if (apply && strcmp(apply, "next_request") && strcmp(apply, "abort_inflight"))
+        return http_error(c, 400, "apply", "apply is next_request or abort_inflight (pause_keep is not supported yet)");
+    if (activate && strcmp(activate, "true"))
+        return http_error(c, 400, "activate", "uploads are always activated (activate=false is not supported yet)");
+    double t0 = cs_time_ms();
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    char *dir = NULL;
+    char err[1536];
+    if (ct && !strncmp(ct, "application/json", 16)) { /* {"path": DIR} under --lora-root */
+        json_error_t je;
+        json_t *b = json_loadb(body, len, 0, &je);
+        const char *path = json_string_value(json_object_get(b, "path"));
+        if (!path) {
+            json_decref(b);
+            return http_error(c, 400, "path", "a JSON body is {\"path\": DIR}");
+        }
+        int st = lora_path_check(s, path, &dir, err, sizeof err);
+        json_decref(b);
+        if (st) return http_error(c, (unsigned)st, "path", "%s", err);
+    } else { /* the raw adapter_model.safetensors */
+        json_t *cfg = upload_config(c, body, len, &e);
+        if (!cfg) return reply_err(c, &e);
+        char sub[512];
+        snprintf(sub, sizeof sub, "%s/%s", s->upload_dir, name);
+        mkdir(sub, 0700);
+        size_t dl = strlen(sub) + 32;
+        dir = malloc(dl);
+        snprintf(dir, dl, "%s/v%d", sub, version);
+        mkdir(dir, 0700);
+        char *f1 = cs_path_join(dir, "adapter_model.safetensors"), *f2 = cs_path_join(dir, "adapter_config.json");
+        char *cj = json_dumps(cfg, JSON_INDENT(1));
+        json_decref(cfg);
+        bool ok = f1 && f2 && cj && write_file(f1, body, len) && write_file(f2, cj, strlen(cj));
+        free(f1);
+        free(f2);
+        free(cj);
+        if (!ok) {
+            free(dir);
+            return http_error(c, 500, NULL, "cannot store the upload under %s", s->upload_dir);
+        }
+    }
+    lora_adapter_t *a = NULL; /* refused here if it does not fit the base model */
+    if (lora_adapter_load(dir, model_get_config(s->model), &a)) {
+        free(dir);
+        return http_error(c, 400, NULL, "adapter '%s' version %d: %s", name, version, cs_error_last());
+    }
+    size_t nbytes = a->nbytes;
+    lora_adapter_free(a);
+    pthread_mutex_lock(&s->mu);
+    served_adapter_t *ad = adapter_find(s, name);
+    if (ad && ad->unloading) {
+        pthread_mutex_unlock(&s->mu);
+        free(dir);
+        return http_error(c, 409, NULL, "adapter '%s' is being unloaded", name);
+    }
+    if (lora_registry_add_version(s->reg, name, dir, version)) {
+        pthread_mutex_unlock(&s->mu);
+        free(dir);
+        return http_error(c, 409, "version", "%s", cs_error_last());
+    }
+    if (!ad) {
+        ad = calloc(1, sizeof *ad);
+        ad->name = strdup(name);
+        ad->next = s->adapters;
+        s->adapters = ad;
+    }
+    free(ad->path);
+    ad->path = dir;
+    ad->created = time(NULL);
+    pthread_mutex_unlock(&s->mu);
+    int aborted = apply && !strcmp(apply, "abort_inflight") ? abort_adapter_requests(s, name) : 0;
+    return http_json(c, 200, json_pack("{s:s, s:i, s:i, s:I, s:f, s:i}", "name", name, "version", version,
+                                        "active_version", version, "bytes", (json_int_t)nbytes, "load_ms",
+                                        cs_time_ms() - t0, "aborted_requests", aborted));
+}
+
+static enum MHD_Result delete_version(server_t *s, struct MHD_Connection *c, const char *url) {
+    char name[257];
+    int version, cur = 0;
+    lora_state st;
+    if (!parse_version_url(url, name, sizeof name, &version))
+        return http_error(c, 404, NULL, "DELETE /v1/adapters/NAME/versions/V");
+    if (lora_registry_state(s->reg, name, &st, &cur)) return http_error(c, 404, NULL, "adapter '%s' does not exist", name);
+    if (version == cur)
+        return http_error(c, 409, NULL, "version %d is the active version of '%s' (unload the adapter with "
+                                        "/v1/unload_lora_adapter, or upload a newer version first)", version, name);
+    if (version > cur) return http_error(c, 404, NULL, "adapter '%s' has no version %d", name, version);
+    /* older versions are freed as soon as no request holds them: nothing else to do */
+    return http_json(c, 200, json_pack("{s:s, s:i, s:b}", "name", name, "version", version, "deleted", 1));
+}
+
+static enum MHD_Result list_adapters(server_t *s, struct MHD_Connection *c) {
+    json_t *a = json_array();
+    pthread_mutex_lock(&s->mu);
+    for (served_adapter_t *ad = s->adapters; ad; ad = ad->next) {
+        lora_state st = LORA_ON_DISK;
+        int ver = 0;
+        if (ad->unloading || lora_registry_state(s->reg, ad->name, &st, &ver)) continue;
+        json_array_append_new(a, json_pack("{s:s, s:i, s:[i], s:i, s:s, s:s}", "name", ad->name, "active_version", ver,
+                                           "loaded_versions", ver, "inflight", ad->in_flight, "tier", lora_state_name(st),
+                                           "path", ad->path ? ad->path : ""));
+    }
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, a);
+}
+
 /* ---- /metrics ---- */
 static const double LAT_BUCKETS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                                      2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
@@ -1762,9 +2102,20 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
         if (!get) return http_error(c, 405, NULL, "use GET %s", url);
         return metrics_endpoint(s, c);
     }
+    if (!strncmp(url, "/v1/adapters", 12) && (url[12] == 0 || url[12] == '/')) {
+        pthread_mutex_lock(&s->mu);
+        bool rdy = s->ready;
+        pthread_mutex_unlock(&s->mu);
+        if (!rdy) return http_error(c, 503, NULL, "the model is loading");
+        if (!strcmp(url, "/v1/adapters")) return get ? list_adapters(s, c) : http_error(c, 405, NULL, "use GET %s", url);
+        if (!strcmp(method, "PUT")) return put_version(s, c, url, body, body_len);
+        if (!strcmp(method, "DELETE")) return delete_version(s, c, url);
+        return http_error(c, 405, NULL, "use PUT or DELETE %s", url);
+    }
     bool known = is(url, "/v1/models") || is(url, "/v1/completions") || is(url, "/v1/chat/completions") ||
                  is(url, "/v1/load_lora_adapter") || is(url, "/v1/unload_lora_adapter") || is(url, "/tokenize") ||
-                 is(url, "/detokenize") || is(url, "/v1/rollout") || is(url, "/v1/rollout/abort");
+                 is(url, "/detokenize") || is(url, "/v1/rollout") || is(url, "/v1/rollout/abort") ||
+                 is(url, "/generate") || is(url, "/abort_request");
     if (!known) return http_error(c, 404, NULL, "no route %s %s", method, url);
     pthread_mutex_lock(&s->mu);
     bool ready = s->ready, draining = s->draining;
@@ -1783,12 +2134,15 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
         return http_error(c, 400, NULL, "the request body must be a JSON object");
     }
     enum MHD_Result r;
-    if ((is(url, "/v1/completions") || is(url, "/v1/chat/completions") || is(url, "/v1/rollout")) && draining)
+    if ((is(url, "/v1/completions") || is(url, "/v1/chat/completions") || is(url, "/v1/rollout") ||
+         is(url, "/generate")) && draining)
         r = http_error(c, 503, NULL, "the server is shutting down");
     else if (is(url, "/v1/completions")) r = completions(s, cn, c, b);
     else if (is(url, "/v1/chat/completions")) r = chat(s, cn, c, b);
     else if (is(url, "/v1/rollout")) r = rollout_endpoint(s, cn, c, b);
     else if (is(url, "/v1/rollout/abort")) r = rollout_abort_endpoint(s, c, b);
+    else if (is(url, "/generate")) r = sglang_generate(s, cn, c, b);
+    else if (is(url, "/abort_request")) r = sglang_abort(s, c, b);
     else if (is(url, "/tokenize")) r = tokenize(s, c, b);
     else if (is(url, "/detokenize")) r = detokenize(s, c, b);
     else if (is(url, "/v1/load_lora_adapter")) r = load_lora(s, c, b);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -74,13 +75,15 @@ static void usage_serve(FILE *f) {
             "  --max-logprobs N              most logprobs alternatives per token (default 20)\n"
             "  --shutdown-timeout S          on SIGTERM/SIGINT, seconds to let requests finish (default 30)\n"
             "  --metrics-prefix P            prefix of /metrics names (default caraserve_)\n"
+            "  --max-adapter-bytes N         largest adapter upload (PUT /v1/adapters/...; default 2G)\n"
+            "  --adapter-upload-dir DIR      where uploaded adapter versions are stored (default: a new /tmp dir)\n"
             "  --reference-kernels           use the plain reference kernels (slow; for checking)\n");
 }
 
 enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
-    O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP
+    O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR
 };
 
 static const struct option OPTS[] = {
@@ -110,6 +113,8 @@ static const struct option OPTS[] = {
     {"metrics-prefix", required_argument, 0, O_METRICS_PREFIX},
     {"reference-kernels", no_argument, 0, O_REFERENCE},
     {"help", no_argument, 0, O_HELP},
+    {"max-adapter-bytes", required_argument, 0, O_ADAPTER_BYTES},
+    {"adapter-upload-dir", required_argument, 0, O_UPLOAD_DIR},
     {0, 0, 0, 0},
 };
 
@@ -274,6 +279,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.http_threads = 4;
     cfg.kv_cache_bytes = 1LL << 30;
     cfg.max_body_bytes = 32LL << 20;
+    cfg.max_adapter_bytes = 2LL << 30;
     cfg.max_logprobs = 20;
     cfg.shutdown_timeout = 30;
     cfg.metrics_prefix = strdup("caraserve_");
@@ -349,6 +355,11 @@ int cmd_serve(int argc, char **argv) {
         }
         case O_METRICS_PREFIX: free(cfg.metrics_prefix); cfg.metrics_prefix = strdup(optarg); break;
         case O_REFERENCE: cfg.reference_kernels = true; break;
+        case O_ADAPTER_BYTES:
+            cfg.max_adapter_bytes = parse_size(optarg, &ok);
+            if (!ok || cfg.max_adapter_bytes < 1024) { fprintf(stderr, "caraserve serve: bad --max-adapter-bytes '%s'\n", optarg); goto usage_err; }
+            break;
+        case O_UPLOAD_DIR: free(cfg.adapter_upload_dir); cfg.adapter_upload_dir = strdup(optarg); break;
         case 'h':
         case O_HELP: usage_serve(stdout); rc = 0; goto out_words;
         default: goto usage_err;
@@ -407,6 +418,17 @@ int cmd_serve(int argc, char **argv) {
         }
         push(&s->roots, &s->n_roots, rp);
         free(rp);
+    }
+    if (s->cfg.adapter_upload_dir) {
+        if (mkdir(s->cfg.adapter_upload_dir, 0700) && errno != EEXIST) {
+            fprintf(stderr, "caraserve serve: --adapter-upload-dir %s: %s\n", s->cfg.adapter_upload_dir, strerror(errno));
+            goto out;
+        }
+        s->upload_dir = strdup(s->cfg.adapter_upload_dir);
+    } else {
+        char tmpl[] = "/tmp/caraserve-uploads-XXXXXX";
+        s->upload_dir = mkdtemp(tmpl) ? strdup(tmpl) : NULL;
+        if (!s->upload_dir) { fprintf(stderr, "caraserve serve: cannot create an upload directory in /tmp\n"); goto out; }
     }
     if (server_metrics_init(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     if (http_start(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
@@ -533,6 +555,7 @@ out:
     free(ldirs);
     free(tsrc);
     json_decref(tcfg);
+    free(s->upload_dir);
     free(s->bos_token);
     free(s->eos_token);
     cfg = s->cfg;
@@ -553,6 +576,7 @@ out_words:
     free(cfg.api_key);
     free(cfg.chat_template);
     free(cfg.metrics_prefix);
+    free(cfg.adapter_upload_dir);
     for (int i = 0; i < cfg.n_lora_modules; i++) free(cfg.lora_modules[i]);
     free(cfg.lora_modules);
     for (int i = 0; i < cfg.n_lora_roots; i++) free(cfg.lora_roots[i]);

@@ -47,6 +47,7 @@ static const char *error_type(unsigned status) {
     case 403: return "PermissionDeniedError";
     case 404: return "NotFoundError";
     case 405: return "MethodNotAllowedError";
+    case 409: return "ConflictError";
     case 413: return "RequestTooLargeError";
     case 503: return "ServiceUnavailableError";
     default: return status >= 500 ? "InternalServerError" : "BadRequestError";
@@ -168,7 +169,12 @@ int lora_path_check(const server_t *s, const char *path, char **real, char *err,
 /* ---- the access handler ---- */
 static bool needs_auth(const char *url) {
     return strncmp(url, "/v1/", 4) == 0 || !strcmp(url, "/v1") || !strcmp(url, "/tokenize") ||
-           !strcmp(url, "/detokenize");
+           !strcmp(url, "/detokenize") || !strcmp(url, "/generate") || !strcmp(url, "/abort_request");
+}
+
+/* an adapter upload may be much larger than a request */
+static long long body_limit(const server_t *s, const char *method, const char *url) {
+    return !strcmp(method, "PUT") && !strncmp(url, "/v1/adapters/", 13) ? s->cfg.max_adapter_bytes : s->cfg.max_body_bytes;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -187,10 +193,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return http_error(c, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer KEY')");
         }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoll(cl, NULL, 10) > s->cfg.max_body_bytes) {
+        cn->limit = body_limit(s, method, url);
+        if (cl && strtoll(cl, NULL, 10) > cn->limit) {
             cn->answered = true;
-            return http_error(c, 413, NULL, "request body of %s bytes exceeds the limit of %lld bytes", cl,
-                              s->cfg.max_body_bytes);
+            return http_error(c, 413, NULL, "request body of %s bytes exceeds the limit of %lld bytes", cl, cn->limit);
         }
         return MHD_YES;
     }
@@ -203,9 +209,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             /* a body without Content-Length that went over: read and drop the rest so the
              * client (still sending) gets its 413, but not forever */
             cn->discarded += *upload_size;
-            if (cn->discarded > (size_t)8 * (size_t)s->cfg.max_body_bytes + ((size_t)256 << 20)) return MHD_NO;
+            if (cn->discarded > (size_t)8 * (size_t)cn->limit + ((size_t)256 << 20)) return MHD_NO;
         } else {
-            if ((long long)(cn->len + *upload_size) > s->cfg.max_body_bytes) {
+            if ((long long)(cn->len + *upload_size) > cn->limit) {
                 cn->too_large = true;
                 free(cn->body);
                 cn->body = NULL;
@@ -232,7 +238,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cn->started) return MHD_YES;
     cn->started = true;
     if (cn->too_large)
-        return http_error(c, 413, NULL, "request body exceeds the limit of %lld bytes", s->cfg.max_body_bytes);
+        return http_error(c, 413, NULL, "request body exceeds the limit of %lld bytes", cn->limit);
     return api_dispatch(s, cn, c, method, url, cn->body ? cn->body : "", cn->len);
 }
 

@@ -36,6 +36,8 @@ typedef struct serve_config {
     int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
     long long lora_cache_bytes;
     long long max_body_bytes;
+    long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */
+    char *adapter_upload_dir;
     int max_n;                      /* samples per request (n, times prompts for batches) */
     int max_logprobs;
     double shutdown_timeout;        /* seconds */
@@ -78,6 +80,7 @@ typedef struct server {
     char *bos_token, *eos_token;    /* strings for the template */
     int max_model_len;
     time_t created;
+    char *upload_dir;               /* where uploaded adapter versions are written */
     char **roots;                   /* realpath of each --lora-root */
     int n_roots;
     server_metrics_t m;
@@ -134,6 +137,7 @@ struct conn {
     size_t len, cap;
     bool too_large, answered, started;
     size_t discarded;               /* body bytes dropped after too_large */
+    long long limit;                /* body limit of this request */
     char *unload_name;              /* a suspended /v1/unload_lora_adapter waiting for in-flight requests */
     bool unload_waiting;
     struct gen_job *job;

@@ -11,7 +11,8 @@
    per group, then the summary.
 4. Partial rollouts: with target_groups = half the groups the rest come back as "abort" with
    their partial tokens, and continue_from those tokens reproduces the uninterrupted greedy
-   run token for token; /v1/rollout/abort ends a running batch, partial results included."""
+   run token for token; /v1/rollout/abort ends a running batch, partial results included.
+5. SGLang's /generate and /abort_request give the same tokens in SGLang's shape."""
 import json
 import os
 import sys
@@ -161,6 +162,32 @@ if st != 200 or ab["aborted"] != 1 or [s["finish_reason"] for s in s0] != ["abor
         not all(0 < len(s["output_ids"]) < 1500 and len(s["logprobs"]) == len(s["output_ids"]) for s in s0):
     reflib.fail(f"/v1/rollout/abort: {st} {ab} {[(s['finish_reason'], len(s['output_ids'])) for s in s0]}")
 print(f"ok  /v1/rollout/abort: the batch returned with partial samples ({[len(s['output_ids']) for s in s0]} tokens)")
+# SGLang's /generate and /abort_request, as slime and AReaL call them
+st, gen, _ = srv.request("POST", "/generate", {"input_ids": long_prompts[1], "lora_path": "pol", "return_logprob": True,
+                                               "sampling_params": {"max_new_tokens": 40, "temperature": 0,
+                                                                   "ignore_eos": True}, "rid": "x1"})
+if st != 200 or gen["output_ids"] != want["1"] or gen["meta_info"]["finish_reason"]["type"] != "length" or \
+        gen["meta_info"]["weight_version"] != 1 or [t for _, t, _ in gen["meta_info"]["output_token_logprobs"]] != want["1"] \
+        or gen["meta_info"]["id"] != "x1" or gen["meta_info"]["completion_tokens"] != 40:
+    reflib.fail(f"/generate: {st} {gen}")
+st, genb, _ = srv.request("POST", "/generate", {"input_ids": [long_prompts[0], long_prompts[2]], "lora_path": "pol",
+                                                "sampling_params": {"max_new_tokens": 40, "temperature": 0,
+                                                                    "ignore_eos": True}})
+if st != 200 or [g["output_ids"] for g in genb] != [want["0"], want["2"]]:
+    reflib.fail(f"/generate batch: {st} {genb}")
+res = []
+th = threading.Thread(target=lambda: res.append(srv.request("POST", "/generate", {
+    "input_ids": prompts[0], "rid": "slow", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})))
+th.start()
+for _ in range(200):
+    if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
+        break
+    time.sleep(0.05)
+st, ab, _ = srv.request("POST", "/abort_request", {"rid": "slow"})
+th.join()
+if st != 200 or res[0][1]["meta_info"]["finish_reason"]["type"] != "abort" or len(res[0][1]["output_ids"]) >= 1500:
+    reflib.fail(f"/abort_request: {st} {ab} {res[0][1]['meta_info']}")
+print("ok  SGLang /generate (ids, batch, logprobs, weight_version) equals the rollout; /abort_request by rid")
 for bad, frag in (({"groups": []}, "groups"), ({"groups": [{"input_ids": [10 ** 9]}]}, "token id"),
                   ({"groups": [{"input_ids": [1, 2]}], "adapter": "nope"}, "nope"),
                   ({"groups": [{"input_ids": [1, 2], "n": 2, "continue_from": {"output_ids": [3]}}]}, "n = 1"),
