@@ -103,6 +103,7 @@ struct engine {
     engine_stats_t stats;       /* published copy, under mu */
     engine_stats_t st;          /* engine thread's working copy */
     int n_live_requests;        /* submitted and not done (under mu) */
+    engine_pause_mode pause;    /* under mu */
 };
 
 /* ---- helpers ---- */
@@ -609,7 +610,11 @@ static void publish_stats(engine_t *e) {
 }
 
 static int step(engine_t *e) {
-    take_inbox(e);
+    take_inbox(e); /* aborts are taken even while paused */
+    pthread_mutex_lock(&e->mu);
+    engine_pause_mode pause = e->pause;
+    pthread_mutex_unlock(&e->mu);
+    if (pause == ENGINE_PAUSE_HOLD) return 0;
     double t0 = now_ms();
     int budget = e->p.max_num_batched_tokens, nb = 0;
     bool preempted = false;
@@ -650,6 +655,7 @@ static int step(engine_t *e) {
         req_t *r = s->req;
         int want = r->forked ? 1 : r->n;
         if (n_running + want > e->p.max_num_seqs) break;
+        if (pause == ENGINE_PAUSE_NO_ADMIT && !s->admitted_once) continue; /* only preempted ones come back */
         int rc = req_adapter(e, r);
         if (rc == CS_EAGAIN) continue;  /* loading: let others pass */
         if (rc) {
@@ -1104,6 +1110,14 @@ int engine_abort(engine_t *e, uint64_t id) {
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return CS_OK;
+}
+
+void engine_set_pause(engine_t *e, engine_pause_mode mode) {
+    pthread_mutex_lock(&e->mu);
+    e->pause = mode;
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
 }
 
 void engine_get_stats(engine_t *e, engine_stats_t *st) {

@@ -134,6 +134,12 @@ int engine_start(engine_t *e);
 int engine_step(engine_t *e);
 void engine_run_until_idle(engine_t *e);
 
+/* Pausing (a trainer updating weights): NO_ADMIT runs what has started (new requests wait),
+ * HOLD runs nothing (every sequence keeps its KV blocks and sampler state, and goes on from
+ * there after RUN). Aborts are taken in every mode. */
+typedef enum engine_pause_mode { ENGINE_RUN = 0, ENGINE_PAUSE_NO_ADMIT, ENGINE_PAUSE_HOLD } engine_pause_mode;
+void engine_set_pause(engine_t *e, engine_pause_mode mode);
+
 void engine_get_stats(engine_t *e, engine_stats_t *st);
 /* Wake the engine (any thread): e.g. from the adapter registry's on_loaded callback. */
 void engine_wake(engine_t *e);

@@ -1517,6 +1517,46 @@ static enum MHD_Result sglang_generate(server_t *s, conn_t *cn, struct MHD_Conne
     return r;
 }
 
+/* POST /v1/pause {"mode": "abort"|"wait"|"keep"}: new requests are accepted and wait.
+ * keep: running ones stop where they are (KV kept) and go on after /v1/resume; wait: running
+ * ones finish first (the answer comes then); abort: running ones end now as aborted and
+ * return their partial output. */
+static enum MHD_Result pause_endpoint(server_t *s, struct MHD_Connection *c, json_t *b) {
+    const char *mode = json_string_value(json_object_get(b, "mode"));
+    if (!mode) mode = "keep";
+    double t0 = cs_time_ms();
+    if (!strcmp(mode, "keep")) {
+        engine_set_pause(s->engine, ENGINE_PAUSE_HOLD);
+    } else if (!strcmp(mode, "abort")) {
+        engine_set_pause(s->engine, ENGINE_PAUSE_NO_ADMIT);
+        api_abort_all(s);
+        engine_set_pause(s->engine, ENGINE_PAUSE_HOLD);
+    } else if (!strcmp(mode, "wait")) {
+        engine_set_pause(s->engine, ENGINE_PAUSE_NO_ADMIT);
+        for (;;) { /* the running ones finish (bounded by their max_tokens) */
+            engine_stats_t st;
+            engine_get_stats(s->engine, &st);
+            if (st.n_running == 0) break;
+            usleep(10000);
+        }
+        engine_set_pause(s->engine, ENGINE_PAUSE_HOLD);
+    } else {
+        return http_error(c, 400, "mode", "mode is \"abort\", \"wait\" or \"keep\"");
+    }
+    pthread_mutex_lock(&s->mu);
+    s->paused = true;
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:b, s:s, s:f}", "paused", 1, "mode", mode, "took_ms", cs_time_ms() - t0));
+}
+
+static enum MHD_Result resume_endpoint(server_t *s, struct MHD_Connection *c) {
+    engine_set_pause(s->engine, ENGINE_RUN);
+    pthread_mutex_lock(&s->mu);
+    s->paused = false;
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:b}", "paused", 0));
+}
+
 /* SGLang's POST /abort_request {rid | abort_all} */
 static enum MHD_Result sglang_abort(server_t *s, struct MHD_Connection *c, json_t *b) {
     json_t *q = json_is_true(json_object_get(b, "abort_all")) ? json_pack("{s:b}", "all", 1)
@@ -2115,7 +2155,7 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     bool known = is(url, "/v1/models") || is(url, "/v1/completions") || is(url, "/v1/chat/completions") ||
                  is(url, "/v1/load_lora_adapter") || is(url, "/v1/unload_lora_adapter") || is(url, "/tokenize") ||
                  is(url, "/detokenize") || is(url, "/v1/rollout") || is(url, "/v1/rollout/abort") ||
-                 is(url, "/generate") || is(url, "/abort_request");
+                 is(url, "/generate") || is(url, "/abort_request") || is(url, "/v1/pause") || is(url, "/v1/resume");
     if (!known) return http_error(c, 404, NULL, "no route %s %s", method, url);
     pthread_mutex_lock(&s->mu);
     bool ready = s->ready, draining = s->draining;
@@ -2143,6 +2183,8 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     else if (is(url, "/v1/rollout/abort")) r = rollout_abort_endpoint(s, c, b);
     else if (is(url, "/generate")) r = sglang_generate(s, cn, c, b);
     else if (is(url, "/abort_request")) r = sglang_abort(s, c, b);
+    else if (is(url, "/v1/pause")) r = pause_endpoint(s, c, b);
+    else if (is(url, "/v1/resume")) r = resume_endpoint(s, c);
     else if (is(url, "/tokenize")) r = tokenize(s, c, b);
     else if (is(url, "/detokenize")) r = detokenize(s, c, b);
     else if (is(url, "/v1/load_lora_adapter")) r = load_lora(s, c, b);

@@ -500,6 +500,7 @@ int cmd_serve(int argc, char **argv) {
     s->draining = true;
     pthread_mutex_unlock(&s->mu);
     http_quiesce(s);
+    engine_set_pause(s->engine, ENGINE_RUN); /* a paused server lets its requests finish now */
     double deadline = cs_time_ms() + s->cfg.shutdown_timeout * 1000.0;
     pthread_mutex_lock(&s->mu);
     bool forced = false;

@@ -92,6 +92,7 @@ typedef struct server {
     served_adapter_t *adapters;
     bool ready;                     /* model loaded: /health says 200 */
     bool draining;                  /* SIGTERM: no new generation requests */
+    bool paused;                    /* /v1/pause: requests are accepted and wait */
     int n_jobs;                     /* generation jobs alive (each holds its connection) */
     int n_unload_waiting;           /* suspended unload requests */
     struct gen_job *jobs;           /* list of them (for shutdown) */

@@ -12,7 +12,8 @@
 4. Partial rollouts: with target_groups = half the groups the rest come back as "abort" with
    their partial tokens, and continue_from those tokens reproduces the uninterrupted greedy
    run token for token; /v1/rollout/abort ends a running batch, partial results included.
-5. SGLang's /generate and /abort_request give the same tokens in SGLang's shape."""
+5. SGLang's /generate and /abort_request give the same tokens in SGLang's shape.
+6. /v1/pause keep/wait/abort and /v1/resume."""
 import json
 import os
 import sys
@@ -188,6 +189,61 @@ th.join()
 if st != 200 or res[0][1]["meta_info"]["finish_reason"]["type"] != "abort" or len(res[0][1]["output_ids"]) >= 1500:
     reflib.fail(f"/abort_request: {st} {ab} {res[0][1]['meta_info']}")
 print("ok  SGLang /generate (ids, batch, logprobs, weight_version) equals the rollout; /abort_request by rid")
+# pause / resume (a trainer updating weights)
+def running():
+    return srv.metrics()[1]["caraserve_num_requests_running"]
+
+
+def gen_tokens():
+    return sum(v for k, v in srv.metrics()[1].items() if k.startswith("caraserve_generation_tokens_total"))
+
+
+def bg(body):
+    out = []
+    t = threading.Thread(target=lambda: out.append(rollout(body)))
+    t.start()
+    return t, out
+
+
+long_body = {"adapter": "pol", "sampling": {"max_tokens": 200, "temperature": 0, "ignore_eos": True},
+             "groups": [{"input_ids": long_prompts[3]}]}
+ref200 = rollout(long_body)["groups"][0]["samples"][0]["output_ids"]
+t1, o1 = bg(long_body)
+while running() < 1:
+    time.sleep(0.02)
+st, pz, _ = srv.request("POST", "/v1/pause", {"mode": "keep"})
+time.sleep(0.2)  # an iteration already under way when the pause came may still finish
+g0 = gen_tokens()
+t2, o2 = bg(long_body)  # accepted while paused: waits
+time.sleep(0.5)
+if st != 200 or gen_tokens() != g0 or o1 or o2:
+    reflib.fail(f"pause keep: {st} {pz}; tokens {g0} -> {gen_tokens()} while paused")
+srv.request("POST", "/v1/resume", {})
+t1.join()
+t2.join()
+if o1[0]["groups"][0]["samples"][0]["output_ids"] != ref200 or o2[0]["groups"][0]["samples"][0]["output_ids"] != ref200:
+    reflib.fail("pause keep + resume: the paused rollout and the one sent during the pause must equal the unpaused run")
+t1, o1 = bg(long_body)
+while running() < 1:
+    time.sleep(0.02)
+st, pz, _ = srv.request("POST", "/v1/pause", {"mode": "wait"})
+t1.join(60)  # still paused: the in-flight rollout must have run to its end
+done_while_paused = bool(o1)
+srv.request("POST", "/v1/resume", {})
+t1.join()
+if st != 200 or not done_while_paused or o1[0]["groups"][0]["samples"][0]["output_ids"] != ref200:
+    reflib.fail(f"pause wait: {st} {pz}, the in-flight rollout finished while paused: {done_while_paused}")
+t1, o1 = bg(long_body)
+while running() < 1:
+    time.sleep(0.02)
+st, pz, _ = srv.request("POST", "/v1/pause", {"mode": "abort"})
+t1.join()
+s0 = o1[0]["groups"][0]["samples"][0]
+srv.request("POST", "/v1/resume", {})
+if st != 200 or s0["finish_reason"] != "abort" or s0["output_ids"] != ref200[:len(s0["output_ids"])]:
+    reflib.fail(f"pause abort: {st} {pz} {s0['finish_reason']} {len(s0['output_ids'])}")
+print("ok  /v1/pause keep (no token while paused, requests sent meanwhile wait; resume gives the unpaused tokens), "
+      "wait (answers once in-flight finished), abort (partial results); /v1/resume")
 for bad, frag in (({"groups": []}, "groups"), ({"groups": [{"input_ids": [10 ** 9]}]}, "token id"),
                   ({"groups": [{"input_ids": [1, 2]}], "adapter": "nope"}, "nope"),
                   ({"groups": [{"input_ids": [1, 2], "n": 2, "continue_from": {"output_ids": [3]}}]}, "n = 1"),
