@@ -2063,6 +2063,9 @@ int server_metrics_init(server_t *s) {
     m->prefix_hits = metrics_counter(m->reg, NAME("prefix_cache_hits_total"),
                                      "Prompt tokens whose KV came from the prefix cache.", NULL);
     m->preemptions = metrics_counter(m->reg, NAME("num_preemptions_total"), "Sequences preempted (KV cache full).", NULL);
+    m->prefill_tokens = metrics_counter(m->reg, NAME("prefill_tokens_total"),
+                                        "Prompt tokens computed (not taken from the prefix cache or a group's shared blocks).",
+                                        NULL);
     m->lora_tier = metrics_gauge(m->reg, NAME("lora_adapters"),
                                  "Adapters by tier: registered (served names), host (resident in memory), loading.", tier);
     static const double LOAD_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
@@ -2073,7 +2076,7 @@ int server_metrics_init(server_t *s) {
 #undef NAME
     if (!m->ttft || !m->itl || !m->e2e || !m->queue || !m->prompt_tokens || !m->gen_tokens || !m->success ||
         !m->running || !m->waiting || !m->kv_usage || !m->prefix_queries || !m->prefix_hits || !m->preemptions ||
-        !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses)
+        !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->prefill_tokens)
         return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     return CS_OK;
 }
@@ -2105,6 +2108,8 @@ static enum MHD_Result metrics_endpoint(server_t *s, struct MHD_Connection *c) {
         metric_inc(m->prefix_queries, NULL, (double)(st.prompt_tokens - m->last_prefix_queries));
         metric_inc(m->prefix_hits, NULL, (double)(st.cached_prompt_tokens - m->last_prefix_hits));
         metric_inc(m->preemptions, NULL, (double)(st.preemptions - m->last_preemptions));
+        metric_inc(m->prefill_tokens, NULL, (double)(st.prefill_tokens - m->last_prefill_tokens));
+        m->last_prefill_tokens = st.prefill_tokens;
         metric_inc(m->lora_hits, NULL, (double)(ls.hits - m->last_lora_hits));
         metric_inc(m->lora_misses, NULL, (double)(ls.misses - m->last_lora_misses));
         m->last_prefix_queries = st.prompt_tokens;

@@ -61,10 +61,11 @@ typedef struct server_metrics {
     metrics_t *reg;
     metric_t *ttft, *itl, *e2e, *queue, *prompt_tokens, *gen_tokens, *success;
     metric_t *running, *waiting, *kv_usage, *prefix_queries, *prefix_hits, *preemptions;
-    metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses;
+    metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses, *prefill_tokens;
     /* engine counters already reported (metrics are cumulative there) */
     pthread_mutex_t mu;
     uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;
+    uint64_t last_prefill_tokens;
 } server_metrics_t;
 
 typedef struct server {

@@ -101,13 +101,21 @@ if [s["output_ids"] for s in one["samples"]] != [g["samples"][0]["output_ids"] f
     reflib.fail("a group of n=4 with seed 7 differs from 4 groups with seeds 7..10")
 if one["shared_prompt_tokens"] != 3 * len(prompts[1]) or [s["seed"] for s in one["samples"]] != [7, 8, 9, 10]:
     reflib.fail(f"group sharing: {one['shared_prompt_tokens']} {[s['seed'] for s in one['samples']]}")
+# a group of n=16 computes its prompt once: the engine's prefill counter grows by the prompt only
+fresh = [1] + [int(x) for x in rng.integers(100, 32000, size=40)]
+pf0 = srv.metrics()[1]["caraserve_prefill_tokens_total"]
+g16 = rollout({"sampling": {"max_tokens": 4, "ignore_eos": True}, "groups": [{"input_ids": fresh, "n": 16}]})["groups"][0]
+pf1 = srv.metrics()[1]["caraserve_prefill_tokens_total"]
+if pf1 - pf0 != len(fresh) or g16["shared_prompt_tokens"] != 15 * len(fresh) or len(g16["samples"]) != 16:
+    reflib.fail(f"n=16: {pf1 - pf0} prompt tokens computed for a {len(fresh)}-token prompt; shared {g16['shared_prompt_tokens']}")
 st, txt, hdr = srv.request("POST", "/v1/rollout", {"stream": True, "batch_id": "s1", "sampling": samp,
                                                    "groups": [{"input_ids": p, "n": 2} for p in prompts]})
 lines = [json.loads(x) for x in txt.splitlines()] if st == 200 and isinstance(txt, str) else None
 if not lines or len(lines) != 5 or "summary" not in lines[-1] or lines[-1]["summary"]["completed_groups"] != 4 or \
         hdr.get("Content-Type") != "application/x-ndjson":
     reflib.fail(f"NDJSON stream: {st} {txt!r:.500}")
-print("ok  a group of n equals n groups seeded seed+i; the prompt is shared; NDJSON: a line per group + summary")
+print("ok  a group of n equals n groups seeded seed+i; n=16 computes its 41-token prompt once; NDJSON: a line per "
+      "group + summary")
 
 # ---- 4 ----
 greedy = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}

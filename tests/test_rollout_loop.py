@@ -6,6 +6,8 @@
    peft with that version's weights; an older or equal version is refused (409); the active
    version cannot be deleted; GET /v1/adapters; apply=abort_inflight aborts the rollout running
    on the adapter (its samples come back partial, on the old version).
+   Versions 20..39 uploaded while rollouts run: no request fails, every sample's reported
+   version is the one whose weights produced its logprobs.
 2. rollout_api/examples/grpo_loop.py runs 5 GRPO steps against the server with the stdlib
    client: every step rolls out on the version pushed by the step before, and the server's
    logprobs equal the trainer's (transformers + peft) within 1e-4."""
@@ -103,6 +105,54 @@ if r["aborted_requests"] != 1 or [s["finish_reason"] for s in s0] != ["abort", "
 check(11, v_refs[2], "after abort_inflight v11")
 print("ok  versioned uploads (raw safetensors and path), each version's rollouts equal peft with its weights; "
       "older versions refused; active version not deletable; apply=abort_inflight")
+
+# versions 20..39 uploaded one after another while rollouts run: no request fails, and every
+# sample's reported version is the one whose weights produced its logprobs
+vers = {}
+for k in range(20):
+    d, ref = make_adapter(model_dir, ref_base, r=4, alpha=8, targets=["q_proj", "o_proj"], seed=200 + k)
+    dst = os.path.join(root, f"s{k}")
+    shutil.copytree(d, dst)
+    vers[20 + k] = (dst, ref)
+results, errors = [], []
+
+
+def roll():
+    for i in range(12):
+        try:
+            results.append(cl.rollout([{"input_ids": PROMPT, "n": 2, "seed": i}, {"input_ids": PROMPT[:3], "seed": 99}],
+                                      adapter="upd", sampling={"max_tokens": 10, "temperature": 1.0, "ignore_eos": True}))
+        except Exception as e:  # noqa: BLE001
+            errors.append(str(e))
+
+
+cl.push_adapter("upd", 19, path=v_dirs[0])
+vers[19] = (v_dirs[0], v_refs[0])
+th = threading.Thread(target=roll)
+th.start()
+for v in range(20, 40):
+    cl.push_adapter("upd", v, path=vers[v][0])
+    time.sleep(0.03)
+th.join()
+if errors:
+    reflib.fail(f"rollouts failed during uploads: {errors[:3]}")
+seen = {}
+for out in results:
+    for g in out["groups"]:
+        p = PROMPT if len(g["samples"]) == 2 else PROMPT[:3]
+        for s in g["samples"]:
+            v = s["adapter_version"]
+            seen[v] = seen.get(v, 0) + 1
+            with torch.no_grad():
+                logits = vers[v][1](torch.tensor([p + s["output_ids"]])).logits[0].double().numpy()
+            ls = reflib.log_softmax64(logits)
+            worst = max(abs(lp - ls[len(p) + k - 1][t]) for k, (t, lp) in enumerate(zip(s["output_ids"], s["logprobs"])))
+            if worst > TOL:
+                reflib.fail(f"a sample reported version {v} but its logprobs are not that version's ({worst:.2e})")
+if len(seen) < 3:
+    reflib.fail(f"the rollouts saw only versions {sorted(seen)}: the uploads did not overlap them")
+print(f"ok  20 uploads while 12 rollouts ran: none failed; {sum(seen.values())} samples over {len(seen)} versions, each "
+      "equal to peft with the weights of the version it reports")
 
 # ---- 2. the example trainer loop ----
 p = subprocess.run([sys.executable, os.path.join(reflib.SRCDIR, "rollout_api", "examples", "grpo_loop.py"),
