@@ -174,3 +174,17 @@ size_t cs_mem_available(void) {
     fclose(f);
     return (size_t)kb * 1024;
 }
+
+long long cs_parse_size(const char *s, bool *ok) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'i' && mul > 1) end++;
+    if (*end == 'B' || *end == 'b') end++;
+    *ok = end != s && *end == 0 && errno == 0 && v >= 0 && v * mul < 9e18;
+    return (long long)(v * mul);
+}

@@ -80,6 +80,9 @@ char *cs_path_join(const char *dir, const char *name); /* malloc'd */
 bool cs_file_exists(const char *path);
 double cs_time_ms(void);                            /* CLOCK_MONOTONIC */
 size_t cs_mem_available(void);                      /* MemAvailable of /proc/meminfo in bytes, 0 if unknown */
+/* "512M", "2G", "1.5GiB", "4096": bytes (suffixes K M G, powers of 1024, then an optional
+ * i and B/b); *ok false on anything else or a negative or huge value */
+long long cs_parse_size(const char *s, bool *ok);
 
 #define CS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CS_MAX(a, b) ((a) > (b) ? (a) : (b))

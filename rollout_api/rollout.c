@@ -39,7 +39,7 @@ struct rollout {
     engine_t *e;
     rollout_emit_fn emit;
     void *user;
-    bool stream, failed, target_hit, aborting;
+    bool target_hit;
     char *batch_id;
     int n_groups, n_done, n_completed, n_aborted;
     int target;
@@ -81,8 +81,6 @@ static void unref(rollout_t *r) {
 void rollout_release(rollout_t *r) {
     if (r) unref(r);
 }
-
-bool rollout_streaming(const rollout_t *r) { return r->stream; }
 
 static json_t *jlp(float v) { return isinf(v) ? json_real(-9999.0) : isnan(v) ? json_null() : json_real(v); }
 
@@ -154,13 +152,13 @@ static void on_event(void *user, const engine_event_t *ev) {
         if (aborted) r->n_aborted++;
         else r->n_completed++;
         r->prompt_tokens += g->n_input;
-        if (!r->failed) line = group_json(r, g);
+        line = group_json(r, g);
         if (r->target > 0 && r->n_completed >= r->target && !r->target_hit) {
             r->target_hit = true; /* over-provisioned: the rest are not needed */
             for (int k = 0; k < r->n_groups && n_abort < 64; k++)
                 if (r->groups[k].submitted && !r->groups[k].done) abort_ids[n_abort++] = r->ids[k];
         }
-        if (r->n_done == r->n_groups && !r->failed)
+        if (r->n_done == r->n_groups)
             summary = json_pack("{s:{s:s?, s:i, s:i, s:I, s:I, s:f, s:b}}", "summary", "batch_id", r->batch_id,
                                 "completed_groups", r->n_completed, "aborted_groups", r->n_aborted, "prompt_tokens",
                                 (json_int_t)r->prompt_tokens, "output_tokens", (json_int_t)r->output_tokens, "wall_ms",
@@ -177,7 +175,6 @@ void rollout_abort(rollout_t *r) {
     uint64_t ids[4096];
     int n = 0;
     pthread_mutex_lock(&r->mu);
-    r->aborting = true;
     for (int k = 0; k < r->n_groups && n < 4096; k++)
         if (r->groups[k].submitted && !r->groups[k].done) ids[n++] = r->ids[k];
     pthread_mutex_unlock(&r->mu);
@@ -292,7 +289,6 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
     }
     json_t *st = json_object_get(req, "stream");
     if (st && !json_is_null(st) && !json_is_boolean(st)) BAD(400, "stream", "'stream' must be true or false");
-    r->stream = json_is_true(st);
 
     /* sampling: every engine field */
     engine_request_t base = {0};

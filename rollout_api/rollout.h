@@ -46,7 +46,5 @@ int rollout_abort_groups(rollout_t *r, json_t *group_ids);
 /* Abort the running groups on adapter NAME (an upload with apply=abort_inflight). */
 int rollout_abort_adapter(rollout_t *r, const char *adapter);
 const char *rollout_batch_id(const rollout_t *r);   /* NULL when the request had none */
-/* Whether the request asked for NDJSON streaming. */
-bool rollout_streaming(const rollout_t *r);
 
 #endif

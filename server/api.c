@@ -486,6 +486,15 @@ static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, js
     sse_json(j, o);
 }
 
+/* Under j->mu: whether the suspended connection has something now (the end, or stream
+ * bytes); if so it counts as resumed, and the caller resumes it after unlocking (it cannot
+ * go away while suspended). */
+static bool take_resume(gen_job_t *j) {
+    if (!(j->suspended && j->conn && (j->finished || (j->stream && j->out.len > j->out_off)))) return false;
+    j->suspended = false;
+    return true;
+}
+
 /* ---- the engine's sink (engine thread) ---- */
 static const char *finish_name(engine_finish f) {
     switch (f) {
@@ -601,11 +610,7 @@ static void on_event(void *user, const engine_event_t *ev) {
             j->finished = true;
         }
     }
-    bool resume = false;
-    if (j->suspended && j->conn && (j->finished || (j->stream && j->out.len > j->out_off))) {
-        j->suspended = false;
-        resume = true;
-    }
+    bool resume = take_resume(j);
     struct MHD_Connection *conn = j->conn;
     bool unpin = ev->request_done && j->n_done == j->n_parts;
     pthread_mutex_unlock(&j->mu);
@@ -1398,11 +1403,7 @@ static void ro_emit(void *user, json_t *line, bool last) {
         json_array_append_new(j->ro_groups, line);
     }
     if (last) j->finished = true;
-    bool resume = false;
-    if (j->suspended && j->conn && (j->finished || (j->stream && j->out.len > j->out_off))) {
-        j->suspended = false;
-        resume = true;
-    }
+    bool resume = take_resume(j);
     struct MHD_Connection *conn = j->conn;
     pthread_mutex_unlock(&j->mu);
     if (resume) MHD_resume_connection(conn);

@@ -114,19 +114,6 @@ static void sink(void *user, const engine_event_t *ev) {
     }
 }
 
-static long long parse_size(const char *s, bool *ok) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    double mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1024, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
-    if (*end == 'B' || *end == 'b') end++;
-    *ok = end != s && !*end && !errno && v >= 0;
-    return (long long)(v * mul);
-}
-
 static int parse_int_opt(const char *name, const char *s, int lo, int *out) {
     char *end;
     errno = 0;
@@ -359,7 +346,7 @@ int cmd_batch(int argc, char **argv) {
         case 'L': if (parse_int_opt("--max-model-len", optarg, 2, &max_model_len)) goto usage_err; break;
         case 'c': if (parse_int_opt("--max-cpu-loras", optarg, 1, &max_cpu_loras)) goto usage_err; break;
         case 'k':
-            kv_bytes = parse_size(optarg, &ok);
+            kv_bytes = cs_parse_size(optarg, &ok);
             if (!ok || kv_bytes <= 0) { fprintf(stderr, "caraserve batch: --kv-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
             break;
         case 'f': {
@@ -372,7 +359,7 @@ int cmd_batch(int argc, char **argv) {
             break;
         }
         case 'C':
-            lora_bytes = parse_size(optarg, &ok);
+            lora_bytes = cs_parse_size(optarg, &ok);
             if (!ok || lora_bytes <= 0) { fprintf(stderr, "caraserve batch: --lora-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
             break;
         case 'P': no_prefix = true; break;

@@ -118,20 +118,6 @@ static const struct option OPTS[] = {
     {0, 0, 0, 0},
 };
 
-static long long parse_size(const char *s, bool *ok) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    long long mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1LL << 10, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1LL << 20, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1LL << 30, end++;
-    if ((*end == 'i' || *end == 'B') && mul > 1) end++;
-    if (*end == 'B') end++;
-    *ok = end != s && *end == 0 && errno == 0 && v >= 0 && v * (double)mul < 9e18;
-    return (long long)(v * (double)mul);
-}
-
 static bool parse_int(const char *name, const char *s, long lo, long hi, int *out) {
     char *end;
     errno = 0;
@@ -317,7 +303,7 @@ int cmd_serve(int argc, char **argv) {
         case O_THREADS: if (!parse_int("threads", optarg, 1, 1024, &cfg.threads)) goto usage_err; break;
         case O_HTTP_THREADS: if (!parse_int("http-threads", optarg, 1, 256, &cfg.http_threads)) goto usage_err; break;
         case O_KV_BYTES:
-            cfg.kv_cache_bytes = parse_size(optarg, &ok);
+            cfg.kv_cache_bytes = cs_parse_size(optarg, &ok);
             if (!ok || cfg.kv_cache_bytes <= 0) { fprintf(stderr, "caraserve serve: bad --kv-cache-bytes '%s'\n", optarg); goto usage_err; }
             break;
         case O_KV_FRAC: {
@@ -334,12 +320,12 @@ int cmd_serve(int argc, char **argv) {
         case O_MODEL_LEN: if (!parse_int("max-model-len", optarg, 2, 1 << 24, &cfg.max_model_len)) goto usage_err; break;
         case O_CPU_LORAS: if (!parse_int("max-cpu-loras", optarg, 0, 1 << 20, &cfg.max_cpu_loras)) goto usage_err; break;
         case O_LORA_BYTES:
-            cfg.lora_cache_bytes = parse_size(optarg, &ok);
+            cfg.lora_cache_bytes = cs_parse_size(optarg, &ok);
             if (!ok) { fprintf(stderr, "caraserve serve: bad --lora-cache-bytes '%s'\n", optarg); goto usage_err; }
             break;
         case O_NO_PREFIX: cfg.no_prefix_caching = true; break;
         case O_BODY:
-            cfg.max_body_bytes = parse_size(optarg, &ok);
+            cfg.max_body_bytes = cs_parse_size(optarg, &ok);
             if (!ok || cfg.max_body_bytes < 1024) { fprintf(stderr, "caraserve serve: bad --max-body-bytes '%s' (at least 1K)\n", optarg); goto usage_err; }
             break;
         case O_MAX_N: if (!parse_int("max-n", optarg, 1, 65536, &cfg.max_n)) goto usage_err; break;
@@ -356,7 +342,7 @@ int cmd_serve(int argc, char **argv) {
         case O_METRICS_PREFIX: free(cfg.metrics_prefix); cfg.metrics_prefix = strdup(optarg); break;
         case O_REFERENCE: cfg.reference_kernels = true; break;
         case O_ADAPTER_BYTES:
-            cfg.max_adapter_bytes = parse_size(optarg, &ok);
+            cfg.max_adapter_bytes = cs_parse_size(optarg, &ok);
             if (!ok || cfg.max_adapter_bytes < 1024) { fprintf(stderr, "caraserve serve: bad --max-adapter-bytes '%s'\n", optarg); goto usage_err; }
             break;
         case O_UPLOAD_DIR: free(cfg.adapter_upload_dir); cfg.adapter_upload_dir = strdup(optarg); break;
