@@ -76,6 +76,13 @@ class Server:
                 vals[k] = float(v)
         return txt, vals
 
+    def settle(self, timeout=30):
+        """Wait until nothing runs or waits. The gauges are published after each engine
+        iteration, so right after a response they may still count the request just answered:
+        a test that waits for its own request to show up as running settles first."""
+        wait_for(lambda: (lambda v: v["caraserve_num_requests_running"] == 0 and
+                          v["caraserve_num_requests_waiting"] == 0)(self.metrics()[1]), timeout, "the server to settle")
+
     def stop(self, sig=signal.SIGTERM, timeout=60):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -1,8 +1,8 @@
 """test_rollout.py: POST /v1/rollout (rollout_api/) end to end, against transformers + peft.
 
-1. Determinism: the same seeded rollout again gives identical ids and logprobs (to the bit
-   with the same prefix-cache state; within 2e-6 against a run that computed whole prompts:
-   the kernels are not batch-invariant yet).
+1. Determinism: the same seeded rollout again gives identical ids and logprobs, to the bit,
+   with the same prefix-cache state (against the cold first run they may differ in the last
+   bits: the kernels are not batch-invariant yet; both runs are held to transformers).
 2. The training/inference mismatch: every sampled token's logprob equals transformers + peft
    (raw mode: log_softmax of the logits; processed mode at temperature T: log_softmax of
    logits / T) within 1e-4 for float32 weights, base model and adapter, greedy and sampled.
@@ -64,20 +64,16 @@ for adapter, ref in (("base", ref_base), ("pol", ref_a)):
                 "groups": [{"group_id": f"g{i}", "input_ids": p, "n": 2, "seed": 100 + i} for i, p in enumerate(prompts)]}
         # The first run prefills whole prompts; the next ones find prompt blocks in the prefix
         # cache, so their batches hold other row counts. The kernels are not batch-invariant
-        # (a GEMM's rounding depends on its row count), so the logprobs of run 1 and run 2 may
-        # differ in the last bits (ids are equal); runs 2 and 3 see the same cache and must
-        # be identical to the bit. Batch invariance is open work of the rollout issue.
+        # (a GEMM's rounding depends on its row count), so run 1 and run 2 may differ in the
+        # last bits (and a greedy near-tie could flip); both are held to transformers below.
+        # Runs 2 and 3 see the same cache and must be identical to the bit. Batch invariance
+        # is open work of the rollout issue.
         r1, r2, r3 = rollout(body), rollout(body), rollout(body)
         dump = [json.dumps([[(s["output_ids"], s["logprobs"]) for s in g["samples"]] for g in r["groups"]])
                 for r in (r1, r2, r3)]
         if dump[1] != dump[2]:
             reflib.fail(f"{adapter} T={temp}: the same rollout with the same cache state differs")
-        for g1, g2 in zip(r1["groups"], r2["groups"]):
-            for s1, s2 in zip(g1["samples"], g2["samples"]):
-                if s1["output_ids"] != s2["output_ids"] or \
-                        max(abs(a - b) for a, b in zip(s1["logprobs"], s2["logprobs"])) > 2e-6:
-                    reflib.fail(f"{adapter} T={temp}: the first and second run differ beyond rounding")
-        for g in r1["groups"]:
+        for g in r1["groups"] + r2["groups"]:
             p = prompts[int(g["group_id"][1:])]
             for s in g["samples"]:
                 if s["adapter_version"] != (1 if adapter == "pol" else 0) or len(s["output_ids"]) != 12:
@@ -159,6 +155,7 @@ res = []
 th = threading.Thread(target=lambda: res.append(rollout({"batch_id": "long", "sampling": {"max_tokens": 1500,
                                                           "ignore_eos": True},
                                                           "groups": [{"input_ids": prompts[0], "n": 2}]})))
+srv.settle()
 th.start()
 for _ in range(200):
     if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
@@ -187,6 +184,7 @@ if st != 200 or [g["output_ids"] for g in genb] != [want["0"], want["2"]]:
 res = []
 th = threading.Thread(target=lambda: res.append(srv.request("POST", "/generate", {
     "input_ids": prompts[0], "rid": "slow", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})))
+srv.settle()
 th.start()
 for _ in range(200):
     if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
@@ -216,6 +214,7 @@ def bg(body):
 long_body = {"adapter": "pol", "sampling": {"max_tokens": 200, "temperature": 0, "ignore_eos": True},
              "groups": [{"input_ids": long_prompts[3]}]}
 ref200 = rollout(long_body)["groups"][0]["samples"][0]["output_ids"]
+srv.settle()
 t1, o1 = bg(long_body)
 while running() < 1:
     time.sleep(0.02)
@@ -231,6 +230,7 @@ t1.join()
 t2.join()
 if o1[0]["groups"][0]["samples"][0]["output_ids"] != ref200 or o2[0]["groups"][0]["samples"][0]["output_ids"] != ref200:
     reflib.fail("pause keep + resume: the paused rollout and the one sent during the pause must equal the unpaused run")
+srv.settle()
 t1, o1 = bg(long_body)
 while running() < 1:
     time.sleep(0.02)
@@ -241,6 +241,7 @@ srv.request("POST", "/v1/resume", {})
 t1.join()
 if st != 200 or not done_while_paused or o1[0]["groups"][0]["samples"][0]["output_ids"] != ref200:
     reflib.fail(f"pause wait: {st} {pz}, the in-flight rollout finished while paused: {done_while_paused}")
+srv.settle()
 t1, o1 = bg(long_body)
 while running() < 1:
     time.sleep(0.02)

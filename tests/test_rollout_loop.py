@@ -91,6 +91,7 @@ if [(a["name"], a["active_version"]) for a in ad] != [("pol", 10)]:
 res = []
 th = threading.Thread(target=lambda: res.append(cl.rollout([{"input_ids": PROMPT, "n": 2}], adapter="pol",
                                                            sampling={"max_tokens": 1000, "ignore_eos": True})))
+srv.settle()
 th.start()
 for _ in range(200):
     if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:

@@ -268,6 +268,7 @@ if st != 200 or len(body["choices"]) != 5:
 st, body, _ = s2.request("POST", "/v1/completions", {"model": "fromconf", "prompt": "Hi", "max_tokens": 2, "n": 6})
 if st != 400:
     reflib.fail(f"--max-n 5 from the command line must win over the file's 3: {st}")
+s2.settle()  # or a stale "running" gauge could send the signal before this request has arrived
 res = []
 th = threading.Thread(target=lambda: res.append(s2.request("POST", "/v1/completions",
                                                            {"model": "fromconf", "prompt": "Go", "max_tokens": 150,
@@ -299,6 +300,7 @@ gen = v['caraserve_generation_tokens_total{adapter="' + os.path.basename(model_d
 if gen >= 2000:
     reflib.fail(f"the hung-up request generated {gen} tokens")
 print(f"ok  a non-streaming client that hangs up: its request aborted after {int(gen)} of 2000 tokens")
+s3.settle()
 res = []
 th = threading.Thread(target=lambda: res.append(s3.request("POST", "/v1/completions",
                                                            {"prompt": "Go", "max_tokens": 2000, "ignore_eos": True})))
