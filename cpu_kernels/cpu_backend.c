@@ -26,6 +26,7 @@ typedef struct cpu_ctx {
     int n_threads;
     bool avx512;
     bool reference;
+    bool invariant;       /* batch-invariant kernels only */
     float **scratch;      /* per thread */
     size_t *scratch_len;  /* floats */
     float *gather;        /* paged attention: one sequence's K and V made contiguous */
@@ -139,11 +140,28 @@ static void mm_amx(cpu_ctx_t *c, struct mm_job *j) {
     threadpool_run(c->pool, tasks, mm_amx_task, j);
 }
 
+static void mm_invariant_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    (void)thread;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
+    cs_gemm_invariant_avx512(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+}
+
+/* weight rows per task of the batch-invariant GEMM: about four tasks per thread, whole
+ * 16-row blocks */
+static int invariant_rows_per_task(const cpu_ctx_t *c, int rows) {
+    int per = (rows + 4 * c->n_threads - 1) / (4 * c->n_threads);
+    return CS_MAX(16, (per + 15) & ~15);
+}
+
 static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
-    if (c->reference) { cs_matmul_ref(y, x, n, w, bias); return; }
+    if (c->reference || (c->invariant && !c->avx512)) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0};
-    if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) {
+    if (c->invariant) {
+        j.rows_per_task = invariant_rows_per_task(c, w->rows);
+        threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_invariant_task, &j);
+    } else if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) {
         mm_amx(c, &j);
     } else if (n <= GEMV_MAX_N && c->avx512) {
         int tasks = c->n_threads * 8;
@@ -169,6 +187,7 @@ static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_w
  * of the workers instead of one per projection) */
 #define MM_MULTI_MAX 4
 struct mm_multi_job {
+    bool invariant;
     float *const *ys;
     const float *x;
     int n, count;
@@ -183,7 +202,8 @@ static void mm_multi_task(void *p, int task, int thread) {
     while (task >= j->task0[k + 1]) k++;
     const cs_weight_t *w = j->ws[k];
     int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows);
-    cs_gemv_rows_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
+    if (j->invariant) cs_gemm_invariant_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
+    else cs_gemv_rows_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
 }
 
 static void cpu_matmul_multi(backend_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
@@ -191,15 +211,21 @@ static void cpu_matmul_multi(backend_t *b, float *const *ys, const float *x, int
     cpu_ctx_t *c = ctx_of(b);
     bool gemv = !c->reference && c->avx512 && n <= GEMV_MAX_N && count <= MM_MULTI_MAX;
     for (int k = 0; k < count && gemv; k++) gemv = !(ws[k]->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N);
-    if (!gemv) {
+    bool inv = c->invariant && c->avx512 && !c->reference && count <= MM_MULTI_MAX;
+    if (!gemv && !inv) {
         for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x, n, ws[k], biases[k]);
         return;
     }
-    struct mm_multi_job j = {ys, x, n, count, ws, {0}, {0}};
+    struct mm_multi_job j = {inv, ys, x, n, count, ws, {0}, {0}};
     int total_rows = 0;
     for (int k = 0; k < count; k++) total_rows += ws[k]->rows;
-    int per = CS_MAX(4, (total_rows + c->n_threads * 8 - 1) / (c->n_threads * 8));
-    per = (per + 3) & ~3;
+    int per;
+    if (inv) {
+        per = invariant_rows_per_task(c, total_rows);
+    } else {
+        per = CS_MAX(4, (total_rows + c->n_threads * 8 - 1) / (c->n_threads * 8));
+        per = (per + 3) & ~3;
+    }
     for (int k = 0; k < count; k++) {
         j.rows_per_task[k] = per;
         j.task0[k + 1] = j.task0[k] + (ws[k]->rows + per - 1) / per;
@@ -354,7 +380,10 @@ static void attn_gemm_task(void *p, int task, int thread) {
 static void cpu_attention(backend_t *b, float *out, const float *q, const float *k, const float *v, int n, int pos0,
                           int nh, int nkv, int hd, int window) {
     cpu_ctx_t *c = ctx_of(b);
-    if (c->reference || !c->avx512) { cs_attention_ref(out, q, k, v, n, pos0, nh, nkv, hd, window); return; }
+    if (c->reference || c->invariant || !c->avx512) {
+        cs_attention_ref(out, q, k, v, n, pos0, nh, nkv, hd, window);
+        return;
+    }
     struct attn_job j = {c, out, q, k, v, n, pos0, nh, nkv, hd, window};
     if (n >= 16) {
         scratch_reserve(c, (size_t)ATTN_QBLOCK * (size_t)(pos0 + n));
@@ -388,6 +417,8 @@ static void cpu_add(backend_t *b, float *y, const float *x, size_t n) {
 }
 
 /* ---- LoRA: two small GEMMs per token chunk ---- */
+static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend_lora_seg_t *segs, int n_segs, int d_in,
+                           int d_out);
 struct lora_job {
     cpu_ctx_t *c;
     float *y;
@@ -411,6 +442,11 @@ static void cpu_lora(backend_t *b, float *y, const float *x, int n, const float 
     cpu_ctx_t *c = ctx_of(b);
     if (rank <= 0 || n <= 0) return;
     if (c->reference) { cs_lora_ref(y, x, n, a, bm, rank, d_in, d_out, scale); return; }
+    if (c->invariant) {
+        backend_lora_seg_t g = {0, n, a, bm, rank, scale, NULL};
+        cpu_lora_batch(b, y, x, &g, 1, d_in, d_out);
+        return;
+    }
     struct lora_job j = {c, y, x, a, bm, n, rank, d_in, d_out, (n + c->n_threads - 1) / c->n_threads, scale};
     scratch_reserve(c, (size_t)j.per * rank);
     threadpool_run(c->pool, (n + j.per - 1) / j.per, lora_task, &j);
@@ -520,7 +556,7 @@ static void cpu_attention_paged(backend_t *b, float *out, const float *q, const 
     for (int s = 0; s < n_seqs; s++) {
         const backend_attn_seq_t *sq = &seqs[s];
         int len = sq->pos0 + sq->n, nb = (len + bs - 1) / bs;
-        if (sq->n < 16) {
+        if (sq->n < 16 || c->invariant) { /* batch-invariant: every query alone, keys in order */
             task0[n_dec] = n_dec ? task0[n_dec - 1] + seqs[dec[n_dec - 1]].n * nh : 0;
             dec[n_dec++] = s;
             max_len = CS_MAX(max_len, len);
@@ -621,7 +657,7 @@ static float dot_plain(const float *a, const float *b, int n) {
 static void lora_seg_shrink(const struct lora_batch_job *j, const backend_lora_seg_t *g, int r0, int r1) {
     const float *x = j->x + (size_t)g->row0 * j->d_in;
     float *t = j->t + (size_t)g->row0 * j->ld_t;
-    if (g->n <= LORA_SMALL_M) {
+    if (g->n <= LORA_SMALL_M || j->c->invariant) { /* one dot per element: batch-invariant */
         for (int r = r0; r < r1; r++) {
             const float *ar = g->a + (size_t)r * j->d_in;
             for (int i = 0; i < g->n; i++)
@@ -659,11 +695,14 @@ __attribute__((target("avx512f"))) static void expand_bt_avx512(float *y, int ld
 static void lora_seg_expand(const struct lora_batch_job *j, const backend_lora_seg_t *g, int c0, int c1) {
     const float *t = j->t + (size_t)g->row0 * j->ld_t;
     float *y = j->y + (size_t)g->row0 * j->d_out;
-    if (g->n <= LORA_SMALL_M && g->bt && j->c->avx512) {
-        expand_bt_avx512(y, j->d_out, t, j->ld_t, g->n, g->bt, g->rank, c0, c1, g->scale);
+    bool small = g->n <= LORA_SMALL_M || j->c->invariant; /* per element, batch-invariant */
+    if (small && g->bt && j->c->avx512) {
+        for (int i0 = 0; i0 < g->n; i0 += LORA_SMALL_M)
+            expand_bt_avx512(y + (size_t)i0 * j->d_out, j->d_out, t + (size_t)i0 * j->ld_t, j->ld_t,
+                             CS_MIN(LORA_SMALL_M, g->n - i0), g->bt, g->rank, c0, c1, g->scale);
         return;
     }
-    if (g->n <= LORA_SMALL_M) {
+    if (small) {
         for (int c = c0; c < c1; c++) {
             const float *br = g->b + (size_t)c * g->rank;
             for (int i = 0; i < g->n; i++)
@@ -716,7 +755,7 @@ static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend
         max_row = CS_MAX(max_row, segs[i].row0 + segs[i].n);
         macs += (long)segs[i].n * segs[i].rank * (d_in + d_out);
     }
-    if (c->reference || rows > LORA_BATCH_MAX_ROWS) {
+    if (c->reference || (rows > LORA_BATCH_MAX_ROWS && !c->invariant)) {
         for (int i = 0; i < n_segs; i++)
             cpu_lora(b, y + (size_t)segs[i].row0 * d_out, x + (size_t)segs[i].row0 * d_in, segs[i].n, segs[i].a,
                      segs[i].b, segs[i].rank, d_in, d_out, segs[i].scale);
@@ -809,6 +848,7 @@ backend_t *cpu_backend_new(const cpu_backend_params_t *p) {
     if (n < 1) n = 1;
     c->n_threads = b->n_threads = n;
     c->reference = p && p->reference;
+    c->invariant = p && p->batch_invariant;
     c->avx512 = cs_cpu_has_avx512() && !getenv("CS_NO_AVX512");
     c->amx = c->avx512 && !getenv("CS_NO_AMX") && cs_cpu_has_amx_bf16();
     /* two terms of x are ~1.3x faster for prefill but move BF16 logprobs from ~2e-6 to

@@ -9,6 +9,8 @@
 typedef struct cpu_backend_params {
     int n_threads;      /* 0: number of online CPUs */
     bool reference;     /* use the plain reference kernels only (tests, debugging) */
+    bool batch_invariant; /* every row's result independent of the batch around it (slower
+                           * prefill; see cpu_backend.c) */
 } cpu_backend_params_t;
 
 backend_t *cpu_backend_new(const cpu_backend_params_t *p);

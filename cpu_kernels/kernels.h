@@ -23,6 +23,10 @@ void cs_lora_ref(float *y, const float *x, int n, const float *a, const float *b
 int cs_cpu_has_avx512(void);
 /* y[i, r] = dot(x[i, :], w[r, :]) for rows r in [r0, r1), i < n; w of dtype BF16/F16/F32 */
 void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+/* Batch-invariant GEMM, same contract as cs_gemv_rows_avx512: each y[i, r] comes from one
+ * fixed sequence of operations (16-lane FMAs over the columns in order, the tail masked,
+ * one horizontal sum), so it is bit-identical whatever n, i's place or [r0, r1). */
+void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 /* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
 

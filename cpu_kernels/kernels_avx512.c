@@ -166,6 +166,93 @@ AVX512 void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const 
     }
 }
 
+/* ---- batch-invariant GEMM ----
+ * Every element y[i, r] is made by the same operations in the same order, whatever else is
+ * computed beside it: one 16-lane accumulator, FMAs over the columns in order (the last 16
+ * masked, the masked lanes adding 0·0), then _mm512_reduce_add_ps. So a row's result does
+ * not depend on how many rows x has, where the row sits, or which weight rows a task got:
+ * a prompt gives the same bits alone, in any batch, cold or with its prefix cached.
+ * Tiles of 4 x rows × 4 weight rows share their loads; edges run the same sequence with
+ * fewer rows. */
+AVX512 INLINE __m512 load16_masked(const void *base, size_t i, __mmask16 m, cs_dtype dt) {
+    if (dt == CS_DTYPE_BF16) {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)base + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    if (dt == CS_DTYPE_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)base + i));
+    return _mm512_maskz_loadu_ps(m, (const float *)base + i);
+}
+
+/* y[i, r] for i < M, r < R (M, R ≤ 4): x rows ldx apart, w rows at w + r · cols */
+AVX512 INLINE void dot_tile(float *y, int ldy, const float *x, int ldx, const void *w, size_t w0, int cols, const int M,
+                            const int R, cs_dtype dt) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < M; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[i][r] = _mm512_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = load16(w, w0 + (size_t)r * cols + c, dt);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; i++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)i * ldx + c);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[i][r] = _mm512_fmadd_ps(wv[r], xv, acc[i][r]);
+        }
+    }
+    if (c < cols) {
+        __mmask16 m = (__mmask16)((1u << (cols - c)) - 1);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = load16_masked(w, w0 + (size_t)r * cols + c, m, dt);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; i++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + c);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[i][r] = _mm512_fmadd_ps(wv[r], xv, acc[i][r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[(size_t)i * ldy + r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+#define INV_ROW_BLOCK 8 /* weight rows kept in cache while all of x passes */
+
+AVX512 INLINE void gemm_invariant_impl(float *y, int ldy, const float *x, int n, const void *w, int cols, int r0,
+                                       int r1, cs_dtype dt) {
+    for (int rb = r0; rb < r1; rb += INV_ROW_BLOCK) {
+        int re = rb + INV_ROW_BLOCK < r1 ? rb + INV_ROW_BLOCK : r1;
+        int i = 0;
+        for (; i + 4 <= n; i += 4) {
+            const float *xi = x + (size_t)i * cols;
+            float *yi = y + (size_t)i * ldy;
+            int r = rb;
+            for (; r + 4 <= re; r += 4) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 4, 4, dt);
+            for (; r < re; r++) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 4, 1, dt);
+        }
+        for (; i < n; i++) {
+            const float *xi = x + (size_t)i * cols;
+            float *yi = y + (size_t)i * ldy;
+            int r = rb;
+            for (; r + 4 <= re; r += 4) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 1, 4, dt);
+            for (; r < re; r++) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 1, 1, dt);
+        }
+    }
+}
+
+AVX512 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
+    switch (w->dtype) {
+    case CS_DTYPE_BF16: gemm_invariant_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_BF16); break;
+    case CS_DTYPE_F16: gemm_invariant_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_F16); break;
+    default: gemm_invariant_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_F32); break;
+    }
+}
+
 AVX512 INLINE void convert_impl(float *dst, const void *w, size_t i0, size_t count, cs_dtype dt) {
     size_t c16 = count & ~(size_t)15;
     for (size_t c = 0; c < c16; c += 16) _mm512_storeu_ps(dst + c, load16(w, i0 + c, dt));

@@ -34,6 +34,7 @@ static void usage_batch(FILE *f) {
             "  --no-prefix-caching         do not reuse KV blocks across requests\n"
             "  --sequential                run each request alone, one after the other\n"
             "  --stats                     print engine statistics (JSON) to stderr at the end\n"
+            "  --batch-invariant           each sequence's results independent of the batch (bit-identical)\n"
             "  --reference-kernels         use the plain reference kernels\n"
             "\n"
             "A request line: {\"prompt_ids\": [1, 2], or \"prompt\": \"text\", \"adapter\": \"NAME\",\n"
@@ -325,6 +326,7 @@ int cmd_batch(int argc, char **argv) {
         {"sequential", no_argument, 0, 'Q'},
         {"stats", no_argument, 0, 'S'},
         {"reference-kernels", no_argument, 0, 'R'},
+        {"batch-invariant", no_argument, 0, 'I'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -332,7 +334,7 @@ int cmd_batch(int argc, char **argv) {
     const char **lora_specs = calloc((size_t)argc + 1, sizeof(char *));
     int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0;
     long long kv_bytes = 1LL << 30, lora_bytes = 0;
-    bool no_prefix = false, sequential = false, stats = false, reference = false, ok;
+    bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     int c, status = 1;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -366,6 +368,7 @@ int cmd_batch(int argc, char **argv) {
         case 'Q': sequential = true; break;
         case 'S': stats = true; break;
         case 'R': reference = true; break;
+        case 'I': invariant = true; break;
         case 'h': usage_batch(stdout); free(lora_specs); return 0;
         default: goto usage_err;
         }
@@ -391,7 +394,7 @@ int cmd_batch(int argc, char **argv) {
         fprintf(stderr, "caraserve batch: %s: %s\n", req_path, strerror(errno));
         goto out;
     }
-    be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads, .reference = reference});
+    be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads, .reference = reference, .batch_invariant = invariant});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
     char *tj = cs_path_join(model_dir, "tokenizer.json");

@@ -77,13 +77,15 @@ static void usage_serve(FILE *f) {
             "  --metrics-prefix P            prefix of /metrics names (default caraserve_)\n"
             "  --max-adapter-bytes N         largest adapter upload (PUT /v1/adapters/...; default 2G)\n"
             "  --adapter-upload-dir DIR      where uploaded adapter versions are stored (default: a new /tmp dir)\n"
+            "  --batch-invariant             every sequence's logits independent of the batch and the prefix\n"
+            "                                cache (bit-identical repeats; slower prefill)\n"
             "  --reference-kernels           use the plain reference kernels (slow; for checking)\n");
 }
 
 enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
-    O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR
+    O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT
 };
 
 static const struct option OPTS[] = {
@@ -115,6 +117,7 @@ static const struct option OPTS[] = {
     {"help", no_argument, 0, O_HELP},
     {"max-adapter-bytes", required_argument, 0, O_ADAPTER_BYTES},
     {"adapter-upload-dir", required_argument, 0, O_UPLOAD_DIR},
+    {"batch-invariant", no_argument, 0, O_INVARIANT},
     {0, 0, 0, 0},
 };
 
@@ -341,6 +344,7 @@ int cmd_serve(int argc, char **argv) {
         }
         case O_METRICS_PREFIX: free(cfg.metrics_prefix); cfg.metrics_prefix = strdup(optarg); break;
         case O_REFERENCE: cfg.reference_kernels = true; break;
+        case O_INVARIANT: cfg.batch_invariant = true; break;
         case O_ADAPTER_BYTES:
             cfg.max_adapter_bytes = cs_parse_size(optarg, &ok);
             if (!ok || cfg.max_adapter_bytes < 1024) { fprintf(stderr, "caraserve serve: bad --max-adapter-bytes '%s'\n", optarg); goto usage_err; }
@@ -422,7 +426,8 @@ int cmd_serve(int argc, char **argv) {
             s->cfg.host, strchr(s->cfg.host, ':') ? "]" : "", s->bound_port, s->cfg.model);
 
     /* the model */
-    s->be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = s->cfg.threads, .reference = s->cfg.reference_kernels});
+    s->be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = s->cfg.threads, .reference = s->cfg.reference_kernels,
+                                                  .batch_invariant = s->cfg.batch_invariant});
     if (!s->be) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     if (model_load(s->cfg.model, s->be, &s->model)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); goto out; }
     char *tj = cs_path_join(s->cfg.model, "tokenizer.json");

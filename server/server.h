@@ -44,6 +44,7 @@ typedef struct serve_config {
     char *metrics_prefix;           /* "caraserve_" */
     bool no_prefix_caching;
     bool reference_kernels;
+    bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
 } serve_config_t;
 
 /* An adapter served by name, with the requests using it (an unload waits for them). */

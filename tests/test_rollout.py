@@ -1,8 +1,10 @@
 """test_rollout.py: POST /v1/rollout (rollout_api/) end to end, against transformers + peft.
 
-1. Determinism: the same seeded rollout again gives identical ids and logprobs, to the bit,
-   with the same prefix-cache state (against the cold first run they may differ in the last
-   bits: the kernels are not batch-invariant yet; both runs are held to transformers).
+1. Determinism: with --batch-invariant the same seeded rollout gives identical ids and
+   logprobs, to the bit, cold, with its prompts in the prefix cache, while another rollout
+   shares the batches, and group by group alone. Without the flag the same prefix-cache
+   state still gives the same bits (a GEMM's rounding depends on its row count, so cold and
+   warm runs may differ in the last bits there); every run is held to transformers.
 2. The training/inference mismatch: every sampled token's logprob equals transformers + peft
    (raw mode: log_softmax of the logits; processed mode at temperature T: log_softmax of
    logits / T) within 1e-4 for float32 weights, base model and adapter, greedy and sampled.
@@ -88,6 +90,57 @@ if worst > TOL:
     reflib.fail(f"rollout logprobs differ from transformers+peft by {worst:.2e}")
 print(f"ok  rollouts are deterministic; sampled-token logprobs equal transformers+peft (raw and processed, "
       f"base and adapter): max |diff| {worst:.2e}")
+
+# ---- 1 with --batch-invariant: cold, warm, beside other work and alone give the same bits ----
+inv = Server(["--model", model_dir, "--served-model-name", "base", "--lora-modules", f"pol={a_dir}", "--threads", "2",
+              "--kv-cache-bytes", "64M", "--batch-invariant"])
+
+
+def inv_rollout(body):
+    st, r, _ = inv.request("POST", "/v1/rollout", body)
+    if st != 200:
+        reflib.fail(f"/v1/rollout (--batch-invariant): {st} {r}")
+    return r
+
+
+def samples_of(r):
+    return {(g["group_id"], i): (s["output_ids"], s["logprobs"]) for g in r["groups"] for i, s in enumerate(g["samples"])}
+
+
+worst_inv = 0.0
+for adapter, ref in (("base", ref_base), ("pol", ref_a)):
+    for temp in (0.0, 1.0):
+        body = {"adapter": adapter, "sampling": {"max_tokens": 12, "temperature": temp, "ignore_eos": True},
+                "groups": [{"group_id": f"g{i}", "input_ids": p, "n": 2, "seed": 100 + i} for i, p in enumerate(prompts)]}
+        cold = samples_of(inv_rollout(body))
+        warm = samples_of(inv_rollout(body))
+        # beside a rollout of other prompts and lengths (other batch rows, other prefill chunks)
+        noise = {"adapter": "pol" if adapter == "base" else "base", "sampling": {"max_tokens": 30, "ignore_eos": True},
+                 "groups": [{"input_ids": [1] + [int(x) for x in rng.integers(100, 32000, size=k)], "n": 3}
+                            for k in (60, 7, 25)]}
+        out = []
+        th = threading.Thread(target=lambda: out.append(inv_rollout(noise)))
+        th.start()
+        busy = samples_of(inv_rollout(body))
+        th.join()
+        alone = {}
+        for gi in range(len(prompts)):
+            alone.update(samples_of(inv_rollout(dict(body, groups=[body["groups"][gi]]))))
+        for name, run in (("warm (prefix cached)", warm), ("beside another rollout", busy), ("group alone", alone)):
+            if run != cold:
+                diff = [k for k in cold if run.get(k) != cold[k]]
+                reflib.fail(f"--batch-invariant {adapter} T={temp}: the {name} run differs from the cold run in {diff}")
+        for (gid, _), (ids, lps) in cold.items():
+            p = prompts[int(gid[1:])]
+            ls = lsm(ref, p + ids)
+            for k, (t, lp) in enumerate(zip(ids, lps)):
+                worst_inv = max(worst_inv, abs(lp - ls[len(p) + k - 1][t]))
+if worst_inv > TOL:
+    reflib.fail(f"--batch-invariant logprobs differ from transformers+peft by {worst_inv:.2e}")
+if inv.stop() != 0:
+    reflib.fail("--batch-invariant server exit status")
+print(f"ok  --batch-invariant: cold, warm, beside another rollout and group-alone runs give identical ids and "
+      f"logprobs to the bit (base and adapter, greedy and T=1); max |diff| to transformers+peft {worst_inv:.2e}")
 
 # ---- 3 ----
 samp = {"max_tokens": 10, "temperature": 1.0, "ignore_eos": True}
