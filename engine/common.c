@@ -25,6 +25,7 @@ const char *cs_strerror(int status) {
     case CS_ENOTFOUND: return "not found";
     case CS_ESHAPE: return "shape mismatch";
     case CS_EAGAIN: return "not ready, try again";
+    case CS_EBUSY: return "in use";
     default: return "unknown error";
     }
 }

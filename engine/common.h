@@ -19,6 +19,7 @@ enum cs_status {
     CS_ENOTFOUND    = -6,  /* missing file or tensor */
     CS_ESHAPE       = -7,  /* tensor shape does not match the model */
     CS_EAGAIN       = -8,  /* not ready yet (an adapter is loading): retry later */
+    CS_EBUSY        = -9,  /* in use (an adapter version requests still run on) */
 };
 
 const char *cs_strerror(int status);

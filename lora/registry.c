@@ -32,11 +32,13 @@ struct lora_entry {
     char *name, *dir;
     int version;
     lora_state state;
-    bool current;           /* still what acquire of the name gets */
+    bool kept;              /* one of its name's kept versions (the active one or a pinnable
+                             * older/staged one): not freed when unheld, only evicted */
+    lora_entry_t *vnext;    /* its name's kept versions, oldest first */
     bool in_io;             /* a loader job points at this entry: it is freed only after */
     bool reserved;          /* counted in used_bytes / used_count */
     bool waiting;           /* on r->waitq (LOADING, config read, no room yet) */
-    bool on_lru;            /* on r->lru (RESIDENT, current, refs == 0) */
+    bool on_lru;            /* on r->lru (RESIDENT, kept, refs == 0) */
     int refs;
     size_t nbytes;          /* F32 A/B bytes, known once adapter_config.json is read */
     double fresh_until;     /* cs_time_ms() before which only its requester may take it */
@@ -55,7 +57,9 @@ typedef struct lora_name {
     struct lora_name *next;
     char *name;
     int last_version;       /* kept after remove, so versions never repeat */
-    lora_entry_t *cur;      /* NULL when removed */
+    lora_entry_t *cur;      /* the active version; NULL when removed */
+    lora_entry_t *kept;     /* kept versions (cur among them), oldest first */
+    int keep;               /* versions to keep (keep_versions; 1 by default) */
 } lora_name_t;
 
 struct lora_registry {
@@ -204,13 +208,14 @@ static void entry_free(lora_registry_t *r, lora_entry_t *e) {
     free(e);
 }
 
-/* Free E if nothing refers to it any more: not current, not held, no loader job. */
+/* Free E if nothing refers to it any more: not kept, not held, no loader job. */
 static void maybe_free(lora_registry_t *r, lora_entry_t *e) {
-    if (e->current || e->refs > 0 || e->in_io) return;
+    if (e->kept || e->refs > 0 || e->in_io) return;
     lru_del(r, e);
     wait_del(r, e);
     unreserve(r, e);
     set_state(r, e, LORA_ON_DISK);
+    if (r->p.on_dropped && !r->closing) r->p.on_dropped(r->p.user, e->name, e->version, e->dir);
     entry_free(r, e);
 }
 
@@ -304,9 +309,9 @@ static void pump(lora_registry_t *r) {
     }
 }
 
-/* E stops being current (re-added or removed). */
+/* E stops being kept (dropped by keep_versions, deleted or removed; the caller unlinked it). */
 static void retire(lora_registry_t *r, lora_entry_t *e) {
-    e->current = false;
+    e->kept = false;
     if (e->waiting) {
         wait_del(r, e);
         unreserve(r, e);
@@ -335,7 +340,7 @@ static void config_done(void *user, lora_file_t *files, size_t n) {
     pthread_mutex_lock(&r->mu);
     bool closing = r->closing, finished = true;
     e->in_io = false;
-    if (!e->current) {
+    if (!e->kept) {
         maybe_free(r, e);
     } else if (rc != CS_OK) {
         fail(r, e, rc, msg);
@@ -383,7 +388,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
     e->in_io = false;
     free(e->config);
     e->config = NULL;
-    if (!e->current) {
+    if (!e->kept) {
         lora_adapter_free(a);
         maybe_free(r, e);
         pump(r);
@@ -451,9 +456,51 @@ void lora_registry_free(lora_registry_t *r) {
     free(r);
 }
 
-static int add(lora_registry_t *r, const char *name, const char *dir, int want, int *version) {
+/* the kept entry of N with this version (0: the active one), or NULL */
+static lora_entry_t *kept_find(const lora_name_t *n, int version) {
+    if (!n) return NULL;
+    if (version == 0) return n->cur;
+    for (lora_entry_t *e = n->kept; e; e = e->vnext)
+        if (e->version == version) return e;
+    return NULL;
+}
+
+static void kept_unlink(lora_name_t *n, lora_entry_t *e) {
+    for (lora_entry_t **p = &n->kept; *p; p = &(*p)->vnext)
+        if (*p == e) {
+            *p = e->vnext;
+            e->vnext = NULL;
+            return;
+        }
+}
+
+/* Keep at most n->keep versions: drop the oldest ones that are neither active nor SPARE
+ * (the version just added). Dropped versions live on while requests hold them. */
+static void kept_trim(lora_registry_t *r, lora_name_t *n, const lora_entry_t *spare) {
+    int count = 0;
+    for (lora_entry_t *e = n->kept; e; e = e->vnext) count++;
+    for (lora_entry_t *e = n->kept, *nx; e && count > n->keep; e = nx) {
+        nx = e->vnext;
+        if (e == n->cur || e == spare) continue;
+        kept_unlink(n, e);
+        retire(r, e);
+        count--;
+    }
+}
+
+/* "3, 4, 7" for error messages */
+static void kept_list(const lora_name_t *n, char *buf, size_t len) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (const lora_entry_t *e = n ? n->kept : NULL; e && o < len; e = e->vnext)
+        o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? ", " : "", e->version);
+    if (!buf[0]) snprintf(buf, len, "none");
+}
+
+static int add(lora_registry_t *r, const char *name, const char *dir, int want, bool activate, int keep, int *version) {
     if (!name || !name[0] || !dir || !dir[0])
         return cs_error_set(CS_EINVAL, "lora registry: an adapter needs a name and a directory");
+    if (keep < 0) return cs_error_set(CS_EINVAL, "adapter '%s': keep_versions must be at least 1", name);
     lora_entry_t *e = calloc(1, sizeof *e);
     if (!e || !(e->name = strdup(name)) || !(e->dir = strdup(dir))) {
         if (e) free(e->name);
@@ -462,44 +509,93 @@ static int add(lora_registry_t *r, const char *name, const char *dir, int want, 
     }
     e->r = r;
     e->state = LORA_ON_DISK;
-    e->current = true;
+    e->kept = true;
     e->ref.name = e->name;
 
     pthread_mutex_lock(&r->mu);
     lora_name_t *n = name_get(r, name);
-    if (!n) {
+    int rc = CS_OK;
+    if (!n) rc = cs_error_set(CS_ENOMEM, "adapter '%s': out of memory", name);
+    else if (want > 0 && want <= n->last_version)
+        rc = cs_error_set(CS_EINVAL, "adapter '%s': version %d is not newer than version %d", name, want, n->last_version);
+    else if (!activate && !n->cur)
+        rc = cs_error_set(CS_EINVAL, "adapter '%s' has no active version: its first version must be activated", name);
+    if (rc) {
         pthread_mutex_unlock(&r->mu);
         free(e->name);
         free(e->dir);
         free(e);
-        return cs_error_set(CS_ENOMEM, "adapter '%s': out of memory", name);
-    }
-    if (want > 0 && want <= n->last_version) {
-        int last = n->last_version;
-        pthread_mutex_unlock(&r->mu);
-        free(e->name);
-        free(e->dir);
-        free(e);
-        return cs_error_set(CS_EINVAL, "adapter '%s': version %d is not newer than version %d", name, want, last);
+        return rc;
     }
     e->version = e->ref.version = n->last_version = want > 0 ? want : n->last_version + 1;
     list_push(&r->all, e, alllink);
-    lora_entry_t *old = n->cur;
-    n->cur = e;
-    if (old) retire(r, old);
-    else r->stats.n_registered++;
+    lora_entry_t **tail = &n->kept;
+    while (*tail) tail = &(*tail)->vnext;
+    *tail = e;
+    if (!n->keep) n->keep = 1;
+    if (keep) n->keep = keep;
+    if (activate) {
+        if (!n->cur) r->stats.n_registered++;
+        n->cur = e;
+    }
+    kept_trim(r, n, e);
     pthread_mutex_unlock(&r->mu);
     if (version) *version = e->version;
     return CS_OK;
 }
 
 int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version) {
-    return add(r, name, dir, 0, version);
+    return add(r, name, dir, 0, true, 0, version);
 }
 
 int lora_registry_add_version(lora_registry_t *r, const char *name, const char *dir, int version) {
     if (version < 1) return cs_error_set(CS_EINVAL, "adapter '%s': versions start at 1", name);
-    return add(r, name, dir, version, NULL);
+    return add(r, name, dir, version, true, 0, NULL);
+}
+
+int lora_registry_add_ex(lora_registry_t *r, const char *name, const char *dir, int version, bool activate,
+                         int keep_versions, int *out_version) {
+    if (version < 0) return cs_error_set(CS_EINVAL, "adapter '%s': versions start at 1", name);
+    return add(r, name, dir, version, activate, keep_versions, out_version);
+}
+
+int lora_registry_activate(lora_registry_t *r, const char *name, int version) {
+    char kl[256];
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    lora_entry_t *e = version > 0 ? kept_find(n, version) : NULL;
+    if (!e) {
+        kept_list(n, kl, sizeof kl);
+        pthread_mutex_unlock(&r->mu);
+        return cs_error_set(CS_ENOTFOUND, "adapter '%s' has no version %d (kept: %s)", name, version, kl);
+    }
+    if (!n->cur) r->stats.n_registered++;
+    n->cur = e;
+    kept_trim(r, n, NULL);
+    pthread_mutex_unlock(&r->mu);
+    return CS_OK;
+}
+
+int lora_registry_remove_version(lora_registry_t *r, const char *name, int version) {
+    char kl[256];
+    int rc = CS_OK;
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    lora_entry_t *e = version > 0 ? kept_find(n, version) : NULL;
+    if (!e) {
+        kept_list(n, kl, sizeof kl);
+        rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' has no version %d (kept: %s)", name, version, kl);
+    } else if (e == n->cur) {
+        rc = cs_error_set(CS_EBUSY, "version %d is the active version of '%s'", version, name);
+    } else if (e->refs > 0) {
+        rc = cs_error_set(CS_EBUSY, "version %d of '%s' is in use by %d request%s", version, name, e->refs,
+                          e->refs == 1 ? "" : "s");
+    } else {
+        kept_unlink(n, e);
+        retire(r, e);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 int lora_registry_remove(lora_registry_t *r, const char *name) {
@@ -509,22 +605,34 @@ int lora_registry_remove(lora_registry_t *r, const char *name) {
         pthread_mutex_unlock(&r->mu);
         return cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
     }
-    lora_entry_t *old = n->cur;
     n->cur = NULL;
     r->stats.n_registered--;
-    retire(r, old);
+    while (n->kept) {
+        lora_entry_t *e = n->kept;
+        kept_unlink(n, e);
+        retire(r, e);
+    }
     pthread_mutex_unlock(&r->mu);
     return CS_OK;
 }
 
 int lora_registry_acquire(lora_registry_t *r, const char *name, lora_ref_t **out) {
+    return lora_registry_acquire_version(r, name, 0, out);
+}
+
+int lora_registry_acquire_version(lora_registry_t *r, const char *name, int version, lora_ref_t **out) {
     int rc = CS_OK;
+    char kl[256];
     *out = NULL;
     pthread_mutex_lock(&r->mu);
     lora_name_t *n = name_find(r, name);
-    lora_entry_t *e = n ? n->cur : NULL;
+    lora_entry_t *e = n && n->cur ? kept_find(n, version) : NULL;
     if (!e) {
-        rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+        if (!n || !n->cur) rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+        else {
+            kept_list(n, kl, sizeof kl);
+            rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
+        }
         goto out;
     }
     switch (e->state) {
@@ -571,7 +679,7 @@ void lora_registry_release(lora_registry_t *r, lora_ref_t *ref) {
     pthread_mutex_lock(&r->mu);
     CS_ASSERT(e->r == r && e->refs > 0 && e->state == LORA_RESIDENT);
     if (--e->refs == 0) {
-        if (e->current) lru_add(r, e);
+        if (e->kept) lru_add(r, e);
         else maybe_free(r, e);
         pump(r);
     }
@@ -590,6 +698,35 @@ int lora_registry_state(lora_registry_t *r, const char *name, lora_state *st, in
     }
     pthread_mutex_unlock(&r->mu);
     return rc;
+}
+
+int lora_registry_check_version(lora_registry_t *r, const char *name, int version) {
+    char kl[256];
+    int rc = CS_OK;
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    if (!n || !n->cur) {
+        rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+    } else if (!kept_find(n, version)) {
+        kept_list(n, kl, sizeof kl);
+        rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int lora_registry_versions(lora_registry_t *r, const char *name, lora_version_info_t *out, int max) {
+    int count = 0;
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    if (!n || !n->cur) {
+        pthread_mutex_unlock(&r->mu);
+        return cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+    }
+    for (lora_entry_t *e = n->kept; e; e = e->vnext, count++)
+        if (count < max) out[count] = (lora_version_info_t){e->version, e->state, e->refs, e == n->cur};
+    pthread_mutex_unlock(&r->mu);
+    return count;
 }
 
 void lora_registry_stats(lora_registry_t *r, lora_registry_stats_t *st) {

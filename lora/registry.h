@@ -30,6 +30,11 @@ typedef struct lora_registry_params {
                                       * uses it to wake up) */
     void (*on_load_time)(void *user, double seconds); /* optional: after each successful load
                                       * (loader thread, no lock held): disk to resident time */
+    void (*on_dropped)(void *user, const char *name, int version, const char *dir); /* optional:
+                                      * a version that is no longer kept was freed (its last
+                                      * holder released it); called with the registry lock held,
+                                      * so it must be cheap and must not call the registry (the
+                                      * server removes uploaded files here) */
     void *user;
 } lora_registry_params_t;
 
@@ -46,13 +51,28 @@ void lora_registry_free(lora_registry_t *r);
 /* Register NAME as the PEFT directory DIR, or re-point it: each call makes a new version
  * (*version, if not NULL, gets it; versions keep counting across remove). Nothing is read
  * now: the files are checked when the version is first acquired. Later acquires get the new
- * version; holders of an older one keep it until they release it, then it is freed; an
+ * version; holders of an older one keep it until they release it, then it is freed (unless
+ * keep_versions keeps it: lora_registry_add_ex); an
  * older version still loading is dropped when its load ends. CS_EINVAL for an empty name or
  * dir, CS_ENOMEM. */
 int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version);
 /* The same with the version number chosen by the caller (a trainer's step): it must be
  * newer than every version NAME had; CS_EINVAL otherwise. */
 int lora_registry_add_version(lora_registry_t *r, const char *name, const char *dir, int version);
+
+/* The general form. VERSION 0 numbers it after the last one. ACTIVATE makes it what
+ * acquire of NAME gets (else it is staged: acquirable by number, activated later; a name's
+ * first version must be activated). KEEP_VERSIONS > 0 sets how many versions NAME keeps
+ * (sticky; 1 until set): beyond that the oldest ones that are not active are dropped, and
+ * live on only while requests hold them. Kept versions can be evicted from the host cache
+ * like any adapter and are reloaded from DIR when acquired again. */
+int lora_registry_add_ex(lora_registry_t *r, const char *name, const char *dir, int version, bool activate,
+                         int keep_versions, int *out_version);
+/* Make kept version VERSION of NAME the active one. CS_ENOTFOUND when it is not kept. */
+int lora_registry_activate(lora_registry_t *r, const char *name, int version);
+/* Drop kept version VERSION of NAME: CS_EBUSY when it is the active one or requests hold it,
+ * CS_ENOTFOUND when it is not kept. */
+int lora_registry_remove_version(lora_registry_t *r, const char *name, int version);
 
 /* Unregister NAME: later acquires fail with CS_ENOTFOUND; versions still held are freed at
  * their last release. CS_ENOTFOUND if NAME is not registered. */
@@ -71,6 +91,22 @@ int lora_registry_remove(lora_registry_t *r, const char *name);
  *     until the name is re-added.
  * Never blocks on I/O. Thread-safe (engine thread and HTTP threads). */
 int lora_registry_acquire(lora_registry_t *r, const char *name, lora_ref_t **out);
+
+/* The same for a given kept VERSION of NAME (0: the active one); CS_ENOTFOUND naming the
+ * kept versions when VERSION is not one of them. */
+int lora_registry_acquire_version(lora_registry_t *r, const char *name, int version, lora_ref_t **out);
+/* CS_OK when VERSION (0: the active one) of NAME is kept, else CS_ENOTFOUND with a message. */
+int lora_registry_check_version(lora_registry_t *r, const char *name, int version);
+
+typedef struct lora_version_info {
+    int version;
+    lora_state state;
+    int refs;                        /* requests holding it */
+    bool active;
+} lora_version_info_t;
+/* NAME's kept versions, oldest first, into out[0 .. max): returns how many NAME keeps (which
+ * may exceed max), or CS_ENOTFOUND. */
+int lora_registry_versions(lora_registry_t *r, const char *name, lora_version_info_t *out, int max);
 
 /* Drop a reference from lora_registry_acquire. The last release of a version that is no
  * longer current frees it; of a current one makes it evictable (and may let a waiting load

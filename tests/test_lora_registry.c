@@ -947,6 +947,92 @@ START_TEST(test_free_while_loading) {
 }
 END_TEST
 
+/* keep_versions, staged versions, pinning and deleting: an acquire by version gets exactly
+ * those weights; versions beyond keep_versions go once unheld; the active version and held
+ * ones cannot be deleted; a dropped version is reported to on_dropped once freed. */
+static int dropped[16], n_dropped;
+static void on_dropped(void *user, const char *name, int version, const char *dir) {
+    (void)user; (void)dir;
+    ck_assert_str_eq(name, "k");
+    if (n_dropped < 16) dropped[n_dropped++] = version;
+}
+
+static lora_ref_t *acquire_version_ok(lora_registry_t *r, const char *name, int version) {
+    lora_ref_t *ref = NULL;
+    double t0 = cs_time_ms();
+    for (;;) {
+        uint64_t seen = ev_now();
+        int rc = lora_registry_acquire_version(r, name, version, &ref);
+        if (rc == CS_OK) break;
+        ck_assert_msg(rc == CS_EAGAIN, "acquire %s v%d: %s", name, version, cs_error_last());
+        ck_assert(cs_time_ms() - t0 < 30000);
+        ev_wait(seen, 200);
+    }
+    if (version) ck_assert_int_eq(ref->version, version);
+    return ref;
+}
+
+START_TEST(test_kept_versions) {
+    const char *d[6];
+    lora_adapter_t *want[6];
+    char nm[16];
+    for (int i = 1; i <= 5; i++) {
+        snprintf(nm, sizeof nm, "kv%d", i);
+        d[i] = strdup(write_adapter(nm, 4, 200 + i));
+        want[i] = load_ref(d[i]);
+    }
+    lora_registry_params_t p = { .cfg = &base, .on_loaded = on_loaded, .on_dropped = on_dropped };
+    lora_registry_t *r = NULL;
+    ck_assert_int_eq(lora_registry_new(&p, &r), CS_OK);
+    n_dropped = 0;
+    int v;
+    ck_assert_int_eq(lora_registry_add_ex(r, "k", d[1], 1, false, 0, &v), CS_EINVAL); /* first must be active */
+    ck_assert_int_eq(lora_registry_add_ex(r, "k", d[1], 1, true, 3, &v), CS_OK);
+    ck_assert_int_eq(lora_registry_add_ex(r, "k", d[2], 2, true, 0, &v), CS_OK);
+    ck_assert_int_eq(lora_registry_add_ex(r, "k", d[3], 3, false, 0, &v), CS_OK);  /* staged */
+    lora_version_info_t vi[8];
+    ck_assert_int_eq(lora_registry_versions(r, "k", vi, 8), 3);
+    ck_assert(vi[0].version == 1 && !vi[0].active && vi[1].version == 2 && vi[1].active && vi[2].version == 3 && !vi[2].active);
+    lora_ref_t *a = acquire_version_ok(r, "k", 0), *b = acquire_version_ok(r, "k", 1), *c = acquire_version_ok(r, "k", 3);
+    ck_assert_int_eq(a->version, 2);
+    ck_assert(adapters_equal(a->adapter, want[2]) && adapters_equal(b->adapter, want[1]) && adapters_equal(c->adapter, want[3]));
+    ck_assert_int_eq(lora_registry_remove_version(r, "k", 2), CS_EBUSY);     /* active */
+    ck_assert_int_eq(lora_registry_remove_version(r, "k", 1), CS_EBUSY);     /* held */
+    ck_assert(strstr(cs_error_last(), "in use") != NULL);
+    ck_assert_int_eq(lora_registry_remove_version(r, "k", 9), CS_ENOTFOUND);
+    ck_assert_int_eq(lora_registry_activate(r, "k", 3), CS_OK);
+    int cur;
+    ck_assert_int_eq(lora_registry_state(r, "k", NULL, &cur), CS_OK);
+    ck_assert_int_eq(cur, 3);
+    /* a fourth version with keep 3: version 1 (oldest, not active) is dropped but still held */
+    ck_assert_int_eq(lora_registry_add_ex(r, "k", d[4], 4, true, 0, &v), CS_OK);
+    ck_assert_int_eq(lora_registry_versions(r, "k", vi, 8), 3);
+    ck_assert(vi[0].version == 2 && vi[2].version == 4 && vi[2].active);
+    lora_ref_t *x = NULL;
+    ck_assert_int_eq(lora_registry_acquire_version(r, "k", 1, &x), CS_ENOTFOUND);
+    ck_assert(strstr(cs_error_last(), "kept versions: 2, 3, 4") != NULL);
+    ck_assert(adapters_equal(b->adapter, want[1]));   /* the holder keeps its weights */
+    ck_assert_int_eq(n_dropped, 0);
+    lora_registry_release(r, b);
+    ck_assert_int_eq(n_dropped, 1);
+    ck_assert_int_eq(dropped[0], 1);
+    /* keep 1 from now on: 2 and 3 go (3 once released), 5 is active */
+    ck_assert_int_eq(lora_registry_add_ex(r, "k", d[5], 5, true, 1, &v), CS_OK);
+    ck_assert_int_eq(lora_registry_versions(r, "k", vi, 8), 1);
+    ck_assert_int_eq(vi[0].version, 5);
+    lora_registry_release(r, a);
+    lora_registry_release(r, c);
+    ck_assert_int_eq(n_dropped, 4);                   /* 1, then 2, 3 and 4 */
+    lora_ref_t *e = acquire_version_ok(r, "k", 5);
+    ck_assert(adapters_equal(e->adapter, want[5]));
+    lora_registry_release(r, e);
+    ck_assert_int_eq(lora_registry_remove(r, "k"), CS_OK);
+    ck_assert_int_eq(n_dropped, 5);
+    lora_registry_free(r);
+    for (int i = 1; i <= 5; i++) { lora_adapter_free(want[i]); free((void *)d[i]); }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("lora_registry");
     TCase *tc = tcase_create("loader");
@@ -965,6 +1051,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_pinned_by_bytes);
     tcase_add_test(tc, test_corrupt);
     tcase_add_test(tc, test_versions);
+    tcase_add_test(tc, test_kept_versions);
     tcase_add_test(tc, test_remove);
     tcase_add_test(tc, test_concurrent);
     tcase_add_test(tc, test_fresh_grace);
