@@ -47,6 +47,8 @@ struct req {
     lora_ref_t *lora;
     int adapter_version;
     bool adapter_ready;
+    bool no_publish;            /* moved to a newer version mid-way (engine_follow_active): its
+                                 * blocks mix versions, so none more go to the prefix cache */
     uint64_t root;              /* prefix hash chain root */
     int n;
     seq_t **seqs;               /* [n]; only [0] exists until the fork */
@@ -65,6 +67,14 @@ struct req {
 };
 
 typedef struct seq_list { seq_t *head, *tail; int n; } seq_list_t;
+
+/* an engine_follow_active call waiting for the engine thread */
+typedef struct follow {
+    char *name;
+    bool done, abandoned;       /* abandoned: its caller timed out; the engine frees it */
+    int moved;
+    struct follow *next;
+} follow_t;
 
 #define REQ_BUCKETS 1024
 
@@ -104,6 +114,8 @@ struct engine {
     engine_stats_t st;          /* engine thread's working copy */
     int n_live_requests;        /* submitted and not done (under mu) */
     engine_pause_mode pause;    /* under mu */
+    follow_t *follows;          /* under mu: pending engine_follow_active calls */
+    pthread_cond_t follow_cv;
 };
 
 /* ---- helpers ---- */
@@ -212,9 +224,10 @@ static seq_t *seq_new(engine_t *e, req_t *r, int index, const int32_t *tokens, i
     memcpy(s->tokens, tokens, sizeof(int32_t) * (size_t)n_tokens);
     s->n_tokens = n_tokens;
     s->chain = r->root;
-    s->sampler = sampler_new(&r->p.sampling, e->vocab, r->p.prompt, r->p.n_prompt,
-                             sampling_seed_for(&r->p.sampling, index));
+    int np = r->p.n_prompt - r->p.n_resumed; /* the resumed tail counts as output */
+    s->sampler = sampler_new(&r->p.sampling, e->vocab, r->p.prompt, np, sampling_seed_for(&r->p.sampling, index));
     if (!s->sampler) goto err;
+    sampler_resume(s->sampler, r->p.prompt + np, r->p.n_resumed);
     if (r->p.n_stop > 0 && !(s->stop = stop_matcher_new(r->p.stop, r->p.n_stop))) goto err;
     if (e->p.tokenizer && !(s->detok = tokenizer_stream_new(e->p.tokenizer, !r->p.keep_special_text))) goto err;
     return s;
@@ -264,7 +277,7 @@ static void seq_match_prefix(engine_t *e, seq_t *s) {
 
 /* publish the blocks that became full */
 static void seq_publish(engine_t *e, seq_t *s) {
-    if (e->p.no_prefix_caching) return;
+    if (e->p.no_prefix_caching || s->req->no_publish) return;
     while ((s->n_hashed + 1) * KV_BLOCK_SIZE <= s->n_computed) {
         const int32_t *t = s->tokens + (size_t)s->n_hashed * KV_BLOCK_SIZE;
         kv_prefix_publish(e->kv, s->blocks[s->n_hashed], s->chain, t);
@@ -588,7 +601,7 @@ static int req_adapter(engine_t *e, req_t *r) {
     if (r->adapter_ready) return CS_OK;
     if (!r->adapter) { r->adapter_ready = true; return CS_OK; }
     if (!e->p.loras) return cs_error_set(CS_ENOTFOUND, "no adapters are served (unknown adapter '%s')", r->adapter);
-    int rc = lora_registry_acquire(e->p.loras, r->adapter, &r->lora);
+    int rc = lora_registry_acquire_version(e->p.loras, r->adapter, r->p.adapter_version, &r->lora);
     if (rc) return rc;
     r->adapter_version = r->lora->version;
     r->root = kv_hash_root(r->adapter, r->adapter_version);
@@ -609,11 +622,56 @@ static void publish_stats(engine_t *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Move the unpinned requests of adapter NAME that hold an older version onto the active
+ * one: CS_EAGAIN while it is loading, else the number moved (or an error). Between
+ * iterations, so every sequence's KV and sampler state go on as they are. */
+static int follow_active(engine_t *e, const char *name) {
+    lora_ref_t *cur = NULL;
+    int rc = lora_registry_acquire(e->p.loras, name, &cur);
+    if (rc) return rc;
+    int moved = 0;
+    for (int b = 0; b < REQ_BUCKETS; b++)
+        for (req_t *r = e->reqs[b]; r; r = r->hnext) {
+            if (!r->adapter || strcmp(r->adapter, name) || r->p.adapter_version || !r->lora ||
+                r->lora->version == cur->version)
+                continue;
+            lora_ref_t *nr = NULL;
+            if (lora_registry_acquire_version(e->p.loras, name, cur->version, &nr)) continue;
+            lora_registry_release(e->p.loras, r->lora);
+            r->lora = nr;
+            r->adapter_version = nr->version;
+            r->no_publish = true;
+            moved++;
+        }
+    lora_registry_release(e->p.loras, cur);
+    return moved;
+}
+
+static void take_follows(engine_t *e) {
+    pthread_mutex_lock(&e->mu);
+    for (follow_t **pp = &e->follows; *pp;) {
+        follow_t *f = *pp;
+        int rc = e->p.loras ? follow_active(e, f->name) : cs_error_set(CS_ENOTFOUND, "no adapters");
+        if (rc == CS_EAGAIN) { pp = &f->next; continue; } /* loading: on_loaded wakes us again */
+        *pp = f->next;
+        f->moved = rc > 0 ? rc : 0;
+        f->done = true;
+        if (f->abandoned) {
+            free(f->name);
+            free(f);
+        }
+    }
+    pthread_cond_broadcast(&e->follow_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static int step(engine_t *e) {
     take_inbox(e); /* aborts are taken even while paused */
     pthread_mutex_lock(&e->mu);
     engine_pause_mode pause = e->pause;
+    bool follows = e->follows != NULL;
     pthread_mutex_unlock(&e->mu);
+    if (follows) take_follows(e); /* paused or not */
     if (pause == ENGINE_PAUSE_HOLD) return 0;
     double t0 = now_ms();
     int budget = e->p.max_num_batched_tokens, nb = 0;
@@ -842,8 +900,23 @@ static void *engine_thread(void *arg) {
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
         int ran = engine_step(e);
-        if (ran == 0) wait_for_work(e, has_work(e) ? 20 : 1000);
+        pthread_mutex_lock(&e->mu);
+        bool follows = e->follows != NULL; /* waiting for an adapter load: poll */
+        pthread_mutex_unlock(&e->mu);
+        if (ran == 0) wait_for_work(e, has_work(e) || follows ? 20 : 1000);
     }
+    pthread_mutex_lock(&e->mu); /* nobody will move requests any more: answer the callers */
+    for (follow_t *f = e->follows, *nx; f; f = nx) {
+        nx = f->next;
+        f->done = true;
+        if (f->abandoned) {
+            free(f->name);
+            free(f);
+        }
+    }
+    e->follows = NULL;
+    pthread_cond_broadcast(&e->follow_cv);
+    pthread_mutex_unlock(&e->mu);
     sampling_scratch_free();
     return NULL;
 }
@@ -890,6 +963,7 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     if (e->p.max_num_batched_tokens <= 0) e->p.max_num_batched_tokens = 2048;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->follow_cv, NULL);
     e->next_id = 1;
     int rc;
     kv_cache_params_t kp = {e->cfg->n_layers, e->cfg->n_kv_heads * e->cfg->head_dim, p->kv_cache_bytes};
@@ -939,8 +1013,14 @@ void engine_free(engine_t *e) {
     free(e->logits);
     free(e->aborts);
     free(e->lp_scratch);
+    for (follow_t *f = e->follows, *nx; f; f = nx) { /* abandoned ones (callers gone) */
+        nx = f->next;
+        free(f->name);
+        free(f);
+    }
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->follow_cv);
     free(e);
 }
 
@@ -991,12 +1071,18 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
         if (rq->stop_token_ids[i] < 0 || rq->stop_token_ids[i] >= e->vocab)
             return cs_error_set(CS_EINVAL, "stop_token_ids: %d is out of range [0, %d)", rq->stop_token_ids[i], e->vocab);
     const char *adapter = rq->adapter && rq->adapter[0] ? rq->adapter : NULL;
+    if (rq->n_resumed < 0 || rq->n_resumed >= rq->n_prompt || (rq->n_resumed && n != 1))
+        return cs_error_set(CS_EINVAL, "n_resumed must be below the prompt length, with n = 1");
+    if (rq->adapter_version < 0) return cs_error_set(CS_EINVAL, "adapter versions start at 1");
+    if (rq->adapter_version && !adapter) return cs_error_set(CS_EINVAL, "a version needs an adapter");
     if (adapter) {
         if (!e->p.loras) return cs_error_set(CS_ENOTFOUND, "adapter '%s' does not exist (no adapters are served)", adapter);
         lora_state st;
         int ver;
         if (lora_registry_state(e->p.loras, adapter, &st, &ver))
             return cs_error_set(CS_ENOTFOUND, "adapter '%s' does not exist", adapter);
+        if (rq->adapter_version && lora_registry_check_version(e->p.loras, adapter, rq->adapter_version))
+            return CS_ENOTFOUND; /* the message names the kept versions */
     }
 
     req_t *r = calloc(1, sizeof *r);
@@ -1110,6 +1196,45 @@ int engine_abort(engine_t *e, uint64_t id) {
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return CS_OK;
+}
+
+int engine_follow_active(engine_t *e, const char *name, int timeout_ms) {
+    follow_t *f = calloc(1, sizeof *f);
+    if (!f || !(f->name = dupstr(name))) {
+        free(f);
+        return cs_error_set(CS_ENOMEM, "out of memory");
+    }
+    pthread_mutex_lock(&e->mu);
+    if (!e->thread_started || e->stop_thread) {
+        pthread_mutex_unlock(&e->mu);
+        free(f->name);
+        free(f);
+        return cs_error_set(CS_EINVAL, "the engine thread is not running");
+    }
+    f->next = e->follows;
+    e->follows = f;
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    while (!f->done)
+        if (pthread_cond_timedwait(&e->follow_cv, &e->mu, &ts)) break;
+    int rc;
+    if (f->done) {
+        rc = f->moved;
+        free(f->name);
+        free(f);
+    } else {
+        f->abandoned = true;
+        rc = cs_error_set(CS_EAGAIN, "adapter '%s': the active version is still loading; running requests move "
+                                     "to it once it is loaded", name);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
 }
 
 void engine_set_pause(engine_t *e, engine_pause_mode mode) {

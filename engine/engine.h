@@ -81,11 +81,18 @@ typedef struct engine_request {
     const int32_t *prompt;
     int n_prompt;
     const char *adapter;            /* NULL or "": the base model */
+    int adapter_version;            /* 0: the active version, and engine_follow_active may move
+                                       the request to a newer one; > 0: exactly this kept
+                                       version (pinned) */
     sampling_params_t sampling;     /* sample i uses seed + i */
     int n;                          /* samples (default 1 when 0) */
     int max_tokens;                 /* < 0: up to the context length; 0 only with
                                        prompt_logprobs (the prompt is scored, nothing sampled) */
     int min_tokens;                 /* EOS and stop tokens are banned until this many */
+    int n_resumed;                  /* the last n_resumed prompt tokens are this sample's own
+                                       earlier output (a resumed partial rollout, n = 1): they
+                                       count as output for the penalties and the sampler's
+                                       random stream skips their draws */
     const char *const *stop;        /* stop strings (not included in the text) */
     int n_stop;
     const int32_t *stop_token_ids;
@@ -139,6 +146,15 @@ void engine_run_until_idle(engine_t *e);
  * there after RUN). Aborts are taken in every mode. */
 typedef enum engine_pause_mode { ENGINE_RUN = 0, ENGINE_PAUSE_NO_ADMIT, ENGINE_PAUSE_HOLD } engine_pause_mode;
 void engine_set_pause(engine_t *e, engine_pause_mode mode);
+/* A new version of adapter NAME became active and the requests in flight on an older one
+ * should go on with it (apply=pause_keep): at the next iteration boundary (paused or not)
+ * every unpinned request holding an older version of NAME swaps to the active one, keeping
+ * its KV cache and sampler state; its later tokens come from the new weights and its events
+ * report the new adapter_version. Its blocks stop going to the prefix cache (they mix
+ * versions). Waits for the swap up to timeout_ms: returns the number of requests moved, or
+ * CS_EAGAIN when the active version is still loading (the swap happens once it is loaded),
+ * or CS_EINVAL without the engine thread (engine_start). */
+int engine_follow_active(engine_t *e, const char *name, int timeout_ms);
 
 void engine_get_stats(engine_t *e, engine_stats_t *st);
 /* Wake the engine (any thread): e.g. from the adapter registry's on_loaded callback. */

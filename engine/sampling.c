@@ -448,6 +448,13 @@ void sampling_logprobs_of(const float *logits, int n, int32_t token, int n_top, 
     fill_logprobs(logits, n, token, CS_MIN(n_top, SAMPLING_MAX_LOGPROBS), out);
 }
 
+void sampler_resume(sampler_t *s, const int32_t *tokens, int n) {
+    for (int i = 0; i < n; i++) {
+        sampler_accept(s, tokens[i]);
+        if (!is_greedy(&s->p)) (void)cs_rng_uniform(&s->rng); /* sampler_sample's one draw */
+    }
+}
+
 int32_t sampler_sample(sampler_t *s, const float *logits, const int32_t *banned, int n_banned,
                        sample_out_t *out) {
     const int n = s->vocab;

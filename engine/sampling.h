@@ -106,6 +106,10 @@ sampler_t *sampler_new(const sampling_params_t *p, int vocab, const int32_t *pro
 void sampler_free(sampler_t *s);
 /* Records an output token (the penalties' counts). Call once per generated token. */
 void sampler_accept(sampler_t *s, int32_t token);
+/* Continue a sample that already produced tokens[0 .. n) (a resumed partial rollout): they
+ * count as output for the penalties, and the random stream moves past the draws they took,
+ * so the continuation is what the uninterrupted sample would have drawn. */
+void sampler_resume(sampler_t *s, const int32_t *tokens, int n);
 /* Draws the next token from logits (vocab floats, not modified). banned ids (may be NULL)
  * are -inf before anything else. out may be NULL. Returns the token, or CS_EINVAL when no
  * token is left (everything banned or masked). Does not call sampler_accept. */

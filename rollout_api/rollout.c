@@ -13,6 +13,7 @@
 
 typedef struct ro_sample {
     json_t *ids, *lps, *tops;   /* tops: per token [[id, logprob], ...] when top_k > 0 */
+    json_t *spans;              /* [[start, end, version], ...]: which version made which tokens */
     const char *finish;
     int version;
     double queued_ms, t_first, t_last;
@@ -28,7 +29,8 @@ typedef struct ro_group {
     int32_t *prompt;            /* input_ids + continue_from.output_ids */
     int n_input, n_prompt, resumed_len, max_tokens;
     char *adapter;              /* NULL: the base model */
-    bool submitted, done;
+    int adapter_version;        /* 0: the active one (follows updates); > 0 pinned */
+    bool submitted, done, first_token;
     int n_cached;
     ro_sample_t *samples;
 } ro_group_t;
@@ -49,6 +51,7 @@ struct rollout {
     double t0;
     int top_k;
     bool want_lp;
+    rollout_observer_t obs;
 };
 
 static void rollout_free(rollout_t *r) {
@@ -58,6 +61,7 @@ static void rollout_free(rollout_t *r) {
             json_decref(gr->samples[i].ids);
             json_decref(gr->samples[i].lps);
             json_decref(gr->samples[i].tops);
+            json_decref(gr->samples[i].spans);
         }
         free(gr->samples);
         free(gr->group_id);
@@ -89,10 +93,11 @@ static json_t *group_json(rollout_t *r, ro_group_t *g) {
     for (int i = 0; i < g->n; i++) {
         ro_sample_t *s = &g->samples[i];
         size_t len = json_array_size(s->ids);
-        json_t *o = json_pack("{s:i, s:I, s:O, s:s, s:s?, s:i, s:[[i, i, i]], s:i, s:{s:f, s:f, s:f}}", "index", i,
+        (void)len;
+        json_t *o = json_pack("{s:i, s:I, s:O, s:s, s:s?, s:i, s:O, s:i, s:{s:f, s:f, s:f}}", "index", i,
                               "seed", (json_int_t)(g->seed + i), "output_ids", s->ids, "finish_reason",
                               s->finish ? s->finish : "abort", "adapter", g->adapter, "adapter_version", s->version,
-                              "version_spans", 0, (int)len, s->version, "resumed_len", g->resumed_len, "timing",
+                              "version_spans", s->spans, "resumed_len", g->resumed_len, "timing",
                               "queued_ms", s->queued_ms, "ttft_ms", s->t_first > 0 ? s->t_first - r->t0 : -1.0,
                               "e2e_ms", s->t_last > 0 ? s->t_last - r->t0 : -1.0);
         if (!g->adapter) json_object_set_new(o, "adapter", json_null());
@@ -119,9 +124,21 @@ static void on_event(void *user, const engine_event_t *ev) {
         s->version = ev->adapter_version;
         if (ev->queue_ms > 0 && s->queued_ms == 0) s->queued_ms = ev->queue_ms;
         if (ev->has_token) {
+            if (r->obs.token) {
+                double ttft = g->first_token ? -1 : (now - r->t0) / 1000.0;
+                r->obs.token(r->obs.user, g->adapter, ttft, g->first_token && s->t_last > 0 ? (now - s->t_last) / 1000.0 : -1);
+            }
+            g->first_token = true;
             if (s->t_first == 0) s->t_first = now;
             s->t_last = now;
             json_array_append_new(s->ids, json_integer(ev->token));
+            size_t nt = json_array_size(s->ids), ns = json_array_size(s->spans);
+            json_t *last = ns ? json_array_get(s->spans, ns - 1) : NULL;
+            if (last && json_integer_value(json_array_get(last, 2)) == ev->adapter_version)
+                json_array_set_new(last, 1, json_integer((json_int_t)nt));
+            else
+                json_array_append_new(s->spans, json_pack("[I, I, i]", (json_int_t)nt - 1, (json_int_t)nt,
+                                                          ev->adapter_version));
             if (r->want_lp) {
                 json_array_append_new(s->lps, jlp(ev->logprob));
                 if (r->top_k > 0) {
@@ -152,6 +169,11 @@ static void on_event(void *user, const engine_event_t *ev) {
         if (aborted) r->n_aborted++;
         else r->n_completed++;
         r->prompt_tokens += g->n_input;
+        if (r->obs.done) {
+            const ro_sample_t *ls = ev->index >= 0 && ev->index < g->n ? &g->samples[ev->index] : &g->samples[0];
+            r->obs.done(r->obs.user, g->adapter, g->n_prompt, ls->finish ? ls->finish : "abort", (now - r->t0) / 1000.0,
+                        ev->queue_ms / 1000.0);
+        }
         line = group_json(r, g);
         if (r->target > 0 && r->n_completed >= r->target && !r->target_hit) {
             r->target_hit = true; /* over-provisioned: the rest are not needed */
@@ -202,7 +224,8 @@ int rollout_abort_adapter(rollout_t *r, const char *adapter) {
     int n = 0;
     pthread_mutex_lock(&r->mu);
     for (int k = 0; k < r->n_groups && n < 4096; k++)
-        if (r->groups[k].submitted && !r->groups[k].done && r->groups[k].adapter && !strcmp(r->groups[k].adapter, adapter))
+        if (r->groups[k].submitted && !r->groups[k].done && r->groups[k].adapter && !r->groups[k].adapter_version &&
+            !strcmp(r->groups[k].adapter, adapter))
             ids[n++] = r->ids[k];
     pthread_mutex_unlock(&r->mu);
     for (int i = 0; i < n; i++) engine_abort(r->e, ids[i]);
@@ -240,8 +263,9 @@ static int ids_of(json_t *a, int vocab, int32_t **out, int *n, const char *what,
 }
 
 /* the adapter of the request or a group: "name", {"name", "version"} or null */
-static int adapter_of(json_t *a, const rollout_limits_t *lim, char **name, char *err, size_t errlen) {
+static int adapter_of(json_t *a, const rollout_limits_t *lim, char **name, int *version, char *err, size_t errlen) {
     *name = NULL;
+    *version = 0;
     if (!a || json_is_null(a)) return 0;
     const char *n = NULL;
     if (json_is_string(a)) n = json_string_value(a);
@@ -250,17 +274,20 @@ static int adapter_of(json_t *a, const rollout_limits_t *lim, char **name, char 
     }
     if (!n) { snprintf(err, errlen, "'adapter' must be a name or {\"name\": ...}"); return -1; }
     json_t *v = json_is_object(a) ? json_object_get(a, "version") : NULL;
-    if (v && !json_is_null(v)) { /* only the active version can be asked for (older ones are not kept yet) */
-        lora_state st;
-        int cur = 0;
-        if (!json_is_integer(v) || !lim->loras || lora_registry_state(lim->loras, n, &st, &cur) ||
-            cur != (int)json_integer_value(v)) {
-            snprintf(err, errlen, "adapter '%s' version %s is not the active version (%d); omit 'version' for the "
-                                  "active one", n, json_is_integer(v) ? "asked" : "(not an integer)", cur);
+    if (v && !json_is_null(v)) { /* pinned: exactly that kept version (checked at submission) */
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX) {
+            snprintf(err, errlen, "adapter '%s': 'version' must be a positive integer", n);
             return -1;
         }
+        *version = (int)json_integer_value(v);
     }
-    if (lim->base_name && !strcmp(n, lim->base_name)) return 0;
+    if (lim->base_name && !strcmp(n, lim->base_name)) {
+        if (*version) {
+            snprintf(err, errlen, "'%s' is the base model: it has no versions", n);
+            return -1;
+        }
+        return 0;
+    }
     *name = strdup(n);
     return 0;
 }
@@ -280,6 +307,7 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
     r->emit = emit;
     r->user = user;
     r->want_lp = true;
+    r->obs = lim->obs;
     json_t *groups = json_object_get(req, "groups");
     if (!json_is_array(groups) || json_array_size(groups) == 0) BAD(400, "groups", "'groups' must be a non-empty list");
     json_t *bid = json_object_get(req, "batch_id");
@@ -361,7 +389,11 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
         BAD(400, "sampling", "sampling.logprobs must be true, false or {\"mode\", \"top_k\"}");
     }
     if (sampling_params_validate(&base.sampling)) BAD(400, "sampling", "%s", cs_error_last());
-    if (adapter_of(json_object_get(req, "adapter"), lim, &req_adapter, err, errlen)) { snprintf(param, paramlen, "adapter"); goto fail; }
+    int req_version = 0;
+    if (adapter_of(json_object_get(req, "adapter"), lim, &req_adapter, &req_version, err, errlen)) {
+        snprintf(param, paramlen, "adapter");
+        goto fail;
+    }
     json_t *comp = json_object_get(req, "completion");
     if (comp && !json_is_null(comp)) {
         json_t *t = json_object_get(comp, "target_groups");
@@ -454,9 +486,13 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
         }
         json_t *ga = json_object_get(jg, "adapter");
         if (ga && !json_is_null(ga)) {
-            if (adapter_of(ga, lim, &gr->adapter, err, errlen)) { snprintf(param, paramlen, "groups"); goto fail; }
+            if (adapter_of(ga, lim, &gr->adapter, &gr->adapter_version, err, errlen)) {
+                snprintf(param, paramlen, "groups");
+                goto fail;
+            }
         } else if (req_adapter) {
             gr->adapter = strdup(req_adapter);
+            gr->adapter_version = req_version;
         }
         gr->samples = calloc((size_t)gr->n, sizeof *gr->samples);
         if (!gr->samples) { BAD(500, "", "out of memory"); }
@@ -464,6 +500,7 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
             gr->samples[i].ids = json_array();
             gr->samples[i].lps = json_array();
             gr->samples[i].tops = json_array();
+            gr->samples[i].spans = json_array();
         }
     }
     free(req_adapter);
@@ -484,6 +521,9 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
         q->n = gr->n;
         q->max_tokens = gr->max_tokens;
         q->adapter = gr->adapter;
+        q->adapter_version = gr->adapter_version;
+        q->n_resumed = gr->resumed_len;
+        q->min_tokens = base.min_tokens > gr->resumed_len ? base.min_tokens - gr->resumed_len : 0;
         q->sampling.has_seed = true;
         q->sampling.seed = (uint64_t)gr->seed;
         q->sink = on_event;

@@ -22,12 +22,24 @@ typedef struct rollout rollout_t;
  * is a group result or, with last, the summary {"summary": {...}}; the callee owns it. */
 typedef void (*rollout_emit_fn)(void *user, json_t *line, bool last);
 
+/* Optional taps for the server's metrics, called on the engine thread with the rollout's lock
+ * held (must be cheap): a sampled token (ttft_s >= 0 on the group's first token, else
+ * itl_s >= 0 since the sample's previous one), and a finished group (its prompt tokens, the
+ * finish reason of its last sample, arrival to last token, queue time). adapter is NULL for
+ * the base model. */
+typedef struct rollout_observer {
+    void (*token)(void *user, const char *adapter, double ttft_s, double itl_s);
+    void (*done)(void *user, const char *adapter, int n_prompt, const char *finish, double e2e_s, double queue_s);
+    void *user;
+} rollout_observer_t;
+
 typedef struct rollout_limits {
     int max_samples;            /* sum of n over the groups */
     int max_logprobs;           /* top-k alternatives per token */
     const char *base_name;      /* the base model's served name ("adapter" may name it) */
     int vocab;                  /* token ids must be below it */
     lora_registry_t *loras;     /* for adapter versions (may be NULL) */
+    rollout_observer_t obs;     /* optional metrics taps */
 } rollout_limits_t;
 
 /* Validate req and submit every group. On a bad request: an HTTP status (400, 404) with the
@@ -43,7 +55,7 @@ void rollout_abort(rollout_t *r);
 void rollout_release(rollout_t *r);
 /* Abort the running groups whose group_id is in group_ids (a JSON list); returns how many. */
 int rollout_abort_groups(rollout_t *r, json_t *group_ids);
-/* Abort the running groups on adapter NAME (an upload with apply=abort_inflight). */
+/* Abort the running groups of ADAPTER that follow its active version (pinned ones go on) */
 int rollout_abort_adapter(rollout_t *r, const char *adapter);
 const char *rollout_batch_id(const rollout_t *r);   /* NULL when the request had none */
 

@@ -1418,6 +1418,25 @@ static enum MHD_Result rollout_endpoint(server_t *s, conn_t *cn, struct MHD_Conn
 }
 
 /* sglang (stolen): answer in SGLang's /generate shape instead */
+/* the rollout's metrics taps: the same series as completions, labelled by adapter */
+static void ro_obs_token(void *user, const char *adapter, double ttft_s, double itl_s) {
+    server_t *s = user;
+    const char *lab[] = {adapter ? adapter : s->model_name};
+    if (ttft_s >= 0) metric_observe(s->m.ttft, lab, ttft_s);
+    if (itl_s >= 0) metric_observe(s->m.itl, lab, itl_s);
+    metric_inc(s->m.gen_tokens, lab, 1);
+}
+
+static void ro_obs_done(void *user, const char *adapter, int n_prompt, const char *finish, double e2e_s, double queue_s) {
+    server_t *s = user;
+    const char *lab[] = {adapter ? adapter : s->model_name};
+    const char *rl[] = {lab[0], finish};
+    metric_observe(s->m.e2e, lab, e2e_s);
+    metric_observe(s->m.queue, lab, queue_s);
+    metric_inc(s->m.prompt_tokens, lab, n_prompt);
+    metric_inc(s->m.success, rl, 1);
+}
+
 static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, json_t *sglang) {
     bool draining;
     gen_job_t *j = job_new(s, false, 1, 1, &draining);
@@ -1433,7 +1452,7 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
     j->refs++; /* the rollout's, dropped at its summary */
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
                             .base_name = s->model_name, .vocab = model_get_config(s->model)->vocab_size,
-                            .loras = s->reg};
+                            .loras = s->reg, .obs = {ro_obs_token, ro_obs_done, s}};
     char err[1536], param[64];
     rollout_t *ro = NULL;
     int st = rollout_start(s->engine, &lim, b, ro_emit, j, &ro, err, sizeof err, param, sizeof param);
@@ -1918,15 +1937,34 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
         return http_error(c, 404, NULL, "PUT /v1/adapters/NAME/versions/V (V a positive integer)");
     if (!valid_adapter_name(name) || !strcmp(name, s->model_name)) return http_error(c, 400, NULL, "invalid adapter name '%s'", name);
     const char *apply = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "apply");
-    const char *activate = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "activate");
-    if (apply && strcmp(apply, "next_request") && strcmp(apply, "abort_inflight"))
-        return http_error(c, 400, "apply", "apply is next_request or abort_inflight (pause_keep is not supported yet)");
-    if (activate && strcmp(activate, "true"))
-        return http_error(c, 400, "activate", "uploads are always activated (activate=false is not supported yet)");
+    const char *activate_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "activate");
+    const char *keep_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "keep_versions");
+    if (apply && strcmp(apply, "next_request") && strcmp(apply, "abort_inflight") && strcmp(apply, "pause_keep"))
+        return http_error(c, 400, "apply", "apply is next_request, abort_inflight or pause_keep");
+    if (activate_s && strcmp(activate_s, "true") && strcmp(activate_s, "false"))
+        return http_error(c, 400, "activate", "activate is true or false");
+    bool activate = !activate_s || !strcmp(activate_s, "true");
+    if (!activate && apply && strcmp(apply, "next_request"))
+        return http_error(c, 400, "apply", "apply=%s needs activate=true (a staged version runs nothing yet)", apply);
+    int keep = 0;
+    if (keep_s) {
+        char *end;
+        long k = strtol(keep_s, &end, 10);
+        if (*end || end == keep_s || k < 1 || k > 1000)
+            return http_error(c, 400, "keep_versions", "keep_versions is an integer from 1 to 1000");
+        keep = (int)k;
+    }
     double t0 = cs_time_ms();
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     char *dir = NULL;
     char err[1536];
+    size_t nbytes = 0;
+    if (len == 0) { /* no body: activate a kept (staged or older) version */
+        if (!activate) return http_error(c, 400, NULL, "an empty PUT activates a kept version: activate=false makes no sense");
+        if (lora_registry_activate(s->reg, name, version))
+            return http_error(c, 404, "version", "%s (an empty body activates a kept version)", cs_error_last());
+        goto applied;
+    }
     if (ct && !strncmp(ct, "application/json", 16)) { /* {"path": DIR} under --lora-root */
         json_error_t je;
         json_t *b = json_loadb(body, len, 0, &je);
@@ -1965,7 +2003,7 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
         free(dir);
         return http_error(c, 400, NULL, "adapter '%s' version %d: %s", name, version, cs_error_last());
     }
-    size_t nbytes = a->nbytes;
+    nbytes = a->nbytes;
     lora_adapter_free(a);
     pthread_mutex_lock(&s->mu);
     served_adapter_t *ad = adapter_find(s, name);
@@ -1974,7 +2012,7 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
         free(dir);
         return http_error(c, 409, NULL, "adapter '%s' is being unloaded", name);
     }
-    if (lora_registry_add_version(s->reg, name, dir, version)) {
+    if (lora_registry_add_ex(s->reg, name, dir, version, activate, keep, NULL)) {
         pthread_mutex_unlock(&s->mu);
         free(dir);
         return http_error(c, 409, "version", "%s", cs_error_last());
@@ -1985,14 +2023,32 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
         ad->next = s->adapters;
         s->adapters = ad;
     }
-    free(ad->path);
-    ad->path = dir;
-    ad->created = time(NULL);
+    if (activate) {
+        free(ad->path);
+        ad->path = dir;
+        ad->created = time(NULL);
+    } else {
+        free(dir);
+    }
     pthread_mutex_unlock(&s->mu);
-    int aborted = apply && !strcmp(apply, "abort_inflight") ? abort_adapter_requests(s, name) : 0;
-    return http_json(c, 200, json_pack("{s:s, s:i, s:i, s:I, s:f, s:i}", "name", name, "version", version,
-                                        "active_version", version, "bytes", (json_int_t)nbytes, "load_ms",
-                                        cs_time_ms() - t0, "aborted_requests", aborted));
+applied:;
+    int aborted = 0, moved = 0;
+    if (activate && apply && !strcmp(apply, "abort_inflight")) aborted = abort_adapter_requests(s, name);
+    if (activate && apply && !strcmp(apply, "pause_keep")) {
+        /* the running requests that follow the active version go on with the new weights from
+         * the next iteration, keeping their KV cache (engine_follow_active) */
+        moved = engine_follow_active(s->engine, name, 60000);
+        if (moved < 0) return http_error(c, 503, NULL, "version %d is active, but %s", version, cs_error_last());
+    }
+    int cur = 0;
+    lora_registry_state(s->reg, name, NULL, &cur);
+    lora_version_info_t vi[64];
+    int nv = lora_registry_versions(s->reg, name, vi, 64);
+    json_t *kept = json_array();
+    for (int i = 0; i < nv && i < 64; i++) json_array_append_new(kept, json_integer(vi[i].version));
+    return http_json(c, 200, json_pack("{s:s, s:i, s:i, s:I, s:f, s:i, s:i, s:o}", "name", name, "version", version,
+                                        "active_version", cur, "bytes", (json_int_t)nbytes, "load_ms", cs_time_ms() - t0,
+                                        "aborted_requests", aborted, "moved_requests", moved, "kept_versions", kept));
 }
 
 static enum MHD_Result delete_version(server_t *s, struct MHD_Connection *c, const char *url) {
@@ -2002,11 +2058,12 @@ static enum MHD_Result delete_version(server_t *s, struct MHD_Connection *c, con
     if (!parse_version_url(url, name, sizeof name, &version))
         return http_error(c, 404, NULL, "DELETE /v1/adapters/NAME/versions/V");
     if (lora_registry_state(s->reg, name, &st, &cur)) return http_error(c, 404, NULL, "adapter '%s' does not exist", name);
-    if (version == cur)
+    int rc = lora_registry_remove_version(s->reg, name, version);
+    if (rc == CS_EBUSY && version == cur)
         return http_error(c, 409, NULL, "version %d is the active version of '%s' (unload the adapter with "
-                                        "/v1/unload_lora_adapter, or upload a newer version first)", version, name);
-    if (version > cur) return http_error(c, 404, NULL, "adapter '%s' has no version %d", name, version);
-    /* older versions are freed as soon as no request holds them: nothing else to do */
+                                        "/v1/unload_lora_adapter, or activate another version first)", version, name);
+    if (rc == CS_EBUSY) return http_error(c, 409, NULL, "%s", cs_error_last());
+    if (rc) return http_error(c, 404, NULL, "%s", cs_error_last());
     return http_json(c, 200, json_pack("{s:s, s:i, s:b}", "name", name, "version", version, "deleted", 1));
 }
 
@@ -2017,9 +2074,18 @@ static enum MHD_Result list_adapters(server_t *s, struct MHD_Connection *c) {
         lora_state st = LORA_ON_DISK;
         int ver = 0;
         if (ad->unloading || lora_registry_state(s->reg, ad->name, &st, &ver)) continue;
-        json_array_append_new(a, json_pack("{s:s, s:i, s:[i], s:i, s:s, s:s}", "name", ad->name, "active_version", ver,
-                                           "loaded_versions", ver, "inflight", ad->in_flight, "tier", lora_state_name(st),
-                                           "path", ad->path ? ad->path : ""));
+        lora_version_info_t vi[64];
+        int nv = lora_registry_versions(s->reg, ad->name, vi, 64);
+        json_t *kept = json_array(), *loaded = json_array();
+        for (int i = 0; i < nv && i < 64; i++) {
+            json_array_append_new(kept, json_pack("{s:i, s:s, s:i, s:b}", "version", vi[i].version, "tier",
+                                                  lora_state_name(vi[i].state), "inflight", vi[i].refs, "active",
+                                                  vi[i].active));
+            if (vi[i].state == LORA_RESIDENT) json_array_append_new(loaded, json_integer(vi[i].version));
+        }
+        json_array_append_new(a, json_pack("{s:s, s:i, s:o, s:o, s:i, s:s, s:s}", "name", ad->name, "active_version", ver,
+                                           "loaded_versions", loaded, "versions", kept, "inflight", ad->in_flight, "tier",
+                                           lora_state_name(st), "path", ad->path ? ad->path : ""));
     }
     pthread_mutex_unlock(&s->mu);
     return http_json(c, 200, a);
@@ -2029,6 +2095,24 @@ static enum MHD_Result list_adapters(server_t *s, struct MHD_Connection *c) {
 static const double LAT_BUCKETS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                                      2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 #define N_LAT (int)(sizeof LAT_BUCKETS / sizeof LAT_BUCKETS[0])
+
+/* the registry dropped a version: an uploaded one's files go too (a trainer pushing every
+ * step would fill the disk otherwise). Only directories this server created under its upload
+ * dir: DIR is UPLOAD_DIR/NAME/vVERSION. */
+void server_on_dropped(void *user, const char *name, int version, const char *dir) {
+    server_t *s = user;
+    char want[4096];
+    if (!s->upload_dir) return;
+    int n = snprintf(want, sizeof want, "%s/%s/v%d", s->upload_dir, name, version);
+    if (n < 0 || (size_t)n >= sizeof want || strcmp(want, dir)) return;
+    static const char *const files[] = {"adapter_model.safetensors", "adapter_config.json"};
+    for (size_t i = 0; i < CS_ARRAY_LEN(files); i++) {
+        char *f = cs_path_join(dir, files[i]);
+        if (f) unlink(f);
+        free(f);
+    }
+    rmdir(dir);
+}
 
 void server_on_load_time(void *user, double seconds) {
     server_t *s = user;

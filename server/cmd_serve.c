@@ -449,7 +449,8 @@ int cmd_serve(int argc, char **argv) {
     s->eos_token = special_token(tcfg, "eos_token");
     const model_config_t *mc = model_get_config(s->model);
     lora_registry_params_t lp = {.cfg = mc, .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
-                                 .on_loaded = NULL, .on_load_time = server_on_load_time, .user = s};
+                                 .on_loaded = NULL, .on_load_time = server_on_load_time,
+                                 .on_dropped = server_on_dropped, .user = s};
     size_t kv_bytes = (size_t)s->cfg.kv_cache_bytes;
     if (s->cfg.kv_cache_fraction > 0) {
         size_t avail = cs_mem_available();

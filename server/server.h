@@ -150,6 +150,7 @@ struct conn {
 /* ---- metrics wiring (api.c) ---- */
 int server_metrics_init(server_t *s);
 void server_on_load_time(void *user, double seconds);  /* the registry's on_load_time */
+void server_on_dropped(void *user, const char *name, int version, const char *dir); /* ... on_dropped */
 /* Register NAME -> DIR (a new version when it exists and inplace), validated first. */
 int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
                        size_t errlen);

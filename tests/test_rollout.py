@@ -137,10 +137,27 @@ for adapter, ref in (("base", ref_base), ("pol", ref_a)):
                 worst_inv = max(worst_inv, abs(lp - ls[len(p) + k - 1][t]))
 if worst_inv > TOL:
     reflib.fail(f"--batch-invariant logprobs differ from transformers+peft by {worst_inv:.2e}")
+# continue_from of a sampled run with penalties: the resumed tokens count as output for the
+# penalties and the sampler's random stream skips their draws, so the continuation is the
+# uninterrupted sample, ids and logprobs to the bit
+pen = {"max_tokens": 30, "temperature": 1.0, "ignore_eos": True, "presence_penalty": 0.8, "frequency_penalty": 0.5,
+       "repetition_penalty": 1.3}
+for adapter in ("base", "pol"):
+    whole = inv_rollout({"adapter": adapter, "sampling": pen, "groups": [{"input_ids": prompts[2], "seed": 77}]})
+    ws = whole["groups"][0]["samples"][0]
+    for cut in (1, 12, 29):
+        part = inv_rollout({"adapter": adapter, "sampling": pen, "groups": [
+            {"input_ids": prompts[2], "seed": 77, "continue_from": {"output_ids": ws["output_ids"][:cut]}}]})
+        ps = part["groups"][0]["samples"][0]
+        if ps["output_ids"] != ws["output_ids"][cut:] or ps["logprobs"] != ws["logprobs"][cut:] or \
+                ps["resumed_len"] != cut:
+            reflib.fail(f"{adapter}: continue_from {cut} tokens of a sampled run with penalties differs from the "
+                        f"uninterrupted run: {ps['output_ids']} vs {ws['output_ids'][cut:]}")
 if inv.stop() != 0:
     reflib.fail("--batch-invariant server exit status")
 print(f"ok  --batch-invariant: cold, warm, beside another rollout and group-alone runs give identical ids and "
-      f"logprobs to the bit (base and adapter, greedy and T=1); max |diff| to transformers+peft {worst_inv:.2e}")
+      f"logprobs to the bit (base and adapter, greedy and T=1); max |diff| to transformers+peft {worst_inv:.2e}; "
+      f"continue_from a sampled run with penalties (after 1, 12, 29 tokens) reproduces it to the bit")
 
 # ---- 3 ----
 samp = {"max_tokens": 10, "temperature": 1.0, "ignore_eos": True}

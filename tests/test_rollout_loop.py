@@ -43,7 +43,9 @@ for k in range(3):
     shutil.copytree(d, os.path.join(root, f"v{k}"))
     v_dirs.append(os.path.join(root, f"v{k}"))
     v_refs.append(ref)
-srv = Server(["--model", model_dir, "--threads", "2", "--kv-cache-bytes", "64M", "--lora-root", root])
+upload_dir = reflib.tmpdir("cs_uploads_")
+srv = Server(["--model", model_dir, "--threads", "2", "--kv-cache-bytes", "64M", "--lora-root", root,
+              "--adapter-upload-dir", upload_dir])
 cl = Client(srv.base)
 PROMPT = [1, 500, 600, 700, 800, 900]
 
@@ -67,7 +69,9 @@ with open(os.path.join(v_dirs[0], "adapter_model.safetensors"), "rb") as f:
 if r["version"] != 3 or r["active_version"] != 3 or r["bytes"] <= 0:
     reflib.fail(f"push raw: {r}")
 check(3, v_refs[0], "raw upload v3")
-r = cl.push_adapter("pol", 10, path=v_dirs[1])
+r = cl.push_adapter("pol", 10, path=v_dirs[1], keep_versions=2)
+if r["kept_versions"] != [3, 10]:
+    reflib.fail(f"keep_versions=2: {r}")
 check(10, v_refs[1], "path upload v10")
 for bad_v in (10, 4):
     try:
@@ -82,8 +86,18 @@ try:
 except RolloutError as e:
     if e.status != 409:
         reflib.fail(f"delete active: {e}")
+if not os.path.exists(os.path.join(upload_dir, "pol", "v3", "adapter_model.safetensors")):
+    reflib.fail("the raw upload of version 3 should be stored while it is kept")
 if cl._call("DELETE", "/v1/adapters/pol/versions/3")["deleted"] is not True:
     reflib.fail("delete an old version")
+if os.path.exists(os.path.join(upload_dir, "pol", "v3")):
+    reflib.fail("a deleted uploaded version's files must be removed")
+try:
+    cl._call("DELETE", "/v1/adapters/pol/versions/3")
+    reflib.fail("deleting a version no longer kept must be refused")
+except RolloutError as e:
+    if e.status != 404:
+        reflib.fail(f"delete again: {e}")
 ad = cl.adapters()
 if [(a["name"], a["active_version"]) for a in ad] != [("pol", 10)]:
     reflib.fail(f"GET /v1/adapters: {ad}")
@@ -106,6 +120,111 @@ if r["aborted_requests"] != 1 or [s["finish_reason"] for s in s0] != ["abort", "
 check(11, v_refs[2], "after abort_inflight v11")
 print("ok  versioned uploads (raw safetensors and path), each version's rollouts equal peft with its weights; "
       "older versions refused; active version not deletable; apply=abort_inflight")
+
+# ---- kept versions: pinning, staging, activating, keep_versions, pause_keep ----
+def ref_of(v):  # the "pin" adapter's version v has v_dirs[(v - 1) % 3]'s weights
+    return v_refs[(v - 1) % 3]
+
+
+def check_sample(s, ref, p, what):
+    with torch.no_grad():
+        ls = reflib.log_softmax64(ref(torch.tensor([p + s["output_ids"]])).logits[0].double().numpy())
+    worst = max(abs(lp - ls[len(p) + k - 1][t]) for k, (t, lp) in enumerate(zip(s["output_ids"], s["logprobs"])))
+    if worst > TOL:
+        reflib.fail(f"{what}: logprobs differ from peft by {worst:.2e}")
+
+
+def roll_pin(version=None, max_tokens=8, n=2):
+    a = {"name": "pin", "version": version} if version else "pin"
+    return cl.rollout([{"input_ids": PROMPT, "n": n, "seed": 5}], adapter=a,
+                      sampling={"max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True})
+
+
+cl.push_adapter("pin", 1, path=v_dirs[0], keep_versions=3)
+cl.push_adapter("pin", 2, path=v_dirs[1])
+r = cl.push_adapter("pin", 3, path=v_dirs[2], activate=False)
+if r["active_version"] != 2 or r["kept_versions"] != [1, 2, 3]:
+    reflib.fail(f"staged version 3: {r}")
+ad = {a["name"]: a for a in cl.adapters()}["pin"]
+if [(v["version"], v["active"]) for v in ad["versions"]] != [(1, False), (2, True), (3, False)]:
+    reflib.fail(f"GET /v1/adapters versions: {ad}")
+for want, pin in ((2, None), (1, 1), (3, 3), (2, 2)):
+    for s in roll_pin(pin)["groups"][0]["samples"]:
+        if s["adapter_version"] != want or s["version_spans"] != [[0, 8, want]]:
+            reflib.fail(f"pinned {pin}: sample on version {s['adapter_version']} spans {s['version_spans']}, want {want}")
+        check_sample(s, ref_of(want), PROMPT, f"pinned version {pin}")
+try:
+    roll_pin(7)
+    reflib.fail("a version that is not kept must be refused")
+except RolloutError as e:
+    if e.status != 404 or "kept versions: 1, 2, 3" not in str(e):
+        reflib.fail(f"pin to version 7: {e}")
+r = cl.activate_adapter("pin", 3)
+if r["active_version"] != 3:
+    reflib.fail(f"activate staged version 3: {r}")
+for s in roll_pin()["groups"][0]["samples"]:
+    if s["adapter_version"] != 3:
+        reflib.fail("after activating 3, unpinned requests must run on it")
+# a pinned rollout is not cut by apply=abort_inflight, and goes on with its own version
+res = []
+th = threading.Thread(target=lambda: res.append(roll_pin(1, max_tokens=200, n=1)))
+srv.settle()
+th.start()
+while srv.metrics()[1]["caraserve_num_requests_running"] < 1:
+    time.sleep(0.02)
+r = cl.push_adapter("pin", 4, path=v_dirs[0], apply="abort_inflight")
+th.join()
+s = res[0]["groups"][0]["samples"][0]
+if r["aborted_requests"] != 0 or s["finish_reason"] != "length" or s["version_spans"] != [[0, 200, 1]]:
+    reflib.fail(f"pinned rollout during abort_inflight: {r} {s['finish_reason']} {s['version_spans']}")
+check_sample(s, ref_of(1), PROMPT, "pinned rollout during an upload")
+r = cl.push_adapter("pin", 5, path=v_dirs[1], keep_versions=1)
+if r["kept_versions"] != [5]:
+    reflib.fail(f"keep_versions=1: {r}")
+# apply=pause_keep: a running greedy rollout goes on with version 6's weights over the KV its
+# first tokens left under version 5; version_spans says where. The reference builds the same
+# thing in transformers: version 5's cache up to the switch, version 6 from there. The trainer's
+# sequence (pause keep, upload, resume) makes the switch land mid-sample whatever the timing.
+res = []
+body_pk = {"adapter": "pin", "sampling": {"max_tokens": 300, "temperature": 0, "ignore_eos": True},
+           "groups": [{"input_ids": PROMPT}]}
+th = threading.Thread(target=lambda: res.append(cl._call("POST", "/v1/rollout", body_pk)))
+
+
+def gen_tokens():
+    return sum(v for k_, v in srv.metrics()[1].items() if k_.startswith("caraserve_generation_tokens_total"))
+
+
+srv.settle()
+g0 = gen_tokens()
+th.start()
+while gen_tokens() == g0:  # its first token is out
+    time.sleep(0.01)
+cl._call("POST", "/v1/pause", {"mode": "keep"})
+r = cl.push_adapter("pin", 6, path=v_dirs[2], apply="pause_keep")
+cl._call("POST", "/v1/resume", {})
+th.join()
+s = res[0]["groups"][0]["samples"][0]
+sp = s["version_spans"]
+if r["moved_requests"] != 1 or len(sp) != 2 or sp[0][2] != 5 or sp[1][2] != 6 or sp[0][0] != 0 or         sp[0][1] != sp[1][0] or sp[1][1] != 300 or not 0 < sp[0][1] < 300 or s["adapter_version"] != 6:
+    reflib.fail(f"apply=pause_keep: {r} spans {sp} version {s['adapter_version']}")
+k, ids = sp[0][1], s["output_ids"]
+with torch.no_grad():
+    la = reflib.log_softmax64(ref_of(5)(torch.tensor([PROMPT + ids[:k]])).logits[0].double().numpy())
+    cache = ref_of(5)(torch.tensor([PROMPT + ids[:k - 1]]), use_cache=True).past_key_values
+    lb = reflib.log_softmax64(ref_of(6)(torch.tensor([ids[k - 1:]]), past_key_values=cache).logits[0].double().numpy())
+worst = 0.0
+for j, (t, lp) in enumerate(zip(ids, s["logprobs"])):
+    row = la[len(PROMPT) + j - 1] if j < k else lb[j - k]
+    worst = max(worst, abs(lp - row[t]))
+    if row.max() - row[t] > TOL:
+        reflib.fail(f"pause_keep: greedy token {j} is not the reference's argmax")
+if worst > TOL:
+    reflib.fail(f"pause_keep: logprobs differ from the mixed-version reference by {worst:.2e}")
+print(f"ok  kept versions: pinned rollouts (old, active, staged) equal peft with that version's weights; a version not "
+      f"kept is refused (404); activation of a staged version; pinned rollouts survive abort_inflight; "
+      f"keep_versions trims; apply=pause_keep moves a running sample at token {k}: spans {sp}, logprobs equal "
+      f"transformers with version 5's KV then version 6's weights (max |diff| {worst:.1e})")
 
 # versions 20..39 uploaded one after another while rollouts run: no request fails, and every
 # sample's reported version is the one whose weights produced its logprobs

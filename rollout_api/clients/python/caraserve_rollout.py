@@ -85,11 +85,23 @@ class Client:
             c.close()
 
     def push_adapter(self, name, version, weights=None, path=None, lora_alpha=None, r=None, target_modules=None,
-                     apply="next_request"):
+                     apply="next_request", activate=True, keep_versions=None):
         """PUT /v1/adapters/NAME/versions/VERSION with the raw adapter_model.safetensors bytes
         (r and target_modules are read from the tensors unless given) or a directory path under the
-        server's --lora-root. Returns {name, version, active_version, bytes, load_ms}."""
+        server's --lora-root.
+
+        activate=False stages the version (requests pin it with adapter={"name", "version"};
+        activate_adapter() makes it active later). apply: next_request (running requests finish on
+        the version they started with), abort_inflight (they end now, partial output returned) or
+        pause_keep (they go on with the new weights from the next token, keeping their KV cache;
+        their version_spans show where). keep_versions=N keeps the N newest versions pinnable.
+        Returns {name, version, active_version, bytes, load_ms, aborted_requests, moved_requests,
+        kept_versions}."""
         q = {"apply": apply}
+        if not activate:
+            q["activate"] = "false"
+        if keep_versions is not None:
+            q["keep_versions"] = str(int(keep_versions))
         if lora_alpha is not None:
             q["lora_alpha"] = str(lora_alpha)
         if r is not None:
@@ -100,6 +112,14 @@ class Client:
         if path is not None:
             return self._call("PUT", url, {"path": path})
         return self._call("PUT", url, raw=bytes(weights), content_type="application/octet-stream")
+
+    def activate_adapter(self, name, version, apply="next_request"):
+        """Make kept version VERSION of NAME the active one (an empty PUT)."""
+        url = f"/v1/adapters/{urllib.parse.quote(name)}/versions/{int(version)}?apply={urllib.parse.quote(apply)}"
+        return self._call("PUT", url, raw=b"", content_type="application/octet-stream")
+
+    def delete_adapter_version(self, name, version):
+        return self._call("DELETE", f"/v1/adapters/{urllib.parse.quote(name)}/versions/{int(version)}")
 
     def adapters(self):
         return self._call("GET", "/v1/adapters")
