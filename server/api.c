@@ -1474,7 +1474,7 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
  * return_logprob, lora_path (an adapter name), rid; answered in SGLang's shape */
 static enum MHD_Result sglang_generate(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
     json_t *ids = json_object_get(b, "input_ids"), *text = json_object_get(b, "text");
-    if (json_is_true(json_object_get(b, "stream"))) return http_error(c, 400, "stream", "stream is not supported on /generate yet");
+    if (json_is_true(json_object_get(b, "stream"))) return http_error(c, 400, "stream", "stream is not supported on /generate (use /v1/completions to stream tokens, or /v1/rollout with stream to get each group as it finishes)");
     bool batch = false;
     json_t *prompts = json_array();
     if (ids && !json_is_null(ids)) {
