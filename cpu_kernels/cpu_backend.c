@@ -16,7 +16,9 @@
 #include "cpu_kernels/kernels_paged.h"
 #include "cpu_kernels/threadpool.h"
 
-#define GEMV_MAX_N 8          /* up to this many rows use the GEMV kernel */
+#define GEMV_MAX_N 8          /* up to this many rows use the GEMV kernel (n = 1 once TILE_MAX_N takes 2..) */
+#define TILE_MAX_N 32         /* 2..this many rows: the 4x4 dot tiles (cs_gemm_invariant_avx512), 1.1-2.7x
+                               * the GEMV/sgemm there (F32, F16, BF16 without AMX; 2 threads) */
 #define AMX_MIN_N 2           /* BF16 weights: from this many rows on, the AMX GEMM */
 #define SLAB_BYTES (8u << 20) /* widened weight rows per GEMM task, per thread */
 #define ATTN_QBLOCK 64        /* queries per attention GEMM task */
@@ -27,6 +29,7 @@ typedef struct cpu_ctx {
     bool avx512;
     bool reference;
     bool invariant;       /* batch-invariant kernels only */
+    bool no_tile;         /* CS_NO_TILE: the GEMV/sgemm for 2..TILE_MAX_N rows too (benchmarks) */
     float **scratch;      /* per thread */
     size_t *scratch_len;  /* floats */
     float *gather;        /* paged attention: one sequence's K and V made contiguous */
@@ -63,8 +66,10 @@ static void cpu_buf_copy(backend_t *b, void *d, const void *s, size_t n) { (void
  *     then one task per block of weight rows: up to CS_AMX_SMALL_N rows (batched decode,
  *     memory-bound) W tiles come straight from the weights; above (prefill) each task
  *     packs its weight block. x has 3 terms (exact; CS_AMX_TERMS=2 trades 2^-17 for speed).
- *   Otherwise small n uses the GEMV, large n widens slabs of weight rows to F32 for
- *     OpenBLAS sgemm (F32 weights in place). */
+ *   Otherwise n = 1 uses the GEMV, 2..TILE_MAX_N the 4x4 dot tiles of the batch-invariant
+ *     kernel (weights read once per 4 rows of x, in their dtype), and larger n widens slabs
+ *     of weight rows to F32 for OpenBLAS sgemm (F32 weights in place).
+ *   --batch-invariant (c->invariant): the dot tiles at every n. */
 struct mm_job {
     cpu_ctx_t *c;
     float *y;
@@ -154,11 +159,19 @@ static int invariant_rows_per_task(const cpu_ctx_t *c, int rows) {
     return CS_MAX(16, (per + 15) & ~15);
 }
 
+/* the dot tiles: always when batch-invariant, else for a few rows the AMX path does not take */
+static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
+    if (!c->avx512 || c->reference) return false;
+    if (c->invariant) return true;
+    if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) return false;
+    return !c->no_tile && n >= 2 && n <= TILE_MAX_N;
+}
+
 static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
     if (c->reference || (c->invariant && !c->avx512)) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0};
-    if (c->invariant) {
+    if (use_tile(c, w, n)) {
         j.rows_per_task = invariant_rows_per_task(c, w->rows);
         threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_invariant_task, &j);
     } else if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) {
@@ -187,7 +200,7 @@ static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_w
  * of the workers instead of one per projection) */
 #define MM_MULTI_MAX 4
 struct mm_multi_job {
-    bool invariant;
+    bool tile;            /* the dot tiles, else the GEMV */
     float *const *ys;
     const float *x;
     int n, count;
@@ -202,25 +215,26 @@ static void mm_multi_task(void *p, int task, int thread) {
     while (task >= j->task0[k + 1]) k++;
     const cs_weight_t *w = j->ws[k];
     int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows);
-    if (j->invariant) cs_gemm_invariant_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
+    if (j->tile) cs_gemm_invariant_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
     else cs_gemv_rows_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
 }
 
 static void cpu_matmul_multi(backend_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
                              const float *const *biases, int count) {
     cpu_ctx_t *c = ctx_of(b);
-    bool gemv = !c->reference && c->avx512 && n <= GEMV_MAX_N && count <= MM_MULTI_MAX;
+    bool tile = count <= MM_MULTI_MAX;
+    for (int k = 0; k < count && tile; k++) tile = use_tile(c, ws[k], n);
+    bool gemv = !tile && !c->reference && c->avx512 && n <= GEMV_MAX_N && count <= MM_MULTI_MAX;
     for (int k = 0; k < count && gemv; k++) gemv = !(ws[k]->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N);
-    bool inv = c->invariant && c->avx512 && !c->reference && count <= MM_MULTI_MAX;
-    if (!gemv && !inv) {
+    if (!gemv && !tile) {
         for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x, n, ws[k], biases[k]);
         return;
     }
-    struct mm_multi_job j = {inv, ys, x, n, count, ws, {0}, {0}};
+    struct mm_multi_job j = {tile, ys, x, n, count, ws, {0}, {0}};
     int total_rows = 0;
     for (int k = 0; k < count; k++) total_rows += ws[k]->rows;
     int per;
-    if (inv) {
+    if (tile) {
         per = invariant_rows_per_task(c, total_rows);
     } else {
         per = CS_MAX(4, (total_rows + c->n_threads * 8 - 1) / (c->n_threads * 8));
@@ -849,6 +863,7 @@ backend_t *cpu_backend_new(const cpu_backend_params_t *p) {
     c->n_threads = b->n_threads = n;
     c->reference = p && p->reference;
     c->invariant = p && p->batch_invariant;
+    c->no_tile = getenv("CS_NO_TILE") != NULL;
     c->avx512 = cs_cpu_has_avx512() && !getenv("CS_NO_AVX512");
     c->amx = c->avx512 && !getenv("CS_NO_AMX") && cs_cpu_has_amx_bf16();
     /* two terms of x are ~1.3x faster for prefill but move BF16 logprobs from ~2e-6 to
