@@ -45,6 +45,8 @@ struct req {
     engine_request_t p;         /* deep copy; p.prompt, p.stop, ... owned */
     char *adapter;              /* NULL: base */
     lora_ref_t *lora;
+    lora_pin_t *pin;            /* a pinned version, held from submission (lora_registry_pin) */
+    lora_registry_t *loras;     /* for the unpin in req_free */
     int adapter_version;
     bool adapter_ready;
     bool no_publish;            /* moved to a newer version mid-way (engine_follow_active): its
@@ -198,6 +200,7 @@ static void seq_free(seq_t *s) {
 
 static void req_free(req_t *r) {
     if (!r) return;
+    if (r->pin) lora_registry_unpin(r->loras, r->pin);
     if (r->seqs)
         for (int i = 0; i < r->n; i++) seq_free(r->seqs[i]);
     free(r->seqs);
@@ -260,7 +263,7 @@ static bool seq_reserve(engine_t *e, seq_t *s, int upto) {
 
 /* take the longest cached prefix of full blocks (at least one token is left to compute) */
 static void seq_match_prefix(engine_t *e, seq_t *s) {
-    if (e->p.no_prefix_caching || s->n_blocks > 0) return;
+    if (e->p.no_prefix_caching || s->n_blocks > 0 || s->req->no_publish) return; /* mixed versions: recompute */
     if (s->req->p.prompt_logprobs && !s->req->plp_done) return; /* every prompt row's logits are wanted */
     int full = (s->n_tokens - 1) / KV_BLOCK_SIZE;
     if (grow((void **)&s->blocks, &s->cap_blocks, full + 1, sizeof(int32_t))) return;
@@ -601,7 +604,8 @@ static int req_adapter(engine_t *e, req_t *r) {
     if (r->adapter_ready) return CS_OK;
     if (!r->adapter) { r->adapter_ready = true; return CS_OK; }
     if (!e->p.loras) return cs_error_set(CS_ENOTFOUND, "no adapters are served (unknown adapter '%s')", r->adapter);
-    int rc = lora_registry_acquire_version(e->p.loras, r->adapter, r->p.adapter_version, &r->lora);
+    int rc = r->pin ? lora_registry_acquire_pinned(e->p.loras, r->pin, &r->lora)
+                    : lora_registry_acquire(e->p.loras, r->adapter, &r->lora);
     if (rc) return rc;
     r->adapter_version = r->lora->version;
     r->root = kv_hash_root(r->adapter, r->adapter_version);
@@ -640,7 +644,16 @@ static int follow_active(engine_t *e, const char *name) {
             lora_registry_release(e->p.loras, r->lora);
             r->lora = nr;
             r->adapter_version = nr->version;
-            r->no_publish = true;
+            bool started = false; /* any KV computed (or matched) under the old version? */
+            for (int i = 0; i < r->n; i++)
+                if (r->seqs[i] && (r->seqs[i]->n_computed > 0 || r->seqs[i]->n_blocks > 0)) started = true;
+            if (started) {
+                r->no_publish = true;
+            } else { /* nothing of the old version in it: it is simply a request of the new one */
+                r->root = kv_hash_root(r->adapter, r->adapter_version);
+                for (int i = 0; i < r->n; i++)
+                    if (r->seqs[i]) r->seqs[i]->chain = r->root;
+            }
             moved++;
         }
     lora_registry_release(e->p.loras, cur);
@@ -1081,8 +1094,6 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
         int ver;
         if (lora_registry_state(e->p.loras, adapter, &st, &ver))
             return cs_error_set(CS_ENOTFOUND, "adapter '%s' does not exist", adapter);
-        if (rq->adapter_version && lora_registry_check_version(e->p.loras, adapter, rq->adapter_version))
-            return CS_ENOTFOUND; /* the message names the kept versions */
     }
 
     req_t *r = calloc(1, sizeof *r);
@@ -1107,6 +1118,14 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
         if (!(stops[i] = dupstr(rq->stop[i]))) goto oom;
     if (stids) memcpy(stids, rq->stop_token_ids, sizeof(int32_t) * (size_t)rq->n_stop_token_ids);
     if (adapter && !(r->adapter = dupstr(adapter))) goto oom;
+    if (rq->adapter_version) { /* held from now on: an upload or a DELETE cannot drop it */
+        r->loras = e->p.loras;
+        int prc = lora_registry_pin(e->p.loras, adapter, rq->adapter_version, &r->pin);
+        if (prc) {
+            req_free(r);
+            return prc; /* the message names the kept versions */
+        }
+    }
     if (rq->prompt_logprobs) {
         size_t np = (size_t)rq->n_prompt, k = (size_t)rq->prompt_top_logprobs;
         r->plp = malloc(sizeof(float) * np);

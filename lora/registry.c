@@ -40,6 +40,8 @@ struct lora_entry {
     bool waiting;           /* on r->waitq (LOADING, config read, no room yet) */
     bool on_lru;            /* on r->lru (RESIDENT, kept, refs == 0) */
     int refs;
+    int pins;               /* requests that will acquire exactly this version (lora_registry_pin):
+                             * it stays kept (or, dropped by a remove, alive) for them */
     size_t nbytes;          /* F32 A/B bytes, known once adapter_config.json is read */
     double fresh_until;     /* cs_time_ms() before which only its requester may take it */
     double load_started;    /* cs_time_ms() when the load from disk began */
@@ -208,9 +210,12 @@ static void entry_free(lora_registry_t *r, lora_entry_t *e) {
     free(e);
 }
 
-/* Free E if nothing refers to it any more: not kept, not held, no loader job. */
+/* still wanted by its name or by a pinned request (a load of it goes on) */
+static bool wanted(const lora_entry_t *e) { return e->kept || e->pins > 0; }
+
+/* Free E if nothing refers to it any more: not kept or pinned, not held, no loader job. */
 static void maybe_free(lora_registry_t *r, lora_entry_t *e) {
-    if (e->kept || e->refs > 0 || e->in_io) return;
+    if (wanted(e) || e->refs > 0 || e->in_io) return;
     lru_del(r, e);
     wait_del(r, e);
     unreserve(r, e);
@@ -340,7 +345,7 @@ static void config_done(void *user, lora_file_t *files, size_t n) {
     pthread_mutex_lock(&r->mu);
     bool closing = r->closing, finished = true;
     e->in_io = false;
-    if (!e->kept) {
+    if (!wanted(e)) {
         maybe_free(r, e);
     } else if (rc != CS_OK) {
         fail(r, e, rc, msg);
@@ -388,7 +393,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
     e->in_io = false;
     free(e->config);
     e->config = NULL;
-    if (!e->kept) {
+    if (!wanted(e)) {
         lora_adapter_free(a);
         maybe_free(r, e);
         pump(r);
@@ -401,7 +406,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         e->ref.adapter = a;
         set_state(r, e, LORA_RESIDENT);
         e->fresh_until = cs_time_ms() + LORA_FRESH_MS;
-        lru_add(r, e);
+        if (e->kept) lru_add(r, e); /* a dropped, pinned one waits for its pinners, unevictable */
         r->stats.loads++;
         load_s = (cs_time_ms() - e->load_started) / 1000.0;
         pump(r);    /* at worst, arms the timer for when its grace ends */
@@ -481,7 +486,7 @@ static void kept_trim(lora_registry_t *r, lora_name_t *n, const lora_entry_t *sp
     for (lora_entry_t *e = n->kept; e; e = e->vnext) count++;
     for (lora_entry_t *e = n->kept, *nx; e && count > n->keep; e = nx) {
         nx = e->vnext;
-        if (e == n->cur || e == spare) continue;
+        if (e == n->cur || e == spare || e->pins > 0) continue; /* pinned requests wait for it */
         kept_unlink(n, e);
         retire(r, e);
         count--;
@@ -559,7 +564,8 @@ int lora_registry_add_ex(lora_registry_t *r, const char *name, const char *dir, 
     return add(r, name, dir, version, activate, keep_versions, out_version);
 }
 
-int lora_registry_activate(lora_registry_t *r, const char *name, int version) {
+int lora_registry_activate(lora_registry_t *r, const char *name, int version, int keep_versions, char *dir,
+                           size_t dirlen) {
     char kl[256];
     pthread_mutex_lock(&r->mu);
     lora_name_t *n = name_find(r, name);
@@ -571,6 +577,8 @@ int lora_registry_activate(lora_registry_t *r, const char *name, int version) {
     }
     if (!n->cur) r->stats.n_registered++;
     n->cur = e;
+    if (keep_versions > 0) n->keep = keep_versions;
+    if (dir) snprintf(dir, dirlen, "%s", e->dir);
     kept_trim(r, n, NULL);
     pthread_mutex_unlock(&r->mu);
     return CS_OK;
@@ -587,9 +595,9 @@ int lora_registry_remove_version(lora_registry_t *r, const char *name, int versi
         rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' has no version %d (kept: %s)", name, version, kl);
     } else if (e == n->cur) {
         rc = cs_error_set(CS_EBUSY, "version %d is the active version of '%s'", version, name);
-    } else if (e->refs > 0) {
-        rc = cs_error_set(CS_EBUSY, "version %d of '%s' is in use by %d request%s", version, name, e->refs,
-                          e->refs == 1 ? "" : "s");
+    } else if (e->refs + e->pins > 0) {
+        rc = cs_error_set(CS_EBUSY, "version %d of '%s' is in use by %d request%s", version, name, e->refs + e->pins,
+                          e->refs + e->pins == 1 ? "" : "s");
     } else {
         kept_unlink(n, e);
         retire(r, e);
@@ -620,21 +628,10 @@ int lora_registry_acquire(lora_registry_t *r, const char *name, lora_ref_t **out
     return lora_registry_acquire_version(r, name, 0, out);
 }
 
-int lora_registry_acquire_version(lora_registry_t *r, const char *name, int version, lora_ref_t **out) {
+/* take a reference to E (r->mu held): see lora_registry_acquire */
+static int acquire_entry(lora_registry_t *r, lora_entry_t *e, lora_ref_t **out) {
     int rc = CS_OK;
-    char kl[256];
-    *out = NULL;
-    pthread_mutex_lock(&r->mu);
-    lora_name_t *n = name_find(r, name);
-    lora_entry_t *e = n && n->cur ? kept_find(n, version) : NULL;
-    if (!e) {
-        if (!n || !n->cur) rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
-        else {
-            kept_list(n, kl, sizeof kl);
-            rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
-        }
-        goto out;
-    }
+    const char *name = e->name;
     switch (e->state) {
     case LORA_RESIDENT:
         if (e->refs++ == 0) lru_del(r, e);
@@ -668,10 +665,72 @@ int lora_registry_acquire_version(lora_registry_t *r, const char *name, int vers
         break;
     }
     }
-out:
+    return rc;
+}
+
+int lora_registry_acquire_version(lora_registry_t *r, const char *name, int version, lora_ref_t **out) {
+    int rc;
+    char kl[256];
+    *out = NULL;
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    lora_entry_t *e = n && n->cur ? kept_find(n, version) : NULL;
+    if (!e) {
+        if (!n || !n->cur) rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+        else {
+            kept_list(n, kl, sizeof kl);
+            rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
+        }
+    } else {
+        rc = acquire_entry(r, e, out);
+    }
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
+
+int lora_registry_pin(lora_registry_t *r, const char *name, int version, lora_pin_t **out) {
+    int rc = CS_OK;
+    char kl[256];
+    *out = NULL;
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    lora_entry_t *e = n && n->cur && version > 0 ? kept_find(n, version) : NULL;
+    if (!e) {
+        if (!n || !n->cur) rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+        else {
+            kept_list(n, kl, sizeof kl);
+            rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
+        }
+    } else {
+        e->pins++;
+        *out = (lora_pin_t *)e;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int lora_registry_acquire_pinned(lora_registry_t *r, lora_pin_t *pin, lora_ref_t **out) {
+    lora_entry_t *e = (lora_entry_t *)pin;
+    *out = NULL;
+    pthread_mutex_lock(&r->mu);
+    CS_ASSERT(e->r == r && e->pins > 0);
+    int rc = acquire_entry(r, e, out);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void lora_registry_unpin(lora_registry_t *r, lora_pin_t *pin) {
+    if (!pin) return;
+    lora_entry_t *e = (lora_entry_t *)pin;
+    pthread_mutex_lock(&r->mu);
+    CS_ASSERT(e->r == r && e->pins > 0);
+    if (--e->pins == 0 && !e->kept) {
+        maybe_free(r, e);
+        pump(r);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 
 void lora_registry_release(lora_registry_t *r, lora_ref_t *ref) {
     if (!ref) return;

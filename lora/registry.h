@@ -68,8 +68,11 @@ int lora_registry_add_version(lora_registry_t *r, const char *name, const char *
  * like any adapter and are reloaded from DIR when acquired again. */
 int lora_registry_add_ex(lora_registry_t *r, const char *name, const char *dir, int version, bool activate,
                          int keep_versions, int *out_version);
-/* Make kept version VERSION of NAME the active one. CS_ENOTFOUND when it is not kept. */
-int lora_registry_activate(lora_registry_t *r, const char *name, int version);
+/* Make kept version VERSION of NAME the active one; KEEP_VERSIONS > 0 also sets how many are
+ * kept (as for add); dir (if not NULL) gets the version's directory. CS_ENOTFOUND when it is
+ * not kept. */
+int lora_registry_activate(lora_registry_t *r, const char *name, int version, int keep_versions, char *dir,
+                           size_t dirlen);
 /* Drop kept version VERSION of NAME: CS_EBUSY when it is the active one or requests hold it,
  * CS_ENOTFOUND when it is not kept. */
 int lora_registry_remove_version(lora_registry_t *r, const char *name, int version);
@@ -95,6 +98,15 @@ int lora_registry_acquire(lora_registry_t *r, const char *name, lora_ref_t **out
 /* The same for a given kept VERSION of NAME (0: the active one); CS_ENOTFOUND naming the
  * kept versions when VERSION is not one of them. */
 int lora_registry_acquire_version(lora_registry_t *r, const char *name, int version, lora_ref_t **out);
+/* A request pinned to kept version VERSION (> 0) of NAME holds it from submission on, before
+ * it can acquire it: while pinned it stays kept (keep_versions passes over it, remove_version
+ * answers CS_EBUSY), and a remove of NAME lets it live until unpinned. CS_ENOTFOUND (naming
+ * the kept versions) when it is not kept. acquire_pinned answers as lora_registry_acquire;
+ * every pin ends with one unpin (after the release of what acquire_pinned gave). */
+typedef struct lora_pin lora_pin_t;
+int lora_registry_pin(lora_registry_t *r, const char *name, int version, lora_pin_t **out);
+int lora_registry_acquire_pinned(lora_registry_t *r, lora_pin_t *pin, lora_ref_t **out);
+void lora_registry_unpin(lora_registry_t *r, lora_pin_t *pin);
 /* CS_OK when VERSION (0: the active one) of NAME is kept, else CS_ENOTFOUND with a message. */
 int lora_registry_check_version(lora_registry_t *r, const char *name, int version);
 

@@ -894,6 +894,7 @@ static void *watch_thread(void *arg) {
         }
         pthread_mutex_unlock(&s->mu);
         for (int i = 0; i < n; i++) engine_abort(s->engine, ids[i]);
+        server_drain_drops(s); /* uploads dropped by the engine thread (a request's last release) */
     }
 }
 
@@ -1904,7 +1905,9 @@ static json_t *upload_config(struct MHD_Connection *c, const void *body, size_t 
         json_decref(targets);
         targets = json_array();
         char *dup = strdup(qt);
-        for (char *tok = strtok(dup, ","); tok; tok = strtok(NULL, ",")) json_array_append_new(targets, json_string(tok));
+        char *save = NULL;
+        for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            json_array_append_new(targets, json_string(tok));
         free(dup);
     }
     double alpha = qa ? atof(qa) : r;
@@ -1927,6 +1930,43 @@ static int abort_adapter_requests(server_t *s, const char *name) {
     }
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+/* the files of a refused upload (its own directory) */
+static void remove_upload(const char *dir) {
+    static const char *const files[] = {"adapter_model.safetensors", "adapter_config.json"};
+    for (size_t k = 0; k < CS_ARRAY_LEN(files); k++) {
+        char *f = cs_path_join(dir, files[k]);
+        if (f) unlink(f);
+        free(f);
+    }
+    rmdir(dir);
+}
+
+/* NAME's kept versions: numbers, or with detail [{version, tier, inflight, active}]; loaded
+ * (if not NULL) gets the resident ones */
+static json_t *kept_versions_json_ex(server_t *s, const char *name, bool detail, json_t *loaded) {
+    json_t *out = json_array();
+    int nv = lora_registry_versions(s->reg, name, NULL, 0);
+    if (nv <= 0) return out;
+    lora_version_info_t *vi = calloc((size_t)nv, sizeof *vi);
+    if (!vi) return out;
+    nv = CS_MIN(nv, lora_registry_versions(s->reg, name, vi, nv)); /* it may have changed meanwhile */
+    for (int i = 0; i < nv; i++) {
+        if (detail)
+            json_array_append_new(out, json_pack("{s:i, s:s, s:i, s:b}", "version", vi[i].version, "tier",
+                                                 lora_state_name(vi[i].state), "inflight", vi[i].refs, "active",
+                                                 vi[i].active));
+        else
+            json_array_append_new(out, json_integer(vi[i].version));
+        if (loaded && vi[i].state == LORA_RESIDENT) json_array_append_new(loaded, json_integer(vi[i].version));
+    }
+    free(vi);
+    return out;
+}
+
+static json_t *kept_versions_json(server_t *s, const char *name, bool detail) {
+    return kept_versions_json_ex(s, name, detail, NULL);
 }
 
 static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const char *url, const char *body, size_t len) {
@@ -1959,12 +1999,25 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
     char *dir = NULL;
     char err[1536];
     size_t nbytes = 0;
+    bool uploaded = false; /* dir is ours: removed again when the upload is refused */
+    char prev_dir[4096] = "";
     if (len == 0) { /* no body: activate a kept (staged or older) version */
         if (!activate) return http_error(c, 400, NULL, "an empty PUT activates a kept version: activate=false makes no sense");
-        if (lora_registry_activate(s->reg, name, version))
+        if (lora_registry_activate(s->reg, name, version, keep, prev_dir, sizeof prev_dir))
             return http_error(c, 404, "version", "%s (an empty body activates a kept version)", cs_error_last());
+        pthread_mutex_lock(&s->mu);
+        served_adapter_t *ad = adapter_find(s, name);
+        if (ad) {
+            free(ad->path);
+            ad->path = strdup(prev_dir);
+            ad->created = time(NULL);
+        }
+        pthread_mutex_unlock(&s->mu);
         goto applied;
     }
+    lora_state st0;
+    if (!activate && lora_registry_state(s->reg, name, &st0, NULL))
+        return http_error(c, 400, "activate", "adapter '%s' has no active version: its first version must be activated", name);
     if (ct && !strncmp(ct, "application/json", 16)) { /* {"path": DIR} under --lora-root */
         json_error_t je;
         json_t *b = json_loadb(body, len, 0, &je);
@@ -1979,13 +2032,20 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
     } else { /* the raw adapter_model.safetensors */
         json_t *cfg = upload_config(c, body, len, &e);
         if (!cfg) return reply_err(c, &e);
+        /* a directory of its own (UPLOAD_DIR/NAME/vV-XXXXXX): an upload refused below, or a
+         * concurrent one, never touches the files of a version already kept */
         char sub[512];
         snprintf(sub, sizeof sub, "%s/%s", s->upload_dir, name);
         mkdir(sub, 0700);
-        size_t dl = strlen(sub) + 32;
+        size_t dl = strlen(sub) + 40;
         dir = malloc(dl);
-        snprintf(dir, dl, "%s/v%d", sub, version);
-        mkdir(dir, 0700);
+        if (dir) snprintf(dir, dl, "%s/v%d-XXXXXX", sub, version);
+        if (!dir || !mkdtemp(dir)) {
+            free(dir);
+            json_decref(cfg);
+            return http_error(c, 500, NULL, "cannot create a directory under %s", s->upload_dir);
+        }
+        uploaded = true;
         char *f1 = cs_path_join(dir, "adapter_model.safetensors"), *f2 = cs_path_join(dir, "adapter_config.json");
         char *cj = json_dumps(cfg, JSON_INDENT(1));
         json_decref(cfg);
@@ -1994,14 +2054,17 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
         free(f2);
         free(cj);
         if (!ok) {
+            remove_upload(dir);
             free(dir);
             return http_error(c, 500, NULL, "cannot store the upload under %s", s->upload_dir);
         }
     }
     lora_adapter_t *a = NULL; /* refused here if it does not fit the base model */
     if (lora_adapter_load(dir, model_get_config(s->model), &a)) {
+        snprintf(err, sizeof err, "adapter '%s' version %d: %s", name, version, cs_error_last());
+        if (uploaded) remove_upload(dir);
         free(dir);
-        return http_error(c, 400, NULL, "adapter '%s' version %d: %s", name, version, cs_error_last());
+        return http_error(c, 400, NULL, "%s", err);
     }
     nbytes = a->nbytes;
     lora_adapter_free(a);
@@ -2009,13 +2072,17 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
     served_adapter_t *ad = adapter_find(s, name);
     if (ad && ad->unloading) {
         pthread_mutex_unlock(&s->mu);
+        if (uploaded) remove_upload(dir);
         free(dir);
         return http_error(c, 409, NULL, "adapter '%s' is being unloaded", name);
     }
-    if (lora_registry_add_ex(s->reg, name, dir, version, activate, keep, NULL)) {
+    int arc = lora_registry_add_ex(s->reg, name, dir, version, activate, keep, NULL);
+    if (arc) {
+        snprintf(err, sizeof err, "%s", cs_error_last());
         pthread_mutex_unlock(&s->mu);
+        if (uploaded) remove_upload(dir);
         free(dir);
-        return http_error(c, 409, "version", "%s", cs_error_last());
+        return http_error(c, arc == CS_ENOMEM ? 500 : 409, "version", "%s", err);
     }
     if (!ad) {
         ad = calloc(1, sizeof *ad);
@@ -2033,22 +2100,26 @@ static enum MHD_Result put_version(server_t *s, struct MHD_Connection *c, const 
     pthread_mutex_unlock(&s->mu);
 applied:;
     int aborted = 0, moved = 0;
+    bool pending = false;
     if (activate && apply && !strcmp(apply, "abort_inflight")) aborted = abort_adapter_requests(s, name);
     if (activate && apply && !strcmp(apply, "pause_keep")) {
         /* the running requests that follow the active version go on with the new weights from
-         * the next iteration, keeping their KV cache (engine_follow_active) */
-        moved = engine_follow_active(s->engine, name, 60000);
-        if (moved < 0) return http_error(c, 503, NULL, "version %d is active, but %s", version, cs_error_last());
+         * the next iteration, keeping their KV cache (engine_follow_active). That needs the new
+         * version loaded beside the old one: if the host cache has no room for both yet, the
+         * answer is 202 and the move happens once it is loaded. */
+        moved = engine_follow_active(s->engine, name, 10000);
+        if (moved == CS_EAGAIN) pending = true;
+        else if (moved < 0) return http_error(c, 500, NULL, "version %d is active, but %s", version, cs_error_last());
+        if (moved < 0) moved = 0;
     }
+    server_drain_drops(s);
     int cur = 0;
     lora_registry_state(s->reg, name, NULL, &cur);
-    lora_version_info_t vi[64];
-    int nv = lora_registry_versions(s->reg, name, vi, 64);
-    json_t *kept = json_array();
-    for (int i = 0; i < nv && i < 64; i++) json_array_append_new(kept, json_integer(vi[i].version));
-    return http_json(c, 200, json_pack("{s:s, s:i, s:i, s:I, s:f, s:i, s:i, s:o}", "name", name, "version", version,
-                                        "active_version", cur, "bytes", (json_int_t)nbytes, "load_ms", cs_time_ms() - t0,
-                                        "aborted_requests", aborted, "moved_requests", moved, "kept_versions", kept));
+    json_t *out = json_pack("{s:s, s:i, s:i, s:I, s:f, s:i, s:i, s:o, s:b}", "name", name, "version", version,
+                            "active_version", cur, "bytes", (json_int_t)nbytes, "load_ms", cs_time_ms() - t0,
+                            "aborted_requests", aborted, "moved_requests", moved, "kept_versions",
+                            kept_versions_json(s, name, false), "move_pending", pending);
+    return http_json(c, pending ? 202 : 200, out);
 }
 
 static enum MHD_Result delete_version(server_t *s, struct MHD_Connection *c, const char *url) {
@@ -2064,6 +2135,7 @@ static enum MHD_Result delete_version(server_t *s, struct MHD_Connection *c, con
                                         "/v1/unload_lora_adapter, or activate another version first)", version, name);
     if (rc == CS_EBUSY) return http_error(c, 409, NULL, "%s", cs_error_last());
     if (rc) return http_error(c, 404, NULL, "%s", cs_error_last());
+    server_drain_drops(s);
     return http_json(c, 200, json_pack("{s:s, s:i, s:b}", "name", name, "version", version, "deleted", 1));
 }
 
@@ -2074,15 +2146,7 @@ static enum MHD_Result list_adapters(server_t *s, struct MHD_Connection *c) {
         lora_state st = LORA_ON_DISK;
         int ver = 0;
         if (ad->unloading || lora_registry_state(s->reg, ad->name, &st, &ver)) continue;
-        lora_version_info_t vi[64];
-        int nv = lora_registry_versions(s->reg, ad->name, vi, 64);
-        json_t *kept = json_array(), *loaded = json_array();
-        for (int i = 0; i < nv && i < 64; i++) {
-            json_array_append_new(kept, json_pack("{s:i, s:s, s:i, s:b}", "version", vi[i].version, "tier",
-                                                  lora_state_name(vi[i].state), "inflight", vi[i].refs, "active",
-                                                  vi[i].active));
-            if (vi[i].state == LORA_RESIDENT) json_array_append_new(loaded, json_integer(vi[i].version));
-        }
+        json_t *loaded = json_array(), *kept = kept_versions_json_ex(s, ad->name, true, loaded);
         json_array_append_new(a, json_pack("{s:s, s:i, s:o, s:o, s:i, s:s, s:s}", "name", ad->name, "active_version", ver,
                                            "loaded_versions", loaded, "versions", kept, "inflight", ad->in_flight, "tier",
                                            lora_state_name(st), "path", ad->path ? ad->path : ""));
@@ -2096,22 +2160,46 @@ static const double LAT_BUCKETS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
                                      2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 #define N_LAT (int)(sizeof LAT_BUCKETS / sizeof LAT_BUCKETS[0])
 
-/* the registry dropped a version: an uploaded one's files go too (a trainer pushing every
+/* The registry dropped a version: an uploaded one's files go too (a trainer pushing every
  * step would fill the disk otherwise). Only directories this server created under its upload
- * dir: DIR is UPLOAD_DIR/NAME/vVERSION. */
+ * dir (UPLOAD_DIR/NAME/vVERSION-XXXXXX). Called with the registry's lock held (and maybe the
+ * engine's): the path is queued and deleted by server_drain_drops with no lock held. */
 void server_on_dropped(void *user, const char *name, int version, const char *dir) {
     server_t *s = user;
     char want[4096];
     if (!s->upload_dir) return;
-    int n = snprintf(want, sizeof want, "%s/%s/v%d", s->upload_dir, name, version);
-    if (n < 0 || (size_t)n >= sizeof want || strcmp(want, dir)) return;
-    static const char *const files[] = {"adapter_model.safetensors", "adapter_config.json"};
-    for (size_t i = 0; i < CS_ARRAY_LEN(files); i++) {
-        char *f = cs_path_join(dir, files[i]);
-        if (f) unlink(f);
-        free(f);
+    int n = snprintf(want, sizeof want, "%s/%s/v%d-", s->upload_dir, name, version);
+    if (n < 0 || (size_t)n >= sizeof want || strncmp(want, dir, (size_t)n) || strchr(dir + n, '/')) return;
+    char *d = strdup(dir);
+    pthread_mutex_lock(&s->drop_mu);
+    if (d && s->n_drops == s->cap_drops) {
+        int nc = s->cap_drops ? 2 * s->cap_drops : 16;
+        char **nd = realloc(s->drops, sizeof *nd * (size_t)nc);
+        if (nd) { s->drops = nd; s->cap_drops = nc; }
     }
-    rmdir(dir);
+    if (d && s->n_drops < s->cap_drops) s->drops[s->n_drops++] = d;
+    else free(d);
+    pthread_mutex_unlock(&s->drop_mu);
+}
+
+void server_drain_drops(server_t *s) {
+    pthread_mutex_lock(&s->drop_mu);
+    char **drops = s->drops;
+    int n = s->n_drops;
+    s->drops = NULL;
+    s->n_drops = s->cap_drops = 0;
+    pthread_mutex_unlock(&s->drop_mu);
+    static const char *const files[] = {"adapter_model.safetensors", "adapter_config.json"};
+    for (int i = 0; i < n; i++) {
+        for (size_t k = 0; k < CS_ARRAY_LEN(files); k++) {
+            char *f = cs_path_join(drops[i], files[k]);
+            if (f) unlink(f);
+            free(f);
+        }
+        rmdir(drops[i]);
+        free(drops[i]);
+    }
+    free(drops);
 }
 
 void server_on_load_time(void *user, double seconds) {

@@ -388,6 +388,7 @@ int cmd_serve(int argc, char **argv) {
     s->cfg = cfg;
     memset(&cfg, 0, sizeof cfg); /* owned by s now */
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->drop_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->created = time(NULL);
     json_t *tcfg = NULL;
@@ -552,6 +553,9 @@ out:
     free(s->bos_token);
     free(s->eos_token);
     cfg = s->cfg;
+    server_drain_drops(s);
+    free(s->drops);
+    pthread_mutex_destroy(&s->drop_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

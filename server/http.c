@@ -94,7 +94,8 @@ static char *lexical_abs(const char *path) {
     snprintf(in, n, "%s%s%s", cwd ? cwd : "", cwd ? "/" : "", path);
     free(cwd);
     size_t o = 0;
-    for (char *tok = strtok(in, "/"); tok; tok = strtok(NULL, "/")) {
+    char *save = NULL;
+    for (char *tok = strtok_r(in, "/", &save); tok; tok = strtok_r(NULL, "/", &save)) {
         if (!strcmp(tok, ".")) continue;
         if (!strcmp(tok, "..")) {
             while (o > 0 && out[o - 1] != '/') o--;

@@ -101,6 +101,9 @@ typedef struct server {
     pthread_t watch;                /* notices clients hanging up on suspended connections */
     pthread_cond_t watch_cv;
     bool watch_started, watch_stop;
+    pthread_mutex_t drop_mu;        /* a leaf lock: the directories of dropped uploads, */
+    char **drops;                   /* deleted later with no lock held (server_drain_drops) */
+    int n_drops, cap_drops;
 } server_t;
 
 /* ---- http.c ---- */
@@ -151,6 +154,7 @@ struct conn {
 int server_metrics_init(server_t *s);
 void server_on_load_time(void *user, double seconds);  /* the registry's on_load_time */
 void server_on_dropped(void *user, const char *name, int version, const char *dir); /* ... on_dropped */
+void server_drain_drops(server_t *s);  /* delete the dropped uploads' files (no lock held) */
 /* Register NAME -> DIR (a new version when it exists and inplace), validated first. */
 int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
                        size_t errlen);

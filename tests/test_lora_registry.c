@@ -1000,7 +1000,7 @@ START_TEST(test_kept_versions) {
     ck_assert_int_eq(lora_registry_remove_version(r, "k", 1), CS_EBUSY);     /* held */
     ck_assert(strstr(cs_error_last(), "in use") != NULL);
     ck_assert_int_eq(lora_registry_remove_version(r, "k", 9), CS_ENOTFOUND);
-    ck_assert_int_eq(lora_registry_activate(r, "k", 3), CS_OK);
+    ck_assert_int_eq(lora_registry_activate(r, "k", 3, 0, NULL, 0), CS_OK);
     int cur;
     ck_assert_int_eq(lora_registry_state(r, "k", NULL, &cur), CS_OK);
     ck_assert_int_eq(cur, 3);
@@ -1026,8 +1026,30 @@ START_TEST(test_kept_versions) {
     lora_ref_t *e = acquire_version_ok(r, "k", 5);
     ck_assert(adapters_equal(e->adapter, want[5]));
     lora_registry_release(r, e);
-    ck_assert_int_eq(lora_registry_remove(r, "k"), CS_OK);
+    /* a pinned request holds its version before it acquires it: keep_versions passes over it
+     * and DELETE is refused until it is unpinned */
+    lora_pin_t *pin = NULL;
+    ck_assert_int_eq(lora_registry_pin(r, "k", 4, &pin), CS_ENOTFOUND);
+    ck_assert_int_eq(lora_registry_pin(r, "k", 5, &pin), CS_OK);
+    ck_assert_int_eq(lora_registry_add_ex(r, "k", d[1], 6, true, 0, &v), CS_OK);
+    ck_assert_int_eq(lora_registry_versions(r, "k", vi, 8), 2);
+    ck_assert_int_eq(lora_registry_remove_version(r, "k", 5), CS_EBUSY);
+    lora_ref_t *pr = NULL;
+    double t0 = cs_time_ms();
+    int prc;
+    while ((prc = lora_registry_acquire_pinned(r, pin, &pr)) == CS_EAGAIN) {
+        ck_assert(cs_time_ms() - t0 < 30000);
+        usleep(1000);
+    }
+    ck_assert_int_eq(prc, CS_OK);
+    ck_assert(pr->version == 5 && adapters_equal(pr->adapter, want[5]));
+    lora_registry_release(r, pr);
+    lora_registry_unpin(r, pin);
+    ck_assert_int_eq(n_dropped, 4);
+    ck_assert_int_eq(lora_registry_remove_version(r, "k", 5), CS_OK);
     ck_assert_int_eq(n_dropped, 5);
+    ck_assert_int_eq(lora_registry_remove(r, "k"), CS_OK);
+    ck_assert_int_eq(n_dropped, 6);
     lora_registry_free(r);
     for (int i = 1; i <= 5; i++) { lora_adapter_free(want[i]); free((void *)d[i]); }
 }

@@ -11,6 +11,7 @@
 2. rollout_api/examples/grpo_loop.py runs 5 GRPO steps against the server with the stdlib
    client: every step rolls out on the version pushed by the step before, and the server's
    logprobs equal the trainer's (transformers + peft) within 1e-4."""
+import glob
 import json
 import os
 import re
@@ -86,12 +87,28 @@ try:
 except RolloutError as e:
     if e.status != 409:
         reflib.fail(f"delete active: {e}")
-if not os.path.exists(os.path.join(upload_dir, "pol", "v3", "adapter_model.safetensors")):
-    reflib.fail("the raw upload of version 3 should be stored while it is kept")
+v3_dirs = glob.glob(os.path.join(upload_dir, "pol", "v3-*"))
+if len(v3_dirs) != 1 or not os.path.exists(os.path.join(v3_dirs[0], "adapter_model.safetensors")):
+    reflib.fail(f"the raw upload of version 3 should be stored while it is kept: {v3_dirs}")
 if cl._call("DELETE", "/v1/adapters/pol/versions/3")["deleted"] is not True:
     reflib.fail("delete an old version")
-if os.path.exists(os.path.join(upload_dir, "pol", "v3")):
+if os.path.exists(v3_dirs[0]):
     reflib.fail("a deleted uploaded version's files must be removed")
+# a refused upload of a kept version's number leaves that version's files as they were
+with open(os.path.join(v_dirs[2], "adapter_model.safetensors"), "rb") as f:
+    other = f.read()
+before = {d: open(os.path.join(d, "adapter_model.safetensors"), "rb").read()
+          for d in glob.glob(os.path.join(upload_dir, "pol", "v*"))}
+try:
+    cl.push_adapter("pol", 10, other, lora_alpha=16)
+    reflib.fail("re-uploading version 10 must be refused")
+except RolloutError as e:
+    if e.status != 409:
+        reflib.fail(f"re-upload of version 10: {e}")
+after = {d: open(os.path.join(d, "adapter_model.safetensors"), "rb").read()
+         for d in glob.glob(os.path.join(upload_dir, "pol", "v*"))}
+if after != before:
+    reflib.fail("a refused upload changed or left files in the upload directory")
 try:
     cl._call("DELETE", "/v1/adapters/pol/versions/3")
     reflib.fail("deleting a version no longer kept must be refused")
@@ -178,9 +195,33 @@ s = res[0]["groups"][0]["samples"][0]
 if r["aborted_requests"] != 0 or s["finish_reason"] != "length" or s["version_spans"] != [[0, 200, 1]]:
     reflib.fail(f"pinned rollout during abort_inflight: {r} {s['finish_reason']} {s['version_spans']}")
 check_sample(s, ref_of(1), PROMPT, "pinned rollout during an upload")
+# a pinned request holds its version from submission on: queued behind a pause while an upload
+# with keep_versions=1 drops every other version, it still runs on version 3 afterwards (version 1's pinned
+# rollout above kept it through the upload of 4, so 2 was the one dropped then)
+cl._call("POST", "/v1/pause", {"mode": "keep"})
+res = []
+th = threading.Thread(target=lambda: res.append(roll_pin(3)))
+th.start()
+while srv.metrics()[1]["caraserve_num_requests_waiting"] < 1:
+    time.sleep(0.02)
 r = cl.push_adapter("pin", 5, path=v_dirs[1], keep_versions=1)
-if r["kept_versions"] != [5]:
-    reflib.fail(f"keep_versions=1: {r}")
+try:
+    cl.delete_adapter_version("pin", 3)
+    reflib.fail("deleting a version a queued request is pinned to must be refused")
+except RolloutError as e:
+    if e.status != 409:
+        reflib.fail(f"delete a pinned version: {e}")
+cl._call("POST", "/v1/resume", {})
+th.join()
+if r["kept_versions"] != [3, 5]:
+    reflib.fail(f"keep_versions=1 with a request pinned to version 3: {r}")
+for s in res[0]["groups"][0]["samples"]:
+    if s["finish_reason"] != "length" or s["version_spans"] != [[0, 8, 3]]:
+        reflib.fail(f"the queued pinned request: {s['finish_reason']} {s['version_spans']}")
+    check_sample(s, ref_of(3), PROMPT, "a pinned request queued across an upload")
+cl.delete_adapter_version("pin", 3)
+if [v["version"] for v in {a["name"]: a for a in cl.adapters()}["pin"]["versions"]] != [5]:
+    reflib.fail("keep_versions=1: only version 5 should be left")
 # apply=pause_keep: a running greedy rollout goes on with version 6's weights over the KV its
 # first tokens left under version 5; version_spans says where. The reference builds the same
 # thing in transformers: version 5's cache up to the switch, version 6 from there. The trainer's
@@ -222,7 +263,8 @@ for j, (t, lp) in enumerate(zip(ids, s["logprobs"])):
 if worst > TOL:
     reflib.fail(f"pause_keep: logprobs differ from the mixed-version reference by {worst:.2e}")
 print(f"ok  kept versions: pinned rollouts (old, active, staged) equal peft with that version's weights; a version not "
-      f"kept is refused (404); activation of a staged version; pinned rollouts survive abort_inflight; "
+      f"kept is refused (404); activation of a staged version; pinned rollouts survive abort_inflight and, queued, an "
+      f"upload that drops their version's siblings (DELETE of it: 409); "
       f"keep_versions trims; apply=pause_keep moves a running sample at token {k}: spans {sp}, logprobs equal "
       f"transformers with version 5's KV then version 6's weights (max |diff| {worst:.1e})")
 
