@@ -84,7 +84,7 @@ static int group_compute(const bm_request_t *reqs, int n, sel_t sel, double dura
     for (int i = 0; i < n; i++)
         if (selected(&reqs[i], sel)) {
             cap++;
-            if (reqs[i].ok && reqs[i].n_chunks > 1) n_itl += reqs[i].n_chunks - 1;
+            if (reqs[i].ok && reqs[i].n_chunks > 1 && !o->no_token_timing) n_itl += reqs[i].n_chunks - 1;
         }
     double *buf = malloc((size_t)(5 * cap + n_itl + 1) * sizeof *buf);
     if (!buf) return cs_error_set(CS_ENOMEM, "out of memory");
@@ -106,8 +106,10 @@ static int group_compute(const bm_request_t *reqs, int n, sel_t sel, double dura
         e2el[n_ok] = l.e2el;
         sched[n_ok] = l.sched_ttft;
         n_ok++;
-        if (l.has_tpot) tpot[n_tpot++] = l.tpot;
-        for (int j = 1; j < r->n_chunks; j++) itl[k_itl++] = (r->chunk_t[j] - r->chunk_t[j - 1]) * 1000;
+        if (!o->no_token_timing) { /* a rollout's chunks are whole groups: no per-token time */
+            if (l.has_tpot) tpot[n_tpot++] = l.tpot;
+            for (int j = 1; j < r->n_chunks; j++) itl[k_itl++] = (r->chunk_t[j] - r->chunk_t[j - 1]) * 1000;
+        }
         ok_ttft += within(l.ttft, o->slo.ttft_ms);
         ok_tpot += within(l.tpot, o->slo.tpot_ms);
         ok_e2el += within(l.e2el, o->slo.e2el_ms);
@@ -147,6 +149,11 @@ static int cmp_ev(const void *a, const void *b) {
     return x->d - y->d; /* departures (-1) before arrivals (+1): intervals are half-open */
 }
 
+/* vLLM's calculate_metrics: over the successful requests, 1 s buckets counted from the first
+ * send t0 (floor(t - t0)); output tokens go to the bucket of their chunk, and a request counts
+ * as concurrent in every bucket from that of its send to that of its end, both included (so
+ * requests that never overlap but fall in the same second count together, and one ending
+ * exactly on a bucket's start counts in it). The exact peak in flight is ours, kept apart. */
 static int peaks(const bm_request_t *reqs, int n, bm_result_t *res) {
     double t0 = INFINITY, t1 = -INFINITY;
     int n_ok = 0;
@@ -158,20 +165,29 @@ static int peaks(const bm_request_t *reqs, int n, bm_result_t *res) {
         if (r->chunk_t[r->n_chunks - 1] > t1) t1 = r->chunk_t[r->n_chunks - 1];
     }
     if (n_ok == 0) return CS_OK;
+    if (!(t1 - t0 < 1e8)) return cs_error_set(CS_EINVAL, "requests spread over %g s", t1 - t0);
     int nb = (int)ceil(t1 - t0) + 1;
     double *tok = calloc((size_t)nb, sizeof *tok);
+    int *conc = calloc((size_t)nb, sizeof *conc);
     ev_t *evs = malloc((size_t)(2 * n_ok) * sizeof *evs);
-    if (!tok || !evs) { free(tok); free(evs); return cs_error_set(CS_ENOMEM, "out of memory"); }
+    if (!tok || !conc || !evs) {
+        free(tok); free(conc); free(evs);
+        return cs_error_set(CS_ENOMEM, "out of memory");
+    }
     int k = 0;
     for (int i = 0; i < n; i++) {
         const bm_request_t *r = &reqs[i];
         if (!r->ok || r->n_chunks < 1) continue;
+        double end = r->chunk_t[r->n_chunks - 1];
         for (int j = 0; j < r->n_chunks; j++) {
             int b = (int)(r->chunk_t[j] - t0);
             if (b >= 0 && b < nb) tok[b] += r->chunk_tokens ? r->chunk_tokens[j] : 1;
         }
+        int b0 = (int)(r->t_sent - t0), b1 = (int)(end - t0);
+        if (b1 > nb - 1) b1 = nb - 1;
+        for (int b = b0 < 0 ? 0 : b0; b <= b1; b++) conc[b]++;
         evs[k++] = (ev_t){r->t_sent, 1};
-        evs[k++] = (ev_t){r->chunk_t[r->n_chunks - 1], -1};
+        evs[k++] = (ev_t){end, -1};
     }
     qsort(evs, (size_t)k, sizeof *evs, cmp_ev);
     int cur = 0, peak = 0;
@@ -180,11 +196,16 @@ static int peaks(const bm_request_t *reqs, int n, bm_result_t *res) {
         if (cur > peak) peak = cur;
     }
     double mx = 0;
-    for (int b = 0; b < nb; b++)
+    int mc = 0;
+    for (int b = 0; b < nb; b++) {
         if (tok[b] > mx) mx = tok[b];
+        if (conc[b] > mc) mc = conc[b];
+    }
     res->max_output_tokens_per_s = mx;
-    res->max_concurrent_requests = peak;
+    res->max_concurrent_requests = mc;
+    res->max_concurrent_requests_exact = peak;
     free(tok);
+    free(conc);
     free(evs);
     return CS_OK;
 }
@@ -284,6 +305,12 @@ int bm_compute(const bm_request_t *reqs, int n, double duration, const bm_opts_t
     r->duration = duration;
     r->opts = *o;
     if (r->opts.bucket_s <= 0) r->opts.bucket_s = 1;
+    r->tpot_bound_na = -1;
+    if (r->opts.no_token_timing && r->opts.slo.tpot_ms >= 0) { /* reported as not applicable, not applied */
+        r->tpot_bound_na = r->opts.slo.tpot_ms;
+        r->opts.slo.tpot_ms = -1;
+    }
+    o = &r->opts;
     int rc = CS_OK;
     int *ranks = malloc((size_t)(n + 1) * sizeof *ranks);
     r->per_adapter = calloc((size_t)n_adapters + 1, sizeof *r->per_adapter);
@@ -421,9 +448,11 @@ static void breakdown(FILE *f, const bm_result_t *r, const bm_group_t *g, int n,
         char rk[16];
         if (g[i].rank > 0) snprintf(rk, sizeof rk, "%d", g[i].rank);
         else snprintf(rk, sizeof rk, "%s", g[i].rank == 0 ? "-" : "?");
-        fprintf(f, "%-20.20s %5s %6d %6d %6d %9.2f %9.2f %9.2f %9.2f %7.2f\n", g[i].name, rk, g[i].requests,
+        char tp[32] = "-"; /* no TPOT in rollout mode */
+        if (!r->opts.no_token_timing) snprintf(tp, sizeof tp, "%.2f", g[i].tpot.mean);
+        fprintf(f, "%-20.20s %5s %6d %6d %6d %9.2f %9.2f %9.2f %9s %7.2f\n", g[i].name, rk, g[i].requests,
                 g[i].completed, g[i].failed, g[i].output_throughput, g[i].ttft.median,
-                k99 >= 0 ? g[i].ttft.pct[k99] : g[i].ttft.max, g[i].tpot.mean, 100 * g[i].attainment);
+                k99 >= 0 ? g[i].ttft.pct[k99] : g[i].ttft.max, tp, 100 * g[i].attainment);
     }
 }
 
@@ -442,10 +471,16 @@ void bm_print_table(FILE *f, const bm_result_t *r, const bm_table_opts_t *t) {
     row_f(f, "Output token throughput (tok/s):", a->output_throughput);
     row_f(f, "Peak output token throughput (tok/s):", r->max_output_tokens_per_s);
     row_f(f, "Peak concurrent requests:", r->max_concurrent_requests);
+    row_i(f, "Peak requests in flight at one instant:", r->max_concurrent_requests_exact);
     row_f(f, "Total token throughput (tok/s):", a->total_token_throughput);
     if (t->metrics & BM_TTFT) metric_rows(f, r, &a->ttft, "TTFT", "Time to First Token");
-    if (t->metrics & BM_TPOT) metric_rows(f, r, &a->tpot, "TPOT", "Time per Output Token (excl. 1st token)");
-    if (t->metrics & BM_ITL) metric_rows(f, r, &a->itl, "ITL", "Inter-token Latency");
+    if (r->opts.no_token_timing && (t->metrics & (BM_TPOT | BM_ITL))) {
+        center(f, "TPOT and ITL", '-');
+        fprintf(f, "%-40s %s\n", "TPOT, ITL:", BM_NO_TOKEN_TIMING_NOTE);
+    } else {
+        if (t->metrics & BM_TPOT) metric_rows(f, r, &a->tpot, "TPOT", "Time per Output Token (excl. 1st token)");
+        if (t->metrics & BM_ITL) metric_rows(f, r, &a->itl, "ITL", "Inter-token Latency");
+    }
     if (t->metrics & BM_E2EL) metric_rows(f, r, &a->e2el, "E2EL", "End-to-end Latency");
     if (t->metrics & BM_SCHED_TTFT) metric_rows(f, r, &a->sched_ttft, "sched TTFT", "TTFT from the Scheduled Arrival");
     if (r->opts.has_slo) {
@@ -454,12 +489,14 @@ void bm_print_table(FILE *f, const bm_result_t *r, const bm_table_opts_t *t) {
         if (s->ttft_ms >= 0) { snprintf(part, sizeof part, "ttft<=%g ", s->ttft_ms); strcat(slo, part); }
         if (s->tpot_ms >= 0) { snprintf(part, sizeof part, "tpot<=%g ", s->tpot_ms); strcat(slo, part); }
         if (s->e2el_ms >= 0) { snprintf(part, sizeof part, "e2el<=%g ", s->e2el_ms); strcat(slo, part); }
+        if (r->tpot_bound_na >= 0) { snprintf(part, sizeof part, "(tpot<=%g: n/a) ", r->tpot_bound_na); strcat(slo, part); }
         center(f, "SLO Attainment (failures are misses)", '-');
         fprintf(f, "%-40s %s\n", "SLO (ms):", slo);
         row_i(f, "Good requests:", a->good);
         row_f(f, "SLO attainment (%):", 100 * a->attainment);
         if (s->ttft_ms >= 0) row_f(f, "  TTFT attainment (%):", 100 * a->attainment_ttft);
         if (s->tpot_ms >= 0) row_f(f, "  TPOT attainment (%):", 100 * a->attainment_tpot);
+        if (r->tpot_bound_na >= 0) fprintf(f, "%-40s %s\n", "  TPOT attainment (%):", "n/a (not measured in rollout mode)");
         if (s->e2el_ms >= 0) row_f(f, "  E2EL attainment (%):", 100 * a->attainment_e2el);
     }
     if (t->per_adapter && r->n_adapters > 0) {
@@ -475,31 +512,37 @@ void bm_print_table(FILE *f, const bm_result_t *r, const bm_table_opts_t *t) {
 }
 
 /* ---- JSON ---- */
-static void stat_json(json_t *o, const char *prefix, const char *key, const bm_stat_t *s, const bm_opts_t *op) {
+/* the statistics' keys; null when the metric is not measured (TPOT and ITL in rollout mode) */
+static void stat_json(json_t *o, const char *prefix, const char *key, const bm_stat_t *s, const bm_opts_t *op,
+                      bool measured) {
     char k[96], pw[32];
     snprintf(k, sizeof k, "%smean_%s_ms", prefix, key);
-    json_object_set_new(o, k, json_real(s->mean));
+    json_object_set_new(o, k, measured ? json_real(s->mean) : json_null());
     snprintf(k, sizeof k, "%smedian_%s_ms", prefix, key);
-    json_object_set_new(o, k, json_real(s->median));
+    json_object_set_new(o, k, measured ? json_real(s->median) : json_null());
     snprintf(k, sizeof k, "%sstd_%s_ms", prefix, key);
-    json_object_set_new(o, k, json_real(s->std));
+    json_object_set_new(o, k, measured ? json_real(s->std) : json_null());
     for (int i = 0; i < op->n_pct; i++) {
         pct_word(op->pct[i], pw, sizeof pw);
         snprintf(k, sizeof k, "%sp%s_%s_ms", prefix, pw, key);
-        json_object_set_new(o, k, json_real(s->pct[i]));
+        json_object_set_new(o, k, measured ? json_real(s->pct[i]) : json_null());
     }
 }
 
-static json_t *attain_json(const bm_group_t *g, const bm_opts_t *o) {
+static json_t *attain_json(const bm_group_t *g, const bm_result_t *r) {
+    const bm_opts_t *o = &r->opts;
     if (!o->has_slo) return json_null();
     json_t *a = json_pack("{s:f, s:i, s:i}", "all", g->attainment, "good", g->good, "requests", g->completed + g->failed);
     if (o->slo.ttft_ms >= 0) json_object_set_new(a, "ttft", json_real(g->attainment_ttft));
     if (o->slo.tpot_ms >= 0) json_object_set_new(a, "tpot", json_real(g->attainment_tpot));
+    if (r->tpot_bound_na >= 0) json_object_set_new(a, "tpot", json_null()); /* given, not applicable */
     if (o->slo.e2el_ms >= 0) json_object_set_new(a, "e2el", json_real(g->attainment_e2el));
     return a;
 }
 
-static json_t *group_json(const bm_group_t *g, const bm_opts_t *o, bool is_adapter) {
+static json_t *group_json(const bm_group_t *g, const bm_result_t *r, bool is_adapter) {
+    const bm_opts_t *o = &r->opts;
+    bool tok = !o->no_token_timing;
     json_t *j = json_object();
     json_object_set_new(j, is_adapter ? "adapter" : "name", json_string(g->name));
     json_object_set_new(j, "rank", g->rank >= 0 ? json_integer(g->rank) : json_null());
@@ -511,12 +554,12 @@ static json_t *group_json(const bm_group_t *g, const bm_opts_t *o, bool is_adapt
     json_object_set_new(j, "request_throughput", json_real(g->request_throughput));
     json_object_set_new(j, "output_throughput", json_real(g->output_throughput));
     json_object_set_new(j, "request_goodput", o->has_slo ? json_real(g->request_goodput) : json_null());
-    stat_json(j, "", "ttft", &g->ttft, o);
-    stat_json(j, "", "tpot", &g->tpot, o);
-    stat_json(j, "", "itl", &g->itl, o);
-    stat_json(j, "", "e2el", &g->e2el, o);
-    stat_json(j, "", "sched_ttft", &g->sched_ttft, o);
-    json_object_set_new(j, "slo_attainment", attain_json(g, o));
+    stat_json(j, "", "ttft", &g->ttft, o, true);
+    stat_json(j, "", "tpot", &g->tpot, o, tok);
+    stat_json(j, "", "itl", &g->itl, o, tok);
+    stat_json(j, "", "e2el", &g->e2el, o, true);
+    stat_json(j, "", "sched_ttft", &g->sched_ttft, o, true);
+    json_object_set_new(j, "slo_attainment", attain_json(g, r));
     return j;
 }
 
@@ -535,11 +578,14 @@ json_t *bm_result_json(const bm_result_t *r, const bm_request_t *reqs, int n, bo
     json_object_set_new(j, "total_token_throughput", json_real(a->total_token_throughput));
     json_object_set_new(j, "max_output_tokens_per_s", json_real(r->max_output_tokens_per_s));
     json_object_set_new(j, "max_concurrent_requests", json_integer(r->max_concurrent_requests));
-    stat_json(j, "", "ttft", &a->ttft, o);
-    stat_json(j, "", "tpot", &a->tpot, o);
-    stat_json(j, "", "itl", &a->itl, o);
-    stat_json(j, "", "e2el", &a->e2el, o);
-    stat_json(j, "", "sched_ttft", &a->sched_ttft, o);
+    json_object_set_new(j, "max_concurrent_requests_exact", json_integer(r->max_concurrent_requests_exact));
+    bool tok = !o->no_token_timing;
+    stat_json(j, "", "ttft", &a->ttft, o, true);
+    stat_json(j, "", "tpot", &a->tpot, o, tok);
+    stat_json(j, "", "itl", &a->itl, o, tok);
+    stat_json(j, "", "e2el", &a->e2el, o, true);
+    stat_json(j, "", "sched_ttft", &a->sched_ttft, o, true);
+    if (!tok) json_object_set_new(j, "tpot_itl", json_string(BM_NO_TOKEN_TIMING_NOTE));
     json_object_set_new(j, "schema_version", json_integer(1));
     json_object_set_new(j, "total_requests", json_integer(a->requests));
     json_t *slo = json_null();
@@ -548,12 +594,16 @@ json_t *bm_result_json(const bm_result_t *r, const bm_request_t *reqs, int n, bo
         if (o->slo.ttft_ms >= 0) json_object_set_new(slo, "ttft_ms", json_real(o->slo.ttft_ms));
         if (o->slo.tpot_ms >= 0) json_object_set_new(slo, "tpot_ms", json_real(o->slo.tpot_ms));
         if (o->slo.e2el_ms >= 0) json_object_set_new(slo, "e2el_ms", json_real(o->slo.e2el_ms));
+        if (r->tpot_bound_na >= 0) {
+            json_object_set_new(slo, "tpot_ms", json_real(r->tpot_bound_na));
+            json_object_set_new(slo, "not_applicable", json_pack("[s]", "tpot"));
+        }
     }
     json_object_set_new(j, "slo", slo);
-    json_object_set_new(j, "slo_attainment", attain_json(a, o));
+    json_object_set_new(j, "slo_attainment", attain_json(a, r));
     json_t *pa = json_array(), *pr = json_array(), *ts = json_array();
-    for (int i = 0; i < r->n_adapters; i++) json_array_append_new(pa, group_json(&r->per_adapter[i], o, true));
-    for (int i = 0; i < r->n_ranks; i++) json_array_append_new(pr, group_json(&r->per_rank[i], o, false));
+    for (int i = 0; i < r->n_adapters; i++) json_array_append_new(pa, group_json(&r->per_adapter[i], r, true));
+    for (int i = 0; i < r->n_ranks; i++) json_array_append_new(pr, group_json(&r->per_rank[i], r, false));
     for (int b = 0; b < r->n_buckets; b++) {
         const bm_bucket_t *k = &r->ts[b];
         json_t *e = json_pack("{s:f, s:i, s:i, s:i, s:I, s:i, s:i, s:f}", "t", k->t, "arrivals", k->arrivals,
@@ -578,8 +628,9 @@ json_t *bm_result_json(const bm_result_t *r, const bm_request_t *reqs, int n, bo
             json_array_append_new(il, json_integer(q->input_len));
             json_array_append_new(ol, json_integer(ok ? q->output_tokens : 0));
             json_array_append_new(tt, json_real(ok ? l.ttft / 1000 : 0));
-            json_t *gaps = json_array();
-            for (int k = 1; ok && k < q->n_chunks; k++) json_array_append_new(gaps, json_real(q->chunk_t[k] - q->chunk_t[k - 1]));
+            json_t *gaps = tok ? json_array() : json_null(); /* rollout: gaps between groups are no ITLs */
+            for (int k = 1; tok && ok && k < q->n_chunks; k++)
+                json_array_append_new(gaps, json_real(q->chunk_t[k] - q->chunk_t[k - 1]));
             json_array_append_new(itls, gaps);
             json_array_append_new(lat, json_real(ok ? l.e2el / 1000 : 0));
             json_array_append_new(st, json_real(q->t_sent));
@@ -635,7 +686,7 @@ int bm_write_requests_csv(const char *path, const bm_result_t *res, const bm_req
         fputc(',', f);
         if (ok) {
             fprintf(f, "%.3f,", l.ttft);
-            if (l.has_tpot) fprintf(f, "%.3f", l.tpot);
+            if (l.has_tpot && !res->opts.no_token_timing) fprintf(f, "%.3f", l.tpot);
             fprintf(f, ",%.3f,%.3f,", l.e2el, l.sched_ttft);
         } else {
             fputs(",,,,", f);
@@ -747,6 +798,12 @@ static void cdf_panel(FILE *f, panel_t *p, const bm_result_t *res, const bm_requ
     char title[64], xl[64];
     snprintf(title, sizeof title, "%s CDF by rank", names[which]);
     snprintf(xl, sizeof xl, "%s (ms)", names[which]);
+    if (which == 1 && res->opts.no_token_timing) { /* an empty panel that says why */
+        p->xmin = p->ymin = 0;
+        p->xmax = p->ymax = 1;
+        panel_draw(f, p, "TPOT: not measured (rollout: groups arrive whole)", xl, "fraction of requests");
+        return;
+    }
     int m = collect(reqs, n, 0, true, which, buf);
     p->xmin = 0;
     p->xmax = m > 0 ? buf[m - 1] : 1;

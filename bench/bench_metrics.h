@@ -31,6 +31,8 @@ typedef struct bm_request {
 } bm_request_t;
 
 #define BM_MAX_PCT 16
+/* what the table and the JSON (`tpot_itl`) say when TPOT and ITL are not measured */
+#define BM_NO_TOKEN_TIMING_NOTE "not measured in rollout mode: groups arrive whole"
 
 typedef struct bm_slo {
     double ttft_ms, tpot_ms, e2el_ms; /* < 0: no bound on that metric */
@@ -42,6 +44,8 @@ typedef struct bm_opts {
     bm_slo_t slo;
     bool has_slo;           /* --goodput given */
     double bucket_s;        /* time series bucket (default 1 s) */
+    bool no_token_timing;   /* chunks are whole groups (rollout): TPOT and ITL are not measured and
+                             * a TPOT bound does not apply (it is left out of goodput and attainment) */
 } bm_opts_t;
 
 typedef struct bm_stat {
@@ -77,13 +81,18 @@ typedef struct bm_result {
     bm_opts_t opts;
     bm_group_t all;
     double max_output_tokens_per_s; /* vLLM: 1 s buckets from the first successful send */
-    int max_concurrent_requests;    /* vLLM: sweep over [sent, sent + e2el) of successful requests */
+    /* vLLM: 1 s buckets b from the first successful send t0; a successful request counts in
+     * every b with floor(sent - t0) <= b <= floor(sent + e2el - t0); the fullest bucket */
+    int max_concurrent_requests;
+    /* ours: the most successful requests in flight at one instant (sweep over [sent, sent + e2el)) */
+    int max_concurrent_requests_exact;
     int n_adapters;
     bm_group_t *per_adapter;        /* base model first (when it had requests), then the adapters */
     int n_ranks;
     bm_group_t *per_rank;           /* ascending rank */
     int n_buckets;
     bm_bucket_t *ts;
+    double tpot_bound_na;           /* no_token_timing: the TPOT bound given, not applied (< 0: none) */
     char **names;                   /* owned names of the groups */
     int n_names;
 } bm_result_t;
@@ -95,7 +104,7 @@ typedef struct bm_latency {
 } bm_latency_t;
 
 bool bm_request_latency(const bm_request_t *r, bm_latency_t *l);
-/* completed and within every bound of the SLO */
+/* completed and within every bound of the SLO (bm_compute drops a TPOT bound under no_token_timing) */
 bool bm_request_good(const bm_request_t *r, const bm_slo_t *slo);
 
 /* numpy's default (linear) percentile of sorted values; 0 for n = 0 */

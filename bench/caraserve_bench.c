@@ -9,6 +9,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -90,7 +91,8 @@ static const char USAGE[] =
 "  --dry-run                 draw (and dump) the schedule, send nothing\n"
 "\n"
 "Metrics and output:\n"
-"  --goodput KEY:MS ...      SLO bounds, KEY ttft | tpot | e2el (e.g. --goodput ttft:500 tpot:50)\n"
+"  --goodput KEY:MS ...      SLO bounds, KEY ttft | tpot | e2el (e.g. --goodput ttft:500 tpot:50);\n"
+"                            /v1/rollout measures no TPOT: a tpot bound there is not applicable\n"
 "  --percentile-metrics L    metrics printed with percentiles (default ttft,tpot,itl,e2el; also sched_ttft)\n"
 "  --metric-percentiles L    percentiles (default 99; e.g. 50,90,99)\n"
 "  --per-adapter             print the per-adapter breakdown\n"
@@ -378,6 +380,8 @@ static void parse_args(int argc, char **argv, opts_t *o) {
     o->wl.adapters = o->adapters;
     o->wl.n_adapters = o->n_adapters;
     if (o->token_id_min >= o->vocab_size) usage_error("--token-id-min must be below --vocab-size");
+    if (strstr(o->endpoint, "rollout") && o->mo.slo.tpot_ms >= 0 && o->mo.slo.ttft_ms < 0 && o->mo.slo.e2el_ms < 0)
+        usage_error("--goodput tpot: /v1/rollout streams whole groups, so TPOT is not measured; bound ttft or e2el");
 }
 
 /* ---- the run ---- */
@@ -404,6 +408,9 @@ typedef struct xfer {
     int usage_out, usage_in;
     bool summary;            /* rollout: the summary line came */
     int rollout_tokens;
+    double *smp;             /* rollout: (ttft_ms, e2e_ms, output tokens) of each sample so far, as the
+                              * server timed them; they join the bench's when the call succeeds */
+    int n_smp, cap_smp;
     char *stream_error;
     int chunk_cap;
     char curl_err[CURL_ERROR_SIZE];
@@ -425,8 +432,10 @@ struct bench {
     int sent, done, failed;
     double *ttfts;           /* completed requests' TTFTs, for the progress line */
     int n_ttfts;
-    double *srv_ttft, *srv_e2e; /* rollout: every sample's timing as the server measured it */
-    int n_srv, cap_srv;
+    /* rollout: the samples of successful calls, as the server timed them (ms from the start of
+     * the call); a sample with no token (ttft_ms, e2e_ms -1) is left out of the statistics */
+    double *srv_ttft, *srv_e2e, *srv_tpot;
+    int n_srv, n_srv_ttft, n_srv_e2e, n_srv_tpot, n_srv_untimed, cap_srv;
     bool progress;
 };
 
@@ -514,22 +523,22 @@ static void on_line(xfer_t *x, char *s, size_t len, double t) {
             size_t i;
             json_t *smp;
             json_array_foreach(samples, i, smp) {
-                tok += (int)json_array_size(json_object_get(smp, "output_ids"));
+                int out = (int)json_array_size(json_object_get(smp, "output_ids"));
+                tok += out;
                 json_t *tm = json_object_get(smp, "timing");
-                bench_t *b = x->b;
                 if (json_is_object(tm) && x->rec->id >= 0) {
-                    if (b->n_srv == b->cap_srv) {
-                        int cap = b->cap_srv ? 2 * b->cap_srv : 256;
-                        double *a = realloc(b->srv_ttft, (size_t)cap * sizeof *a);
-                        if (a) b->srv_ttft = a;
-                        double *c = realloc(b->srv_e2e, (size_t)cap * sizeof *c);
-                        if (c) b->srv_e2e = c;
-                        if (a && c) b->cap_srv = cap;
+                    if (x->n_smp == x->cap_smp) {
+                        int cap = x->cap_smp ? 2 * x->cap_smp : 16;
+                        double *a = realloc(x->smp, (size_t)cap * 3 * sizeof *a);
+                        if (!a) { set_error(x, "out of memory"); break; }
+                        x->smp = a;
+                        x->cap_smp = cap;
                     }
-                    if (b->n_srv < b->cap_srv) {
-                        b->srv_ttft[b->n_srv] = json_number_value(json_object_get(tm, "ttft_ms"));
-                        b->srv_e2e[b->n_srv++] = json_number_value(json_object_get(tm, "e2e_ms"));
-                    }
+                    json_t *tt = json_object_get(tm, "ttft_ms"), *te = json_object_get(tm, "e2e_ms");
+                    double *e = &x->smp[3 * x->n_smp++];
+                    e[0] = json_is_number(tt) ? json_number_value(tt) : -1;
+                    e[1] = json_is_number(te) ? json_number_value(te) : -1;
+                    e[2] = out;
                 }
                 const char *fin = json_string_value(json_object_get(smp, "finish_reason"));
                 if (fin && (!strcmp(fin, "abort") || !strcmp(fin, "error")))
@@ -685,6 +694,36 @@ static int start_request(bench_t *b, const bw_request_t *q, bm_request_t *rec) {
     return CS_OK;
 }
 
+/* a successful rollout call's samples join the server-side statistics: TTFT and E2E of the
+ * samples that produced a token (the server reports -1 for the others), TPOT of those with
+ * more than one, (e2e - ttft) / (out - 1) from the server's own first and last token */
+static void keep_samples(bench_t *b, const xfer_t *x) {
+    if (x->n_smp == 0) return;
+    if (b->n_srv + x->n_smp > b->cap_srv) {
+        int cap = b->cap_srv ? b->cap_srv : 256;
+        while (cap < b->n_srv + x->n_smp) cap *= 2;
+        double *t = realloc(b->srv_ttft, (size_t)cap * sizeof *t);
+        if (t) b->srv_ttft = t;
+        double *e = realloc(b->srv_e2e, (size_t)cap * sizeof *e);
+        if (e) b->srv_e2e = e;
+        double *p = realloc(b->srv_tpot, (size_t)cap * sizeof *p);
+        if (p) b->srv_tpot = p;
+        if (!t || !e || !p) return; /* out of memory: these samples go uncounted */
+        b->cap_srv = cap;
+    }
+    for (int i = 0; i < x->n_smp; i++) {
+        const double *s = &x->smp[3 * i];
+        b->n_srv++;
+        if (s[0] < 0 || s[1] < 0) {
+            b->n_srv_untimed++;
+            continue;
+        }
+        b->srv_ttft[b->n_srv_ttft++] = s[0];
+        b->srv_e2e[b->n_srv_e2e++] = s[1];
+        if (s[2] > 1) b->srv_tpot[b->n_srv_tpot++] = (s[1] - s[0]) / (s[2] - 1);
+    }
+}
+
 static void record_ttft(bench_t *b, const bm_request_t *r) {
     if (!b->ttfts) return;
     bm_latency_t l;
@@ -722,6 +761,7 @@ static void finish(bench_t *b, xfer_t *x, CURLcode res, const char *why) {
     } else {
         r->output_tokens = x->usage ? x->usage_out : b->rollout ? x->rollout_tokens : r->n_chunks;
         if (b->o->text_prompts && x->usage_in > 0) r->input_len = x->usage_in;
+        keep_samples(b, x);
     }
     if (x->prev) x->prev->next = x->next;
     else b->live = x->next;
@@ -732,6 +772,7 @@ static void finish(bench_t *b, xfer_t *x, CURLcode res, const char *why) {
     free(x->line);
     free(x->err_body);
     free(x->stream_error);
+    free(x->smp);
     free(x);
     b->inflight--;
 }
@@ -833,8 +874,8 @@ static int run(bench_t *b) {
         r->adapter = q->adapter;
         r->rank = q->adapter >= 0 ? b->s->adapters[q->adapter].rank : 0;
         int groups = b->rollout ? b->o->rollout_groups : 1, per = b->rollout ? b->o->rollout_n : 1;
-        r->input_len = q->input_len * groups;
-        r->output_len = q->output_len * groups * per;
+        r->input_len = (int)((long long)q->input_len * groups); /* main checked that these fit */
+        r->output_len = (int)((long long)q->output_len * groups * per);
         r->t_sched = q->t;
         r->t_sent = r->t_done = -1;
     }
@@ -928,6 +969,24 @@ static const char *arrival_name(bw_arrival_kind_t k) {
 
 static json_t *real_or_inf(double v) { return isfinite(v) ? json_real(v) : json_string(v > 0 ? "inf" : "-inf"); }
 
+/* what set the arrival times: a replayed schedule, trace times, every request at t = 0, or the
+ * gaps' distribution (poisson, gamma, constant; ramped when the JSON has ramp_up_* keys) */
+static const char *arrival_used(const opts_t *o) {
+    const bw_arrival_params_t *a = &o->wl.arrival;
+    if (o->wl.dataset == BW_DATA_TRACE) return "schedule";
+    if (a->kind == BW_ARRIVAL_TRACE) return "trace";
+    if (a->ramp == BW_RAMP_NONE && isinf(a->rate)) return "all-at-once";
+    return arrival_name(a->kind);
+}
+
+/* vLLM's request_rate key: the fixed rate used, "inf" when every request went out at t = 0, null
+ * when no single rate set the arrivals (a ramp, trace times, a replayed schedule) */
+static json_t *request_rate_json(const opts_t *o) {
+    const bw_arrival_params_t *a = &o->wl.arrival;
+    if (o->wl.dataset == BW_DATA_TRACE || a->kind == BW_ARRIVAL_TRACE || a->ramp != BW_RAMP_NONE) return json_null();
+    return real_or_inf(a->rate);
+}
+
 static json_t *config_json(const bench_t *b) {
     const opts_t *o = b->o;
     const bw_config_t *w = &o->wl;
@@ -941,8 +1000,8 @@ static json_t *config_json(const bench_t *b) {
     json_object_set_new(c, "seed", json_integer((json_int_t)w->seed));
     json_object_set_new(c, "num_prompts", json_integer(b->s->n));
     json_object_set_new(c, "duration_s", w->duration > 0 ? json_real(w->duration) : json_null());
-    json_object_set_new(c, "arrival", json_string(arrival_name(w->arrival.kind)));
-    json_object_set_new(c, "request_rate", real_or_inf(w->arrival.rate));
+    json_object_set_new(c, "arrival", json_string(arrival_used(o)));
+    json_object_set_new(c, "request_rate", request_rate_json(o));
     json_object_set_new(c, "burstiness", json_real(w->arrival.shape));
     json_object_set_new(c, "cv", json_real(1 / sqrt(w->arrival.shape)));
     json_object_set_new(c, "ramp_up", w->arrival.ramp == BW_RAMP_NONE ? json_null()
@@ -1034,6 +1093,25 @@ int main(int argc, char **argv) {
             return rc == CS_EINVAL ? 2 : 1; /* a bad combination of flags, or a file */
         }
     }
+    b.rollout = strstr(o.endpoint, "rollout") != NULL;
+    o.mo.no_token_timing = b.rollout; /* one chunk per group: no per-token time to measure */
+    if (b.rollout) /* a call's tokens are counted in an int: groups x prompt, groups x n x output */
+        for (int i = 0; i < b.s->n; i++) {
+            const bw_request_t *q = &b.s->req[i];
+            long long in = (long long)q->input_len * o.rollout_groups;
+            long long out = (long long)q->output_len * o.rollout_groups * o.rollout_n;
+            if (in > INT_MAX || out > INT_MAX) {
+                fprintf(stderr, "caraserve-bench: request %d: %d groups x %d prompt tokens and %d groups x n=%d x %d "
+                        "output tokens in one rollout call: more than %d; lower --rollout-groups, --rollout-n or "
+                        "the lengths\n", q->id, o.rollout_groups, q->input_len, o.rollout_groups, o.rollout_n,
+                        q->output_len, INT_MAX);
+                status = 2;
+                goto done;
+            }
+        }
+    if (b.rollout && o.mo.slo.tpot_ms >= 0)
+        fprintf(stderr, "caraserve-bench: --goodput tpot:%g does not apply to /v1/rollout (groups arrive whole, so "
+                "TPOT is not measured); goodput uses the other bounds\n", o.mo.slo.tpot_ms);
     if (o.dump_schedule && bw_schedule_dump(b.s, o.dump_schedule)) {
         fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
         goto done;
@@ -1051,7 +1129,6 @@ int main(int argc, char **argv) {
         status = 0;
         goto done;
     }
-    b.rollout = strstr(o.endpoint, "rollout") != NULL;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fprintf(stderr, "caraserve-bench: curl_global_init failed\n");
         goto done;
@@ -1103,6 +1180,7 @@ int main(int argc, char **argv) {
     if (o.wl.dataset == BW_DATA_TRACE) snprintf(how, sizeof how, "the schedule of %s", o.wl.dataset_path);
     else if (o.wl.arrival.kind == BW_ARRIVAL_TRACE) snprintf(how, sizeof how, "trace arrivals");
     else if (o.wl.arrival.ramp) snprintf(how, sizeof how, "%s arrivals ramped from %g to %g/s", arrival_name(o.wl.arrival.kind), o.wl.arrival.ramp_start, o.wl.arrival.ramp_end);
+    else if (isinf(o.wl.arrival.rate)) snprintf(how, sizeof how, "every request at t = 0");
     else snprintf(how, sizeof how, "%s arrivals at %g/s", arrival_name(o.wl.arrival.kind), o.wl.arrival.rate);
     fprintf(stderr, "caraserve-bench: %d requests to %s (model %s, %d adapters), %s%s\n", b.s->n, b.url, b.model,
             b.s->n_adapters, how, o.max_concurrency ? ", concurrency capped" : "");
@@ -1148,24 +1226,39 @@ int main(int argc, char **argv) {
         json_object_set_new(j, "model_id", json_string(b.model));
         json_object_set_new(j, "tokenizer_id", json_null());
         json_object_set_new(j, "num_prompts", json_integer(b.s->n));
-        json_object_set_new(j, "request_rate", real_or_inf(o.wl.arrival.rate));
+        json_object_set_new(j, "request_rate", request_rate_json(&o));
+        json_object_set_new(j, "arrival", json_string(arrival_used(&o)));
+        if (o.wl.dataset != BW_DATA_TRACE && o.wl.arrival.kind != BW_ARRIVAL_TRACE && o.wl.arrival.ramp) {
+            json_object_set_new(j, "ramp_up_strategy",
+                                json_string(o.wl.arrival.ramp == BW_RAMP_LINEAR ? "linear" : "exponential"));
+            json_object_set_new(j, "ramp_up_start_rps", json_real(o.wl.arrival.ramp_start));
+            json_object_set_new(j, "ramp_up_end_rps", json_real(o.wl.arrival.ramp_end));
+        }
         json_object_set_new(j, "burstiness", json_real(o.wl.arrival.shape));
         json_object_set_new(j, "max_concurrency", o.max_concurrency ? json_integer(o.max_concurrency) : json_null());
         json_object_set_new(j, "interrupted", json_boolean(interrupted));
         json_object_set_new(j, "config", config_json(&b));
         if (b.rollout) { /* the server's own per-sample timing, from the start of each rollout call */
-            bm_stat_t st_t, st_e;
-            bm_stat_compute(b.srv_ttft, b.n_srv, &o.mo, &st_t);
-            bm_stat_compute(b.srv_e2e, b.n_srv, &o.mo, &st_e);
-            json_t *ro = json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:f}", "n", o.rollout_n, "groups", o.rollout_groups,
-                                   "samples", b.n_srv, "mean_server_ttft_ms", st_t.mean, "median_server_ttft_ms",
-                                   st_t.median, "mean_server_e2e_ms", st_e.mean, "median_server_e2e_ms", st_e.median);
-            for (int k = 0; k < o.mo.n_pct; k++) {
+            bm_stat_t st[3];
+            static const char *what[3] = {"ttft", "e2e", "tpot"};
+            bm_stat_compute(b.srv_ttft, b.n_srv_ttft, &o.mo, &st[0]);
+            bm_stat_compute(b.srv_e2e, b.n_srv_e2e, &o.mo, &st[1]);
+            bm_stat_compute(b.srv_tpot, b.n_srv_tpot, &o.mo, &st[2]);
+            json_t *ro = json_pack("{s:i, s:i, s:i, s:i, s:i}", "n", o.rollout_n, "groups", o.rollout_groups,
+                                   "samples", b.n_srv, "samples_without_tokens", b.n_srv_untimed,
+                                   "samples_with_tpot", b.n_srv_tpot);
+            for (int m = 0; m < 3; m++) {
                 char key[64];
-                snprintf(key, sizeof key, "p%g_server_ttft_ms", o.mo.pct[k]);
-                json_object_set_new(ro, key, json_real(st_t.pct[k]));
-                snprintf(key, sizeof key, "p%g_server_e2e_ms", o.mo.pct[k]);
-                json_object_set_new(ro, key, json_real(st_e.pct[k]));
+                snprintf(key, sizeof key, "mean_server_%s_ms", what[m]);
+                json_object_set_new(ro, key, json_real(st[m].mean));
+                snprintf(key, sizeof key, "median_server_%s_ms", what[m]);
+                json_object_set_new(ro, key, json_real(st[m].median));
+                for (int k = 0; k < o.mo.n_pct; k++) {
+                    char pw[32];
+                    snprintf(pw, sizeof pw, "%g", o.mo.pct[k]);
+                    snprintf(key, sizeof key, "p%s_server_%s_ms", pw, what[m]);
+                    json_object_set_new(ro, key, json_real(st[m].pct[k]));
+                }
             }
             json_object_set_new(j, "rollout", ro);
         }
@@ -1210,6 +1303,7 @@ done:
     free(b.ttfts);
     free(b.srv_ttft);
     free(b.srv_e2e);
+    free(b.srv_tpot);
     if (b.multi) curl_multi_cleanup(b.multi);
     curl_slist_free_all(b.headers);
     free(b.url);

@@ -83,7 +83,7 @@ import json, sys
 out, paths = sys.argv[1], {"caraserve": sys.argv[2], "caraserve_3_adapters": sys.argv[3], "llama_server": sys.argv[4]}
 runs = {k: json.load(open(p)) for k, p in paths.items() if p}
 keys = ["completed", "failed", "duration", "request_throughput", "output_throughput", "max_output_tokens_per_s",
-        "max_concurrent_requests", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+        "max_concurrent_requests", "max_concurrent_requests_exact", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
         "mean_e2el_ms", "p99_e2el_ms", "request_goodput"]
 summary = {}
 for k, r in runs.items():

@@ -2,9 +2,10 @@
  * synthetic timelines with answers worked out by hand: TTFT/E2EL/sched_ttft of one request,
  * TPOT with one output token (left out of TPOT, counted as 0 for goodput), ITL pooled over
  * requests (not averaged per request), numpy's percentiles and population std, goodput and SLO
- * attainment with failures as misses, vLLM's peaks (1 s token buckets, half-open concurrency),
- * per-adapter and per-rank breakdowns that add up, the per-second time series, and the table,
- * JSON, CSV and SVG outputs. */
+ * attainment with failures as misses, vLLM's peaks (1 s buckets of tokens and of concurrent
+ * requests from the first successful send) and our exact peak in flight, rollout mode (no TPOT
+ * or ITL, a TPOT bound not applicable), per-adapter and per-rank breakdowns that add up, the
+ * per-second time series, and the table, JSON, CSV and SVG outputs. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -254,10 +255,12 @@ START_TEST(goodput_counts_failures) {
 END_TEST
 
 START_TEST(peaks_as_vllm) {
-    /* r0 [0, 1.2), r1 [1.2, 1.7): touching half-open intervals do not overlap; r2 [0.1, 0.2)
-     * overlaps r0, r3 [1.75, 1.9) nothing. Chunks per 1 s bucket from the first send (0):
-     * [0.2, 0.5, 0.6] -> 3,
-     * [1.2, 1.5, 1.7] and r3's 1.8, 1.9 -> 5. The failure counts nowhere. */
+    /* r0 [0, 1.2), r1 [1.2, 1.7), r2 [0.1, 0.2), r3 [1.75, 1.9); the failure counts nowhere.
+     * vLLM's buckets from the first successful send (0): a request counts in every second from
+     * that of its send to that of its end, both included: second 0 has r0 and r2, second 1 has
+     * r0, r1 and r3 -> 3, although at most two (r0 and r2) are ever in flight at one instant
+     * (touching half-open intervals do not overlap). Chunks per second: [0.2, 0.5, 0.6] -> 3,
+     * [1.2, 1.5, 1.7] and r3's 1.8, 1.9 -> 5. */
     double c0[] = {0.5, 0.6, 1.2}, c1[] = {1.5, 1.7}, c2[] = {0.2}, c3[] = {1.8, 1.9};
     bm_request_t r[5] = {done_req(0, 0, 8, 0, 0, 3, c0, 3), done_req(1, 0, 8, 1.2, 1.2, 2, c1, 2),
                          done_req(2, 0, 8, 0.1, 0.1, 1, c2, 1), done_req(3, 0, 8, 1.75, 1.75, 2, c3, 2),
@@ -265,13 +268,116 @@ START_TEST(peaks_as_vllm) {
     bm_opts_t o = opts();
     bm_result_t *res = compute(r, 5, 2, &o);
     ck_assert_double_eq(res->max_output_tokens_per_s, 5);
-    ck_assert_int_eq(res->max_concurrent_requests, 2);
+    ck_assert_int_eq(res->max_concurrent_requests, 3);
+    ck_assert_int_eq(res->max_concurrent_requests_exact, 2);
     bm_result_free(res);
-    res = compute(r, 2, 2, &o); /* r0 and r1 alone: never two at once */
-    ck_assert_int_eq(res->max_concurrent_requests, 1);
+    res = compute(r, 2, 2, &o); /* r0 and r1 alone touch at 1.2: both in second 1, never two at once */
+    ck_assert_int_eq(res->max_concurrent_requests, 2);
+    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
     ck_assert_double_eq(res->max_output_tokens_per_s, 3); /* [0.5, 0.6] and [1.2, 1.5, 1.7] */
     bm_result_free(res);
     free_reqs(r, 5);
+
+    /* [0, 0.4) and [0.5, 0.9): one after the other, in the same second -> 2 (exact: 1) */
+    double d0[] = {0.2, 0.4}, d1[] = {0.7, 0.9};
+    bm_request_t q[2] = {done_req(0, 0, 8, 0, 0, 2, d0, 2), done_req(1, 0, 8, 0.5, 0.5, 2, d1, 2)};
+    res = compute(q, 2, 1, &o);
+    ck_assert_int_eq(res->max_concurrent_requests, 2);
+    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
+    bm_result_free(res);
+    free_reqs(q, 2);
+
+    /* the seconds count from the first successful send, not from 0: [0.6, 0.9) and [1.1, 1.4)
+     * are 0.0-0.3 and 0.5-0.8 after it, one bucket -> 2 (whole seconds of the clock would give 1) */
+    double e0[] = {0.9}, e1[] = {1.4};
+    bm_request_t u[3] = {done_req(0, 0, 8, 0.6, 0.6, 1, e0, 1), done_req(1, 0, 8, 1.1, 1.1, 1, e1, 1),
+                         failed_req(2, 0, 8, 0, 0, 0.05)};
+    res = compute(u, 3, 2, &o);
+    ck_assert_int_eq(res->max_concurrent_requests, 2);
+    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
+    bm_result_free(res);
+    free_reqs(u, 3);
+
+    /* an end exactly on a bucket's start counts in it: [0, 1) and [1, 1.5) -> 2 (exact: 1);
+     * [0, 0.5) and [1.5, 2): seconds 0 and 1 -> 1 */
+    double f0[] = {0.5, 1.0}, f1[] = {1.2, 1.5}, g0[] = {0.5}, g1[] = {2.0};
+    bm_request_t v[2] = {done_req(0, 0, 8, 0, 0, 2, f0, 2), done_req(1, 0, 8, 1, 1, 2, f1, 2)};
+    res = compute(v, 2, 2, &o);
+    ck_assert_int_eq(res->max_concurrent_requests, 2);
+    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
+    bm_result_free(res);
+    free_reqs(v, 2);
+    bm_request_t w[2] = {done_req(0, 0, 8, 0, 0, 1, g0, 1), done_req(1, 0, 8, 1.5, 1.5, 1, g1, 1)};
+    res = compute(w, 2, 2, &o);
+    ck_assert_int_eq(res->max_concurrent_requests, 1);
+    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
+    bm_result_free(res);
+    free_reqs(w, 2);
+}
+END_TEST
+
+/* rollout mode: a chunk is a whole group, so TPOT and ITL are not measured; a TPOT bound is
+ * reported as not applicable instead of passing, and goodput uses the other bounds */
+START_TEST(rollout_no_token_timing) {
+    /* two calls of 2 groups: r0 groups at 0.5 and 0.6 (10 tokens), r1 at 1.5 and 3.0; r2 failed */
+    double c0[] = {0.5, 0.6}, c1[] = {1.5, 3.0};
+    bm_request_t r[3] = {done_req(0, 0, 8, 0, 0, 2, c0, 10), done_req(1, 1, 16, 1, 1, 2, c1, 10),
+                         failed_req(2, 1, 16, 1, 1, 1.1)};
+    for (int i = 0; i < 2; i++) r[i].chunk_tokens[0] = r[i].chunk_tokens[1] = 5;
+    bm_opts_t o = opts();
+    o.no_token_timing = true;
+    o.has_slo = true;
+    o.slo.tpot_ms = 0.001; /* would fail every request if it were measured, pass all if TPOT were 0 */
+    o.slo.e2el_ms = 1000;  /* E2ELs 600 and 2000 */
+    bm_result_t *res = compute(r, 3, 4, &o);
+    const bm_group_t *a = &res->all;
+    ck_assert_int_eq(a->completed, 2);
+    ck_assert_int_eq(a->tpot.n, 0);
+    ck_assert_int_eq(a->itl.n, 0);
+    ck_assert_double_eq_tol(a->ttft.mean, 500, 1e-6);
+    ck_assert_int_eq(a->good, 1);                          /* r0 alone meets the E2EL bound */
+    ck_assert_double_eq_tol(a->attainment, 1.0 / 3, TOL);
+    ck_assert_double_eq_tol(res->tpot_bound_na, 0.001, TOL);
+    ck_assert_double_lt(res->opts.slo.tpot_ms, 0);         /* not applied */
+    ck_assert_double_eq(res->max_output_tokens_per_s, 10); /* group tokens per second: 10 in second 0 */
+    json_t *j = bm_result_json(res, r, 3, true);
+    ck_assert(json_is_null(json_object_get(j, "mean_tpot_ms")));
+    ck_assert(json_is_null(json_object_get(j, "p99_tpot_ms")));
+    ck_assert(json_is_null(json_object_get(j, "median_itl_ms")));
+    ck_assert(json_is_real(json_object_get(j, "mean_ttft_ms")));
+    ck_assert_str_eq(json_string_value(json_object_get(j, "tpot_itl")), BM_NO_TOKEN_TIMING_NOTE);
+    json_t *att = json_object_get(j, "slo_attainment"), *slo = json_object_get(j, "slo");
+    ck_assert(json_is_null(json_object_get(att, "tpot")));
+    ck_assert_ptr_nonnull(json_object_get(att, "tpot")); /* present, null */
+    ck_assert_double_eq_tol(json_real_value(json_object_get(att, "e2el")), 1.0 / 3, TOL);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(slo, "tpot_ms")), 0.001, TOL);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(slo, "not_applicable"), 0)), "tpot");
+    ck_assert(json_is_null(json_array_get(json_object_get(j, "itls"), 0)));
+    json_t *pa = json_array_get(json_object_get(j, "per_adapter"), 0);
+    ck_assert(json_is_null(json_object_get(pa, "mean_tpot_ms")));
+    ck_assert(json_is_null(json_object_get(json_object_get(pa, "slo_attainment"), "tpot")));
+    json_decref(j);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    bm_table_opts_t t = {BM_TTFT | BM_TPOT | BM_ITL | BM_E2EL, 0, INFINITY, true, false};
+    bm_print_table(f, res, &t);
+    fclose(f);
+    ck_assert_ptr_null(strstr(buf, "Mean TPOT"));
+    ck_assert_ptr_null(strstr(buf, "Mean ITL"));
+    ck_assert_ptr_nonnull(strstr(buf, "\nTPOT, ITL:                               " BM_NO_TOKEN_TIMING_NOTE "\n"));
+    ck_assert_ptr_nonnull(strstr(buf, "\n  TPOT attainment (%):                   n/a"));
+    ck_assert_ptr_nonnull(strstr(buf, "(tpot<=0.001: n/a)"));
+    free(buf);
+    bm_result_free(res);
+    /* the same timelines as completions: the bound applies (TPOTs 100/9 and 1500/9 ms) */
+    o.no_token_timing = false;
+    res = compute(r, 3, 4, &o);
+    ck_assert_int_eq(res->all.good, 0);
+    ck_assert_int_eq(res->all.tpot.n, 2);
+    ck_assert_double_lt(res->tpot_bound_na, 0);
+    bm_result_free(res);
+    free_reqs(r, 3);
 }
 END_TEST
 
@@ -319,7 +425,8 @@ START_TEST(outputs) {
     json_t *j = bm_result_json(res, r, 3, true);
     static const char *keys[] = {"duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
                                  "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-                                 "max_output_tokens_per_s", "max_concurrent_requests", "mean_ttft_ms", "median_ttft_ms",
+                                 "max_output_tokens_per_s", "max_concurrent_requests", "max_concurrent_requests_exact",
+                                 "mean_ttft_ms", "median_ttft_ms",
                                  "std_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p90_itl_ms", "mean_e2el_ms",
                                  "mean_sched_ttft_ms", "schema_version", "slo", "slo_attainment", "per_adapter",
                                  "per_rank", "timeseries", "input_lens", "output_lens", "ttfts", "itls", "latencies",
@@ -357,6 +464,9 @@ START_TEST(outputs) {
     ck_assert_ptr_nonnull(strstr(buf, "\nMaximum request concurrency:             4         \n"));
     ck_assert_ptr_nonnull(strstr(buf, "\nRequest rate configured (RPS):           2.00      \n"));
     ck_assert_ptr_nonnull(strstr(buf, "\nRequest throughput (req/s):              1.00      \n"));
+    /* r0 [0.1, 0.7) and r1 [1, 1.4) both touch the first second after 0.1: vLLM says 2 */
+    ck_assert_ptr_nonnull(strstr(buf, "\nPeak concurrent requests:                2.00      \n"));
+    ck_assert_ptr_nonnull(strstr(buf, "\nPeak requests in flight at one instant:  1         \n"));
     ck_assert_ptr_nonnull(strstr(buf, "\n---------------Time to First Token----------------\n"));
     ck_assert_ptr_nonnull(strstr(buf, "\n-----Time per Output Token (excl. 1st token)------\n"));
     ck_assert_ptr_nonnull(strstr(buf, "\nMean TTFT (ms):                          300.00    \n"));
@@ -426,6 +536,7 @@ int main(void) {
     tcase_add_test(tc, numpy_statistics);
     tcase_add_test(tc, goodput_counts_failures);
     tcase_add_test(tc, peaks_as_vllm);
+    tcase_add_test(tc, rollout_no_token_timing);
     tcase_add_test(tc, time_series);
     tcase_add_test(tc, outputs);
     tcase_add_test(tc, flag_parsing);
