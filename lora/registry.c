@@ -759,21 +759,6 @@ int lora_registry_state(lora_registry_t *r, const char *name, lora_state *st, in
     return rc;
 }
 
-int lora_registry_check_version(lora_registry_t *r, const char *name, int version) {
-    char kl[256];
-    int rc = CS_OK;
-    pthread_mutex_lock(&r->mu);
-    lora_name_t *n = name_find(r, name);
-    if (!n || !n->cur) {
-        rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
-    } else if (!kept_find(n, version)) {
-        kept_list(n, kl, sizeof kl);
-        rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
-    }
-    pthread_mutex_unlock(&r->mu);
-    return rc;
-}
-
 int lora_registry_versions(lora_registry_t *r, const char *name, lora_version_info_t *out, int max) {
     int count = 0;
     pthread_mutex_lock(&r->mu);

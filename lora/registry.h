@@ -107,8 +107,6 @@ typedef struct lora_pin lora_pin_t;
 int lora_registry_pin(lora_registry_t *r, const char *name, int version, lora_pin_t **out);
 int lora_registry_acquire_pinned(lora_registry_t *r, lora_pin_t *pin, lora_ref_t **out);
 void lora_registry_unpin(lora_registry_t *r, lora_pin_t *pin);
-/* CS_OK when VERSION (0: the active one) of NAME is kept, else CS_ENOTFOUND with a message. */
-int lora_registry_check_version(lora_registry_t *r, const char *name, int version);
 
 typedef struct lora_version_info {
     int version;

@@ -92,8 +92,6 @@ static json_t *group_json(rollout_t *r, ro_group_t *g) {
     json_t *samples = json_array();
     for (int i = 0; i < g->n; i++) {
         ro_sample_t *s = &g->samples[i];
-        size_t len = json_array_size(s->ids);
-        (void)len;
         json_t *o = json_pack("{s:i, s:I, s:O, s:s, s:s?, s:i, s:O, s:i, s:{s:f, s:f, s:f}}", "index", i,
                               "seed", (json_int_t)(g->seed + i), "output_ids", s->ids, "finish_reason",
                               s->finish ? s->finish : "abort", "adapter", g->adapter, "adapter_version", s->version,

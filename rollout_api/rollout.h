@@ -38,7 +38,6 @@ typedef struct rollout_limits {
     int max_logprobs;           /* top-k alternatives per token */
     const char *base_name;      /* the base model's served name ("adapter" may name it) */
     int vocab;                  /* token ids must be below it */
-    lora_registry_t *loras;     /* for adapter versions (may be NULL) */
     rollout_observer_t obs;     /* optional metrics taps */
 } rollout_limits_t;
 

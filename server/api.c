@@ -1453,7 +1453,7 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
     j->refs++; /* the rollout's, dropped at its summary */
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
                             .base_name = s->model_name, .vocab = model_get_config(s->model)->vocab_size,
-                            .loras = s->reg, .obs = {ro_obs_token, ro_obs_done, s}};
+                            .obs = {ro_obs_token, ro_obs_done, s}};
     char err[1536], param[64];
     rollout_t *ro = NULL;
     int st = rollout_start(s->engine, &lim, b, ro_emit, j, &ro, err, sizeof err, param, sizeof param);
