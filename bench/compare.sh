@@ -10,7 +10,7 @@
 # Each run's JSON and the summary land in bench/results/compare-<time>.json.
 #
 #   bench/compare.sh                                  (llama.cpp at /work/llama.cpp, or:)
-#   LLAMA_CPP_DIR=/path/to/llama.cpp bench/compare.sh  (cmake --build build --target llama-server)
+#   LLAMA_CPP_DIR=/path/to/llama.cpp bench/compare.sh  (needs build/bin/llama-server, convert_hf_to_gguf.py, gguf-py/)
 # Env: BUILD (build), THREADS (2), RATE (1.0), DURATION (30), IN (64), OUT (64), TTFT_MS (2000),
 #      TPOT_MS (100), SLOTS (16), SEED (1), CACHE, DTYPE (bf16)
 set -euo pipefail

@@ -16,7 +16,8 @@
 #   bench/engine.sh
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/engine.sh
 # Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (2), CACHE, LLAMA_PY, DTYPE (bf16)
-# llama.cpp: cmake --build build -j --target llama-bench llama-batched-bench
+# From a llama.cpp you built yourself, LLAMA_CPP_DIR needs: build/bin/llama-bench,
+# build/bin/llama-batched-bench, convert_hf_to_gguf.py and gguf-py/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-2}

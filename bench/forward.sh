@@ -14,8 +14,8 @@
 # Env: BUILD (build), THREADS (2), PROMPT (512), GEN (128), REPS (3), CACHE (~/.cache/caraserve-bench),
 #      LLAMA_PY (python for convert_hf_to_gguf.py, with numpy, torch and sentencepiece; default
 #      .venv/bin/python), DTYPE (bf16)
-# llama.cpp: cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF &&
-#            cmake --build build -j --target llama-bench
+# From a llama.cpp you built yourself, LLAMA_CPP_DIR needs: build/bin/llama-bench,
+# convert_hf_to_gguf.py and gguf-py/ (this project carries no way to build it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PROMPT=${PROMPT:-512} GEN=${GEN:-128} REPS=${REPS:-3}

@@ -11,7 +11,7 @@
 # Configurations alternate within each repetition; the JSON lands in bench/results/.
 #
 #   bench/serve.sh
-#   LLAMA_CPP_DIR=/path/to/llama.cpp bench/serve.sh     (cmake --build build --target llama-server)
+#   LLAMA_CPP_DIR=/path/to/llama.cpp bench/serve.sh     (needs build/bin/llama-server, convert_hf_to_gguf.py, gguf-py/)
 # Env: BUILD (build), THREADS (2), GEN (64), REPS (2), CACHE, DTYPE (bf16)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

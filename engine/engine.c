@@ -116,6 +116,9 @@ struct engine {
     engine_stats_t st;          /* engine thread's working copy */
     int n_live_requests;        /* submitted and not done (under mu) */
     engine_pause_mode pause;    /* under mu */
+    uint64_t pause_gen;         /* under mu: engine_set_pause calls so far */
+    uint64_t pause_seen;        /* under mu: the pause_gen the engine thread last acted on */
+    pthread_cond_t pause_cv;    /* pause_seen moved */
     follow_t *follows;          /* under mu: pending engine_follow_active calls */
     pthread_cond_t follow_cv;
 };
@@ -683,6 +686,10 @@ static int step(engine_t *e) {
     pthread_mutex_lock(&e->mu);
     engine_pause_mode pause = e->pause;
     bool follows = e->follows != NULL;
+    if (e->pause_seen != e->pause_gen) { /* whatever this step does obeys the newest mode */
+        e->pause_seen = e->pause_gen;
+        pthread_cond_broadcast(&e->pause_cv);
+    }
     pthread_mutex_unlock(&e->mu);
     if (follows) take_follows(e); /* paused or not */
     if (pause == ENGINE_PAUSE_HOLD) return 0;
@@ -929,6 +936,7 @@ static void *engine_thread(void *arg) {
     }
     e->follows = NULL;
     pthread_cond_broadcast(&e->follow_cv);
+    pthread_cond_broadcast(&e->pause_cv); /* engine_set_pause does not wait for a stopped thread */
     pthread_mutex_unlock(&e->mu);
     sampling_scratch_free();
     return NULL;
@@ -977,6 +985,7 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->follow_cv, NULL);
+    pthread_cond_init(&e->pause_cv, NULL);
     e->next_id = 1;
     int rc;
     kv_cache_params_t kp = {e->cfg->n_layers, e->cfg->n_kv_heads * e->cfg->head_dim, p->kv_cache_bytes};
@@ -1034,6 +1043,7 @@ void engine_free(engine_t *e) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->follow_cv);
+    pthread_cond_destroy(&e->pause_cv);
     free(e);
 }
 
@@ -1259,8 +1269,12 @@ int engine_follow_active(engine_t *e, const char *name, int timeout_ms) {
 void engine_set_pause(engine_t *e, engine_pause_mode mode) {
     pthread_mutex_lock(&e->mu);
     e->pause = mode;
+    uint64_t gen = ++e->pause_gen;
     e->wake = true;
     pthread_cond_signal(&e->cv);
+    /* HOLD returns once the iteration under way (if any) is over: nothing runs after this */
+    while (mode == ENGINE_PAUSE_HOLD && e->thread_started && !e->stop_thread && e->pause_seen < gen)
+        pthread_cond_wait(&e->pause_cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -143,7 +143,9 @@ void engine_run_until_idle(engine_t *e);
 
 /* Pausing (a trainer updating weights): NO_ADMIT runs what has started (new requests wait),
  * HOLD runs nothing (every sequence keeps its KV blocks and sampler state, and goes on from
- * there after RUN). Aborts are taken in every mode. */
+ * there after RUN). Aborts are taken in every mode. With the engine thread running, setting
+ * HOLD returns once the iteration under way has ended: no token is produced after it returns
+ * (and engine_get_stats then shows the held state) until RUN or NO_ADMIT. */
 typedef enum engine_pause_mode { ENGINE_RUN = 0, ENGINE_PAUSE_NO_ADMIT, ENGINE_PAUSE_HOLD } engine_pause_mode;
 void engine_set_pause(engine_t *e, engine_pause_mode mode);
 /* A new version of adapter NAME became active and the requests in flight on an older one

@@ -4,7 +4,7 @@
  * reserved (evicting unheld adapters, least recently released first) before the weights
  * are read; a load that finds no room waits in a FIFO until a release or a removal makes
  * some. A freshly loaded adapter is kept for its requester (who retries on on_loaded) for
- * LORA_FRESH_MS before a waiting load may evict it, or two loads could evict each other
+ * a grace (params.fresh_ms, LORA_FRESH_MS_DEFAULT) before a waiting load may evict it, or two loads could evict each other
  * forever; a loader timer re-runs the wait queue when that grace ends. The loader's
  * callbacks parse and convert outside the mutex. */
 #include "lora/registry.h"
@@ -18,7 +18,6 @@
 #include "engine/safetensors.h"
 #include "lora/loader_uring.h"
 
-#define LORA_FRESH_MS 500   /* grace of a loaded, not yet acquired adapter */
 
 typedef struct lora_entry lora_entry_t;
 
@@ -405,7 +404,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         e->adapter = a;
         e->ref.adapter = a;
         set_state(r, e, LORA_RESIDENT);
-        e->fresh_until = cs_time_ms() + LORA_FRESH_MS;
+        e->fresh_until = cs_time_ms() + (r->p.fresh_ms > 0 ? r->p.fresh_ms : LORA_FRESH_MS_DEFAULT);
         if (e->kept) lru_add(r, e); /* a dropped, pinned one waits for its pinners, unevictable */
         r->stats.loads++;
         load_s = (cs_time_ms() - e->load_started) / 1000.0;

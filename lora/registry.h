@@ -36,7 +36,12 @@ typedef struct lora_registry_params {
                                       * so it must be cheap and must not call the registry (the
                                       * server removes uploaded files here) */
     void *user;
+    double fresh_ms;                 /* grace of a freshly loaded adapter that its requester has
+                                      * not taken yet: a waiting load may not evict it before
+                                      * (0: LORA_FRESH_MS_DEFAULT, 500 ms) */
 } lora_registry_params_t;
+
+#define LORA_FRESH_MS_DEFAULT 500.0
 
 /* Create an empty registry and start its loader thread (io_uring). The bounds count every
  * adapter held in host memory: resident ones, old versions still held, and loads that have

@@ -19,6 +19,7 @@ import reflib
 class Server:
     def __init__(self, args, env=None, wait_ready=True, timeout=120):
         self.cmd = [reflib.CARASERVE, "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        self.auth = {}  # headers for the helpers' own control requests (pause, resume): an API key
         self.lines = []
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=dict(os.environ, **(env or {})))
@@ -76,12 +77,49 @@ class Server:
                 vals[k] = float(v)
         return txt, vals
 
-    def settle(self, timeout=30):
+    def settle(self, timeout=120):
         """Wait until nothing runs or waits. The gauges are published after each engine
         iteration, so right after a response they may still count the request just answered:
         a test that waits for its own request to show up as running settles first."""
         wait_for(lambda: (lambda v: v["caraserve_num_requests_running"] == 0 and
                           v["caraserve_num_requests_waiting"] == 0)(self.metrics()[1]), timeout, "the server to settle")
+
+    def gen_tokens(self):
+        """generated tokens so far, all adapters (a counter the engine thread bumps per token)"""
+        return sum(v for k, v in self.metrics()[1].items() if k.startswith("caraserve_generation_tokens_total"))
+
+    def pause(self, mode="keep"):
+        """POST /v1/pause: with keep it answers once the iteration under way has ended, so no
+        token is produced after it returns and the gauges show the held state exactly"""
+        st, body, _ = self.request("POST", "/v1/pause", {"mode": mode}, headers=self.auth)
+        if st != 200:
+            reflib.fail(f"/v1/pause {mode}: {st} {body}")
+        return body
+
+    def resume(self):
+        st, body, _ = self.request("POST", "/v1/resume", {}, headers=self.auth)
+        if st != 200:
+            reflib.fail(f"/v1/resume: {st} {body}")
+
+    def hold_running(self, start, what="the request", tries=10):
+        """Create the state "one request is running, has generated at least one token, and the
+        engine is held (pause keep)" instead of polling for it and hoping. start() sends the
+        request on other threads and returns them. Once a token has come, the engine is paused;
+        the running gauge is exact while it is held. If the request finished before the pause
+        (it should be long), the engine resumes, the threads are joined and it starts again.
+        Returns the threads of the held request; the caller resumes the engine."""
+        for _ in range(tries):
+            self.settle()
+            g0 = self.gen_tokens()
+            threads = start()
+            wait_for(lambda: self.gen_tokens() > g0, 120, f"{what} to generate a token", interval=0.005)
+            self.pause("keep")
+            if self.metrics()[1]["caraserve_num_requests_running"] >= 1:
+                return threads
+            self.resume()
+            for t in threads:
+                t.join()
+        reflib.fail(f"{what} finished before the engine could be paused, {tries} times")
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         if self.proc.poll() is None:
@@ -137,11 +175,14 @@ def make_tok_model(tok_name, seed=0, hidden=64, layers=2, tied=True):
     return d, ref, td
 
 
-def wait_for(pred, timeout=30, what="condition"):
+def wait_for(pred, timeout=30, what="condition", interval=0.05):
+    """Wait for a state that, once reached, stays (a request queued behind a paused engine, a
+    counter that only grows, an adapter gone): never for a passing moment. The timeout is
+    only a safety net against a hung server."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         v = pred()
         if v:
             return v
-        time.sleep(0.05)
+        time.sleep(interval)
     reflib.fail(f"timed out waiting for {what}")

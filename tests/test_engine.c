@@ -273,13 +273,13 @@ START_TEST(engine_thread) {
     }
     ck_assert_int_eq(engine_abort(e, ids[0]), CS_OK);
     for (int k = 0; k < N; k++) {
-        for (int spin = 0; spin < 6000 && !trec_done(&r[k]); spin++) usleep(5000);
+        for (int spin = 0; spin < 24000 && !trec_done(&r[k]); spin++) usleep(5000);
         ck_assert_int_eq(trec_done(&r[k]), 1);
         ck_assert_int_eq(r[k].fin, k == 0 ? ENGINE_FINISH_ABORT : ENGINE_FINISH_LENGTH);
         if (k) ck_assert_int_eq(r[k].tokens, 20);
     }
     engine_stats_t st;
-    for (int spin = 0; spin < 200; spin++) { /* stats are published after the step */
+    for (int spin = 0; spin < 24000; spin++) { /* stats are published after the step */
         engine_get_stats(e, &st);
         if (st.n_requests == 0) break;
         usleep(5000);

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from hfmodels import make_adapter  # noqa: E402
-from serverlib import Server, make_tok_model  # noqa: E402
+from serverlib import Server, make_tok_model, wait_for  # noqa: E402
 
 torch.set_num_threads(2)
 transformers.utils.logging.disable_progress_bar()
@@ -222,17 +222,22 @@ print(f"ok  target_groups 4 of 8: 4 completed, 4 aborted with partial tokens "
       f"greedy runs token for token")
 
 res = []
-th = threading.Thread(target=lambda: res.append(rollout({"batch_id": "long", "sampling": {"max_tokens": 1500,
-                                                          "ignore_eos": True},
-                                                          "groups": [{"input_ids": prompts[0], "n": 2}]})))
-srv.settle()
-th.start()
-for _ in range(200):
-    if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
-        break
-    time.sleep(0.05)
+
+
+def start_long():
+    res.clear()
+    th = threading.Thread(target=lambda: res.append(rollout({"batch_id": "long", "sampling": {"max_tokens": 1500,
+                                                                                               "ignore_eos": True},
+                                                             "groups": [{"input_ids": prompts[0], "n": 2}]})))
+    th.start()
+    return [th]
+
+
+# held running with tokens generated (engine paused), then aborted: partial by construction
+th = srv.hold_running(start_long, "the long rollout")[0]
 st, ab, _ = srv.request("POST", "/v1/rollout/abort", {"batch_id": "long"})
 th.join()
+srv.resume()
 s0 = res[0]["groups"][0]["samples"]
 if st != 200 or ab["aborted"] != 1 or [s["finish_reason"] for s in s0] != ["abort", "abort"] or \
         not all(0 < len(s["output_ids"]) < 1500 and len(s["logprobs"]) == len(s["output_ids"]) for s in s0):
@@ -252,28 +257,24 @@ st, genb, _ = srv.request("POST", "/generate", {"input_ids": [long_prompts[0], l
 if st != 200 or [g["output_ids"] for g in genb] != [want["0"], want["2"]]:
     reflib.fail(f"/generate batch: {st} {genb}")
 res = []
-th = threading.Thread(target=lambda: res.append(srv.request("POST", "/generate", {
-    "input_ids": prompts[0], "rid": "slow", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})))
-srv.settle()
-th.start()
-for _ in range(200):
-    if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
-        break
-    time.sleep(0.05)
+
+
+def start_slow():
+    res.clear()
+    th = threading.Thread(target=lambda: res.append(srv.request("POST", "/generate", {
+        "input_ids": prompts[0], "rid": "slow", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})))
+    th.start()
+    return [th]
+
+
+th = srv.hold_running(start_slow, "the slow /generate")[0]
 st, ab, _ = srv.request("POST", "/abort_request", {"rid": "slow"})
 th.join()
+srv.resume()
 if st != 200 or res[0][1]["meta_info"]["finish_reason"]["type"] != "abort" or len(res[0][1]["output_ids"]) >= 1500:
     reflib.fail(f"/abort_request: {st} {ab} {res[0][1]['meta_info']}")
 print("ok  SGLang /generate (ids, batch, logprobs, weight_version) equals the rollout; /abort_request by rid")
 # pause / resume (a trainer updating weights)
-def running():
-    return srv.metrics()[1]["caraserve_num_requests_running"]
-
-
-def gen_tokens():
-    return sum(v for k, v in srv.metrics()[1].items() if k.startswith("caraserve_generation_tokens_total"))
-
-
 def bg(body):
     out = []
     t = threading.Thread(target=lambda: out.append(rollout(body)))
@@ -281,45 +282,50 @@ def bg(body):
     return t, out
 
 
-long_body = {"adapter": "pol", "sampling": {"max_tokens": 200, "temperature": 0, "ignore_eos": True},
+long_body = {"adapter": "pol", "sampling": {"max_tokens": 600, "temperature": 0, "ignore_eos": True},
              "groups": [{"input_ids": long_prompts[3]}]}
-ref200 = rollout(long_body)["groups"][0]["samples"][0]["output_ids"]
-srv.settle()
-t1, o1 = bg(long_body)
-while running() < 1:
-    time.sleep(0.02)
-st, pz, _ = srv.request("POST", "/v1/pause", {"mode": "keep"})
-time.sleep(0.2)  # an iteration already under way when the pause came may still finish
-g0 = gen_tokens()
+ref_long = rollout(long_body)["groups"][0]["samples"][0]["output_ids"]
+held = []
+
+
+def start_held():
+    held[:] = [bg(long_body)]
+    return [held[0][0]]
+
+
+# keep: held running with tokens generated; /v1/pause answers once the iteration under way ended
+srv.hold_running(start_held, "the rollout to pause")
+t1, o1 = held[0]
+g0 = srv.gen_tokens()
 t2, o2 = bg(long_body)  # accepted while paused: waits
-time.sleep(0.5)
-if st != 200 or gen_tokens() != g0 or o1 or o2:
-    reflib.fail(f"pause keep: {st} {pz}; tokens {g0} -> {gen_tokens()} while paused")
-srv.request("POST", "/v1/resume", {})
+wait_for(lambda: srv.metrics()[1]["caraserve_num_requests_waiting"] >= 1, 120, "the rollout sent during the pause to queue")
+time.sleep(0.3)  # room for a wrong token to show up (a correct server cannot produce one)
+if srv.gen_tokens() != g0 or o1 or o2:
+    reflib.fail(f"pause keep: tokens {g0} -> {srv.gen_tokens()} while paused")
+srv.resume()
 t1.join()
 t2.join()
-if o1[0]["groups"][0]["samples"][0]["output_ids"] != ref200 or o2[0]["groups"][0]["samples"][0]["output_ids"] != ref200:
+if o1[0]["groups"][0]["samples"][0]["output_ids"] != ref_long or o2[0]["groups"][0]["samples"][0]["output_ids"] != ref_long:
     reflib.fail("pause keep + resume: the paused rollout and the one sent during the pause must equal the unpaused run")
-srv.settle()
-t1, o1 = bg(long_body)
-while running() < 1:
-    time.sleep(0.02)
+# wait: from a held rollout, pause wait lets it run to its end, then answers
+srv.hold_running(start_held, "the rollout to pause")
+t1, o1 = held[0]
 st, pz, _ = srv.request("POST", "/v1/pause", {"mode": "wait"})
-t1.join(60)  # still paused: the in-flight rollout must have run to its end
-done_while_paused = bool(o1)
-srv.request("POST", "/v1/resume", {})
-t1.join()
-if st != 200 or not done_while_paused or o1[0]["groups"][0]["samples"][0]["output_ids"] != ref200:
-    reflib.fail(f"pause wait: {st} {pz}, the in-flight rollout finished while paused: {done_while_paused}")
-srv.settle()
-t1, o1 = bg(long_body)
-while running() < 1:
-    time.sleep(0.02)
+t1.join()  # still paused: the in-flight rollout ran to its end
+g1 = srv.gen_tokens()
+srv.resume()
+if st != 200 or o1[0]["groups"][0]["samples"][0]["output_ids"] != ref_long or \
+        o1[0]["groups"][0]["samples"][0]["finish_reason"] != "length":
+    reflib.fail(f"pause wait: {st} {pz}, {o1}")
+# abort: from a held rollout, pause abort ends it now with its partial tokens
+srv.hold_running(start_held, "the rollout to pause")
+t1, o1 = held[0]
 st, pz, _ = srv.request("POST", "/v1/pause", {"mode": "abort"})
 t1.join()
 s0 = o1[0]["groups"][0]["samples"][0]
-srv.request("POST", "/v1/resume", {})
-if st != 200 or s0["finish_reason"] != "abort" or s0["output_ids"] != ref200[:len(s0["output_ids"])]:
+srv.resume()
+if st != 200 or s0["finish_reason"] != "abort" or not 0 < len(s0["output_ids"]) < 600 or \
+        s0["output_ids"] != ref_long[:len(s0["output_ids"])]:
     reflib.fail(f"pause abort: {st} {pz} {s0['finish_reason']} {len(s0['output_ids'])}")
 print("ok  /v1/pause keep (no token while paused, requests sent meanwhile wait; resume gives the unpaused tokens), "
       "wait (answers once in-flight finished), abort (partial results); /v1/resume")

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
@@ -27,7 +26,7 @@ import reflib  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from hfmodels import make_adapter  # noqa: E402
-from serverlib import Server, make_tok_model  # noqa: E402
+from serverlib import Server, make_tok_model, wait_for  # noqa: E402
 
 sys.path.insert(0, os.path.join(reflib.SRCDIR, "rollout_api", "clients", "python"))
 from caraserve_rollout import Client, RolloutError  # noqa: E402
@@ -120,16 +119,21 @@ if [(a["name"], a["active_version"]) for a in ad] != [("pol", 10)]:
     reflib.fail(f"GET /v1/adapters: {ad}")
 # apply=abort_inflight: the running rollout on the old version is cut short
 res = []
-th = threading.Thread(target=lambda: res.append(cl.rollout([{"input_ids": PROMPT, "n": 2}], adapter="pol",
-                                                           sampling={"max_tokens": 1000, "ignore_eos": True})))
-srv.settle()
-th.start()
-for _ in range(200):
-    if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
-        break
-    time.sleep(0.05)
+
+
+def start_long():
+    res.clear()
+    th = threading.Thread(target=lambda: res.append(cl.rollout([{"input_ids": PROMPT, "n": 2}], adapter="pol",
+                                                               sampling={"max_tokens": 1000, "ignore_eos": True})))
+    th.start()
+    return [th]
+
+
+# held running with tokens generated (engine paused) when the upload comes: cut short by construction
+th = srv.hold_running(start_long, "the rollout on version 10")[0]
 r = cl.push_adapter("pol", 11, path=v_dirs[2], apply="abort_inflight")
 th.join()
+srv.resume()
 s0 = res[0]["groups"][0]["samples"]
 if r["aborted_requests"] != 1 or [s["finish_reason"] for s in s0] != ["abort", "abort"] or \
         {s["adapter_version"] for s in s0} != {10} or not all(0 < len(s["output_ids"]) < 1000 for s in s0):
@@ -184,12 +188,18 @@ for s in roll_pin()["groups"][0]["samples"]:
         reflib.fail("after activating 3, unpinned requests must run on it")
 # a pinned rollout is not cut by apply=abort_inflight, and goes on with its own version
 res = []
-th = threading.Thread(target=lambda: res.append(roll_pin(1, max_tokens=200, n=1)))
-srv.settle()
-th.start()
-while srv.metrics()[1]["caraserve_num_requests_running"] < 1:
-    time.sleep(0.02)
+
+
+def start_pinned():
+    res.clear()
+    th = threading.Thread(target=lambda: res.append(roll_pin(1, max_tokens=200, n=1)))
+    th.start()
+    return [th]
+
+
+th = srv.hold_running(start_pinned, "the pinned rollout")[0]
 r = cl.push_adapter("pin", 4, path=v_dirs[0], apply="abort_inflight")
+srv.resume()
 th.join()
 s = res[0]["groups"][0]["samples"][0]
 if r["aborted_requests"] != 0 or s["finish_reason"] != "length" or s["version_spans"] != [[0, 200, 1]]:
@@ -202,8 +212,7 @@ cl._call("POST", "/v1/pause", {"mode": "keep"})
 res = []
 th = threading.Thread(target=lambda: res.append(roll_pin(3)))
 th.start()
-while srv.metrics()[1]["caraserve_num_requests_waiting"] < 1:
-    time.sleep(0.02)
+wait_for(lambda: srv.metrics()[1]["caraserve_num_requests_waiting"] >= 1, 120, "the pinned rollout to queue")
 r = cl.push_adapter("pin", 5, path=v_dirs[1], keep_versions=1)
 try:
     cl.delete_adapter_version("pin", 3)
@@ -229,19 +238,16 @@ if [v["version"] for v in {a["name"]: a for a in cl.adapters()}["pin"]["versions
 res = []
 body_pk = {"adapter": "pin", "sampling": {"max_tokens": 300, "temperature": 0, "ignore_eos": True},
            "groups": [{"input_ids": PROMPT}]}
-th = threading.Thread(target=lambda: res.append(cl._call("POST", "/v1/rollout", body_pk)))
 
 
-def gen_tokens():
-    return sum(v for k_, v in srv.metrics()[1].items() if k_.startswith("caraserve_generation_tokens_total"))
+def start_pk():
+    res.clear()
+    th = threading.Thread(target=lambda: res.append(cl._call("POST", "/v1/rollout", body_pk)))
+    th.start()
+    return [th]
 
 
-srv.settle()
-g0 = gen_tokens()
-th.start()
-while gen_tokens() == g0:  # its first token is out
-    time.sleep(0.01)
-cl._call("POST", "/v1/pause", {"mode": "keep"})
+th = srv.hold_running(start_pk, "the rollout on version 5")[0]  # its first tokens are out; paused (keep)
 r = cl.push_adapter("pin", 6, path=v_dirs[2], apply="pause_keep")
 cl._call("POST", "/v1/resume", {})
 th.join()
@@ -279,28 +285,39 @@ for k in range(20):
 results, errors = [], []
 
 
-def roll():
-    for i in range(12):
-        try:
-            results.append(cl.rollout([{"input_ids": PROMPT, "n": 2, "seed": i}, {"input_ids": PROMPT[:3], "seed": 99}],
-                                      adapter="upd", sampling={"max_tokens": 10, "temperature": 1.0, "ignore_eos": True}))
-        except Exception as e:  # noqa: BLE001
-            errors.append(str(e))
+def roll(i):
+    try:
+        results.append((i, cl.rollout([{"input_ids": PROMPT, "n": 2, "seed": i}, {"input_ids": PROMPT[:3], "seed": 99}],
+                                      adapter="upd", sampling={"max_tokens": 10, "temperature": 1.0,
+                                                               "ignore_eos": True})))
+    except Exception as e:  # noqa: BLE001
+        errors.append(str(e))
 
 
 cl.push_adapter("upd", 19, path=v_dirs[0])
 vers[19] = (v_dirs[0], v_refs[0])
-th = threading.Thread(target=roll)
-th.start()
-for v in range(20, 40):
-    cl.push_adapter("upd", v, path=vers[v][0])
-    time.sleep(0.03)
-th.join()
+# rollout i is sent right after version 20+i is pushed; the odd ones run on while the next
+# versions upload, the even ones end before the next upload (so those run on 20+i alone, which
+# makes the versions seen many by construction, not by timing)
+threads = []
+for k in range(20):
+    cl.push_adapter("upd", 20 + k, path=vers[20 + k][0])
+    if k < 12:
+        t = threading.Thread(target=roll, args=(k,))
+        t.start()
+        threads.append(t)
+        if k % 2 == 0:
+            t.join()
+for t in threads:
+    t.join()
 if errors:
     reflib.fail(f"rollouts failed during uploads: {errors[:3]}")
 seen = {}
-for out in results:
+for i, out in results:
     for g in out["groups"]:
+        if i % 2 == 0 and any(s["adapter_version"] != 20 + i for s in g["samples"]):
+            reflib.fail(f"rollout {i}, sent after version {20 + i} and done before the next upload, reported "
+                        f"{[s['adapter_version'] for s in g['samples']]}")
         p = PROMPT if len(g["samples"]) == 2 else PROMPT[:3]
         for s in g["samples"]:
             v = s["adapter_version"]
@@ -311,8 +328,8 @@ for out in results:
             worst = max(abs(lp - ls[len(p) + k - 1][t]) for k, (t, lp) in enumerate(zip(s["output_ids"], s["logprobs"])))
             if worst > TOL:
                 reflib.fail(f"a sample reported version {v} but its logprobs are not that version's ({worst:.2e})")
-if len(seen) < 3:
-    reflib.fail(f"the rollouts saw only versions {sorted(seen)}: the uploads did not overlap them")
+if len(seen) < 6:
+    reflib.fail(f"the rollouts saw only versions {sorted(seen)}")
 print(f"ok  20 uploads while 12 rollouts ran: none failed; {sum(seen.values())} samples over {len(seen)} versions, each "
       "equal to peft with the weights of the version it reports")
 

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
-import time
+
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
@@ -45,6 +45,7 @@ with open(os.path.join(root, "not-an-adapter", "adapter_config.json"), "w") as f
 srv = Server(["--model", model_dir, "--served-model-name", "base", "--api-key", KEY, "--lora-modules", f"a1={a1_dir}",
               "--lora-root", root, "--threads", "2", "--kv-cache-bytes", "32M", "--max-model-len", "256",
               "--max-n", "16", "--max-body-bytes", "1M"])
+srv.auth = AUTH
 
 GOOD = {"model": "base", "prompt": "Hello", "max_tokens": 2}
 LONG = "word " * 400
@@ -156,7 +157,7 @@ print(f"ok  {len(rows)} bad inputs: each a 4xx with an error object, and the ser
 
 # ---- 2. disconnects ----
 # (the engine publishes its gauges after each iteration: the last request's may lag by one)
-vals = wait_for(lambda: (lambda v: v if v["caraserve_num_requests_running"] == 0 else None)(srv.metrics()[1]), 10,
+vals = wait_for(lambda: (lambda v: v if v["caraserve_num_requests_running"] == 0 else None)(srv.metrics()[1]), 120,
                 "the server to be idle before the disconnect test")
 idle_kv = vals["caraserve_kv_cache_usage_perc"]
 
@@ -194,7 +195,7 @@ def idle():
         v["caraserve_kv_cache_usage_perc"] == idle_kv and v
 
 
-v = wait_for(idle, 30, "running requests and KV usage back to idle after 20 disconnects")
+v = wait_for(idle, 120, "running requests and KV usage back to idle after 20 disconnects")
 aborted = sum(val for k, val in v.items() if k.startswith("caraserve_request_success_total") and 'finished_reason="abort"' in k)
 if aborted < 20:
     reflib.fail(f"{aborted} requests counted as aborted, want 20")
@@ -206,31 +207,47 @@ req = {"model": "a1", "prompt": "The long road", "max_tokens": 120, "temperature
 st, alone, _ = srv.request("POST", "/v1/completions", req, headers=AUTH)
 if st != 200:
     reflib.fail(f"a1 alone: {st} {alone}")
-results, done_at = [], []
+results = []
 
 
 def busy():
-    st, body, _ = srv.request("POST", "/v1/completions", req, headers=AUTH)
-    results.append((st, body))
-    done_at.append(time.time())
+    results.append(srv.request("POST", "/v1/completions", req, headers=AUTH)[:2])
 
 
+# the state this section needs, made rather than waited for: the engine held, four a1 requests
+# accepted behind it (in flight for the server: they pin the adapter), then the unload
+srv.settle()
+A1_DONE = 'caraserve_request_success_total{adapter="a1",finished_reason="length"}'
+a1_done = srv.metrics()[1].get(A1_DONE, 0)
+srv.pause("keep")
 ts = [threading.Thread(target=busy) for _ in range(4)]
 for t in ts:
     t.start()
-wait_for(lambda: srv.metrics()[1]["caraserve_num_requests_running"] >= 4, 30, "the a1 requests to run")
-st, body, _ = srv.request("POST", "/v1/unload_lora_adapter", {"lora_name": "a1"}, headers=AUTH)
-unloaded_at = time.time()
+wait_for(lambda: srv.metrics()[1]["caraserve_num_requests_waiting"] >= 4, 120, "the four a1 requests to be queued")
+unload = []
+tu = threading.Thread(target=lambda: unload.append(srv.request("POST", "/v1/unload_lora_adapter", {"lora_name": "a1"},
+                                                               headers=AUTH)[:2]))
+tu.start()
+# a1 leaves /v1/models at once (new requests for it get 404): the unload has begun
+wait_for(lambda: "a1" not in [m["id"] for m in srv.request("GET", "/v1/models", headers=AUTH)[1]["data"]], 120,
+         "a1 to leave /v1/models")
+if unload or not all(t.is_alive() for t in ts):
+    reflib.fail(f"the unload answered while its four requests were held: {unload} {results}")
+srv.resume()
+tu.join()
 for t in ts:
     t.join()
+st, body = unload[0]
 if st != 200:
     reflib.fail(f"unload while busy: {st} {body}")
+if len(results) != 4:
+    reflib.fail(f"in-flight requests: {results}")
 for st, body in results:
     if st != 200 or body["choices"][0]["text"] != alone["choices"][0]["text"] or \
             body["choices"][0]["finish_reason"] != "length":
         reflib.fail(f"a request in flight during the unload: {st} {body}")
-if max(done_at) > unloaded_at + 0.5:
-    reflib.fail("the unload answered before its in-flight requests finished")
+if srv.metrics()[1].get(A1_DONE, 0) != a1_done + 4:
+    reflib.fail(f"a1 requests finished: {srv.metrics()[1].get(A1_DONE, 0)}, want {a1_done + 4}")
 st, body, _ = srv.request("POST", "/v1/completions", req, headers=AUTH)
 if st != 404:
     reflib.fail(f"a1 after unload: {st} {body}")
@@ -268,14 +285,16 @@ if st != 200 or len(body["choices"]) != 5:
 st, body, _ = s2.request("POST", "/v1/completions", {"model": "fromconf", "prompt": "Hi", "max_tokens": 2, "n": 6})
 if st != 400:
     reflib.fail(f"--max-n 5 from the command line must win over the file's 3: {st}")
-s2.settle()  # or a stale "running" gauge could send the signal before this request has arrived
+# the request is accepted behind a held engine before the signal: in flight by construction
+s2.settle()
+s2.pause("keep")
 res = []
 th = threading.Thread(target=lambda: res.append(s2.request("POST", "/v1/completions",
                                                            {"model": "fromconf", "prompt": "Go", "max_tokens": 150,
                                                             "ignore_eos": True})))
 th.start()
-wait_for(lambda: s2.metrics()[1]["caraserve_num_requests_running"] >= 1, 30, "the request to run")
-s2.proc.send_signal(signal.SIGTERM)
+wait_for(lambda: s2.metrics()[1]["caraserve_num_requests_waiting"] >= 1, 120, "the request to be queued")
+s2.proc.send_signal(signal.SIGTERM)  # draining lifts the pause: the request runs to its end
 th.join()
 rc = s2.stop()
 if rc != 0 or res[0][0] != 200 or res[0][1]["choices"][0]["finish_reason"] != "length" or \
@@ -283,33 +302,51 @@ if rc != 0 or res[0][0] != 200 or res[0][1]["choices"][0]["finish_reason"] != "l
     reflib.fail(f"SIGTERM drain: exit {rc}, {res}")
 print("ok  --config with the command line winning; SIGTERM finishes the in-flight request, exit 0")
 
+LONG_GEN = 50000  # far more tokens than --shutdown-timeout 0.3 s can produce
 s3 = Server(["--model", model_dir, "--threads", "2", "--kv-cache-bytes", "32M", "--shutdown-timeout", "0.3",
-             "--max-model-len", "2048"])
+             "--max-model-len", str(LONG_GEN + 64)])
 # a non-streaming client that hangs up: its connection is suspended (MHD does not see the
-# hang-up then); the server's watcher does, and aborts the request long before its 2000 tokens
-sock = socket.create_connection(("127.0.0.1", s3.port))
-body = json.dumps({"prompt": "Go on", "max_tokens": 2000, "ignore_eos": True}).encode()
-sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-             str(len(body)).encode() + b"\r\n\r\n" + body)
-wait_for(lambda: s3.metrics()[1]["caraserve_num_requests_running"] >= 1, 30, "the request to run")
-sock.close()
-v = wait_for(lambda: (lambda v: v if v.get('caraserve_request_success_total{adapter="' + os.path.basename(model_dir) +
-                                           '",finished_reason="abort"}') == 1 else None)(s3.metrics()[1]), 30,
+# hang-up then); the server's watcher does, and aborts the request. The request is held
+# running (a token generated, the engine paused) when the client hangs up.
+ABORTED = 'caraserve_request_success_total{adapter="' + os.path.basename(model_dir) + '",finished_reason="abort"}'
+GEN = 'caraserve_generation_tokens_total{adapter="' + os.path.basename(model_dir) + '"}'
+socks = []
+
+
+def send_and_hang_on():
+    sock = socket.create_connection(("127.0.0.1", s3.port))
+    body = json.dumps({"prompt": "Go on", "max_tokens": LONG_GEN, "ignore_eos": True}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                 str(len(body)).encode() + b"\r\n\r\n" + body)
+    socks.append(sock)
+    return []
+
+
+s3.hold_running(send_and_hang_on, "the request of the client that will hang up")
+aborted0 = s3.metrics()[1].get(ABORTED, 0)
+socks[-1].close()
+v = wait_for(lambda: (lambda v: v if v.get(ABORTED, 0) == aborted0 + 1 else None)(s3.metrics()[1]), 120,
              "the hung-up non-streaming request to be aborted")
-gen = v['caraserve_generation_tokens_total{adapter="' + os.path.basename(model_dir) + '"}']
-if gen >= 2000:
+s3.resume()
+gen = v[GEN]
+if gen >= LONG_GEN:
     reflib.fail(f"the hung-up request generated {gen} tokens")
-print(f"ok  a non-streaming client that hangs up: its request aborted after {int(gen)} of 2000 tokens")
-s3.settle()
+print(f"ok  a non-streaming client that hangs up while its request runs: aborted after {int(gen)} of {LONG_GEN} tokens")
 res = []
-th = threading.Thread(target=lambda: res.append(s3.request("POST", "/v1/completions",
-                                                           {"prompt": "Go", "max_tokens": 2000, "ignore_eos": True})))
-th.start()
-wait_for(lambda: s3.metrics()[1]["caraserve_num_requests_running"] >= 1, 30, "the request to run")
-t0 = time.time()
-s3.proc.send_signal(signal.SIGINT)
+
+
+def long_request():
+    th = threading.Thread(target=lambda: res.append(s3.request("POST", "/v1/completions",
+                                                               {"prompt": "Go", "max_tokens": LONG_GEN, "ignore_eos": True})))
+    th.start()
+    return [th]
+
+
+th = s3.hold_running(long_request, "the long request")[0]
+s3.proc.send_signal(signal.SIGINT)  # draining lifts the pause; 0.3 s later the request is aborted
 th.join()
 rc = s3.stop()
-if rc != 0 or res[0][0] != 200 or res[0][1]["choices"][0]["finish_reason"] != "abort" or time.time() - t0 > 20:
-    reflib.fail(f"--shutdown-timeout: exit {rc}, {res}, {time.time() - t0:.1f}s")
+if rc != 0 or res[0][0] != 200 or res[0][1]["choices"][0]["finish_reason"] != "abort" or \
+        not 0 < res[0][1]["usage"]["completion_tokens"] < LONG_GEN:
+    reflib.fail(f"--shutdown-timeout: exit {rc}, {res[0][0]}, {res[0][1].get('usage')}")
 print("ok  SIGINT with --shutdown-timeout 0.3: the long request ends as aborted, exit 0")
