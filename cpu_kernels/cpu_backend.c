@@ -1,8 +1,10 @@
-/* cpu_backend.c: struct backend_i for the CPU. Work is split into tasks over output rows
+/* cpu_backend.c: the CPU kernels (struct cpu_raw_i, on host pointers) and the CPU backend
+ * (struct backend_i over them: buffers are host allocations behind handles). Work is split into tasks over output rows
  * (GEMM/GEMV), heads (attention) or tokens (LoRA, norms) and run on the thread pool.
  * Large-n GEMMs widen a cache-sized tile of weight rows to F32 and call single-threaded
  * cblas_sgemm on it; small-n (decode) uses the AVX-512 GEMV that streams BF16 weights. */
 #include "cpu_kernels/cpu_backend.h"
+#include "cpu_kernels/cpu_raw.h"
 
 #include <cblas.h>
 #include <immintrin.h>
@@ -42,7 +44,7 @@ typedef struct cpu_ctx {
     size_t lora_t_len;    /* floats */
 } cpu_ctx_t;
 
-static cpu_ctx_t *ctx_of(backend_t *b) { return b->ctx; }
+static cpu_ctx_t *ctx_of(cpu_raw_t *b) { return b->ctx; }
 
 /* make every thread's scratch hold at least n floats (called before a parallel run) */
 static void scratch_reserve(cpu_ctx_t *c, size_t n) {
@@ -55,10 +57,6 @@ static void scratch_reserve(cpu_ctx_t *c, size_t n) {
     }
 }
 
-/* ---- memory ---- */
-static void *cpu_buf_alloc(backend_t *b, size_t n) { (void)b; return cs_aligned_alloc(64, n); }
-static void cpu_buf_free(backend_t *b, void *p) { (void)b; free(p); }
-static void cpu_buf_copy(backend_t *b, void *d, const void *s, size_t n) { (void)b; memcpy(d, s, n); }
 
 /* ---- matmul ----
  *   n = 1, AVX-512: the GEMV streams the weights in their dtype (exact F32 arithmetic).
@@ -167,7 +165,7 @@ static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
     return !c->no_tile && n >= 2 && n <= TILE_MAX_N;
 }
 
-static void cpu_matmul(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
+static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
     if (c->reference || (c->invariant && !c->avx512)) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0};
@@ -219,7 +217,7 @@ static void mm_multi_task(void *p, int task, int thread) {
     else cs_gemv_rows_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
 }
 
-static void cpu_matmul_multi(backend_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
+static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
                              const float *const *biases, int count) {
     cpu_ctx_t *c = ctx_of(b);
     bool tile = count <= MM_MULTI_MAX;
@@ -261,7 +259,7 @@ static void norm_task(void *p, int task, int thread) {
     cs_rmsnorm_ref(j->y + (size_t)i0 * j->dim, j->x + (size_t)i0 * j->dim, i1 - i0, j->dim, j->w, j->eps);
 }
 
-static void cpu_rmsnorm(backend_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps) {
+static void cpu_rmsnorm(cpu_raw_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps) {
     cpu_ctx_t *c = ctx_of(b);
     CS_ASSERT(w->dtype == CS_DTYPE_F32 && w->rows * w->cols == dim);
     if (c->reference || (size_t)n * dim < 16384) { cs_rmsnorm_ref(y, x, n, dim, w->data, eps); return; }
@@ -270,7 +268,7 @@ static void cpu_rmsnorm(backend_t *b, float *y, const float *x, int n, int dim, 
 }
 
 /* ---- rope ---- */
-static void cpu_rope(backend_t *b, float *x, int n, int nh, int hd, const int32_t *pos, const float *inv_freq) {
+static void cpu_rope(cpu_raw_t *b, float *x, int n, int nh, int hd, const int32_t *pos, const float *inv_freq) {
     (void)b;
     int half = hd / 2;
     float cs[512], sn[512];
@@ -391,7 +389,7 @@ static void attn_gemm_task(void *p, int task, int thread) {
                 j->v + (size_t)first * kv_dim + kvh * j->hd, kv_dim, 0.0f, j->out + (size_t)i0 * q_dim + h * j->hd, q_dim);
 }
 
-static void cpu_attention(backend_t *b, float *out, const float *q, const float *k, const float *v, int n, int pos0,
+static void cpu_attention(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v, int n, int pos0,
                           int nh, int nkv, int hd, int window) {
     cpu_ctx_t *c = ctx_of(b);
     if (c->reference || c->invariant || !c->avx512) {
@@ -418,20 +416,20 @@ static void silu_task(void *p, int task, int thread) {
     cs_silu_mul_ref(j->g + i0, j->u + i0, i1 - i0);
 }
 
-static void cpu_silu_mul(backend_t *b, float *g, const float *u, size_t n) {
+static void cpu_silu_mul(cpu_raw_t *b, float *g, const float *u, size_t n) {
     cpu_ctx_t *c = ctx_of(b);
     if (c->reference || n < 16384) { cs_silu_mul_ref(g, u, n); return; }
     struct ew_job j = {g, u, n, (n + c->n_threads - 1) / c->n_threads};
     threadpool_run(c->pool, (int)((n + j.per - 1) / j.per), silu_task, &j);
 }
 
-static void cpu_add(backend_t *b, float *y, const float *x, size_t n) {
+static void cpu_add(cpu_raw_t *b, float *y, const float *x, size_t n) {
     (void)b;
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
 /* ---- LoRA: two small GEMMs per token chunk ---- */
-static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend_lora_seg_t *segs, int n_segs, int d_in,
+static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lora_seg_t *segs, int n_segs, int d_in,
                            int d_out);
 struct lora_job {
     cpu_ctx_t *c;
@@ -451,13 +449,13 @@ static void lora_task(void *p, int task, int thread) {
                 1.0f, j->y + (size_t)i0 * j->d_out, j->d_out);
 }
 
-static void cpu_lora(backend_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank, int d_in,
+static void cpu_lora(cpu_raw_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank, int d_in,
                      int d_out, float scale) {
     cpu_ctx_t *c = ctx_of(b);
     if (rank <= 0 || n <= 0) return;
     if (c->reference) { cs_lora_ref(y, x, n, a, bm, rank, d_in, d_out, scale); return; }
     if (c->invariant) {
-        backend_lora_seg_t g = {0, n, a, bm, rank, scale, NULL};
+        cpu_lora_seg_t g = {0, n, a, bm, rank, scale, NULL};
         cpu_lora_batch(b, y, x, &g, 1, d_in, d_out);
         return;
     }
@@ -482,7 +480,7 @@ struct pattn_job {
     cpu_ctx_t *c;
     float *out;
     const float *q, *k, *v;
-    const backend_attn_seq_t *seqs;
+    const cpu_attn_seq_t *seqs;
     const int *task0;   /* [n_dec + 1] first task of each decode sequence */
     const int *dec;     /* indices into seqs of the decode sequences */
     int n_dec, bs, nh, nkv, hd, window;
@@ -520,7 +518,7 @@ static void pattn_task(void *p, int task, int thread) {
         int mid = (lo + hi + 1) / 2;
         if (j->task0[mid] <= task) lo = mid; else hi = mid - 1;
     }
-    const backend_attn_seq_t *sq = &j->seqs[j->dec[lo]];
+    const cpu_attn_seq_t *sq = &j->seqs[j->dec[lo]];
     int local = task - j->task0[lo], i = local / j->nh, h = local % j->nh;
     int hd = j->hd, kvh = h / (j->nh / j->nkv);
     size_t kv_dim = (size_t)j->nkv * hd, off = (size_t)kvh * hd;
@@ -556,8 +554,8 @@ static void pattn_task(void *p, int task, int thread) {
 /* Prefill chunks (16+ queries) go through the GEMM attention: in place when the block table
  * is contiguous, else after gathering the sequence's keys and values; decode rows of all
  * sequences run in one pool dispatch. */
-static void cpu_attention_paged(backend_t *b, float *out, const float *q, const float *k, const float *v,
-                                const backend_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
+static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v,
+                                const cpu_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
                                 int window) {
     cpu_ctx_t *c = ctx_of(b);
     if (c->reference || !c->avx512) {
@@ -568,7 +566,7 @@ static void cpu_attention_paged(backend_t *b, float *out, const float *q, const 
     int *dec = malloc(sizeof(int) * (size_t)(2 * n_seqs + 1)), *task0 = dec + n_seqs, n_dec = 0, max_len = 0;
     CS_ASSERT(dec);
     for (int s = 0; s < n_seqs; s++) {
-        const backend_attn_seq_t *sq = &seqs[s];
+        const cpu_attn_seq_t *sq = &seqs[s];
         int len = sq->pos0 + sq->n, nb = (len + bs - 1) / bs;
         if (sq->n < 16 || c->invariant) { /* batch-invariant: every query alone, keys in order */
             task0[n_dec] = n_dec ? task0[n_dec - 1] + seqs[dec[n_dec - 1]].n * nh : 0;
@@ -611,12 +609,12 @@ static void cpu_attention_paged(backend_t *b, float *out, const float *q, const 
     free(dec);
 }
 
-static void cpu_set_rows(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
+static void cpu_set_rows(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
     (void)b;
     for (int i = 0; i < n; i++) memcpy(dst + (size_t)idx[i] * len, src + (size_t)i * len, sizeof(float) * (size_t)len);
 }
 
-static void cpu_get_rows(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
+static void cpu_get_rows(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
     (void)b;
     for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * len, src + (size_t)idx[i] * len, sizeof(float) * (size_t)len);
 }
@@ -632,7 +630,7 @@ struct lora_batch_job {
     cpu_ctx_t *c;
     float *y, *t;           /* t: (rows, max_rank) shrink results */
     const float *x;
-    const backend_lora_seg_t *segs;
+    const cpu_lora_seg_t *segs;
     const int *task0;       /* [n_segs + 1] first task of each segment in this phase */
     int n_segs, d_in, d_out, ld_t;
 };
@@ -668,7 +666,7 @@ static float dot_plain(const float *a, const float *b, int n) {
 }
 
 /* t rows of segment g, ranks [r0, r1): x rows · A[r0:r1]ᵀ */
-static void lora_seg_shrink(const struct lora_batch_job *j, const backend_lora_seg_t *g, int r0, int r1) {
+static void lora_seg_shrink(const struct lora_batch_job *j, const cpu_lora_seg_t *g, int r0, int r1) {
     const float *x = j->x + (size_t)g->row0 * j->d_in;
     float *t = j->t + (size_t)g->row0 * j->ld_t;
     if (g->n <= LORA_SMALL_M || j->c->invariant) { /* one dot per element: batch-invariant */
@@ -706,7 +704,7 @@ __attribute__((target("avx512f"))) static void expand_bt_avx512(float *y, int ld
 }
 
 /* y rows of segment g, outputs [c0, c1): += scale · t rows · B[c0:c1]ᵀ */
-static void lora_seg_expand(const struct lora_batch_job *j, const backend_lora_seg_t *g, int c0, int c1) {
+static void lora_seg_expand(const struct lora_batch_job *j, const cpu_lora_seg_t *g, int c0, int c1) {
     const float *t = j->t + (size_t)g->row0 * j->ld_t;
     float *y = j->y + (size_t)g->row0 * j->d_out;
     bool small = g->n <= LORA_SMALL_M || j->c->invariant; /* per element, batch-invariant */
@@ -733,7 +731,7 @@ static void lora_shrink_task(void *p, int task, int thread) {
     struct lora_batch_job *j = p;
     (void)thread;
     int s = lb_find(j->task0, j->n_segs, task), k = task - j->task0[s];
-    const backend_lora_seg_t *g = &j->segs[s];
+    const cpu_lora_seg_t *g = &j->segs[s];
     lora_seg_shrink(j, g, k * 8, CS_MIN(g->rank, k * 8 + 8));
 }
 
@@ -749,7 +747,7 @@ static void lora_expand_task(void *p, int task, int thread) {
 static void lora_seg_task(void *p, int task, int thread) {
     struct lora_batch_job *j = p;
     (void)thread;
-    const backend_lora_seg_t *g = &j->segs[task];
+    const cpu_lora_seg_t *g = &j->segs[task];
     lora_seg_shrink(j, g, 0, g->rank);
     lora_seg_expand(j, g, 0, j->d_out);
 }
@@ -758,7 +756,7 @@ static void lora_seg_task(void *p, int task, int thread) {
  * pool twice costs more than the work (decode with one adapter) */
 #define LORA_INLINE_MACS (1L << 20)
 
-static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend_lora_seg_t *segs, int n_segs, int d_in,
+static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lora_seg_t *segs, int n_segs, int d_in,
                            int d_out) {
     cpu_ctx_t *c = ctx_of(b);
     int rows = 0, max_rank = 0, max_row = 0;
@@ -803,7 +801,7 @@ static void cpu_lora_batch(backend_t *b, float *y, const float *x, const backend
     free(task0);
 }
 
-static void cpu_embed(backend_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
+static void cpu_embed(cpu_raw_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
     (void)b;
     size_t esz = cs_dtype_size(t->dtype);
     for (int i = 0; i < n; i++) {
@@ -813,7 +811,7 @@ static void cpu_embed(backend_t *b, float *y, const cs_weight_t *t, const int32_
     }
 }
 
-static void cpu_free(backend_t *b) {
+static void cpu_free(cpu_raw_t *b) {
     cpu_ctx_t *c = ctx_of(b);
     if (c) {
         threadpool_free(c->pool);
@@ -828,13 +826,7 @@ static void cpu_free(backend_t *b) {
     free(b);
 }
 
-static const struct backend_i cpu_iface = {
-    .name = "cpu",
-    .host_memory = true,
-    .buf_alloc = cpu_buf_alloc,
-    .buf_free = cpu_buf_free,
-    .buf_set = cpu_buf_copy,
-    .buf_get = cpu_buf_copy,
+static const struct cpu_raw_i cpu_iface = {
     .matmul = cpu_matmul,
     .matmul_multi = cpu_matmul_multi,
     .rmsnorm = cpu_rmsnorm,
@@ -848,12 +840,11 @@ static const struct backend_i cpu_iface = {
     .lora = cpu_lora,
     .lora_batch = cpu_lora_batch,
     .embed = cpu_embed,
-    .synchronize = NULL,
     .free = cpu_free,
 };
 
-backend_t *cpu_backend_new(const cpu_backend_params_t *p) {
-    backend_t *b = calloc(1, sizeof *b);
+cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
+    cpu_raw_t *b = calloc(1, sizeof *b);
     cpu_ctx_t *c = calloc(1, sizeof *c);
     if (!b || !c) goto err;
     b->iface = &cpu_iface;
@@ -863,12 +854,12 @@ backend_t *cpu_backend_new(const cpu_backend_params_t *p) {
     c->n_threads = b->n_threads = n;
     c->reference = p && p->reference;
     c->invariant = p && p->batch_invariant;
-    c->no_tile = getenv("CS_NO_TILE") != NULL;
-    c->avx512 = cs_cpu_has_avx512() && !getenv("CS_NO_AVX512");
-    c->amx = c->avx512 && !getenv("CS_NO_AMX") && cs_cpu_has_amx_bf16();
+    c->no_tile = p && p->no_tile;
+    c->avx512 = cs_cpu_has_avx512() && !(p && p->no_avx512);
+    c->amx = c->avx512 && !(p && p->no_amx) && cs_cpu_has_amx_bf16();
     /* two terms of x are ~1.3x faster for prefill but move BF16 logprobs from ~2e-6 to
      * ~2.5e-5 against transformers (tests/test_ref_forward.py): exact by default */
-    c->amx_terms = getenv("CS_AMX_TERMS") && atoi(getenv("CS_AMX_TERMS")) == 2 ? 2 : 3;
+    c->amx_terms = p && p->amx_terms == 2 ? 2 : 3;
     c->scratch = calloc((size_t)n, sizeof *c->scratch);
     c->scratch_len = calloc((size_t)n, sizeof *c->scratch_len);
     c->pool = threadpool_new(n);
@@ -884,4 +875,11 @@ err:
     free(c);
     cs_error_set(CS_ENOMEM, "cpu backend: out of memory");
     return NULL;
+}
+
+const char *cpu_raw_path(const cpu_raw_t *b) {
+    const cpu_ctx_t *c = b->ctx;
+    if (c->reference) return "reference";
+    if (c->invariant) return c->avx512 ? "avx512+invariant" : "openblas+invariant";
+    return c->amx ? "amx" : c->avx512 ? "avx512" : "openblas";
 }

@@ -1,6 +1,8 @@
-/* cpu_backend.h: the CPU backend (always built). OpenBLAS single-threaded GEMMs on tiles,
- * parallelised by our own pool so one threading model owns the cores; AVX-512 GEMV for
- * decode with BF16/F16 weights widened in registers; plain reference kernels otherwise. */
+/* cpu_backend.h: the CPU backend (always built), and the strict test device that runs the
+ * same kernels behind device-like memory. OpenBLAS single-threaded GEMMs on tiles,
+ * parallelised by our own pool so one threading model owns the cores; AVX-512 GEMV and dot
+ * tiles for decode with BF16/F16 weights widened in registers; AMX for BF16 prefill where
+ * the CPU has it; plain reference kernels otherwise. */
 #ifndef CS_CPU_BACKEND_H
 #define CS_CPU_BACKEND_H
 
@@ -11,8 +13,33 @@ typedef struct cpu_backend_params {
     bool reference;     /* use the plain reference kernels only (tests, debugging) */
     bool batch_invariant; /* every row's result independent of the batch around it (slower
                            * prefill; see cpu_backend.c) */
+    /* kernel switches for checking and benchmarking (the server maps CS_NO_AVX512,
+     * CS_NO_AMX, CS_NO_TILE and CS_AMX_TERMS onto them) */
+    bool no_avx512;     /* plain and OpenBLAS paths only */
+    bool no_amx;        /* no AMX GEMMs */
+    bool no_tile;       /* 2-32 rows of a non-AMX matmul to the GEMV/sgemm, not the dot tiles */
+    int amx_terms;      /* BF16 terms of the activations in AMX GEMMs: 3 (default, exact) or 2 */
 } cpu_backend_params_t;
 
 backend_t *cpu_backend_new(const cpu_backend_params_t *p);
+/* the kernel path the CPU backend chose ("amx", "avx512", "openblas", "reference", with
+ * "+invariant"); "?" for another backend */
+const char *cpu_backend_path(const backend_t *b);
+
+/* The strict test device (tests only; the builder offers it when CS_TEST_DEVICE=strict is
+ * set, never as a user flag): its buffers are its own allocations behind handles, filled
+ * with NaN when allocated; every handle an op or copy receives is checked to be one of its
+ * live handles and every range to lie inside it (a host pointer, a stale handle or a
+ * handle of another backend aborts with a message); host<->device copies run on its own
+ * copy thread at a set bandwidth and latency, asynchronous ones overlapping the ops, with
+ * events; it counts bytes and copies (backend_get_stats). The ops are the CPU kernels. */
+typedef struct strict_device_params {
+    cpu_backend_params_t cpu;
+    double bytes_per_s;     /* copy bandwidth; 0: unlimited */
+    double latency_us;      /* per copy */
+} strict_device_params_t;
+
+backend_t *strict_device_new(const strict_device_params_t *p);
+bool backend_is_strict_device(const backend_t *b);
 
 #endif

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/backend.h"
+#include "cpu_kernels/cpu_raw.h"
 
 /* ---- reference kernels ---- */
 void cs_matmul_ref(float *y, const float *x, int n, const cs_weight_t *w, const float *bias);

@@ -4,12 +4,12 @@
 #include <math.h>
 #include <stdlib.h>
 
-void cs_attention_paged_ref(float *out, const float *q, const float *k, const float *v, const backend_attn_seq_t *seqs,
+void cs_attention_paged_ref(float *out, const float *q, const float *k, const float *v, const cpu_attn_seq_t *seqs,
                             int n_seqs, int block_size, int n_heads, int n_kv_heads, int head_dim, int window) {
     int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     float scale = 1.0f / sqrtf((float)head_dim);
     for (int s = 0; s < n_seqs; s++) {
-        const backend_attn_seq_t *sq = &seqs[s];
+        const cpu_attn_seq_t *sq = &seqs[s];
         int len = sq->pos0 + sq->n;
         float *sc = malloc(sizeof(float) * (size_t)len);
         CS_ASSERT(sc);

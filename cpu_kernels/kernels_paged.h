@@ -3,10 +3,10 @@
 #ifndef CS_KERNELS_PAGED_H
 #define CS_KERNELS_PAGED_H
 
-#include "engine/backend.h"
+#include "cpu_kernels/cpu_raw.h"
 
 /* backend_i.attention_paged as plain loops (double-precision softmax sums) */
-void cs_attention_paged_ref(float *out, const float *q, const float *k, const float *v, const backend_attn_seq_t *seqs,
+void cs_attention_paged_ref(float *out, const float *q, const float *k, const float *v, const cpu_attn_seq_t *seqs,
                             int n_seqs, int block_size, int n_heads, int n_kv_heads, int head_dim, int window);
 /* row index in a pool of the key at position p of a sequence with this block table */
 static inline size_t cs_paged_row(const int32_t *blocks, int block_size, int p) {

@@ -1,90 +1,182 @@
-/* backend.h: the one interface a compute backend implements (CPU in cpu_kernels/, CUDA in
- * gpu_kernels/). The engine only calls the backend_* wrappers below; main() builds a
- * concrete backend and hands it over, so the engine never names one. Activations are F32,
- * row-major; weights keep their file dtype (F32, BF16 or F16) and layout (out, in), so a
- * projection is y = x · Wᵀ as in PyTorch's nn.Linear. Optional methods are marked. */
+/* backend.h: the one interface a compute backend implements (the CPU in cpu_kernels/, the
+ * strict test device beside it, CUDA in gpu_kernels/). It is shaped for a device with its own
+ * memory, as ggml-backend is:
+ *
+ *  - memory is behind opaque buffer handles (backend_buf_t) that the engine never
+ *    dereferences: weights, KV pools, activations, the batch description and adapter
+ *    weights are all allocated through the backend, and data crosses only by the copy
+ *    methods (buf_set/buf_get, their asynchronous forms on the copy queue, buf_copy);
+ *  - each forward's batch description (token ids, positions, KV slots, block tables
+ *    flattened with offsets, output rows, LoRA segments) is packed on the host once and
+ *    uploaded once (batch_upload); the ops take that handle, not host arrays;
+ *  - adapter weights live in backend-owned slots (adapter_upload), in the dtype they came
+ *    in; LoRA segments name slots;
+ *  - optional methods (marked) have fallbacks in the wrappers below.
+ *
+ * Activations are F32, row-major. Weights keep their file dtype (F32, BF16 or F16) and
+ * layout (out, in), so a projection is y = x · Wᵀ as in PyTorch's nn.Linear. The compute
+ * ops run in order on the backend's compute queue; backend_synchronize waits for them. */
 #ifndef CS_BACKEND_H
 #define CS_BACKEND_H
 
 #include "engine/common.h"
 
 typedef struct backend backend_t;
+typedef struct backend_buf backend_buf_t;         /* device memory: a handle */
+typedef struct backend_batch backend_batch_t;     /* an uploaded batch description */
+typedef struct backend_adapter backend_adapter_t; /* an adapter slot */
+typedef struct backend_event backend_event_t;
 
-typedef struct cs_weight {
-    cs_dtype dtype;     /* F32, BF16 or F16 */
-    int rows, cols;     /* (out, in) for matrices; rows = 1 for vectors */
-    const void *data;   /* backend-accessible memory (may point into an mmap) */
-} cs_weight_t;
+/* A weight matrix (or vector, rows = 1) in a backend buffer. */
+typedef struct backend_weight {
+    cs_dtype dtype;         /* F32, BF16 or F16 */
+    int rows, cols;         /* (out, in) for matrices */
+    backend_buf_t *buf;     /* rows * cols elements from its start */
+} backend_weight_t;
 
-typedef struct backend_attn_seq {
-    int row0, n, pos0;
-    const int32_t *blocks;  /* block table covering positions [0, pos0 + n) */
-} backend_attn_seq_t;
+/* ---- the batch description (host side; batch_upload copies what the ops need) ---- */
+typedef struct backend_seq_desc {
+    int row0, n, pos0;      /* query rows [row0, row0 + n) at positions pos0 .. pos0 + n - 1 */
+    int blk0;               /* its block table: blocks[blk0 ...] covers positions [0, pos0 + n) */
+} backend_seq_desc_t;
 
-typedef struct backend_lora_seg {
-    int row0, n;
-    const float *a, *b;     /* (rank, d_in), (d_out, rank) F32 */
-    int rank;
+typedef struct backend_lora_seg_desc {
+    int row0, n;            /* rows [row0, row0 + n) use this adapter slot */
+    backend_adapter_t *slot;
+} backend_lora_seg_desc_t;
+
+typedef struct backend_batch_desc {
+    int n_tokens;
+    const int32_t *ids;         /* [n_tokens] */
+    const int32_t *pos;         /* [n_tokens] */
+    const int32_t *slots;       /* [n_tokens] KV rows: block * block_size + position % block_size */
+    int n_seqs;
+    const backend_seq_desc_t *seqs;
+    int n_blocks;
+    const int32_t *blocks;      /* the block tables, flattened */
+    int n_out;
+    const int32_t *out_rows;    /* [n_out] rows whose logits are wanted */
+    int n_lora;
+    const backend_lora_seg_desc_t *lora; /* disjoint row ranges with an adapter (others: none) */
+} backend_batch_desc_t;
+
+/* ---- adapter slots ---- */
+enum { BACKEND_LORA_TARGETS = 7 }; /* q, k, v, o, gate, up, down */
+
+typedef struct backend_lora_module_desc {
+    int rank;               /* 0: not adapted */
+    int d_in, d_out;
     float scale;
-    const float *bt;        /* optional: b transposed, (rank, d_out) */
-} backend_lora_seg_t;
+    cs_dtype dtype;         /* of a, b and bt */
+    const void *a;          /* (rank, d_in), host memory */
+    const void *b;          /* (d_out, rank) */
+    const void *bt;         /* optional: b transposed, (rank, d_out) */
+} backend_lora_module_desc_t;
+
+typedef struct backend_adapter_desc {
+    int n_layers;
+    const backend_lora_module_desc_t *mods; /* [n_layers * BACKEND_LORA_TARGETS] */
+    /* The host memory of mods stays valid and unchanged for the slot's life (a backend
+     * that reads host memory may use it in place instead of copying). */
+    bool host_stays;
+} backend_adapter_desc_t;
+
+typedef struct backend_stats {
+    uint64_t h2d_bytes, d2h_bytes, d2d_bytes; /* bytes copied, by direction */
+    uint64_t h2d_copies, d2h_copies, d2d_copies;
+    size_t allocated;       /* bytes in live buffers */
+    uint64_t batch_uploads;
+} backend_stats_t;
 
 struct backend_i {
     const char *name;
-    /* true when ops read host memory directly: the model then uses its mmap'd weights in
-     * place instead of uploading them */
+    /* true when the ops read host memory directly: then buf_from_host is offered and the
+     * model uses its mmap'd weights in place */
     bool host_memory;
 
-    /* Memory visible to the ops. On the CPU these are plain host allocations. */
-    void *(*buf_alloc)(backend_t *b, size_t nbytes);
-    void (*buf_free)(backend_t *b, void *p);
-    void (*buf_set)(backend_t *b, void *dst, const void *src, size_t nbytes); /* host -> backend */
-    void (*buf_get)(backend_t *b, void *dst, const void *src, size_t nbytes); /* backend -> host */
+    /* ---- memory ---- */
+    backend_buf_t *(*buf_alloc)(backend_t *b, size_t nbytes);
+    void (*buf_free)(backend_t *b, backend_buf_t *buf);
+    size_t (*buf_size)(backend_t *b, const backend_buf_t *buf);
+    /* optional (host-memory backends): a buffer over host memory that the caller keeps
+     * valid until buf_free, which does not free it */
+    backend_buf_t *(*buf_from_host)(backend_t *b, void *p, size_t nbytes);
+    /* host -> buffer and buffer -> host, synchronous (after every op queued before) */
+    void (*buf_set)(backend_t *b, backend_buf_t *dst, size_t off, const void *src, size_t n);
+    void (*buf_get)(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n);
+    /* buffer -> buffer, in order with the compute ops (the n-sample fork's KV copy) */
+    void (*buf_copy)(backend_t *b, backend_buf_t *dst, size_t doff, const backend_buf_t *src, size_t soff, size_t n);
+    /* optional: the copies on the copy queue, overlapping compute; the host memory must stay
+     * valid (and, for set, unchanged) until an event recorded after them has completed.
+     * Without them: the synchronous copies. */
+    void (*buf_set_async)(backend_t *b, backend_buf_t *dst, size_t off, const void *src, size_t n);
+    void (*buf_get_async)(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n);
+    /* optional: page-locked host memory for the async copies. Without: malloc. */
+    void *(*host_alloc)(backend_t *b, size_t nbytes);
+    void (*host_free)(backend_t *b, void *p);
+    /* optional events (all or none): record marks the copy queue's position; wait makes the
+     * compute queue wait for it; query is true once it completed; synchronize blocks the
+     * host until then. Without them: copies are synchronous and events complete at once. */
+    backend_event_t *(*event_new)(backend_t *b);
+    void (*event_free)(backend_t *b, backend_event_t *ev);
+    void (*event_record)(backend_t *b, backend_event_t *ev);
+    void (*event_wait)(backend_t *b, backend_event_t *ev);
+    bool (*event_query)(backend_t *b, backend_event_t *ev);
+    void (*event_synchronize)(backend_t *b, backend_event_t *ev);
 
+    /* ---- the per-forward batch and adapter slots ---- */
+    /* Upload a batch description into *batch (allocated on first use, reused after): one
+     * upload per forward. */
+    int (*batch_upload)(backend_t *b, backend_batch_t **batch, const backend_batch_desc_t *d);
+    void (*batch_free)(backend_t *b, backend_batch_t *batch);
+    /* An adapter's weights into a slot of the backend (kept in their dtype). */
+    int (*adapter_upload)(backend_t *b, const backend_adapter_desc_t *d, backend_adapter_t **slot);
+    void (*adapter_free)(backend_t *b, backend_adapter_t *slot);
+    size_t (*adapter_bytes)(backend_t *b, const backend_adapter_t *slot); /* device bytes it holds */
+
+    /* ---- compute ---- */
+    /* y[batch rows, table.cols] = rows ids[i] of table */
+    void (*embed)(backend_t *b, backend_buf_t *y, const backend_weight_t *table, const backend_batch_t *batch);
     /* y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias[w.rows], F32, may be NULL) */
-    void (*matmul)(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias);
-    /* Several projections of the same input in one go: ys[k] = x · ws[k]ᵀ (+ biases[k]), k <
-     * count (q/k/v, gate/up). Optional: without it, matmul per weight. */
-    void (*matmul_multi)(backend_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
-                         const float *const *biases, int count);
-    /* y[n, dim] = x / rms(x) * w ; w is a (1, dim) weight; y may equal x */
-    void (*rmsnorm)(backend_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps);
-    /* rotate-half RoPE in place on x[n, n_heads, head_dim], row i at position pos[i];
-     * inv_freq has head_dim/2 entries */
-    void (*rope)(backend_t *b, float *x, int n, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq);
-    /* Causal attention of n new queries q[n, n_heads, head_dim] at positions
-     * pos0..pos0+n-1 over the cache k/v[0 .. pos0+n, n_kv_heads, head_dim] (the new keys
-     * already written). window > 0 limits keys to (p - window, p]. out[n, n_heads, head_dim] */
-    void (*attention)(backend_t *b, float *out, const float *q, const float *k, const float *v, int n,
-                      int pos0, int n_heads, int n_kv_heads, int head_dim, int window);
-    /* Paged attention for a batch of sequences. Sequence s owns query rows
-     * [seq[s].row0, seq[s].row0 + seq[s].n) of q/out at positions pos0 .. pos0 + n - 1; its
-     * keys and values for positions [0, pos0 + n) live in the pools k/v, laid out as
-     * [block][block_size][n_kv_heads * head_dim], position p at block blocks[p / block_size]
-     * (the new keys already stored). Causal; window > 0 limits keys to (p - window, p]. */
-    void (*attention_paged)(backend_t *b, float *out, const float *q, const float *k, const float *v,
-                            const struct backend_attn_seq *seqs, int n_seqs, int block_size, int n_heads,
-                            int n_kv_heads, int head_dim, int window);
-    /* dst row idx[i] = src row i (scatter), rows of row_len floats */
-    void (*set_rows)(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int row_len);
-    /* dst row i = src row idx[i] (gather) */
-    void (*get_rows)(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int row_len);
-    /* gate[i] = silu(gate[i]) * up[i] */
-    void (*silu_mul)(backend_t *b, float *gate, const float *up, size_t n);
-    /* y[i] += x[i] */
-    void (*add)(backend_t *b, float *y, const float *x, size_t n);
-    /* y[n, d_out] += scale · (x[n, d_in] · aᵀ) · bᵀ ; a (rank, d_in), b (d_out, rank), F32 */
-    void (*lora)(backend_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank,
-                 int d_in, int d_out, float scale);
-    /* Grouped LoRA for a batch mixing adapters (the CPU analogue of SGMV/BGMV): for every
-     * segment, y[row0 .. row0 + n) += scale · (x rows · aᵀ) · bᵀ, a (rank, d_in), b (d_out,
-     * rank). Segments cover disjoint rows. Optional: without it, lora() per segment. */
-    void (*lora_batch)(backend_t *b, float *y, const float *x, const struct backend_lora_seg *segs, int n_segs,
-                       int d_in, int d_out);
-    /* y[n, table.cols] = rows ids[i] of table */
-    void (*embed)(backend_t *b, float *y, const cs_weight_t *table, const int32_t *ids, int n);
+    void (*matmul)(backend_t *b, backend_buf_t *y, const backend_buf_t *x, int n, const backend_weight_t *w,
+                   const backend_buf_t *bias);
+    /* optional: ys[k] = x · ws[k]ᵀ (+ biases[k]) for k < count (q/k/v, gate/up) in one go */
+    void (*matmul_multi)(backend_t *b, backend_buf_t *const *ys, const backend_buf_t *x, int n,
+                         const backend_weight_t *const *ws, const backend_buf_t *const *biases, int count);
+    /* y[n, dim] = x / rms(x) * w ; w is a (1, dim) F32 weight; y may equal x */
+    void (*rmsnorm)(backend_t *b, backend_buf_t *y, const backend_buf_t *x, int n, int dim, const backend_weight_t *w,
+                    float eps);
+    /* rotate-half RoPE in place on x[batch rows, n_heads, head_dim], row i at the batch's
+     * position i; inv_freq: head_dim/2 F32 values */
+    void (*rope)(backend_t *b, backend_buf_t *x, int n_heads, int head_dim, const backend_batch_t *batch,
+                 const backend_buf_t *inv_freq);
+    /* pool row slots[i] = src row i, rows of row_len floats (the new keys or values) */
+    void (*kv_store)(backend_t *b, backend_buf_t *pool, const backend_buf_t *src, const backend_batch_t *batch,
+                     int row_len);
+    /* Paged attention over the batch's sequences: sequence s owns query rows [row0, row0 +
+     * n) of q/out; its keys and values for positions [0, pos0 + n) live in the pools k/v as
+     * [block][block_size][n_kv_heads * head_dim], position p at its table's block p /
+     * block_size (the new keys already stored). Causal; window > 0 limits keys to (p -
+     * window, p]. The pools are kv_dtype (F32; BF16 where the backend says so). */
+    void (*attention)(backend_t *b, backend_buf_t *out, const backend_buf_t *q, const backend_buf_t *k,
+                      const backend_buf_t *v, cs_dtype kv_dtype, const backend_batch_t *batch, int block_size,
+                      int n_heads, int n_kv_heads, int head_dim, int window);
+    /* dst row i = src row out_rows[i] of the batch, rows of row_len floats */
+    void (*get_out_rows)(backend_t *b, backend_buf_t *dst, const backend_buf_t *src, const backend_batch_t *batch,
+                         int row_len);
+    /* gate[i] = silu(gate[i]) * up[i], n elements */
+    void (*silu_mul)(backend_t *b, backend_buf_t *gate, const backend_buf_t *up, size_t n);
+    /* y[i] += x[i], n elements */
+    void (*add)(backend_t *b, backend_buf_t *y, const backend_buf_t *x, size_t n);
+    /* Grouped LoRA (SGMV/BGMV): for every LoRA segment of the batch whose slot adapts
+     * (layer, target), y rows += scale · (x rows · aᵀ) · bᵀ. */
+    void (*lora)(backend_t *b, backend_buf_t *y, const backend_buf_t *x, const backend_batch_t *batch, int layer,
+                 int target, int d_in, int d_out);
+    /* which KV dtypes attention reads (a bit per cs_dtype) */
+    unsigned kv_dtypes;
 
-    void (*synchronize)(backend_t *b);  /* optional */
+    void (*synchronize)(backend_t *b);  /* optional: wait for the compute queue */
+    void (*get_stats)(backend_t *b, backend_stats_t *st); /* optional */
     void (*free)(backend_t *b);
 };
 
@@ -94,62 +186,119 @@ struct backend {
     int n_threads;
 };
 
-static inline void *backend_buf_alloc(backend_t *b, size_t n) { return b->iface->buf_alloc(b, n); }
-static inline void backend_buf_free(backend_t *b, void *p) { if (p) b->iface->buf_free(b, p); }
-static inline void backend_buf_set(backend_t *b, void *d, const void *s, size_t n) { b->iface->buf_set(b, d, s, n); }
-static inline void backend_buf_get(backend_t *b, void *d, const void *s, size_t n) { b->iface->buf_get(b, d, s, n); }
-static inline void backend_matmul(backend_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
+/* ---- wrappers (the engine calls only these) ---- */
+static inline const char *backend_name(const backend_t *b) { return b->iface->name; }
+static inline backend_buf_t *backend_buf_alloc(backend_t *b, size_t n) { return b->iface->buf_alloc(b, n); }
+static inline void backend_buf_free(backend_t *b, backend_buf_t *p) { if (p) b->iface->buf_free(b, p); }
+static inline size_t backend_buf_size(backend_t *b, const backend_buf_t *p) { return b->iface->buf_size(b, p); }
+static inline backend_buf_t *backend_buf_from_host(backend_t *b, void *p, size_t n) {
+    return b->iface->buf_from_host ? b->iface->buf_from_host(b, p, n) : NULL;
+}
+static inline void backend_buf_set(backend_t *b, backend_buf_t *d, size_t off, const void *s, size_t n) {
+    b->iface->buf_set(b, d, off, s, n);
+}
+static inline void backend_buf_get(backend_t *b, void *d, const backend_buf_t *s, size_t off, size_t n) {
+    b->iface->buf_get(b, d, s, off, n);
+}
+static inline void backend_buf_copy(backend_t *b, backend_buf_t *d, size_t doff, const backend_buf_t *s, size_t soff,
+                                    size_t n) {
+    b->iface->buf_copy(b, d, doff, s, soff, n);
+}
+static inline void backend_buf_set_async(backend_t *b, backend_buf_t *d, size_t off, const void *s, size_t n) {
+    if (b->iface->buf_set_async) b->iface->buf_set_async(b, d, off, s, n);
+    else b->iface->buf_set(b, d, off, s, n);
+}
+static inline void backend_buf_get_async(backend_t *b, void *d, const backend_buf_t *s, size_t off, size_t n) {
+    if (b->iface->buf_get_async) b->iface->buf_get_async(b, d, s, off, n);
+    else b->iface->buf_get(b, d, s, off, n);
+}
+void *backend_host_alloc(backend_t *b, size_t n);     /* pinned where offered, else aligned malloc */
+void backend_host_free(backend_t *b, void *p);
+/* without events: a non-NULL token whose every query is true (copies were synchronous) */
+backend_event_t *backend_event_new(backend_t *b);
+void backend_event_free(backend_t *b, backend_event_t *ev);
+static inline void backend_event_record(backend_t *b, backend_event_t *ev) {
+    if (b->iface->event_record) b->iface->event_record(b, ev);
+}
+static inline void backend_event_wait(backend_t *b, backend_event_t *ev) {
+    if (b->iface->event_wait) b->iface->event_wait(b, ev);
+}
+static inline bool backend_event_query(backend_t *b, backend_event_t *ev) {
+    return b->iface->event_query ? b->iface->event_query(b, ev) : true;
+}
+static inline void backend_event_synchronize(backend_t *b, backend_event_t *ev) {
+    if (b->iface->event_synchronize) b->iface->event_synchronize(b, ev);
+}
+static inline int backend_batch_upload(backend_t *b, backend_batch_t **batch, const backend_batch_desc_t *d) {
+    return b->iface->batch_upload(b, batch, d);
+}
+static inline void backend_batch_free(backend_t *b, backend_batch_t *batch) {
+    if (batch) b->iface->batch_free(b, batch);
+}
+static inline int backend_adapter_upload(backend_t *b, const backend_adapter_desc_t *d, backend_adapter_t **slot) {
+    return b->iface->adapter_upload(b, d, slot);
+}
+static inline void backend_adapter_free(backend_t *b, backend_adapter_t *slot) {
+    if (slot) b->iface->adapter_free(b, slot);
+}
+static inline size_t backend_adapter_bytes(backend_t *b, const backend_adapter_t *slot) {
+    return b->iface->adapter_bytes(b, slot);
+}
+static inline void backend_embed(backend_t *b, backend_buf_t *y, const backend_weight_t *t, const backend_batch_t *bt) {
+    b->iface->embed(b, y, t, bt);
+}
+static inline void backend_matmul(backend_t *b, backend_buf_t *y, const backend_buf_t *x, int n, const backend_weight_t *w,
+                                  const backend_buf_t *bias) {
     b->iface->matmul(b, y, x, n, w, bias);
 }
-static inline void backend_matmul_multi(backend_t *b, float *const *ys, const float *x, int n,
-                                        const cs_weight_t *const *ws, const float *const *biases, int count) {
+static inline void backend_matmul_multi(backend_t *b, backend_buf_t *const *ys, const backend_buf_t *x, int n,
+                                        const backend_weight_t *const *ws, const backend_buf_t *const *biases,
+                                        int count) {
     if (b->iface->matmul_multi) {
         b->iface->matmul_multi(b, ys, x, n, ws, biases, count);
         return;
     }
     for (int k = 0; k < count; k++) b->iface->matmul(b, ys[k], x, n, ws[k], biases[k]);
 }
-static inline void backend_rmsnorm(backend_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps) {
+static inline void backend_rmsnorm(backend_t *b, backend_buf_t *y, const backend_buf_t *x, int n, int dim,
+                                   const backend_weight_t *w, float eps) {
     b->iface->rmsnorm(b, y, x, n, dim, w, eps);
 }
-static inline void backend_rope(backend_t *b, float *x, int n, int nh, int hd, const int32_t *pos, const float *inv_freq) {
-    b->iface->rope(b, x, n, nh, hd, pos, inv_freq);
+static inline void backend_rope(backend_t *b, backend_buf_t *x, int nh, int hd, const backend_batch_t *bt,
+                                const backend_buf_t *inv_freq) {
+    b->iface->rope(b, x, nh, hd, bt, inv_freq);
 }
-static inline void backend_attention(backend_t *b, float *out, const float *q, const float *k, const float *v, int n,
-                                     int pos0, int nh, int nkv, int hd, int window) {
-    b->iface->attention(b, out, q, k, v, n, pos0, nh, nkv, hd, window);
+static inline void backend_kv_store(backend_t *b, backend_buf_t *pool, const backend_buf_t *src,
+                                    const backend_batch_t *bt, int row_len) {
+    b->iface->kv_store(b, pool, src, bt, row_len);
 }
-static inline void backend_attention_paged(backend_t *b, float *out, const float *q, const float *k, const float *v,
-                                           const backend_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
-                                           int window) {
-    b->iface->attention_paged(b, out, q, k, v, seqs, n_seqs, bs, nh, nkv, hd, window);
+static inline void backend_attention(backend_t *b, backend_buf_t *out, const backend_buf_t *q, const backend_buf_t *k,
+                                     const backend_buf_t *v, cs_dtype kv_dtype, const backend_batch_t *bt, int bs,
+                                     int nh, int nkv, int hd, int window) {
+    b->iface->attention(b, out, q, k, v, kv_dtype, bt, bs, nh, nkv, hd, window);
 }
-static inline void backend_set_rows(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
-    b->iface->set_rows(b, dst, src, idx, n, len);
+static inline void backend_get_out_rows(backend_t *b, backend_buf_t *dst, const backend_buf_t *src,
+                                        const backend_batch_t *bt, int row_len) {
+    b->iface->get_out_rows(b, dst, src, bt, row_len);
 }
-static inline void backend_get_rows(backend_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
-    b->iface->get_rows(b, dst, src, idx, n, len);
+static inline void backend_silu_mul(backend_t *b, backend_buf_t *g, const backend_buf_t *u, size_t n) {
+    b->iface->silu_mul(b, g, u, n);
 }
-static inline void backend_silu_mul(backend_t *b, float *g, const float *u, size_t n) { b->iface->silu_mul(b, g, u, n); }
-static inline void backend_add(backend_t *b, float *y, const float *x, size_t n) { b->iface->add(b, y, x, n); }
-static inline void backend_lora(backend_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank,
-                                int d_in, int d_out, float scale) {
-    b->iface->lora(b, y, x, n, a, bm, rank, d_in, d_out, scale);
+static inline void backend_add(backend_t *b, backend_buf_t *y, const backend_buf_t *x, size_t n) {
+    b->iface->add(b, y, x, n);
 }
-static inline void backend_lora_batch(backend_t *b, float *y, const float *x, const backend_lora_seg_t *segs, int n_segs,
-                                      int d_in, int d_out) {
-    if (b->iface->lora_batch) {
-        b->iface->lora_batch(b, y, x, segs, n_segs, d_in, d_out);
-        return;
-    }
-    for (int i = 0; i < n_segs; i++)
-        b->iface->lora(b, y + (size_t)segs[i].row0 * d_out, x + (size_t)segs[i].row0 * d_in, segs[i].n, segs[i].a,
-                       segs[i].b, segs[i].rank, d_in, d_out, segs[i].scale);
+static inline void backend_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, const backend_batch_t *bt,
+                                int layer, int target, int d_in, int d_out) {
+    b->iface->lora(b, y, x, bt, layer, target, d_in, d_out);
 }
-static inline void backend_embed(backend_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
-    b->iface->embed(b, y, t, ids, n);
+static inline bool backend_supports_kv_dtype(const backend_t *b, cs_dtype t) {
+    return (b->iface->kv_dtypes >> (unsigned)t) & 1u;
 }
 static inline void backend_synchronize(backend_t *b) { if (b->iface->synchronize) b->iface->synchronize(b); }
+static inline void backend_get_stats(backend_t *b, backend_stats_t *st) {
+    *st = (backend_stats_t){0};
+    if (b->iface->get_stats) b->iface->get_stats(b, st);
+}
 static inline void backend_free(backend_t *b) { if (b) b->iface->free(b); }
 
 #endif

@@ -681,6 +681,13 @@ static void take_follows(engine_t *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* the batch order of two requests' adapters (NULL: the base model, first) */
+static int adapter_order(const lora_ref_t *a, const lora_ref_t *b) {
+    if (!a || !b) return (a != NULL) - (b != NULL);
+    int c = strcmp(a->name, b->name);
+    return c ? c : (a->version > b->version) - (a->version < b->version);
+}
+
 static int step(engine_t *e) {
     take_inbox(e); /* aborts are taken even while paused */
     pthread_mutex_lock(&e->mu);
@@ -791,15 +798,16 @@ static int step(engine_t *e) {
     }
     if (nb == 0) return 0;
 
-    /* 3. the batch, with sequences of one adapter next to each other */
-    for (int i = 1; i < nb; i++) { /* insertion sort by adapter pointer (stable) */
+    /* 3. the batch, with sequences of one adapter next to each other: an insertion sort
+     * (stable) by adapter name and version, the base model first. Not by the adapter's
+     * address: that differs from run to run, and a row's place in the batch changes its
+     * last bits (the kernels group rows), so a repeated run would not repeat its logprobs. */
+    for (int i = 1; i < nb; i++) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i], j = i;
-        const void *key = s->req->lora ? (const void *)s->req->lora->adapter : NULL;
         while (j > 0) {
             seq_t *pj = e->batch_seq[j - 1];
-            const void *kj = pj->req->lora ? (const void *)pj->req->lora->adapter : NULL;
-            if ((uintptr_t)kj <= (uintptr_t)key) break;
+            if (adapter_order(pj->req->lora, s->req->lora) <= 0) break;
             e->batch_seq[j] = pj;
             e->batch_chunk[j] = e->batch_chunk[j - 1];
             j--;
@@ -988,7 +996,7 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     pthread_cond_init(&e->pause_cv, NULL);
     e->next_id = 1;
     int rc;
-    kv_cache_params_t kp = {e->cfg->n_layers, e->cfg->n_kv_heads * e->cfg->head_dim, p->kv_cache_bytes};
+    kv_cache_params_t kp = {e->cfg->n_layers, e->cfg->n_kv_heads * e->cfg->head_dim, p->kv_cache_bytes, p->kv_cache_dtype};
     if ((rc = kv_cache_new(model_backend(p->model), &kp, &e->kv))) goto err;
     int cap_tokens = kv_cache_n_blocks(e->kv) * KV_BLOCK_SIZE;
     e->max_model_len = p->max_model_len > 0 ? p->max_model_len

@@ -22,6 +22,7 @@ typedef struct engine_params {
     const tokenizer_t *tokenizer;   /* may be NULL: no text, no stop strings */
     lora_registry_t *loras;         /* may be NULL: base model only */
     size_t kv_cache_bytes;          /* KV budget (required) */
+    cs_dtype kv_cache_dtype;        /* of the KV pools: F32 (0, the default); see kv_cache_params_t */
     int max_num_seqs;               /* running sequences per iteration (0: 256) */
     int max_num_batched_tokens;     /* tokens per iteration (0: 2048) */
     int max_model_len;              /* 0: max_position_embeddings, capped by the KV cache */

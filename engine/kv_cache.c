@@ -18,7 +18,8 @@ typedef struct block_meta {
 struct kv_cache {
     backend_t *be;
     int n_layers, kv_dim, n_blocks;
-    float **k, **v;                 /* [n_layers] pools */
+    cs_dtype dtype;
+    backend_buf_t **k, **v;         /* [n_layers] pools */
     block_meta_t *meta;             /* [n_blocks] */
     int32_t *free_stack;            /* [n_blocks] */
     int n_free;
@@ -36,6 +37,9 @@ size_t kv_cache_block_bytes(int n_layers, int kv_dim) {
 int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     *out = NULL;
     if (p->n_layers <= 0 || p->kv_dim <= 0) return cs_error_set(CS_EINVAL, "kv cache: bad shape");
+    if (p->dtype != CS_DTYPE_F32)
+        return cs_error_set(CS_EUNSUPPORTED, "a %s KV cache: the %s backend's attention reads F32 pools only",
+                            cs_dtype_name(p->dtype), backend_name(be));
     size_t bb = kv_cache_block_bytes(p->n_layers, p->kv_dim);
     size_t nb = p->bytes / bb;
     if (nb < 1)
@@ -47,6 +51,7 @@ int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     kv->be = be;
     kv->n_layers = p->n_layers;
     kv->kv_dim = p->kv_dim;
+    kv->dtype = p->dtype;
     kv->n_blocks = (int)nb;
     kv->k = calloc((size_t)p->n_layers, sizeof *kv->k);
     kv->v = calloc((size_t)p->n_layers, sizeof *kv->v);
@@ -92,8 +97,9 @@ void kv_cache_free(kv_cache_t *kv) {
 
 int kv_cache_n_blocks(const kv_cache_t *kv) { return kv->n_blocks; }
 int kv_cache_n_available(const kv_cache_t *kv) { return kv->n_free + kv->n_cached; }
-float *kv_cache_k(kv_cache_t *kv, int layer) { return kv->k[layer]; }
-float *kv_cache_v(kv_cache_t *kv, int layer) { return kv->v[layer]; }
+backend_buf_t *kv_cache_k(kv_cache_t *kv, int layer) { return kv->k[layer]; }
+backend_buf_t *kv_cache_v(kv_cache_t *kv, int layer) { return kv->v[layer]; }
+cs_dtype kv_cache_dtype(const kv_cache_t *kv) { return kv->dtype; }
 
 void kv_cache_get_stats(const kv_cache_t *kv, kv_cache_stats_t *st) {
     st->n_blocks = kv->n_blocks;
@@ -196,11 +202,10 @@ void kv_block_copy(kv_cache_t *kv, int32_t dst, int32_t src, int n_tokens) {
     CS_ASSERT(n_tokens >= 0 && n_tokens <= KV_BLOCK_SIZE);
     size_t row = (size_t)kv->kv_dim, bytes = sizeof(float) * row * (size_t)n_tokens;
     if (!bytes || dst == src) return;
+    size_t d = sizeof(float) * (size_t)dst * KV_BLOCK_SIZE * row, s = sizeof(float) * (size_t)src * KV_BLOCK_SIZE * row;
     for (int l = 0; l < kv->n_layers; l++) {
-        /* device-to-device on a GPU backend would go through the vtable; on host memory
-         * a memcpy is the copy */
-        memcpy(kv->k[l] + (size_t)dst * KV_BLOCK_SIZE * row, kv->k[l] + (size_t)src * KV_BLOCK_SIZE * row, bytes);
-        memcpy(kv->v[l] + (size_t)dst * KV_BLOCK_SIZE * row, kv->v[l] + (size_t)src * KV_BLOCK_SIZE * row, bytes);
+        backend_buf_copy(kv->be, kv->k[l], d, kv->k[l], s, bytes);
+        backend_buf_copy(kv->be, kv->v[l], d, kv->v[l], s, bytes);
     }
 }
 

@@ -18,6 +18,8 @@ typedef struct kv_cache_params {
     int n_layers;
     int kv_dim;          /* n_kv_heads * head_dim */
     size_t bytes;        /* budget for K and V of all layers; rounded down to whole blocks */
+    cs_dtype dtype;      /* of the pools: F32 (the default, 0); others where the backend
+                          * reads them (backend_supports_kv_dtype), else CS_EUNSUPPORTED */
 } kv_cache_params_t;
 
 typedef struct kv_cache_stats {
@@ -29,7 +31,7 @@ typedef struct kv_cache_stats {
     uint64_t evictions;  /* cached blocks reused for new data */
 } kv_cache_stats_t;
 
-/* bytes of K + V one block takes over all layers */
+/* bytes of K + V one block takes over all layers (F32 pools) */
 size_t kv_cache_block_bytes(int n_layers, int kv_dim);
 /* Fails with CS_EINVAL when the budget holds fewer than 1 block, CS_ENOMEM when the backend
  * cannot allocate it. */
@@ -40,10 +42,12 @@ int kv_cache_n_blocks(const kv_cache_t *kv);
 /* blocks obtainable right now by kv_block_alloc (free + evictable cached) */
 int kv_cache_n_available(const kv_cache_t *kv);
 void kv_cache_get_stats(const kv_cache_t *kv, kv_cache_stats_t *st);
-/* pools of layer l: [n_blocks][KV_BLOCK_SIZE][kv_dim] floats; position p of a sequence is
- * row (table[p / KV_BLOCK_SIZE] * KV_BLOCK_SIZE + p % KV_BLOCK_SIZE) */
-float *kv_cache_k(kv_cache_t *kv, int layer);
-float *kv_cache_v(kv_cache_t *kv, int layer);
+/* pools of layer l, backend buffers of [n_blocks][KV_BLOCK_SIZE][kv_dim] elements of the
+ * cache's dtype; position p of a sequence is row (table[p / KV_BLOCK_SIZE] * KV_BLOCK_SIZE
+ * + p % KV_BLOCK_SIZE) */
+backend_buf_t *kv_cache_k(kv_cache_t *kv, int layer);
+backend_buf_t *kv_cache_v(kv_cache_t *kv, int layer);
+cs_dtype kv_cache_dtype(const kv_cache_t *kv);
 
 /* A block with refcount 1, or -1 when none is free and none is evictable. Takes the free
  * list first, then evicts the least recently released cached block. */
@@ -54,7 +58,7 @@ void kv_block_ref(kv_cache_t *kv, int32_t b);
 void kv_block_unref(kv_cache_t *kv, int32_t b);
 int kv_block_refcount(const kv_cache_t *kv, int32_t b);
 /* Copy the first n_tokens rows of src into dst in every layer (copy-on-write of a partial
- * block shared by n samples). */
+ * block shared by n samples), on the backend (buf_copy). */
 void kv_block_copy(kv_cache_t *kv, int32_t dst, int32_t src, int n_tokens);
 
 /* ---- prefix cache ---- */

@@ -11,23 +11,24 @@
 #include "engine/safetensors.h"
 
 typedef struct layer_w {
-    cs_weight_t attn_norm, ffn_norm;       /* (1, hidden) F32 */
-    cs_weight_t q_norm, k_norm;            /* (1, head_dim) F32, Qwen3 */
-    cs_weight_t wq, wk, wv, wo;            /* (out, in) */
-    cs_weight_t w_gate, w_up, w_down;
-    float *bq, *bk, *bv, *bo;              /* biases, NULL when absent */
-    float *b_gate, *b_up, *b_down;
+    backend_weight_t attn_norm, ffn_norm;  /* (1, hidden) F32 */
+    backend_weight_t q_norm, k_norm;       /* (1, head_dim) F32, Qwen3 */
+    backend_weight_t wq, wk, wv, wo;       /* (out, in) */
+    backend_weight_t w_gate, w_up, w_down;
+    backend_buf_t *bq, *bk, *bv, *bo;      /* biases (F32), NULL when absent */
+    backend_buf_t *b_gate, *b_up, *b_down;
 } layer_w_t;
 
 struct model {
     model_config_t cfg;
     backend_t *be;
     safetensors_t *st;
-    cs_weight_t embed;      /* (vocab, hidden) */
-    cs_weight_t lm_head;    /* (vocab, hidden), == embed when tied */
-    cs_weight_t final_norm;
+    backend_weight_t embed;      /* (vocab, hidden) */
+    backend_weight_t lm_head;    /* (vocab, hidden), == embed when tied */
+    backend_weight_t final_norm;
     layer_w_t *layers;
     float *inv_freq;        /* host, head_dim/2 */
+    backend_buf_t *inv_freq_buf;
     void **owned;           /* backend buffers to free */
     size_t n_owned, cap_owned;
     void **host_owned;      /* host copies of misaligned tensors */
@@ -36,10 +37,14 @@ struct model {
     cs_dtype wdtype;
     /* activations, grown on demand (backend memory) */
     int act_cap;
-    float *x, *xb, *xb2, *q, *kb, *vb, *att, *hb, *hb2, *logits_buf;
+    backend_buf_t *x, *xb, *xb2, *q, *kb, *vb, *att, *hb, *hb2, *logits_buf;
+    /* the batch description, packed here and uploaded once per forward */
     int32_t *pos, *ids, *slots, *out_rows;   /* per batch row */
-    backend_attn_seq_t *aseqs;
-    backend_lora_seg_t *lsegs;
+    backend_seq_desc_t *aseqs;
+    backend_lora_seg_desc_t *lsegs;
+    int32_t *blocks;                         /* the block tables, flattened */
+    int blocks_cap;
+    backend_batch_t *batch;
     int seq_cap, logits_cap;
 };
 
@@ -72,7 +77,7 @@ static int ptr_list_push(void ***list, size_t *n, size_t *cap, void *p) {
 }
 
 /* backend buffer owned by the model */
-static int own(model_t *m, void *p) {
+static int own(model_t *m, backend_buf_t *p) {
     int rc = ptr_list_push(&m->owned, &m->n_owned, &m->cap_owned, p);
     if (rc && p) backend_buf_free(m->be, p);
     return rc;
@@ -114,7 +119,7 @@ static int get_tensor(model_t *m, const char *name, int rows, int cols, const st
     return CS_OK;
 }
 
-static int load_matrix(model_t *m, const char *name, int rows, int cols, cs_weight_t *w) {
+static int load_matrix(model_t *m, const char *name, int rows, int cols, backend_weight_t *w) {
     const st_tensor_t *t;
     int rc = get_tensor(m, name, rows, cols, &t);
     if (rc) return rc;
@@ -122,26 +127,26 @@ static int load_matrix(model_t *m, const char *name, int rows, int cols, cs_weig
     w->rows = rows;
     w->cols = cols;
     bool aligned = (uintptr_t)t->data % cs_dtype_size(t->dtype) == 0;
-    if (m->be->iface->host_memory && aligned) {
-        w->data = t->data;
-    } else if (m->be->iface->host_memory) {
-        /* safetensors does not promise element alignment: copy rather than misread */
-        void *d = cs_aligned_alloc(64, t->nbytes);
-        if ((rc = own_host(m, d))) return rc;
-        memcpy(d, t->data, t->nbytes);
-        w->data = d;
+    if (m->be->iface->host_memory) {
+        /* used in place in the mmap; safetensors does not promise element alignment, so a
+         * misaligned tensor is copied rather than misread */
+        void *p = (void *)t->data;
+        if (!aligned) {
+            p = cs_aligned_alloc(64, t->nbytes);
+            if ((rc = own_host(m, p))) return rc;
+            memcpy(p, t->data, t->nbytes);
+        }
+        if ((rc = own(m, w->buf = backend_buf_from_host(m->be, p, t->nbytes)))) return rc;
     } else {
-        void *d = backend_buf_alloc(m->be, t->nbytes);
-        if ((rc = own(m, d))) return rc;
-        backend_buf_set(m->be, d, t->data, t->nbytes);
-        w->data = d;
+        if ((rc = own(m, w->buf = backend_buf_alloc(m->be, t->nbytes)))) return rc;
+        backend_buf_set(m->be, w->buf, 0, t->data, t->nbytes);
     }
     m->n_params += (size_t)rows * cols;
     return CS_OK;
 }
 
 /* vectors (norms, biases) are widened to F32 */
-static int load_vector(model_t *m, const char *name, int n, float **out) {
+static int load_vector(model_t *m, const char *name, int n, backend_buf_t **out) {
     const st_tensor_t *t;
     int rc = get_tensor(m, name, 0, n, &t);
     if (rc) return rc;
@@ -151,20 +156,20 @@ static int load_vector(model_t *m, const char *name, int n, float **out) {
     memcpy(src, t->data, t->nbytes);
     cs_to_f32(h, src, t->dtype, (size_t)n);
     free(src);
-    float *d = backend_buf_alloc(m->be, sizeof(float) * (size_t)n);
+    backend_buf_t *d = backend_buf_alloc(m->be, sizeof(float) * (size_t)n);
     if ((rc = own(m, d))) { free(h); return rc; }
-    backend_buf_set(m->be, d, h, sizeof(float) * (size_t)n);
+    backend_buf_set(m->be, d, 0, h, sizeof(float) * (size_t)n);
     free(h);
     *out = d;
     m->n_params += (size_t)n;
     return CS_OK;
 }
 
-static int load_norm(model_t *m, const char *name, int n, cs_weight_t *w) {
-    float *d;
+static int load_norm(model_t *m, const char *name, int n, backend_weight_t *w) {
+    backend_buf_t *d;
     int rc = load_vector(m, name, n, &d);
     if (rc) return rc;
-    *w = (cs_weight_t){CS_DTYPE_F32, 1, n, d};
+    *w = (backend_weight_t){CS_DTYPE_F32, 1, n, d};
     return CS_OK;
 }
 
@@ -291,6 +296,8 @@ int model_load(const char *dir, backend_t *be, model_t **out) {
     m->inv_freq = malloc(sizeof(float) * (size_t)(hd / 2));
     if (!m->inv_freq) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
     model_rope_inv_freq(c, m->inv_freq);
+    if ((rc = own(m, m->inv_freq_buf = backend_buf_alloc(be, sizeof(float) * (size_t)(hd / 2))))) goto err;
+    backend_buf_set(be, m->inv_freq_buf, 0, m->inv_freq, sizeof(float) * (size_t)(hd / 2));
     *out = m;
     return CS_OK;
 err:
@@ -299,24 +306,23 @@ err:
 }
 
 static void free_acts(model_t *m) {
-    float **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->kb, &m->vb, &m->att, &m->hb, &m->hb2};
+    backend_buf_t **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->kb, &m->vb, &m->att, &m->hb, &m->hb2};
     for (size_t i = 0; i < CS_ARRAY_LEN(bufs); i++) { backend_buf_free(m->be, *bufs[i]); *bufs[i] = NULL; }
     free(m->pos);
     free(m->ids);
     free(m->slots);
     free(m->out_rows);
-    free(m->aseqs);
-    free(m->lsegs);
     m->pos = m->ids = m->slots = m->out_rows = NULL;
-    m->aseqs = NULL;
-    m->lsegs = NULL;
-    m->seq_cap = 0;
     m->act_cap = 0;
 }
 
 void model_free(model_t *m) {
     if (!m) return;
     free_acts(m);
+    free(m->aseqs);
+    free(m->lsegs);
+    free(m->blocks);
+    backend_batch_free(m->be, m->batch);
     backend_buf_free(m->be, m->logits_buf);
     for (size_t i = 0; i < m->n_owned; i++) backend_buf_free(m->be, m->owned[i]);
     free(m->owned);
@@ -338,15 +344,7 @@ static int ensure_acts(model_t *m, int n, int n_seqs) {
         m->seq_cap = n_seqs;
     }
     if (n <= m->act_cap) return CS_OK;
-    int seq_cap = m->seq_cap;
-    backend_attn_seq_t *aseqs = m->aseqs;
-    backend_lora_seg_t *lsegs = m->lsegs;
-    m->aseqs = NULL;
-    m->lsegs = NULL;
     free_acts(m);
-    m->aseqs = aseqs;
-    m->lsegs = lsegs;
-    m->seq_cap = seq_cap;
     const model_config_t *c = &m->cfg;
     size_t H = (size_t)c->hidden_size, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     m->x = backend_buf_alloc(m->be, sizeof(float) * n * H);
@@ -379,7 +377,8 @@ model_seq_t *model_seq_new(model_t *m, int capacity) {
     s->capacity = capacity;
     int nb = (capacity + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
     kv_cache_params_t kp = {m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim,
-                            (size_t)nb * kv_cache_block_bytes(m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim)};
+                            (size_t)nb * kv_cache_block_bytes(m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim),
+                            CS_DTYPE_F32};
     s->blocks = malloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
     if (!s->blocks || kv_cache_new(m->be, &kp, &s->kv)) {
         const char *msg = cs_error_last();
@@ -413,34 +412,43 @@ int model_forward(model_t *m, model_seq_t *s, const int32_t *ids, int n, const l
 }
 
 /* ---- the batched forward pass ---- */
-/* y rows of each run of sequences sharing an adapter += their LoRA, all runs in one grouped
- * call (one shrink/expand pair per adapter and projection, whatever the batch mixes) */
-static void apply_lora_groups(model_t *m, float *y, const float *x, const model_batch_seq_t *seqs, int n_seqs,
-                              int layer, lora_target t) {
-    int r0 = 0, ns = 0, d_in = 0, d_out = 0;
+/* The adapter slot of each run of consecutive sequences sharing an adapter, as LoRA
+ * segments of the batch (the backend groups them: one shrink/expand pair per adapter and
+ * projection, whatever the batch mixes). */
+static int lora_segments(model_t *m, const model_batch_seq_t *seqs, int n_seqs, int *n_segs) {
+    int r0 = 0, ns = 0;
     for (int i = 0; i < n_seqs;) {
         const lora_adapter_t *a = seqs[i].lora;
         int rows = 0, j = i;
         for (; j < n_seqs && seqs[j].lora == a; j++) rows += seqs[j].n;
         if (a) {
-            const lora_module_t *md = lora_adapter_module(a, layer, t);
-            if (md->rank > 0) {
-                m->lsegs[ns++] = (backend_lora_seg_t){r0, rows, md->a, md->b, md->rank, md->scale, md->bt};
-                d_in = md->d_in;
-                d_out = md->d_out;
-            }
+            backend_adapter_t *slot;
+            int rc = lora_adapter_slot((lora_adapter_t *)a, m->be, &slot);
+            if (rc) return rc;
+            m->lsegs[ns++] = (backend_lora_seg_desc_t){r0, rows, slot};
         }
         r0 += rows;
         i = j;
     }
-    if (ns) backend_lora_batch(m->be, y, x, m->lsegs, ns, d_in, d_out);
+    *n_segs = ns;
+    return CS_OK;
+}
+
+static void apply_lora(model_t *m, backend_buf_t *y, const backend_buf_t *x, int n_segs, int layer, lora_target t) {
+    if (!n_segs) return;
+    int d_in, d_out;
+    lora_target_dims(&m->cfg, t, &d_in, &d_out);
+    backend_lora(m->be, y, x, m->batch, layer, (int)t, d_in, d_out);
 }
 
 int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits) {
     const model_config_t *c = &m->cfg;
     backend_t *be = m->be;
-    int T = 0, n_out = 0;
+    int T = 0, n_out = 0, n_blocks = 0;
     if (n_seqs <= 0) return cs_error_set(CS_EINVAL, "empty batch");
+    if (kv_cache_dtype(kv) != CS_DTYPE_F32 && !backend_supports_kv_dtype(be, kv_cache_dtype(kv)))
+        return cs_error_set(CS_EUNSUPPORTED, "the %s backend cannot read a %s KV cache", backend_name(be),
+                            cs_dtype_name(kv_cache_dtype(kv)));
     for (int s = 0; s < n_seqs; s++) {
         const model_batch_seq_t *q = &seqs[s];
         if (q->n <= 0 || q->pos0 < 0) return cs_error_set(CS_EINVAL, "batch entry %d: no tokens to run", s);
@@ -454,14 +462,26 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
                 return cs_error_set(CS_EINVAL, "token id %d out of range [0, %d)", q->ids[i], c->vocab_size);
         T += q->n;
         n_out += q->n_logits;
+        n_blocks += (q->pos0 + q->n + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
     }
     int rc = ensure_acts(m, T, n_seqs);
     if (rc) return rc;
+    if (n_blocks > m->blocks_cap) {
+        free(m->blocks);
+        if (!(m->blocks = malloc(sizeof(int32_t) * (size_t)n_blocks))) {
+            m->blocks_cap = 0;
+            return cs_error_set(CS_ENOMEM, "out of memory");
+        }
+        m->blocks_cap = n_blocks;
+    }
     int H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int kvd = nkv * hd, row = 0, o = 0;
+    int kvd = nkv * hd, row = 0, o = 0, blk = 0;
     for (int s = 0; s < n_seqs; s++) {
         const model_batch_seq_t *q = &seqs[s];
-        m->aseqs[s] = (backend_attn_seq_t){row, q->n, q->pos0, q->blocks};
+        int nb = (q->pos0 + q->n + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
+        m->aseqs[s] = (backend_seq_desc_t){row, q->n, q->pos0, blk};
+        memcpy(m->blocks + blk, q->blocks, sizeof(int32_t) * (size_t)nb);
+        blk += nb;
         for (int i = 0; i < q->n; i++, row++) {
             int p = q->pos0 + i;
             m->ids[row] = q->ids[i];
@@ -470,47 +490,53 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
             if (i >= q->n - q->n_logits) m->out_rows[o++] = row;
         }
     }
+    int n_segs;
+    if ((rc = lora_segments(m, seqs, n_seqs, &n_segs))) return rc;
+    backend_batch_desc_t desc = {T, m->ids, m->pos, m->slots, n_seqs, m->aseqs, n_blocks, m->blocks, n_out, m->out_rows,
+                                 n_segs, m->lsegs};
+    if ((rc = backend_batch_upload(be, &m->batch, &desc))) return rc;
+    const backend_batch_t *bt = m->batch;
+    cs_dtype kvt = kv_cache_dtype(kv);
 
-    backend_embed(be, m->x, &m->embed, m->ids, T);
+    backend_embed(be, m->x, &m->embed, bt);
     for (int l = 0; l < c->n_layers; l++) {
         const layer_w_t *w = &m->layers[l];
-        float *kc = kv_cache_k(kv, l), *vc = kv_cache_v(kv, l);
+        backend_buf_t *kc = kv_cache_k(kv, l), *vc = kv_cache_v(kv, l);
         backend_rmsnorm(be, m->xb, m->x, T, H, &w->attn_norm, c->rms_norm_eps);
         {
-            float *const ys[3] = {m->q, m->kb, m->vb};
-            const cs_weight_t *const ws[3] = {&w->wq, &w->wk, &w->wv};
-            const float *const bs[3] = {w->bq, w->bk, w->bv};
+            backend_buf_t *const ys[3] = {m->q, m->kb, m->vb};
+            const backend_weight_t *const ws[3] = {&w->wq, &w->wk, &w->wv};
+            const backend_buf_t *const bs[3] = {w->bq, w->bk, w->bv};
             backend_matmul_multi(be, ys, m->xb, T, ws, bs, 3);
         }
-        apply_lora_groups(m, m->q, m->xb, seqs, n_seqs, l, LORA_Q);
-        apply_lora_groups(m, m->kb, m->xb, seqs, n_seqs, l, LORA_K);
-        apply_lora_groups(m, m->vb, m->xb, seqs, n_seqs, l, LORA_V);
+        apply_lora(m, m->q, m->xb, n_segs, l, LORA_Q);
+        apply_lora(m, m->kb, m->xb, n_segs, l, LORA_K);
+        apply_lora(m, m->vb, m->xb, n_segs, l, LORA_V);
         if (c->qk_norm) {
             backend_rmsnorm(be, m->q, m->q, T * nh, hd, &w->q_norm, c->rms_norm_eps);
             backend_rmsnorm(be, m->kb, m->kb, T * nkv, hd, &w->k_norm, c->rms_norm_eps);
         }
-        backend_rope(be, m->q, T, nh, hd, m->pos, m->inv_freq);
-        backend_rope(be, m->kb, T, nkv, hd, m->pos, m->inv_freq);
-        backend_set_rows(be, kc, m->kb, m->slots, T, kvd);
-        backend_set_rows(be, vc, m->vb, m->slots, T, kvd);
-        backend_attention_paged(be, m->att, m->q, kc, vc, m->aseqs, n_seqs, KV_BLOCK_SIZE, nh, nkv, hd,
-                                c->sliding_window);
+        backend_rope(be, m->q, nh, hd, bt, m->inv_freq_buf);
+        backend_rope(be, m->kb, nkv, hd, bt, m->inv_freq_buf);
+        backend_kv_store(be, kc, m->kb, bt, kvd);
+        backend_kv_store(be, vc, m->vb, bt, kvd);
+        backend_attention(be, m->att, m->q, kc, vc, kvt, bt, KV_BLOCK_SIZE, nh, nkv, hd, c->sliding_window);
         backend_matmul(be, m->xb2, m->att, T, &w->wo, w->bo);
-        apply_lora_groups(m, m->xb2, m->att, seqs, n_seqs, l, LORA_O);
+        apply_lora(m, m->xb2, m->att, n_segs, l, LORA_O);
         backend_add(be, m->x, m->xb2, (size_t)T * H);
 
         backend_rmsnorm(be, m->xb, m->x, T, H, &w->ffn_norm, c->rms_norm_eps);
         {
-            float *const ys[2] = {m->hb, m->hb2};
-            const cs_weight_t *const ws[2] = {&w->w_gate, &w->w_up};
-            const float *const bs[2] = {w->b_gate, w->b_up};
+            backend_buf_t *const ys[2] = {m->hb, m->hb2};
+            const backend_weight_t *const ws[2] = {&w->w_gate, &w->w_up};
+            const backend_buf_t *const bs[2] = {w->b_gate, w->b_up};
             backend_matmul_multi(be, ys, m->xb, T, ws, bs, 2);
         }
-        apply_lora_groups(m, m->hb, m->xb, seqs, n_seqs, l, LORA_GATE);
-        apply_lora_groups(m, m->hb2, m->xb, seqs, n_seqs, l, LORA_UP);
+        apply_lora(m, m->hb, m->xb, n_segs, l, LORA_GATE);
+        apply_lora(m, m->hb2, m->xb, n_segs, l, LORA_UP);
         backend_silu_mul(be, m->hb, m->hb2, (size_t)T * I);
         backend_matmul(be, m->xb2, m->hb, T, &w->w_down, w->b_down);
-        apply_lora_groups(m, m->xb2, m->hb, seqs, n_seqs, l, LORA_DOWN);
+        apply_lora(m, m->xb2, m->hb, n_segs, l, LORA_DOWN);
         backend_add(be, m->x, m->xb2, (size_t)T * H);
     }
     if (n_out > m->logits_cap) {
@@ -520,10 +546,10 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
         if (!m->logits_buf) return cs_error_set(CS_ENOMEM, "out of memory for %d rows of logits", n_out);
     }
     if (n_out > 0) {
-        backend_get_rows(be, m->xb2, m->x, m->out_rows, n_out, H);
+        backend_get_out_rows(be, m->xb2, m->x, bt, H);
         backend_rmsnorm(be, m->xb, m->xb2, n_out, H, &m->final_norm, c->rms_norm_eps);
         backend_matmul(be, m->logits_buf, m->xb, n_out, &m->lm_head, NULL);
-        backend_buf_get(be, logits, m->logits_buf, sizeof(float) * (size_t)n_out * c->vocab_size);
+        backend_buf_get(be, logits, m->logits_buf, 0, sizeof(float) * (size_t)n_out * c->vocab_size);
     }
     backend_synchronize(be);
     return CS_OK;

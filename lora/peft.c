@@ -10,6 +10,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <pcre2.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -612,8 +613,56 @@ int lora_adapter_config_nbytes(const char *dir, const char *config_json, size_t 
     return rc;
 }
 
+/* one slot per backend the adapter ran on */
+struct lora_slot {
+    backend_t *be;
+    backend_adapter_t *slot;
+    struct lora_slot *next;
+};
+
+static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int lora_adapter_slot(lora_adapter_t *a, backend_t *be, backend_adapter_t **out) {
+    pthread_mutex_lock(&slot_mu);
+    for (struct lora_slot *s = a->slots; s; s = s->next) {
+        if (s->be == be) {
+            *out = s->slot;
+            pthread_mutex_unlock(&slot_mu);
+            return CS_OK;
+        }
+    }
+    int nm = a->n_layers * LORA_N_TARGETS, rc;
+    backend_lora_module_desc_t *md = calloc((size_t)(nm ? nm : 1), sizeof *md);
+    struct lora_slot *s = calloc(1, sizeof *s);
+    if (!md || !s) {
+        rc = cs_error_set(CS_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < nm; i++) {
+        const lora_module_t *m = &a->mods[i];
+        md[i] = (backend_lora_module_desc_t){m->rank, m->d_in, m->d_out, m->scale, CS_DTYPE_F32, m->a, m->b, m->bt};
+    }
+    backend_adapter_desc_t d = {a->n_layers, md, true};
+    if ((rc = backend_adapter_upload(be, &d, &s->slot))) goto out;
+    s->be = be;
+    s->next = a->slots;
+    a->slots = s;
+    *out = s->slot;
+    s = NULL;
+out:
+    pthread_mutex_unlock(&slot_mu);
+    free(md);
+    free(s);
+    return rc;
+}
+
 void lora_adapter_free(lora_adapter_t *a) {
     if (!a) return;
+    for (struct lora_slot *s = a->slots, *nx; s; s = nx) {
+        nx = s->next;
+        backend_adapter_free(s->be, s->slot);
+        free(s);
+    }
     if (a->mods) {
         for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++) {
             free(a->mods[i].a);

@@ -6,6 +6,7 @@
 #ifndef CS_PEFT_H
 #define CS_PEFT_H
 
+#include "engine/backend.h"
 #include "engine/common.h"
 #include "engine/model_config.h"
 
@@ -35,6 +36,7 @@ typedef struct lora_adapter {
     int max_rank;
     size_t nbytes;          /* bytes of A, B and Bᵀ held */
     lora_module_t *mods;    /* [n_layers * LORA_N_TARGETS] */
+    struct lora_slot *slots; /* its backend adapter slots (lora_adapter_slot), freed with it */
 } lora_adapter_t;
 
 static inline lora_module_t *lora_adapter_module(const lora_adapter_t *a, int layer, lora_target t) {
@@ -59,7 +61,13 @@ int lora_adapter_load_buffers(const char *name, const char *dir, const char *con
  * lets a cache reserve room before reading the weights. */
 int lora_adapter_config_nbytes(const char *dir, const char *config_json, size_t config_len,
                                const model_config_t *cfg, size_t *nbytes);
+/* Frees the adapter and its backend slots. */
 void lora_adapter_free(lora_adapter_t *a);
+
+/* The adapter's slot on backend BE: uploaded on first use (its weights in the dtype they
+ * are held in; a host-memory backend uses them in place), kept until lora_adapter_free.
+ * Thread-safe. */
+int lora_adapter_slot(lora_adapter_t *a, backend_t *be, backend_adapter_t **slot);
 
 /* Projection shapes of the base model: d_in / d_out of each target. */
 void lora_target_dims(const model_config_t *cfg, lora_target t, int *d_in, int *d_out);

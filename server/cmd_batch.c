@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_kernels/cpu_backend.h"
+#include "server/setup.h"
 #include "engine/engine.h"
 #include "lora/registry.h"
 #include "server/commands.h"
@@ -36,6 +38,9 @@ static void usage_batch(FILE *f) {
             "  --stats                     print engine statistics (JSON) to stderr at the end\n"
             "  --batch-invariant           each sequence's results independent of the batch (bit-identical)\n"
             "  --reference-kernels         use the plain reference kernels\n"
+            "  --device cpu|cuda           where the model runs (default cpu)\n"
+            "  --preload-adapters          load every --lora adapter before the first request (a batch\n"
+            "                              that does not depend on load times)\n"
             "\n"
             "A request line: {\"prompt_ids\": [1, 2], or \"prompt\": \"text\", \"adapter\": \"NAME\",\n"
             "  \"max_tokens\", \"min_tokens\", \"n\", \"temperature\", \"top_k\", \"top_p\", \"min_p\",\n"
@@ -327,14 +332,17 @@ int cmd_batch(int argc, char **argv) {
         {"stats", no_argument, 0, 'S'},
         {"reference-kernels", no_argument, 0, 'R'},
         {"batch-invariant", no_argument, 0, 'I'},
+        {"device", required_argument, 0, 'V'},
+        {"preload-adapters", no_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *model_dir = NULL, *req_path = NULL;
+    const char *model_dir = NULL, *req_path = NULL, *device = NULL;
     const char **lora_specs = calloc((size_t)argc + 1, sizeof(char *));
     int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0;
     long long kv_bytes = 1LL << 30, lora_bytes = 0;
     bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
+    bool preload = false;
     int c, status = 1;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -369,6 +377,8 @@ int cmd_batch(int argc, char **argv) {
         case 'S': stats = true; break;
         case 'R': reference = true; break;
         case 'I': invariant = true; break;
+        case 'V': device = optarg; break;
+        case 'W': preload = true; break;
         case 'h': usage_batch(stdout); free(lora_specs); return 0;
         default: goto usage_err;
         }
@@ -394,7 +404,8 @@ int cmd_batch(int argc, char **argv) {
         fprintf(stderr, "caraserve batch: %s: %s\n", req_path, strerror(errno));
         goto out;
     }
-    be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads, .reference = reference, .batch_invariant = invariant});
+    be = setup_backend(&(setup_backend_opts_t){.device = device, .threads = threads, .reference = reference,
+                                               .batch_invariant = invariant});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
     char *tj = cs_path_join(model_dir, "tokenizer.json");
@@ -412,6 +423,15 @@ int cmd_batch(int argc, char **argv) {
         int ver;
         int rc = lora_registry_add(reg, name, eq + 1, &ver);
         if (rc) fprintf(stderr, "caraserve: adapter %s: %s\n", name, cs_error_last());
+        /* --preload-adapters: resident before the first request, so which requests share an
+         * iteration does not depend on how fast the loads were (a reproducible batch) */
+        for (lora_ref_t *ref = NULL; !rc && preload;) {
+            rc = lora_registry_acquire(reg, name, &ref);
+            if (rc == CS_EAGAIN) { rc = 0; usleep(1000); continue; }
+            if (rc) fprintf(stderr, "caraserve: adapter %s: %s\n", name, cs_error_last());
+            else lora_registry_release(reg, ref);
+            break;
+        }
         free(name);
         if (rc) goto out;
     }
@@ -491,19 +511,26 @@ int cmd_batch(int argc, char **argv) {
         engine_get_stats(engine, &st);
         lora_registry_stats_t ls;
         lora_registry_stats(reg, &ls);
+        backend_stats_t bs;
+        backend_get_stats(be, &bs);
         fprintf(stderr,
                 "{\"wall_ms\": %.3f, \"steps\": %llu, \"prefill_tokens\": %llu, \"decode_tokens\": %llu, "
                 "\"busy_ms\": %.3f, \"decode_only_ms\": %.3f, \"decode_only_tokens\": %llu, \"preemptions\": %llu, "
                 "\"prompt_tokens\": %llu, \"cached_prompt_tokens\": %llu, \"kv_blocks\": %d, \"kv_free\": %d, "
                 "\"kv_cached\": %d, \"prefix_lookups\": %llu, \"prefix_hits\": %llu, \"lora_loads\": %llu, "
-                "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"threads\": %d}\n",
+                "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"threads\": %d, \"backend\": {\"name\": \"%s\", "
+                "\"kernels\": \"%s\", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"d2d_bytes\": %llu, \"h2d_copies\": %llu, "
+                "\"d2h_copies\": %llu, \"d2d_copies\": %llu, \"batch_uploads\": %llu, \"allocated\": %zu}}\n",
                 wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
                 (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
                 (unsigned long long)st.decode_only_tokens, (unsigned long long)st.preemptions,
                 (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_prompt_tokens, st.kv.n_blocks,
                 st.kv.n_free, st.kv.n_cached, (unsigned long long)st.kv.lookups, (unsigned long long)st.kv.hits,
                 (unsigned long long)ls.loads, (unsigned long long)ls.evictions, (unsigned long long)ls.load_failures,
-                be->n_threads);
+                be->n_threads, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,
+                (unsigned long long)bs.d2h_bytes, (unsigned long long)bs.d2d_bytes, (unsigned long long)bs.h2d_copies,
+                (unsigned long long)bs.d2h_copies, (unsigned long long)bs.d2d_copies, (unsigned long long)bs.batch_uploads,
+                bs.allocated);
     }
     status = 0;
     for (int i = 0; i < n_jobs; i++)

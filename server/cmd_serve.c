@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "cpu_kernels/cpu_backend.h"
+#include "server/setup.h"
 #include "lora/registry.h"
 #include "server/commands.h"
 #include "server/server.h"
@@ -79,13 +79,15 @@ static void usage_serve(FILE *f) {
             "  --adapter-upload-dir DIR      where uploaded adapter versions are stored (default: a new /tmp dir)\n"
             "  --batch-invariant             every sequence's logits independent of the batch and the prefix\n"
             "                                cache (bit-identical repeats; slower prefill)\n"
-            "  --reference-kernels           use the plain reference kernels (slow; for checking)\n");
+            "  --reference-kernels           use the plain reference kernels (slow; for checking)\n"
+            "  --device cpu|cuda             where the model runs (default cpu; cuda needs a CUDA build and a GPU)\n");
 }
 
 enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
-    O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT
+    O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
+    O_DEVICE
 };
 
 static const struct option OPTS[] = {
@@ -118,6 +120,7 @@ static const struct option OPTS[] = {
     {"max-adapter-bytes", required_argument, 0, O_ADAPTER_BYTES},
     {"adapter-upload-dir", required_argument, 0, O_UPLOAD_DIR},
     {"batch-invariant", no_argument, 0, O_INVARIANT},
+    {"device", required_argument, 0, O_DEVICE},
     {0, 0, 0, 0},
 };
 
@@ -345,6 +348,7 @@ int cmd_serve(int argc, char **argv) {
         case O_METRICS_PREFIX: free(cfg.metrics_prefix); cfg.metrics_prefix = strdup(optarg); break;
         case O_REFERENCE: cfg.reference_kernels = true; break;
         case O_INVARIANT: cfg.batch_invariant = true; break;
+        case O_DEVICE: free(cfg.device); cfg.device = strdup(optarg); break;
         case O_ADAPTER_BYTES:
             cfg.max_adapter_bytes = cs_parse_size(optarg, &ok);
             if (!ok || cfg.max_adapter_bytes < 1024) { fprintf(stderr, "caraserve serve: bad --max-adapter-bytes '%s'\n", optarg); goto usage_err; }
@@ -427,7 +431,8 @@ int cmd_serve(int argc, char **argv) {
             s->cfg.host, strchr(s->cfg.host, ':') ? "]" : "", s->bound_port, s->cfg.model);
 
     /* the model */
-    s->be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = s->cfg.threads, .reference = s->cfg.reference_kernels,
+    s->be = setup_backend(&(setup_backend_opts_t){.device = s->cfg.device, .threads = s->cfg.threads,
+                                                  .reference = s->cfg.reference_kernels,
                                                   .batch_invariant = s->cfg.batch_invariant});
     if (!s->be) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     if (model_load(s->cfg.model, s->be, &s->model)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); goto out; }
@@ -574,6 +579,7 @@ out_words:
     free(cfg.chat_template);
     free(cfg.metrics_prefix);
     free(cfg.adapter_upload_dir);
+    free(cfg.device);
     for (int i = 0; i < cfg.n_lora_modules; i++) free(cfg.lora_modules[i]);
     free(cfg.lora_modules);
     for (int i = 0; i < cfg.n_lora_roots; i++) free(cfg.lora_roots[i]);

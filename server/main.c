@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "config.h"
-#include "cpu_kernels/cpu_backend.h"
+#include "server/setup.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
@@ -21,7 +21,7 @@ static void usage_generate(FILE *f) {
             "usage: caraserve generate --model DIR [--lora DIR] (--prompt TEXT | --prompt-ids 1,2,3)\n"
             "                          [--max-tokens N] [--temperature T] [--seed S] [--print-ids]\n"
             "                          [--threads N] [--no-special] [--ignore-eos] [--stats]\n"
-            "                          [--dump-logits FILE] [--reference-kernels]\n"
+            "                          [--dump-logits FILE] [--reference-kernels] [--device cpu|cuda]\n"
             "\n"
             "  --model DIR          Hugging Face model directory (config.json, *.safetensors, tokenizer.json)\n"
             "  --lora DIR           PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)\n"
@@ -36,7 +36,8 @@ static void usage_generate(FILE *f) {
             "  --ignore-eos         keep generating past end-of-sequence tokens\n"
             "  --stats              print prefill and decode speed to stderr\n"
             "  --dump-logits FILE   write the logits of every position (binary, for tests)\n"
-            "  --reference-kernels  use the plain reference kernels (slow; for checking)\n");
+            "  --reference-kernels  use the plain reference kernels (slow; for checking)\n"
+            "  --device cpu|cuda    where the model runs (default cpu; cuda needs a CUDA build and a GPU)\n");
 }
 
 static void usage(FILE *f) {
@@ -97,9 +98,9 @@ static int cmd_generate(int argc, char **argv) {
         {"threads", required_argument, 0, 'T'},   {"no-special", no_argument, 0, 'N'},
         {"ignore-eos", no_argument, 0, 'E'},      {"stats", no_argument, 0, 'S'},
         {"dump-logits", required_argument, 0, 'D'}, {"reference-kernels", no_argument, 0, 'R'},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+        {"device", required_argument, 0, 'V'},    {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
-    const char *model_dir = NULL, *lora_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *dump = NULL;
+    const char *model_dir = NULL, *lora_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *dump = NULL, *device = NULL;
     int max_tokens = 64, threads = 0;
     bool print_ids = false, no_special = false, ignore_eos = false, stats = false, reference = false;
     sampling_params_t sp;
@@ -136,6 +137,7 @@ static int cmd_generate(int argc, char **argv) {
         case 'S': stats = true; break;
         case 'D': dump = optarg; break;
         case 'R': reference = true; break;
+        case 'V': device = optarg; break;
         case 'h': usage_generate(stdout); return 0;
         default: usage_generate(stderr); return 2;
         }
@@ -161,7 +163,7 @@ static int cmd_generate(int argc, char **argv) {
     FILE *df = NULL;
     tokenizer_stream_t *ts = NULL;
 
-    be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads, .reference = reference});
+    be = setup_backend(&(setup_backend_opts_t){.device = device, .threads = threads, .reference = reference});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     double t0 = cs_time_ms();
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
@@ -264,11 +266,13 @@ static int cmd_generate(int argc, char **argv) {
         if (fseek(df, 0, SEEK_SET) || write_logits_header(df, total, cfg->vocab_size)) goto dump_err;
     }
     if (stats) {
+        char bdesc[160];
+        setup_backend_describe(be, bdesc, sizeof bdesc);
         fprintf(stderr,
                 "stats: load %.1f ms | prefill %d tokens in %.1f ms (%.1f tok/s) | decode %d tokens in %.1f ms "
-                "(%.2f tok/s) | threads %d | weights %s | params %.1fM\n",
+                "(%.2f tok/s) | %s | weights %s | params %.1fM\n",
                 t_load, n_prompt, t_prefill, n_prompt / (t_prefill / 1e3), n_gen > 1 ? n_gen - 1 : 0, t_decode,
-                n_gen > 1 ? (n_gen - 1) / (t_decode / 1e3) : 0.0, be->n_threads,
+                n_gen > 1 ? (n_gen - 1) / (t_decode / 1e3) : 0.0, bdesc,
                 cs_dtype_name(model_weight_dtype(model)), model_n_params(model) / 1e6);
     }
     status = 0;

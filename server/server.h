@@ -45,6 +45,7 @@ typedef struct serve_config {
     bool no_prefix_caching;
     bool reference_kernels;
     bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
+    char *device;           /* --device: cpu (NULL) or cuda */
 } serve_config_t;
 
 /* An adapter served by name, with the requests using it (an unload waits for them). */

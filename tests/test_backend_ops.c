@@ -1,11 +1,18 @@
-/* test_backend_ops.c: the batch-level backend ops against their plain references: paged
- * attention over shuffled block tables (decode rows and prefill chunks of many sequences in
- * one call, GQA, sliding window, contiguous and scattered tables), grouped LoRA over
- * segments of different adapters and ranks, and row scatter/gather. The fast CPU backend
- * must agree with the reference backend (and with cs_attention_paged_ref / cs_lora_ref). */
+/* test_backend_ops.c: every op and copy of the backend interface (engine/backend.h), on
+ * every backend built, against plain references computed here on the host (as ggml's
+ * test-backend-ops does): the CPU backend with its fast kernels, the CPU backend with the
+ * reference kernels, and the strict test device (handles checked, copies on its copy thread
+ * over a link with a set bandwidth). The CUDA backend joins the list when it exists.
+ *
+ * Tolerances, |got - ref| <= tol * (1 + |ref|):
+ *   matmul, matmul_multi, lora (F32 accumulation in another order): 5e-5 for F32, BF16 and
+ *   F16 weights alike (the weights widen to F32 exactly);
+ *   rmsnorm, rope, attention, silu_mul: 1e-5;
+ *   embed, kv_store, get_out_rows, add, copies: exact. */
 #include <check.h>
-#include <stdio.h>
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,251 +21,551 @@
 #include "cpu_kernels/kernels_paged.h"
 #include "engine/sampling.h"
 
-static backend_t *fast, *ref;
+enum { N_BACKENDS = 4 };
+static const char *names[N_BACKENDS] = {"cpu", "cpu-reference", "strict", "strict-slow-link"};
+static backend_t *bes[N_BACKENDS];
 static cs_rng_t rng;
 
-static float *randv(size_t n) {
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(&rng) * 2 - 1);
+static backend_t *make_backend(int i) {
+    switch (i) {
+    case 0: return cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
+    case 1: return cpu_backend_new(&(cpu_backend_params_t){.n_threads = 1, .reference = true});
+    case 2: return strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 2}});
+    default: return strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 3}, .bytes_per_s = 2e9,
+                                                                .latency_us = 20});
+    }
+}
+
+static float *randv(size_t n, float scale) {
+    float *v = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(&rng) * 2 - 1) * scale;
     return v;
 }
 
-/* max |a - b| over max |b|: the error relative to the output's scale */
-static float max_scaled_err(const float *a, const float *b, size_t n) {
-    float worst = 0, scale = 0;
-    for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(b[i]));
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= worst)) worst = d;
-    }
-    return worst / (scale > 0 ? scale : 1);
+static backend_buf_t *up(backend_t *b, const void *host, size_t nbytes) {
+    backend_buf_t *buf = backend_buf_alloc(b, nbytes);
+    ck_assert_ptr_nonnull(buf);
+    backend_buf_set(b, buf, 0, host, nbytes);
+    return buf;
 }
 
-static float max_rel_err(const float *a, const float *b, size_t n) {
-    float worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]) / (1.0f + fabsf(b[i]));
-        if (!(d <= worst)) worst = d;  /* NaN counts */
-    }
-    return worst;
+static float *down(backend_t *b, const backend_buf_t *buf, size_t nfloats) {
+    float *h = malloc(sizeof(float) * (nfloats ? nfloats : 1));
+    backend_buf_get(b, h, buf, 0, sizeof(float) * nfloats);
+    return h;
 }
 
-/* n_seqs sequences with the given new-token counts and cached lengths, blocks drawn from a
- * shuffled pool (scattered) or laid out in order (contiguous) */
-static void run_paged(int n_seqs, const int *n_new, const int *cached, int nh, int nkv, int hd, int window, bool contiguous) {
-    enum { BS = 16 };
-    int kvd = nkv * hd, total_rows = 0, total_blocks = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        total_rows += n_new[s];
-        total_blocks += (cached[s] + n_new[s] + BS - 1) / BS;
+static void close_to(const float *got, const float *want, size_t n, double tol, const char *what, int be) {
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        ck_assert_msg(d <= tol * (1 + fabs(want[i])), "%s on %s: [%zu] %.9g vs %.9g", what, names[be], i, got[i],
+                      want[i]);
     }
-    int pool_blocks = total_blocks + 3;
-    int32_t *perm = malloc(sizeof(int32_t) * pool_blocks);
-    for (int i = 0; i < pool_blocks; i++) perm[i] = i;
-    if (!contiguous)
-        for (int i = pool_blocks - 1; i > 0; i--) {
-            int j = (int)(cs_rng_next(&rng) % (uint64_t)(i + 1));
-            int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+}
+
+/* a weight of dtype dt with random values, as host F32 (the exact values) and host bytes */
+typedef struct hweight {
+    cs_weight_t w;      /* host, for the references */
+    void *bytes;
+    float *f32;
+} hweight_t;
+
+static hweight_t hweight_new(cs_dtype dt, int rows, int cols, float scale) {
+    hweight_t h;
+    size_t n = (size_t)rows * cols;
+    h.f32 = randv(n, scale);
+    h.bytes = malloc(n * cs_dtype_size(dt));
+    if (dt == CS_DTYPE_F32) {
+        memcpy(h.bytes, h.f32, n * sizeof(float));
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t v = dt == CS_DTYPE_BF16 ? cs_f32_to_bf16(h.f32[i]) : cs_f32_to_f16(h.f32[i]);
+            ((uint16_t *)h.bytes)[i] = v;
         }
-    float *k = randv((size_t)pool_blocks * BS * kvd), *v = randv((size_t)pool_blocks * BS * kvd);
-    float *q = randv((size_t)total_rows * nh * hd);
-    float *o1 = calloc((size_t)total_rows * nh * hd, sizeof(float)), *o2 = calloc((size_t)total_rows * nh * hd, sizeof(float));
-    float *o3 = calloc((size_t)total_rows * nh * hd, sizeof(float));
-    backend_attn_seq_t *seqs = malloc(sizeof *seqs * n_seqs);
-    int row = 0, next_block = 0;
+        cs_to_f32(h.f32, h.bytes, dt, n); /* the exact values the kernels see */
+    }
+    h.w = (cs_weight_t){dt, rows, cols, h.bytes};
+    return h;
+}
+
+static backend_weight_t bweight(backend_t *b, const hweight_t *h) {
+    return (backend_weight_t){h->w.dtype, h->w.rows, h->w.cols,
+                              up(b, h->bytes, (size_t)h->w.rows * h->w.cols * cs_dtype_size(h->w.dtype))};
+}
+
+static void hweight_free(hweight_t *h) {
+    free(h->bytes);
+    free(h->f32);
+}
+
+/* ---- a batch over a shuffled pool of blocks ---- */
+#define BS 16
+typedef struct tbatch {
+    int n_seqs, T, n_blocks, n_out;
+    int32_t ids[512], pos[512], slots[512], out_rows[512], blocks[256];
+    backend_seq_desc_t seqs[16];
+    cpu_attn_seq_t hseqs[16];   /* host views for the references */
+    backend_lora_seg_desc_t lora[16];
+    int n_lora;
+} tbatch_t;
+
+/* sequences with `cached` tokens already in the pools and n_new new ones; blocks are a
+ * random permutation of the pool's */
+static void tbatch_make(tbatch_t *t, int n_seqs, const int *cached, const int *n_new, int pool_blocks, int vocab) {
+    memset(t, 0, sizeof *t);
+    int perm[256];
+    for (int i = 0; i < pool_blocks; i++) perm[i] = i;
+    for (int i = pool_blocks - 1; i > 0; i--) {
+        int j = (int)(cs_rng_next(&rng) % (uint64_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    int row = 0, blk = 0;
     for (int s = 0; s < n_seqs; s++) {
         int nb = (cached[s] + n_new[s] + BS - 1) / BS;
-        seqs[s] = (backend_attn_seq_t){row, n_new[s], cached[s], perm + next_block};
-        row += n_new[s];
-        next_block += nb;
-    }
-    backend_attention_paged(fast, o1, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
-    backend_attention_paged(ref, o2, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
-    cs_attention_paged_ref(o3, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
-    size_t n = (size_t)total_rows * nh * hd;
-    float e = max_rel_err(o1, o3, n);
-    ck_assert_msg(e < 2e-5f, "paged attention: fast vs reference %g (seqs %d, nh %d nkv %d hd %d window %d %s)", e, n_seqs, nh,
-                  nkv, hd, window, contiguous ? "contiguous" : "scattered");
-    ck_assert_msg(max_rel_err(o2, o3, n) == 0, "the reference backend is not the reference kernel");
-    /* against the contiguous-cache attention of each sequence: the paging itself is right */
-    for (int s = 0; s < n_seqs; s++) {
-        int len = cached[s] + n_new[s];
-        float *kc = malloc(sizeof(float) * (size_t)len * kvd), *vc = malloc(sizeof(float) * (size_t)len * kvd);
-        for (int p = 0; p < len; p++) {
-            memcpy(kc + (size_t)p * kvd, k + cs_paged_row(seqs[s].blocks, BS, p) * kvd, sizeof(float) * kvd);
-            memcpy(vc + (size_t)p * kvd, v + cs_paged_row(seqs[s].blocks, BS, p) * kvd, sizeof(float) * kvd);
+        ck_assert_int_le(blk + nb, pool_blocks);
+        memcpy(t->blocks + blk, perm + blk, sizeof(int32_t) * nb);
+        t->seqs[s] = (backend_seq_desc_t){row, n_new[s], cached[s], blk};
+        t->hseqs[s] = (cpu_attn_seq_t){row, n_new[s], cached[s], t->blocks + blk};
+        for (int i = 0; i < n_new[s]; i++, row++) {
+            int p = cached[s] + i;
+            t->ids[row] = (int32_t)(cs_rng_next(&rng) % (uint64_t)vocab);
+            t->pos[row] = p;
+            t->slots[row] = t->blocks[blk + p / BS] * BS + p % BS;
+            if (i == n_new[s] - 1) t->out_rows[t->n_out++] = row;
         }
-        float *oc = malloc(sizeof(float) * (size_t)n_new[s] * nh * hd);
-        cs_attention_ref(oc, q + (size_t)seqs[s].row0 * nh * hd, kc, vc, n_new[s], cached[s], nh, nkv, hd, window);
-        float es = max_rel_err(o3 + (size_t)seqs[s].row0 * nh * hd, oc, (size_t)n_new[s] * nh * hd);
-        ck_assert_msg(es < 1e-6f, "paged reference vs contiguous reference: %g", es);
-        free(kc);
-        free(vc);
-        free(oc);
+        blk += nb;
     }
-    free(perm); free(k); free(v); free(q); free(o1); free(o2); free(o3); free(seqs);
+    t->n_seqs = n_seqs;
+    t->T = row;
+    t->n_blocks = blk;
 }
 
-START_TEST(paged_attention_decode_batch) {
-    int n_new[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, cached[9] = {0, 1, 15, 16, 17, 40, 100, 255, 7};
-    run_paged(9, n_new, cached, 4, 2, 16, 0, false);
-    run_paged(9, n_new, cached, 6, 2, 24, 0, false);   /* head_dim not a multiple of 16 */
-    run_paged(9, n_new, cached, 4, 4, 32, 33, false);  /* sliding window */
-    run_paged(9, n_new, cached, 4, 1, 64, 0, true);
-    run_paged(9, n_new, cached, 2, 1, 128, 0, false);
-    run_paged(9, n_new, cached, 2, 2, 48, 0, false);   /* multiple of 16, no register path */
+static backend_batch_t *tbatch_upload(backend_t *b, const tbatch_t *t, backend_batch_t *reuse) {
+    backend_batch_desc_t d = {t->T, t->ids, t->pos, t->slots, t->n_seqs, t->seqs, t->n_blocks, t->blocks,
+                              t->n_out, t->out_rows, t->n_lora, t->lora};
+    backend_batch_t *bt = reuse;
+    ck_assert_int_eq(backend_batch_upload(b, &bt, &d), CS_OK);
+    return bt;
 }
-END_TEST
 
-START_TEST(paged_attention_mixed) {
-    /* prefill chunks (some continuing after a cached prefix) beside decode rows */
-    int n_new[6] = {40, 1, 16, 3, 70, 1}, cached[6] = {0, 30, 32, 5, 17, 0};
-    run_paged(6, n_new, cached, 4, 2, 16, 0, false);
-    run_paged(6, n_new, cached, 4, 2, 16, 0, true);
-    run_paged(6, n_new, cached, 8, 2, 32, 20, false);
-    int one[1] = {130}, none[1] = {0};
-    run_paged(1, one, none, 4, 4, 16, 0, true);
-    run_paged(1, one, none, 4, 4, 16, 0, false);
-}
-END_TEST
-
-/* every path of the grouped LoRA: inline (little work), one task per segment (several
- * adapters), shrink/expand split across threads (one or two adapters), GEMM segments
- * (9..64 rows), per-segment row split (many rows) */
-START_TEST(lora_batch_segments) {
-    static const struct { int d_in, d_out, n_segs, big_rows; } trials[] = {
-        {96, 80, 5, 7}, {96, 80, 5, 20}, {96, 80, 5, 70},
-        {1000, 1500, 5, 7}, {1000, 1500, 5, 20}, {1000, 1500, 1, 7}, {1000, 1500, 2, 20}, {1000, 700, 2, 3},
-    };
-    for (size_t trial = 0; trial < sizeof trials / sizeof trials[0]; trial++) {
-        int d_in = trials[trial].d_in, d_out = trials[trial].d_out, n_segs = trials[trial].n_segs, total = 0;
-        int ranks[5] = {8, 16, 32, 64, 4}, rows[5] = {1, 3, 1, 2, 7};
-        rows[n_segs - 1] = trials[trial].big_rows;
-        backend_lora_seg_t segs[5];
-        float *a[5], *b[5], *bt[5];
-        for (int i = 0; i < n_segs; i++) {
-            a[i] = randv((size_t)ranks[i] * d_in);
-            b[i] = randv((size_t)d_out * ranks[i]);
-            bt[i] = malloc(sizeof(float) * (size_t)d_out * ranks[i]);
-            for (int o = 0; o < d_out; o++)
-                for (int r = 0; r < ranks[i]; r++) bt[i][(size_t)r * d_out + o] = b[i][(size_t)o * ranks[i] + r];
-            /* with and without the transposed copy (its fast path and the one over B) */
-            segs[i] = (backend_lora_seg_t){total + (i == 1 ? 1 : 0), rows[i], a[i], b[i], ranks[i], 0.5f + i,
-                                           (trial + i) % 2 ? bt[i] : NULL};
-            total = segs[i].row0 + rows[i];
-        }
-        float *x = randv((size_t)total * d_in), *y0 = randv((size_t)total * d_out);
-        float *y1 = malloc(sizeof(float) * (size_t)total * d_out), *y2 = malloc(sizeof(float) * (size_t)total * d_out);
-        memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
-        memcpy(y2, y0, sizeof(float) * (size_t)total * d_out);
-        backend_lora_batch(fast, y1, x, segs, n_segs, d_in, d_out);
-        /* the truth in double (float references differ from it by their own rounding at K = 1000) */
-        for (int i = 0; i < n_segs; i++)
-            for (int r = 0; r < segs[i].n; r++) {
-                const float *xr = x + (size_t)(segs[i].row0 + r) * d_in;
-                double t[64];
-                for (int k = 0; k < ranks[i]; k++) {
-                    t[k] = 0;
-                    for (int e = 0; e < d_in; e++) t[k] += (double)xr[e] * a[i][(size_t)k * d_in + e];
-                }
-                for (int o = 0; o < d_out; o++) {
-                    double acc = 0;
-                    for (int k = 0; k < ranks[i]; k++) acc += t[k] * b[i][(size_t)o * ranks[i] + k];
-                    y2[(size_t)(segs[i].row0 + r) * d_out + o] += (float)(segs[i].scale * acc);
-                }
-            }
-        float e = max_scaled_err(y1, y2, (size_t)total * d_out);
-        /* and the plain float reference is as close */
-        memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
-        for (int i = 0; i < n_segs; i++)
-            cs_lora_ref(y1 + (size_t)segs[i].row0 * d_out, x + (size_t)segs[i].row0 * d_in, segs[i].n, a[i], b[i], ranks[i],
-                        d_in, d_out, segs[i].scale);
-        float er = max_scaled_err(y1, y2, (size_t)total * d_out);
-        /* both at the level of float rounding (~1e-7 of the output's scale) */
-        fprintf(stderr, "lora_batch trial %zu: fast %.2e, cs_lora_ref %.2e (max |err| / max |y|)\n", trial, e, er);
-        ck_assert_msg(e < 1e-6f, "lora_batch trial %zu: %g (reference %g)", trial, e, er);
-        ck_assert_msg(er < 1e-6f, "cs_lora_ref trial %zu: %g", trial, er);
-        memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
-        backend_lora_batch(fast, y1, x, segs, n_segs, d_in, d_out);
-        if (n_segs > 1) /* the row between segments 0 and 1 belongs to no segment: untouched */
-            for (int c = 0; c < d_out; c++) ck_assert(y1[(size_t)rows[0] * d_out + c] == y0[(size_t)rows[0] * d_out + c]);
-        for (int i = 0; i < n_segs; i++) { free(a[i]); free(b[i]); free(bt[i]); }
-        free(x); free(y0); free(y1); free(y2);
-    }
-}
-END_TEST
-
-/* projections of one input in one call (q/k/v, gate/up) equal matmul per weight */
-START_TEST(matmul_multi_equals_each) {
-    static const int ns[] = {1, 3, 8, 20};
-    static const cs_dtype dts[] = {CS_DTYPE_BF16, CS_DTYPE_F32, CS_DTYPE_F16};
-    int rows[3] = {64, 24, 40}, cols = 48;
+/* ---- matmul ---- */
+START_TEST(test_matmul) {
+    backend_t *b = bes[_i];
+    static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
+    static const int ns[] = {1, 2, 3, 5, 8, 9, 17, 32, 33, 45, 70};
+    static const int shapes[][2] = {{96, 64}, {33, 130}, {256, 300}, {7, 17}};
     for (size_t di = 0; di < 3; di++)
-        for (size_t ni = 0; ni < 4; ni++) {
-            int n = ns[ni];
-            cs_weight_t w[3];
-            void *data[3];
-            float *bias[3], *y[3], *yr[3];
-            for (int k = 0; k < 3; k++) {
-                float *f = randv((size_t)rows[k] * cols);
-                size_t esz = cs_dtype_size(dts[di]);
-                data[k] = malloc(esz * (size_t)rows[k] * cols);
-                for (size_t e = 0; e < (size_t)rows[k] * cols; e++) {
-                    if (dts[di] == CS_DTYPE_BF16) ((uint16_t *)data[k])[e] = cs_f32_to_bf16(f[e]);
-                    else if (dts[di] == CS_DTYPE_F16) ((uint16_t *)data[k])[e] = cs_f32_to_f16(f[e]);
-                    else ((float *)data[k])[e] = f[e];
+        for (size_t si = 0; si < 4; si++) {
+            int rows = shapes[si][0], cols = shapes[si][1];
+            hweight_t h = hweight_new(dts[di], rows, cols, 0.5f);
+            backend_weight_t w = bweight(b, &h);
+            float *bias = randv((size_t)rows, 0.5f);
+            backend_buf_t *bb = up(b, bias, sizeof(float) * rows);
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                int n = ns[ni];
+                float *x = randv((size_t)n * cols, 1.0f), *want = malloc(sizeof(float) * n * rows);
+                backend_buf_t *bx = up(b, x, sizeof(float) * n * cols), *by = backend_buf_alloc(b, sizeof(float) * n * rows);
+                for (int with_bias = 0; with_bias < 2; with_bias++) {
+                    cs_matmul_ref(want, x, n, &h.w, with_bias ? bias : NULL);
+                    backend_matmul(b, by, bx, n, &w, with_bias ? bb : NULL);
+                    float *got = down(b, by, (size_t)n * rows);
+                    close_to(got, want, (size_t)n * rows, 5e-5, cs_dtype_name(dts[di]), _i);
+                    free(got);
                 }
-                free(f);
-                w[k] = (cs_weight_t){dts[di], rows[k], cols, data[k]};
-                bias[k] = k == 1 ? NULL : randv((size_t)rows[k]);
-                y[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
-                yr[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
+                free(x);
+                free(want);
+                backend_buf_free(b, bx);
+                backend_buf_free(b, by);
             }
-            float *x = randv((size_t)n * cols);
-            float *const ys[3] = {y[0], y[1], y[2]};
-            const cs_weight_t *const ws[3] = {&w[0], &w[1], &w[2]};
-            const float *const bs[3] = {bias[0], bias[1], bias[2]};
-            backend_matmul_multi(fast, ys, x, n, ws, bs, 3);
-            for (int k = 0; k < 3; k++) {
-                cs_matmul_ref(yr[k], x, n, &w[k], bias[k]);
-                float e = max_rel_err(y[k], yr[k], (size_t)n * rows[k]);
-                ck_assert_msg(e < 2e-6f, "matmul_multi dtype %d n %d weight %d: %g", (int)dts[di], n, k, e);
-                free(data[k]); free(bias[k]); free(y[k]); free(yr[k]);
+            /* matmul_multi: three weights of one input, a bias on one */
+            hweight_t h2 = hweight_new(dts[di], rows + 3, cols, 0.5f), h3 = hweight_new(dts[di], 5, cols, 0.5f);
+            backend_weight_t w2 = bweight(b, &h2), w3 = bweight(b, &h3);
+            for (int n = 1; n <= 40; n += 13) {
+                float *x = randv((size_t)n * cols, 1.0f);
+                backend_buf_t *bx = up(b, x, sizeof(float) * n * cols);
+                backend_buf_t *ys[3] = {backend_buf_alloc(b, sizeof(float) * n * rows),
+                                        backend_buf_alloc(b, sizeof(float) * n * (rows + 3)),
+                                        backend_buf_alloc(b, sizeof(float) * n * 5)};
+                const backend_weight_t *ws[3] = {&w, &w2, &w3};
+                const backend_buf_t *bs[3] = {NULL, NULL, bb};
+                const cs_weight_t *hw[3] = {&h.w, &h2.w, &h3.w};
+                const float *hb[3] = {NULL, NULL, bias};
+                /* the third weight has 5 rows: its bias is the first 5 of `bias` */
+                backend_matmul_multi(b, ys, bx, n, ws, bs, 3);
+                for (int k = 0; k < 3; k++) {
+                    float *want = malloc(sizeof(float) * n * hw[k]->rows);
+                    cs_matmul_ref(want, x, n, hw[k], hb[k]);
+                    float *got = down(b, ys[k], (size_t)n * hw[k]->rows);
+                    close_to(got, want, (size_t)n * hw[k]->rows, 5e-5, "matmul_multi", _i);
+                    free(got);
+                    free(want);
+                    backend_buf_free(b, ys[k]);
+                }
+                backend_buf_free(b, bx);
+                free(x);
             }
-            free(x);
+            backend_buf_free(b, w.buf);
+            backend_buf_free(b, w2.buf);
+            backend_buf_free(b, w3.buf);
+            backend_buf_free(b, bb);
+            free(bias);
+            hweight_free(&h);
+            hweight_free(&h2);
+            hweight_free(&h3);
         }
 }
 END_TEST
 
-START_TEST(rows_scatter_gather) {
-    float *src = randv(5 * 7), dst[10 * 7] = {0}, back[5 * 7];
-    int32_t idx[5] = {9, 0, 4, 2, 7};
-    backend_set_rows(fast, dst, src, idx, 5, 7);
-    backend_get_rows(fast, back, dst, idx, 5, 7);
-    ck_assert(memcmp(back, src, sizeof back) == 0);
-    ck_assert(dst[7 * 1] == 0 && dst[7 * 3] == 0);
-    free(src);
+/* ---- elementwise, norms, rope, embed ---- */
+START_TEST(test_elementwise) {
+    backend_t *b = bes[_i];
+    for (int n = 1; n <= 1000; n = n * 3 + 1) {
+        float *g = randv((size_t)n, 4.0f), *u = randv((size_t)n, 2.0f), *want = malloc(sizeof(float) * n);
+        backend_buf_t *bg = up(b, g, sizeof(float) * n), *bu = up(b, u, sizeof(float) * n);
+        memcpy(want, g, sizeof(float) * n);
+        cs_silu_mul_ref(want, u, (size_t)n);
+        backend_silu_mul(b, bg, bu, (size_t)n);
+        float *got = down(b, bg, (size_t)n);
+        close_to(got, want, (size_t)n, 1e-5, "silu_mul", _i);
+        free(got);
+        for (int i = 0; i < n; i++) want[i] = u[i] + g[i];
+        backend_buf_set(b, bu, 0, u, sizeof(float) * n);
+        backend_buf_set(b, bg, 0, g, sizeof(float) * n);
+        backend_add(b, bu, bg, (size_t)n);
+        got = down(b, bu, (size_t)n);
+        close_to(got, want, (size_t)n, 0, "add", _i);
+        free(got);
+        free(g);
+        free(u);
+        free(want);
+        backend_buf_free(b, bg);
+        backend_buf_free(b, bu);
+    }
+    /* rmsnorm: rows of dim, in place too */
+    static const int dims[] = {16, 64, 100, 257};
+    for (size_t di = 0; di < 4; di++)
+        for (int n = 1; n <= 37; n += 12) {
+            int dim = dims[di];
+            float *x = randv((size_t)n * dim, 3.0f), *wv = randv((size_t)dim, 1.0f), *want = malloc(sizeof(float) * n * dim);
+            backend_weight_t w = {CS_DTYPE_F32, 1, dim, up(b, wv, sizeof(float) * dim)};
+            backend_buf_t *bx = up(b, x, sizeof(float) * n * dim), *by = backend_buf_alloc(b, sizeof(float) * n * dim);
+            cs_rmsnorm_ref(want, x, n, dim, wv, 1e-6f);
+            backend_rmsnorm(b, by, bx, n, dim, &w, 1e-6f);
+            float *got = down(b, by, (size_t)n * dim);
+            close_to(got, want, (size_t)n * dim, 1e-5, "rmsnorm", _i);
+            free(got);
+            backend_rmsnorm(b, bx, bx, n, dim, &w, 1e-6f);
+            got = down(b, bx, (size_t)n * dim);
+            close_to(got, want, (size_t)n * dim, 1e-5, "rmsnorm in place", _i);
+            free(got);
+            free(x);
+            free(wv);
+            free(want);
+            backend_buf_free(b, w.buf);
+            backend_buf_free(b, bx);
+            backend_buf_free(b, by);
+        }
 }
 END_TEST
+
+START_TEST(test_rope_embed_rows) {
+    backend_t *b = bes[_i];
+    const int vocab = 50, H = 24, nh = 3, hd = 8;
+    tbatch_t t;
+    int cached[3] = {0, 21, 40}, n_new[3] = {7, 1, 12};
+    tbatch_make(&t, 3, cached, n_new, 16, vocab);
+    backend_batch_t *bt = tbatch_upload(b, &t, NULL);
+    /* rope at the batch's positions */
+    float inv[hd / 2];
+    for (int i = 0; i < hd / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / hd);
+    backend_buf_t *binv = up(b, inv, sizeof inv);
+    float *x = randv((size_t)t.T * nh * hd, 1.0f), *want = malloc(sizeof(float) * t.T * nh * hd);
+    memcpy(want, x, sizeof(float) * t.T * nh * hd);
+    cs_rope_ref(want, t.T, nh, hd, t.pos, inv);
+    backend_buf_t *bx = up(b, x, sizeof(float) * t.T * nh * hd);
+    backend_rope(b, bx, nh, hd, bt, binv);
+    float *got = down(b, bx, (size_t)t.T * nh * hd);
+    close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "rope", _i);
+    free(got);
+    /* embed of every dtype */
+    static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
+    for (int di = 0; di < 3; di++) {
+        hweight_t h = hweight_new(dts[di], vocab, H, 1.0f);
+        backend_weight_t w = bweight(b, &h);
+        backend_buf_t *by = backend_buf_alloc(b, sizeof(float) * t.T * H);
+        backend_embed(b, by, &w, bt);
+        got = down(b, by, (size_t)t.T * H);
+        for (int r = 0; r < t.T; r++) close_to(got + (size_t)r * H, h.f32 + (size_t)t.ids[r] * H, (size_t)H, 0, "embed", _i);
+        free(got);
+        backend_buf_free(b, by);
+        backend_buf_free(b, w.buf);
+        hweight_free(&h);
+    }
+    /* kv_store scatters rows to the slots; get_out_rows gathers the output rows */
+    const int row = 12, pool_rows = 16 * BS;
+    float *pool0 = randv((size_t)pool_rows * row, 1.0f), *src = randv((size_t)t.T * row, 1.0f);
+    backend_buf_t *pool = up(b, pool0, sizeof(float) * pool_rows * row), *bsrc = up(b, src, sizeof(float) * t.T * row);
+    backend_kv_store(b, pool, bsrc, bt, row);
+    for (int r = 0; r < t.T; r++) memcpy(pool0 + (size_t)t.slots[r] * row, src + (size_t)r * row, sizeof(float) * row);
+    got = down(b, pool, (size_t)pool_rows * row);
+    close_to(got, pool0, (size_t)pool_rows * row, 0, "kv_store", _i);
+    free(got);
+    backend_buf_t *bo = backend_buf_alloc(b, sizeof(float) * t.n_out * row);
+    backend_get_out_rows(b, bo, bsrc, bt, row);
+    got = down(b, bo, (size_t)t.n_out * row);
+    for (int i = 0; i < t.n_out; i++)
+        close_to(got + (size_t)i * row, src + (size_t)t.out_rows[i] * row, (size_t)row, 0, "get_out_rows", _i);
+    free(got);
+    /* a second upload into the same batch replaces the first */
+    int cached2[1] = {3}, n_new2[1] = {2};
+    tbatch_t t2;
+    tbatch_make(&t2, 1, cached2, n_new2, 16, vocab);
+    ck_assert_ptr_eq(tbatch_upload(b, &t2, bt), bt);
+    backend_get_out_rows(b, bo, bsrc, bt, row);
+    got = down(b, bo, (size_t)row);
+    close_to(got, src + (size_t)t2.out_rows[0] * row, (size_t)row, 0, "get_out_rows after a re-upload", _i);
+    free(got);
+    free(x);
+    free(want);
+    free(pool0);
+    free(src);
+    backend_buf_free(b, bx);
+    backend_buf_free(b, binv);
+    backend_buf_free(b, pool);
+    backend_buf_free(b, bsrc);
+    backend_buf_free(b, bo);
+    backend_batch_free(b, bt);
+}
+END_TEST
+
+/* ---- paged attention ---- */
+START_TEST(test_attention) {
+    backend_t *b = bes[_i];
+    static const int cfgs[][3] = {{4, 4, 16}, {8, 2, 16}, {6, 1, 32}, {4, 2, 12}}; /* heads, kv heads, head_dim */
+    for (size_t ci = 0; ci < 4; ci++)
+        for (int window = 0; window <= 24; window += 24) {
+            int nh = cfgs[ci][0], nkv = cfgs[ci][1], hd = cfgs[ci][2], kvd = nkv * hd;
+            tbatch_t t;
+            /* decode rows, a prefill chunk after a cached prefix, a fresh prompt, a block-edge */
+            int cached[5] = {37, 0, 64, 5, 15}, n_new[5] = {1, 40, 23, 1, 1};
+            tbatch_make(&t, 5, cached, n_new, 32, 10);
+            backend_batch_t *bt = tbatch_upload(b, &t, NULL);
+            size_t pool_n = (size_t)32 * BS * kvd;
+            float *k = randv(pool_n, 1.0f), *v = randv(pool_n, 1.0f), *q = randv((size_t)t.T * nh * hd, 1.0f);
+            float *want = malloc(sizeof(float) * t.T * nh * hd);
+            cs_attention_paged_ref(want, q, k, v, t.hseqs, t.n_seqs, BS, nh, nkv, hd, window);
+            backend_buf_t *bk = up(b, k, sizeof(float) * pool_n), *bv = up(b, v, sizeof(float) * pool_n);
+            backend_buf_t *bq = up(b, q, sizeof(float) * t.T * nh * hd), *bo = backend_buf_alloc(b, sizeof(float) * t.T * nh * hd);
+            ck_assert(backend_supports_kv_dtype(b, CS_DTYPE_F32));
+            backend_attention(b, bo, bq, bk, bv, CS_DTYPE_F32, bt, BS, nh, nkv, hd, window);
+            float *got = down(b, bo, (size_t)t.T * nh * hd);
+            close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "attention", _i);
+            free(got);
+            free(k);
+            free(v);
+            free(q);
+            free(want);
+            backend_buf_free(b, bk);
+            backend_buf_free(b, bv);
+            backend_buf_free(b, bq);
+            backend_buf_free(b, bo);
+            backend_batch_free(b, bt);
+        }
+}
+END_TEST
+
+/* ---- grouped LoRA over adapter slots ---- */
+START_TEST(test_lora) {
+    backend_t *b = bes[_i];
+    enum { NL = 2, NA = 3 };
+    const int d_in = 48, d_out = 40;
+    static const int ranks[NA] = {8, 1, 16};
+    backend_lora_module_desc_t md[NA][NL * BACKEND_LORA_TARGETS];
+    float *mem[NA][NL * BACKEND_LORA_TARGETS][3];
+    backend_adapter_t *slot[NA];
+    for (int a = 0; a < NA; a++) {
+        for (int m = 0; m < NL * BACKEND_LORA_TARGETS; m++) {
+            int t = m % BACKEND_LORA_TARGETS, r = (t == 2 && a == 1) ? 0 : ranks[a]; /* adapter 1 skips target 2 */
+            float *A = randv((size_t)r * d_in, 0.3f), *B = randv((size_t)d_out * r, 0.3f), *Bt = malloc(sizeof(float) * (r ? r : 1) * d_out);
+            for (int i = 0; i < d_out; i++)
+                for (int j = 0; j < r; j++) Bt[(size_t)j * d_out + i] = B[(size_t)i * r + j];
+            mem[a][m][0] = A;
+            mem[a][m][1] = B;
+            mem[a][m][2] = Bt;
+            md[a][m] = (backend_lora_module_desc_t){r, d_in, d_out, 0.5f + a, CS_DTYPE_F32, A, B, a == 2 ? NULL : Bt};
+        }
+        backend_adapter_desc_t d = {NL, md[a], true};
+        ck_assert_int_eq(backend_adapter_upload(b, &d, &slot[a]), CS_OK);
+    }
+    if (backend_is_strict_device(b)) ck_assert_uint_gt(backend_adapter_bytes(b, slot[0]), 0);
+    /* rows: [0,5) adapter 0, [5,6) none, [6,9) adapter 1, [9,30) adapter 2, [30,31) adapter 0 again */
+    tbatch_t t;
+    int cached[5] = {0, 3, 0, 10, 2}, n_new[5] = {5, 1, 3, 21, 1};
+    tbatch_make(&t, 5, cached, n_new, 16, 10);
+    t.lora[0] = (backend_lora_seg_desc_t){0, 5, slot[0]};
+    t.lora[1] = (backend_lora_seg_desc_t){6, 3, slot[1]};
+    t.lora[2] = (backend_lora_seg_desc_t){9, 21, slot[2]};
+    t.lora[3] = (backend_lora_seg_desc_t){30, 1, slot[0]};
+    t.n_lora = 4;
+    backend_batch_t *bt = tbatch_upload(b, &t, NULL);
+    float *x = randv((size_t)t.T * d_in, 1.0f), *y0 = randv((size_t)t.T * d_out, 1.0f);
+    backend_buf_t *bx = up(b, x, sizeof(float) * t.T * d_in), *by = backend_buf_alloc(b, sizeof(float) * t.T * d_out);
+    for (int layer = 0; layer < NL; layer++)
+        for (int tg = 0; tg < BACKEND_LORA_TARGETS; tg++) {
+            float *want = malloc(sizeof(float) * t.T * d_out);
+            memcpy(want, y0, sizeof(float) * t.T * d_out);
+            for (int s = 0; s < t.n_lora; s++) {
+                int a = s == 3 ? 0 : s;
+                const backend_lora_module_desc_t *m = &md[a][layer * BACKEND_LORA_TARGETS + tg];
+                if (m->rank)
+                    cs_lora_ref(want + (size_t)t.lora[s].row0 * d_out, x + (size_t)t.lora[s].row0 * d_in, t.lora[s].n,
+                                m->a, m->b, m->rank, d_in, d_out, m->scale);
+            }
+            backend_buf_set(b, by, 0, y0, sizeof(float) * t.T * d_out);
+            backend_lora(b, by, bx, bt, layer, tg, d_in, d_out);
+            float *got = down(b, by, (size_t)t.T * d_out);
+            close_to(got, want, (size_t)t.T * d_out, 5e-5, "lora", _i);
+            free(got);
+            free(want);
+        }
+    free(x);
+    free(y0);
+    backend_buf_free(b, bx);
+    backend_buf_free(b, by);
+    backend_batch_free(b, bt);
+    for (int a = 0; a < NA; a++) {
+        backend_adapter_free(b, slot[a]);
+        for (int m = 0; m < NL * BACKEND_LORA_TARGETS; m++)
+            for (int k = 0; k < 3; k++) free(mem[a][m][k]);
+    }
+}
+END_TEST
+
+/* ---- copies, events, stats ---- */
+START_TEST(test_copies) {
+    backend_t *b = bes[_i];
+    const size_t n = 100000;
+    unsigned char *h = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 7 + 3);
+    backend_stats_t s0, s1;
+    backend_get_stats(b, &s0);
+    backend_buf_t *x = backend_buf_alloc(b, n), *y = backend_buf_alloc(b, n);
+    ck_assert_uint_eq(backend_buf_size(b, x), n);
+    backend_buf_set(b, x, 0, h, n);
+    backend_buf_copy(b, y, 100, x, 50, 1000);          /* device to device, offsets */
+    backend_buf_get(b, back, y, 100, 1000);
+    ck_assert_int_eq(memcmp(back, h + 50, 1000), 0);
+    backend_buf_set(b, x, 17, h + 1000, 333);            /* partial set at an offset */
+    backend_buf_get(b, back, x, 0, n);
+    ck_assert_int_eq(memcmp(back, h, 17), 0);
+    ck_assert_int_eq(memcmp(back + 17, h + 1000, 333), 0);
+    ck_assert_int_eq(memcmp(back + 350, h + 350, n - 350), 0);
+    /* asynchronous copies on the copy queue, in order, done when the event is */
+    unsigned char *pinned = backend_host_alloc(b, n), *pinned2 = backend_host_alloc(b, n);
+    for (size_t i = 0; i < n; i++) pinned[i] = (unsigned char)(i * 13 + 1);
+    backend_event_t *ev = backend_event_new(b);
+    ck_assert_ptr_nonnull(ev);
+    backend_buf_set_async(b, y, 0, pinned, n);
+    backend_buf_get_async(b, pinned2, y, 0, n);
+    backend_event_record(b, ev);
+    backend_event_synchronize(b, ev);
+    ck_assert(backend_event_query(b, ev));
+    ck_assert_int_eq(memcmp(pinned, pinned2, n), 0);
+    backend_event_wait(b, ev);                          /* completed: returns */
+    backend_event_free(b, ev);
+    backend_get_stats(b, &s1);
+    if (b->iface->get_stats) {
+        ck_assert_uint_eq(s1.h2d_bytes - s0.h2d_bytes, n + 333 + n);
+        ck_assert_uint_eq(s1.h2d_copies - s0.h2d_copies, 3);
+        ck_assert_uint_eq(s1.d2h_bytes - s0.d2h_bytes, 1000 + n + n);
+        ck_assert_uint_eq(s1.d2d_bytes - s0.d2d_bytes, 1000);
+        ck_assert_uint_eq(s1.allocated - s0.allocated, 2 * n);
+    }
+    backend_host_free(b, pinned);
+    backend_host_free(b, pinned2);
+    backend_buf_free(b, x);
+    backend_buf_free(b, y);
+    free(h);
+    free(back);
+}
+END_TEST
+
+/* ---- the strict device refuses what is not its own ---- */
+START_TEST(test_strict_rejects_host_pointer) {
+    backend_t *b = bes[2];
+    float host[64] = {0};
+    backend_buf_t *y = backend_buf_alloc(b, sizeof host);
+    backend_add(b, y, (const backend_buf_t *)host, 64); /* a host pointer where a handle goes */
+}
+END_TEST
+
+START_TEST(test_strict_rejects_freed_handle) {
+    backend_t *b = bes[2];
+    backend_buf_t *x = backend_buf_alloc(b, 256), *y = backend_buf_alloc(b, 256);
+    backend_buf_free(b, x);
+    backend_add(b, y, x, 64);
+}
+END_TEST
+
+START_TEST(test_strict_rejects_foreign_handle) {
+    backend_buf_t *x = backend_buf_alloc(bes[0], 256), *y = backend_buf_alloc(bes[2], 256); /* a CPU buffer */
+    backend_add(bes[2], y, x, 64);
+}
+END_TEST
+
+START_TEST(test_strict_rejects_out_of_range) {
+    backend_t *b = bes[2];
+    backend_buf_t *x = backend_buf_alloc(b, 256), *y = backend_buf_alloc(b, 256);
+    backend_add(b, y, x, 65); /* 260 bytes of 256 */
+}
+END_TEST
+
+START_TEST(test_strict_fresh_memory_is_nan) {
+    backend_t *b = bes[2];
+    backend_buf_t *x = backend_buf_alloc(b, 64 * sizeof(float));
+    float *got = down(b, x, 64);
+    for (int i = 0; i < 64; i++) ck_assert(isnan(got[i]));
+    free(got);
+    backend_buf_free(b, x);
+}
+END_TEST
+
+static void setup(void) {
+    cs_rng_seed(&rng, 1234);
+    for (int i = 0; i < N_BACKENDS; i++) {
+        bes[i] = make_backend(i);
+        ck_assert_msg(bes[i] != NULL, "%s: %s", names[i], cs_error_last());
+    }
+}
+
+static void teardown(void) {
+    for (int i = 0; i < N_BACKENDS; i++) backend_free(bes[i]);
+}
 
 int main(void) {
-    cs_rng_seed(&rng, 42);
-    fast = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
-    ref = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 1, .reference = true});
     Suite *s = suite_create("backend_ops");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, paged_attention_decode_batch);
-    tcase_add_test(tc, paged_attention_mixed);
-    tcase_add_test(tc, lora_batch_segments);
-    tcase_add_test(tc, matmul_multi_equals_each);
-    tcase_add_test(tc, rows_scatter_gather);
+    TCase *tc = tcase_create("ops");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, test_matmul, 0, N_BACKENDS);
+    tcase_add_loop_test(tc, test_elementwise, 0, N_BACKENDS);
+    tcase_add_loop_test(tc, test_rope_embed_rows, 0, N_BACKENDS);
+    tcase_add_loop_test(tc, test_attention, 0, N_BACKENDS);
+    tcase_add_loop_test(tc, test_lora, 0, N_BACKENDS);
+    tcase_add_loop_test(tc, test_copies, 0, N_BACKENDS);
     suite_add_tcase(s, tc);
+    TCase *ts = tcase_create("strict");
+    tcase_add_checked_fixture(ts, setup, teardown);
+    tcase_add_test_raise_signal(ts, test_strict_rejects_host_pointer, SIGABRT);
+    tcase_add_test_raise_signal(ts, test_strict_rejects_freed_handle, SIGABRT);
+    tcase_add_test_raise_signal(ts, test_strict_rejects_foreign_handle, SIGABRT);
+    tcase_add_test_raise_signal(ts, test_strict_rejects_out_of_range, SIGABRT);
+    tcase_add_test(ts, test_strict_fresh_memory_is_nan);
+    suite_add_tcase(s, ts);
     SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
+    int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    backend_free(fast);
-    backend_free(ref);
-    return nf ? 1 : 0;
+    return failed ? 1 : 0;
 }

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_kernels/cpu_backend.h"
+#include "cpu_kernels/cpu_raw.h"
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/kernels_paged.h"
 #include "engine/sampling.h"
@@ -34,8 +34,8 @@ static float max_rel_err(const float *a, const float *b, size_t n) {
     return mx;
 }
 
-static backend_t *inv_backend(int threads) {
-    return cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads, .batch_invariant = true});
+static cpu_raw_t *inv_backend(int threads) {
+    return cpu_raw_new(&(cpu_backend_params_t){.n_threads = threads, .batch_invariant = true});
 }
 
 static cs_weight_t make_weight(int rows, int cols, cs_dtype dt, void **mem) {
@@ -53,8 +53,8 @@ START_TEST(matmul_rows_independent_of_batch) {
     static const int shapes[][2] = {{131, 576}, {37, 100}, {64, 33}, {200, 1536}};
     static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
     enum { N = 45 };
-    backend_t *b1 = inv_backend(1), *b3 = inv_backend(3);
-    backend_t *plain = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 3});
+    cpu_raw_t *b1 = inv_backend(1), *b3 = inv_backend(3);
+    cpu_raw_t *plain = cpu_raw_new(&(cpu_backend_params_t){.n_threads = 3});
     for (size_t s = 0; s < CS_ARRAY_LEN(shapes); s++)
         for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++) {
             int rows = shapes[s][0], cols = shapes[s][1];
@@ -63,43 +63,43 @@ START_TEST(matmul_rows_independent_of_batch) {
             float *x = randv((size_t)N * cols, 1.0f), *bias = randv((size_t)rows, 0.1f);
             float *y = malloc(sizeof(float) * N * rows), *yr = malloc(sizeof(float) * N * rows);
             float *y1 = malloc(sizeof(float) * N * rows), *yp = malloc(sizeof(float) * N * rows);
-            backend_matmul(b3, y, x, N, &w, bias);
+            cpu_raw_matmul(b3, y, x, N, &w, bias);
             cs_matmul_ref(yr, x, N, &w, bias);
             float e = max_rel_err(y, yr, (size_t)N * rows);
             ck_assert_msg(e < 2e-6f, "invariant matmul %dx%d %s vs reference: %g", rows, cols, cs_dtype_name(dts[d]), e);
             /* each row alone, on one thread */
             for (int i = 0; i < N; i++) {
-                backend_matmul(b1, y1, x + (size_t)i * cols, 1, &w, bias);
+                cpu_raw_matmul(b1, y1, x + (size_t)i * cols, 1, &w, bias);
                 ck_assert_msg(!memcmp(y1, y + (size_t)i * rows, sizeof(float) * rows),
                               "row %d of %dx%d %s differs alone vs in a batch of %d", i, rows, cols,
                               cs_dtype_name(dts[d]), N);
             }
             /* a slice of 7 rows starting at an odd place, and 4 rows (one whole tile) */
-            backend_matmul(b1, y1, x + (size_t)5 * cols, 7, &w, bias);
+            cpu_raw_matmul(b1, y1, x + (size_t)5 * cols, 7, &w, bias);
             ck_assert(!memcmp(y1, y + (size_t)5 * rows, sizeof(float) * 7 * rows));
-            backend_matmul(b3, y1, x + (size_t)12 * cols, 4, &w, bias);
+            cpu_raw_matmul(b3, y1, x + (size_t)12 * cols, 4, &w, bias);
             ck_assert(!memcmp(y1, y + (size_t)12 * rows, sizeof(float) * 4 * rows));
             /* for contrast, how many rows the default kernels change with the batch (not
              * asserted: it is whatever OpenBLAS/AMX do) */
             int differ = 0;
-            backend_matmul(plain, yp, x, N, &w, bias);
+            cpu_raw_matmul(plain, yp, x, N, &w, bias);
             for (int i = 0; i < N; i++) {
-                backend_matmul(plain, y1, x + (size_t)i * cols, 1, &w, bias);
+                cpu_raw_matmul(plain, y1, x + (size_t)i * cols, 1, &w, bias);
                 differ += memcmp(y1, yp + (size_t)i * rows, sizeof(float) * rows) != 0;
             }
             printf("matmul %dx%d %s: default kernels change %d of %d rows with the batch; invariant 0\n", rows, cols,
                    cs_dtype_name(dts[d]), differ, N);
             free(mem); free(x); free(bias); free(y); free(yr); free(y1); free(yp);
         }
-    backend_free(b1);
-    backend_free(b3);
-    backend_free(plain);
+    cpu_raw_free(b1);
+    cpu_raw_free(b3);
+    cpu_raw_free(plain);
 }
 END_TEST
 
 /* q/k/v and gate/up in one call equal one matmul each, bit for bit, at any n */
 START_TEST(matmul_multi_equals_each) {
-    backend_t *b = inv_backend(2);
+    cpu_raw_t *b = inv_backend(2);
     void *m0, *m1, *m2;
     cs_weight_t w0 = make_weight(96, 80, CS_DTYPE_F32, &m0), w1 = make_weight(32, 80, CS_DTYPE_BF16, &m1);
     cs_weight_t w2 = make_weight(50, 80, CS_DTYPE_F32, &m2);
@@ -110,10 +110,10 @@ START_TEST(matmul_multi_equals_each) {
         for (int k = 0; k < 3; k++) {
             ya[k] = malloc(sizeof(float) * n * ws[k]->rows);
             yb[k] = malloc(sizeof(float) * n * ws[k]->rows);
-            backend_matmul(b, yb[k], x, n, ws[k], NULL);
+            cpu_raw_matmul(b, yb[k], x, n, ws[k], NULL);
         }
         const float *const bs[3] = {NULL, NULL, NULL};
-        backend_matmul_multi(b, ya, x, n, ws, bs, 3);
+        cpu_raw_matmul_multi(b, ya, x, n, ws, bs, 3);
         for (int k = 0; k < 3; k++) {
             ck_assert_msg(!memcmp(ya[k], yb[k], sizeof(float) * n * ws[k]->rows), "matmul_multi weight %d, n=%d", k, n);
             free(ya[k]);
@@ -122,7 +122,7 @@ START_TEST(matmul_multi_equals_each) {
         free(x);
     }
     free(m0); free(m1); free(m2);
-    backend_free(b);
+    cpu_raw_free(b);
 }
 END_TEST
 
@@ -144,9 +144,9 @@ static void attention_case(int nh, int nkv, int hd, int window) {
     float *q = randv((size_t)L * qd, 1.0f), *oq = randv((size_t)OTHER * qd, 1.0f);
     float *all = malloc(sizeof(float) * L * qd), *want = malloc(sizeof(float) * L * qd);
     float *part = malloc(sizeof(float) * (L + OTHER) * qd), *qpart = malloc(sizeof(float) * (L + OTHER) * qd);
-    backend_t *b = inv_backend(3);
-    backend_attn_seq_t one = {0, L, 0, blocks};
-    backend_attention_paged(b, all, q, k, v, &one, 1, BS, nh, nkv, hd, window);
+    cpu_raw_t *b = inv_backend(3);
+    cpu_attn_seq_t one = {0, L, 0, blocks};
+    cpu_raw_attention_paged(b, all, q, k, v, &one, 1, BS, nh, nkv, hd, window);
     cs_attention_paged_ref(want, q, k, v, &one, 1, BS, nh, nkv, hd, window);
     float e = max_rel_err(all, want, (size_t)L * qd);
     ck_assert_msg(e < 2e-5f, "invariant paged attention vs reference: %g (hd %d)", e, hd);
@@ -156,17 +156,17 @@ static void attention_case(int nh, int nkv, int hd, int window) {
         int p0 = cuts[c][0], n = cuts[c][1] - p0;
         memcpy(qpart, oq, sizeof(float) * qd);
         memcpy(qpart + qd, q + (size_t)p0 * qd, sizeof(float) * n * qd);
-        backend_attn_seq_t two[2] = {{0, 1, OTHER - 1, oblocks}, {1, n, p0, blocks}};
-        backend_attention_paged(b, part, qpart, k, v, two, 2, BS, nh, nkv, hd, window);
+        cpu_attn_seq_t two[2] = {{0, 1, OTHER - 1, oblocks}, {1, n, p0, blocks}};
+        cpu_raw_attention_paged(b, part, qpart, k, v, two, 2, BS, nh, nkv, hd, window);
         ck_assert_msg(!memcmp(part + qd, all + (size_t)p0 * qd, sizeof(float) * n * qd),
                       "chunk [%d, %d) differs from the whole prefill (hd %d window %d)", p0, p0 + n, hd, window);
     }
     for (int p = 0; p < L; p += 7) {
-        backend_attn_seq_t dec = {0, 1, p, blocks};
-        backend_attention_paged(b, part, q + (size_t)p * qd, k, v, &dec, 1, BS, nh, nkv, hd, window);
+        cpu_attn_seq_t dec = {0, 1, p, blocks};
+        cpu_raw_attention_paged(b, part, q + (size_t)p * qd, k, v, &dec, 1, BS, nh, nkv, hd, window);
         ck_assert_msg(!memcmp(part, all + (size_t)p * qd, sizeof(float) * qd), "decode row %d differs from prefill", p);
     }
-    backend_free(b);
+    cpu_raw_free(b);
     free(k); free(v); free(q); free(oq); free(all); free(want); free(part); free(qpart);
 }
 
@@ -182,7 +182,7 @@ END_TEST
  * adapter's, with and without B transposed */
 START_TEST(lora_rows_independent_of_segment) {
     enum { N = 45, DIN = 576, DOUT = 1536 };
-    backend_t *b = inv_backend(3), *b1 = inv_backend(1);
+    cpu_raw_t *b = inv_backend(3), *b1 = inv_backend(1);
     for (int with_bt = 0; with_bt < 2; with_bt++) {
         int ranks[2] = {16, 64};
         float *a[2], *bm[2], *bt[2];
@@ -193,14 +193,14 @@ START_TEST(lora_rows_independent_of_segment) {
             for (int o = 0; o < DOUT; o++)
                 for (int r = 0; r < ranks[s]; r++) bt[s][(size_t)r * DOUT + o] = bm[s][(size_t)o * ranks[s] + r];
         }
-        backend_lora_seg_t segs[2] = {{0, N, a[0], bm[0], ranks[0], 2.0f, with_bt ? bt[0] : NULL},
+        cpu_lora_seg_t segs[2] = {{0, N, a[0], bm[0], ranks[0], 2.0f, with_bt ? bt[0] : NULL},
                                       {N, 3, a[1], bm[1], ranks[1], 0.5f, with_bt ? bt[1] : NULL}};
         float *x = randv((size_t)(N + 3) * DIN, 1.0f), *y0 = randv((size_t)(N + 3) * DOUT, 1.0f);
         float *y = malloc(sizeof(float) * (N + 3) * DOUT), *yr = malloc(sizeof(float) * (N + 3) * DOUT);
         float *y1 = malloc(sizeof(float) * DOUT);
         memcpy(y, y0, sizeof(float) * (N + 3) * DOUT);
         memcpy(yr, y0, sizeof(float) * (N + 3) * DOUT);
-        backend_lora_batch(b, y, x, segs, 2, DIN, DOUT);
+        cpu_raw_lora_batch(b, y, x, segs, 2, DIN, DOUT);
         for (int s = 0; s < 2; s++)
             cs_lora_ref(yr + (size_t)segs[s].row0 * DOUT, x + (size_t)segs[s].row0 * DIN, segs[s].n, a[s], bm[s], ranks[s],
                         DIN, DOUT, segs[s].scale);
@@ -209,11 +209,11 @@ START_TEST(lora_rows_independent_of_segment) {
         for (int i = 0; i < N + 3; i++) {
             int s = i < N ? 0 : 1;
             memcpy(y1, y0 + (size_t)i * DOUT, sizeof(float) * DOUT);
-            backend_lora_seg_t g = segs[s];
+            cpu_lora_seg_t g = segs[s];
             g.row0 = 0;
             g.n = 1;
-            if (i % 2) backend_lora_batch(b1, y1, x + (size_t)i * DIN, &g, 1, DIN, DOUT);
-            else backend_lora(b1, y1, x + (size_t)i * DIN, 1, a[s], bm[s], ranks[s], DIN, DOUT, segs[s].scale);
+            if (i % 2) cpu_raw_lora_batch(b1, y1, x + (size_t)i * DIN, &g, 1, DIN, DOUT);
+            else cpu_raw_lora(b1, y1, x + (size_t)i * DIN, 1, a[s], bm[s], ranks[s], DIN, DOUT, segs[s].scale);
             /* backend_lora has no transposed B: the same bits only where the batch had none either */
             if (i % 2 || !with_bt)
                 ck_assert_msg(!memcmp(y1, y + (size_t)i * DOUT, sizeof(float) * DOUT), "lora row %d (bt %d) differs alone",
@@ -222,8 +222,8 @@ START_TEST(lora_rows_independent_of_segment) {
         for (int s = 0; s < 2; s++) { free(a[s]); free(bm[s]); free(bt[s]); }
         free(x); free(y0); free(y); free(yr); free(y1);
     }
-    backend_free(b);
-    backend_free(b1);
+    cpu_raw_free(b);
+    cpu_raw_free(b1);
 }
 END_TEST
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_kernels/cpu_backend.h"
+#include "cpu_kernels/cpu_raw.h"
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/threadpool.h"
 
@@ -45,14 +45,14 @@ static cs_weight_t make_weight(int rows, int cols, cs_dtype dt, void **mem) {
     return (cs_weight_t){dt, rows, cols, d};
 }
 
-static backend_t *be_for(int threads) { return cpu_backend_new(&(cpu_backend_params_t){.n_threads = threads}); }
+static cpu_raw_t *be_for(int threads) { return cpu_raw_new(&(cpu_backend_params_t){.n_threads = threads}); }
 
 START_TEST(test_matmul_vs_ref) {
     static const int shapes[][3] = {{1, 64, 64}, {1, 37, 53}, {3, 100, 96}, {4, 17, 33}, {8, 64, 1024},
                                     {9, 130, 70}, {33, 256, 200}, {64, 48, 16}};
     static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
     for (int th = 1; th <= 3; th += 2) {
-        backend_t *be = be_for(th);
+        cpu_raw_t *be = be_for(th);
         for (size_t s = 0; s < CS_ARRAY_LEN(shapes); s++)
             for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++) {
                 int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
@@ -61,7 +61,7 @@ START_TEST(test_matmul_vs_ref) {
                 float *x = randv((size_t)n * cols, 1.0f), *bias = randv((size_t)rows, 0.1f);
                 float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
                 for (int use_bias = 0; use_bias < 2; use_bias++) {
-                    backend_matmul(be, y, x, n, &w, use_bias ? bias : NULL);
+                    cpu_raw_matmul(be, y, x, n, &w, use_bias ? bias : NULL);
                     cs_matmul_ref(yr, x, n, &w, use_bias ? bias : NULL);
                     float e = max_rel_err(y, yr, (size_t)n * rows);
                     ck_assert_msg(e < 1e-5f, "matmul n=%d %dx%d %s threads=%d: rel err %g", n, rows, cols,
@@ -69,7 +69,7 @@ START_TEST(test_matmul_vs_ref) {
                 }
                 free(mem); free(x); free(bias); free(y); free(yr);
             }
-        backend_free(be);
+        cpu_raw_free(be);
     }
 }
 END_TEST
@@ -83,7 +83,7 @@ START_TEST(test_matmul_sweep) {
     static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
     static const int dims[] = {1, 5, 16, 31, 32, 33, 48, 64, 67, 100, 128, 131};
     float worst[3][2] = {{0}};  /* [dtype][n <= CS_AMX_SMALL_N, n > CS_AMX_SMALL_N] */
-    backend_t *be = be_for(3);
+    cpu_raw_t *be = be_for(3);
     for (int n = 1; n <= 70; n++)
         for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++) {
             int rows = dims[cs_rng_next(&rng) % CS_ARRAY_LEN(dims)] + (int)(cs_rng_next(&rng) % 3);
@@ -92,7 +92,7 @@ START_TEST(test_matmul_sweep) {
             cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
             float *x = randv((size_t)n * cols, 1.0f), *bias = n % 2 ? randv((size_t)rows, 0.1f) : NULL;
             float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
-            backend_matmul(be, y, x, n, &w, bias);
+            cpu_raw_matmul(be, y, x, n, &w, bias);
             cs_matmul_ref(yr, x, n, &w, bias);
             float e = max_rel_err(y, yr, (size_t)n * rows);
             bool big = n > CS_AMX_SMALL_N;
@@ -105,7 +105,7 @@ START_TEST(test_matmul_sweep) {
     for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++)
         printf("matmul sweep %s: max rel err %.3g (n <= %d), %.3g (n > %d)\n", cs_dtype_name(dts[d]), worst[d][0],
                CS_AMX_SMALL_N, worst[d][1], CS_AMX_SMALL_N);
-    backend_free(be);
+    cpu_raw_free(be);
 }
 END_TEST
 
@@ -145,19 +145,19 @@ START_TEST(test_attention_vs_ref) {
         /* the GEMM path (n >= 16): several query blocks, a cache prefix, windows */
         {150, 0, 4, 2, 64, 0}, {70, 33, 8, 2, 32, 0}, {130, 5, 4, 4, 16, 20}, {16, 100, 2, 1, 64, 50},
         {200, 0, 3, 3, 24, 64}};
-    backend_t *be = be_for(3);
+    cpu_raw_t *be = be_for(3);
     for (size_t c = 0; c < CS_ARRAY_LEN(cfg); c++) {
         int n = cfg[c][0], pos0 = cfg[c][1], nh = cfg[c][2], nkv = cfg[c][3], hd = cfg[c][4], win = cfg[c][5];
         size_t L = (size_t)(pos0 + n);
         float *q = randv((size_t)n * nh * hd, 1.0f), *k = randv(L * nkv * hd, 1.0f), *v = randv(L * nkv * hd, 1.0f);
         float *o = malloc(sizeof(float) * n * nh * hd), *orf = malloc(sizeof(float) * n * nh * hd);
-        backend_attention(be, o, q, k, v, n, pos0, nh, nkv, hd, win);
+        cpu_raw_attention(be, o, q, k, v, n, pos0, nh, nkv, hd, win);
         cs_attention_ref(orf, q, k, v, n, pos0, nh, nkv, hd, win);
         float e = max_rel_err(o, orf, (size_t)n * nh * hd);
         ck_assert_msg(e < 1e-5f, "attention case %zu: rel err %g", c, e);
         free(q); free(k); free(v); free(o); free(orf);
     }
-    backend_free(be);
+    cpu_raw_free(be);
 }
 END_TEST
 
@@ -188,30 +188,30 @@ START_TEST(test_attention_ref_definition) {
 END_TEST
 
 START_TEST(test_lora_vs_ref) {
-    backend_t *be = be_for(3);
+    cpu_raw_t *be = be_for(3);
     static const int cfg[][4] = {{1, 8, 64, 96}, {7, 16, 100, 40}, {33, 64, 128, 128}, {2, 1, 5, 3}};
     for (size_t c = 0; c < CS_ARRAY_LEN(cfg); c++) {
         int n = cfg[c][0], r = cfg[c][1], din = cfg[c][2], dout = cfg[c][3];
         float *x = randv((size_t)n * din, 1), *a = randv((size_t)r * din, 0.3f), *b = randv((size_t)dout * r, 0.3f);
         float *y = randv((size_t)n * dout, 1), *yr = malloc(sizeof(float) * n * dout);
         memcpy(yr, y, sizeof(float) * n * dout);
-        backend_lora(be, y, x, n, a, b, r, din, dout, 1.5f);
+        cpu_raw_lora(be, y, x, n, a, b, r, din, dout, 1.5f);
         cs_lora_ref(yr, x, n, a, b, r, din, dout, 1.5f);
         float e = max_rel_err(y, yr, (size_t)n * dout);
         ck_assert_msg(e < 1e-5f, "lora case %zu: rel err %g", c, e);
         free(x); free(a); free(b); free(y); free(yr);
     }
-    backend_free(be);
+    cpu_raw_free(be);
 }
 END_TEST
 
 START_TEST(test_norm_rope_silu) {
-    backend_t *be = be_for(3);
+    cpu_raw_t *be = be_for(3);
     int n = 70, dim = 320;
     float *x = randv((size_t)n * dim, 2), *w = randv((size_t)dim, 1);
     float *y = malloc(sizeof(float) * n * dim), *yr = malloc(sizeof(float) * n * dim);
     cs_weight_t nw = {CS_DTYPE_F32, 1, dim, w};
-    backend_rmsnorm(be, y, x, n, dim, &nw, 1e-6f);
+    cpu_raw_rmsnorm(be, y, x, n, dim, &nw, 1e-6f);
     cs_rmsnorm_ref(yr, x, n, dim, w, 1e-6f);
     ck_assert_float_lt(max_rel_err(y, yr, (size_t)n * dim), 1e-6f);
     /* RoPE: rotation preserves the norm of each (j, j + half) pair and position 0 is identity */
@@ -222,7 +222,7 @@ START_TEST(test_norm_rope_silu) {
     for (int i = 0; i < n; i++) pos[i] = i * 3;
     float *r1 = randv((size_t)n * nh * hd, 1), *r2 = malloc(sizeof(float) * n * nh * hd);
     memcpy(r2, r1, sizeof(float) * n * nh * hd);
-    backend_rope(be, r1, n, nh, hd, pos, inv);
+    cpu_raw_rope(be, r1, n, nh, hd, pos, inv);
     cs_rope_ref(r2, n, nh, hd, pos, inv);
     ck_assert_float_lt(max_rel_err(r1, r2, (size_t)n * nh * hd), 1e-6f);
     float g[3] = {0, 1, -2}, u[3] = {1, 2, 3};
@@ -231,7 +231,7 @@ START_TEST(test_norm_rope_silu) {
     ck_assert_float_eq_tol(g[1], 2 * (1 / (1 + expf(-1))), 1e-6);
     ck_assert_float_eq_tol(g[2], 3 * (-2 / (1 + expf(2))), 1e-6);
     free(x); free(w); free(y); free(yr); free(r1); free(r2);
-    backend_free(be);
+    cpu_raw_free(be);
 }
 END_TEST
 

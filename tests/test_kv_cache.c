@@ -13,7 +13,7 @@
 static backend_t *be;
 
 static kv_cache_t *make(int n_blocks) {
-    kv_cache_params_t p = {2, 8, (size_t)n_blocks * kv_cache_block_bytes(2, 8) + 100};
+    kv_cache_params_t p = {2, 8, (size_t)n_blocks * kv_cache_block_bytes(2, 8) + 100, CS_DTYPE_F32};
     kv_cache_t *kv;
     ck_assert_int_eq(kv_cache_new(be, &p, &kv), CS_OK);
     ck_assert_int_eq(kv_cache_n_blocks(kv), n_blocks);
@@ -25,9 +25,13 @@ static void fill_tokens(int32_t *t, int seed) {
 }
 
 START_TEST(budget_and_exhaustion) {
-    kv_cache_params_t p = {2, 8, kv_cache_block_bytes(2, 8) - 1};
+    kv_cache_params_t p = {2, 8, kv_cache_block_bytes(2, 8) - 1, CS_DTYPE_F32};
     kv_cache_t *kv;
     ck_assert_int_eq(kv_cache_new(be, &p, &kv), CS_EINVAL);
+    ck_assert_ptr_null(kv);
+    /* a KV dtype the backend's attention does not read is refused, not misread */
+    kv_cache_params_t pb = {2, 8, 4 * kv_cache_block_bytes(2, 8), CS_DTYPE_BF16};
+    ck_assert_int_eq(kv_cache_new(be, &pb, &kv), CS_EUNSUPPORTED);
     ck_assert_ptr_null(kv);
     kv = make(4);
     int32_t b[4];
@@ -101,26 +105,44 @@ START_TEST(prefix_publish_lookup_evict) {
 END_TEST
 
 START_TEST(copy_partial_block) {
-    kv_cache_t *kv = make(2);
-    int32_t a = kv_block_alloc(kv), b = kv_block_alloc(kv);
-    for (int l = 0; l < 2; l++) {
-        float *k = kv_cache_k(kv, l), *v = kv_cache_v(kv, l);
-        for (int i = 0; i < KV_BLOCK_SIZE * 8; i++) {
-            k[(size_t)a * KV_BLOCK_SIZE * 8 + i] = (float)(l * 1000 + i);
-            v[(size_t)a * KV_BLOCK_SIZE * 8 + i] = (float)(-l * 1000 - i);
-            k[(size_t)b * KV_BLOCK_SIZE * 8 + i] = 7;
+    /* on the CPU backend and on the strict test device (the copy goes through buf_copy) */
+    backend_t *strict = strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 1}});
+    backend_t *bes[2] = {be, strict};
+    const size_t pool = (size_t)2 * KV_BLOCK_SIZE * 8;
+    for (int bi = 0; bi < 2; bi++) {
+        backend_t *saved = be;
+        be = bes[bi];
+        kv_cache_t *kv = make(2);
+        be = saved;
+        int32_t a = kv_block_alloc(kv), b = kv_block_alloc(kv);
+        float *k = malloc(sizeof(float) * pool), *v = malloc(sizeof(float) * pool);
+        for (int l = 0; l < 2; l++) {
+            for (size_t i = 0; i < pool; i++) k[i] = v[i] = 7;
+            for (int i = 0; i < KV_BLOCK_SIZE * 8; i++) {
+                k[(size_t)a * KV_BLOCK_SIZE * 8 + i] = (float)(l * 1000 + i);
+                v[(size_t)a * KV_BLOCK_SIZE * 8 + i] = (float)(-l * 1000 - i);
+            }
+            backend_buf_set(bes[bi], kv_cache_k(kv, l), 0, k, sizeof(float) * pool);
+            backend_buf_set(bes[bi], kv_cache_v(kv, l), 0, v, sizeof(float) * pool);
         }
-    }
-    kv_block_copy(kv, b, a, 5);
-    for (int l = 0; l < 2; l++) {
-        float *k = kv_cache_k(kv, l), *v = kv_cache_v(kv, l);
-        for (int i = 0; i < 5 * 8; i++) {
-            ck_assert(k[(size_t)b * KV_BLOCK_SIZE * 8 + i] == (float)(l * 1000 + i));
-            ck_assert(v[(size_t)b * KV_BLOCK_SIZE * 8 + i] == (float)(-l * 1000 - i));
+        kv_block_copy(kv, b, a, 5);
+        for (int l = 0; l < 2; l++) {
+            backend_buf_get(bes[bi], k, kv_cache_k(kv, l), 0, sizeof(float) * pool);
+            backend_buf_get(bes[bi], v, kv_cache_v(kv, l), 0, sizeof(float) * pool);
+            for (int i = 0; i < 5 * 8; i++) {
+                ck_assert(k[(size_t)b * KV_BLOCK_SIZE * 8 + i] == (float)(l * 1000 + i));
+                ck_assert(v[(size_t)b * KV_BLOCK_SIZE * 8 + i] == (float)(-l * 1000 - i));
+            }
+            ck_assert(k[(size_t)b * KV_BLOCK_SIZE * 8 + 5 * 8] == 7);  /* rows past n untouched */
         }
-        ck_assert(k[(size_t)b * KV_BLOCK_SIZE * 8 + 5 * 8] == 7);  /* rows past n untouched */
+        free(k);
+        free(v);
+        kv_cache_free(kv);
     }
-    kv_cache_free(kv);
+    backend_stats_t st;
+    backend_get_stats(strict, &st);
+    ck_assert_uint_eq(st.d2d_bytes, 2 * 2 * 5 * 8 * sizeof(float)); /* 2 layers, k and v, 5 rows */
+    backend_free(strict);
 }
 END_TEST
 

@@ -1,0 +1,113 @@
+/* cpu_raw.h: the CPU kernels behind the backend interface, on host pointers. The CPU
+ * backend (cpu_backend.c) and the strict test device (strict_device.c) both resolve their
+ * buffer handles to host memory and call these; the kernel tests call them directly. Not
+ * part of the backend interface: nothing outside cpu_kernels/ and tests/ includes it. */
+#ifndef CS_CPU_RAW_H
+#define CS_CPU_RAW_H
+
+#include "cpu_kernels/cpu_backend.h"
+#include "engine/common.h"
+
+/* a weight in host memory */
+typedef struct cs_weight {
+    cs_dtype dtype;     /* F32, BF16 or F16 */
+    int rows, cols;     /* (out, in) for matrices; rows = 1 for vectors */
+    const void *data;
+} cs_weight_t;
+
+typedef struct cpu_attn_seq {
+    int row0, n, pos0;
+    const int32_t *blocks;  /* block table covering positions [0, pos0 + n) */
+} cpu_attn_seq_t;
+
+typedef struct cpu_lora_seg {
+    int row0, n;
+    const float *a, *b;     /* (rank, d_in), (d_out, rank) F32 */
+    int rank;
+    float scale;
+    const float *bt;        /* optional: b transposed, (rank, d_out) */
+} cpu_lora_seg_t;
+
+typedef struct cpu_raw cpu_raw_t;
+
+struct cpu_raw_i {
+    /* y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias[w.rows], may be NULL) */
+    void (*matmul)(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias);
+    /* ys[k] = x · ws[k]ᵀ (+ biases[k]), k < count */
+    void (*matmul_multi)(cpu_raw_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
+                         const float *const *biases, int count);
+    void (*rmsnorm)(cpu_raw_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps);
+    void (*rope)(cpu_raw_t *b, float *x, int n, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq);
+    /* contiguous causal attention over k/v[0 .. pos0 + n) */
+    void (*attention)(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v, int n, int pos0,
+                      int n_heads, int n_kv_heads, int head_dim, int window);
+    void (*attention_paged)(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v,
+                            const cpu_attn_seq_t *seqs, int n_seqs, int block_size, int n_heads, int n_kv_heads,
+                            int head_dim, int window);
+    void (*set_rows)(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int row_len);
+    void (*get_rows)(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int row_len);
+    void (*silu_mul)(cpu_raw_t *b, float *gate, const float *up, size_t n);
+    void (*add)(cpu_raw_t *b, float *y, const float *x, size_t n);
+    void (*lora)(cpu_raw_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank, int d_in,
+                 int d_out, float scale);
+    void (*lora_batch)(cpu_raw_t *b, float *y, const float *x, const cpu_lora_seg_t *segs, int n_segs, int d_in,
+                       int d_out);
+    void (*embed)(cpu_raw_t *b, float *y, const cs_weight_t *table, const int32_t *ids, int n);
+    void (*free)(cpu_raw_t *b);
+};
+
+struct cpu_raw {
+    const struct cpu_raw_i *iface;
+    void *ctx;
+    int n_threads;
+};
+
+/* the CPU kernels with these switches (n_threads 0: every online CPU); NULL on ENOMEM */
+cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p);
+/* the kernel path it chose, for benchmarks and --stats ("amx", "avx512", "avx2", "reference") */
+const char *cpu_raw_path(const cpu_raw_t *b);
+
+static inline void cpu_raw_free(cpu_raw_t *b) { if (b) b->iface->free(b); }
+static inline void cpu_raw_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
+    b->iface->matmul(b, y, x, n, w, bias);
+}
+static inline void cpu_raw_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int n,
+                                        const cs_weight_t *const *ws, const float *const *biases, int count) {
+    b->iface->matmul_multi(b, ys, x, n, ws, biases, count);
+}
+static inline void cpu_raw_rmsnorm(cpu_raw_t *b, float *y, const float *x, int n, int dim, const cs_weight_t *w, float eps) {
+    b->iface->rmsnorm(b, y, x, n, dim, w, eps);
+}
+static inline void cpu_raw_rope(cpu_raw_t *b, float *x, int n, int nh, int hd, const int32_t *pos, const float *inv_freq) {
+    b->iface->rope(b, x, n, nh, hd, pos, inv_freq);
+}
+static inline void cpu_raw_attention(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v, int n,
+                                     int pos0, int nh, int nkv, int hd, int window) {
+    b->iface->attention(b, out, q, k, v, n, pos0, nh, nkv, hd, window);
+}
+static inline void cpu_raw_attention_paged(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v,
+                                           const cpu_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
+                                           int window) {
+    b->iface->attention_paged(b, out, q, k, v, seqs, n_seqs, bs, nh, nkv, hd, window);
+}
+static inline void cpu_raw_set_rows(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
+    b->iface->set_rows(b, dst, src, idx, n, len);
+}
+static inline void cpu_raw_get_rows(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
+    b->iface->get_rows(b, dst, src, idx, n, len);
+}
+static inline void cpu_raw_silu_mul(cpu_raw_t *b, float *g, const float *u, size_t n) { b->iface->silu_mul(b, g, u, n); }
+static inline void cpu_raw_add(cpu_raw_t *b, float *y, const float *x, size_t n) { b->iface->add(b, y, x, n); }
+static inline void cpu_raw_lora(cpu_raw_t *b, float *y, const float *x, int n, const float *a, const float *bm, int rank,
+                                int d_in, int d_out, float scale) {
+    b->iface->lora(b, y, x, n, a, bm, rank, d_in, d_out, scale);
+}
+static inline void cpu_raw_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lora_seg_t *segs, int n_segs,
+                                      int d_in, int d_out) {
+    b->iface->lora_batch(b, y, x, segs, n_segs, d_in, d_out);
+}
+static inline void cpu_raw_embed(cpu_raw_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
+    b->iface->embed(b, y, t, ids, n);
+}
+
+#endif

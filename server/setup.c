@@ -1,0 +1,69 @@
+/* setup.c: see setup.h. */
+#include "server/setup.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "cpu_kernels/cpu_backend.h"
+#ifdef CS_HAVE_CUDA
+#include "gpu_kernels/gpu_backend.h"
+#endif
+
+static bool env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0");
+}
+
+static double env_num(const char *name, double dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atof(v) : dflt;
+}
+
+backend_t *setup_backend(const setup_backend_opts_t *o) {
+    const char *dev = o->device && *o->device ? o->device : "cpu";
+    if (!strcmp(dev, "cuda")) {
+#ifdef CS_HAVE_CUDA
+        int n = gpu_device_count();
+        if (n <= 0) {
+            cs_error_set(CS_EUNSUPPORTED, "--device cuda: no CUDA device is visible (nvidia-smi lists none, or no driver)");
+            return NULL;
+        }
+        cs_error_set(CS_EUNSUPPORTED, "--device cuda: this build has the CUDA toolchain check but not yet the CUDA "
+                                      "backend; use --device cpu");
+        return NULL;
+#else
+        cs_error_set(CS_EUNSUPPORTED, "--device cuda: caraserve was built without CUDA (configure --with-cuda)");
+        return NULL;
+#endif
+    }
+    if (strcmp(dev, "cpu")) {
+        cs_error_set(CS_EINVAL, "--device %s: unknown device (cpu or cuda)", dev);
+        return NULL;
+    }
+    cpu_backend_params_t cp = {
+        .n_threads = o->threads,
+        .reference = o->reference,
+        .batch_invariant = o->batch_invariant,
+        .no_avx512 = env_on("CS_NO_AVX512"),
+        .no_amx = env_on("CS_NO_AMX"),
+        .no_tile = env_on("CS_NO_TILE"),
+        .amx_terms = (int)env_num("CS_AMX_TERMS", 3),
+    };
+    const char *test_dev = getenv("CS_TEST_DEVICE");
+    if (test_dev && *test_dev) {
+        if (strcmp(test_dev, "strict")) {
+            cs_error_set(CS_EINVAL, "CS_TEST_DEVICE=%s: the only test device is 'strict'", test_dev);
+            return NULL;
+        }
+        strict_device_params_t sp = {cp, env_num("CS_STRICT_GBPS", 0) * 1e9, env_num("CS_STRICT_LATENCY_US", 0)};
+        return strict_device_new(&sp);
+    }
+    return cpu_backend_new(&cp);
+}
+
+void setup_backend_describe(const backend_t *be, char *buf, size_t len) {
+    snprintf(buf, len, "%s%s (%s kernels, %d threads)", backend_is_strict_device(be) ? "strict test device" : "",
+             backend_is_strict_device(be) ? "" : backend_name(be), cpu_backend_path(be), be->n_threads);
+}

@@ -1,0 +1,23 @@
+/* setup.h: the one place that builds the backend for `generate`, `batch` and `serve`
+ * (and names it for their messages). Flags come in the options; the environment switches
+ * of the CPU kernels (CS_NO_AVX512, CS_NO_AMX, CS_NO_TILE, CS_AMX_TERMS) and the tests'
+ * CS_TEST_DEVICE=strict (CS_STRICT_GBPS, CS_STRICT_LATENCY_US) are read here and nowhere
+ * else. */
+#ifndef CS_SETUP_H
+#define CS_SETUP_H
+
+#include "engine/backend.h"
+
+typedef struct setup_backend_opts {
+    const char *device;     /* "cpu" (NULL: cpu) or "cuda" */
+    int threads;            /* 0: every online CPU */
+    bool reference;         /* --reference-kernels */
+    bool batch_invariant;   /* --batch-invariant */
+} setup_backend_opts_t;
+
+/* NULL with cs_error_last() set: an unknown device, cuda where it cannot run, no memory */
+backend_t *setup_backend(const setup_backend_opts_t *o);
+/* "cpu (avx512, 2 threads)", "strict test device (...)": for --stats and start-up lines */
+void setup_backend_describe(const backend_t *be, char *buf, size_t len);
+
+#endif

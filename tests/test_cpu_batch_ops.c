@@ -1,0 +1,264 @@
+/* test_cpu_batch_ops.c: the batch-level backend ops against their plain references: paged
+ * attention over shuffled block tables (decode rows and prefill chunks of many sequences in
+ * one call, GQA, sliding window, contiguous and scattered tables), grouped LoRA over
+ * segments of different adapters and ranks, and row scatter/gather. The fast CPU backend
+ * must agree with the reference backend (and with cs_attention_paged_ref / cs_lora_ref). */
+#include <check.h>
+#include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels/cpu_raw.h"
+#include "cpu_kernels/kernels.h"
+#include "cpu_kernels/kernels_paged.h"
+#include "engine/sampling.h"
+
+static cpu_raw_t *fast, *ref;
+static cs_rng_t rng;
+
+static float *randv(size_t n) {
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(&rng) * 2 - 1);
+    return v;
+}
+
+/* max |a - b| over max |b|: the error relative to the output's scale */
+static float max_scaled_err(const float *a, const float *b, size_t n) {
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(b[i]));
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= worst)) worst = d;
+    }
+    return worst / (scale > 0 ? scale : 1);
+}
+
+static float max_rel_err(const float *a, const float *b, size_t n) {
+    float worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]) / (1.0f + fabsf(b[i]));
+        if (!(d <= worst)) worst = d;  /* NaN counts */
+    }
+    return worst;
+}
+
+/* n_seqs sequences with the given new-token counts and cached lengths, blocks drawn from a
+ * shuffled pool (scattered) or laid out in order (contiguous) */
+static void run_paged(int n_seqs, const int *n_new, const int *cached, int nh, int nkv, int hd, int window, bool contiguous) {
+    enum { BS = 16 };
+    int kvd = nkv * hd, total_rows = 0, total_blocks = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        total_rows += n_new[s];
+        total_blocks += (cached[s] + n_new[s] + BS - 1) / BS;
+    }
+    int pool_blocks = total_blocks + 3;
+    int32_t *perm = malloc(sizeof(int32_t) * pool_blocks);
+    for (int i = 0; i < pool_blocks; i++) perm[i] = i;
+    if (!contiguous)
+        for (int i = pool_blocks - 1; i > 0; i--) {
+            int j = (int)(cs_rng_next(&rng) % (uint64_t)(i + 1));
+            int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+        }
+    float *k = randv((size_t)pool_blocks * BS * kvd), *v = randv((size_t)pool_blocks * BS * kvd);
+    float *q = randv((size_t)total_rows * nh * hd);
+    float *o1 = calloc((size_t)total_rows * nh * hd, sizeof(float)), *o2 = calloc((size_t)total_rows * nh * hd, sizeof(float));
+    float *o3 = calloc((size_t)total_rows * nh * hd, sizeof(float));
+    cpu_attn_seq_t *seqs = malloc(sizeof *seqs * n_seqs);
+    int row = 0, next_block = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int nb = (cached[s] + n_new[s] + BS - 1) / BS;
+        seqs[s] = (cpu_attn_seq_t){row, n_new[s], cached[s], perm + next_block};
+        row += n_new[s];
+        next_block += nb;
+    }
+    cpu_raw_attention_paged(fast, o1, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
+    cpu_raw_attention_paged(ref, o2, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
+    cs_attention_paged_ref(o3, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
+    size_t n = (size_t)total_rows * nh * hd;
+    float e = max_rel_err(o1, o3, n);
+    ck_assert_msg(e < 2e-5f, "paged attention: fast vs reference %g (seqs %d, nh %d nkv %d hd %d window %d %s)", e, n_seqs, nh,
+                  nkv, hd, window, contiguous ? "contiguous" : "scattered");
+    ck_assert_msg(max_rel_err(o2, o3, n) == 0, "the reference backend is not the reference kernel");
+    /* against the contiguous-cache attention of each sequence: the paging itself is right */
+    for (int s = 0; s < n_seqs; s++) {
+        int len = cached[s] + n_new[s];
+        float *kc = malloc(sizeof(float) * (size_t)len * kvd), *vc = malloc(sizeof(float) * (size_t)len * kvd);
+        for (int p = 0; p < len; p++) {
+            memcpy(kc + (size_t)p * kvd, k + cs_paged_row(seqs[s].blocks, BS, p) * kvd, sizeof(float) * kvd);
+            memcpy(vc + (size_t)p * kvd, v + cs_paged_row(seqs[s].blocks, BS, p) * kvd, sizeof(float) * kvd);
+        }
+        float *oc = malloc(sizeof(float) * (size_t)n_new[s] * nh * hd);
+        cs_attention_ref(oc, q + (size_t)seqs[s].row0 * nh * hd, kc, vc, n_new[s], cached[s], nh, nkv, hd, window);
+        float es = max_rel_err(o3 + (size_t)seqs[s].row0 * nh * hd, oc, (size_t)n_new[s] * nh * hd);
+        ck_assert_msg(es < 1e-6f, "paged reference vs contiguous reference: %g", es);
+        free(kc);
+        free(vc);
+        free(oc);
+    }
+    free(perm); free(k); free(v); free(q); free(o1); free(o2); free(o3); free(seqs);
+}
+
+START_TEST(paged_attention_decode_batch) {
+    int n_new[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, cached[9] = {0, 1, 15, 16, 17, 40, 100, 255, 7};
+    run_paged(9, n_new, cached, 4, 2, 16, 0, false);
+    run_paged(9, n_new, cached, 6, 2, 24, 0, false);   /* head_dim not a multiple of 16 */
+    run_paged(9, n_new, cached, 4, 4, 32, 33, false);  /* sliding window */
+    run_paged(9, n_new, cached, 4, 1, 64, 0, true);
+    run_paged(9, n_new, cached, 2, 1, 128, 0, false);
+    run_paged(9, n_new, cached, 2, 2, 48, 0, false);   /* multiple of 16, no register path */
+}
+END_TEST
+
+START_TEST(paged_attention_mixed) {
+    /* prefill chunks (some continuing after a cached prefix) beside decode rows */
+    int n_new[6] = {40, 1, 16, 3, 70, 1}, cached[6] = {0, 30, 32, 5, 17, 0};
+    run_paged(6, n_new, cached, 4, 2, 16, 0, false);
+    run_paged(6, n_new, cached, 4, 2, 16, 0, true);
+    run_paged(6, n_new, cached, 8, 2, 32, 20, false);
+    int one[1] = {130}, none[1] = {0};
+    run_paged(1, one, none, 4, 4, 16, 0, true);
+    run_paged(1, one, none, 4, 4, 16, 0, false);
+}
+END_TEST
+
+/* every path of the grouped LoRA: inline (little work), one task per segment (several
+ * adapters), shrink/expand split across threads (one or two adapters), GEMM segments
+ * (9..64 rows), per-segment row split (many rows) */
+START_TEST(lora_batch_segments) {
+    static const struct { int d_in, d_out, n_segs, big_rows; } trials[] = {
+        {96, 80, 5, 7}, {96, 80, 5, 20}, {96, 80, 5, 70},
+        {1000, 1500, 5, 7}, {1000, 1500, 5, 20}, {1000, 1500, 1, 7}, {1000, 1500, 2, 20}, {1000, 700, 2, 3},
+    };
+    for (size_t trial = 0; trial < sizeof trials / sizeof trials[0]; trial++) {
+        int d_in = trials[trial].d_in, d_out = trials[trial].d_out, n_segs = trials[trial].n_segs, total = 0;
+        int ranks[5] = {8, 16, 32, 64, 4}, rows[5] = {1, 3, 1, 2, 7};
+        rows[n_segs - 1] = trials[trial].big_rows;
+        cpu_lora_seg_t segs[5];
+        float *a[5], *b[5], *bt[5];
+        for (int i = 0; i < n_segs; i++) {
+            a[i] = randv((size_t)ranks[i] * d_in);
+            b[i] = randv((size_t)d_out * ranks[i]);
+            bt[i] = malloc(sizeof(float) * (size_t)d_out * ranks[i]);
+            for (int o = 0; o < d_out; o++)
+                for (int r = 0; r < ranks[i]; r++) bt[i][(size_t)r * d_out + o] = b[i][(size_t)o * ranks[i] + r];
+            /* with and without the transposed copy (its fast path and the one over B) */
+            segs[i] = (cpu_lora_seg_t){total + (i == 1 ? 1 : 0), rows[i], a[i], b[i], ranks[i], 0.5f + i,
+                                           (trial + i) % 2 ? bt[i] : NULL};
+            total = segs[i].row0 + rows[i];
+        }
+        float *x = randv((size_t)total * d_in), *y0 = randv((size_t)total * d_out);
+        float *y1 = malloc(sizeof(float) * (size_t)total * d_out), *y2 = malloc(sizeof(float) * (size_t)total * d_out);
+        memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
+        memcpy(y2, y0, sizeof(float) * (size_t)total * d_out);
+        cpu_raw_lora_batch(fast, y1, x, segs, n_segs, d_in, d_out);
+        /* the truth in double (float references differ from it by their own rounding at K = 1000) */
+        for (int i = 0; i < n_segs; i++)
+            for (int r = 0; r < segs[i].n; r++) {
+                const float *xr = x + (size_t)(segs[i].row0 + r) * d_in;
+                double t[64];
+                for (int k = 0; k < ranks[i]; k++) {
+                    t[k] = 0;
+                    for (int e = 0; e < d_in; e++) t[k] += (double)xr[e] * a[i][(size_t)k * d_in + e];
+                }
+                for (int o = 0; o < d_out; o++) {
+                    double acc = 0;
+                    for (int k = 0; k < ranks[i]; k++) acc += t[k] * b[i][(size_t)o * ranks[i] + k];
+                    y2[(size_t)(segs[i].row0 + r) * d_out + o] += (float)(segs[i].scale * acc);
+                }
+            }
+        float e = max_scaled_err(y1, y2, (size_t)total * d_out);
+        /* and the plain float reference is as close */
+        memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
+        for (int i = 0; i < n_segs; i++)
+            cs_lora_ref(y1 + (size_t)segs[i].row0 * d_out, x + (size_t)segs[i].row0 * d_in, segs[i].n, a[i], b[i], ranks[i],
+                        d_in, d_out, segs[i].scale);
+        float er = max_scaled_err(y1, y2, (size_t)total * d_out);
+        /* both at the level of float rounding (~1e-7 of the output's scale) */
+        fprintf(stderr, "lora_batch trial %zu: fast %.2e, cs_lora_ref %.2e (max |err| / max |y|)\n", trial, e, er);
+        ck_assert_msg(e < 1e-6f, "lora_batch trial %zu: %g (reference %g)", trial, e, er);
+        ck_assert_msg(er < 1e-6f, "cs_lora_ref trial %zu: %g", trial, er);
+        memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
+        cpu_raw_lora_batch(fast, y1, x, segs, n_segs, d_in, d_out);
+        if (n_segs > 1) /* the row between segments 0 and 1 belongs to no segment: untouched */
+            for (int c = 0; c < d_out; c++) ck_assert(y1[(size_t)rows[0] * d_out + c] == y0[(size_t)rows[0] * d_out + c]);
+        for (int i = 0; i < n_segs; i++) { free(a[i]); free(b[i]); free(bt[i]); }
+        free(x); free(y0); free(y1); free(y2);
+    }
+}
+END_TEST
+
+/* projections of one input in one call (q/k/v, gate/up) equal matmul per weight */
+START_TEST(matmul_multi_equals_each) {
+    static const int ns[] = {1, 3, 8, 20};
+    static const cs_dtype dts[] = {CS_DTYPE_BF16, CS_DTYPE_F32, CS_DTYPE_F16};
+    int rows[3] = {64, 24, 40}, cols = 48;
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ni = 0; ni < 4; ni++) {
+            int n = ns[ni];
+            cs_weight_t w[3];
+            void *data[3];
+            float *bias[3], *y[3], *yr[3];
+            for (int k = 0; k < 3; k++) {
+                float *f = randv((size_t)rows[k] * cols);
+                size_t esz = cs_dtype_size(dts[di]);
+                data[k] = malloc(esz * (size_t)rows[k] * cols);
+                for (size_t e = 0; e < (size_t)rows[k] * cols; e++) {
+                    if (dts[di] == CS_DTYPE_BF16) ((uint16_t *)data[k])[e] = cs_f32_to_bf16(f[e]);
+                    else if (dts[di] == CS_DTYPE_F16) ((uint16_t *)data[k])[e] = cs_f32_to_f16(f[e]);
+                    else ((float *)data[k])[e] = f[e];
+                }
+                free(f);
+                w[k] = (cs_weight_t){dts[di], rows[k], cols, data[k]};
+                bias[k] = k == 1 ? NULL : randv((size_t)rows[k]);
+                y[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
+                yr[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
+            }
+            float *x = randv((size_t)n * cols);
+            float *const ys[3] = {y[0], y[1], y[2]};
+            const cs_weight_t *const ws[3] = {&w[0], &w[1], &w[2]};
+            const float *const bs[3] = {bias[0], bias[1], bias[2]};
+            cpu_raw_matmul_multi(fast, ys, x, n, ws, bs, 3);
+            for (int k = 0; k < 3; k++) {
+                cs_matmul_ref(yr[k], x, n, &w[k], bias[k]);
+                float e = max_rel_err(y[k], yr[k], (size_t)n * rows[k]);
+                ck_assert_msg(e < 2e-6f, "matmul_multi dtype %d n %d weight %d: %g", (int)dts[di], n, k, e);
+                free(data[k]); free(bias[k]); free(y[k]); free(yr[k]);
+            }
+            free(x);
+        }
+}
+END_TEST
+
+START_TEST(rows_scatter_gather) {
+    float *src = randv(5 * 7), dst[10 * 7] = {0}, back[5 * 7];
+    int32_t idx[5] = {9, 0, 4, 2, 7};
+    cpu_raw_set_rows(fast, dst, src, idx, 5, 7);
+    cpu_raw_get_rows(fast, back, dst, idx, 5, 7);
+    ck_assert(memcmp(back, src, sizeof back) == 0);
+    ck_assert(dst[7 * 1] == 0 && dst[7 * 3] == 0);
+    free(src);
+}
+END_TEST
+
+int main(void) {
+    cs_rng_seed(&rng, 42);
+    fast = cpu_raw_new(&(cpu_backend_params_t){.n_threads = 2});
+    ref = cpu_raw_new(&(cpu_backend_params_t){.n_threads = 1, .reference = true});
+    Suite *s = suite_create("backend_ops");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, paged_attention_decode_batch);
+    tcase_add_test(tc, paged_attention_mixed);
+    tcase_add_test(tc, lora_batch_segments);
+    tcase_add_test(tc, matmul_multi_equals_each);
+    tcase_add_test(tc, rows_scatter_gather);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    cpu_raw_free(fast);
+    cpu_raw_free(ref);
+    return nf ? 1 : 0;
+}
