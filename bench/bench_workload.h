@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/sampling.h"
+#include "engine/rng.h"
 
 /* ---- the generator: the engine's xoshiro256** (cs_rng_t), with the draws a schedule needs ---- */
 typedef cs_rng_t bw_rng_t;

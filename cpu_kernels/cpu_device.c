@@ -28,7 +28,6 @@
 
 struct backend_buf {
     uint32_t magic;
-    uint32_t id;            /* index in the strict device's handle table */
     const void *owner;      /* the backend_t that made it */
     void *p;
     size_t n;
@@ -83,11 +82,10 @@ struct backend_event {
 typedef struct dev_ctx {
     cpu_raw_t *raw;
     bool strict;
-    /* strict: the handle table */
-    backend_buf_t **table;
-    uint32_t table_cap, table_n;
-    uint32_t *free_ids;
-    uint32_t n_free_ids;
+    /* strict: its live handles, a set of pointers (open addressing), so a handle is checked
+     * before anything behind it is read */
+    const backend_buf_t **live;
+    size_t live_cap, live_n, live_used; /* used: live + tombstones */
     /* copy thread (strict) */
     pthread_t copier;
     bool copier_started, stopping;
@@ -99,6 +97,61 @@ typedef struct dev_ctx {
 } dev_ctx_t;
 
 static dev_ctx_t *dev(backend_t *b) { return b->ctx; }
+
+#define TOMB ((const backend_buf_t *)(uintptr_t)1)
+
+static size_t live_slot(const void *p, size_t mask) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x & mask;
+}
+
+static bool live_has(const dev_ctx_t *d, const void *p) {
+    if (!d->live_cap) return false;
+    for (size_t i = live_slot(p, d->live_cap - 1);; i = (i + 1) & (d->live_cap - 1)) {
+        if (d->live[i] == p) return true;
+        if (!d->live[i]) return false;
+    }
+}
+
+static bool live_add(dev_ctx_t *d, const backend_buf_t *p) {
+    if ((d->live_used + 1) * 2 > d->live_cap) { /* grow (or clean the tombstones) */
+        size_t nc = d->live_cap ? d->live_cap : 256;
+        while ((d->live_n + 1) * 4 > nc) nc *= 2;
+        const backend_buf_t **nl = calloc(nc, sizeof *nl);
+        if (!nl) return false;
+        for (size_t i = 0; i < d->live_cap; i++) {
+            const backend_buf_t *q = d->live[i];
+            if (!q || q == TOMB) continue;
+            size_t j = live_slot(q, nc - 1);
+            while (nl[j]) j = (j + 1) & (nc - 1);
+            nl[j] = q;
+        }
+        free(d->live);
+        d->live = nl;
+        d->live_cap = nc;
+        d->live_used = d->live_n;
+    }
+    size_t i = live_slot(p, d->live_cap - 1);
+    while (d->live[i] && d->live[i] != TOMB) i = (i + 1) & (d->live_cap - 1);
+    if (!d->live[i]) d->live_used++;
+    d->live[i] = p;
+    d->live_n++;
+    return true;
+}
+
+static void live_del(dev_ctx_t *d, const backend_buf_t *p) {
+    for (size_t i = live_slot(p, d->live_cap - 1);; i = (i + 1) & (d->live_cap - 1)) {
+        if (d->live[i] == p) {
+            d->live[i] = TOMB;
+            d->live_n--;
+            return;
+        }
+        CS_ASSERT(d->live[i]);
+    }
+}
 
 static void strict_fail(const char *what) {
     fprintf(stderr, "strict device: %s\n", what);
@@ -119,7 +172,7 @@ static void *resolve(backend_t *b, const backend_buf_t *buf, size_t off, size_t 
     if (d->strict) {
         char m[200];
         pthread_mutex_lock(&d->mu);
-        bool ok = buf->magic == BUF_MAGIC && buf->owner == b && buf->id < d->table_n && d->table[buf->id] == buf;
+        bool ok = live_has(d, buf) && buf->magic == BUF_MAGIC && buf->owner == b;
         pthread_mutex_unlock(&d->mu);
         if (!ok) {
             snprintf(m, sizeof m, "%s: %p is not a live buffer of this device (a host pointer, a freed or a foreign handle)",
@@ -146,28 +199,12 @@ static backend_buf_t *buf_new(backend_t *b, void *p, size_t n, bool external) {
     dev_ctx_t *d = dev(b);
     backend_buf_t *buf = calloc(1, sizeof *buf);
     if (!buf) return NULL;
-    *buf = (backend_buf_t){BUF_MAGIC, 0, b, p, n, external};
+    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external};
     pthread_mutex_lock(&d->mu);
-    if (d->strict) {
-        if (d->n_free_ids) {
-            buf->id = d->free_ids[--d->n_free_ids];
-        } else {
-            if (d->table_n == d->table_cap) {
-                uint32_t nc = d->table_cap ? d->table_cap * 2 : 256;
-                backend_buf_t **nt = realloc(d->table, nc * sizeof *nt);
-                uint32_t *nf = realloc(d->free_ids, nc * sizeof *nf);
-                if (nt) d->table = nt;
-                if (nf) d->free_ids = nf;
-                if (!nt || !nf) {
-                    pthread_mutex_unlock(&d->mu);
-                    free(buf);
-                    return NULL;
-                }
-                d->table_cap = nc;
-            }
-            buf->id = d->table_n++;
-        }
-        d->table[buf->id] = buf;
+    if (d->strict && !live_add(d, buf)) {
+        pthread_mutex_unlock(&d->mu);
+        free(buf);
+        return NULL;
     }
     d->stats.allocated += n;
     pthread_mutex_unlock(&d->mu);
@@ -189,10 +226,7 @@ static void dev_buf_free(backend_t *b, backend_buf_t *buf) {
     dev_ctx_t *d = dev(b);
     resolve(b, buf, 0, 0, "buf_free");
     pthread_mutex_lock(&d->mu);
-    if (d->strict) {
-        d->table[buf->id] = NULL;
-        d->free_ids[d->n_free_ids++] = buf->id;
-    }
+    if (d->strict) live_del(d, buf);
     d->stats.allocated -= buf->n;
     pthread_mutex_unlock(&d->mu);
     if (!buf->external) free(buf->p);
@@ -686,8 +720,7 @@ static void dev_free(backend_t *b) {
             pthread_join(d->copier, NULL);
         }
         cpu_raw_free(d->raw);
-        free(d->table);
-        free(d->free_ids);
+        free(d->live);
         pthread_mutex_destroy(&d->mu);
         pthread_cond_destroy(&d->cv);
         free(d);

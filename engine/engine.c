@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/stop.h"
+#include "text/stop.h"
 
 const char *const engine_finish_names[] = {"", "stop", "length", "abort", "error"};
 

@@ -12,7 +12,7 @@
 
 #include "engine/model.h"
 #include "engine/sampling.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "lora/registry.h"
 
 typedef struct engine engine_t;

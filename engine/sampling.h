@@ -41,14 +41,7 @@
 #define CS_SAMPLING_H
 
 #include "engine/common.h"
-
-/* ---- RNG: xoshiro256** seeded by splitmix64 (stable API: the engine seeds sample i of a
- * request with seed + i) ---- */
-typedef struct cs_rng { uint64_t s[4]; } cs_rng_t;
-
-void cs_rng_seed(cs_rng_t *r, uint64_t seed);
-uint64_t cs_rng_next(cs_rng_t *r);
-double cs_rng_uniform(cs_rng_t *r);     /* [0, 1) with 53 random bits */
+#include "engine/rng.h"
 
 /* ---- parameters ---- */
 #define SAMPLING_MAX_LOGPROBS 20

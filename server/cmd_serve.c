@@ -26,6 +26,15 @@ static int sig_pipe[2] = {-1, -1};
 
 static volatile sig_atomic_t loading = 1;
 
+/* the registry's on_loaded (loader thread): under s->mu, so the engine cannot be freed
+ * meanwhile (engine_wake only takes the engine's own lock) */
+static void wake_engine(void *user) {
+    server_t *s = user;
+    pthread_mutex_lock(&s->mu);
+    if (s->engine) engine_wake(s->engine);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void on_signal(int sig) {
     if (loading) _exit(0); /* nothing accepted yet (requests got 503): no need to wait for the load */
     int saved = errno;
@@ -467,11 +476,16 @@ int cmd_serve(int argc, char **argv) {
                           .max_num_seqs = s->cfg.max_num_seqs, .max_num_batched_tokens = s->cfg.max_num_batched_tokens,
                           .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching};
     if (!s->tok && mc->n_eos) { ep.eos_ids = mc->eos_token_ids; ep.n_eos = mc->n_eos; }
-    /* the registry wakes the engine: created first, told about it through the callback's user */
-    lp.on_loaded = (void (*)(void *))NULL;
+    /* a finished load wakes the engine at once (else it would notice at its next 20 ms poll):
+     * the registry comes first, and finds the engine through s */
+    lp.on_loaded = wake_engine;
     if (lora_registry_new(&lp, &s->reg)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     ep.loras = s->reg;
-    if (engine_new(&ep, &s->engine)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
+    engine_t *engine = NULL;
+    if (engine_new(&ep, &engine)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
+    pthread_mutex_lock(&s->mu);
+    s->engine = engine;
+    pthread_mutex_unlock(&s->mu);
     s->max_model_len = engine_max_model_len(s->engine);
     if (!s->cfg.max_n) s->cfg.max_n = s->cfg.max_num_seqs > 0 ? s->cfg.max_num_seqs : 256;
     for (int i = 0; i < s->cfg.n_lora_modules; i++) {
@@ -533,7 +547,11 @@ int cmd_serve(int argc, char **argv) {
 out:
     api_watch_stop(s);
     http_stop(s);
-    engine_free(s->engine);
+    pthread_mutex_lock(&s->mu); /* the loader thread's wake_engine sees NULL from here on */
+    engine_t *dying = s->engine;
+    s->engine = NULL;
+    pthread_mutex_unlock(&s->mu);
+    engine_free(dying);
     lora_registry_free(s->reg);
     chat_template_free(s->tmpl);
     tokenizer_free(s->tok);

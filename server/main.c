@@ -12,7 +12,7 @@
 #include "server/setup.h"
 #include "engine/model.h"
 #include "engine/sampling.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "lora/peft.h"
 #include "server/commands.h"
 

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
 

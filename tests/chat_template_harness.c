@@ -8,7 +8,7 @@
  * add_generation_prompt to false, and reasoning fields of messages are aliased.
  * Prints one JSON line per case: {"text": ...} or {"error": ...}. A template that does not
  * parse prints {"parse_error": ...} once and exits 1. */
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 
 static chat_template_t *parse_ok(const char *src) {
     chat_template_t *t = NULL;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/stop.h"
+#include "text/stop.h"
 
 /* Reference: read the text byte by byte; the first end position where some stop ends wins
  * (the longest one there, then the lowest index). Returns the emitted length; *stop the

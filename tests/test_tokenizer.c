@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 /* ---------------------------------------------------------------- fixtures ---- */
 

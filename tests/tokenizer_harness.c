@@ -5,7 +5,7 @@
  *   tokenizer_harness DIR --decode   {"ids": [...]}                -> decodes, streams
  *   tokenizer_harness DIR --info     one line: vocab size, bos/eos ids, chat template
  *   tokenizer_harness DIR --bench N  stdin is one text, encoded N times; prints tokens/s */
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

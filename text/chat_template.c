@@ -20,7 +20,7 @@
  * Memory: the tree lives in the template's arena and is never written after parsing, so
  * renders may run concurrently. A render allocates all its values from its own arena, which
  * is freed at once; errors therefore unwind with longjmp (as in Lua) without leaking. */
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 
 #include <math.h>
 #include <setjmp.h>

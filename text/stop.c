@@ -2,7 +2,7 @@
  * STOP_MAX_LEN - 1 bytes plus one delta, so plain memmem and memcmp scans are enough. */
 #include "config.h" /* _GNU_SOURCE: memmem */
 
-#include "engine/stop.h"
+#include "text/stop.h"
 
 #include <stdlib.h>
 #include <string.h>

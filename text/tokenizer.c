@@ -4,7 +4,7 @@
  * post-processors, decoders) is mirrored step by step so ids and text match it byte for
  * byte; a component a file names that is not implemented here is refused at load.
  * Also the incremental detokenizer used for streaming. */
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
