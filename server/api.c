@@ -23,6 +23,7 @@
 #include "engine/safetensors.h"
 #include "lora/peft.h"
 #include "rollout_api/rollout.h"
+#include "server/routes.h"
 #include "server/server.h"
 
 #define MAX_STOP_STRINGS 64
@@ -2301,49 +2302,32 @@ static enum MHD_Result metrics_endpoint(server_t *s, struct MHD_Connection *c) {
     return http_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len);
 }
 
-/* ---- routing ---- */
-static bool is(const char *url, const char *path) { return !strcmp(url, path); }
-
+/* ---- routing (the table: server/routes.c) ---- */
 static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method, const char *url,
                              const char *body, size_t body_len) {
-    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (is(url, "/health")) {
-        if (!get) return http_error(c, 405, NULL, "use GET %s", url);
-        pthread_mutex_lock(&s->mu);
-        bool ready = s->ready, draining = s->draining;
-        pthread_mutex_unlock(&s->mu);
-        if (!ready || draining) return http_error(c, 503, NULL, draining ? "shutting down" : "the model is loading");
-        return http_text(c, 200, "text/plain; charset=utf-8", strdup(""), 0);
-    }
-    if (is(url, "/version")) return http_json(c, 200, json_pack("{s:s}", "version", PACKAGE_VERSION));
-    if (is(url, "/metrics")) {
-        if (!get) return http_error(c, 405, NULL, "use GET %s", url);
-        return metrics_endpoint(s, c);
-    }
-    if (!strncmp(url, "/v1/adapters", 12) && (url[12] == 0 || url[12] == '/')) {
-        pthread_mutex_lock(&s->mu);
-        bool rdy = s->ready;
-        pthread_mutex_unlock(&s->mu);
-        if (!rdy) return http_error(c, 503, NULL, "the model is loading");
-        if (!strcmp(url, "/v1/adapters")) return get ? list_adapters(s, c) : http_error(c, 405, NULL, "use GET %s", url);
-        if (!strcmp(method, "PUT")) return put_version(s, c, url, body, body_len);
-        if (!strcmp(method, "DELETE")) return delete_version(s, c, url);
-        return http_error(c, 405, NULL, "use PUT or DELETE %s", url);
-    }
-    bool known = is(url, "/v1/models") || is(url, "/v1/completions") || is(url, "/v1/chat/completions") ||
-                 is(url, "/v1/load_lora_adapter") || is(url, "/v1/unload_lora_adapter") || is(url, "/tokenize") ||
-                 is(url, "/detokenize") || is(url, "/v1/rollout") || is(url, "/v1/rollout/abort") ||
-                 is(url, "/generate") || is(url, "/abort_request") || is(url, "/v1/pause") || is(url, "/v1/resume");
-    if (!known) return http_error(c, 404, NULL, "no route %s %s", method, url);
+    const route_t *rt = route_find(url);
+    if (!rt) return http_error(c, 404, NULL, "no route %s %s", method, url);
     pthread_mutex_lock(&s->mu);
     bool ready = s->ready, draining = s->draining;
     pthread_mutex_unlock(&s->mu);
-    if (!ready) return http_error(c, 503, NULL, "the model is loading");
-    if (is(url, "/v1/models")) {
-        if (!get) return http_error(c, 405, NULL, "use GET %s", url);
-        return models(s, c);
+    if ((rt->flags & ROUTE_READY) && !ready) return http_error(c, 503, NULL, "the model is loading");
+    if (!route_allows(rt, method)) {
+        char m[64];
+        return http_error(c, 405, NULL, "use %s %s", route_methods_text(rt, m, sizeof m), url);
     }
-    if (!post) return http_error(c, 405, NULL, "use POST %s", url);
+    switch (rt->id) { /* the routes without a JSON body */
+    case R_HEALTH:
+        if (!ready || draining) return http_error(c, 503, NULL, draining ? "shutting down" : "the model is loading");
+        return http_text(c, 200, "text/plain; charset=utf-8", strdup(""), 0);
+    case R_VERSION: return http_json(c, 200, json_pack("{s:s}", "version", PACKAGE_VERSION));
+    case R_METRICS: return metrics_endpoint(s, c);
+    case R_MODELS: return models(s, c);
+    case R_ADAPTERS: return list_adapters(s, c);
+    case R_ADAPTER_VERSION:
+        return !strcmp(method, "PUT") ? put_version(s, c, url, body, body_len) : delete_version(s, c, url);
+    default: break;
+    }
+    CS_ASSERT(rt->flags & ROUTE_JSON);
     json_error_t je;
     json_t *b = json_loadb(body, body_len, 0, &je);
     if (!b) return http_error(c, 400, NULL, "invalid JSON body: %s (line %d, column %d)", je.text, je.line, je.column);
@@ -2352,21 +2336,25 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
         return http_error(c, 400, NULL, "the request body must be a JSON object");
     }
     enum MHD_Result r;
-    if ((is(url, "/v1/completions") || is(url, "/v1/chat/completions") || is(url, "/v1/rollout") ||
-         is(url, "/generate")) && draining)
+    if ((rt->flags & ROUTE_GENERATES) && draining) {
         r = http_error(c, 503, NULL, "the server is shutting down");
-    else if (is(url, "/v1/completions")) r = completions(s, cn, c, b);
-    else if (is(url, "/v1/chat/completions")) r = chat(s, cn, c, b);
-    else if (is(url, "/v1/rollout")) r = rollout_endpoint(s, cn, c, b);
-    else if (is(url, "/v1/rollout/abort")) r = rollout_abort_endpoint(s, c, b);
-    else if (is(url, "/generate")) r = sglang_generate(s, cn, c, b);
-    else if (is(url, "/abort_request")) r = sglang_abort(s, c, b);
-    else if (is(url, "/v1/pause")) r = pause_endpoint(s, c, b);
-    else if (is(url, "/v1/resume")) r = resume_endpoint(s, c);
-    else if (is(url, "/tokenize")) r = tokenize(s, c, b);
-    else if (is(url, "/detokenize")) r = detokenize(s, c, b);
-    else if (is(url, "/v1/load_lora_adapter")) r = load_lora(s, c, b);
-    else r = unload_lora(s, cn, c, b);
+    } else {
+        switch (rt->id) {
+        case R_COMPLETIONS: r = completions(s, cn, c, b); break;
+        case R_CHAT: r = chat(s, cn, c, b); break;
+        case R_ROLLOUT: r = rollout_endpoint(s, cn, c, b); break;
+        case R_ROLLOUT_ABORT: r = rollout_abort_endpoint(s, c, b); break;
+        case R_GENERATE: r = sglang_generate(s, cn, c, b); break;
+        case R_ABORT_REQUEST: r = sglang_abort(s, c, b); break;
+        case R_PAUSE: r = pause_endpoint(s, c, b); break;
+        case R_RESUME: r = resume_endpoint(s, c); break;
+        case R_TOKENIZE: r = tokenize(s, c, b); break;
+        case R_DETOKENIZE: r = detokenize(s, c, b); break;
+        case R_LOAD_LORA: r = load_lora(s, c, b); break;
+        case R_UNLOAD_LORA: r = unload_lora(s, cn, c, b); break;
+        default: r = http_error(c, 500, NULL, "route %s has no handler", rt->path); break;
+        }
+    }
     json_decref(b);
     return r;
 }

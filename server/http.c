@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "server/routes.h"
 #include "server/server.h"
 
 /* ---- responses ---- */
@@ -168,14 +169,10 @@ int lora_path_check(const server_t *s, const char *path, char **real, char *err,
 }
 
 /* ---- the access handler ---- */
-static bool needs_auth(const char *url) {
-    return strncmp(url, "/v1/", 4) == 0 || !strcmp(url, "/v1") || !strcmp(url, "/tokenize") ||
-           !strcmp(url, "/detokenize") || !strcmp(url, "/generate") || !strcmp(url, "/abort_request");
-}
-
 /* an adapter upload may be much larger than a request */
 static long long body_limit(const server_t *s, const char *method, const char *url) {
-    return !strcmp(method, "PUT") && !strncmp(url, "/v1/adapters/", 13) ? s->cfg.max_adapter_bytes : s->cfg.max_body_bytes;
+    const route_t *r = route_find(url);
+    return r && (r->flags & ROUTE_UPLOAD) && !strcmp(method, "PUT") ? s->cfg.max_adapter_bytes : s->cfg.max_body_bytes;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -189,7 +186,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cn->srv = s;
         cn->t_arrival = cs_time_ms();
         *con_cls = cn;
-        if (needs_auth(url) && !auth_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
+        if (route_needs_auth(url) && !auth_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
             cn->answered = true;
             return http_error(c, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer KEY')");
         }

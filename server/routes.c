@@ -1,0 +1,66 @@
+/* routes.c: see routes.h. */
+#include "server/routes.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define API (ROUTE_AUTH | ROUTE_READY | ROUTE_JSON)
+
+static const route_t routes[] = {
+    {"/health", "GET", 0, R_HEALTH},
+    {"/version", "GET", 0, R_VERSION},
+    {"/metrics", "GET", 0, R_METRICS},
+    {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY, R_MODELS},
+    {"/v1/completions", "POST", API | ROUTE_GENERATES, R_COMPLETIONS},
+    {"/v1/chat/completions", "POST", API | ROUTE_GENERATES, R_CHAT},
+    {"/v1/load_lora_adapter", "POST", API, R_LOAD_LORA},
+    {"/v1/unload_lora_adapter", "POST", API, R_UNLOAD_LORA},
+    {"/tokenize", "POST", API, R_TOKENIZE},
+    {"/detokenize", "POST", API, R_DETOKENIZE},
+    /* the rollout side (rollout_api/README.md) */
+    {"/v1/adapters", "GET", ROUTE_AUTH | ROUTE_READY, R_ADAPTERS},
+    {"/v1/adapters", "PUT DELETE", ROUTE_AUTH | ROUTE_READY | ROUTE_PREFIX | ROUTE_UPLOAD, R_ADAPTER_VERSION},
+    {"/v1/rollout", "POST", API | ROUTE_GENERATES, R_ROLLOUT},
+    {"/v1/rollout/abort", "POST", API, R_ROLLOUT_ABORT},
+    {"/generate", "POST", API | ROUTE_GENERATES, R_GENERATE},
+    {"/abort_request", "POST", API, R_ABORT_REQUEST},
+    {"/v1/pause", "POST", API, R_PAUSE},
+    {"/v1/resume", "POST", API, R_RESUME},
+};
+
+const route_t *route_find(const char *url) {
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        const route_t *r = &routes[i];
+        size_t n = strlen(r->path);
+        if (r->flags & ROUTE_PREFIX) {
+            if (!strncmp(url, r->path, n) && url[n] == '/') return r;
+        } else if (!strcmp(url, r->path)) {
+            return r;
+        }
+    }
+    return NULL;
+}
+
+bool route_allows(const route_t *r, const char *method) {
+    size_t n = strlen(method);
+    for (const char *p = r->methods; (p = strstr(p, method)); p += n)
+        if ((p == r->methods || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) return true;
+    return false;
+}
+
+const char *route_methods_text(const route_t *r, char *buf, int len) {
+    int k = 0;
+    for (const char *p = r->methods; *p && k < len - 1;) {
+        const char *e = strchr(p, ' ');
+        int w = e ? (int)(e - p) : (int)strlen(p);
+        k += snprintf(buf + k, (size_t)(len - k), "%s%.*s", k ? " or " : "", w, p);
+        p += w + (e ? 1 : 0);
+    }
+    return buf;
+}
+
+bool route_needs_auth(const char *url) {
+    const route_t *r = route_find(url);
+    if (r) return r->flags & ROUTE_AUTH;
+    return !strncmp(url, "/v1/", 4) || !strcmp(url, "/v1");
+}

@@ -1,0 +1,41 @@
+/* routes.h: the server's one route table. The access handler (http.c) asks it whether a
+ * path needs the API key and how large its body may be; the dispatcher (api.c) finds the
+ * route, answers 404/405/503 from it and calls the route's handler. Adding an endpoint is
+ * one row here and one case in api.c's dispatcher. */
+#ifndef CS_ROUTES_H
+#define CS_ROUTES_H
+
+#include <stdbool.h>
+
+typedef enum route_id {
+    R_HEALTH, R_VERSION, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT, R_LOAD_LORA, R_UNLOAD_LORA, R_TOKENIZE,
+    R_DETOKENIZE, R_ADAPTERS, R_ADAPTER_VERSION, R_ROLLOUT, R_ROLLOUT_ABORT, R_GENERATE, R_ABORT_REQUEST, R_PAUSE,
+    R_RESUME,
+} route_id;
+
+enum {
+    ROUTE_AUTH = 1u << 0,       /* needs the API key (when one is set) */
+    ROUTE_READY = 1u << 1,      /* 503 while the model loads */
+    ROUTE_GENERATES = 1u << 2,  /* starts generation: 503 while draining */
+    ROUTE_JSON = 1u << 3,       /* the body is a JSON object (400 otherwise) */
+    ROUTE_PREFIX = 1u << 4,     /* the path is a prefix: PATH/... */
+    ROUTE_UPLOAD = 1u << 5,     /* body limit --max-adapter-bytes instead of --max-body-bytes */
+};
+
+typedef struct route {
+    const char *path;
+    const char *methods;        /* the methods it answers, space-separated: "GET", "PUT DELETE" */
+    unsigned flags;
+    route_id id;
+} route_t;
+
+/* the route of URL, or NULL (404) */
+const route_t *route_find(const char *url);
+/* METHOD is one of the route's */
+bool route_allows(const route_t *r, const char *method);
+/* "GET", "PUT or DELETE": for a 405's message */
+const char *route_methods_text(const route_t *r, char *buf, int len);
+/* the API key is checked for this URL: its route's flag, or any other path under /v1 */
+bool route_needs_auth(const char *url);
+
+#endif
