@@ -74,16 +74,27 @@ counted() { # label kind config command...
     # the engine's iterations: a run whose adapter loads finished at other moments batches
     # differently, and its count is not comparable
     steps=$(printf '%s\n' "$err" | sed -n 's/^{.*"steps": *\([0-9]*\).*/\1/p')
-    echo "{\"build\": \"$label\", \"kind\": \"instructions\", \"figure\": \"$kind$config\", \"n\": $n, \"steps\": ${steps:-null}}" >> "$results"
+    echo "{\"build\": \"$label\", \"kind\": \"instructions\", \"figure\": \"$kind$config\", \"n\": $n, \"steps\": ${steps:-null}}" >> "${OUT_LINES:-$results}"
+}
+# an engine figure: both builds, again (up to 4 times) until they ran the same iterations
+pair_batch() { # config
+    local c=$1 try
+    for try in 1 2 3 4; do
+        : > "$work/pair"
+        for lb in "new $BUILD" "base $BASE_BUILD"; do
+            OUT_LINES="$work/pair" counted "${lb%% *}" engine_batch "$c" "${lb#* }/caraserve" batch --model "$model" \
+                "${lora_args[@]}" --requests "$work/req-${c%%:*}-${c##*:}.jsonl" --threads 1 --max-num-seqs 64 \
+                --kv-cache-bytes 256M --stats
+        done
+        [ "$(sed -n 's/.*"steps": \([0-9]*\).*/\1/p' "$work/pair" | sort -u | wc -l)" -eq 1 ] && break
+        echo "ab.sh: batch $c: the builds ran different numbers of iterations (adapter loads): again" >&2
+    done
+    cat "$work/pair" >> "$results"
 }
 one_instructions() { # label build
     local label=$1 b=$2
     counted "$label" forward "" "$b/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens "$GEN" \
         --ignore-eos --threads 1
-    for c in 1:0 8:0 8:8; do
-        counted "$label" engine_batch "$c" "$b/caraserve" batch --model "$model" "${lora_args[@]}" \
-            --requests "$work/req-${c%%:*}-${c##*:}.jsonl" --threads 1 --max-num-seqs 64 --kv-cache-bytes 256M --stats
-    done
 }
 one() { # label build
     local label=$1 b=$2 st
@@ -103,6 +114,7 @@ one() { # label build
 for r in $(seq "$REPS"); do
     # alternate which goes first
     if [ $((r % 2)) -eq 1 ]; then one new "$BUILD"; one base "$BASE_BUILD"; else one base "$BASE_BUILD"; one new "$BUILD"; fi
+    if [ "$MEASURE" = instructions ]; then for c in 1:0 8:0 8:8; do pair_batch "$c"; done; fi
     echo "ab.sh: repetition $r of $REPS done" >&2
 done
 out="bench/results/ab-$(date -u +%Y%m%dT%H%M%SZ).json"
