@@ -54,6 +54,8 @@ struct backend_batch {
     const void *owner;
     backend_buf_t *mem;     /* the uploaded arrays */
     size_t mem_cap;
+    int32_t *stage;         /* host staging of the arrays, kept between forwards */
+    size_t stage_cap;       /* bytes */
     int n_tokens, n_seqs, n_out, n_lora, n_blocks;
     const int32_t *ids, *pos, *slots, *out_rows, *blocks; /* into mem */
     cpu_attn_seq_t *seqs;   /* host-side views of the uploaded tables (pointers into mem) */
@@ -434,8 +436,12 @@ static int dev_batch_upload(backend_t *b, backend_batch_t **io, const backend_ba
         if (!(bt->mem = dev_buf_alloc(b, cap))) { bt->mem_cap = 0; return cs_error_set(CS_ENOMEM, "out of memory"); }
         bt->mem_cap = cap;
     }
-    int32_t *host = malloc(need ? need : 1);
-    if (!host) return cs_error_set(CS_ENOMEM, "out of memory");
+    if (need > bt->stage_cap) {
+        free(bt->stage);
+        if (!(bt->stage = malloc(bt->mem_cap))) { bt->stage_cap = 0; return cs_error_set(CS_ENOMEM, "out of memory"); }
+        bt->stage_cap = bt->mem_cap;
+    }
+    int32_t *host = bt->stage;
     size_t o = 0;
     memcpy(host + o, d->ids, sizeof(int32_t) * d->n_tokens), o += d->n_tokens;
     memcpy(host + o, d->pos, sizeof(int32_t) * d->n_tokens), o += d->n_tokens;
@@ -444,7 +450,6 @@ static int dev_batch_upload(backend_t *b, backend_batch_t **io, const backend_ba
     o += d->n_out;
     if (d->n_blocks) memcpy(host + o, d->blocks, sizeof(int32_t) * d->n_blocks);
     set_impl(b, bt->mem, 0, host, need, true);
-    free(host);
     pthread_mutex_lock(&dev(b)->mu);
     dev(b)->stats.batch_uploads++;
     pthread_mutex_unlock(&dev(b)->mu);
@@ -490,6 +495,7 @@ static int dev_batch_upload(backend_t *b, backend_batch_t **io, const backend_ba
 static void dev_batch_free(backend_t *b, backend_batch_t *bt) {
     check_batch(b, bt, "batch_free");
     backend_buf_free(b, bt->mem);
+    free(bt->stage);
     free(bt->seqs);
     free(bt->lora);
     free(bt->lsegs);

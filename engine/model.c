@@ -446,9 +446,6 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
     backend_t *be = m->be;
     int T = 0, n_out = 0, n_blocks = 0;
     if (n_seqs <= 0) return cs_error_set(CS_EINVAL, "empty batch");
-    if (kv_cache_dtype(kv) != CS_DTYPE_F32 && !backend_supports_kv_dtype(be, kv_cache_dtype(kv)))
-        return cs_error_set(CS_EUNSUPPORTED, "the %s backend cannot read a %s KV cache", backend_name(be),
-                            cs_dtype_name(kv_cache_dtype(kv)));
     for (int s = 0; s < n_seqs; s++) {
         const model_batch_seq_t *q = &seqs[s];
         if (q->n <= 0 || q->pos0 < 0) return cs_error_set(CS_EINVAL, "batch entry %d: no tokens to run", s);

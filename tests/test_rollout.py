@@ -312,7 +312,6 @@ srv.hold_running(start_held, "the rollout to pause")
 t1, o1 = held[0]
 st, pz, _ = srv.request("POST", "/v1/pause", {"mode": "wait"})
 t1.join()  # still paused: the in-flight rollout ran to its end
-g1 = srv.gen_tokens()
 srv.resume()
 if st != 200 or o1[0]["groups"][0]["samples"][0]["output_ids"] != ref_long or \
         o1[0]["groups"][0]["samples"][0]["finish_reason"] != "length":
