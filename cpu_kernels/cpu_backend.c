@@ -42,6 +42,9 @@ typedef struct cpu_ctx {
     size_t gather_len;    /* floats */
     float *lora_t;        /* grouped LoRA: shrink results of a batch */
     size_t lora_t_len;    /* floats */
+    float *lora_wide;     /* grouped LoRA, many rows: a BF16 segment's A and B widened */
+    size_t lora_wide_len; /* floats */
+    bool avx2;            /* AVX2 + FMA: the LoRA kernels' 8-lane path */
 } cpu_ctx_t;
 
 static cpu_ctx_t *ctx_of(cpu_raw_t *b) { return b->ctx; }
@@ -455,7 +458,7 @@ static void cpu_lora(cpu_raw_t *b, float *y, const float *x, int n, const float 
     if (rank <= 0 || n <= 0) return;
     if (c->reference) { cs_lora_ref(y, x, n, a, bm, rank, d_in, d_out, scale); return; }
     if (c->invariant) {
-        cpu_lora_seg_t g = {0, n, a, bm, rank, scale, NULL};
+        cpu_lora_seg_t g = {0, n, a, bm, rank, scale, NULL, CS_DTYPE_F32};
         cpu_lora_batch(b, y, x, &g, 1, d_in, d_out);
         return;
     }
@@ -644,87 +647,55 @@ static int lb_find(const int *task0, int n, int task) {
     return lo;
 }
 
-/* few rows: stream A's rows (shrink) or B's rows (expand) once, dotting each with every x
- * (t) row; AVX-512 with masked tails, plain loops without it */
-#define LORA_SMALL_M 8
+/* few rows: stream A's rows (shrink) or Bᵀ's rows (expand) once, dotting each with every x
+ * (t) row (kernels_lora.c: F32 or BF16, AVX-512, AVX2 or plain). BF16 weights always take
+ * these per-element kernels (sgemm needs F32). */
+static cs_isa lora_isa(const cpu_ctx_t *c) { return c->avx512 ? CS_ISA_AVX512 : c->avx2 ? CS_ISA_AVX2 : CS_ISA_PLAIN; }
 
-__attribute__((target("avx512f"))) static float dot_masked(const float *a, const float *b, int n) {
-    __m512 acc = _mm512_setzero_ps();
-    int e = 0;
-    for (; e + 16 <= n; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), _mm512_loadu_ps(b + e), acc);
-    if (e < n) {
-        __mmask16 m = (__mmask16)((1u << (n - e)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + e), _mm512_maskz_loadu_ps(m, b + e), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
-
-static float dot_plain(const float *a, const float *b, int n) {
-    float d = 0;
-    for (int e = 0; e < n; e++) d += a[e] * b[e];
-    return d;
+static bool lora_small(const struct lora_batch_job *j, const cpu_lora_seg_t *g) {
+    return g->n <= CS_LORA_SMALL_M || j->c->invariant || g->dtype != CS_DTYPE_F32; /* per element: batch-invariant */
 }
 
 /* t rows of segment g, ranks [r0, r1): x rows · A[r0:r1]ᵀ */
 static void lora_seg_shrink(const struct lora_batch_job *j, const cpu_lora_seg_t *g, int r0, int r1) {
     const float *x = j->x + (size_t)g->row0 * j->d_in;
     float *t = j->t + (size_t)g->row0 * j->ld_t;
-    if (g->n <= LORA_SMALL_M || j->c->invariant) { /* one dot per element: batch-invariant */
+    if (lora_small(j, g)) {
+        size_t es = cs_dtype_size(g->dtype);
+        cs_isa isa = lora_isa(j->c);
         for (int r = r0; r < r1; r++) {
-            const float *ar = g->a + (size_t)r * j->d_in;
+            const void *ar = (const char *)g->a + (size_t)r * j->d_in * es;
             for (int i = 0; i < g->n; i++)
-                t[(size_t)i * j->ld_t + r] = j->c->avx512 ? dot_masked(x + (size_t)i * j->d_in, ar, j->d_in)
-                                                          : dot_plain(x + (size_t)i * j->d_in, ar, j->d_in);
+                t[(size_t)i * j->ld_t + r] = cs_lora_dot(x + (size_t)i * j->d_in, ar, g->dtype, j->d_in, isa);
         }
         return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n, r1 - r0, j->d_in, 1.0f, x, j->d_in,
-                g->a + (size_t)r0 * j->d_in, j->d_in, 0.0f, t + r0, j->ld_t);
-}
-
-/* y[i, c0:c1] += scale · Σ_r t[i, r] · Bᵀ[r, c0:c1] for n rows: streams Bᵀ's rows, 16
- * outputs per vector, no horizontal sums */
-__attribute__((target("avx512f"))) static void expand_bt_avx512(float *y, int ld_y, const float *t, int ld_t, int n,
-                                                                const float *bt, int rank, int c0, int c1, float scale) {
-    CS_ASSERT(n <= LORA_SMALL_M);
-    __m512 vs = _mm512_set1_ps(scale);
-    for (int c = c0; c < c1; c += 16) {
-        __mmask16 m = c + 16 <= c1 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - c)) - 1);
-        __m512 acc[LORA_SMALL_M];
-        for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
-        for (int r = 0; r < rank; r++) {
-            __m512 b = _mm512_maskz_loadu_ps(m, bt + (size_t)r * ld_y + c);
-            for (int i = 0; i < n; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(t[(size_t)i * ld_t + r]), b, acc[i]);
-        }
-        for (int i = 0; i < n; i++) {
-            float *yi = y + (size_t)i * ld_y + c;
-            _mm512_mask_storeu_ps(yi, m, _mm512_fmadd_ps(vs, acc[i], _mm512_maskz_loadu_ps(m, yi)));
-        }
-    }
+                (const float *)g->a + (size_t)r0 * j->d_in, j->d_in, 0.0f, t + r0, j->ld_t);
 }
 
 /* y rows of segment g, outputs [c0, c1): += scale · t rows · B[c0:c1]ᵀ */
 static void lora_seg_expand(const struct lora_batch_job *j, const cpu_lora_seg_t *g, int c0, int c1) {
     const float *t = j->t + (size_t)g->row0 * j->ld_t;
     float *y = j->y + (size_t)g->row0 * j->d_out;
-    bool small = g->n <= LORA_SMALL_M || j->c->invariant; /* per element, batch-invariant */
-    if (small && g->bt && j->c->avx512) {
-        for (int i0 = 0; i0 < g->n; i0 += LORA_SMALL_M)
-            expand_bt_avx512(y + (size_t)i0 * j->d_out, j->d_out, t + (size_t)i0 * j->ld_t, j->ld_t,
-                             CS_MIN(LORA_SMALL_M, g->n - i0), g->bt, g->rank, c0, c1, g->scale);
+    cs_isa isa = lora_isa(j->c);
+    if (lora_small(j, g) && g->bt) { /* streams Bᵀ's rows, 8 or 16 outputs per vector, no horizontal sums */
+        for (int i0 = 0; i0 < g->n; i0 += CS_LORA_SMALL_M)
+            cs_lora_expand_bt(y + (size_t)i0 * j->d_out, j->d_out, t + (size_t)i0 * j->ld_t, j->ld_t,
+                              CS_MIN(CS_LORA_SMALL_M, g->n - i0), g->bt, g->dtype, g->rank, c0, c1, g->scale, isa);
         return;
     }
-    if (small) {
+    if (lora_small(j, g)) {
+        size_t es = cs_dtype_size(g->dtype);
         for (int c = c0; c < c1; c++) {
-            const float *br = g->b + (size_t)c * g->rank;
+            const void *br = (const char *)g->b + (size_t)c * g->rank * es;
             for (int i = 0; i < g->n; i++)
-                y[(size_t)i * j->d_out + c] += g->scale * (j->c->avx512 ? dot_masked(t + (size_t)i * j->ld_t, br, g->rank)
-                                                                        : dot_plain(t + (size_t)i * j->ld_t, br, g->rank));
+                y[(size_t)i * j->d_out + c] += g->scale * cs_lora_dot(t + (size_t)i * j->ld_t, br, g->dtype, g->rank, isa);
         }
         return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n, c1 - c0, g->rank, g->scale, t, j->ld_t,
-                g->b + (size_t)c0 * g->rank, g->rank, 1.0f, y + c0, j->d_out);
+                (const float *)g->b + (size_t)c0 * g->rank, g->rank, 1.0f, y + c0, j->d_out);
 }
 
 static void lora_shrink_task(void *p, int task, int thread) {
@@ -767,10 +738,25 @@ static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lor
         max_row = CS_MAX(max_row, segs[i].row0 + segs[i].n);
         macs += (long)segs[i].n * segs[i].rank * (d_in + d_out);
     }
-    if (c->reference || (rows > LORA_BATCH_MAX_ROWS && !c->invariant)) {
-        for (int i = 0; i < n_segs; i++)
-            cpu_lora(b, y + (size_t)segs[i].row0 * d_out, x + (size_t)segs[i].row0 * d_in, segs[i].n, segs[i].a,
-                     segs[i].b, segs[i].rank, d_in, d_out, segs[i].scale);
+    if (c->reference || (rows > LORA_BATCH_MAX_ROWS && !c->invariant)) { /* per segment, split by rows */
+        for (int i = 0; i < n_segs; i++) {
+            const float *a = segs[i].a, *bm = segs[i].b;
+            if (segs[i].dtype != CS_DTYPE_F32) { /* widened once for all the segment's rows */
+                size_t na = (size_t)segs[i].rank * d_in, nb = (size_t)segs[i].rank * d_out;
+                if (c->lora_wide_len < na + nb) {
+                    free(c->lora_wide);
+                    c->lora_wide = cs_aligned_alloc(64, (na + nb) * sizeof(float));
+                    CS_ASSERT(c->lora_wide);
+                    c->lora_wide_len = na + nb;
+                }
+                cs_to_f32(c->lora_wide, segs[i].a, segs[i].dtype, na);
+                cs_to_f32(c->lora_wide + na, segs[i].b, segs[i].dtype, nb);
+                a = c->lora_wide;
+                bm = c->lora_wide + na;
+            }
+            cpu_lora(b, y + (size_t)segs[i].row0 * d_out, x + (size_t)segs[i].row0 * d_in, segs[i].n, a, bm,
+                     segs[i].rank, d_in, d_out, segs[i].scale);
+        }
         return;
     }
     size_t need = (size_t)max_row * max_rank;
@@ -820,6 +806,7 @@ static void cpu_free(cpu_raw_t *b) {
         free(c->scratch_len);
         free(c->gather);
         free(c->lora_t);
+        free(c->lora_wide);
         free(c->xpack);
         free(c);
     }
@@ -856,6 +843,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->invariant = p && p->batch_invariant;
     c->no_tile = p && p->no_tile;
     c->avx512 = cs_cpu_has_avx512() && !(p && p->no_avx512);
+    c->avx2 = cs_cpu_has_avx2() && !(p && p->no_avx2);
     c->amx = c->avx512 && !(p && p->no_amx) && cs_cpu_has_amx_bf16();
     /* two terms of x are ~1.3x faster for prefill but move BF16 logprobs from ~2e-6 to
      * ~2.5e-5 against transformers (tests/test_ref_forward.py): exact by default */
@@ -880,6 +868,6 @@ err:
 const char *cpu_raw_path(const cpu_raw_t *b) {
     const cpu_ctx_t *c = b->ctx;
     if (c->reference) return "reference";
-    if (c->invariant) return c->avx512 ? "avx512+invariant" : "openblas+invariant";
-    return c->amx ? "amx" : c->avx512 ? "avx512" : "openblas";
+    if (c->invariant) return c->avx512 ? "avx512+invariant" : c->avx2 ? "openblas+avx2+invariant" : "openblas+invariant";
+    return c->amx ? "amx" : c->avx512 ? "avx512" : c->avx2 ? "openblas+avx2" : "openblas";
 }

@@ -14,16 +14,18 @@ typedef struct cpu_backend_params {
     bool batch_invariant; /* every row's result independent of the batch around it (slower
                            * prefill; see cpu_backend.c) */
     /* kernel switches for checking and benchmarking (the server maps CS_NO_AVX512,
-     * CS_NO_AMX, CS_NO_TILE and CS_AMX_TERMS onto them) */
-    bool no_avx512;     /* plain and OpenBLAS paths only */
+     * CS_NO_AVX2, CS_NO_AMX, CS_NO_TILE and CS_AMX_TERMS onto them) */
+    bool no_avx512;     /* no AVX-512 kernels: what an AVX2-only CPU runs */
+    bool no_avx2;       /* no AVX2 kernels either (the LoRA kernels' plain loops) */
     bool no_amx;        /* no AMX GEMMs */
     bool no_tile;       /* 2-32 rows of a non-AMX matmul to the GEMV/sgemm, not the dot tiles */
     int amx_terms;      /* BF16 terms of the activations in AMX GEMMs: 3 (default, exact) or 2 */
 } cpu_backend_params_t;
 
 backend_t *cpu_backend_new(const cpu_backend_params_t *p);
-/* the kernel path the CPU backend chose ("amx", "avx512", "openblas", "reference", with
- * "+invariant"); "?" for another backend */
+/* the kernel path the CPU backend chose ("amx", "avx512", "openblas+avx2" (OpenBLAS GEMMs,
+ * our AVX2 LoRA kernels), "openblas", "reference", with "+invariant"); "?" for another
+ * backend */
 const char *cpu_backend_path(const backend_t *b);
 
 /* The strict test device (tests only; the builder offers it when CS_TEST_DEVICE=strict is

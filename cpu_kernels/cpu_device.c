@@ -37,8 +37,9 @@ struct backend_buf {
 typedef struct slot_mod {
     int rank, d_in, d_out;
     float scale;
+    cs_dtype dtype;            /* F32 or BF16, as uploaded */
     backend_buf_t *a, *b, *bt; /* strict device: its copies */
-    const float *pa, *pb, *pbt;
+    const void *pa, *pb, *pbt;
 } slot_mod_t;
 
 struct backend_adapter {
@@ -522,13 +523,15 @@ static int dev_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, ba
         const backend_lora_module_desc_t *m = &ad->mods[i];
         slot_mod_t *sm = &s->mods[i];
         if (m->rank <= 0) continue;
-        if (m->dtype != CS_DTYPE_F32) {
-            rc = cs_error_set(CS_EUNSUPPORTED, "adapter slot: %s LoRA weights (the CPU kernels take F32)", cs_dtype_name(m->dtype));
+        if (m->dtype != CS_DTYPE_F32 && m->dtype != CS_DTYPE_BF16) {
+            rc = cs_error_set(CS_EUNSUPPORTED, "adapter slot: %s LoRA weights (the CPU kernels take F32 and BF16)",
+                              cs_dtype_name(m->dtype));
             break;
         }
-        *sm = (slot_mod_t){m->rank, m->d_in, m->d_out, m->scale, NULL, NULL, NULL, m->a, m->b, m->bt};
+        *sm = (slot_mod_t){m->rank, m->d_in, m->d_out, m->scale, m->dtype, NULL, NULL, NULL, m->a, m->b, m->bt};
         if (in_place) continue;
-        size_t na = sizeof(float) * (size_t)m->rank * m->d_in, nb = sizeof(float) * (size_t)m->rank * m->d_out;
+        size_t es = cs_dtype_size(m->dtype);
+        size_t na = es * (size_t)m->rank * m->d_in, nb = es * (size_t)m->rank * m->d_out;
         sm->a = dev_buf_alloc(b, na);
         sm->b = dev_buf_alloc(b, nb);
         sm->bt = m->bt ? dev_buf_alloc(b, nb) : NULL;
@@ -698,7 +701,7 @@ static void dev_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, con
             resolve(b, m->a, 0, 0, "lora a");
             resolve(b, m->b, 0, 0, "lora b");
         }
-        mb->lsegs[ns++] = (cpu_lora_seg_t){bt->lora[i].row0, bt->lora[i].n, m->pa, m->pb, m->rank, m->scale, m->pbt};
+        mb->lsegs[ns++] = (cpu_lora_seg_t){bt->lora[i].row0, bt->lora[i].n, m->pa, m->pb, m->rank, m->scale, m->pbt, m->dtype};
     }
     if (!ns) return;
     size_t rows = (size_t)bt->n_tokens;

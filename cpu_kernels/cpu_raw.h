@@ -22,10 +22,11 @@ typedef struct cpu_attn_seq {
 
 typedef struct cpu_lora_seg {
     int row0, n;
-    const float *a, *b;     /* (rank, d_in), (d_out, rank) F32 */
+    const void *a, *b;      /* (rank, d_in), (d_out, rank) */
     int rank;
     float scale;
-    const float *bt;        /* optional: b transposed, (rank, d_out) */
+    const void *bt;         /* optional: b transposed, (rank, d_out) */
+    cs_dtype dtype;         /* of a, b, bt: F32 or BF16 */
 } cpu_lora_seg_t;
 
 typedef struct cpu_raw cpu_raw_t;

@@ -19,6 +19,17 @@ void cs_silu_mul_ref(float *gate, const float *up, size_t n);
 void cs_lora_ref(float *y, const float *x, int n, const float *a, const float *b, int rank, int d_in,
                  int d_out, float scale);
 
+/* ---- few-row LoRA kernels (kernels_lora.c), F32 or BF16 weights ---- */
+typedef enum cs_isa { CS_ISA_PLAIN = 0, CS_ISA_AVX2, CS_ISA_AVX512 } cs_isa;
+int cs_cpu_has_avx2(void);   /* AVX2 and FMA */
+#define CS_LORA_SMALL_M 8    /* rows cs_lora_expand_bt takes at once */
+/* dot(x[0 .. n), w[0 .. n)), w F32 or BF16 */
+float cs_lora_dot(const float *x, const void *w, cs_dtype dt, int n, cs_isa isa);
+/* y[i, c0:c1] += scale · Σ_r t[i, r] · bt[r, c0:c1] for i < n ≤ CS_LORA_SMALL_M; bt (rank, ld_y)
+ * F32 or BF16, t rows ld_t apart */
+void cs_lora_expand_bt(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt, int rank,
+                       int c0, int c1, float scale, cs_isa isa);
+
 /* ---- AVX-512 kernels (call only when cs_cpu_has_avx512()) ---- */
 int cs_cpu_has_avx512(void);
 /* y[i, r] = dot(x[i, :], w[r, :]) for rows r in [r0, r1), i < n; w of dtype BF16/F16/F32 */

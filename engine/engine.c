@@ -37,6 +37,11 @@ typedef struct seq {
     sampler_t *sampler;
     stop_matcher_t *stop;
     tokenizer_stream_t *detok;
+    /* the adapter's device slot while running (lora_registry_device_acquire on dref, the
+     * request's host reference at the time): never held while waiting or preempted */
+    lora_ref_t *dref;
+    backend_adapter_t *dslot;
+    bool dwait;                 /* this iteration: running, but no slot was free */
     struct seq *prev, *next;    /* in the waiting or running list */
 } seq_t;
 
@@ -337,12 +342,21 @@ static void req_done(engine_t *e, req_t *r) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* S stops running (preempted, finished, moved to another version): its slot may go */
+static void seq_device_drop(engine_t *e, seq_t *s) {
+    if (!s->dref) return;
+    lora_registry_device_release(e->p.loras, s->dref);
+    s->dref = NULL;
+    s->dslot = NULL;
+}
+
 /* End sequence s (removing it from its list) and, with its last sequence, the request
  * (freed: do not touch r afterwards when this returns true). Ending seq 0 of a request
  * of n samples that has not forked yet ends every sample. */
 static bool seq_finish(engine_t *e, seq_t *s, engine_finish fin, int err, const char *msg, const sample_out_t *so,
                        bool has_token, const char *text, size_t text_len) {
     req_t *r = s->req;
+    seq_device_drop(e, s);
     if (s->state == SEQ_WAITING) list_remove(&e->waiting, s);
     else if (s->state == SEQ_RUNNING) list_remove(&e->running, s);
     s->state = SEQ_DONE;
@@ -392,8 +406,31 @@ static void take_inbox(engine_t *e) {
     free(ab);
 }
 
+/* ---- device slots ---- */
+/* S's adapter in a device slot for this iteration: true when it has it (or needs none);
+ * false when every slot is in use by running sequences (it waits) or on an error (the
+ * request has failed: *failed). */
+static bool seq_device(engine_t *e, seq_t *s, bool *failed) {
+    req_t *r = s->req;
+    *failed = false;
+    if (!r->lora || s->dref == r->lora || !e->p.loras) return true;
+    CS_ASSERT(!s->dref);
+    int rc = lora_registry_device_acquire(e->p.loras, r->lora, &s->dslot);
+    if (rc == CS_EAGAIN) return false;
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "adapter '%s': %s", r->adapter, cs_error_last());
+        req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
+        *failed = true;
+        return false;
+    }
+    s->dref = r->lora;
+    return true;
+}
+
 /* ---- preemption ---- */
 static void preempt(engine_t *e, seq_t *s) {
+    seq_device_drop(e, s);
     list_remove(&e->running, s);
     seq_release_blocks(e, s);
     s->state = SEQ_WAITING;
@@ -644,6 +681,8 @@ static int follow_active(engine_t *e, const char *name) {
                 continue;
             lora_ref_t *nr = NULL;
             if (lora_registry_acquire_version(e->p.loras, name, cur->version, &nr)) continue;
+            for (int i = 0; i < r->n; i++) /* the old version's slot: the next step takes the new one's */
+                if (r->seqs[i]) seq_device_drop(e, r->seqs[i]);
             lora_registry_release(e->p.loras, r->lora);
             r->lora = nr;
             r->adapter_version = nr->version;
@@ -704,9 +743,18 @@ static int step(engine_t *e) {
     int budget = e->p.max_num_batched_tokens, nb = 0;
     bool preempted = false;
 
+    /* 0. running sequences without their adapter's device slot (a fork's new samples, a
+     * move to another version) take it now; with every slot in use they sit this one out */
+    for (seq_t *s = e->running.head; s;) {
+        bool failed;
+        s->dwait = !seq_device(e, s, &failed);
+        s = failed ? e->running.head : s->next; /* its request (and maybe s->next) is gone */
+    }
+
     /* 1. running sequences, oldest first: decode rows and continuing prefill chunks */
     for (seq_t *s = e->running.head, *nx; s && budget > 0; s = nx) {
         nx = s->next;
+        if (s->dwait) continue;
         int chunk = CS_MIN(s->n_tokens - s->n_computed, budget);
         if (chunk <= 0) continue;
         if (wants_plp(s)) chunk = CS_MIN(chunk, PLP_MAX_CHUNK);
@@ -760,6 +808,12 @@ static int step(engine_t *e) {
         if (need + watermark > avail || !seq_reserve(e, s, s->n_computed + chunk)) {
             seq_release_blocks(e, s);   /* matched blocks go back to the cache */
             break;
+        }
+        bool failed;
+        if (!seq_device(e, s, &failed)) { /* every device slot runs other adapters: let others pass */
+            if (failed) nx = e->waiting.head; /* its request (and maybe nx) is gone */
+            else seq_release_blocks(e, s);
+            continue;
         }
         if (first) {
             s->admitted_once = true;
@@ -823,7 +877,7 @@ static int step(engine_t *e) {
         bool last = s->n_computed + c == s->n_tokens;
         int nl = wants_plp(s) ? c : last ? 1 : 0;
         e->batch[i] = (model_batch_seq_t){s->tokens + s->n_computed, c, s->n_computed, s->blocks,
-                                          s->req->lora ? s->req->lora->adapter : NULL, nl};
+                                          s->req->lora ? s->req->lora->adapter : NULL, nl, s->dslot};
         n_logits += nl;
         n_tok += c;
         if (!(c == 1 && last && s->n_generated > 0)) decode_only = false;

@@ -405,7 +405,7 @@ int model_forward(model_t *m, model_seq_t *s, const int32_t *ids, int n, const l
     if (n <= 0) return cs_error_set(CS_EINVAL, "no tokens to run");
     if (s->len + n > s->capacity)
         return cs_error_set(CS_EINVAL, "sequence of %d tokens exceeds its KV cache capacity %d", s->len + n, s->capacity);
-    model_batch_seq_t bs = {ids, n, s->len, s->blocks, lora, all_logits ? n : 1};
+    model_batch_seq_t bs = {ids, n, s->len, s->blocks, lora, all_logits ? n : 1, NULL};
     int rc = model_forward_batch(m, s->kv, &bs, 1, logits);
     if (rc == CS_OK) s->len += n;
     return rc;
@@ -419,11 +419,11 @@ static int lora_segments(model_t *m, const model_batch_seq_t *seqs, int n_seqs, 
     int r0 = 0, ns = 0;
     for (int i = 0; i < n_seqs;) {
         const lora_adapter_t *a = seqs[i].lora;
+        backend_adapter_t *slot = seqs[i].slot;
         int rows = 0, j = i;
-        for (; j < n_seqs && seqs[j].lora == a; j++) rows += seqs[j].n;
+        for (; j < n_seqs && seqs[j].lora == a && seqs[j].slot == slot; j++) rows += seqs[j].n;
         if (a) {
-            backend_adapter_t *slot;
-            int rc = lora_adapter_slot((lora_adapter_t *)a, m->be, &slot);
+            int rc = slot ? CS_OK : lora_adapter_slot((lora_adapter_t *)a, m->be, &slot);
             if (rc) return rc;
             m->lsegs[ns++] = (backend_lora_seg_desc_t){r0, rows, slot};
         }

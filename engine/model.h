@@ -42,6 +42,8 @@ typedef struct model_batch_seq {
     const int32_t *blocks;
     const lora_adapter_t *lora;     /* NULL: base model */
     int n_logits;
+    backend_adapter_t *slot;        /* lora's device slot (the registry's device tier); NULL:
+                                     * the adapter's own slot (lora_adapter_slot) */
 } model_batch_seq_t;
 
 /* Run a batch of sequences in one pass: the base GEMMs once over every row, LoRA grouped

@@ -417,7 +417,7 @@ static char *base_name(const char *dir) {
 
 /* Decide every module of the model from adapter_config.json (TEXT, LEN bytes), the way peft
  * walks named_modules(): a new adapter with rank, scale and shape set per module, no weights
- * yet, and nbytes = the F32 A/B bytes the weights will take. */
+ * yet, and nbytes = the F32 A/B/Bᵀ bytes the weights would take (a bound: BF16 takes half). */
 static int plan(const char *name, const char *dir, const char *text, size_t len, const model_config_t *cfg,
                 lora_adapter_t **out) {
     int rc = CS_OK;
@@ -504,9 +504,12 @@ err:
     return rc;
 }
 
-/* Check every tensor of ST against the plan in A and convert the weights to F32. */
-static int fill(const char *dir, const safetensors_t *st, const model_config_t *cfg, lora_adapter_t *a) {
+/* Check every tensor of ST against the plan in A and set each module's dtype (BF16 kept,
+ * the rest F32) and a->nbytes, the bytes the weights take; with COPY, copy them too (else
+ * only the header of ST is read: lora_adapter_probe). */
+static int fill(const char *dir, const safetensors_t *st, const model_config_t *cfg, lora_adapter_t *a, bool copy) {
     int rc;
+    a->nbytes = 0;
     /* every tensor must be one we expect */
     for (size_t i = 0; i < safetensors_count(st); i++) {
         const char *name = safetensors_at(st, i)->name;
@@ -540,13 +543,26 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
                 (rc = check_tensor(dir, st, nb, mod->d_out, mod->rank, why, &tb)))
                 return rc;
             size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank;
-            if (!(mod->a = cs_aligned_alloc(64, n_a * sizeof(float))) ||
-                !(mod->b = cs_aligned_alloc(64, n_b * sizeof(float))) ||
-                !(mod->bt = cs_aligned_alloc(64, n_b * sizeof(float))))
+            /* BF16 stays BF16 (half the bytes to stream per token); F16 and mixed become F32 */
+            mod->dtype = ta->dtype == CS_DTYPE_BF16 && tb->dtype == CS_DTYPE_BF16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+            size_t es = cs_dtype_size(mod->dtype);
+            a->nbytes += (n_a + 2 * n_b) * es;
+            if (!copy) continue;
+            if (!(mod->a = cs_aligned_alloc(64, n_a * es)) || !(mod->b = cs_aligned_alloc(64, n_b * es)) ||
+                !(mod->bt = cs_aligned_alloc(64, n_b * es)))
                 return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
-            if ((rc = convert(dir, ta, mod->a, n_a)) || (rc = convert(dir, tb, mod->b, n_b))) return rc;
-            for (int o = 0; o < mod->d_out; o++)
-                for (int r = 0; r < mod->rank; r++) mod->bt[(size_t)r * mod->d_out + o] = mod->b[(size_t)o * mod->rank + r];
+            if (mod->dtype == CS_DTYPE_BF16) {
+                memcpy(mod->a, ta->data, n_a * es); /* memcpy: the file's data may be unaligned */
+                memcpy(mod->b, tb->data, n_b * es);
+                uint16_t *b16 = mod->b, *bt16 = mod->bt;
+                for (int o = 0; o < mod->d_out; o++)
+                    for (int r = 0; r < mod->rank; r++) bt16[(size_t)r * mod->d_out + o] = b16[(size_t)o * mod->rank + r];
+            } else {
+                if ((rc = convert(dir, ta, mod->a, n_a)) || (rc = convert(dir, tb, mod->b, n_b))) return rc;
+                float *b32 = mod->b, *bt32 = mod->bt;
+                for (int o = 0; o < mod->d_out; o++)
+                    for (int r = 0; r < mod->rank; r++) bt32[(size_t)r * mod->d_out + o] = b32[(size_t)o * mod->rank + r];
+            }
         }
     }
     return CS_OK;
@@ -576,7 +592,7 @@ int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t
         goto err;
     }
     if ((rc = safetensors_open_dir(dir, "adapter_model", &st)) != CS_OK) goto err;
-    if ((rc = fill(dir, st, cfg, a)) != CS_OK) goto err;
+    if ((rc = fill(dir, st, cfg, a, true)) != CS_OK) goto err;
     safetensors_free(st);
     free(text);
     free(cfg_path);
@@ -596,13 +612,52 @@ int lora_adapter_load_buffers(const char *name, const char *dir, const char *con
     int rc;
     *out = NULL;
     if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
-    if ((rc = fill(dir, st, cfg, a)) != CS_OK) {
+    if ((rc = fill(dir, st, cfg, a, true)) != CS_OK) {
         lora_adapter_free(a);
         return rc;
     }
     *out = a;
     return CS_OK;
 }
+
+static void info_of(const lora_adapter_t *a, lora_adapter_info_t *info) {
+    *info = (lora_adapter_info_t){.n_layers = a->n_layers, .max_rank = a->max_rank, .nbytes = a->nbytes};
+    bool all_bf16 = true;
+    for (int l = 0; l < a->n_layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            const lora_module_t *m = lora_adapter_module(a, l, (lora_target)t);
+            if (!m->rank) continue;
+            info->targets |= 1u << t;
+            info->n_modules++;
+            info->rank_sum += m->rank;
+            info->min_rank = info->min_rank ? CS_MIN(info->min_rank, m->rank) : m->rank;
+            all_bf16 = all_bf16 && m->dtype == CS_DTYPE_BF16;
+        }
+    info->dtype = all_bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+}
+
+int lora_adapter_probe(const char *dir, const model_config_t *cfg, lora_adapter_info_t *info) {
+    int rc;
+    char *cfg_path = NULL, *text = NULL;
+    size_t len = 0;
+    safetensors_t *st = NULL;
+    lora_adapter_t *a = NULL;
+    *info = (lora_adapter_info_t){0};
+    if (!(cfg_path = cs_path_join(dir, "adapter_config.json"))) return cs_error_set(CS_ENOMEM, "out of memory");
+    if (!cs_file_exists(cfg_path)) rc = cs_error_set(CS_ENOTFOUND, "%s: no adapter_config.json", dir);
+    else if (!(text = cs_read_file(cfg_path, &len))) rc = CS_EIO;
+    else if ((rc = plan(NULL, dir, text, len, cfg, &a)) == CS_OK &&
+             (rc = safetensors_open_dir(dir, "adapter_model", &st)) == CS_OK &&
+             (rc = fill(dir, st, cfg, a, false)) == CS_OK)
+        info_of(a, info);
+    safetensors_free(st);
+    lora_adapter_free(a);
+    free(text);
+    free(cfg_path);
+    return rc;
+}
+
+void lora_adapter_info(const lora_adapter_t *a, lora_adapter_info_t *info) { info_of(a, info); }
 
 int lora_adapter_config_nbytes(const char *dir, const char *config_json, size_t config_len,
                                const model_config_t *cfg, size_t *nbytes) {
@@ -622,6 +677,20 @@ struct lora_slot {
 
 static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 
+int lora_adapter_upload(const lora_adapter_t *a, backend_t *be, backend_adapter_t **out) {
+    int nm = a->n_layers * LORA_N_TARGETS;
+    backend_lora_module_desc_t *md = calloc((size_t)(nm ? nm : 1), sizeof *md);
+    if (!md) return cs_error_set(CS_ENOMEM, "out of memory");
+    for (int i = 0; i < nm; i++) {
+        const lora_module_t *m = &a->mods[i];
+        md[i] = (backend_lora_module_desc_t){m->rank, m->d_in, m->d_out, m->scale, m->dtype, m->a, m->b, m->bt};
+    }
+    backend_adapter_desc_t d = {a->n_layers, md, true};
+    int rc = backend_adapter_upload(be, &d, out);
+    free(md);
+    return rc;
+}
+
 int lora_adapter_slot(lora_adapter_t *a, backend_t *be, backend_adapter_t **out) {
     pthread_mutex_lock(&slot_mu);
     for (struct lora_slot *s = a->slots; s; s = s->next) {
@@ -631,27 +700,17 @@ int lora_adapter_slot(lora_adapter_t *a, backend_t *be, backend_adapter_t **out)
             return CS_OK;
         }
     }
-    int nm = a->n_layers * LORA_N_TARGETS, rc;
-    backend_lora_module_desc_t *md = calloc((size_t)(nm ? nm : 1), sizeof *md);
+    int rc;
     struct lora_slot *s = calloc(1, sizeof *s);
-    if (!md || !s) {
-        rc = cs_error_set(CS_ENOMEM, "out of memory");
-        goto out;
+    if (!s) rc = cs_error_set(CS_ENOMEM, "out of memory");
+    else if ((rc = lora_adapter_upload(a, be, &s->slot)) == CS_OK) {
+        s->be = be;
+        s->next = a->slots;
+        a->slots = s;
+        *out = s->slot;
+        s = NULL;
     }
-    for (int i = 0; i < nm; i++) {
-        const lora_module_t *m = &a->mods[i];
-        md[i] = (backend_lora_module_desc_t){m->rank, m->d_in, m->d_out, m->scale, CS_DTYPE_F32, m->a, m->b, m->bt};
-    }
-    backend_adapter_desc_t d = {a->n_layers, md, true};
-    if ((rc = backend_adapter_upload(be, &d, &s->slot))) goto out;
-    s->be = be;
-    s->next = a->slots;
-    a->slots = s;
-    *out = s->slot;
-    s = NULL;
-out:
     pthread_mutex_unlock(&slot_mu);
-    free(md);
     free(s);
     return rc;
 }

@@ -1,7 +1,7 @@
 /* peft.h: PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors) mapped onto
  * a base model's projections. Scale = lora_alpha / r (or / sqrt(r) with rsLoRA), with
- * rank_pattern / alpha_pattern overrides per module. Weights are converted to F32 at load
- * (they are small). What we cannot serve exactly (DoRA, modules_to_save, embedding or
+ * rank_pattern / alpha_pattern overrides per module. Weights stay BF16 when a module's A and
+ * B both are (the backends read BF16 LoRA weights); anything else is converted to F32. What we cannot serve exactly (DoRA, modules_to_save, embedding or
  * lm_head LoRA, bias != "none", ...) is refused with a clear message. */
 #ifndef CS_PEFT_H
 #define CS_PEFT_H
@@ -23,9 +23,10 @@ typedef struct lora_module {
     int rank;           /* 0: this projection is not adapted */
     int d_in, d_out;
     float scale;        /* alpha / r, or alpha / sqrt(r) */
-    float *a;           /* (rank, d_in)  lora_A.weight; cs_aligned_alloc(64), freed by lora_adapter_free */
-    float *b;           /* (d_out, rank) lora_B.weight; same */
-    float *bt;          /* (rank, d_out) B transposed, for the decode fast path (expand without
+    cs_dtype dtype;     /* of a, b and bt: BF16 when the file's A and B both are, else F32 */
+    void *a;            /* (rank, d_in)  lora_A.weight; cs_aligned_alloc(64), freed by lora_adapter_free */
+    void *b;            /* (d_out, rank) lora_B.weight; same */
+    void *bt;           /* (rank, d_out) B transposed, for the decode fast path (expand without
                            horizontal sums); same */
 } lora_module_t;
 
@@ -34,7 +35,7 @@ typedef struct lora_adapter {
     char *path;
     int n_layers;
     int max_rank;
-    size_t nbytes;          /* bytes of A, B and Bᵀ held */
+    size_t nbytes;          /* bytes of A, B and Bᵀ held (in their dtype) */
     lora_module_t *mods;    /* [n_layers * LORA_N_TARGETS] */
     struct lora_slot *slots; /* its backend adapter slots (lora_adapter_slot), freed with it */
 } lora_adapter_t;
@@ -56,18 +57,46 @@ int lora_adapter_load_buffers(const char *name, const char *dir, const char *con
                               size_t config_len, const struct safetensors *st,
                               const model_config_t *cfg, lora_adapter_t **out);
 
-/* Bytes of F32 A and B (the nbytes of the adapter it would load) that adapter_config.json
- * CONFIG_JSON implies for this base model, with the same checks of the config as a load;
- * lets a cache reserve room before reading the weights. */
+/* Bytes of F32 A, B and Bᵀ that adapter_config.json CONFIG_JSON implies for this base model,
+ * with the same checks of the config as a load: a bound on the nbytes of the adapter it
+ * would load (BF16 weights take half), so a cache can reserve room before reading them. */
 int lora_adapter_config_nbytes(const char *dir, const char *config_json, size_t config_len,
                                const model_config_t *cfg, size_t *nbytes);
+/* What a scheduler and a cache need to know of an adapter before its weights are read. */
+typedef struct lora_adapter_info {
+    int n_layers;
+    unsigned targets;       /* bit t set when some layer adapts target t (lora_target) */
+    int n_modules;          /* (layer, target) pairs adapted */
+    int max_rank, min_rank; /* over the adapted modules */
+    long rank_sum;          /* Σ rank over them: the adapter's LoRA work per token is
+                             * Σ rank · (d_in + d_out) */
+    cs_dtype dtype;         /* BF16 when every module is held in BF16, else F32 */
+    size_t nbytes;          /* exactly the nbytes a load will hold */
+} lora_adapter_info_t;
+
+/* adapter_config.json and the safetensors header(s) of DIR only (the weights' pages are not
+ * touched): the same checks as lora_adapter_load short of reading the weights. */
+int lora_adapter_probe(const char *dir, const model_config_t *cfg, lora_adapter_info_t *info);
+/* The same facts of a loaded adapter. */
+void lora_adapter_info(const lora_adapter_t *a, lora_adapter_info_t *info);
+
 /* Frees the adapter and its backend slots. */
 void lora_adapter_free(lora_adapter_t *a);
 
-/* The adapter's slot on backend BE: uploaded on first use (its weights in the dtype they
+/* A new slot on backend BE holding the adapter's weights in their dtype; the adapter must
+ * outlive it (a host-memory backend uses the weights in place). The caller frees it
+ * (backend_adapter_free): the registry's device tier manages its slots this way. */
+int lora_adapter_upload(const lora_adapter_t *a, backend_t *be, backend_adapter_t **slot);
+
+/* The adapter's own slot on backend BE (for callers without a registry): uploaded on first use (its weights in the dtype they
  * are held in; a host-memory backend uses them in place), kept until lora_adapter_free.
  * Thread-safe. */
 int lora_adapter_slot(lora_adapter_t *a, backend_t *be, backend_adapter_t **slot);
+
+/* A's or B's element I as a float, whatever the module's dtype. */
+static inline float lora_module_at(const lora_module_t *m, const void *w, size_t i) {
+    return m->dtype == CS_DTYPE_BF16 ? cs_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
 
 /* Projection shapes of the base model: d_in / d_out of each target. */
 void lora_target_dims(const model_config_t *cfg, lora_target t, int *d_in, int *d_out);

@@ -41,9 +41,19 @@ struct lora_entry {
     int refs;
     int pins;               /* requests that will acquire exactly this version (lora_registry_pin):
                              * it stays kept (or, dropped by a remove, alive) for them */
-    size_t nbytes;          /* F32 A/B bytes, known once adapter_config.json is read */
+    size_t nbytes;          /* A/B/Bᵀ bytes: the F32 bound once adapter_config.json is read, the
+                             * bytes held once loaded */
     double fresh_until;     /* cs_time_ms() before which only its requester may take it */
     double load_started;    /* cs_time_ms() when the load from disk began */
+    /* the device tier: a slot on r->p.device while RESIDENT */
+    backend_adapter_t *dslot;
+    size_t dbytes;          /* device bytes the slot holds (reserved before the upload) */
+    int drefs;              /* running sequences using the slot (lora_registry_device_acquire) */
+    bool dbusy;             /* uploading (the lock dropped meanwhile) */
+    bool on_dlru;           /* on r->dlru (a slot, drefs == 0) */
+    elink_t dq;             /* r->dlru */
+    lora_adapter_info_t info; /* rank, targets, bytes: probed at registration, or at the load */
+    bool info_known;
     void *config;           /* adapter_config.json text between the two reads */
     size_t config_len;
     lora_adapter_t *adapter;
@@ -78,6 +88,9 @@ struct lora_registry {
     elist_t waitq;          /* loads waiting for room, oldest at head */
     size_t used_bytes, lru_bytes;
     int used_count, lru_count;
+    elist_t dlru;           /* device slots nobody runs on, least recently used at head */
+    size_t dused_bytes;     /* device bytes of every slot (and uploads under way) */
+    int dused_count;
     lora_registry_stats_t stats;
 };
 
@@ -99,6 +112,7 @@ static void list_del(elist_t *l, lora_entry_t *e, elink_t *(*link)(lora_entry_t 
 }
 
 static elink_t *qlink(lora_entry_t *e) { return &e->q; }
+static elink_t *dlink(lora_entry_t *e) { return &e->dq; }
 static elink_t *alllink(lora_entry_t *e) { return &e->all; }
 
 const char *lora_state_name(lora_state st) {
@@ -199,8 +213,27 @@ static void wait_del(lora_registry_t *r, lora_entry_t *e) {
     e->waiting = false;
 }
 
+/* Free E's device slot (drefs == 0; r->mu held). Before its host copy goes: a host-memory
+ * backend's slot uses that memory in place. */
+static void device_drop(lora_registry_t *r, lora_entry_t *e) {
+    if (!e->dslot) return;
+    CS_ASSERT(e->drefs == 0 && !e->dbusy);
+    if (e->on_dlru) {
+        list_del(&r->dlru, e, dlink);
+        e->on_dlru = false;
+    }
+    backend_adapter_free(r->p.device, e->dslot);
+    e->dslot = NULL;
+    r->dused_bytes -= e->dbytes;
+    r->dused_count--;
+    r->stats.n_device--;
+    r->stats.device_bytes -= e->dbytes;
+    e->dbytes = 0;
+}
+
 static void entry_free(lora_registry_t *r, lora_entry_t *e) {
     list_del(&r->all, e, alllink);
+    device_drop(r, e);
     lora_adapter_free(e->adapter);
     free(e->config);
     free(e->errmsg);
@@ -277,6 +310,7 @@ static bool try_reserve(lora_registry_t *r, lora_entry_t *e) {
         lru_del(r, v);
         unreserve(r, v);
         set_state(r, v, LORA_ON_DISK);
+        device_drop(r, v);
         lora_adapter_free(v->adapter);
         v->adapter = NULL;
         v->ref.adapter = NULL;
@@ -340,6 +374,8 @@ static void config_done(void *user, lora_file_t *files, size_t n) {
     if (rc != CS_OK) snprintf(msg, sizeof msg, "%s", files[0].error);
     else if ((rc = lora_adapter_config_nbytes(e->dir, files[0].data, files[0].len, r->p.cfg, &nbytes)) != CS_OK)
         snprintf(msg, sizeof msg, "%s", cs_error_last());
+    else if (e->info_known) /* set at registration, before any load: no lock needed to read */
+        nbytes = e->info.nbytes; /* exact (the config's figure is the F32 bound) */
 
     pthread_mutex_lock(&r->mu);
     bool closing = r->closing, finished = true;
@@ -349,7 +385,7 @@ static void config_done(void *user, lora_file_t *files, size_t n) {
     } else if (rc != CS_OK) {
         fail(r, e, rc, msg);
     } else if (r->p.cache_bytes && nbytes > r->p.cache_bytes) {
-        snprintf(msg, sizeof msg, "%s: needs %zu bytes of F32 A/B weights, more than the whole host cache (%zu bytes)",
+        snprintf(msg, sizeof msg, "%s: needs %zu bytes of A/B weights, more than the whole host cache (%zu bytes)",
                  e->dir, nbytes, r->p.cache_bytes);
         fail(r, e, CS_ENOMEM, msg);
     } else {
@@ -396,13 +432,24 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         lora_adapter_free(a);
         maybe_free(r, e);
         pump(r);
+    } else if (rc == CS_OK && a->nbytes > e->nbytes) { /* changed on disk since registration */
+        snprintf(msg, sizeof msg, "%s: the adapter's files changed since it was registered (%zu bytes of weights "
+                 "now, %zu then): add it again", e->dir, a->nbytes, e->nbytes);
+        lora_adapter_free(a);
+        fail(r, e, CS_EFORMAT, msg);
+        pump(r);
     } else if (rc != CS_OK) {
         fail(r, e, rc, msg);
         pump(r);
     } else {
-        CS_ASSERT(a->nbytes == e->nbytes && e->refs == 0);
+        /* without a probe the room reserved was the F32 bound: BF16 weights give half back */
+        CS_ASSERT(e->refs == 0);
+        r->used_bytes -= e->nbytes - a->nbytes;
+        e->nbytes = a->nbytes;
         e->adapter = a;
         e->ref.adapter = a;
+        if (!e->info_known) lora_adapter_info(a, &e->info);
+        e->info_known = true;
         set_state(r, e, LORA_RESIDENT);
         e->fresh_until = cs_time_ms() + (r->p.fresh_ms > 0 ? r->p.fresh_ms : LORA_FRESH_MS_DEFAULT);
         if (e->kept) lru_add(r, e); /* a dropped, pinned one waits for its pinners, unevictable */
@@ -446,7 +493,7 @@ void lora_registry_free(lora_registry_t *r) {
     lora_loader_free(r->loader);    /* the callbacks of unfinished loads run here */
     while (r->all.head) {
         lora_entry_t *e = r->all.head;
-        CS_ASSERT(e->refs == 0 && !e->in_io);
+        CS_ASSERT(e->refs == 0 && e->drefs == 0 && !e->in_io);
         entry_free(r, e);
     }
     for (size_t i = 0; r->buckets && i < r->n_buckets; i++)
@@ -515,6 +562,11 @@ static int add(lora_registry_t *r, const char *name, const char *dir, int want, 
     e->state = LORA_ON_DISK;
     e->kept = true;
     e->ref.name = e->name;
+    /* rank, targets, dtype and exact bytes from the config and the safetensors header, read
+     * now (a few KB; no lock held). A probe that fails leaves them unknown: the load then
+     * reserves the F32 bound, and reports the error when the version is acquired. */
+    e->info_known = lora_adapter_probe(dir, r->p.cfg, &e->info) == CS_OK;
+    cs_error_clear();
 
     pthread_mutex_lock(&r->mu);
     lora_name_t *n = name_get(r, name);
@@ -736,6 +788,7 @@ void lora_registry_release(lora_registry_t *r, lora_ref_t *ref) {
     lora_entry_t *e = (lora_entry_t *)((char *)ref - offsetof(lora_entry_t, ref));
     pthread_mutex_lock(&r->mu);
     CS_ASSERT(e->r == r && e->refs > 0 && e->state == LORA_RESIDENT);
+    CS_ASSERT(e->refs > 1 || e->drefs == 0); /* device references end before the last host one */
     if (--e->refs == 0) {
         if (e->kept) lru_add(r, e);
         else maybe_free(r, e);
@@ -758,6 +811,120 @@ int lora_registry_state(lora_registry_t *r, const char *name, lora_state *st, in
     return rc;
 }
 
+/* ---- the device tier ---- */
+
+static lora_entry_t *entry_of(lora_registry_t *r, lora_ref_t *ref) {
+    lora_entry_t *e = (lora_entry_t *)((char *)ref - offsetof(lora_entry_t, ref));
+    CS_ASSERT(e->r == r && e->refs > 0 && e->state == LORA_RESIDENT);
+    return e;
+}
+
+/* room for NBYTES more and one more slot, evicting unused slots (least recently used first),
+ * but only if that is enough: never evict for nothing (r->mu held) */
+static bool device_room(lora_registry_t *r, size_t nbytes) {
+    size_t cap = r->p.device_bytes, free_bytes = 0;
+    int max = r->p.device_slots, free_count = 0;
+    for (lora_entry_t *v = r->dlru.head; v; v = v->dq.next) {
+        free_bytes += v->dbytes;
+        free_count++;
+    }
+    if ((cap && r->dused_bytes - free_bytes + nbytes > cap) || (max && r->dused_count - free_count + 1 > max))
+        return false;
+    while (r->dlru.head && ((cap && r->dused_bytes + nbytes > cap) || (max && r->dused_count + 1 > max))) {
+        device_drop(r, r->dlru.head);
+        r->stats.device_evictions++;
+    }
+    return true;
+}
+
+int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_adapter_t **slot) {
+    *slot = NULL;
+    if (!r->p.device) return CS_OK;
+    pthread_mutex_lock(&r->mu);
+    lora_entry_t *e = entry_of(r, ref);
+    CS_ASSERT(!e->dbusy); /* one caller (the engine thread) */
+    if (e->dslot) {
+        if (e->on_dlru) {
+            list_del(&r->dlru, e, dlink);
+            e->on_dlru = false;
+        }
+        e->drefs++;
+        r->stats.device_hits++;
+        *slot = e->dslot;
+        pthread_mutex_unlock(&r->mu);
+        return CS_OK;
+    }
+    size_t want = e->adapter->nbytes; /* what a copy takes; the real figure once uploaded */
+    if (r->p.device_bytes && want > r->p.device_bytes) {
+        pthread_mutex_unlock(&r->mu);
+        return cs_error_set(CS_ENOMEM, "adapter '%s' version %d: %zu bytes of weights, more than the whole device "
+                            "adapter budget (%zu bytes)", e->name, e->version, want, r->p.device_bytes);
+    }
+    if (!device_room(r, want)) {
+        r->stats.device_waits++;
+        pthread_mutex_unlock(&r->mu);
+        return CS_EAGAIN;
+    }
+    r->dused_bytes += want;
+    r->dused_count++;
+    e->dbusy = true;
+    pthread_mutex_unlock(&r->mu);
+
+    /* the upload without the lock: the held reference keeps the host copy alive */
+    backend_adapter_t *s = NULL;
+    int rc = lora_adapter_upload(e->adapter, r->p.device, &s);
+    size_t got = rc == CS_OK ? backend_adapter_bytes(r->p.device, s) : 0;
+
+    pthread_mutex_lock(&r->mu);
+    e->dbusy = false;
+    r->dused_bytes -= want;
+    if (rc == CS_OK) {
+        e->dslot = s;
+        e->dbytes = got;
+        e->drefs = 1;
+        r->dused_bytes += got;
+        r->stats.n_device++;
+        r->stats.device_bytes += got;
+        r->stats.device_uploads++;
+        *slot = s;
+    } else {
+        r->dused_count--;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void lora_registry_device_release(lora_registry_t *r, lora_ref_t *ref) {
+    if (!r->p.device) return;
+    pthread_mutex_lock(&r->mu);
+    lora_entry_t *e = entry_of(r, ref);
+    CS_ASSERT(e->dslot && e->drefs > 0);
+    if (--e->drefs == 0) {
+        list_push(&r->dlru, e, dlink);
+        e->on_dlru = true;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+bool lora_registry_on_device(lora_registry_t *r, lora_ref_t *ref) {
+    pthread_mutex_lock(&r->mu);
+    bool on = entry_of(r, ref)->dslot != NULL;
+    pthread_mutex_unlock(&r->mu);
+    return on;
+}
+
+int lora_registry_info(lora_registry_t *r, const char *name, int version, lora_adapter_info_t *info) {
+    int rc = CS_OK;
+    pthread_mutex_lock(&r->mu);
+    lora_name_t *n = name_find(r, name);
+    lora_entry_t *e = !n || !n->cur ? NULL : version > 0 ? kept_find(n, version) : n->cur;
+    if (!e) rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' has no %s", name, version > 0 ? "such version" : "active version");
+    else if (!e->info_known) rc = cs_error_set(CS_EAGAIN, "adapter '%s' version %d: not known before its load", name, e->version);
+    else *info = e->info;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
 int lora_registry_versions(lora_registry_t *r, const char *name, lora_version_info_t *out, int max) {
     int count = 0;
     pthread_mutex_lock(&r->mu);
@@ -767,7 +934,7 @@ int lora_registry_versions(lora_registry_t *r, const char *name, lora_version_in
         return cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
     }
     for (lora_entry_t *e = n->kept; e; e = e->vnext, count++)
-        if (count < max) out[count] = (lora_version_info_t){e->version, e->state, e->refs, e == n->cur};
+        if (count < max) out[count] = (lora_version_info_t){e->version, e->state, e->refs, e == n->cur, e->dslot != NULL, e->drefs};
     pthread_mutex_unlock(&r->mu);
     return count;
 }

@@ -1,12 +1,23 @@
-/* registry.h: the host tier of LoRA adapters. Adapters are registered by name (each add of
- * a name is a new version) and loaded on first use by the io_uring loader thread into a host
- * cache bounded in bytes and in count, evicting least recently used adapters that nobody
- * holds. Acquire never blocks on disk: it answers CS_EAGAIN while a load runs (or waits for
- * room) and the engine retries after on_loaded fires. States per version:
- * ON_DISK -> LOADING -> RESIDENT (-> ON_DISK when evicted), or FAILED until re-added. */
+/* registry.h: the two tiers of LoRA adapters.
+ *
+ * The host tier: adapters are registered by name (each add of a name is a new version; rank,
+ * targets and bytes are probed then) and loaded on first use by the io_uring loader thread
+ * into a host cache bounded in bytes and in count, evicting least recently used adapters
+ * that nobody holds. Acquire never blocks on disk: it answers CS_EAGAIN while a load runs (or
+ * waits for room) and the engine retries after on_loaded fires. States per version:
+ * ON_DISK -> LOADING -> RESIDENT (-> ON_DISK when evicted), or FAILED until re-added.
+ *
+ * The device tier: a RESIDENT adapter may also hold a slot on the compute backend
+ * (backend_adapter_t: its weights in the backend's memory), with a budget of its own in
+ * bytes and in slots, its own LRU and its own references. A host reference (acquire) is what
+ * a request holds from admission to its end, waiting and preempted included; a device
+ * reference is held only while one of its sequences runs (is in the batch), so requests that
+ * wait never pin a slot and starve admission. A slot never outlives its host copy: evicting
+ * or dropping the host copy frees the slot first. */
 #ifndef CS_LORA_REGISTRY_H
 #define CS_LORA_REGISTRY_H
 
+#include "engine/backend.h"
 #include "engine/common.h"
 #include "engine/model_config.h"
 #include "lora/peft.h"
@@ -16,14 +27,15 @@ typedef struct lora_registry lora_registry_t;
 typedef enum lora_state { LORA_ON_DISK, LORA_LOADING, LORA_RESIDENT, LORA_FAILED } lora_state;
 
 typedef struct lora_ref {            /* what an acquirer holds; valid until lora_registry_release */
-    const lora_adapter_t *adapter;   /* F32 A/B per layer x target (lora/peft.h) */
+    const lora_adapter_t *adapter;   /* A/B per layer x target (lora/peft.h) */
     const char *name;
     int version;                     /* 1, 2, ... bumped by each lora_registry_add of the same name */
 } lora_ref_t;
 
 typedef struct lora_registry_params {
     const model_config_t *cfg;       /* base model the adapters must fit; must outlive the registry */
-    size_t cache_bytes;              /* host cache bound in bytes of A/B held; 0 = unbounded */
+    size_t cache_bytes;              /* host cache bound in bytes of A/B/Bᵀ held (BF16 adapters
+                                      * count half, as they are held); 0 = unbounded */
     int max_loras;                   /* bound on resident adapters; 0 = unbounded */
     void (*on_loaded)(void *user);   /* called (from the loader thread) after any load finishes, ok or
                                       * failed, with no registry lock held; must be cheap (the engine
@@ -36,6 +48,11 @@ typedef struct lora_registry_params {
                                       * so it must be cheap and must not call the registry (the
                                       * server removes uploaded files here) */
     void *user;
+    /* the device tier (optional): adapter slots on DEVICE, the engine's backend */
+    struct backend *device;          /* NULL: no device tier (device_acquire gives no slot) */
+    size_t device_bytes;             /* device bytes of the slots (backend_adapter_bytes; 0 for a
+                                      * host-memory backend using the weights in place); 0 = unbounded */
+    int device_slots;                /* adapters with a slot at once; 0 = unbounded */
     double fresh_ms;                 /* grace of a freshly loaded adapter that its requester has
                                       * not taken yet: a waiting load may not evict it before
                                       * (0: LORA_FRESH_MS_DEFAULT, 500 ms) */
@@ -54,8 +71,10 @@ int lora_registry_new(const lora_registry_params_t *p, lora_registry_t **out);
 void lora_registry_free(lora_registry_t *r);
 
 /* Register NAME as the PEFT directory DIR, or re-point it: each call makes a new version
- * (*version, if not NULL, gets it; versions keep counting across remove). Nothing is read
- * now: the files are checked when the version is first acquired. Later acquires get the new
+ * (*version, if not NULL, gets it; versions keep counting across remove). Only
+ * adapter_config.json and the safetensors header are read now (lora_adapter_probe: rank,
+ * targets, dtype, exact bytes; lora_registry_info); the weights are read when the version
+ * is first acquired, and a broken adapter is reported then, not here. Later acquires get the new
  * version; holders of an older one keep it until they release it, then it is freed (unless
  * keep_versions keeps it: lora_registry_add_ex); an
  * older version still loading is dropped when its load ends. CS_EINVAL for an empty name or
@@ -118,6 +137,8 @@ typedef struct lora_version_info {
     lora_state state;
     int refs;                        /* requests holding it */
     bool active;
+    bool on_device;                  /* RESIDENT and in a device slot */
+    int device_refs;                 /* running sequences using the slot */
 } lora_version_info_t;
 /* NAME's kept versions, oldest first, into out[0 .. max): returns how many NAME keeps (which
  * may exceed max), or CS_ENOTFOUND. */
@@ -132,16 +153,40 @@ void lora_registry_release(lora_registry_t *r, lora_ref_t *ref);
  * NAME is not registered. Either output may be NULL. */
 int lora_registry_state(lora_registry_t *r, const char *name, lora_state *st, int *version);
 
+/* What the probe at registration found of version VERSION of NAME (0: the active one): rank,
+ * targets and bytes before any load (lora/peft.h). CS_ENOTFOUND; CS_EAGAIN when the probe
+ * failed and no load has succeeded yet (the acquire reports why). */
+int lora_registry_info(lora_registry_t *r, const char *name, int version, lora_adapter_info_t *info);
+
+/* A device reference to REF's adapter: its slot on the device, uploaded now when it has
+ * none (first evicting slots nobody runs on, least recently used first, but only if that
+ * makes room). CS_OK with *slot (NULL without a device tier); CS_EAGAIN when there is no
+ * room because running sequences use every slot (nothing was evicted: retry when one ends);
+ * CS_ENOMEM when the adapter alone exceeds the device budget; an upload error. Held while
+ * the caller's sequence runs; one lora_registry_device_release each, before the host
+ * reference is released. Engine thread only (the upload runs without the registry lock). */
+int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_adapter_t **slot);
+void lora_registry_device_release(lora_registry_t *r, lora_ref_t *ref);
+/* Whether REF's adapter holds a device slot now. */
+bool lora_registry_on_device(lora_registry_t *r, lora_ref_t *ref);
+
 typedef struct lora_registry_stats {
     int n_registered;        /* names with a current version */
     int n_resident;          /* adapters in host memory, old versions still held included */
     int n_loading;           /* loads started and not yet finished (waiting for room included) */
-    size_t bytes_resident;   /* F32 A/B bytes of the n_resident adapters */
+    size_t bytes_resident;   /* A/B/Bᵀ bytes of the n_resident adapters */
     uint64_t loads;          /* loads that finished ok */
     uint64_t load_failures;
     uint64_t evictions;      /* resident adapters dropped to make room */
     uint64_t hits;           /* acquires answered CS_OK */
     uint64_t misses;         /* acquires that started a load */
+    /* the device tier */
+    int n_device;            /* adapters with a device slot */
+    size_t device_bytes;     /* device bytes those slots hold */
+    uint64_t device_uploads; /* slots made */
+    uint64_t device_hits;    /* device acquires that found the slot there */
+    uint64_t device_evictions; /* unused slots freed to make room */
+    uint64_t device_waits;   /* device acquires answered CS_EAGAIN (every slot running) */
 } lora_registry_stats_t;
 
 /* A consistent snapshot of the counters. */

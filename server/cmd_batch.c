@@ -32,6 +32,7 @@ static void usage_batch(FILE *f) {
             "  --max-num-batched-tokens N  tokens per iteration (default 2048)\n"
             "  --max-model-len N           context length (default: the model's, capped by the KV cache)\n"
             "  --max-cpu-loras N           adapters resident in host memory (default: unbounded)\n"
+            "  --max-loras N               adapters in device slots at once (default: unbounded)\n"
             "  --lora-cache-bytes N        host memory for adapters, suffixes K M G (default: unbounded)\n"
             "  --no-prefix-caching         do not reuse KV blocks across requests\n"
             "  --sequential                run each request alone, one after the other\n"
@@ -326,6 +327,7 @@ int cmd_batch(int argc, char **argv) {
         {"max-num-batched-tokens", required_argument, 0, 'b'},
         {"max-model-len", required_argument, 0, 'L'},
         {"max-cpu-loras", required_argument, 0, 'c'},
+        {"max-loras", required_argument, 0, 'X'},
         {"lora-cache-bytes", required_argument, 0, 'C'},
         {"no-prefix-caching", no_argument, 0, 'P'},
         {"sequential", no_argument, 0, 'Q'},
@@ -339,7 +341,7 @@ int cmd_batch(int argc, char **argv) {
     };
     const char *model_dir = NULL, *req_path = NULL, *device = NULL;
     const char **lora_specs = calloc((size_t)argc + 1, sizeof(char *));
-    int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0;
+    int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0, max_loras = 0;
     long long kv_bytes = 1LL << 30, lora_bytes = 0;
     bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     bool preload = false;
@@ -355,6 +357,7 @@ int cmd_batch(int argc, char **argv) {
         case 'b': if (parse_int_opt("--max-num-batched-tokens", optarg, 1, &max_tokens_batch)) goto usage_err; break;
         case 'L': if (parse_int_opt("--max-model-len", optarg, 2, &max_model_len)) goto usage_err; break;
         case 'c': if (parse_int_opt("--max-cpu-loras", optarg, 1, &max_cpu_loras)) goto usage_err; break;
+        case 'X': if (parse_int_opt("--max-loras", optarg, 1, &max_loras)) goto usage_err; break;
         case 'k':
             kv_bytes = cs_parse_size(optarg, &ok);
             if (!ok || kv_bytes <= 0) { fprintf(stderr, "caraserve batch: --kv-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
@@ -414,7 +417,7 @@ int cmd_batch(int argc, char **argv) {
     if (have_tok && tokenizer_load(model_dir, &tok)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
     const model_config_t *cfg = model_get_config(model);
     lora_registry_params_t lp = {.cfg = cfg, .cache_bytes = (size_t)lora_bytes, .max_loras = max_cpu_loras,
-                                 .on_loaded = wake_engine, .user = &engine};
+                                 .device = be, .device_slots = max_loras, .on_loaded = wake_engine, .user = &engine};
     if (lora_registry_new(&lp, &reg)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     for (int i = 0; i < n_loras; i++) {
         char *name = strdup(lora_specs[i]);
@@ -518,7 +521,8 @@ int cmd_batch(int argc, char **argv) {
                 "\"busy_ms\": %.3f, \"decode_only_ms\": %.3f, \"decode_only_tokens\": %llu, \"preemptions\": %llu, "
                 "\"prompt_tokens\": %llu, \"cached_prompt_tokens\": %llu, \"kv_blocks\": %d, \"kv_free\": %d, "
                 "\"kv_cached\": %d, \"prefix_lookups\": %llu, \"prefix_hits\": %llu, \"lora_loads\": %llu, "
-                "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"threads\": %d, \"backend\": {\"name\": \"%s\", "
+                "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"lora_device_uploads\": %llu, "
+                "\"lora_device_evictions\": %llu, \"lora_device_waits\": %llu, \"threads\": %d, \"backend\": {\"name\": \"%s\", "
                 "\"kernels\": \"%s\", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"d2d_bytes\": %llu, \"h2d_copies\": %llu, "
                 "\"d2h_copies\": %llu, \"d2d_copies\": %llu, \"batch_uploads\": %llu, \"allocated\": %zu}}\n",
                 wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
@@ -527,7 +531,8 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_prompt_tokens, st.kv.n_blocks,
                 st.kv.n_free, st.kv.n_cached, (unsigned long long)st.kv.lookups, (unsigned long long)st.kv.hits,
                 (unsigned long long)ls.loads, (unsigned long long)ls.evictions, (unsigned long long)ls.load_failures,
-                be->n_threads, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,
+                (unsigned long long)ls.device_uploads, (unsigned long long)ls.device_evictions,
+                (unsigned long long)ls.device_waits, be->n_threads, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,
                 (unsigned long long)bs.d2h_bytes, (unsigned long long)bs.d2d_bytes, (unsigned long long)bs.h2d_copies,
                 (unsigned long long)bs.d2h_copies, (unsigned long long)bs.d2d_copies, (unsigned long long)bs.batch_uploads,
                 bs.allocated);

@@ -77,6 +77,8 @@ static void usage_serve(FILE *f) {
             "  --max-num-batched-tokens N    tokens per iteration (default 2048)\n"
             "  --max-model-len N             context length (default: the model's, capped by the KV cache)\n"
             "  --max-cpu-loras N             adapters resident in host memory (default: unbounded)\n"
+            "  --max-loras N                 adapters in device slots at once: the running batch's\n"
+            "                                distinct adapters (default: unbounded)\n"
             "  --lora-cache-bytes N          host memory for adapters, suffixes K M G (default: unbounded)\n"
             "  --no-prefix-caching           do not reuse KV blocks across requests\n"
             "  --max-body-bytes N            largest request body, suffixes K M G (default 32M)\n"
@@ -96,7 +98,7 @@ enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
-    O_DEVICE
+    O_DEVICE, O_MAX_LORAS
 };
 
 static const struct option OPTS[] = {
@@ -117,6 +119,7 @@ static const struct option OPTS[] = {
     {"max-num-batched-tokens", required_argument, 0, O_BATCHED},
     {"max-model-len", required_argument, 0, O_MODEL_LEN},
     {"max-cpu-loras", required_argument, 0, O_CPU_LORAS},
+    {"max-loras", required_argument, 0, O_MAX_LORAS},
     {"lora-cache-bytes", required_argument, 0, O_LORA_BYTES},
     {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
     {"max-body-bytes", required_argument, 0, O_BODY},
@@ -334,6 +337,7 @@ int cmd_serve(int argc, char **argv) {
         case O_BATCHED: if (!parse_int("max-num-batched-tokens", optarg, 1, 1 << 24, &cfg.max_num_batched_tokens)) goto usage_err; break;
         case O_MODEL_LEN: if (!parse_int("max-model-len", optarg, 2, 1 << 24, &cfg.max_model_len)) goto usage_err; break;
         case O_CPU_LORAS: if (!parse_int("max-cpu-loras", optarg, 0, 1 << 20, &cfg.max_cpu_loras)) goto usage_err; break;
+        case O_MAX_LORAS: if (!parse_int("max-loras", optarg, 0, 1 << 20, &cfg.max_loras)) goto usage_err; break;
         case O_LORA_BYTES:
             cfg.lora_cache_bytes = cs_parse_size(optarg, &ok);
             if (!ok) { fprintf(stderr, "caraserve serve: bad --lora-cache-bytes '%s'\n", optarg); goto usage_err; }
@@ -464,7 +468,7 @@ int cmd_serve(int argc, char **argv) {
     s->eos_token = special_token(tcfg, "eos_token");
     const model_config_t *mc = model_get_config(s->model);
     lora_registry_params_t lp = {.cfg = mc, .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
-                                 .on_loaded = NULL, .on_load_time = server_on_load_time,
+                                 .device = s->be, .device_slots = s->cfg.max_loras, .on_loaded = NULL, .on_load_time = server_on_load_time,
                                  .on_dropped = server_on_dropped, .user = s};
     size_t kv_bytes = (size_t)s->cfg.kv_cache_bytes;
     if (s->cfg.kv_cache_fraction > 0) {

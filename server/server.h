@@ -34,6 +34,7 @@ typedef struct serve_config {
     long long kv_cache_bytes;
     double kv_cache_fraction;
     int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
+    int max_loras;                  /* adapters in device slots at once (0: unbounded) */
     long long lora_cache_bytes;
     long long max_body_bytes;
     long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */

@@ -47,6 +47,7 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         .reference = o->reference,
         .batch_invariant = o->batch_invariant,
         .no_avx512 = env_on("CS_NO_AVX512"),
+        .no_avx2 = env_on("CS_NO_AVX2"),
         .no_amx = env_on("CS_NO_AMX"),
         .no_tile = env_on("CS_NO_TILE"),
         .amx_terms = (int)env_num("CS_AMX_TERMS", 3),

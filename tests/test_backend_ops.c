@@ -1,8 +1,10 @@
 /* test_backend_ops.c: every op and copy of the backend interface (engine/backend.h), on
  * every backend built, against plain references computed here on the host (as ggml's
- * test-backend-ops does): the CPU backend with its fast kernels, the CPU backend with the
- * reference kernels, and the strict test device (handles checked, copies on its copy thread
- * over a link with a set bandwidth). The CUDA backend joins the list when it exists.
+ * test-backend-ops does): the CPU backend with its fast kernels, with AVX-512 off (what an
+ * AVX2 CPU runs), with AVX2 off too (plain loops), with the reference kernels, and the
+ * strict test device (handles checked, copies on its copy thread over a link with a set
+ * bandwidth). The CUDA backend joins the list when it exists. Adapter slots are tested
+ * with F32 and BF16 weights.
  *
  * Tolerances, |got - ref| <= tol * (1 + |ref|):
  *   matmul, matmul_multi, lora (F32 accumulation in another order): 5e-5 for F32, BF16 and
@@ -21,8 +23,9 @@
 #include "cpu_kernels/kernels_paged.h"
 #include "engine/sampling.h"
 
-enum { N_BACKENDS = 4 };
-static const char *names[N_BACKENDS] = {"cpu", "cpu-reference", "strict", "strict-slow-link"};
+enum { N_BACKENDS = 6 };
+static const char *names[N_BACKENDS] = {"cpu", "cpu-reference", "strict", "strict-slow-link", "cpu-no-avx512",
+                                        "cpu-plain"};
 static backend_t *bes[N_BACKENDS];
 static cs_rng_t rng;
 
@@ -31,9 +34,12 @@ static backend_t *make_backend(int i) {
     case 0: return cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
     case 1: return cpu_backend_new(&(cpu_backend_params_t){.n_threads = 1, .reference = true});
     case 2: return strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 2}});
-    default: return strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 3}, .bytes_per_s = 2e9,
+    case 4: return cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2, .no_avx512 = true}); /* an AVX2 CPU's */
+    case 5: return cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2, .no_avx512 = true, .no_avx2 = true});
+    case 3: return strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 3}, .bytes_per_s = 2e9,
                                                                 .latency_us = 20});
     }
+    return NULL;
 }
 
 static float *randv(size_t n, float scale) {
@@ -381,24 +387,44 @@ START_TEST(test_lora) {
     enum { NL = 2, NA = 3 };
     const int d_in = 48, d_out = 40;
     static const int ranks[NA] = {8, 1, 16};
+    for (int bf16 = 0; bf16 < 2; bf16++) { /* adapter slots hold F32 and BF16 weights */
+    cs_dtype dt = bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
     backend_lora_module_desc_t md[NA][NL * BACKEND_LORA_TARGETS];
     float *mem[NA][NL * BACKEND_LORA_TARGETS][3];
+    uint16_t *mem16[NA][NL * BACKEND_LORA_TARGETS][3];
     backend_adapter_t *slot[NA];
     for (int a = 0; a < NA; a++) {
         for (int m = 0; m < NL * BACKEND_LORA_TARGETS; m++) {
             int t = m % BACKEND_LORA_TARGETS, r = (t == 2 && a == 1) ? 0 : ranks[a]; /* adapter 1 skips target 2 */
-            float *A = randv((size_t)r * d_in, 0.3f), *B = randv((size_t)d_out * r, 0.3f), *Bt = malloc(sizeof(float) * (r ? r : 1) * d_out);
+            size_t na = (size_t)r * d_in, nb = (size_t)d_out * r;
+            float *A = randv(na, 0.3f), *B = randv(nb, 0.3f), *Bt = malloc(sizeof(float) * (r ? r : 1) * d_out);
+            uint16_t *A16 = malloc(2 * (na + 1)), *B16 = malloc(2 * (nb + 1)), *Bt16 = malloc(2 * (nb + 1));
+            /* values BF16 holds exactly: one reference for both dtypes */
+            for (size_t k = 0; k < na; k++) A[k] = cs_bf16_to_f32(A16[k] = cs_f32_to_bf16(A[k]));
+            for (size_t k = 0; k < nb; k++) B[k] = cs_bf16_to_f32(B16[k] = cs_f32_to_bf16(B[k]));
             for (int i = 0; i < d_out; i++)
-                for (int j = 0; j < r; j++) Bt[(size_t)j * d_out + i] = B[(size_t)i * r + j];
+                for (int j = 0; j < r; j++) {
+                    Bt[(size_t)j * d_out + i] = B[(size_t)i * r + j];
+                    Bt16[(size_t)j * d_out + i] = B16[(size_t)i * r + j];
+                }
             mem[a][m][0] = A;
             mem[a][m][1] = B;
             mem[a][m][2] = Bt;
-            md[a][m] = (backend_lora_module_desc_t){r, d_in, d_out, 0.5f + a, CS_DTYPE_F32, A, B, a == 2 ? NULL : Bt};
+            mem16[a][m][0] = A16;
+            mem16[a][m][1] = B16;
+            mem16[a][m][2] = Bt16;
+            md[a][m] = bf16 ? (backend_lora_module_desc_t){r, d_in, d_out, 0.5f + a, dt, A16, B16, a == 2 ? NULL : Bt16}
+                            : (backend_lora_module_desc_t){r, d_in, d_out, 0.5f + a, dt, A, B, a == 2 ? NULL : Bt};
         }
         backend_adapter_desc_t d = {NL, md[a], true};
         ck_assert_int_eq(backend_adapter_upload(b, &d, &slot[a]), CS_OK);
     }
-    if (backend_is_strict_device(b)) ck_assert_uint_gt(backend_adapter_bytes(b, slot[0]), 0);
+    if (backend_is_strict_device(b)) { /* a BF16 slot holds half the bytes */
+        size_t want = 0;
+        for (int m = 0; m < NL * BACKEND_LORA_TARGETS; m++)
+            want += (size_t)md[0][m].rank * (d_in + 2 * d_out) * cs_dtype_size(dt);
+        ck_assert_uint_eq(backend_adapter_bytes(b, slot[0]), want);
+    }
     /* rows: [0,5) adapter 0, [5,6) none, [6,9) adapter 1, [9,30) adapter 2, [30,31) adapter 0 again */
     tbatch_t t;
     int cached[5] = {0, 3, 0, 10, 2}, n_new[5] = {5, 1, 3, 21, 1};
@@ -416,16 +442,15 @@ START_TEST(test_lora) {
             float *want = malloc(sizeof(float) * t.T * d_out);
             memcpy(want, y0, sizeof(float) * t.T * d_out);
             for (int s = 0; s < t.n_lora; s++) {
-                int a = s == 3 ? 0 : s;
-                const backend_lora_module_desc_t *m = &md[a][layer * BACKEND_LORA_TARGETS + tg];
-                if (m->rank)
+                int a = s == 3 ? 0 : s, m = layer * BACKEND_LORA_TARGETS + tg;
+                if (md[a][m].rank)
                     cs_lora_ref(want + (size_t)t.lora[s].row0 * d_out, x + (size_t)t.lora[s].row0 * d_in, t.lora[s].n,
-                                m->a, m->b, m->rank, d_in, d_out, m->scale);
+                                mem[a][m][0], mem[a][m][1], md[a][m].rank, d_in, d_out, md[a][m].scale);
             }
             backend_buf_set(b, by, 0, y0, sizeof(float) * t.T * d_out);
             backend_lora(b, by, bx, bt, layer, tg, d_in, d_out);
             float *got = down(b, by, (size_t)t.T * d_out);
-            close_to(got, want, (size_t)t.T * d_out, 5e-5, "lora", _i);
+            close_to(got, want, (size_t)t.T * d_out, 5e-5, bf16 ? "lora bf16" : "lora f32", _i);
             free(got);
             free(want);
         }
@@ -437,7 +462,11 @@ START_TEST(test_lora) {
     for (int a = 0; a < NA; a++) {
         backend_adapter_free(b, slot[a]);
         for (int m = 0; m < NL * BACKEND_LORA_TARGETS; m++)
-            for (int k = 0; k < 3; k++) free(mem[a][m][k]);
+            for (int k = 0; k < 3; k++) {
+                free(mem[a][m][k]);
+                free(mem16[a][m][k]);
+            }
+    }
     }
 }
 END_TEST

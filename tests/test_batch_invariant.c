@@ -193,8 +193,8 @@ START_TEST(lora_rows_independent_of_segment) {
             for (int o = 0; o < DOUT; o++)
                 for (int r = 0; r < ranks[s]; r++) bt[s][(size_t)r * DOUT + o] = bm[s][(size_t)o * ranks[s] + r];
         }
-        cpu_lora_seg_t segs[2] = {{0, N, a[0], bm[0], ranks[0], 2.0f, with_bt ? bt[0] : NULL},
-                                      {N, 3, a[1], bm[1], ranks[1], 0.5f, with_bt ? bt[1] : NULL}};
+        cpu_lora_seg_t segs[2] = {{0, N, a[0], bm[0], ranks[0], 2.0f, with_bt ? bt[0] : NULL, CS_DTYPE_F32},
+                                      {N, 3, a[1], bm[1], ranks[1], 0.5f, with_bt ? bt[1] : NULL, CS_DTYPE_F32}};
         float *x = randv((size_t)(N + 3) * DIN, 1.0f), *y0 = randv((size_t)(N + 3) * DOUT, 1.0f);
         float *y = malloc(sizeof(float) * (N + 3) * DOUT), *yr = malloc(sizeof(float) * (N + 3) * DOUT);
         float *y1 = malloc(sizeof(float) * DOUT);

@@ -124,10 +124,20 @@ END_TEST
 
 /* every path of the grouped LoRA: inline (little work), one task per segment (several
  * adapters), shrink/expand split across threads (one or two adapters), GEMM segments
- * (9..64 rows), per-segment row split (many rows) */
+ * (9..64 rows), per-segment row split (many rows); F32 and BF16 weights; on the fastest
+ * kernels this CPU has, then with AVX-512 off (an AVX2 CPU's), with AVX2 off too (plain
+ * loops), and batch-invariant. _i = variant * 2 + (BF16). */
+static const cpu_backend_params_t lora_variants[] = {
+    {.n_threads = 2}, {.n_threads = 2, .no_avx512 = true}, {.n_threads = 2, .no_avx512 = true, .no_avx2 = true},
+    {.n_threads = 2, .batch_invariant = true},
+};
+static const char *const lora_variant_names[] = {"fastest", "no-avx512", "plain", "invariant"};
+
 START_TEST(lora_batch_segments) {
+    cpu_raw_t *be = cpu_raw_new(&lora_variants[_i / 2]);
+    cs_dtype dt = _i % 2 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
     static const struct { int d_in, d_out, n_segs, big_rows; } trials[] = {
-        {96, 80, 5, 7}, {96, 80, 5, 20}, {96, 80, 5, 70},
+        {96, 80, 5, 7}, {96, 80, 5, 20}, {96, 80, 5, 70}, {93, 77, 5, 9},
         {1000, 1500, 5, 7}, {1000, 1500, 5, 20}, {1000, 1500, 1, 7}, {1000, 1500, 2, 20}, {1000, 700, 2, 3},
     };
     for (size_t trial = 0; trial < sizeof trials / sizeof trials[0]; trial++) {
@@ -136,22 +146,37 @@ START_TEST(lora_batch_segments) {
         rows[n_segs - 1] = trials[trial].big_rows;
         cpu_lora_seg_t segs[5];
         float *a[5], *b[5], *bt[5];
+        uint16_t *a16[5], *b16[5], *bt16[5];
         for (int i = 0; i < n_segs; i++) {
-            a[i] = randv((size_t)ranks[i] * d_in);
-            b[i] = randv((size_t)d_out * ranks[i]);
-            bt[i] = malloc(sizeof(float) * (size_t)d_out * ranks[i]);
+            size_t na = (size_t)ranks[i] * d_in, nb = (size_t)d_out * ranks[i];
+            a[i] = randv(na);
+            b[i] = randv(nb);
+            bt[i] = malloc(sizeof(float) * nb);
+            a16[i] = malloc(2 * na);
+            b16[i] = malloc(2 * nb);
+            bt16[i] = malloc(2 * nb);
+            /* values BF16 holds exactly, so both dtypes have one truth */
+            for (size_t k = 0; k < na; k++) a[i][k] = cs_bf16_to_f32(a16[i][k] = cs_f32_to_bf16(a[i][k]));
+            for (size_t k = 0; k < nb; k++) b[i][k] = cs_bf16_to_f32(b16[i][k] = cs_f32_to_bf16(b[i][k]));
             for (int o = 0; o < d_out; o++)
-                for (int r = 0; r < ranks[i]; r++) bt[i][(size_t)r * d_out + o] = b[i][(size_t)o * ranks[i] + r];
+                for (int r = 0; r < ranks[i]; r++) {
+                    bt[i][(size_t)r * d_out + o] = b[i][(size_t)o * ranks[i] + r];
+                    bt16[i][(size_t)r * d_out + o] = b16[i][(size_t)o * ranks[i] + r];
+                }
             /* with and without the transposed copy (its fast path and the one over B) */
-            segs[i] = (cpu_lora_seg_t){total + (i == 1 ? 1 : 0), rows[i], a[i], b[i], ranks[i], 0.5f + i,
-                                           (trial + i) % 2 ? bt[i] : NULL};
+            bool with_bt = (trial + i) % 2;
+            segs[i] = dt == CS_DTYPE_BF16
+                          ? (cpu_lora_seg_t){total + (i == 1 ? 1 : 0), rows[i], a16[i], b16[i], ranks[i], 0.5f + i,
+                                             with_bt ? bt16[i] : NULL, dt}
+                          : (cpu_lora_seg_t){total + (i == 1 ? 1 : 0), rows[i], a[i], b[i], ranks[i], 0.5f + i,
+                                             with_bt ? bt[i] : NULL, dt};
             total = segs[i].row0 + rows[i];
         }
         float *x = randv((size_t)total * d_in), *y0 = randv((size_t)total * d_out);
         float *y1 = malloc(sizeof(float) * (size_t)total * d_out), *y2 = malloc(sizeof(float) * (size_t)total * d_out);
         memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
         memcpy(y2, y0, sizeof(float) * (size_t)total * d_out);
-        cpu_raw_lora_batch(fast, y1, x, segs, n_segs, d_in, d_out);
+        cpu_raw_lora_batch(be, y1, x, segs, n_segs, d_in, d_out);
         /* the truth in double (float references differ from it by their own rounding at K = 1000) */
         for (int i = 0; i < n_segs; i++)
             for (int r = 0; r < segs[i].n; r++) {
@@ -175,16 +200,22 @@ START_TEST(lora_batch_segments) {
                         d_in, d_out, segs[i].scale);
         float er = max_scaled_err(y1, y2, (size_t)total * d_out);
         /* both at the level of float rounding (~1e-7 of the output's scale) */
-        fprintf(stderr, "lora_batch trial %zu: fast %.2e, cs_lora_ref %.2e (max |err| / max |y|)\n", trial, e, er);
-        ck_assert_msg(e < 1e-6f, "lora_batch trial %zu: %g (reference %g)", trial, e, er);
+        fprintf(stderr, "lora_batch %s %s trial %zu: fast %.2e, cs_lora_ref %.2e (max |err| / max |y|)\n",
+                lora_variant_names[_i / 2], cs_dtype_name(dt), trial, e, er);
+        ck_assert_msg(e < 1e-6f, "lora_batch %s %s trial %zu: %g (reference %g)", lora_variant_names[_i / 2],
+                      cs_dtype_name(dt), trial, e, er);
         ck_assert_msg(er < 1e-6f, "cs_lora_ref trial %zu: %g", trial, er);
         memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
-        cpu_raw_lora_batch(fast, y1, x, segs, n_segs, d_in, d_out);
+        cpu_raw_lora_batch(be, y1, x, segs, n_segs, d_in, d_out);
         if (n_segs > 1) /* the row between segments 0 and 1 belongs to no segment: untouched */
             for (int c = 0; c < d_out; c++) ck_assert(y1[(size_t)rows[0] * d_out + c] == y0[(size_t)rows[0] * d_out + c]);
-        for (int i = 0; i < n_segs; i++) { free(a[i]); free(b[i]); free(bt[i]); }
+        for (int i = 0; i < n_segs; i++) {
+            free(a[i]); free(b[i]); free(bt[i]);
+            free(a16[i]); free(b16[i]); free(bt16[i]);
+        }
         free(x); free(y0); free(y1); free(y2);
     }
+    cpu_raw_free(be);
 }
 END_TEST
 
@@ -249,7 +280,7 @@ int main(void) {
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, paged_attention_decode_batch);
     tcase_add_test(tc, paged_attention_mixed);
-    tcase_add_test(tc, lora_batch_segments);
+    tcase_add_loop_test(tc, lora_batch_segments, 0, 2 * (int)(sizeof lora_variants / sizeof lora_variants[0]));
     tcase_add_test(tc, matmul_multi_equals_each);
     tcase_add_test(tc, rows_scatter_gather);
     suite_add_tcase(s, tc);

@@ -19,6 +19,7 @@
 
 #include "engine/safetensors.h"
 #include "lora/loader_uring.h"
+#include "cpu_kernels/cpu_backend.h"
 #include "lora/registry.h"
 
 static char root[256];
@@ -52,8 +53,11 @@ static const char *parent(int t) { return t < LORA_GATE ? "self_attn" : "mlp"; }
 /* exactly representable in BF16 */
 static float val(int seed, size_t i) { return (float)(seed % 97) * 0.25f + (float)((int)(i % 64) - 32) * 0.125f; }
 
+/* the dtype of every adapter written from now on; -1: BF16 for odd seeds, F32 for even */
+static int adapters_dtype = -1;
+
 /* root/NAME: q, v, down of every layer at RANK (tensors written with rank TRANK), weights
- * from SEED; BF16 for odd seeds. Returns the directory (static buffer). */
+ * from SEED; BF16 for odd seeds (or adapters_dtype). Returns the directory (static buffer). */
 static const char *write_adapter_shape(const char *name, int rank, int trank, int seed) {
     static char d[512];
     snprintf(d, sizeof d, "%s/%s", root, name);
@@ -70,7 +74,7 @@ static const char *write_adapter_shape(const char *name, int rank, int trank, in
     st_write_tensor_t t[NT];
     char names[NT][160];
     void *bufs[NT];
-    cs_dtype dt = seed % 2 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+    cs_dtype dt = adapters_dtype >= 0 ? (cs_dtype)adapters_dtype : seed % 2 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
     int n = 0;
     for (int l = 0; l < N_LAYERS; l++)
         for (size_t k = 0; k < CS_ARRAY_LEN(targets); k++) {
@@ -114,9 +118,11 @@ static int adapters_equal(const lora_adapter_t *x, const lora_adapter_t *y) {
     if (!x || !y || x->n_layers != y->n_layers || x->nbytes != y->nbytes || x->max_rank != y->max_rank) return 0;
     for (int i = 0; i < x->n_layers * LORA_N_TARGETS; i++) {
         const lora_module_t *a = &x->mods[i], *b = &y->mods[i];
-        if (a->rank != b->rank || a->d_in != b->d_in || a->d_out != b->d_out || a->scale != b->scale) return 0;
+        if (a->rank != b->rank || a->d_in != b->d_in || a->d_out != b->d_out || a->scale != b->scale || a->dtype != b->dtype)
+            return 0;
         if (!a->rank) continue;
-        if (memcmp(a->a, b->a, (size_t)a->rank * a->d_in * 4) || memcmp(a->b, b->b, (size_t)a->d_out * a->rank * 4))
+        size_t es = cs_dtype_size(a->dtype);
+        if (memcmp(a->a, b->a, (size_t)a->rank * a->d_in * es) || memcmp(a->b, b->b, (size_t)a->d_out * a->rank * es))
             return 0;
     }
     return 1;
@@ -520,10 +526,68 @@ START_TEST(test_many_by_count) { run_many(0, BOUND); }
 END_TEST
 
 START_TEST(test_many_by_bytes) {
+    adapters_dtype = CS_DTYPE_F32; /* all one size: the bound counts adapters */
     lora_adapter_t *a = load_ref(write_adapter("size", 4, 1));
     size_t one = a->nbytes;
     lora_adapter_free(a);
     run_many(BOUND * one + one / 2, 0);
+    adapters_dtype = -1;
+}
+END_TEST
+
+/* The host cache counts what is held: a BF16 adapter half an F32 one, known exactly at
+ * registration (the probe reads only the config and the safetensors header). */
+START_TEST(test_bytes_by_dtype) {
+    adapters_dtype = CS_DTYPE_F32;
+    lora_adapter_t *f = load_ref(write_adapter("f32", 4, 300));
+    adapters_dtype = CS_DTYPE_BF16;
+    lora_adapter_t *h[3];
+    char hn[3][8];
+    for (int i = 0; i < 3; i++) {
+        snprintf(hn[i], sizeof hn[i], "h%d", i);
+        h[i] = load_ref(write_adapter(hn[i], 4, 301 + i));
+    }
+    adapters_dtype = -1;
+    ck_assert_uint_eq(2 * h[0]->nbytes, f->nbytes);
+    lora_registry_t *r = reg_new(f->nbytes + 2 * h[0]->nbytes, 0); /* room for f32 + two bf16 */
+    ck_assert_int_eq(lora_registry_add(r, "f32", f->path, NULL), CS_OK);
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(lora_registry_add(r, hn[i], h[i]->path, NULL), CS_OK);
+    /* known before any load */
+    lora_adapter_info_t info;
+    ck_assert_int_eq(lora_registry_info(r, "h1", 0, &info), CS_OK);
+    ck_assert_int_eq(state_of(r, "h1"), LORA_ON_DISK);
+    ck_assert_uint_eq(info.nbytes, h[1]->nbytes);
+    ck_assert_int_eq(info.dtype, CS_DTYPE_BF16);
+    ck_assert_int_eq(info.max_rank, 4);
+    ck_assert_int_eq(info.min_rank, 4);
+    ck_assert_uint_eq(info.targets, (1u << LORA_Q) | (1u << LORA_V) | (1u << LORA_DOWN));
+    ck_assert_int_eq(info.n_modules, N_LAYERS * 3);
+    ck_assert_int_eq(info.rank_sum, 4L * N_LAYERS * 3);
+    ck_assert_int_eq(lora_registry_info(r, "f32", 0, &info), CS_OK);
+    ck_assert_int_eq(info.dtype, CS_DTYPE_F32);
+    ck_assert_uint_eq(info.nbytes, f->nbytes);
+    ck_assert_int_eq(lora_registry_info(r, "nope", 0, &info), CS_ENOTFOUND);
+
+    lora_ref_t *rf = acquire_ok(r, "f32"), *r0 = acquire_ok(r, "h0"), *r1 = acquire_ok(r, "h1");
+    ck_assert(adapters_equal(r0->adapter, h[0]) && adapters_equal(rf->adapter, f));
+    lora_registry_stats_t st = stats(r);
+    ck_assert_int_eq(st.n_resident, 3);
+    ck_assert_uint_eq(st.bytes_resident, f->nbytes + 2 * h[0]->nbytes); /* exactly full */
+    lora_ref_t *x = NULL;
+    ck_assert_int_eq(lora_registry_acquire(r, "h2", &x), CS_EAGAIN); /* everything held: waits */
+    lora_registry_release(r, r1);
+    lora_ref_t *r2 = acquire_ok(r, "h2");
+    ck_assert(adapters_equal(r2->adapter, h[2]));
+    ck_assert_int_eq(state_of(r, "h1"), LORA_ON_DISK);
+    st = stats(r);
+    ck_assert_uint_eq(st.bytes_resident, f->nbytes + 2 * h[0]->nbytes);
+    ck_assert_uint_eq(st.evictions, 1);
+    lora_registry_release(r, rf);
+    lora_registry_release(r, r0);
+    lora_registry_release(r, r2);
+    reg_free(r);
+    lora_adapter_free(f);
+    for (int i = 0; i < 3; i++) lora_adapter_free(h[i]);
 }
 END_TEST
 
@@ -594,10 +658,12 @@ START_TEST(test_pinned_by_count) { run_pinned(0, 5); }
 END_TEST
 
 START_TEST(test_pinned_by_bytes) {
+    adapters_dtype = CS_DTYPE_F32; /* all one size: the bound counts adapters */
     lora_adapter_t *a = load_ref(write_adapter("size", 4, 1));
     size_t one = a->nbytes;
     lora_adapter_free(a);
     run_pinned(5 * one + one - 1, 0);
+    adapters_dtype = -1;
 }
 END_TEST
 
@@ -1075,6 +1141,115 @@ START_TEST(test_kept_versions) {
 }
 END_TEST
 
+
+/* ---- the device tier ---- */
+static lora_registry_t *reg_new_device(backend_t *dev, size_t cache_bytes, int max_loras, size_t device_bytes,
+                                       int device_slots) {
+    lora_registry_params_t p = { .cfg = &base, .cache_bytes = cache_bytes, .max_loras = max_loras,
+                                 .on_loaded = on_loaded, .device = dev, .device_bytes = device_bytes,
+                                 .device_slots = device_slots };
+    lora_registry_t *r = NULL;
+    ck_assert_msg(lora_registry_new(&p, &r) == CS_OK, "lora_registry_new: %s", cs_error_last());
+    pthread_mutex_lock(&ev_mu);
+    ev_reg = r;
+    pthread_mutex_unlock(&ev_mu);
+    return r;
+}
+
+static bool on_device(lora_registry_t *r, const char *name) {
+    lora_version_info_t v[4];
+    ck_assert_int_eq(lora_registry_versions(r, name, v, 4), 1);
+    return v[0].on_device;
+}
+
+/* Slots have their own budget, LRU and references: a request holds a device reference only
+ * while it runs, so a slot nobody runs on is evicted for one that is wanted, one in use never
+ * is (CS_EAGAIN instead), and the host copy is not freed before its slot. On the strict
+ * device: the slot's bytes crossed the link, and the slot holds the adapter's weights. */
+START_TEST(test_device_tier) {
+    backend_t *dev = strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 1}});
+    ck_assert_ptr_nonnull(dev);
+    const char *names[4] = {"d0", "d1", "d2", "d3"};
+    lora_adapter_t *want[4];
+    for (int i = 0; i < 4; i++) want[i] = load_ref(write_adapter(names[i], 4, 400 + i)); /* F32 and BF16 */
+    /* host: 3 adapters; device: 2 slots */
+    lora_registry_t *r = reg_new_device(dev, 0, 3, 0, 2);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(lora_registry_add(r, names[i], want[i]->path, NULL), CS_OK);
+    lora_ref_t *h[4] = {0};
+    for (int i = 0; i < 3; i++) h[i] = acquire_ok(r, names[i]);
+    ck_assert(!on_device(r, "d0"));
+
+    backend_stats_t b0, b1;
+    backend_get_stats(dev, &b0);
+    backend_adapter_t *s0, *s1, *s2, *x;
+    ck_assert_int_eq(lora_registry_device_acquire(r, h[0], &s0), CS_OK);
+    ck_assert_ptr_nonnull(s0);
+    backend_get_stats(dev, &b1);
+    ck_assert_uint_eq(b1.h2d_bytes - b0.h2d_bytes, want[0]->nbytes); /* A, B, Bᵀ in their dtype */
+    ck_assert_uint_eq(backend_adapter_bytes(dev, s0), want[0]->nbytes);
+    ck_assert(on_device(r, "d0"));
+    ck_assert_int_eq(lora_registry_device_acquire(r, h[0], &x), CS_OK); /* a second sequence: the same slot */
+    ck_assert_ptr_eq(x, s0);
+    ck_assert_int_eq(lora_registry_device_acquire(r, h[1], &s1), CS_OK);
+    lora_registry_stats_t st = stats(r);
+    ck_assert_int_eq(st.n_device, 2);
+    ck_assert_uint_eq(st.device_bytes, want[0]->nbytes + want[1]->nbytes);
+    ck_assert_uint_eq(st.device_uploads, 2);
+    ck_assert_uint_eq(st.device_hits, 1);
+    lora_version_info_t v;
+    ck_assert_int_eq(lora_registry_versions(r, "d0", &v, 1), 1);
+    ck_assert_int_eq(v.device_refs, 2);
+
+    /* both slots run: the third waits, nothing is evicted */
+    ck_assert_int_eq(lora_registry_device_acquire(r, h[2], &s2), CS_EAGAIN);
+    ck_assert_ptr_null(s2);
+    ck_assert(on_device(r, "d0") && on_device(r, "d1"));
+    ck_assert_uint_eq(stats(r).device_evictions, 0);
+    ck_assert_uint_eq(stats(r).device_waits, 1);
+    /* d0's sequences stop running (preempted, finished): its slot goes to d2, d1's stays */
+    lora_registry_device_release(r, h[0]);
+    ck_assert_int_eq(lora_registry_device_acquire(r, h[2], &s2), CS_EAGAIN); /* one still runs on d0 */
+    lora_registry_device_release(r, h[0]);
+    ck_assert(on_device(r, "d0")); /* kept until the room is wanted */
+    ck_assert_int_eq(lora_registry_device_acquire(r, h[2], &s2), CS_OK);
+    ck_assert(!on_device(r, "d0") && on_device(r, "d1") && on_device(r, "d2"));
+    st = stats(r);
+    ck_assert_uint_eq(st.device_evictions, 1);
+    ck_assert_int_eq(st.n_device, 2);
+    ck_assert_int_eq(st.n_resident, 3); /* the host copy of d0 stays */
+    ck_assert_int_eq(state_of(r, "d0"), LORA_RESIDENT);
+
+    /* the host tier evicts d1 (slot unused, host unreferenced) for d3: its slot goes first */
+    lora_registry_device_release(r, h[1]);
+    lora_registry_release(r, h[1]);
+    h[1] = NULL;
+    h[3] = acquire_ok(r, "d3");
+    ck_assert_int_eq(state_of(r, "d1"), LORA_ON_DISK);
+    st = stats(r);
+    ck_assert_int_eq(st.n_device, 1);
+    ck_assert_uint_eq(st.device_bytes, want[2]->nbytes);
+    lora_registry_device_release(r, h[2]);
+    for (int i = 0; i < 4; i++) lora_registry_release(r, h[i]);
+    reg_free(r);
+
+    /* a byte budget of the BF16 adapter's bytes: the F32 one (twice that) is refused */
+    ck_assert_uint_eq(want[0]->nbytes, 2 * want[1]->nbytes); /* seed 400: F32, 401: BF16 */
+    r = reg_new_device(dev, 0, 0, want[1]->nbytes, 0);
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(lora_registry_add(r, names[i], want[i]->path, NULL), CS_OK);
+    lora_ref_t *a0 = acquire_ok(r, "d0"), *a1 = acquire_ok(r, "d1");
+    ck_assert_int_eq(lora_registry_device_acquire(r, a0, &x), CS_ENOMEM);
+    ck_assert_ptr_nonnull(strstr(cs_error_last(), "device adapter budget"));
+    ck_assert_int_eq(lora_registry_device_acquire(r, a1, &x), CS_OK);
+    ck_assert_ptr_nonnull(x);
+    lora_registry_device_release(r, a1);
+    lora_registry_release(r, a0);
+    lora_registry_release(r, a1);
+    reg_free(r);
+    backend_free(dev);
+    for (int i = 0; i < 4; i++) lora_adapter_free(want[i]);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("lora_registry");
     TCase *tc = tcase_create("loader");
@@ -1089,6 +1264,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_basic);
     tcase_add_test(tc, test_many_by_count);
     tcase_add_test(tc, test_many_by_bytes);
+    tcase_add_test(tc, test_bytes_by_dtype);
+    tcase_add_test(tc, test_device_tier);
     tcase_add_test(tc, test_pinned_by_count);
     tcase_add_test(tc, test_pinned_by_bytes);
     tcase_add_test(tc, test_corrupt);

@@ -129,6 +129,15 @@ static void write_cfg(const char *fmt_extra) {
     write_file("adapter_config.json", buf);
 }
 
+static char *read_cfg(void) {
+    char p[512];
+    size_t len;
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    char *t = cs_read_file(p, &len);
+    ck_assert_ptr_nonnull(t);
+    return t;
+}
+
 static lora_adapter_t *load_ok(void) {
     lora_adapter_t *a = NULL;
     int rc = lora_adapter_load(dir, &base, &a);
@@ -160,9 +169,9 @@ static void check_mod(const lora_adapter_t *a, int layer, int t, int rank, doubl
     }
     ck_assert_msg(fabs(m->scale - scale) < 1e-6, "layer %d %s: scale %g, want %g", layer, lora_target_names[t],
                   (double)m->scale, scale);
-    for (size_t i = 0; i < (size_t)rank * din; i += 7) ck_assert_float_eq(m->a[i], val(seed_of(layer, t, 0), i));
-    for (size_t i = 0; i < (size_t)dout * rank; i += 5) ck_assert_float_eq(m->b[i], val(seed_of(layer, t, 1), i));
-    ck_assert_float_eq(m->b[(size_t)dout * rank - 1], val(seed_of(layer, t, 1), (size_t)dout * rank - 1));
+    for (size_t i = 0; i < (size_t)rank * din; i += 7) ck_assert_float_eq(lora_module_at(m, m->a, i), val(seed_of(layer, t, 0), i));
+    for (size_t i = 0; i < (size_t)dout * rank; i += 5) ck_assert_float_eq(lora_module_at(m, m->b, i), val(seed_of(layer, t, 1), i));
+    ck_assert_float_eq(lora_module_at(m, m->b, (size_t)dout * rank - 1), val(seed_of(layer, t, 1), (size_t)dout * rank - 1));
 }
 
 /* ---- tests ---- */
@@ -217,7 +226,8 @@ START_TEST(test_all_targets) {
             want += (size_t)8 * (din + 2 * dout) * sizeof(float);   /* A, B and Bᵀ */
             const lora_module_t *m = lora_adapter_module(a, l, (lora_target)t);
             for (int o = 0; o < dout; o++)
-                for (int r = 0; r < 8; r++) ck_assert(m->bt[(size_t)r * dout + o] == m->b[(size_t)o * 8 + r]);
+                for (int r = 0; r < 8; r++)
+                    ck_assert(((float *)m->bt)[(size_t)r * dout + o] == ((float *)m->b)[(size_t)o * 8 + r]);
         }
     ck_assert_uint_eq(a->nbytes, want);
     ck_assert_str_eq(a->path, dir);
@@ -564,10 +574,43 @@ START_TEST(test_dtypes) {
         tb_all(&b, ALL_MASK, 8, dts[i]);
         tb_write(&b, "adapter_model.safetensors");
         lora_adapter_t *a = load_ok();
+        /* BF16 stays BF16 (half the bytes); F16 is widened to F32 */
+        cs_dtype held = dts[i] == CS_DTYPE_BF16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+        size_t want = 0;
         for (int l = 0; l < N_LAYERS; l++)
-            for (int t = 0; t < LORA_N_TARGETS; t++) check_mod(a, l, t, 8, 2.0);
-        ck_assert_uint_eq(a->nbytes % sizeof(float), 0);
+            for (int t = 0; t < LORA_N_TARGETS; t++) {
+                check_mod(a, l, t, 8, 2.0);
+                const lora_module_t *m = lora_adapter_module(a, l, (lora_target)t);
+                ck_assert_int_eq(m->dtype, held);
+                want += (size_t)8 * (m->d_in + 2 * m->d_out) * cs_dtype_size(held);
+                for (int o = 0; o < m->d_out; o++)
+                    for (int r = 0; r < 8; r++)
+                        ck_assert(lora_module_at(m, m->bt, (size_t)r * m->d_out + o) ==
+                                  lora_module_at(m, m->b, (size_t)o * 8 + r));
+            }
+        ck_assert_uint_eq(a->nbytes, want);
+        size_t bound = 0; /* what a cache reserves before reading the weights: the F32 bytes */
+        char *cfg_text = read_cfg();
+        ck_assert_int_eq(lora_adapter_config_nbytes(dir, cfg_text, strlen(cfg_text), &base, &bound), CS_OK);
+        free(cfg_text);
+        ck_assert_uint_eq(bound, held == CS_DTYPE_BF16 ? 2 * want : want);
         lora_adapter_free(a);
+    }
+    { /* A in BF16, B in F32: the module is held in F32 */
+        tb_t b = { 0 };
+        tb_lora(&b, 0, LORA_Q, 8, CS_DTYPE_BF16);
+        b.t[1].dtype = CS_DTYPE_F32;
+        float *bf = calloc((size_t)b.t[1].shape[0] * b.t[1].shape[1], sizeof(float));
+        for (size_t i = 0; i < (size_t)b.t[1].shape[0] * b.t[1].shape[1]; i++) bf[i] = val(seed_of(0, LORA_Q, 1), i);
+        b.t[1].data = bf;
+        write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], \"layers_to_transform\": [0]");
+        tb_write(&b, "adapter_model.safetensors");
+        free(bf);
+        lora_adapter_t *a = load_ok();
+        ck_assert_int_eq(lora_adapter_module(a, 0, LORA_Q)->dtype, CS_DTYPE_F32);
+        check_mod(a, 0, LORA_Q, 8, 2.0);
+        lora_adapter_free(a);
+        write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS);
     }
     tb_t b = { 0 };
     tb_all(&b, ALL_MASK, 8, CS_DTYPE_F32);

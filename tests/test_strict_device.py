@@ -8,8 +8,11 @@ pointer, an unwritten buffer or a missed copy crossed the interface.
 mixed in one batch, prompts of 1-70 tokens sharing prefixes (the prefix cache), n=3 samples
 of one prompt (the fork's copy-on-write KV copy), greedy and seeded sampling, top-5
 logprobs, chunked prefill (a 48-token budget), on an F32 Llama (GQA) and a BF16 Qwen2
-(q/k/v biases). Every line of output must be identical text (jansson prints 17 digits, so
-equal text is equal float bits); the strict device's --stats must show its copies.
+(q/k/v biases); one adapter is BF16 (held in BF16 in its slot). Every line of output must be
+identical text (jansson prints 17 digits, so equal text is equal float bits); the strict
+device's --stats must show its copies. Then again with one device slot for the three
+adapters (--max-loras 1): slots evicted and uploaded again, sequences waiting for one, and
+still identical on both backends.
 Run: CS_BUILDDIR=build CS_SRCDIR=. $PYTHON tests/test_strict_device.py"""
 import json
 import os
@@ -26,13 +29,13 @@ from hfmodels import VOCAB, make_adapter, make_model  # noqa: E402
 transformers.utils.logging.disable_progress_bar()
 
 
-def run(model_dir, requests, loras, strict):
+def run(model_dir, requests, loras, strict, extra=()):
     path = os.path.join(reflib.tmpdir("cs_strict_"), "requests.jsonl")
     with open(path, "w") as f:
         for r in requests:
             f.write(json.dumps(r) + "\n")
     cmd = [reflib.CARASERVE, "batch", "--model", model_dir, "--requests", path, "--threads", "2", "--stats",
-           "--max-num-batched-tokens", "48", "--kv-cache-bytes", "16M", "--preload-adapters"]
+           "--max-num-batched-tokens", "48", "--kv-cache-bytes", "16M", "--preload-adapters", *extra]
     for name, d in loras:
         cmd += ["--lora", f"{name}={d}"]
     env = dict(os.environ)
@@ -76,7 +79,7 @@ for kind, dtype, kv_heads in (("llama", "float32", 2), ("qwen2", "bfloat16", 4))
     for k, r in enumerate((4, 8, 16)):
         d, _ = make_adapter(model_dir, ref, r=r, alpha=2 * r,
                             targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-                            seed=40 + k)
+                            seed=40 + k, dtype="bfloat16" if k == 1 else "float32")  # a BF16 slot among F32 ones
         loras.append((f"a{k}", d))
     reqs = workload(rng, [n for n, _ in loras])
     cpu, cpu_stats = run(model_dir, reqs, loras, strict=False)
@@ -95,4 +98,20 @@ for kind, dtype, kv_heads in (("llama", "float32", 2), ("qwen2", "bfloat16", 4))
           f"strict device; it copied {be['h2d_bytes']} bytes in, {be['d2h_bytes']} out, {be['d2d_bytes']} device to "
           f"device (the n=3 fork), {be['batch_uploads']} batch uploads")
     cases += 1
+    # one device slot for three adapters: sequences wait for the slot (never while holding one),
+    # slots are evicted and uploaded again over the link; still the CPU backend's bits
+    cpu1, cpu1_stats = run(model_dir, reqs, loras, strict=False, extra=("--max-loras", "1"))
+    dev1, dev1_stats = run(model_dir, reqs, loras, strict=True, extra=("--max-loras", "1"))
+    if cpu1 != dev1:
+        reflib.fail(f"{kind}: with --max-loras 1 the strict device differs from the CPU backend")
+    if len(dev1) != len(reqs) or not dev1_stats.get("lora_device_evictions") or not dev1_stats.get("lora_device_waits"):
+        reflib.fail(f"{kind}: --max-loras 1 did not make slots wait and evict: {dev1_stats}")
+    for a, b in zip(cpu, cpu1):  # greedy requests give the same tokens whatever the batch
+        ja, jb = json.loads(a), json.loads(b)
+        if ja.get("samples") and jb.get("samples") and reqs[ja["id"]]["temperature"] == 0:
+            if [x["tokens"] for x in ja["samples"]] != [x["tokens"] for x in jb["samples"]]:
+                reflib.fail(f"{kind}: request {ja['id']} gave other tokens with --max-loras 1")
+    print(f"ok  {kind}: --max-loras 1: {dev1_stats['lora_device_uploads']} uploads, "
+          f"{dev1_stats['lora_device_evictions']} slot evictions, {dev1_stats['lora_device_waits']} waits; identical "
+          f"on both backends")
 print(f"PASS: {cases} models")

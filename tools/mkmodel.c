@@ -836,8 +836,8 @@ static int cmd_inspect(int argc, char **argv) {
                 const lora_module_t *m = lora_adapter_module(a, l, (lora_target)t);
                 if (!m->rank) continue;
                 double sa = 0, sb = 0;
-                for (size_t i = 0; i < (size_t)m->rank * m->d_in; i++) sa += m->a[i];
-                for (size_t i = 0; i < (size_t)m->d_out * m->rank; i++) sb += m->b[i];
+                for (size_t i = 0; i < (size_t)m->rank * m->d_in; i++) sa += lora_module_at(m, m->a, i);
+                for (size_t i = 0; i < (size_t)m->d_out * m->rank; i++) sb += lora_module_at(m, m->b, i);
                 json_array_append_new(mods, json_pack("{s:s,s:i,s:i,s:f,s:i,s:i,s:f,s:f}", "module", lora_target_names[t],
                                                       "layer", l, "rank", m->rank, "scale", (double)m->scale, "d_in",
                                                       m->d_in, "d_out", m->d_out, "a_sum", sa, "b_sum", sb));

@@ -1,0 +1,162 @@
+/* kernels_lora.c: the few-row LoRA kernels (decode), on F32 or BF16 adapter weights, in
+ * three widths: plain C, AVX2+FMA (8 lanes) and AVX-512 (16 lanes). BF16 is widened in
+ * registers (a shift), so a BF16 adapter streams half the bytes of an F32 one for the same
+ * math. Every output element is computed the same way whatever the batch around it (one dot
+ * per element; lanes accumulate in a fixed order), which keeps them batch-invariant. Tails
+ * use fmaf in the same order as a lane, so a column gives the same bits on either side of a
+ * vector boundary. Tested against cs_lora_ref (tests/test_backend_ops.c). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "cpu_kernels/kernels.h"
+
+#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define INLINE static inline __attribute__((always_inline))
+
+int cs_cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+static inline float w_at(const void *w, cs_dtype dt, size_t i) {
+    return dt == CS_DTYPE_BF16 ? cs_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+/* ---- dot(x, w[0 .. n)) ---- */
+/* eight partial sums: shorter rounding chains than one running sum, and vectorisable */
+static float dot_plain(const float *x, const void *w, cs_dtype dt, int n) {
+    float acc[8] = {0};
+    int e = 0;
+    for (; e + 8 <= n; e += 8)
+        for (int k = 0; k < 8; k++) acc[k] += x[e + k] * w_at(w, dt, (size_t)(e + k));
+    float d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; e < n; e++) d += x[e] * w_at(w, dt, (size_t)e);
+    return d;
+}
+
+AVX2 INLINE __m256 load8(const void *w, cs_dtype dt, size_t i) {
+    if (dt == CS_DTYPE_BF16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+AVX2 static float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static float dot_avx2(const float *x, const void *w, cs_dtype dt, int n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int e = 0;
+    for (; e + 16 <= n; e += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + e), load8(w, dt, (size_t)e), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + e + 8), load8(w, dt, (size_t)e + 8), a1);
+    }
+    for (; e + 8 <= n; e += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + e), load8(w, dt, (size_t)e), a0);
+    float d = hsum8(_mm256_add_ps(a0, a1)), t = 0;
+    for (; e < n; e++) t = fmaf(x[e], w_at(w, dt, (size_t)e), t);
+    return d + t;
+}
+
+AVX512 INLINE __m512 load16(const void *w, cs_dtype dt, size_t i) {
+    if (dt == CS_DTYPE_BF16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)w + i);
+}
+
+AVX512 INLINE __m512 load16_masked(const void *w, cs_dtype dt, size_t i, __mmask16 m) {
+    if (dt == CS_DTYPE_BF16) {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(m, (const float *)w + i);
+}
+
+AVX512 static float dot_avx512(const float *x, const void *w, cs_dtype dt, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int e = 0;
+    for (; e + 16 <= n; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + e), load16(w, dt, (size_t)e), acc);
+    if (e < n) {
+        __mmask16 m = (__mmask16)((1u << (n - e)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + e), load16_masked(w, dt, (size_t)e, m), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+float cs_lora_dot(const float *x, const void *w, cs_dtype dt, int n, cs_isa isa) {
+    switch (isa) {
+    case CS_ISA_AVX512: return dot_avx512(x, w, dt, n);
+    case CS_ISA_AVX2: return dot_avx2(x, w, dt, n);
+    default: return dot_plain(x, w, dt, n);
+    }
+}
+
+/* ---- y[i, c0:c1] += scale · Σ_r t[i, r] · bt[r, c0:c1], i < n ≤ CS_LORA_SMALL_M ---- */
+/* one column, as a lane computes it */
+static inline void expand_col(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt,
+                              int rank, int c, float scale) {
+    for (int i = 0; i < n; i++) {
+        float acc = 0;
+        for (int r = 0; r < rank; r++) acc = fmaf(t[(size_t)i * ld_t + r], w_at(bt, dt, (size_t)r * ld_y + c), acc);
+        y[(size_t)i * ld_y + c] = fmaf(scale, acc, y[(size_t)i * ld_y + c]);
+    }
+}
+
+static void expand_plain(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt, int rank,
+                         int c0, int c1, float scale) {
+    for (int c = c0; c < c1; c++) expand_col(y, ld_y, t, ld_t, n, bt, dt, rank, c, scale);
+}
+
+AVX2 static void expand_avx2(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt,
+                             int rank, int c0, int c1, float scale) {
+    __m256 vs = _mm256_set1_ps(scale);
+    int c = c0;
+    for (; c + 8 <= c1; c += 8) {
+        __m256 acc[CS_LORA_SMALL_M];
+        for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
+        for (int r = 0; r < rank; r++) {
+            __m256 b = load8(bt, dt, (size_t)r * ld_y + c);
+            for (int i = 0; i < n; i++) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(t[(size_t)i * ld_t + r]), b, acc[i]);
+        }
+        for (int i = 0; i < n; i++) {
+            float *yi = y + (size_t)i * ld_y + c;
+            _mm256_storeu_ps(yi, _mm256_fmadd_ps(vs, acc[i], _mm256_loadu_ps(yi)));
+        }
+    }
+    for (; c < c1; c++) expand_col(y, ld_y, t, ld_t, n, bt, dt, rank, c, scale);
+}
+
+AVX512 static void expand_avx512(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt,
+                                 int rank, int c0, int c1, float scale) {
+    __m512 vs = _mm512_set1_ps(scale);
+    for (int c = c0; c < c1; c += 16) {
+        __mmask16 m = c + 16 <= c1 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - c)) - 1);
+        __m512 acc[CS_LORA_SMALL_M];
+        for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
+        for (int r = 0; r < rank; r++) {
+            __m512 b = load16_masked(bt, dt, (size_t)r * ld_y + c, m);
+            for (int i = 0; i < n; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(t[(size_t)i * ld_t + r]), b, acc[i]);
+        }
+        for (int i = 0; i < n; i++) {
+            float *yi = y + (size_t)i * ld_y + c;
+            _mm512_mask_storeu_ps(yi, m, _mm512_fmadd_ps(vs, acc[i], _mm512_maskz_loadu_ps(m, yi)));
+        }
+    }
+}
+
+void cs_lora_expand_bt(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt, int rank,
+                       int c0, int c1, float scale, cs_isa isa) {
+    CS_ASSERT(n <= CS_LORA_SMALL_M);
+    switch (isa) {
+    case CS_ISA_AVX512: expand_avx512(y, ld_y, t, ld_t, n, bt, dt, rank, c0, c1, scale); break;
+    case CS_ISA_AVX2: expand_avx2(y, ld_y, t, ld_t, n, bt, dt, rank, c0, c1, scale); break;
+    default: expand_plain(y, ld_y, t, ld_t, n, bt, dt, rank, c0, c1, scale); break;
+    }
+}
