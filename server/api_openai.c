@@ -277,11 +277,39 @@ static bool check_len(server_t *s, int n_prompt, int max_tokens, perr_t *e) {
     return true;
 }
 
+/* The job of a completions or chat request (one sample per prompt until parse_sampling), with
+ * the adapter its model names pinned; NULL with *e set. */
+static gen_job_t *request_job(server_t *s, conn_t *cn, json_t *b, bool chat, int n_prompts, perr_t *e) {
+    served_adapter_t *ad = NULL;
+    char *label = NULL;
+    if (!resolve_model(s, b, &ad, &label, e)) return NULL;
+    bool draining;
+    gen_job_t *j = job_new(s, chat, n_prompts, 1, &draining);
+    if (!j) {
+        fail(e, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory");
+        free(label);
+        adapter_unpin(s, ad);
+        return NULL;
+    }
+    j->adapter = ad;
+    j->label = label;
+    j->t_arrival = cn->t_arrival;
+    const char *mname = NULL;
+    get_str(b, "model", &mname, e);
+    j->model = strdup(mname ? mname : s->model_name);
+    return j;
+}
+
+/* a request refused after request_job: its job (if any) and the adapter's pin go */
+static void request_job_drop(server_t *s, gen_job_t *j) {
+    if (!j) return;
+    adapter_unpin(s, j->adapter);
+    job_unref(j);
+}
+
 /* ---- /v1/completions ---- */
 enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
     perr_t e = {0};
-    served_adapter_t *ad = NULL;
-    char *label = NULL;
     gen_job_t *j = NULL;
     gen_opts_t o = {0};
     enum MHD_Result ret;
@@ -308,18 +336,7 @@ enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *
     const char *suffix = NULL;
     if (!get_str(b, "suffix", &suffix, &e)) goto err;
     if (suffix && suffix[0]) { fail(&e, 400, "suffix", "suffix is not supported"); goto err; }
-    if (!resolve_model(s, b, &ad, &label, &e)) goto err;
-    bool draining;
-    j = job_new(s, false, n_prompts, 1, &draining);
-    if (!j) { fail(&e, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory"); goto err; }
-    j->adapter = ad;
-    ad = NULL;
-    j->label = label;
-    label = NULL;
-    j->t_arrival = cn->t_arrival;
-    const char *mname = NULL;
-    get_str(b, "model", &mname, &e);
-    j->model = strdup(mname ? mname : s->model_name);
+    if (!(j = request_job(s, cn, b, false, n_prompts, &e))) goto err;
     if (!parse_sampling(s, b, false, j, &o, n_prompts, &e)) goto err;
     bool echo = false;
     if (!get_bool(b, "echo", &echo, &e)) goto err;
@@ -361,12 +378,7 @@ enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *
     return ret;
 err:
     free(o.stop_ids);
-    free(label);
-    if (ad) adapter_unpin(s, ad);
-    if (j) {
-        adapter_unpin(s, j->adapter);
-        job_unref(j);
-    }
+    request_job_drop(s, j);
     return reply_err(c, &e);
 }
 
@@ -487,25 +499,13 @@ fail:
 /* ---- /v1/chat/completions ---- */
 enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
     perr_t e = {0};
-    served_adapter_t *ad = NULL;
-    char *label = NULL, *text = NULL;
+    char *text = NULL;
     size_t tlen = 0;
     gen_job_t *j = NULL;
     gen_opts_t o = {0};
     enum MHD_Result ret;
     if (!json_object_get(b, "messages")) { fail(&e, 400, "messages", "'messages' is required"); goto err; }
-    if (!resolve_model(s, b, &ad, &label, &e)) goto err;
-    bool draining;
-    j = job_new(s, true, 1, 1, &draining);
-    if (!j) { fail(&e, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory"); goto err; }
-    j->adapter = ad;
-    ad = NULL;
-    j->label = label;
-    label = NULL;
-    j->t_arrival = cn->t_arrival;
-    const char *mname = NULL;
-    get_str(b, "model", &mname, &e);
-    j->model = strdup(mname ? mname : s->model_name);
+    if (!(j = request_job(s, cn, b, true, 1, &e))) goto err;
     if (!parse_sampling(s, b, true, j, &o, 1, &e)) goto err;
     if (o.rq.max_tokens == 0) { fail(&e, 400, "max_tokens", "'max_tokens' must be at least 1"); goto err; }
     bool add_special = false;
@@ -520,12 +520,7 @@ enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json
 err:
     free(text);
     free(o.stop_ids);
-    free(label);
-    if (ad) adapter_unpin(s, ad);
-    if (j) {
-        adapter_unpin(s, j->adapter);
-        job_unref(j);
-    }
+    request_job_drop(s, j);
     return reply_err(c, &e);
 }
 
