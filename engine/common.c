@@ -1,8 +1,10 @@
-/* common.c: error strings, the thread-local last-error message, dtype tables and the
- * half-precision conversions every layer uses. */
+/* common.c: error strings, the thread-local last-error message, dtype tables, the
+ * half-precision conversions every layer uses and the small helpers of several layers (byte
+ * strings, UTF-8, JSON fields). */
 #include "engine/common.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -188,4 +190,45 @@ long long cs_parse_size(const char *s, bool *ok) {
     if (*end == 'B' || *end == 'b') end++;
     *ok = end != s && *end == 0 && errno == 0 && v >= 0 && v * mul < 9e18;
     return (long long)(v * mul);
+}
+
+bool cs_buf_reserve(cs_buf_t *b, size_t extra) {
+    if (b->len + extra + 1 <= b->cap) return true;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->len + extra + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return false;
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void cs_buf_free(cs_buf_t *b) {
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+bool cs_utf8_valid(const char *s, size_t n) {
+    int32_t cp;
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = cs_utf8_next(s + i, n - i, &cp, NULL))) return false;
+    return true;
+}
+
+size_t cs_utf8_count(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+json_t *cs_json_get(const json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+json_t *cs_json_logprob(float v) {
+    if (isnan(v)) return json_null();
+    if (isinf(v)) return json_real(-9999.0);
+    return json_real(v);
 }

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum cs_status {
     CS_OK           =  0,
@@ -84,6 +85,69 @@ size_t cs_mem_available(void);                      /* MemAvailable of /proc/mem
 /* "512M", "2G", "1.5GiB", "4096": bytes (suffixes K M G, powers of 1024, then an optional
  * i and B/b); *ok false on anything else or a negative or huge value */
 long long cs_parse_size(const char *s, bool *ok);
+
+/* A growable byte string, NUL-terminated once anything (even "") was added; {0} is empty.
+ * cs_buf_add is inline for the tokenizer, which adds a character at a time. */
+typedef struct cs_buf {
+    char *p;
+    size_t len, cap;
+} cs_buf_t;
+bool cs_buf_reserve(cs_buf_t *b, size_t extra);     /* room for extra more bytes and the NUL */
+static inline bool cs_buf_add(cs_buf_t *b, const void *s, size_t n) { /* false: out of memory */
+    if (b->len + n + 1 > b->cap && !cs_buf_reserve(b, n)) return false;
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return true;
+}
+void cs_buf_free(cs_buf_t *b);                      /* back to {0} */
+
+/* The length of the valid UTF-8 sequence at s (n > 0 bytes there), with its code point in
+ * *cp; 0 when there is none: no overlong forms, no surrogates, nothing above U+10FFFF (as
+ * jansson, Go and Rust judge it). With bad set, an invalid sequence also reports the length
+ * of its maximal invalid prefix (what Rust's String::from_utf8_lossy replaces by one
+ * U+FFFD). Inline: the tokenizer decodes every character with it. */
+static inline size_t cs_utf8_next(const char *str, size_t n, int32_t *cp, size_t *bad) {
+    const uint8_t *s = (const uint8_t *)str;
+    uint8_t b = s[0];
+    if (b < 0x80) { *cp = b; return 1; }
+    size_t need;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) need = 1;
+    else if (b >= 0xE0 && b <= 0xEF) {
+        need = 2;
+        if (b == 0xE0) lo = 0xA0;
+        if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        need = 3;
+        if (b == 0xF0) lo = 0x90;
+        if (b == 0xF4) hi = 0x8F;
+    } else {
+        if (bad) *bad = 1;
+        return 0;
+    }
+    size_t k = 1;
+    if (k < n && s[k] >= lo && s[k] <= hi) {
+        k++;
+        while (k <= need && k < n && s[k] >= 0x80 && s[k] <= 0xBF) k++;
+    }
+    if (k != need + 1) {
+        if (bad) *bad = k;
+        return 0;
+    }
+    int32_t c = b & (0x3F >> need);
+    for (size_t i = 1; i <= need; i++) c = (c << 6) | (s[i] & 0x3F);
+    *cp = c;
+    return k;
+}
+bool cs_utf8_valid(const char *s, size_t n);        /* every byte of s[0..n) in valid UTF-8 */
+size_t cs_utf8_count(const char *s, size_t n);      /* the characters: bytes that are no continuation byte */
+
+/* JSON (jansson's json_t, declared here without its header) */
+/* o[key] when it is there and not null (an optional field left out), else NULL */
+struct json_t *cs_json_get(const struct json_t *o, const char *key);
+/* a logprob as a JSON number: null for NaN; -inf has no JSON spelling, vLLM writes -9999.0 */
+struct json_t *cs_json_logprob(float v);
 
 #define CS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CS_MAX(a, b) ((a) > (b) ? (a) : (b))

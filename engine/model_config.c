@@ -40,15 +40,9 @@ static const char *jtype(const json_t *v) {
     }
 }
 
-/* present = key exists and is not null */
-static json_t *get(const json_t *obj, const char *key) {
-    json_t *v = json_object_get(obj, key);
-    return json_is_null(v) ? NULL : v;
-}
-
 static int get_int(const char *label, const json_t *obj, const char *key, bool required, int def,
                    int *out) {
-    json_t *v = get(obj, key);
+    json_t *v = cs_json_get(obj, key);
     if (!v) {
         if (required) return cs_error_set(CS_EFORMAT, "%s: missing required field '%s'", label, key);
         *out = def;
@@ -65,7 +59,7 @@ static int get_int(const char *label, const json_t *obj, const char *key, bool r
 
 static int get_num(const char *label, const char *where, const json_t *obj, const char *key,
                    bool required, double def, double *out) {
-    json_t *v = get(obj, key);
+    json_t *v = cs_json_get(obj, key);
     if (!v) {
         if (required)
             return cs_error_set(CS_EFORMAT, "%s: missing required field '%s%s'", label, where, key);
@@ -82,7 +76,7 @@ static int get_num(const char *label, const char *where, const json_t *obj, cons
 }
 
 static int get_bool(const char *label, const json_t *obj, const char *key, bool def, bool *out) {
-    json_t *v = get(obj, key);
+    json_t *v = cs_json_get(obj, key);
     if (!v) { *out = def; return CS_OK; }
     if (!json_is_boolean(v))
         return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a boolean, got %s", label, key, jtype(v));
@@ -99,7 +93,7 @@ static int get_token_id(const char *label, const json_t *v, const char *key, int
 
 /* RoPE: mirrors transformers' convert_rope_params_to_dict + standardize_rope_params. */
 static int parse_rope(const char *label, const json_t *root, model_config_t *c) {
-    json_t *rs = get(root, "rope_scaling"), *rp = get(root, "rope_parameters");
+    json_t *rs = cs_json_get(root, "rope_scaling"), *rp = cs_json_get(root, "rope_parameters");
     if (rs && !json_is_object(rs))
         return cs_error_set(CS_EFORMAT, "%s: field 'rope_scaling' must be an object, got %s", label, jtype(rs));
     if (rp && !json_is_object(rp))
@@ -133,8 +127,8 @@ static int parse_rope(const char *label, const json_t *root, model_config_t *c) 
 
     const char *type = "default";
     if (rope) {
-        json_t *t = get(rope, "rope_type");
-        if (!t) t = get(rope, "type");
+        json_t *t = cs_json_get(rope, "rope_type");
+        if (!t) t = cs_json_get(rope, "type");
         if (t && !json_is_string(t))
             return cs_error_set(CS_EFORMAT, "%s: field '%srope_type' must be a string, got %s", label, where, jtype(t));
         if (t) type = json_string_value(t);
@@ -198,7 +192,7 @@ static int parse_sliding(const char *label, const json_t *root, model_config_t *
     if ((rc = get_bool(label, root, "use_sliding_window", false, &use))) return rc;
     if (!use) sw = 0;
     int n_sliding = 0;
-    json_t *lt = get(root, "layer_types");
+    json_t *lt = cs_json_get(root, "layer_types");
     if (lt) {
         if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->n_layers)
             return cs_error_set(CS_EFORMAT, "%s: field 'layer_types' must be an array of %d strings",
@@ -240,7 +234,7 @@ static int parse_impl(const char *label, const char *json_text, model_config_t *
         goto err;
     }
 
-    json_t *archs = get(root, "architectures");
+    json_t *archs = cs_json_get(root, "architectures");
     if (!archs) { rc = cs_error_set(CS_EFORMAT, "%s: missing required field 'architectures'", label); goto err; }
     if (!json_is_array(archs) || json_array_size(archs) == 0 || !json_is_string(json_array_get(archs, 0))) {
         rc = cs_error_set(CS_EFORMAT, "%s: field 'architectures' must be a non-empty array of strings", label);
@@ -259,7 +253,7 @@ static int parse_impl(const char *label, const char *json_text, model_config_t *
     c->arch = ai->arch;
     snprintf(c->arch_name, sizeof c->arch_name, "%s", ai->name);
 
-    if (get(root, "quantization_config")) {
+    if (cs_json_get(root, "quantization_config")) {
         rc = cs_error_set(CS_EUNSUPPORTED, "%s: quantized checkpoints (quantization_config) are not supported", label);
         goto err;
     }
@@ -325,7 +319,7 @@ static int parse_impl(const char *label, const char *json_text, model_config_t *
     if (eps < 0) { rc = cs_error_set(CS_EFORMAT, "%s: field 'rms_norm_eps' must be >= 0", label); goto err; }
     c->rms_norm_eps = (float)eps;
 
-    json_t *act = get(root, "hidden_act");
+    json_t *act = cs_json_get(root, "hidden_act");
     if (act && !json_is_string(act)) {
         rc = cs_error_set(CS_EFORMAT, "%s: field 'hidden_act' must be a string, got %s", label, jtype(act));
         goto err;
@@ -362,8 +356,8 @@ static int parse_impl(const char *label, const char *json_text, model_config_t *
 
     if ((rc = parse_sliding(label, root, c))) goto err;
 
-    const char *dkey = get(root, "dtype") ? "dtype" : "torch_dtype";
-    json_t *dt = get(root, dkey);
+    const char *dkey = cs_json_get(root, "dtype") ? "dtype" : "torch_dtype";
+    json_t *dt = cs_json_get(root, dkey);
     c->torch_dtype = CS_DTYPE_F32;
     if (dt) {
         const char *s = json_string_value(dt);
@@ -374,7 +368,7 @@ static int parse_impl(const char *label, const char *json_text, model_config_t *
         else { rc = cs_error_set(CS_EUNSUPPORTED, "%s: %s '%s' is not supported (float32, bfloat16, float16)", label, dkey, s); goto err; }
     }
 
-    json_t *bos = get(root, "bos_token_id"), *eos = get(root, "eos_token_id");
+    json_t *bos = cs_json_get(root, "bos_token_id"), *eos = cs_json_get(root, "eos_token_id");
     c->bos_token_id = -1;
     if (bos && (rc = get_token_id(label, bos, "bos_token_id", &c->bos_token_id))) goto err;
     c->n_eos = 0;

@@ -106,11 +106,6 @@ static const char *jtype(const json_t *v) {
     }
 }
 
-static json_t *get(const json_t *o, const char *k) {
-    json_t *v = json_object_get(o, k);
-    return json_is_null(v) ? NULL : v;
-}
-
 /* None, "", [] and {} are all "not set" for peft's truthiness checks */
 static bool truthy(const json_t *v) {
     if (!v || json_is_null(v) || json_is_false(v)) return false;
@@ -138,7 +133,7 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
     json_t *root = c->root, *v;
     if (!json_is_object(root)) return cs_error_set(CS_EFORMAT, "%s: expected a JSON object", label);
 
-    v = get(root, "peft_type");
+    v = cs_json_get(root, "peft_type");
     if (!v) return cs_error_set(CS_EFORMAT, "%s: missing required field 'peft_type'", label);
     if (!json_is_string(v) || strcmp(json_string_value(v), "LORA") != 0)
         return cs_error_set(CS_EUNSUPPORTED, "%s: peft_type %s%s%s is not supported (only LORA)", label,
@@ -153,7 +148,7 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
         { "fan_in_fan_out", "fan_in_fan_out is not supported" },
     };
     for (size_t i = 0; i < CS_ARRAY_LEN(bool_refused); i++)
-        if (truthy(get(root, bool_refused[i][0])))
+        if (truthy(cs_json_get(root, bool_refused[i][0])))
             return cs_error_set(CS_EUNSUPPORTED, "%s: %s", label, bool_refused[i][1]);
     static const char *const set_refused[][2] = {
         { "alora_invocation_tokens", "activated LoRA (alora_invocation_tokens)" },
@@ -165,7 +160,7 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
         { "layer_replication", "layer_replication" },
     };
     for (size_t i = 0; i < CS_ARRAY_LEN(set_refused); i++)
-        if (get(root, set_refused[i][0]))
+        if (cs_json_get(root, set_refused[i][0]))
             return cs_error_set(CS_EUNSUPPORTED, "%s: %s is not supported", label, set_refused[i][1]);
     static const char *const nonempty_refused[][2] = {
         { "modules_to_save", "modules_to_save (fully trained extra modules)" },
@@ -173,16 +168,16 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
         { "target_parameters", "target_parameters (LoRA on raw parameters)" },
     };
     for (size_t i = 0; i < CS_ARRAY_LEN(nonempty_refused); i++)
-        if (truthy(get(root, nonempty_refused[i][0])))
+        if (truthy(cs_json_get(root, nonempty_refused[i][0])))
             return cs_error_set(CS_EUNSUPPORTED, "%s: %s is not supported", label, nonempty_refused[i][1]);
-    v = get(root, "bias");
+    v = cs_json_get(root, "bias");
     if (v && (!json_is_string(v) || strcmp(json_string_value(v), "none") != 0))
         return cs_error_set(CS_EUNSUPPORTED, "%s: bias %s%s%s is not supported (only \"none\")", label,
                             json_is_string(v) ? "'" : "", json_is_string(v) ? json_string_value(v) : jtype(v),
                             json_is_string(v) ? "'" : "");
     /* inits that leave the adapter tied to a modified base model (unless converted on save,
      * which rewrites init_lora_weights to true) */
-    v = get(root, "init_lora_weights");
+    v = cs_json_get(root, "init_lora_weights");
     if (json_is_string(v)) {
         const char *s = json_string_value(v);
         if (!strncmp(s, "pissa", 5) || !strcmp(s, "olora") || !strcmp(s, "corda") || !strcmp(s, "loftq") ||
@@ -194,19 +189,19 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
             return cs_error_set(CS_EUNSUPPORTED, "%s: the MiCA variant (init_lora_weights 'mica') is not supported", label);
     }
 
-    v = get(root, "r");
+    v = cs_json_get(root, "r");
     if (!v) c->r = 8;
     else if (json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) <= 65536) c->r = (int)json_integer_value(v);
     else return cs_error_set(CS_EFORMAT, "%s: field 'r' must be a positive integer", label);
-    v = get(root, "lora_alpha");
+    v = cs_json_get(root, "lora_alpha");
     if (!v) c->alpha = 8;
     else if (json_is_number(v) && isfinite(json_number_value(v))) c->alpha = json_number_value(v);
     else return cs_error_set(CS_EFORMAT, "%s: field 'lora_alpha' must be a number, got %s", label, jtype(v));
-    v = get(root, "use_rslora");
+    v = cs_json_get(root, "use_rslora");
     if (v && !json_is_boolean(v)) return cs_error_set(CS_EFORMAT, "%s: field 'use_rslora' must be a boolean", label);
     c->rslora = json_is_true(v);
 
-    v = get(root, "target_modules");
+    v = cs_json_get(root, "target_modules");
     if (!v) {
         /* peft's default for llama, mistral, qwen2, qwen3 */
         json_t *d = json_pack("[ss]", "q_proj", "v_proj");
@@ -221,12 +216,12 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
         return cs_error_set(CS_EFORMAT, "%s: field 'target_modules' must be a string or a list of strings", label);
     }
 
-    v = get(root, "exclude_modules");
+    v = cs_json_get(root, "exclude_modules");
     if (v && json_is_string(v)) { if (json_string_length(v)) c->exclude_re = json_string_value(v); }
     else if (v && is_string_array(v)) { if (json_array_size(v)) c->exclude = v; }
     else if (v) return cs_error_set(CS_EFORMAT, "%s: field 'exclude_modules' must be a string or a list of strings", label);
 
-    json_t *ltt = get(root, "layers_to_transform"), *lp = get(root, "layers_pattern");
+    json_t *ltt = cs_json_get(root, "layers_to_transform"), *lp = cs_json_get(root, "layers_pattern");
     if ((c->target_re || c->all_linear) && (ltt || lp))
         return cs_error_set(CS_EFORMAT, "%s: layers_to_transform / layers_pattern cannot be used when target_modules is a string", label);
     if (truthy(lp) && !ltt)
@@ -248,7 +243,7 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
 
     static const char *const pats[] = { "rank_pattern", "alpha_pattern" };
     for (int p = 0; p < 2; p++) {
-        v = get(root, pats[p]);
+        v = cs_json_get(root, pats[p]);
         if (v && !json_is_object(v))
             return cs_error_set(CS_EFORMAT, "%s: field '%s' must be an object", label, pats[p]);
         const char *k;

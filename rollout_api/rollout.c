@@ -86,8 +86,6 @@ void rollout_release(rollout_t *r) {
     if (r) unref(r);
 }
 
-static json_t *jlp(float v) { return isinf(v) ? json_real(-9999.0) : isnan(v) ? json_null() : json_real(v); }
-
 static json_t *group_json(rollout_t *r, ro_group_t *g) {
     json_t *samples = json_array();
     for (int i = 0; i < g->n; i++) {
@@ -138,11 +136,11 @@ static void on_event(void *user, const engine_event_t *ev) {
                 json_array_append_new(s->spans, json_pack("[I, I, i]", (json_int_t)nt - 1, (json_int_t)nt,
                                                           ev->adapter_version));
             if (r->want_lp) {
-                json_array_append_new(s->lps, jlp(ev->logprob));
+                json_array_append_new(s->lps, cs_json_logprob(ev->logprob));
                 if (r->top_k > 0) {
                     json_t *t = json_array();
                     for (int k = 0; k < ev->n_top; k++)
-                        json_array_append_new(t, json_pack("[i, o]", ev->top_ids[k], jlp(ev->top_logprobs[k])));
+                        json_array_append_new(t, json_pack("[i, o]", ev->top_ids[k], cs_json_logprob(ev->top_logprobs[k])));
                     json_array_append_new(s->tops, t);
                 }
             }

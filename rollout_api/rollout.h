@@ -5,7 +5,7 @@
  * aborted and come back with their partial tokens) and continue_from (a partial sample
  * resumed: its output re-sent after the prompt).
  *
- * Transport-agnostic: the HTTP side (server/api.c) hands in the parsed request and gets one
+ * Transport-agnostic: the HTTP side (routes.c) hands in the parsed request and gets one
  * JSON object per finished group, then the summary, through an emit callback that runs on
  * the engine thread. */
 #ifndef CS_ROLLOUT_H

@@ -1,9 +1,9 @@
 /* http.c: the libmicrohttpd side of the server. One access handler for every request:
  * the first call sees the headers (authentication and Content-Length are checked before any
  * body is read), the next ones collect the body within --max-body-bytes, the last one hands
- * it to api.c. Generation requests suspend their connection while the engine works and are
- * resumed by the engine's sink (api.c); a finished connection aborts whatever it still had
- * running. */
+ * it to the dispatcher (api.c). Generation requests suspend their connection while the engine
+ * works and are resumed by the engine's sink (api_jobs.c); a finished connection aborts
+ * whatever it still had running. */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <stdarg.h>

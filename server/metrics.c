@@ -355,63 +355,30 @@ void metric_remove(metric_t *f, const char *const *label_values) {
 
 /* ---- rendering ---- */
 
+/* the text so far (engine/common.h's byte string); after a failed allocation nothing more is
+ * added, and the render fails */
 typedef struct sbuf {
-    char *p;
-    size_t len, cap;
+    cs_buf_t b;
     bool oom;
 } sbuf_t;
 
 static void sb_put(sbuf_t *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (b->len + n + 1 > cap) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
+    if (!b->oom && !cs_buf_add(&b->b, s, n)) b->oom = true;
 }
 
 static void sb_puts(sbuf_t *b, const char *s) { sb_put(b, s, strlen(s)); }
 
-/* Length of the valid UTF-8 sequence at s (as Go's utf8.ValidString: no overlong forms, no
- * surrogates, nothing above U+10FFFF), 0 if invalid. s[0] is not NUL. */
-static int utf8_len(const unsigned char *s) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    int n;
-    unsigned lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) n = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        if (c == 0xe0) lo = 0xa0;
-        if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        if (c == 0xf0) lo = 0x90;
-        if (c == 0xf4) hi = 0x8f;
-    } else return 0;
-    if (s[1] < lo || s[1] > hi) return 0;
-    for (int i = 2; i < n; i++)
-        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
-    return n;
-}
-
 /* Escapes backslash and newline (and '"' in label values); invalid UTF-8 becomes U+FFFD. */
 static void sb_escaped(sbuf_t *b, const char *s, bool quote) {
-    const unsigned char *p = (const unsigned char *)s;
+    const char *p = s, *end = s + strlen(s);
+    int32_t cp;
     while (*p) {
-        const unsigned char *run = p;
-        int n;
-        while (*p && *p != '\\' && *p != '\n' && !(quote && *p == '"') && (n = utf8_len(p)) > 0) p += n;
-        sb_put(b, (const char *)run, (size_t)(p - run));
+        const char *run = p;
+        size_t n;
+        while (*p && *p != '\\' && *p != '\n' && !(quote && *p == '"') &&
+               (n = cs_utf8_next(p, (size_t)(end - p), &cp, NULL)) > 0)
+            p += n;
+        sb_put(b, run, (size_t)(p - run));
         if (!*p) break;
         if (*p == '\\') sb_puts(b, "\\\\");
         else if (*p == '\n') sb_puts(b, "\\n");
@@ -507,10 +474,10 @@ char *metrics_render(metrics_t *m, size_t *len) {
     pthread_mutex_unlock(&m->lock);
     uselocale(old);
     if (b.oom) {
-        free(b.p);
+        cs_buf_free(&b.b);
         cs_error_set(CS_ENOMEM, "metrics: out of memory rendering");
         return NULL;
     }
-    if (len) *len = b.len;
-    return b.p;
+    if (len) *len = b.b.len;
+    return b.b.p;
 }

@@ -1,9 +1,10 @@
 /* server.h: `caraserve serve`, the HTTP server. libmicrohttpd's thread pool parses requests
  * (http.c: routing, body limits, auth, JSON and SSE responses, suspend/resume); the
- * endpoints (api.c) validate OpenAI-style JSON, tokenize or render the chat template, and
- * submit requests to the engine, whose thread feeds each token back through a sink into the
- * waiting connection. cmd_serve.c reads flags and the config file, loads the model and
- * runs the lifecycle (signals, graceful drain). */
+ * dispatcher (api.c) hands each to its endpoint: api_openai.c validates OpenAI-style JSON,
+ * tokenizes or renders the chat template, rollout_api/routes.c the rollout side; both submit
+ * jobs (api_jobs.c) to the engine, whose thread feeds each token back through a sink into the
+ * waiting connection; api_metrics.c serves /metrics. cmd_serve.c reads flags and the config
+ * file, loads the model and runs the lifecycle (signals, graceful drain). */
 #ifndef CS_SERVER_H
 #define CS_SERVER_H
 
@@ -123,7 +124,8 @@ enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char
     __attribute__((format(printf, 4, 5)));
 enum MHD_Result http_text(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len);
 
-/* ---- api.c: the endpoints. body: the parsed JSON (NULL for GET). ---- */
+/* ---- the endpoints (api.c: the dispatcher; api_jobs.c; api_openai.c) ---- */
+/* body: the request's body (any bytes; "" for none) */
 enum MHD_Result api_dispatch(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method,
                              const char *url, const char *body, size_t body_len);
 /* A suspended unload request resumed: its answer. */
@@ -138,7 +140,7 @@ void api_watch_stop(server_t *s);
 /* Every live job: abort its engine requests (shutdown after the timeout). */
 void api_abort_all(server_t *s);
 
-/* per-connection state shared by http.c and api.c */
+/* per-connection state shared by http.c and the endpoints */
 struct conn {
     server_t *srv;
     char *body;
@@ -152,15 +154,17 @@ struct conn {
     double t_arrival;               /* cs_time_ms() */
 };
 
-/* ---- metrics wiring (api.c) ---- */
+/* ---- metrics wiring (api_metrics.c) ---- */
 int server_metrics_init(server_t *s);
 void server_on_load_time(void *user, double seconds);  /* the registry's on_load_time */
-void server_on_dropped(void *user, const char *name, int version, const char *dir); /* ... on_dropped */
+void server_metrics_free(server_t *s);
+/* ---- uploaded adapter versions (rollout_api/routes.c) ---- */
+void server_on_dropped(void *user, const char *name, int version, const char *dir); /* the registry's on_dropped */
 void server_drain_drops(server_t *s);  /* delete the dropped uploads' files (no lock held) */
+/* ---- adapters (api_openai.c) ---- */
 /* Register NAME -> DIR (a new version when it exists and inplace), validated first. */
 int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
                        size_t errlen);
-void server_metrics_free(server_t *s);
 
 /* ---- security ---- */
 bool auth_ok(const server_t *s, const char *authorization_header);

@@ -224,13 +224,6 @@ static void sb_putcp(sbuf *b, int32_t cp) {
     sb_put(b, tmp, utf8_enc(cp, tmp));
 }
 
-static size_t utf8_len(const char *s, size_t n) {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (((unsigned char)s[i] & 0xC0) != 0x80) k++;
-    return k;
-}
-
 /* Byte offset of code point index i (i <= number of code points). */
 static size_t utf8_off(const char *s, size_t n, size_t i) {
     size_t off = 0;
@@ -3092,7 +3085,7 @@ static const val *iterate(rctx *r, val v, size_t *n) {
         return items;
     }
     case T_STR: {
-        size_t count = utf8_len(v.u.s.p, v.u.s.n), off = 0;
+        size_t count = cs_utf8_count(v.u.s.p, v.u.s.n), off = 0;
         val *items = arena_alloc(&r->a, (count ? count : 1) * sizeof *items);
         for (size_t i = 0; i < count; i++) {
             int32_t c;
@@ -3117,7 +3110,7 @@ static list *to_list(rctx *r, val v) {
 
 static int64_t py_len(rctx *r, val v) {
     switch (v.t) {
-    case T_STR: return (int64_t)utf8_len(v.u.s.p, v.u.s.n);
+    case T_STR: return (int64_t)cs_utf8_count(v.u.s.p, v.u.s.n);
     case T_LIST: return (int64_t)v.u.l->n;
     case T_DICT: return (int64_t)v.u.d->n;
     case T_UNDEF: return 0;
@@ -3283,7 +3276,7 @@ static val get_item(rctx *r, val obj, val key) {
             return undef_lazy(r, U_ELEM, NULL, obj, as_int(key));
         break;
     case T_STR:
-        if (index_of(key, (int64_t)utf8_len(obj.u.s.p, obj.u.s.n), &i)) {
+        if (index_of(key, (int64_t)cs_utf8_count(obj.u.s.p, obj.u.s.n), &i)) {
             size_t off = utf8_off(obj.u.s.p, obj.u.s.n, (size_t)i);
             int32_t c;
             val ch = v_str(obj.u.s.p + off, utf8_dec(obj.u.s.p + off, obj.u.s.n - off, &c));
@@ -3347,7 +3340,7 @@ static val get_slice(rctx *r, val obj, val vstart, val vstop, val vstep) {
     int64_t start, stop, step, count;
     if (obj.t == T_STR) {
         const char *p = obj.u.s.p;
-        size_t n = obj.u.s.n, cps = utf8_len(p, n);
+        size_t n = obj.u.s.n, cps = cs_utf8_count(p, n);
         count = slice_indices(r, vstart, vstop, vstep, (int64_t)cps, &start, &stop, &step);
         sbuf b;
         sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
@@ -3547,7 +3540,7 @@ static val arith(rctx *r, int op, val a, val b) {
 
 /* Pads text to width code points the way str.ljust/rjust/center do. */
 static void put_padded(sbuf *b, val s, int64_t width, char align, const char *fill, size_t filln) {
-    int64_t len = (int64_t)utf8_len(s.u.s.p, s.u.s.n), pad = width > len ? width - len : 0, left = 0;
+    int64_t len = (int64_t)cs_utf8_count(s.u.s.p, s.u.s.n), pad = width > len ? width - len : 0, left = 0;
     if (align == '>') left = pad;
     else if (align == '^') left = pad / 2 + (pad & width & 1); /* CPython's str.center */
     for (int64_t i = 0; i < left; i++) sb_put(b, fill, filln);
@@ -3992,9 +3985,9 @@ static int64_t str_search(rctx *r, val s, val sub, val vstart, val vend, int mod
     if (sub.t != T_STR) rfail(r, "must be str, not %s", type_name(sub));
     const char *p = s.u.s.p;
     size_t n = s.u.s.n, m = sub.u.s.n;
-    int64_t len = (int64_t)utf8_len(p, n), start, end;
+    int64_t len = (int64_t)cs_utf8_count(p, n), start, end;
     adjust_range(vstart, vend, len, &start, &end);
-    if (start > len || (end - start < (int64_t)utf8_len(sub.u.s.p, m) && !(m == 0 && start <= end))) {
+    if (start > len || (end - start < (int64_t)cs_utf8_count(sub.u.s.p, m) && !(m == 0 && start <= end))) {
         return mode == M_COUNT ? 0 : -1;
     }
     if (end < start) return mode == M_COUNT ? 0 : -1;
@@ -4014,11 +4007,11 @@ static int64_t str_search(rctx *r, val s, val sub, val vstart, val vend, int mod
     }
     if (mode == M_FIND) {
         for (size_t i = bs; i + m <= be; i++)
-            if (!memcmp(p + i, sub.u.s.p, m)) return (int64_t)utf8_len(p, i);
+            if (!memcmp(p + i, sub.u.s.p, m)) return (int64_t)cs_utf8_count(p, i);
         return -1;
     }
     for (size_t i = be - m + 1; i-- > bs;)
-        if (i + m <= be && !memcmp(p + i, sub.u.s.p, m)) return (int64_t)utf8_len(p, i);
+        if (i + m <= be && !memcmp(p + i, sub.u.s.p, m)) return (int64_t)cs_utf8_count(p, i);
     return -1;
 }
 
@@ -4032,7 +4025,7 @@ static bool str_affix(rctx *r, val s, val affix, val vstart, val vend, bool suff
         rfail(r, "%s first arg must be str or a tuple of str, not %s", suffix ? "endswith" : "startswith", type_name(affix));
     const char *p = s.u.s.p;
     size_t n = s.u.s.n, m = affix.u.s.n;
-    int64_t len = (int64_t)utf8_len(p, n), start, end;
+    int64_t len = (int64_t)cs_utf8_count(p, n), start, end;
     adjust_range(vstart, vend, len, &start, &end);
     if (start > len) return false;
     if (end < start) return false;
@@ -4760,7 +4753,7 @@ static val filter_truncate(rctx *r, val s, const val *p) {
     val end = opt(p[2], v_cstr("..."));
     int64_t leeway = int_arg(r, opt(p[3], v_int(5)), "truncate");
     if (end.t != T_STR) rfail(r, "truncate: end must be a string");
-    int64_t endlen = (int64_t)utf8_len(end.u.s.p, end.u.s.n);
+    int64_t endlen = (int64_t)cs_utf8_count(end.u.s.p, end.u.s.n);
     if (length < endlen) rfail(r, "expected length >= %" PRId64 ", got %" PRId64, endlen, length);
     if (leeway < 0) rfail(r, "expected leeway >= 0, got %" PRId64, leeway);
     if (py_len(r, s) <= length + leeway) return s; /* anything with a length comes back as it is */
@@ -5161,7 +5154,7 @@ static val view(rctx *r, const dict *d, int kind) {
 static val pad_method(rctx *r, val s, const val *p, char align, const char *what) {
     int64_t width = int_arg(r, required(r, p[0], what, "width"), what);
     val fill = opt(p[1], v_cstr(" "));
-    if (fill.t != T_STR || utf8_len(fill.u.s.p, fill.u.s.n) != 1)
+    if (fill.t != T_STR || cs_utf8_count(fill.u.s.p, fill.u.s.n) != 1)
         rfail(r, "The fill character must be exactly one character long");
     sbuf b;
     sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);

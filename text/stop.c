@@ -18,27 +18,6 @@ struct stop_matcher {
     int matched;            /* -1 until a stop string matched */
 };
 
-static bool valid_utf8(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 && c >= 0xc2 ? 2 : (c & 0xf0) == 0xe0 ? 3
-                 : (c & 0xf8) == 0xf0 && c <= 0xf4 ? 4 : 0;
-        if (!k || i + k > n) return false;
-        for (size_t j = 1; j < k; j++)
-            if ((s[i + j] & 0xc0) != 0x80) return false;
-        if (k == 3) {
-            unsigned c1 = s[i + 1];
-            if ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 >= 0xa0)) return false; /* overlong, surrogate */
-        }
-        if (k == 4) {
-            unsigned c1 = s[i + 1];
-            if ((c == 0xf0 && c1 < 0x90) || (c == 0xf4 && c1 >= 0x90)) return false;
-        }
-        i += k;
-    }
-    return true;
-}
-
 int stop_strings_validate(const char *const *stops, int n) {
     if (n < 0 || n > STOP_MAX_STRINGS)
         return cs_error_set(CS_EINVAL, "at most %d stop strings, got %d", STOP_MAX_STRINGS, n);
@@ -48,7 +27,7 @@ int stop_strings_validate(const char *const *stops, int n) {
         if (l == 0) return cs_error_set(CS_EINVAL, "stop string %d is empty", i);
         if (l > STOP_MAX_LEN)
             return cs_error_set(CS_EINVAL, "stop string %d is %zu bytes, the limit is %d", i, l, STOP_MAX_LEN);
-        if (!valid_utf8((const unsigned char *)stops[i], l))
+        if (!cs_utf8_valid(stops[i], l))
             return cs_error_set(CS_EINVAL, "stop string %d is not valid UTF-8", i);
     }
     return CS_OK;

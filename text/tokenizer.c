@@ -21,30 +21,10 @@
 
 static int tok_oom(void) { return cs_error_set(CS_ENOMEM, "tokenizer: out of memory"); }
 
-/* Byte string, always NUL-terminated when non-empty-capacity. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
+/* Byte string (engine/common.h); the tokenizer's adds report CS_ENOMEM. */
+typedef cs_buf_t sbuf;
 
-static int sbuf_reserve(sbuf *b, size_t extra) {
-    if (b->n + extra + 1 <= b->cap) return CS_OK;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + extra + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) return tok_oom();
-    b->p = p;
-    b->cap = cap;
-    return CS_OK;
-}
-
-static int sbuf_put(sbuf *b, const void *s, size_t n) {
-    if (sbuf_reserve(b, n) < 0) return CS_ENOMEM;
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return CS_OK;
-}
+static int sbuf_put(sbuf *b, const void *s, size_t n) { return cs_buf_add(b, s, n) ? CS_OK : tok_oom(); }
 
 static int utf8_encode(int32_t c, char *o) {
     if (c < 0x80) { o[0] = (char)c; return 1; }
@@ -65,12 +45,6 @@ static int utf8_encode(int32_t c, char *o) {
 static int sbuf_put_cp(sbuf *b, int32_t c) {
     char tmp[4];
     return sbuf_put(b, tmp, (size_t)utf8_encode(c, tmp));
-}
-
-static void sbuf_free(sbuf *b) {
-    free(b->p);
-    b->p = NULL;
-    b->n = b->cap = 0;
 }
 
 /* Typed vectors share one grow routine. */
@@ -108,7 +82,7 @@ static int strvec_add(strvec *v, const char *s, size_t n) {
         v->len = l;
         v->cap = c;
     }
-    v->off[v->n] = v->buf.n;
+    v->off[v->n] = v->buf.len;
     v->len[v->n] = n;
     if (sbuf_put(&v->buf, s, n) < 0) return CS_ENOMEM;
     v->n++;
@@ -117,14 +91,14 @@ static int strvec_add(strvec *v, const char *s, size_t n) {
 /* Start a new element and then append to it with sbuf_put(&v->buf, ...), closing with
  * strvec_close. */
 static int strvec_open(strvec *v) { return strvec_add(v, "", 0); }
-static void strvec_close(strvec *v) { v->len[v->n - 1] = v->buf.n - v->off[v->n - 1]; }
+static void strvec_close(strvec *v) { v->len[v->n - 1] = v->buf.len - v->off[v->n - 1]; }
 static const char *strvec_at(const strvec *v, size_t i) { return v->buf.p + v->off[i]; }
 static void strvec_reset(strvec *v) {
     v->n = 0;
-    v->buf.n = 0;
+    v->buf.len = 0;
 }
 static void strvec_free(strvec *v) {
-    sbuf_free(&v->buf);
+    cs_buf_free(&v->buf);
     free(v->off);
     free(v->len);
     memset(v, 0, sizeof *v);
@@ -134,58 +108,10 @@ static void strvec_free(strvec *v) {
  * UTF-8 and Unicode helpers
  * ==================================================================================== */
 
-/* Length of the valid UTF-8 sequence at s (n bytes available), 0 if invalid; *cp gets the
- * code point. Rejects overlongs, surrogates and values above U+10FFFF. With `bad` set, it
- * also reports the length of the maximal invalid prefix (the "maximal subpart" that
- * String::from_utf8_lossy replaces by one U+FFFD). */
-static size_t utf8_next(const uint8_t *s, size_t n, int32_t *cp, size_t *bad) {
-    uint8_t b = s[0];
-    if (b < 0x80) { *cp = b; return 1; }
-    size_t need;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF) need = 1;
-    else if (b >= 0xE0 && b <= 0xEF) {
-        need = 2;
-        if (b == 0xE0) lo = 0xA0;
-        if (b == 0xED) hi = 0x9F;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-        need = 3;
-        if (b == 0xF0) lo = 0x90;
-        if (b == 0xF4) hi = 0x8F;
-    } else {
-        if (bad) *bad = 1;
-        return 0;
-    }
-    size_t k = 1;
-    if (k < n && s[k] >= lo && s[k] <= hi) {
-        k++;
-        while (k <= need && k < n && s[k] >= 0x80 && s[k] <= 0xBF) k++;
-    }
-    if (k != need + 1) {
-        if (bad) *bad = k;
-        return 0;
-    }
-    int32_t c = b & (0x3F >> need);
-    for (size_t i = 1; i <= need; i++) c = (c << 6) | (s[i] & 0x3F);
-    *cp = c;
-    return k;
-}
-
-static bool utf8_valid(const char *s, size_t n) {
-    size_t i = 0;
-    int32_t cp;
-    while (i < n) {
-        size_t k = utf8_next((const uint8_t *)s + i, n - i, &cp, NULL);
-        if (!k) return false;
-        i += k;
-    }
-    return true;
-}
-
 /* Decode one code point from valid UTF-8. */
 static int32_t utf8_cp(const char *s, size_t n, size_t *len) {
     int32_t cp = 0xFFFD;
-    size_t k = utf8_next((const uint8_t *)s, n, &cp, NULL);
+    size_t k = cs_utf8_next(s, n, &cp, NULL);
     *len = k ? k : 1;
     return cp;
 }
@@ -196,7 +122,7 @@ static int utf8_lossy_append(sbuf *out, const char *s, size_t n) {
     int32_t cp;
     while (i < n) {
         size_t bad = 1;
-        size_t k = utf8_next((const uint8_t *)s + i, n - i, &cp, &bad);
+        size_t k = cs_utf8_next(s + i, n - i, &cp, &bad);
         if (k) { i += k; continue; }
         if (sbuf_put(out, s + run, i - run) < 0 || sbuf_put(out, "\xEF\xBF\xBD", 3) < 0)
             return CS_ENOMEM;
@@ -550,7 +476,7 @@ static char *regex_translate(const char *pat) {
             rc |= sbuf_put(&o, &c, 1);
         }
         if (rc) {
-            sbuf_free(&o);
+            cs_buf_free(&o);
             return NULL;
         }
     }
@@ -1104,21 +1030,21 @@ static int replace_all(const tok_regex *re, const char *content, size_t clen, co
  * maps to the original offset 0 (left strip). */
 static int normalize(const normalizer *nm, const char *s, size_t n, scratch *sc, sbuf *out,
                      bool *at0) {
-    out->n = 0;
+    out->len = 0;
     int rc = CS_OK;
     switch (nm->type) {
     case NORM_SEQUENCE: {
         sbuf cur = {0}, nxt = {0};
         if (sbuf_put(&cur, s, n) < 0) return CS_ENOMEM;
         for (size_t i = 0; i < nm->n_kids && rc == CS_OK; i++) {
-            rc = normalize(nm->kids[i], cur.p, cur.n, sc, &nxt, at0);
+            rc = normalize(nm->kids[i], cur.p, cur.len, sc, &nxt, at0);
             sbuf t = cur;
             cur = nxt;
             nxt = t;
         }
-        if (rc == CS_OK) rc = sbuf_put(out, cur.p, cur.n);
-        sbuf_free(&cur);
-        sbuf_free(&nxt);
+        if (rc == CS_OK) rc = sbuf_put(out, cur.p, cur.len);
+        cs_buf_free(&cur);
+        cs_buf_free(&nxt);
         return rc;
     }
     case NORM_NFC: case NORM_NFD: case NORM_NFKC: case NORM_NFKD:
@@ -1238,11 +1164,11 @@ typedef struct { sbuf buf; pretok_piece *p; size_t n, cap; } piecelist;
 
 static int pieces_add(piecelist *pl, const char *s, size_t n, bool at0) {
     if (n == 0) return CS_OK; /* empty splits are dropped */
-    if (VEC_PUSH(pl, ((pretok_piece){pl->buf.n, n, at0})) < 0) return CS_ENOMEM;
+    if (VEC_PUSH(pl, ((pretok_piece){pl->buf.len, n, at0})) < 0) return CS_ENOMEM;
     return sbuf_put(&pl->buf, s, n);
 }
-static void pieces_reset(piecelist *pl) { pl->n = 0; pl->buf.n = 0; }
-static void pieces_free(piecelist *pl) { sbuf_free(&pl->buf); free(pl->p); memset(pl, 0, sizeof *pl); }
+static void pieces_reset(piecelist *pl) { pl->n = 0; pl->buf.len = 0; }
+static void pieces_free(piecelist *pl) { cs_buf_free(&pl->buf); free(pl->p); memset(pl, 0, sizeof *pl); }
 
 /* NormalizedString::split: turn (span, is_match) into pieces per the behavior. */
 static int split_apply(const char *s, bool at0, mspanvec *m, int behavior, bool invert,
@@ -1354,48 +1280,48 @@ static int pretokenize(const pretok *pt, piecelist *in, piecelist *out, scratch 
                 rc = split_apply(s, at0, &sc->ms, pt->behavior, false, out);
             break;
         case PT_BYTELEVEL: {
-            t.n = 0;
+            t.len = 0;
             if (pt->add_prefix_space && s[0] != ' ') rc |= sbuf_put(&t, " ", 1);
             rc |= sbuf_put(&t, s, n);
             if (rc) break;
             if (!pt->use_regex) {
-                t2.n = 0;
-                if ((rc = bytelevel_map(t.p, t.n, &t2)) == CS_OK) rc = pieces_add(out, t2.p, t2.n, at0);
+                t2.len = 0;
+                if ((rc = bytelevel_map(t.p, t.len, &t2)) == CS_OK) rc = pieces_add(out, t2.p, t2.len, at0);
                 break;
             }
-            if ((rc = regex_find(&pt->re, t.p, t.n, sc, &sc->ms)) < 0) break;
+            if ((rc = regex_find(&pt->re, t.p, t.len, sc, &sc->ms)) < 0) break;
             for (size_t i = 0; i < sc->ms.n && rc == CS_OK; i++) {
                 mspan m = sc->ms.p[i];
-                t2.n = 0;
+                t2.len = 0;
                 if ((rc = bytelevel_map(t.p + m.s, m.e - m.s, &t2)) == CS_OK)
-                    rc = pieces_add(out, t2.p, t2.n, at0 && m.s == 0);
+                    rc = pieces_add(out, t2.p, t2.len, at0 && m.s == 0);
             }
             break;
         }
         case PT_METASPACE: {
-            t.n = 0;
+            t.len = 0;
             bool starts = false;
             for (size_t i = 0; i < n && rc == CS_OK; i++) {
                 if (s[i] == ' ') rc = sbuf_put(&t, pt->repl, pt->repl_len);
                 else rc = sbuf_put(&t, s + i, 1);
             }
             if (rc) break;
-            starts = t.n >= pt->repl_len && memcmp(t.p, pt->repl, pt->repl_len) == 0;
+            starts = t.len >= pt->repl_len && memcmp(t.p, pt->repl, pt->repl_len) == 0;
             bool prepend = !starts && (pt->prepend_scheme == PS_ALWAYS ||
                                        (pt->prepend_scheme == PS_FIRST && at0));
-            t2.n = 0;
+            t2.len = 0;
             if (prepend) rc |= sbuf_put(&t2, pt->repl, pt->repl_len);
-            rc |= sbuf_put(&t2, t.p, t.n);
+            rc |= sbuf_put(&t2, t.p, t.len);
             if (rc) break;
-            if (!pt->split) { rc = pieces_add(out, t2.p, t2.n, at0); break; }
-            if ((rc = char_find(pred_eq, pt->repl_cp, t2.p, t2.n, &sc->ms)) == CS_OK)
+            if (!pt->split) { rc = pieces_add(out, t2.p, t2.len, at0); break; }
+            if ((rc = char_find(pred_eq, pt->repl_cp, t2.p, t2.len, &sc->ms)) == CS_OK)
                 rc = split_apply(t2.p, at0, &sc->ms, B_MERGED_NEXT, false, out);
             break;
         }
         }
     }
-    sbuf_free(&t);
-    sbuf_free(&t2);
+    cs_buf_free(&t);
+    cs_buf_free(&t2);
     return rc;
 }
 
@@ -1614,12 +1540,12 @@ static bool is_byte_token(const char *s, size_t n, uint8_t *byte) {
 }
 
 static int bytefallback_flush(strvec *out, sbuf *bytes) {
-    if (!bytes->n) return CS_OK;
+    if (!bytes->len) return CS_OK;
     int rc = CS_OK;
-    if (utf8_valid(bytes->p, bytes->n)) rc = strvec_add(out, bytes->p, bytes->n);
+    if (cs_utf8_valid(bytes->p, bytes->len)) rc = strvec_add(out, bytes->p, bytes->len);
     else
-        for (size_t i = 0; i < bytes->n && rc == CS_OK; i++) rc = strvec_add(out, "\xEF\xBF\xBD", 3);
-    bytes->n = 0;
+        for (size_t i = 0; i < bytes->len && rc == CS_OK; i++) rc = strvec_add(out, "\xEF\xBF\xBD", 3);
+    bytes->len = 0;
     return rc;
 }
 
@@ -1653,7 +1579,7 @@ static int decode_step(const decoder *d, strvec *in, strvec *out, decpos *pos, s
         sbuf bytes = {0};
         for (size_t i = 0; i < in->n && rc == CS_OK; i++) {
             const char *s = strvec_at(in, i);
-            size_t n = in->len[i], mark = bytes.n;
+            size_t n = in->len[i], mark = bytes.len;
             bool all = true;
             for (size_t j = 0; j < n && rc == CS_OK;) {
                 size_t k;
@@ -1664,15 +1590,15 @@ static int decode_step(const decoder *d, strvec *in, strvec *out, decpos *pos, s
                 j += k;
             }
             if (rc == CS_OK && !all) {
-                bytes.n = mark;
+                bytes.len = mark;
                 rc = sbuf_put(&bytes, s, n);
             }
         }
         if (rc == CS_OK && (rc = strvec_open(out)) == CS_OK) {
-            rc = utf8_lossy_append(&out->buf, bytes.p, bytes.n);
+            rc = utf8_lossy_append(&out->buf, bytes.p, bytes.len);
             strvec_close(out);
         }
-        sbuf_free(&bytes);
+        cs_buf_free(&bytes);
         pos->partial0 = pos->partial0 || !pos->gidx0;
         pos->gidx0 = true;
         return rc;
@@ -1699,12 +1625,12 @@ static int decode_step(const decoder *d, strvec *in, strvec *out, decpos *pos, s
     case DEC_REPLACE: {
         sbuf t = {0};
         for (size_t i = 0; i < in->n && rc == CS_OK; i++) {
-            t.n = 0;
+            t.len = 0;
             if ((rc = replace_all(&d->re, d->content, d->content_len, strvec_at(in, i), in->len[i], sc,
                                   &t)) == CS_OK)
-                rc = strvec_add(out, t.p ? t.p : "", t.n);
+                rc = strvec_add(out, t.p ? t.p : "", t.len);
         }
-        sbuf_free(&t);
+        cs_buf_free(&t);
         return rc;
     }
     case DEC_BYTEFALLBACK: {
@@ -1720,7 +1646,7 @@ static int decode_step(const decoder *d, strvec *in, strvec *out, decpos *pos, s
             }
         }
         if (rc == CS_OK) rc = bytefallback_flush(out, &bytes);
-        sbuf_free(&bytes);
+        cs_buf_free(&bytes);
         return rc;
     }
     case DEC_STRIP:
@@ -1931,14 +1857,14 @@ static int bpe_merge_word(const tokenizer_t *t, const char *w, size_t n, bpe_scr
         const char *s = w + i;
         size_t sl = k;
         if ((!first && t->cont_prefix) || (last && t->eow_suffix)) {
-            sc->tmp.n = 0;
+            sc->tmp.len = 0;
             int rc = CS_OK;
             if (!first && t->cont_prefix) rc |= sbuf_put(&sc->tmp, t->cont_prefix, t->cont_prefix_len);
             rc |= sbuf_put(&sc->tmp, w + i, k);
             if (last && t->eow_suffix) rc |= sbuf_put(&sc->tmp, t->eow_suffix, t->eow_suffix_len);
             if (rc) return CS_ENOMEM;
             s = sc->tmp.p;
-            sl = sc->tmp.n;
+            sl = sc->tmp.len;
         }
         int32_t id = strmap_get(&t->vocab, s, sl);
         if (id >= 0) {
@@ -2130,7 +2056,7 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, bool ad
         return cs_error_set(CS_EINVAL, "tokenizer_encode: bad arguments");
     *ids_out = NULL;
     *n_out = 0;
-    if (!utf8_valid(text, len))
+    if (!cs_utf8_valid(text, len))
         return cs_error_set(CS_EINVAL, "tokenizer_encode: text is not valid UTF-8");
     scratch sc;
     bpe_scratch bs = {0};
@@ -2154,7 +2080,7 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, bool ad
         if (t->norm) {
             if ((rc = normalize(t->norm, s, n, &sc, &norm, &at0)) < 0) goto out;
             s = norm.p ? norm.p : "";
-            n = norm.n;
+            n = norm.len;
         }
         if ((rc = split_added(t, &t->trie_norm, s, n, &nsegs)) < 0) goto out;
         for (size_t j = 0; j < nsegs.n; j++) {
@@ -2176,10 +2102,10 @@ out:
     free(nsegs.p);
     pieces_free(&pa);
     pieces_free(&pb);
-    sbuf_free(&norm);
+    cs_buf_free(&norm);
     free(bs.syms.p);
     free(bs.heap.p);
-    sbuf_free(&bs.tmp);
+    cs_buf_free(&bs.tmp);
     scratch_free(&sc);
     return rc;
 }
@@ -2229,11 +2155,11 @@ int tokenizer_decode(const tokenizer_t *t, const int32_t *ids, size_t n, bool sk
     sbuf s = {0};
     int rc = decode_ids(t, ids, n, skip_special, (decpos){true, false}, &s);
     if (rc < 0) {
-        sbuf_free(&s);
+        cs_buf_free(&s);
         return rc;
     }
     *out = s.p;
-    if (out_len) *out_len = s.n;
+    if (out_len) *out_len = s.len;
     return CS_OK;
 }
 
@@ -2276,7 +2202,7 @@ tokenizer_stream_t *tokenizer_stream_new(const tokenizer_t *t, bool skip_special
 static int stream_out(sbuf *b, char **piece, size_t *piece_len) {
     if (!b->p && sbuf_put(b, "", 0) < 0) return CS_ENOMEM;
     *piece = b->p;
-    if (piece_len) *piece_len = b->n;
+    if (piece_len) *piece_len = b->len;
     return CS_OK;
 }
 
@@ -2302,14 +2228,14 @@ int tokenizer_stream_push(tokenizer_stream_t *s, int32_t id, char **piece, size_
         if ((rc = decode_ids(t, s->pending.p, s->pending.n, s->skip_special,
                              (decpos){!s->emitted, false}, &text)) < 0)
             goto err;
-        if (text.n == 0 || (text.n >= 3 && memcmp(text.p + text.n - 3, "\xEF\xBF\xBD", 3) == 0))
+        if (text.len == 0 || (text.len >= 3 && memcmp(text.p + text.len - 3, "\xEF\xBF\xBD", 3) == 0))
             final = false;
     }
     if (final) {
         s->pending.n = 0;
         s->emitted = true;
     } else {
-        text.n = 0;
+        text.len = 0;
         if (text.p) text.p[0] = 0;
         /* ids that decode to nothing anywhere (skipped specials, unknown ids) need not wait */
         bool any = false;
@@ -2319,7 +2245,7 @@ int tokenizer_stream_push(tokenizer_stream_t *s, int32_t id, char **piece, size_
     if ((rc = stream_out(&text, piece, piece_len)) < 0) goto err;
     return CS_OK;
 err:
-    sbuf_free(&text);
+    cs_buf_free(&text);
     return rc;
 }
 
@@ -2332,7 +2258,7 @@ int tokenizer_stream_flush(tokenizer_stream_t *s, char **piece, size_t *piece_le
                         (decpos){!s->emitted, false}, &text);
     if (rc == CS_OK) rc = stream_out(&text, piece, piece_len);
     if (rc < 0) {
-        sbuf_free(&text);
+        cs_buf_free(&text);
         return rc;
     }
     for (size_t i = 0; i < s->pending.n; i++)
@@ -2454,9 +2380,9 @@ static int load_model(tokenizer_t *t, json_t *m) {
                               "the vocab ('%.*s')", rank, (int)(ia < 0 ? la : lb), ia < 0 ? a : b);
             break;
         }
-        buf.n = 0;
+        buf.len = 0;
         if (sbuf_put(&buf, a, la) < 0 || sbuf_put(&buf, b + pl, lb - pl) < 0) { rc = CS_ENOMEM; break; }
-        int32_t nid = strmap_get(&t->vocab, buf.p, buf.n);
+        int32_t nid = strmap_get(&t->vocab, buf.p, buf.len);
         if (nid < 0) {
             rc = cs_error_set(CS_EFORMAT, "tokenizer.json: merged token '%s' missing from the vocab",
                               buf.p);
@@ -2464,7 +2390,7 @@ static int load_model(tokenizer_t *t, json_t *m) {
         }
         pairmap_put(&t->merges, pair_key(ia, ib), rank++, nid);
     }
-    sbuf_free(&buf);
+    cs_buf_free(&buf);
     return rc;
 }
 
@@ -2512,11 +2438,11 @@ static int load_added(tokenizer_t *t, json_t *arr) {
             sbuf nb = {0};
             bool at0 = true;
             rc = normalize(t->norm, content, len, &sc, &nb, &at0);
-            if (rc == CS_OK && (nb.n != len || memcmp(nb.p, content, len) != 0)) {
+            if (rc == CS_OK && (nb.len != len || memcmp(nb.p, content, len) != 0)) {
                 a.norm = nb.p;
-                a.norm_len = nb.n;
+                a.norm_len = nb.len;
             } else {
-                sbuf_free(&nb);
+                cs_buf_free(&nb);
             }
         }
         /* a token with the same id replaces the earlier one (added_tokens_map_r.insert) */

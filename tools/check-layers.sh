@@ -9,8 +9,9 @@
 #   cuda     gpu_kernels/                -> formats
 #   engine   engine/model, kv_cache, engine, sampling -> formats, text, lora
 #   sched    sched/                      -> formats, text, lora, engine
-#   rollout  rollout_api/                -> formats, text, lora, engine, sched
-#   server   server/                     -> everything
+#   rollout  rollout_api/ but routes.*   -> formats, text, lora, engine, sched
+#   server   server/, rollout_api/routes.* -> everything (routes.* are the rollout API's HTTP
+#            routes: they take server_t and its connections, so they are the server's side)
 #   bench    bench/                      -> formats (it talks to servers over HTTP)
 #   tools    tools/                      -> formats, lora
 # tests/ may include anything.
@@ -25,6 +26,7 @@ layer_of() {
     cpu_kernels/*) echo cpu ;;
     gpu_kernels/*) echo cuda ;;
     sched/*) echo sched ;;
+    rollout_api/routes.*) echo server ;;
     rollout_api/*) echo rollout ;;
     server/*) echo server ;;
     bench/*) echo bench ;;

@@ -1,0 +1,639 @@
+/* routes.c: the rollout API's HTTP routes (routes.h), the server's side of rollout.c: POST
+ * /v1/rollout runs a rollout batch as a job of the server (server/api_jobs.c) and streams or
+ * collects its lines; SGLang's /generate and /abort_request are translated to and from it;
+ * /v1/pause and /v1/resume hold the engine; the versioned adapters are uploaded (or named
+ * under --lora-root), activated, listed and deleted here, and the files of the uploads the
+ * registry drops are deleted here too. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/safetensors.h"
+#include "lora/peft.h"
+#include "rollout_api/routes.h"
+#include "server/api_internal.h"
+
+/* ---- POST /v1/rollout (rollout.c), as a job (server/api_jobs.c) ---- */
+/* a finished group (or, last, the summary): engine thread */
+static void ro_emit(void *user, json_t *line, bool last) {
+    gen_job_t *j = user;
+    pthread_mutex_lock(&j->mu);
+    if (j->stream) {
+        char *txt = json_dumps(line, JSON_COMPACT);
+        if (txt) {
+            cs_buf_add(&j->out, txt, strlen(txt));
+            cs_buf_add(&j->out, "\n", 1);
+            free(txt);
+        }
+        json_decref(line);
+    } else if (last) {
+        j->ro_summary = line;
+    } else {
+        json_array_append_new(j->ro_groups, line);
+    }
+    if (last) j->finished = true;
+    bool resume = take_resume(j);
+    struct MHD_Connection *conn = j->conn;
+    pthread_mutex_unlock(&j->mu);
+    if (resume) MHD_resume_connection(conn);
+    if (last) job_unref(j); /* the rollout's reference */
+}
+
+/* the rollout's metrics taps: the same series as completions, labelled by adapter */
+static void ro_obs_token(void *user, const char *adapter, double ttft_s, double itl_s) {
+    server_t *s = user;
+    const char *lab[] = {adapter ? adapter : s->model_name};
+    if (ttft_s >= 0) metric_observe(s->m.ttft, lab, ttft_s);
+    if (itl_s >= 0) metric_observe(s->m.itl, lab, itl_s);
+    metric_inc(s->m.gen_tokens, lab, 1);
+}
+
+static void ro_obs_done(void *user, const char *adapter, int n_prompt, const char *finish, double e2e_s, double queue_s) {
+    server_t *s = user;
+    const char *lab[] = {adapter ? adapter : s->model_name};
+    const char *rl[] = {lab[0], finish};
+    metric_observe(s->m.e2e, lab, e2e_s);
+    metric_observe(s->m.queue, lab, queue_s);
+    metric_inc(s->m.prompt_tokens, lab, n_prompt);
+    metric_inc(s->m.success, rl, 1);
+}
+
+/* request b as a rollout batch, a job of this connection; sglang (stolen): answer in SGLang's
+ * /generate shape instead */
+static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, json_t *sglang) {
+    bool draining;
+    gen_job_t *j = job_new(s, false, 1, 1, &draining);
+    if (!j) {
+        json_decref(sglang);
+        return http_error(c, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory");
+    }
+    j->t_arrival = cn->t_arrival;
+    j->sglang = sglang;
+    j->ro_groups = json_array();
+    j->stream = json_is_true(json_object_get(b, "stream")); /* before any line can come */
+    j->n_parts = 0; /* no engine requests of its own: job_start only sets up the response */
+    j->refs++; /* the rollout's, dropped at its summary */
+    rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
+                            .base_name = s->model_name, .vocab = model_get_config(s->model)->vocab_size,
+                            .obs = {ro_obs_token, ro_obs_done, s}};
+    char err[1536], param[64];
+    rollout_t *ro = NULL;
+    int st = rollout_start(s->engine, &lim, b, ro_emit, j, &ro, err, sizeof err, param, sizeof param);
+    if (st) { /* nothing was emitted and nothing will be */
+        pthread_mutex_lock(&j->mu);
+        j->refs--;
+        pthread_mutex_unlock(&j->mu);
+        job_unref(j);
+        return http_error(c, (unsigned)st, param[0] ? param : NULL, "%s", err);
+    }
+    pthread_mutex_lock(&j->mu);
+    j->ro = ro;
+    pthread_mutex_unlock(&j->mu);
+    gen_opts_t none = {0};
+    return job_start(s, cn, c, j, &none);
+}
+
+enum MHD_Result rollout_route_rollout(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    return rollout_run(s, cn, c, b, NULL);
+}
+
+/* POST /v1/rollout/abort {batch_id | group_ids | all} */
+enum MHD_Result rollout_route_abort(server_t *s, struct MHD_Connection *c, json_t *b) {
+    const char *bid = json_string_value(json_object_get(b, "batch_id"));
+    json_t *gids = json_object_get(b, "group_ids");
+    bool all = json_is_true(json_object_get(b, "all"));
+    if (!bid && !json_is_array(gids) && !all)
+        return http_error(c, 400, NULL, "say what to abort: 'batch_id', 'group_ids' or 'all': true");
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (gen_job_t *j = s->jobs; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        if (j->ro && !j->finished) {
+            const char *jb = rollout_batch_id(j->ro);
+            if (all || (bid && jb && !strcmp(jb, bid))) {
+                rollout_abort(j->ro);
+                n++;
+            } else if (json_is_array(gids)) {
+                n += rollout_abort_groups(j->ro, gids);
+            }
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:i}", "aborted", n));
+}
+
+/* ---- SGLang's /generate and /abort_request (on the rollout) ---- */
+/* SGLang's POST /generate: input_ids (or text; or lists of them), sampling_params,
+ * return_logprob, lora_path (an adapter name), rid; answered in SGLang's shape */
+enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    json_t *ids = json_object_get(b, "input_ids"), *text = json_object_get(b, "text");
+    if (json_is_true(json_object_get(b, "stream"))) return http_error(c, 400, "stream", "stream is not supported on /generate (use /v1/completions to stream tokens, or /v1/rollout with stream to get each group as it finishes)");
+    bool batch = false;
+    json_t *prompts = json_array();
+    if (ids && !json_is_null(ids)) {
+        batch = json_is_array(ids) && json_array_size(ids) > 0 && json_is_array(json_array_get(ids, 0));
+        if (batch) json_array_extend(prompts, ids);
+        else json_array_append(prompts, ids);
+    } else if (json_is_string(text) || json_is_array(text)) {
+        batch = json_is_array(text);
+        size_t i;
+        json_t *t;
+        json_t *texts = batch ? text : json_pack("[O]", text);
+        json_array_foreach(texts, i, t) {
+            int32_t *v = NULL;
+            size_t n = 0;
+            if (!json_is_string(t) || !s->tok || tokenizer_encode(s->tok, json_string_value(t), json_string_length(t), true, &v, &n)) {
+                if (!batch) json_decref(texts);
+                json_decref(prompts);
+                return http_error(c, 400, "text", "'text' must be a string or a list of strings (and the model needs a tokenizer)");
+            }
+            json_t *a = json_array();
+            for (size_t k = 0; k < n; k++) json_array_append_new(a, json_integer(v[k]));
+            free(v);
+            json_array_append_new(prompts, a);
+        }
+        if (!batch) json_decref(texts);
+    } else {
+        json_decref(prompts);
+        return http_error(c, 400, "input_ids", "'input_ids' or 'text' is required");
+    }
+    json_t *sp = json_object_get(b, "sampling_params");
+    json_t *samp = json_object();
+    if (json_is_object(sp)) {
+        const char *keys[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                              "frequency_penalty", "stop", "stop_token_ids", "ignore_eos", "min_tokens"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (json_object_get(sp, keys[k])) json_object_set(samp, keys[k], json_object_get(sp, keys[k]));
+        json_t *mnt = json_object_get(sp, "max_new_tokens");
+        if (mnt && !json_is_null(mnt)) json_object_set(samp, "max_tokens", mnt);
+    }
+    if (!json_object_get(samp, "max_tokens")) json_object_set_new(samp, "max_tokens", json_integer(128)); /* SGLang's default */
+    json_object_set_new(samp, "logprobs", json_pack("{s:s}", "mode", "raw"));
+    const char *rid = json_string_value(json_object_get(b, "rid"));
+    json_t *groups = json_array();
+    size_t i;
+    json_t *p;
+    json_array_foreach(prompts, i, p) {
+        char gid[300];
+        snprintf(gid, sizeof gid, "%s%s%zu", rid ? rid : "", rid ? "-" : "", i);
+        if (!batch && rid) snprintf(gid, sizeof gid, "%s", rid);
+        json_array_append_new(groups, json_pack("{s:s, s:O}", "group_id", gid, "input_ids", p));
+    }
+    json_decref(prompts);
+    json_t *req = json_pack("{s:o, s:o}", "groups", groups, "sampling", samp);
+    const char *lora = json_string_value(json_object_get(b, "lora_path"));
+    if (lora) json_object_set_new(req, "adapter", json_string(lora));
+    if (rid) json_object_set_new(req, "batch_id", json_string(rid));
+    enum MHD_Result r = rollout_run(s, cn, c, req, json_pack("{s:b, s:b}", "batch", batch, "return_logprob",
+                                                             json_is_true(json_object_get(b, "return_logprob"))));
+    json_decref(req);
+    return r;
+}
+
+/* SGLang's /generate answer from the rollout's groups (one sample per prompt, in order) */
+json_t *rollout_route_sglang_json(server_t *s, gen_job_t *j) {
+    json_t *list = json_array();
+    bool lp = json_is_true(json_object_get(j->sglang, "return_logprob"));
+    size_t gi;
+    json_t *g;
+    json_array_foreach(j->ro_groups, gi, g) {
+        json_t *samples = json_object_get(g, "samples");
+        size_t si;
+        json_t *sm;
+        json_array_foreach(samples, si, sm) {
+            json_t *ids = json_object_get(sm, "output_ids");
+            size_t n = json_array_size(ids);
+            int32_t *v = malloc(sizeof(int32_t) * (n + 1));
+            for (size_t k = 0; k < n; k++) v[k] = (int32_t)json_integer_value(json_array_get(ids, k));
+            char *text = NULL;
+            size_t tl = 0;
+            if (s->tok) tokenizer_decode(s->tok, v, n, true, &text, &tl);
+            free(v);
+            const char *fin = json_string_value(json_object_get(sm, "finish_reason"));
+            json_t *meta = json_pack("{s:s, s:{s:s}, s:O, s:I, s:O, s:O}", "id",
+                                     json_string_value(json_object_get(g, "group_id")), "finish_reason", "type", fin,
+                                     "prompt_tokens", json_object_get(g, "prompt_len"), "completion_tokens",
+                                     (json_int_t)n, "cached_tokens", json_object_get(g, "cached_prompt_tokens"),
+                                     "weight_version", json_object_get(sm, "adapter_version"));
+            if (lp) {
+                json_t *otl = json_array(), *lps = json_object_get(sm, "logprobs");
+                for (size_t k = 0; k < n; k++)
+                    json_array_append_new(otl, json_pack("[O, O, n]", json_array_get(lps, k), json_array_get(ids, k)));
+                json_object_set_new(meta, "output_token_logprobs", otl);
+            }
+            json_array_append_new(list, json_pack("{s:o, s:O, s:o}", "text", jstr(text ? text : "", tl), "output_ids", ids,
+                                                  "meta_info", meta));
+            free(text);
+        }
+    }
+    if (json_is_true(json_object_get(j->sglang, "batch"))) return list;
+    json_t *one = json_incref(json_array_get(list, 0));
+    json_decref(list);
+    return one;
+}
+
+/* SGLang's POST /abort_request {rid | abort_all} */
+enum MHD_Result rollout_route_abort_request(server_t *s, struct MHD_Connection *c, json_t *b) {
+    json_t *q = json_is_true(json_object_get(b, "abort_all")) ? json_pack("{s:b}", "all", 1)
+                                                              : json_pack("{s:O}", "batch_id", json_object_get(b, "rid"));
+    enum MHD_Result r = rollout_route_abort(s, c, q);
+    json_decref(q);
+    return r;
+}
+
+/* ---- /v1/pause, /v1/resume ---- */
+/* POST /v1/pause {"mode": "abort"|"wait"|"keep"}: new requests are accepted and wait.
+ * keep: running ones stop where they are (KV kept) and go on after /v1/resume; wait: running
+ * ones finish first (the answer comes then); abort: running ones end now as aborted and
+ * return their partial output. */
+enum MHD_Result rollout_route_pause(server_t *s, struct MHD_Connection *c, json_t *b) {
+    const char *mode = json_string_value(json_object_get(b, "mode"));
+    if (!mode) mode = "keep";
+    double t0 = cs_time_ms();
+    if (!strcmp(mode, "keep")) {
+        engine_set_pause(s->engine, ENGINE_PAUSE_HOLD);
+    } else if (!strcmp(mode, "abort")) {
+        engine_set_pause(s->engine, ENGINE_PAUSE_NO_ADMIT);
+        api_abort_all(s);
+        engine_set_pause(s->engine, ENGINE_PAUSE_HOLD);
+    } else if (!strcmp(mode, "wait")) {
+        engine_set_pause(s->engine, ENGINE_PAUSE_NO_ADMIT);
+        for (;;) { /* the running ones finish (bounded by their max_tokens) */
+            engine_stats_t st;
+            engine_get_stats(s->engine, &st);
+            if (st.n_running == 0) break;
+            usleep(10000);
+        }
+        engine_set_pause(s->engine, ENGINE_PAUSE_HOLD);
+    } else {
+        return http_error(c, 400, "mode", "mode is \"abort\", \"wait\" or \"keep\"");
+    }
+    pthread_mutex_lock(&s->mu);
+    s->paused = true;
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:b, s:s, s:f}", "paused", 1, "mode", mode, "took_ms", cs_time_ms() - t0));
+}
+
+enum MHD_Result rollout_route_resume(server_t *s, struct MHD_Connection *c) {
+    engine_set_pause(s->engine, ENGINE_RUN);
+    pthread_mutex_lock(&s->mu);
+    s->paused = false;
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:b}", "paused", 0));
+}
+
+/* ---- versioned adapters: PUT/DELETE /v1/adapters/{name}/versions/{v}, GET /v1/adapters ---- */
+/* "/v1/adapters/NAME/versions/V" -> name, version; false when it is not that shape */
+static bool parse_version_url(const char *url, char *name, size_t nlen, int *version) {
+    const char *p = url + strlen("/v1/adapters/");
+    const char *slash = strchr(p, '/');
+    if (!slash || slash == p || (size_t)(slash - p) >= nlen || strncmp(slash, "/versions/", 10)) return false;
+    memcpy(name, p, (size_t)(slash - p));
+    name[slash - p] = 0;
+    char *end;
+    long v = strtol(slash + 10, &end, 10);
+    if (*end || end == slash + 10 || v < 1 || v > INT32_MAX) return false;
+    *version = (int)v;
+    return true;
+}
+
+static bool write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    bool ok = fwrite(data, 1, len, f) == len;
+    return fclose(f) == 0 && ok;
+}
+
+/* adapter_config.json for an uploaded adapter_model.safetensors: r and target_modules from
+ * the tensors (or the query), lora_alpha from the query (default: r) */
+static json_t *upload_config(struct MHD_Connection *c, const void *body, size_t len, perr_t *e) {
+    void *copy = malloc(len ? len : 1);
+    if (!copy) { fail(e, 500, NULL, "out of memory"); return NULL; }
+    memcpy(copy, body, len);
+    safetensors_t *st = NULL;
+    if (safetensors_open_buffer("upload", copy, len, true, &st)) {
+        fail(e, 400, NULL, "the body is not a safetensors file: %s", cs_error_last());
+        return NULL;
+    }
+    int r = 0;
+    json_t *targets = json_array();
+    for (size_t i = 0; i < safetensors_count(st); i++) {
+        const st_tensor_t *t = safetensors_at(st, i);
+        const char *a = strstr(t->name, ".lora_A.");
+        if (!a || t->n_dims != 2) continue;
+        if (!r) r = (int)t->shape[0];
+        const char *m = a;
+        while (m > t->name && m[-1] != '.') m--;
+        char mod[64];
+        snprintf(mod, sizeof mod, "%.*s", (int)(a - m), m);
+        bool seen = false;
+        size_t k;
+        json_t *x;
+        json_array_foreach(targets, k, x) if (!strcmp(json_string_value(x), mod)) seen = true;
+        if (!seen) json_array_append_new(targets, json_string(mod));
+    }
+    safetensors_free(st);
+    const char *qr = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "r");
+    const char *qa = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "lora_alpha");
+    const char *qt = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "target_modules");
+    const char *qs = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "use_rslora");
+    if (qr) r = atoi(qr);
+    if (r < 1 || json_array_size(targets) == 0) {
+        json_decref(targets);
+        fail(e, 400, NULL, "no lora_A tensors in the upload (r and target_modules cannot be inferred)");
+        return NULL;
+    }
+    if (qt) {
+        json_decref(targets);
+        targets = json_array();
+        char *dup = strdup(qt);
+        char *save = NULL;
+        for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            json_array_append_new(targets, json_string(tok));
+        free(dup);
+    }
+    double alpha = qa ? atof(qa) : r;
+    return json_pack("{s:s, s:i, s:f, s:o, s:b, s:f, s:s, s:s}", "peft_type", "LORA", "r", r, "lora_alpha", alpha,
+                     "target_modules", targets, "use_rslora", qs && !strcmp(qs, "true"), "lora_dropout", 0.0, "bias",
+                     "none", "task_type", "CAUSAL_LM");
+}
+
+/* abort the running requests of adapter NAME (apply=abort_inflight) */
+static int abort_adapter_requests(server_t *s, const char *name) {
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (gen_job_t *j = s->jobs; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        if (j->adapter && !strcmp(j->adapter->name, name) && !j->finished)
+            for (int i = 0; i < j->n_parts; i++)
+                if (j->parts[i].submitted && !j->parts[i].done) { engine_abort(s->engine, j->parts[i].id); n++; }
+        if (j->ro && !j->finished) n += rollout_abort_adapter(j->ro, name);
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* the files of an upload (its own directory): refused, or dropped by the registry */
+static void remove_upload(const char *dir) {
+    static const char *const files[] = {"adapter_model.safetensors", "adapter_config.json"};
+    for (size_t k = 0; k < CS_ARRAY_LEN(files); k++) {
+        char *f = cs_path_join(dir, files[k]);
+        if (f) unlink(f);
+        free(f);
+    }
+    rmdir(dir);
+}
+
+/* NAME's kept versions: numbers, or with detail [{version, tier, inflight, active}]; loaded
+ * (if not NULL) gets the resident ones */
+static json_t *kept_versions_json_ex(server_t *s, const char *name, bool detail, json_t *loaded) {
+    json_t *out = json_array();
+    int nv = lora_registry_versions(s->reg, name, NULL, 0);
+    if (nv <= 0) return out;
+    lora_version_info_t *vi = calloc((size_t)nv, sizeof *vi);
+    if (!vi) return out;
+    nv = CS_MIN(nv, lora_registry_versions(s->reg, name, vi, nv)); /* it may have changed meanwhile */
+    for (int i = 0; i < nv; i++) {
+        if (detail)
+            json_array_append_new(out, json_pack("{s:i, s:s, s:i, s:b}", "version", vi[i].version, "tier",
+                                                 lora_state_name(vi[i].state), "inflight", vi[i].refs, "active",
+                                                 vi[i].active));
+        else
+            json_array_append_new(out, json_integer(vi[i].version));
+        if (loaded && vi[i].state == LORA_RESIDENT) json_array_append_new(loaded, json_integer(vi[i].version));
+    }
+    free(vi);
+    return out;
+}
+
+static json_t *kept_versions_json(server_t *s, const char *name, bool detail) {
+    return kept_versions_json_ex(s, name, detail, NULL);
+}
+
+enum MHD_Result rollout_route_put_version(server_t *s, struct MHD_Connection *c, const char *url, const char *body,
+                                          size_t len) {
+    perr_t e = {0};
+    char name[257];
+    int version;
+    if (!parse_version_url(url, name, sizeof name, &version))
+        return http_error(c, 404, NULL, "PUT /v1/adapters/NAME/versions/V (V a positive integer)");
+    if (!valid_adapter_name(name) || !strcmp(name, s->model_name)) return http_error(c, 400, NULL, "invalid adapter name '%s'", name);
+    const char *apply = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "apply");
+    const char *activate_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "activate");
+    const char *keep_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "keep_versions");
+    if (apply && strcmp(apply, "next_request") && strcmp(apply, "abort_inflight") && strcmp(apply, "pause_keep"))
+        return http_error(c, 400, "apply", "apply is next_request, abort_inflight or pause_keep");
+    if (activate_s && strcmp(activate_s, "true") && strcmp(activate_s, "false"))
+        return http_error(c, 400, "activate", "activate is true or false");
+    bool activate = !activate_s || !strcmp(activate_s, "true");
+    if (!activate && apply && strcmp(apply, "next_request"))
+        return http_error(c, 400, "apply", "apply=%s needs activate=true (a staged version runs nothing yet)", apply);
+    int keep = 0;
+    if (keep_s) {
+        char *end;
+        long k = strtol(keep_s, &end, 10);
+        if (*end || end == keep_s || k < 1 || k > 1000)
+            return http_error(c, 400, "keep_versions", "keep_versions is an integer from 1 to 1000");
+        keep = (int)k;
+    }
+    double t0 = cs_time_ms();
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    char *dir = NULL;
+    char err[1536];
+    size_t nbytes = 0;
+    bool uploaded = false; /* dir is ours: removed again when the upload is refused */
+    char prev_dir[4096] = "";
+    if (len == 0) { /* no body: activate a kept (staged or older) version */
+        if (!activate) return http_error(c, 400, NULL, "an empty PUT activates a kept version: activate=false makes no sense");
+        if (lora_registry_activate(s->reg, name, version, keep, prev_dir, sizeof prev_dir))
+            return http_error(c, 404, "version", "%s (an empty body activates a kept version)", cs_error_last());
+        pthread_mutex_lock(&s->mu);
+        served_adapter_t *ad = adapter_find(s, name);
+        if (ad) {
+            free(ad->path);
+            ad->path = strdup(prev_dir);
+            ad->created = time(NULL);
+        }
+        pthread_mutex_unlock(&s->mu);
+        goto applied;
+    }
+    lora_state st0;
+    if (!activate && lora_registry_state(s->reg, name, &st0, NULL))
+        return http_error(c, 400, "activate", "adapter '%s' has no active version: its first version must be activated", name);
+    if (ct && !strncmp(ct, "application/json", 16)) { /* {"path": DIR} under --lora-root */
+        json_error_t je;
+        json_t *b = json_loadb(body, len, 0, &je);
+        const char *path = json_string_value(json_object_get(b, "path"));
+        if (!path) {
+            json_decref(b);
+            return http_error(c, 400, "path", "a JSON body is {\"path\": DIR}");
+        }
+        int st = lora_path_check(s, path, &dir, err, sizeof err);
+        json_decref(b);
+        if (st) return http_error(c, (unsigned)st, "path", "%s", err);
+    } else { /* the raw adapter_model.safetensors */
+        json_t *cfg = upload_config(c, body, len, &e);
+        if (!cfg) return reply_err(c, &e);
+        /* a directory of its own (UPLOAD_DIR/NAME/vV-XXXXXX): an upload refused below, or a
+         * concurrent one, never touches the files of a version already kept */
+        char sub[512];
+        snprintf(sub, sizeof sub, "%s/%s", s->upload_dir, name);
+        mkdir(sub, 0700);
+        size_t dl = strlen(sub) + 40;
+        dir = malloc(dl);
+        if (dir) snprintf(dir, dl, "%s/v%d-XXXXXX", sub, version);
+        if (!dir || !mkdtemp(dir)) {
+            free(dir);
+            json_decref(cfg);
+            return http_error(c, 500, NULL, "cannot create a directory under %s", s->upload_dir);
+        }
+        uploaded = true;
+        char *f1 = cs_path_join(dir, "adapter_model.safetensors"), *f2 = cs_path_join(dir, "adapter_config.json");
+        char *cj = json_dumps(cfg, JSON_INDENT(1));
+        json_decref(cfg);
+        bool ok = f1 && f2 && cj && write_file(f1, body, len) && write_file(f2, cj, strlen(cj));
+        free(f1);
+        free(f2);
+        free(cj);
+        if (!ok) {
+            remove_upload(dir);
+            free(dir);
+            return http_error(c, 500, NULL, "cannot store the upload under %s", s->upload_dir);
+        }
+    }
+    lora_adapter_t *a = NULL; /* refused here if it does not fit the base model */
+    if (lora_adapter_load(dir, model_get_config(s->model), &a)) {
+        snprintf(err, sizeof err, "adapter '%s' version %d: %s", name, version, cs_error_last());
+        if (uploaded) remove_upload(dir);
+        free(dir);
+        return http_error(c, 400, NULL, "%s", err);
+    }
+    nbytes = a->nbytes;
+    lora_adapter_free(a);
+    pthread_mutex_lock(&s->mu);
+    served_adapter_t *ad = adapter_find(s, name);
+    if (ad && ad->unloading) {
+        pthread_mutex_unlock(&s->mu);
+        if (uploaded) remove_upload(dir);
+        free(dir);
+        return http_error(c, 409, NULL, "adapter '%s' is being unloaded", name);
+    }
+    int arc = lora_registry_add_ex(s->reg, name, dir, version, activate, keep, NULL);
+    if (arc) {
+        snprintf(err, sizeof err, "%s", cs_error_last());
+        pthread_mutex_unlock(&s->mu);
+        if (uploaded) remove_upload(dir);
+        free(dir);
+        return http_error(c, arc == CS_ENOMEM ? 500 : 409, "version", "%s", err);
+    }
+    if (!ad) {
+        ad = calloc(1, sizeof *ad);
+        ad->name = strdup(name);
+        ad->next = s->adapters;
+        s->adapters = ad;
+    }
+    if (activate) {
+        free(ad->path);
+        ad->path = dir;
+        ad->created = time(NULL);
+    } else {
+        free(dir);
+    }
+    pthread_mutex_unlock(&s->mu);
+applied:;
+    int aborted = 0, moved = 0;
+    bool pending = false;
+    if (activate && apply && !strcmp(apply, "abort_inflight")) aborted = abort_adapter_requests(s, name);
+    if (activate && apply && !strcmp(apply, "pause_keep")) {
+        /* the running requests that follow the active version go on with the new weights from
+         * the next iteration, keeping their KV cache (engine_follow_active). That needs the new
+         * version loaded beside the old one: if the host cache has no room for both yet, the
+         * answer is 202 and the move happens once it is loaded. */
+        moved = engine_follow_active(s->engine, name, 10000);
+        if (moved == CS_EAGAIN) pending = true;
+        else if (moved < 0) return http_error(c, 500, NULL, "version %d is active, but %s", version, cs_error_last());
+        if (moved < 0) moved = 0;
+    }
+    server_drain_drops(s);
+    int cur = 0;
+    lora_registry_state(s->reg, name, NULL, &cur);
+    json_t *out = json_pack("{s:s, s:i, s:i, s:I, s:f, s:i, s:i, s:o, s:b}", "name", name, "version", version,
+                            "active_version", cur, "bytes", (json_int_t)nbytes, "load_ms", cs_time_ms() - t0,
+                            "aborted_requests", aborted, "moved_requests", moved, "kept_versions",
+                            kept_versions_json(s, name, false), "move_pending", pending);
+    return http_json(c, pending ? 202 : 200, out);
+}
+
+enum MHD_Result rollout_route_delete_version(server_t *s, struct MHD_Connection *c, const char *url) {
+    char name[257];
+    int version, cur = 0;
+    lora_state st;
+    if (!parse_version_url(url, name, sizeof name, &version))
+        return http_error(c, 404, NULL, "DELETE /v1/adapters/NAME/versions/V");
+    if (lora_registry_state(s->reg, name, &st, &cur)) return http_error(c, 404, NULL, "adapter '%s' does not exist", name);
+    int rc = lora_registry_remove_version(s->reg, name, version);
+    if (rc == CS_EBUSY && version == cur)
+        return http_error(c, 409, NULL, "version %d is the active version of '%s' (unload the adapter with "
+                                        "/v1/unload_lora_adapter, or activate another version first)", version, name);
+    if (rc == CS_EBUSY) return http_error(c, 409, NULL, "%s", cs_error_last());
+    if (rc) return http_error(c, 404, NULL, "%s", cs_error_last());
+    server_drain_drops(s);
+    return http_json(c, 200, json_pack("{s:s, s:i, s:b}", "name", name, "version", version, "deleted", 1));
+}
+
+enum MHD_Result rollout_route_list_adapters(server_t *s, struct MHD_Connection *c) {
+    json_t *a = json_array();
+    pthread_mutex_lock(&s->mu);
+    for (served_adapter_t *ad = s->adapters; ad; ad = ad->next) {
+        lora_state st = LORA_ON_DISK;
+        int ver = 0;
+        if (ad->unloading || lora_registry_state(s->reg, ad->name, &st, &ver)) continue;
+        json_t *loaded = json_array(), *kept = kept_versions_json_ex(s, ad->name, true, loaded);
+        json_array_append_new(a, json_pack("{s:s, s:i, s:o, s:o, s:i, s:s, s:s}", "name", ad->name, "active_version", ver,
+                                           "loaded_versions", loaded, "versions", kept, "inflight", ad->in_flight, "tier",
+                                           lora_state_name(st), "path", ad->path ? ad->path : ""));
+    }
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, a);
+}
+
+/* ---- uploads the registry dropped ---- */
+/* The registry dropped a version: an uploaded one's files go too (a trainer pushing every
+ * step would fill the disk otherwise). Only directories this server created under its upload
+ * dir (UPLOAD_DIR/NAME/vVERSION-XXXXXX). Called with the registry's lock held (and maybe the
+ * engine's): the path is queued and deleted by server_drain_drops with no lock held. */
+void server_on_dropped(void *user, const char *name, int version, const char *dir) {
+    server_t *s = user;
+    char want[4096];
+    if (!s->upload_dir) return;
+    int n = snprintf(want, sizeof want, "%s/%s/v%d-", s->upload_dir, name, version);
+    if (n < 0 || (size_t)n >= sizeof want || strncmp(want, dir, (size_t)n) || strchr(dir + n, '/')) return;
+    char *d = strdup(dir);
+    pthread_mutex_lock(&s->drop_mu);
+    if (d && s->n_drops == s->cap_drops) {
+        int nc = s->cap_drops ? 2 * s->cap_drops : 16;
+        char **nd = realloc(s->drops, sizeof *nd * (size_t)nc);
+        if (nd) { s->drops = nd; s->cap_drops = nc; }
+    }
+    if (d && s->n_drops < s->cap_drops) s->drops[s->n_drops++] = d;
+    else free(d);
+    pthread_mutex_unlock(&s->drop_mu);
+}
+
+void server_drain_drops(server_t *s) {
+    pthread_mutex_lock(&s->drop_mu);
+    char **drops = s->drops;
+    int n = s->n_drops;
+    s->drops = NULL;
+    s->n_drops = s->cap_drops = 0;
+    pthread_mutex_unlock(&s->drop_mu);
+    for (int i = 0; i < n; i++) {
+        remove_upload(drops[i]);
+        free(drops[i]);
+    }
+    free(drops);
+}

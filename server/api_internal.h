@@ -1,0 +1,133 @@
+/* api_internal.h: what the files of the HTTP endpoints share (server/api.c, api_util.c,
+ * api_jobs.c, api_openai.c, api_metrics.c and rollout_api/routes.c); no other file includes it.
+ *
+ * A generation request becomes a job (api_jobs.c): one engine request per prompt (each with n
+ * samples), whose sink runs on the engine thread and appends to the job under its mutex, or
+ * one rollout batch (rollout_api/). The handlers parse the request, fill the job and start it
+ * with job_start, which answers the connection when the job is done or streams it. */
+#ifndef CS_API_INTERNAL_H
+#define CS_API_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rollout_api/rollout.h"
+#include "server/server.h"
+
+#define MAX_STOP_STRINGS 64
+#define MAX_PROMPTS 1024
+
+/* ---- api_util.c ---- */
+/* a request's error: its HTTP status, the field it concerns ("" for none) and the message */
+typedef struct perr {
+    unsigned status;
+    char param[64];
+    char msg[1536];
+} perr_t;
+
+/* sets *e; returns false, so that a parser ends with `return fail(e, ...)` */
+bool fail(perr_t *e, unsigned status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* answers the error (400 when it has no status) */
+enum MHD_Result reply_err(struct MHD_Connection *c, const perr_t *e);
+/* a JSON string from bytes that may not be valid UTF-8 (bad bytes become U+FFFD) */
+json_t *jstr(const char *s, size_t n);
+/* the served adapter NAME or NULL; under s->mu */
+served_adapter_t *adapter_find(server_t *s, const char *name);
+/* adapter_unlink takes A off the list of served adapters (under s->mu); adapter_free frees it */
+void adapter_unlink(server_t *s, served_adapter_t *a);
+void adapter_free(served_adapter_t *a);
+/* a request on A (NULL: the base model) is over: its pin (in_flight) goes */
+void adapter_unpin(server_t *s, served_adapter_t *a);
+/* a name an adapter may be served under: 1 to 256 bytes, no '/' and no control characters */
+bool valid_adapter_name(const char *n);
+
+/* ---- api_jobs.c ---- */
+typedef struct gen_job gen_job_t;
+
+typedef struct gen_choice {
+    cs_buf_t text;
+    json_t *lp;                 /* completions: {tokens, token_logprobs, top_logprobs, text_offset};
+                                   chat: the "content" array */
+    size_t offset;              /* text_offset of the next token (characters) */
+    int n_tokens;
+    const char *finish;
+    double t_last;              /* last token (for inter-token latency) */
+} gen_choice_t;
+
+typedef struct gen_part {       /* one prompt = one engine request */
+    gen_job_t *job;
+    int index;
+    uint64_t id;
+    bool submitted, done;
+    int32_t *prompt;
+    int n_prompt, n_cached;
+    char *prompt_text;          /* for echo */
+    size_t prompt_text_len;
+    json_t *echo_lp;            /* completions' logprobs entries of the prompt (echo) */
+    bool first_token;
+} gen_part_t;
+
+struct gen_job {
+    server_t *srv;
+    pthread_mutex_t mu;
+    int refs;
+    struct MHD_Connection *conn;    /* NULL once the connection is finished */
+    bool suspended;
+    bool chat, stream, include_usage, echo, tok_ids, skip_special;
+    int logprobs;                   /* -1: none */
+    int n;                          /* samples per prompt */
+    int n_parts, n_done;
+    gen_part_t *parts;
+    gen_choice_t *choices;          /* [n_parts * n] */
+    char id[48];
+    long long created;
+    char *model;                    /* as the client named it */
+    served_adapter_t *adapter;
+    char *label;                    /* metrics label */
+    double t_arrival;
+    cs_buf_t out;                   /* SSE bytes not yet sent */
+    size_t out_off;
+    bool finished;
+    bool hung_up;                   /* the watcher saw the client go */
+    rollout_t *ro;                  /* a /v1/rollout batch (the parts are unused then) */
+    json_t *ro_groups, *ro_summary; /* its lines, when not streamed */
+    json_t *sglang;                 /* SGLang /generate: {"batch": bool, "return_logprob": bool} */
+    unsigned err_status;
+    char *err_msg;
+    long long completion_tokens;
+    gen_job_t *next, *prev;
+};
+
+typedef struct gen_opts {
+    engine_request_t rq;        /* sampling etc.; prompt/sink/user set per part */
+    const char *stops[MAX_STOP_STRINGS];
+    int32_t *stop_ids;
+} gen_opts_t;
+
+/* A new job of n_parts prompts with n samples each, listed in s->jobs and holding the
+ * connection's reference. NULL when out of memory or (*draining) when the server has begun
+ * shutting down. */
+gen_job_t *job_new(server_t *s, bool chat, int n_parts, int n, bool *draining);
+/* drops a reference; the last one frees the job */
+void job_unref(gen_job_t *j);
+/* Submits every part with the options o and answers the connection: a stream, or suspended
+ * until the job is done; on a submit error aborts the parts already in and answers the error. */
+enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen_job_t *j, gen_opts_t *o);
+/* under j->mu: whether the suspended connection has something now (the caller resumes it
+ * after unlocking) */
+bool take_resume(gen_job_t *j);
+
+/* ---- the handlers the dispatcher (api.c) calls; body: the parsed JSON object ---- */
+/* api_openai.c */
+enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_detokenize(server_t *s, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_models(server_t *s, struct MHD_Connection *c);
+enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
+/* api_metrics.c: GET /metrics */
+enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c);
+
+#endif

@@ -1,0 +1,628 @@
+/* api_jobs.c: the jobs that generation requests become (api_internal.h). A job is one
+ * engine request per prompt (each with n samples), whose sink runs on the engine thread and
+ * appends to the job under its mutex, or a rollout batch (rollout_api/routes.c). A streaming
+ * job's connection reads Server-Sent Events (or a rollout's NDJSON lines) from the job's
+ * buffer and suspends itself when the buffer is empty; the sink resumes it. A non-streaming
+ * job suspends the connection until the last engine request is done, then answers in one
+ * piece. The job is freed when the connection, the stream reader and every engine request
+ * have let go of it. Also the watcher of suspended connections whose client hung up, and the
+ * aborts of shutdown and /v1/pause. */
+#define _GNU_SOURCE 1 /* POLLRDHUP */
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout_api/routes.h"
+#include "server/api_internal.h"
+
+/* ---- jobs ---- */
+static void job_free(gen_job_t *j) {
+    for (int i = 0; i < j->n_parts; i++) {
+        free(j->parts[i].prompt);
+        free(j->parts[i].prompt_text);
+        json_decref(j->parts[i].echo_lp);
+    }
+    for (int i = 0; i < j->n_parts * j->n; i++) {
+        free(j->choices[i].text.p);
+        json_decref(j->choices[i].lp);
+    }
+    free(j->parts);
+    free(j->choices);
+    free(j->model);
+    free(j->label);
+    free(j->out.p);
+    free(j->err_msg);
+    rollout_release(j->ro);
+    json_decref(j->ro_groups);
+    json_decref(j->ro_summary);
+    json_decref(j->sglang);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+void job_unref(gen_job_t *j) {
+    pthread_mutex_lock(&j->mu);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last) return;
+    server_t *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    if (j->prev) j->prev->next = j->next;
+    else s->jobs = j->next;
+    if (j->next) j->next->prev = j->prev;
+    s->n_jobs--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    job_free(j);
+}
+
+/* the draining check and the count are one step under s->mu, so the drain never misses a job */
+gen_job_t *job_new(server_t *s, bool chat, int n_parts, int n, bool *draining) {
+    *draining = false;
+    gen_job_t *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->srv = s;
+    pthread_mutex_init(&j->mu, NULL);
+    j->refs = 1; /* the connection's */
+    j->chat = chat;
+    j->n_parts = n_parts;
+    j->n = n;
+    j->logprobs = -1;
+    j->skip_special = true;
+    j->parts = calloc((size_t)n_parts, sizeof *j->parts);
+    j->choices = calloc((size_t)n_parts * (size_t)n, sizeof *j->choices);
+    if (!j->parts || !j->choices) {
+        job_free(j);
+        return NULL;
+    }
+    for (int i = 0; i < n_parts; i++) {
+        j->parts[i].job = j;
+        j->parts[i].index = i;
+    }
+    static const char hex[] = "0123456789abcdef";
+    unsigned char rnd[16];
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(rnd, 1, sizeof rnd, f) != sizeof rnd)
+        for (size_t i = 0; i < sizeof rnd; i++) rnd[i] = (unsigned char)rand();
+    if (f) fclose(f);
+    int o = snprintf(j->id, sizeof j->id, "%s", chat ? "chatcmpl-" : "cmpl-");
+    for (size_t i = 0; i < sizeof rnd && o + 2 < (int)sizeof j->id; i++) {
+        j->id[o++] = hex[rnd[i] >> 4];
+        j->id[o++] = hex[rnd[i] & 15];
+    }
+    j->id[o] = 0;
+    j->created = (long long)time(NULL);
+    pthread_mutex_lock(&s->mu);
+    if (s->draining) {
+        pthread_mutex_unlock(&s->mu);
+        *draining = true;
+        j->refs = 0;
+        job_free(j);
+        return NULL;
+    }
+    j->next = s->jobs;
+    if (s->jobs) s->jobs->prev = j;
+    s->jobs = j;
+    s->n_jobs++;
+    pthread_mutex_unlock(&s->mu);
+    return j;
+}
+
+/* the string of one token in logprobs */
+static json_t *tok_json(const gen_job_t *j, int32_t id) {
+    if (j->tok_ids) {
+        char b[32];
+        snprintf(b, sizeof b, "token_id:%d", id);
+        return json_string(b);
+    }
+    char *t = NULL;
+    size_t n = 0;
+    if (!j->srv->tok || tokenizer_decode(j->srv->tok, &id, 1, false, &t, &n)) {
+        free(t);
+        char b[32];
+        snprintf(b, sizeof b, "token_id:%d", id);
+        return json_string(b);
+    }
+    json_t *r = jstr(t, n);
+    free(t);
+    return r;
+}
+
+static json_t *bytes_json(const char *s) {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) json_array_append_new(a, json_integer(*p));
+    return a;
+}
+
+/* completions' logprobs object, empty */
+static json_t *lp_legacy_new(void) {
+    return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
+/* append one token to a completions logprobs object; *offset advances by its characters */
+static void lp_legacy_add(const gen_job_t *j, json_t *lp, int32_t tok, float logprob, bool has_lp, int n_top,
+                          const int32_t *top_ids, const float *top_lps, size_t *offset) {
+    json_t *ts = tok_json(j, tok);
+    const char *tstr = json_string_value(ts);
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)*offset));
+    *offset += cs_utf8_count(tstr, strlen(tstr));
+    json_array_append(json_object_get(lp, "tokens"), ts);
+    json_array_append_new(json_object_get(lp, "token_logprobs"), has_lp ? cs_json_logprob(logprob) : json_null());
+    json_t *top = json_null();
+    if (has_lp && top_ids) {
+        top = json_object();
+        for (int i = 0; i < n_top; i++) {
+            if (top_ids[i] < 0) continue;
+            json_t *k = tok_json(j, top_ids[i]);
+            if (!json_object_get(top, json_string_value(k))) json_object_set_new(top, json_string_value(k), cs_json_logprob(top_lps[i]));
+            json_decref(k);
+        }
+        if (!json_object_get(top, tstr)) json_object_set_new(top, tstr, cs_json_logprob(logprob));
+    }
+    json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+    json_decref(ts);
+}
+
+/* chat's logprobs entry of one token */
+static json_t *lp_chat_entry(const gen_job_t *j, int32_t tok, float logprob, int n_top, const int32_t *top_ids,
+                             const float *top_lps) {
+    json_t *ts = tok_json(j, tok);
+    json_t *tops = json_array();
+    for (int i = 0; i < n_top; i++) {
+        if (top_ids[i] < 0) continue;
+        json_t *k = tok_json(j, top_ids[i]);
+        json_array_append_new(tops, json_pack("{s:o, s:o, s:o}", "token", k, "logprob", cs_json_logprob(top_lps[i]), "bytes",
+                                              bytes_json(json_string_value(k))));
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "token", ts, "logprob", cs_json_logprob(logprob), "bytes",
+                     bytes_json(json_string_value(ts)), "top_logprobs", tops);
+}
+
+static json_t *usage_json(const gen_job_t *j) {
+    long long prompt = 0, cached = 0;
+    for (int i = 0; i < j->n_parts; i++) {
+        prompt += j->parts[i].n_prompt;
+        cached += j->parts[i].n_cached;
+    }
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
+                     (json_int_t)j->completion_tokens, "total_tokens", (json_int_t)(prompt + j->completion_tokens),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
+}
+
+/* ---- SSE ---- */
+static void sse_json(gen_job_t *j, json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) return;
+    cs_buf_add(&j->out, "data: ", 6);
+    cs_buf_add(&j->out, s, strlen(s));
+    cs_buf_add(&j->out, "\n\n", 2);
+    free(s);
+}
+
+static json_t *chunk_new(gen_job_t *j) {
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", j->id, "object",
+                          j->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created,
+                          "model", j->model, "choices");
+    if (j->include_usage) json_object_set_new(o, "usage", json_null());
+    return o;
+}
+
+/* one choice's chunk: text delta, its logprobs (or NULL), finish reason (or NULL) */
+static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, json_t *lp, const char *finish,
+                       bool role) {
+    json_t *o = chunk_new(j);
+    json_t *c;
+    if (j->chat) {
+        json_t *delta = json_object();
+        if (role) {
+            json_object_set_new(delta, "role", json_string("assistant"));
+            json_object_set_new(delta, "content", json_string(""));
+        } else if (len || !finish) {
+            json_object_set_new(delta, "content", jstr(text, len));
+        }
+        c = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
+                      lp ? json_pack("{s:o}", "content", lp) : json_null(), "finish_reason",
+                      finish ? json_string(finish) : json_null());
+    } else {
+        c = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "text", jstr(text, len), "logprobs",
+                      lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+    }
+    json_array_append_new(json_object_get(o, "choices"), c);
+    sse_json(j, o);
+}
+
+/* Under j->mu: whether the suspended connection has something now (the end, or stream
+ * bytes); if so it counts as resumed, and the caller resumes it after unlocking (it cannot
+ * go away while suspended). */
+bool take_resume(gen_job_t *j) {
+    if (!(j->suspended && j->conn && (j->finished || (j->stream && j->out.len > j->out_off)))) return false;
+    j->suspended = false;
+    return true;
+}
+
+/* ---- the engine's sink (engine thread) ---- */
+static const char *finish_name(engine_finish f) {
+    switch (f) {
+    case ENGINE_FINISH_STOP: return "stop";
+    case ENGINE_FINISH_LENGTH: return "length";
+    case ENGINE_FINISH_ABORT: return "abort";
+    case ENGINE_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+static unsigned status_of(int cs) {
+    switch (cs) {
+    case CS_ENOTFOUND: return 404;
+    case CS_EINVAL: case CS_EFORMAT: case CS_ESHAPE: case CS_EUNSUPPORTED: return 400;
+    default: return 500;
+    }
+}
+
+static void on_event(void *user, const engine_event_t *ev) {
+    gen_part_t *p = user;
+    gen_job_t *j = p->job;
+    server_t *s = j->srv;
+    server_metrics_t *m = &s->m;
+    const char *lab[] = {j->label};
+    double now = cs_time_ms();
+    pthread_mutex_lock(&j->mu);
+    p->n_prompt = ev->n_prompt_tokens;
+    p->n_cached = ev->n_cached_tokens;
+    if (ev->prompt_logprobs && j->echo && j->logprobs >= 0) {
+        /* the prompt's tokens with their logprobs (the first has none) */
+        json_t *lp = lp_legacy_new();
+        size_t off = 0;
+        for (int t = 0; t < p->n_prompt; t++) {
+            const int32_t *ids = ev->prompt_n_top ? ev->prompt_top_ids + (size_t)t * ev->prompt_n_top : NULL;
+            const float *lps = ev->prompt_n_top ? ev->prompt_top_logprobs + (size_t)t * ev->prompt_n_top : NULL;
+            lp_legacy_add(j, lp, p->prompt[t], ev->prompt_logprobs[t], t > 0, t > 0 ? ev->prompt_n_top : 0,
+                          t > 0 ? ids : NULL, lps, &off);
+        }
+        /* the text offsets of the prompt tokens count from the prompt text's start */
+        p->echo_lp = lp;
+        for (int k = 0; k < j->n; k++) {
+            gen_choice_t *c = &j->choices[p->index * j->n + k];
+            c->offset = cs_utf8_count(p->prompt_text, p->prompt_text_len);
+            if (j->stream)
+                sse_choice(j, p->index * j->n + k, p->prompt_text, p->prompt_text_len, json_deep_copy(lp), NULL, false);
+        }
+    }
+    int ci = p->index * j->n + ev->index;
+    gen_choice_t *c = &j->choices[ci];
+    json_t *lp_delta = NULL;
+    if (ev->has_token) {
+        if (!p->first_token) {
+            p->first_token = true;
+            metric_observe(m->ttft, lab, (now - j->t_arrival) / 1000.0);
+        } else if (c->t_last > 0) {
+            metric_observe(m->itl, lab, (now - c->t_last) / 1000.0);
+        }
+        c->t_last = now;
+        c->n_tokens++;
+        j->completion_tokens++;
+        metric_inc(m->gen_tokens, lab, 1);
+        if (j->logprobs >= 0) {
+            if (j->chat) {
+                json_t *e = lp_chat_entry(j, ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_logprobs);
+                if (!c->lp) c->lp = json_array();
+                if (j->stream) lp_delta = json_pack("[o]", e);
+                else json_array_append_new(c->lp, e);
+            } else {
+                json_t *dst = j->stream ? (lp_delta = lp_legacy_new()) : (c->lp ? c->lp : (c->lp = lp_legacy_new()));
+                lp_legacy_add(j, dst, ev->token, ev->logprob, true, ev->n_top, ev->top_ids, ev->top_logprobs, &c->offset);
+            }
+        }
+        if (!j->stream) cs_buf_add(&c->text, ev->text, ev->text_len);
+    }
+    const char *fin = finish_name(ev->finish);
+    if (ev->finish == ENGINE_FINISH_ERROR && !j->err_status) {
+        j->err_status = status_of(ev->error);
+        j->err_msg = strdup(ev->error_msg ? ev->error_msg : cs_strerror(ev->error));
+    }
+    if (fin) c->finish = fin;
+    if (j->stream && (ev->has_token || fin)) {
+        if (ev->finish == ENGINE_FINISH_ERROR) {
+            json_t *eo = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", j->err_msg ? j->err_msg : "error",
+                                   "type", j->err_status >= 500 ? "InternalServerError" : "BadRequestError", "param",
+                                   "code", (int)j->err_status);
+            if (eo) sse_json(j, eo);
+        }
+        sse_choice(j, ci, ev->text, ev->text_len, lp_delta, fin, false);
+    } else {
+        json_decref(lp_delta);
+    }
+    bool drop = false;
+    if (ev->request_done) {
+        p->done = true;
+        j->n_done++;
+        drop = true;
+        double e2e = (now - j->t_arrival) / 1000.0;
+        metric_observe(m->e2e, lab, e2e);
+        metric_observe(m->queue, lab, ev->queue_ms / 1000.0);
+        metric_inc(m->prompt_tokens, lab, p->n_prompt);
+        const char *rl[] = {j->label, fin ? fin : "abort"};
+        metric_inc(m->success, rl, 1);
+        if (j->n_done == j->n_parts) {
+            if (j->stream) {
+                if (j->include_usage) {
+                    json_t *o = chunk_new(j);
+                    json_object_set_new(o, "usage", usage_json(j));
+                    sse_json(j, o);
+                }
+                cs_buf_add(&j->out, "data: [DONE]\n\n", 14);
+            }
+            j->finished = true;
+        }
+    }
+    bool resume = take_resume(j);
+    struct MHD_Connection *conn = j->conn;
+    bool unpin = ev->request_done && j->n_done == j->n_parts;
+    pthread_mutex_unlock(&j->mu);
+    /* still suspended until this call: the connection cannot go away before it */
+    if (resume) MHD_resume_connection(conn);
+    if (unpin) {
+        adapter_unpin(s, j->adapter);
+    }
+    if (drop) job_unref(j);
+}
+
+/* ---- streaming responses ---- */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    gen_job_t *j = cls;
+    pthread_mutex_lock(&j->mu);
+    if (j->out_off < j->out.len) {
+        size_t n = j->out.len - j->out_off;
+        if (n > max) n = max;
+        memcpy(buf, j->out.p + j->out_off, n);
+        j->out_off += n;
+        if (j->out_off == j->out.len) j->out_off = j->out.len = 0;
+        pthread_mutex_unlock(&j->mu);
+        return (ssize_t)n;
+    }
+    if (j->finished) {
+        pthread_mutex_unlock(&j->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    j->suspended = true;
+    MHD_suspend_connection(j->conn);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}
+
+static void stream_free(void *cls) { job_unref(cls); }
+
+/* ---- submitting a job ---- */
+/* Submit every part; on a submit error abort the ones already in and answer the error. */
+enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen_job_t *j, gen_opts_t *o) {
+    if (j->stream && j->chat) /* the role first, as OpenAI sends it */
+        for (int i = 0; i < j->n_parts * j->n; i++) sse_choice(j, i, "", 0, NULL, NULL, true);
+    if (j->stream && j->echo && j->logprobs < 0) /* echo without logprobs: the prompt text first */
+        for (int i = 0; i < j->n_parts * j->n; i++) {
+            gen_part_t *p = &j->parts[i / j->n];
+            sse_choice(j, i, p->prompt_text ? p->prompt_text : "", p->prompt_text_len, NULL, NULL, false);
+        }
+    perr_t e = {0};
+    int k;
+    for (k = 0; k < j->n_parts; k++) {
+        gen_part_t *p = &j->parts[k];
+        engine_request_t rq = o->rq;
+        rq.prompt = p->prompt;
+        rq.n_prompt = p->n_prompt;
+        rq.sink = on_event;
+        rq.user = p;
+        rq.adapter = j->adapter ? j->adapter->name : NULL;
+        pthread_mutex_lock(&j->mu);
+        j->refs++;
+        pthread_mutex_unlock(&j->mu);
+        uint64_t id = 0;
+        int rc = engine_submit(s->engine, &rq, &id);
+        if (rc) {
+            fail(&e, status_of(rc), NULL, "%s", cs_error_last());
+            pthread_mutex_lock(&j->mu);
+            j->refs--;
+            pthread_mutex_unlock(&j->mu);
+            break;
+        }
+        pthread_mutex_lock(&j->mu);
+        p->id = id;
+        p->submitted = true;
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (k < j->n_parts) {
+        /* parts already in will finish as aborted; their events still come */
+        pthread_mutex_lock(&j->mu);
+        j->n_done += j->n_parts - k; /* the ones never submitted */
+        bool all = j->n_done == j->n_parts;
+        if (all) j->finished = true;
+        pthread_mutex_unlock(&j->mu);
+        for (int i = 0; i < k; i++) engine_abort(s->engine, j->parts[i].id);
+        if (all) adapter_unpin(s, j->adapter);
+        cn->job = NULL;
+        job_unref(j); /* the connection's reference */
+        return reply_err(c, &e);
+    }
+    cn->job = j;
+    if (j->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
+        if (!r) return MHD_NO;
+        pthread_mutex_lock(&j->mu);
+        j->conn = c;
+        j->refs++; /* the reader's */
+        pthread_mutex_unlock(&j->mu);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, j->ro ? "application/x-ndjson" : "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    pthread_mutex_lock(&j->mu);
+    j->conn = c;
+    if (!j->finished) {
+        j->suspended = true;
+        MHD_suspend_connection(c);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return api_resume(s, cn, c);
+}
+
+static json_t *final_json(gen_job_t *j) {
+    json_t *choices = json_array();
+    for (int i = 0; i < j->n_parts * j->n; i++) {
+        gen_choice_t *c = &j->choices[i];
+        gen_part_t *p = &j->parts[i / j->n];
+        json_t *ch;
+        if (j->chat) {
+            json_t *lp = j->logprobs >= 0 ? json_pack("{s:o}", "content", c->lp ? json_incref(c->lp) : json_array())
+                                          : json_null();
+            ch = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", i, "message", "role", "assistant", "content",
+                           jstr(c->text.p ? c->text.p : "", c->text.len), "logprobs", lp, "finish_reason",
+                           c->finish ? c->finish : "abort");
+        } else {
+            cs_buf_t t = {0};
+            if (j->echo) cs_buf_add(&t, p->prompt_text ? p->prompt_text : "", p->prompt_text_len);
+            cs_buf_add(&t, c->text.p ? c->text.p : "", c->text.len);
+            json_t *lp = json_null();
+            if (j->logprobs >= 0) {
+                lp = j->echo && p->echo_lp ? json_deep_copy(p->echo_lp) : lp_legacy_new();
+                if (c->lp) {
+                    const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+                    for (int k = 0; k < 4; k++)
+                        json_array_extend(json_object_get(lp, keys[k]), json_object_get(c->lp, keys[k]));
+                }
+            }
+            ch = json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", jstr(t.p ? t.p : "", t.len), "logprobs", lp,
+                           "finish_reason", c->finish ? c->finish : "abort");
+            free(t.p);
+        }
+        json_array_append_new(choices, ch);
+    }
+    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object", j->chat ? "chat.completion" : "text_completion",
+                     "created", (json_int_t)j->created, "model", j->model, "choices", choices, "usage", usage_json(j));
+}
+
+enum MHD_Result api_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
+    gen_job_t *j = cn->job;
+    if (j->stream) return MHD_YES; /* the reader goes on */
+    pthread_mutex_lock(&j->mu);
+    if (!j->finished) { /* not for us yet */
+        j->suspended = true;
+        MHD_suspend_connection(c);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    if (cn->answered) {
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    cn->answered = true;
+    if (j->err_status) {
+        unsigned st = j->err_status;
+        char *msg = strdup(j->err_msg ? j->err_msg : "error");
+        pthread_mutex_unlock(&j->mu);
+        enum MHD_Result r = http_error(c, st, NULL, "%s", msg ? msg : "error");
+        free(msg);
+        return r;
+    }
+    json_t *o = j->sglang ? rollout_route_sglang_json(s, j)
+                : j->ro   ? json_pack("{s:O, s:O}", "groups", j->ro_groups, "summary",
+                                      json_object_get(j->ro_summary, "summary"))
+                          : final_json(j);
+    pthread_mutex_unlock(&j->mu);
+    return http_json(c, 200, o);
+}
+
+void api_conn_done(server_t *s, conn_t *cn) {
+    gen_job_t *j = cn->job;
+    if (!j) return;
+    cn->job = NULL;
+    uint64_t ids[MAX_PROMPTS];
+    int n = 0;
+    pthread_mutex_lock(&j->mu);
+    j->conn = NULL;
+    j->suspended = false;
+    if (!j->finished)
+        for (int i = 0; i < j->n_parts; i++)
+            if (j->parts[i].submitted && !j->parts[i].done) ids[n++] = j->parts[i].id;
+    rollout_t *ro = !j->finished ? j->ro : NULL;
+    pthread_mutex_unlock(&j->mu);
+    if (ro) rollout_abort(ro); /* its partial lines are dropped with the connection */
+    for (int i = 0; i < n; i++) engine_abort(s->engine, ids[i]); /* a client that went away */
+    job_unref(j);
+}
+
+/* MHD does not notice a client hanging up while its connection is suspended (a request still
+ * queued or prefilling, or any non-streaming one): look at the sockets of suspended
+ * connections every 100 ms and abort the requests of those that have closed. */
+static void *watch_thread(void *arg) {
+    server_t *s = arg;
+    for (;;) {
+        uint64_t ids[64];
+        int n = 0;
+        pthread_mutex_lock(&s->mu);
+        while (!s->watch_stop) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            if (pthread_cond_timedwait(&s->watch_cv, &s->mu, &ts) != 0) break;
+        }
+        if (s->watch_stop) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        for (gen_job_t *j = s->jobs; j && n < 64; j = j->next) {
+            pthread_mutex_lock(&j->mu);
+            if (j->suspended && j->conn && !j->finished && !j->hung_up) {
+                /* suspended: the connection cannot go away while we hold j->mu */
+                const union MHD_ConnectionInfo *ci = MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+                struct pollfd p = {.fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP};
+                if (p.fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                    j->hung_up = true;
+                    if (j->ro) rollout_abort(j->ro);
+                    for (int i = 0; i < j->n_parts && n < 64; i++)
+                        if (j->parts[i].submitted && !j->parts[i].done) ids[n++] = j->parts[i].id;
+                }
+            }
+            pthread_mutex_unlock(&j->mu);
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < n; i++) engine_abort(s->engine, ids[i]);
+        server_drain_drops(s); /* uploads dropped by the engine thread (a request's last release) */
+    }
+}
+
+int api_watch_start(server_t *s) {
+    pthread_cond_init(&s->watch_cv, NULL);
+    if (pthread_create(&s->watch, NULL, watch_thread, s)) return cs_error_set(CS_ENOMEM, "cannot start a thread");
+    s->watch_started = true;
+    return CS_OK;
+}
+
+void api_watch_stop(server_t *s) {
+    if (!s->watch_started) return;
+    pthread_mutex_lock(&s->mu);
+    s->watch_stop = true;
+    pthread_cond_signal(&s->watch_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->watch, NULL);
+    pthread_cond_destroy(&s->watch_cv);
+    s->watch_started = false;
+}
+
+void api_abort_all(server_t *s) {
+    pthread_mutex_lock(&s->mu);
+    for (gen_job_t *j = s->jobs; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        for (int i = 0; i < j->n_parts; i++)
+            if (j->parts[i].submitted && !j->parts[i].done) engine_abort(s->engine, j->parts[i].id);
+        if (j->ro && !j->finished) rollout_abort(j->ro);
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+}

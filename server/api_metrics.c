@@ -1,0 +1,111 @@
+/* api_metrics.c: the server's metrics (server_metrics_t, on metrics.c's registry): their
+ * families, the adapter registry's load-time callback and GET /metrics. The engine's and the
+ * adapter registry's counters are cumulative there; a scrape adds what is new since the last
+ * one. The families of generation requests are observed by the engine's sink (api_jobs.c)
+ * and the rollout's taps (rollout_api/routes.c). */
+#include <stdio.h>
+
+#include "server/api_internal.h"
+
+static const double LAT_BUCKETS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+#define N_LAT (int)(sizeof LAT_BUCKETS / sizeof LAT_BUCKETS[0])
+
+void server_on_load_time(void *user, double seconds) {
+    server_t *s = user;
+    if (s->m.lora_load) metric_observe(s->m.lora_load, NULL, seconds);
+}
+
+int server_metrics_init(server_t *s) {
+    server_metrics_t *m = &s->m;
+    pthread_mutex_init(&m->mu, NULL);
+    if (!(m->reg = metrics_new())) return cs_error_set(CS_ENOMEM, "out of memory");
+    const char *const adapter[] = {"adapter", NULL};
+    const char *const fin[] = {"adapter", "finished_reason", NULL};
+    const char *const tier[] = {"tier", NULL};
+    char n[128];
+#define NAME(x) (snprintf(n, sizeof n, "%s%s", s->cfg.metrics_prefix, x), n)
+    m->ttft = metrics_histogram(m->reg, NAME("time_to_first_token_seconds"), "Time from arrival to the first token.",
+                                adapter, LAT_BUCKETS, N_LAT);
+    m->itl = metrics_histogram(m->reg, NAME("inter_token_latency_seconds"), "Time between consecutive tokens of a sample.",
+                               adapter, LAT_BUCKETS, N_LAT);
+    m->e2e = metrics_histogram(m->reg, NAME("e2e_request_latency_seconds"), "Time from arrival to the last token.",
+                               adapter, LAT_BUCKETS, N_LAT);
+    m->queue = metrics_histogram(m->reg, NAME("request_queue_time_seconds"),
+                                 "Time a request waited before it was first scheduled.", adapter, LAT_BUCKETS, N_LAT);
+    m->prompt_tokens = metrics_counter(m->reg, NAME("prompt_tokens_total"), "Prompt tokens of finished requests.", adapter);
+    m->gen_tokens = metrics_counter(m->reg, NAME("generation_tokens_total"), "Generated tokens.", adapter);
+    m->success = metrics_counter(m->reg, NAME("request_success_total"), "Finished requests by finish reason.", fin);
+    m->running = metrics_gauge(m->reg, NAME("num_requests_running"), "Sequences running in the engine.", NULL);
+    m->waiting = metrics_gauge(m->reg, NAME("num_requests_waiting"), "Sequences waiting for the engine.", NULL);
+    m->kv_usage = metrics_gauge(m->reg, NAME("kv_cache_usage_perc"),
+                                "Fraction of KV-cache blocks held by sequences (1 = full).", NULL);
+    m->prefix_queries = metrics_counter(m->reg, NAME("prefix_cache_queries_total"),
+                                        "Prompt tokens looked up in the prefix cache.", NULL);
+    m->prefix_hits = metrics_counter(m->reg, NAME("prefix_cache_hits_total"),
+                                     "Prompt tokens whose KV came from the prefix cache.", NULL);
+    m->preemptions = metrics_counter(m->reg, NAME("num_preemptions_total"), "Sequences preempted (KV cache full).", NULL);
+    m->prefill_tokens = metrics_counter(m->reg, NAME("prefill_tokens_total"),
+                                        "Prompt tokens computed (not taken from the prefix cache or a group's shared blocks).",
+                                        NULL);
+    m->lora_tier = metrics_gauge(m->reg, NAME("lora_adapters"),
+                                 "Adapters by tier: registered (served names), host (resident in memory), loading.", tier);
+    static const double LOAD_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+    m->lora_load = metrics_histogram(m->reg, NAME("lora_load_seconds"), "Adapter load time, disk to host memory.", NULL,
+                                     LOAD_BUCKETS, (int)(sizeof LOAD_BUCKETS / sizeof LOAD_BUCKETS[0]));
+    m->lora_hits = metrics_counter(m->reg, NAME("lora_cache_hits_total"), "Adapter acquires that found it resident.", NULL);
+    m->lora_misses = metrics_counter(m->reg, NAME("lora_cache_misses_total"), "Adapter acquires that started a load.", NULL);
+#undef NAME
+    if (!m->ttft || !m->itl || !m->e2e || !m->queue || !m->prompt_tokens || !m->gen_tokens || !m->success ||
+        !m->running || !m->waiting || !m->kv_usage || !m->prefix_queries || !m->prefix_hits || !m->preemptions ||
+        !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->prefill_tokens)
+        return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
+    return CS_OK;
+}
+
+void server_metrics_free(server_t *s) {
+    metrics_free(s->m.reg);
+    s->m.reg = NULL;
+    pthread_mutex_destroy(&s->m.mu);
+}
+
+/* GET /metrics: the engine's and the registry's counters brought up to date, then the text */
+enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
+    server_metrics_t *m = &s->m;
+    pthread_mutex_lock(&s->mu);
+    bool ready = s->ready; /* the engine and registry are set up before ready, under mu */
+    pthread_mutex_unlock(&s->mu);
+    if (ready) {
+        engine_stats_t st;
+        lora_registry_stats_t ls = {0};
+        /* the snapshots and the deltas under one lock: a concurrent scrape must not apply an
+         * older snapshot after a newer one (the deltas would underflow) */
+        pthread_mutex_lock(&m->mu);
+        engine_get_stats(s->engine, &st);
+        if (s->reg) lora_registry_stats(s->reg, &ls);
+        metric_set(m->running, NULL, st.n_running);
+        metric_set(m->waiting, NULL, st.n_waiting);
+        int used = st.kv.n_blocks - st.kv.n_free - st.kv.n_cached;
+        metric_set(m->kv_usage, NULL, st.kv.n_blocks ? (double)used / st.kv.n_blocks : 0);
+        metric_inc(m->prefix_queries, NULL, (double)(st.prompt_tokens - m->last_prefix_queries));
+        metric_inc(m->prefix_hits, NULL, (double)(st.cached_prompt_tokens - m->last_prefix_hits));
+        metric_inc(m->preemptions, NULL, (double)(st.preemptions - m->last_preemptions));
+        metric_inc(m->prefill_tokens, NULL, (double)(st.prefill_tokens - m->last_prefill_tokens));
+        m->last_prefill_tokens = st.prefill_tokens;
+        metric_inc(m->lora_hits, NULL, (double)(ls.hits - m->last_lora_hits));
+        metric_inc(m->lora_misses, NULL, (double)(ls.misses - m->last_lora_misses));
+        m->last_prefix_queries = st.prompt_tokens;
+        m->last_prefix_hits = st.cached_prompt_tokens;
+        m->last_preemptions = st.preemptions;
+        m->last_lora_hits = ls.hits;
+        m->last_lora_misses = ls.misses;
+        pthread_mutex_unlock(&m->mu);
+        metric_set(m->lora_tier, (const char *[]){"registered"}, ls.n_registered);
+        metric_set(m->lora_tier, (const char *[]){"host"}, ls.n_resident);
+        metric_set(m->lora_tier, (const char *[]){"loading"}, ls.n_loading);
+    }
+    size_t len = 0;
+    char *txt = metrics_render(m->reg, &len);
+    if (!txt) return http_error(c, 500, NULL, "out of memory");
+    return http_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len);
+}

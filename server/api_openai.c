@@ -1,0 +1,746 @@
+/* api_openai.c: the OpenAI/vLLM endpoints. /v1/completions and /v1/chat/completions (with
+ * vLLM's extensions): the sampling fields, the prompts (text, token ids, or messages rendered
+ * with the chat template), then a job (api_jobs.c); /tokenize and /detokenize; /v1/models;
+ * vLLM's adapter management (/v1/load_lora_adapter, /v1/unload_lora_adapter). */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/api_internal.h"
+
+/* ---- optional fields: absent or null keeps the default ---- */
+static bool get_num(json_t *o, const char *k, double lo, double hi, double *out, perr_t *e) {
+    json_t *v = cs_json_get(o, k);
+    if (!v) return true;
+    if (!json_is_number(v)) return fail(e, 400, k, "'%s' must be a number", k);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return fail(e, 400, k, "'%s' must be between %g and %g, got %g", k, lo, hi, x);
+    *out = x;
+    return true;
+}
+
+static bool get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, perr_t *e) {
+    json_t *v = cs_json_get(o, k);
+    if (!v) return true;
+    long long x;
+    if (json_is_integer(v)) x = (long long)json_integer_value(v);
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 9e15)
+        x = (long long)json_real_value(v); /* 5.0 is 5, as pydantic takes it */
+    else return fail(e, 400, k, "'%s' must be an integer", k);
+    if (x < lo || x > hi) return fail(e, 400, k, "'%s' must be between %lld and %lld, got %lld", k, lo, hi, x);
+    *out = x;
+    return true;
+}
+
+static bool get_bool(json_t *o, const char *k, bool *out, perr_t *e) {
+    json_t *v = cs_json_get(o, k);
+    if (!v) return true;
+    if (!json_is_boolean(v)) return fail(e, 400, k, "'%s' must be true or false", k);
+    *out = json_is_true(v);
+    return true;
+}
+
+static bool get_str(json_t *o, const char *k, const char **out, perr_t *e) {
+    json_t *v = cs_json_get(o, k);
+    if (!v) return true;
+    if (!json_is_string(v)) return fail(e, 400, k, "'%s' must be a string", k);
+    *out = json_string_value(v);
+    return true;
+}
+
+/* ---- the model a request names ---- */
+/* model name -> adapter (NULL: the base model); pins the adapter (in_flight) */
+static bool resolve_model(server_t *s, json_t *body, served_adapter_t **ad, char **label, perr_t *e) {
+    const char *m = NULL;
+    *ad = NULL;
+    if (!get_str(body, "model", &m, e)) return false;
+    if (!m || !strcmp(m, s->model_name)) {
+        *label = strdup(s->model_name);
+        return *label != NULL || fail(e, 500, NULL, "out of memory");
+    }
+    pthread_mutex_lock(&s->mu);
+    served_adapter_t *a = adapter_find(s, m);
+    if (a && !a->unloading) {
+        a->in_flight++;
+        *ad = a;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!*ad) return fail(e, 404, "model", "The model `%s` does not exist.", m);
+    *label = strdup(m);
+    return true;
+}
+
+/* ---- request fields shared by completions and chat ---- */
+static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_opts_t *o, int n_prompts, perr_t *e) {
+    engine_request_t *rq = &o->rq;
+    sampling_params_t *sp = &rq->sampling;
+    sampling_params_default(sp);
+    double d;
+    long long v;
+    d = sp->temperature;
+    if (!get_num(b, "temperature", 0, 100, &d, e)) return false;
+    sp->temperature = (float)d;
+    d = sp->top_p;
+    if (!get_num(b, "top_p", 0, 1, &d, e)) return false;
+    if (cs_json_get(b, "top_p") && d <= 0) return fail(e, 400, "top_p", "'top_p' must be in (0, 1], got %g", d);
+    sp->top_p = (float)d;
+    v = sp->top_k;
+    if (!get_int(b, "top_k", -1, 1 << 30, &v, e)) return false;
+    sp->top_k = (int)v;
+    d = sp->min_p;
+    if (!get_num(b, "min_p", 0, 1, &d, e)) return false;
+    sp->min_p = (float)d;
+    d = sp->presence_penalty;
+    if (!get_num(b, "presence_penalty", -2, 2, &d, e)) return false;
+    sp->presence_penalty = (float)d;
+    d = sp->frequency_penalty;
+    if (!get_num(b, "frequency_penalty", -2, 2, &d, e)) return false;
+    sp->frequency_penalty = (float)d;
+    d = sp->repetition_penalty;
+    if (!get_num(b, "repetition_penalty", 0, 100, &d, e)) return false;
+    if (cs_json_get(b, "repetition_penalty") && d <= 0)
+        return fail(e, 400, "repetition_penalty", "'repetition_penalty' must be > 0, got %g", d);
+    sp->repetition_penalty = (float)d;
+    if (cs_json_get(b, "seed")) {
+        v = 0;
+        if (!get_int(b, "seed", LLONG_MIN, LLONG_MAX, &v, e)) return false;
+        sp->seed = (uint64_t)v;
+        sp->has_seed = true;
+    }
+    v = 1;
+    if (!get_int(b, "n", 1, 1 << 20, &v, e)) return false;
+    if (v * n_prompts > s->cfg.max_n)
+        return fail(e, 400, "n", "n = %lld%s exceeds this server's limit of %d samples per request", v,
+                    n_prompts > 1 ? " times the number of prompts" : "", s->cfg.max_n);
+    rq->n = (int)v;
+    gen_choice_t *nc = calloc((size_t)j->n_parts * (size_t)v, sizeof *nc);
+    if (!nc) return fail(e, 500, NULL, "out of memory");
+    free(j->choices); /* still empty: sized for n = 1 */
+    j->choices = nc;
+    j->n = (int)v;
+    if (cs_json_get(b, "best_of") && !(json_is_integer(cs_json_get(b, "best_of")) && json_integer_value(cs_json_get(b, "best_of")) == v))
+        return fail(e, 400, "best_of", "best_of is not supported (only best_of == n)");
+    if (cs_json_get(b, "logit_bias") && !(json_is_object(cs_json_get(b, "logit_bias")) && json_object_size(cs_json_get(b, "logit_bias")) == 0))
+        return fail(e, 400, "logit_bias", "logit_bias is not supported");
+    /* max_tokens: completions default 16 (OpenAI), chat: up to the context */
+    v = chat ? -1 : 16;
+    const char *mt = chat && cs_json_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (cs_json_get(b, mt)) {
+        if (!get_int(b, mt, LLONG_MIN, LLONG_MAX, &v, e)) return false;
+        if (v < 0) return fail(e, 400, mt, "'%s' must be at least 0, got %lld", mt, v);
+        if (v > s->max_model_len)
+            return fail(e, 400, mt, "'%s' = %lld exceeds this model's maximum context length of %d tokens", mt, v,
+                        s->max_model_len);
+    }
+    rq->max_tokens = (int)v;
+    v = 0;
+    if (!get_int(b, "min_tokens", 0, 1 << 30, &v, e)) return false;
+    rq->min_tokens = (int)v;
+    json_t *stop = cs_json_get(b, "stop");
+    if (stop) {
+        if (json_is_string(stop)) {
+            o->stops[0] = json_string_value(stop);
+            rq->n_stop = 1;
+        } else if (json_is_array(stop)) {
+            if (json_array_size(stop) > MAX_STOP_STRINGS)
+                return fail(e, 400, "stop", "at most %d stop strings", MAX_STOP_STRINGS);
+            size_t i;
+            json_t *x;
+            json_array_foreach(stop, i, x) {
+                if (!json_is_string(x)) return fail(e, 400, "stop", "'stop' must be a string or a list of strings");
+                o->stops[i] = json_string_value(x);
+            }
+            rq->n_stop = (int)json_array_size(stop);
+        } else {
+            return fail(e, 400, "stop", "'stop' must be a string or a list of strings");
+        }
+        for (int i = 0; i < rq->n_stop; i++)
+            if (!o->stops[i][0]) return fail(e, 400, "stop", "stop strings must not be empty");
+        rq->stop = o->stops;
+        if (rq->n_stop && !s->tok) return fail(e, 400, "stop", "stop strings need the model's tokenizer");
+    }
+    json_t *sti = cs_json_get(b, "stop_token_ids");
+    if (sti) {
+        if (!json_is_array(sti) || json_array_size(sti) > 256)
+            return fail(e, 400, "stop_token_ids", "'stop_token_ids' must be a list of at most 256 token ids");
+        o->stop_ids = malloc(sizeof(int32_t) * (json_array_size(sti) + 1));
+        size_t i;
+        json_t *x;
+        json_array_foreach(sti, i, x) {
+            if (!json_is_integer(x)) return fail(e, 400, "stop_token_ids", "'stop_token_ids' must be a list of integers");
+            long long t = json_integer_value(x);
+            if (t < 0 || t >= model_get_config(s->model)->vocab_size)
+                return fail(e, 400, "stop_token_ids", "stop token id %lld is out of range", t);
+            o->stop_ids[i] = (int32_t)t;
+        }
+        rq->stop_token_ids = o->stop_ids;
+        rq->n_stop_token_ids = (int)json_array_size(sti);
+    }
+    bool b1 = false;
+    if (!get_bool(b, "ignore_eos", &b1, e)) return false;
+    rq->ignore_eos = b1;
+    b1 = true;
+    if (!get_bool(b, "skip_special_tokens", &b1, e)) return false;
+    rq->keep_special_text = !b1;
+    j->skip_special = b1;
+    b1 = false;
+    if (!get_bool(b, "return_tokens_as_token_ids", &b1, e)) return false;
+    j->tok_ids = b1;
+    b1 = false;
+    if (!get_bool(b, "include_stop_str_in_output", &b1, e)) return false;
+    if (b1) return fail(e, 400, "include_stop_str_in_output", "include_stop_str_in_output is not supported");
+    const char *user = NULL;
+    if (!get_str(b, "user", &user, e)) return false;
+    json_t *rf = cs_json_get(b, "response_format");
+    if (rf) {
+        const char *t = json_string_value(json_object_get(rf, "type"));
+        if (!json_is_object(rf) || !t || strcmp(t, "text"))
+            return fail(e, 400, "response_format", "response_format other than {\"type\": \"text\"} is not supported");
+    }
+    json_t *tc = cs_json_get(b, "tool_choice");
+    if (tc && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+        return fail(e, 400, "tool_choice", "tool_choice other than \"none\" or \"auto\" is not supported (tools are "
+                                            "shown to the chat template; tool calls are not parsed out of the text)");
+    /* logprobs: completions an integer, chat a boolean plus top_logprobs */
+    sp->logprobs = -1;
+    if (chat) {
+        bool lp = false;
+        if (!get_bool(b, "logprobs", &lp, e)) return false;
+        v = 0;
+        if (!get_int(b, "top_logprobs", 0, s->cfg.max_logprobs, &v, e)) return false;
+        if (v > 0 && !lp) return fail(e, 400, "top_logprobs", "top_logprobs needs logprobs: true");
+        if (lp) sp->logprobs = (int)v;
+    } else {
+        v = -1;
+        if (!get_int(b, "logprobs", 0, s->cfg.max_logprobs, &v, e)) return false;
+        sp->logprobs = (int)v;
+    }
+    sp->logprobs_mode = SAMPLING_LOGPROBS_RAW;
+    j->logprobs = sp->logprobs;
+    bool stream = false;
+    if (!get_bool(b, "stream", &stream, e)) return false;
+    j->stream = stream;
+    json_t *so = cs_json_get(b, "stream_options");
+    if (so) {
+        if (!json_is_object(so)) return fail(e, 400, "stream_options", "'stream_options' must be an object");
+        if (!stream) return fail(e, 400, "stream_options", "stream_options is only allowed with stream: true");
+        bool iu = false;
+        if (!get_bool(so, "include_usage", &iu, e)) return false;
+        j->include_usage = iu;
+    }
+    if (sampling_params_validate(sp)) return fail(e, 400, NULL, "%s", cs_error_last());
+    return true;
+}
+
+/* a prompt given as token ids */
+static bool ids_of(server_t *s, json_t *a, int32_t **out, int *n, perr_t *e) {
+    size_t len = json_array_size(a);
+    if (len == 0) return fail(e, 400, "prompt", "the prompt is empty");
+    int32_t *ids = malloc(sizeof(int32_t) * len);
+    if (!ids) return fail(e, 500, NULL, "out of memory");
+    int vocab = model_get_config(s->model)->vocab_size;
+    for (size_t i = 0; i < len; i++) {
+        json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= vocab) {
+            free(ids);
+            return fail(e, 400, "prompt", "prompt token ids must be integers in [0, %d)", vocab);
+        }
+        ids[i] = (int32_t)json_integer_value(x);
+    }
+    *out = ids;
+    *n = (int)len;
+    return true;
+}
+
+static bool text_prompt(server_t *s, const char *text, size_t len, bool add_special, int32_t **out, int *n, perr_t *e) {
+    if (!s->tok) return fail(e, 400, "prompt", "this model has no tokenizer: send token ids");
+    size_t ni = 0;
+    if (tokenizer_encode(s->tok, text, len, add_special, out, &ni)) return fail(e, 400, "prompt", "%s", cs_error_last());
+    *n = (int)ni;
+    if (ni == 0) return fail(e, 400, "prompt", "the prompt is empty");
+    return true;
+}
+
+static bool check_len(server_t *s, int n_prompt, int max_tokens, perr_t *e) {
+    if (n_prompt >= s->max_model_len)
+        return fail(e, 400, "prompt",
+                    "This model's maximum context length is %d tokens. However, your prompt has %d tokens (at least one "
+                    "must be left for the completion).",
+                    s->max_model_len, n_prompt);
+    if (max_tokens > 0 && (long long)n_prompt + max_tokens > s->max_model_len)
+        return fail(e, 400, "max_tokens",
+                    "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the "
+                    "prompt, %d for the completion). Please reduce the prompt or max_tokens.",
+                    s->max_model_len, (long long)n_prompt + max_tokens, n_prompt, max_tokens);
+    return true;
+}
+
+/* The job of a completions or chat request (one sample per prompt until parse_sampling), with
+ * the adapter its model names pinned; NULL with *e set. */
+static gen_job_t *request_job(server_t *s, conn_t *cn, json_t *b, bool chat, int n_prompts, perr_t *e) {
+    served_adapter_t *ad = NULL;
+    char *label = NULL;
+    if (!resolve_model(s, b, &ad, &label, e)) return NULL;
+    bool draining;
+    gen_job_t *j = job_new(s, chat, n_prompts, 1, &draining);
+    if (!j) {
+        fail(e, draining ? 503 : 500, NULL, draining ? "the server is shutting down" : "out of memory");
+        free(label);
+        adapter_unpin(s, ad);
+        return NULL;
+    }
+    j->adapter = ad;
+    j->label = label;
+    j->t_arrival = cn->t_arrival;
+    const char *mname = NULL;
+    get_str(b, "model", &mname, e);
+    j->model = strdup(mname ? mname : s->model_name);
+    return j;
+}
+
+/* a request refused after request_job: its job (if any) and the adapter's pin go */
+static void request_job_drop(server_t *s, gen_job_t *j) {
+    if (!j) return;
+    adapter_unpin(s, j->adapter);
+    job_unref(j);
+}
+
+/* ---- /v1/completions ---- */
+enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    gen_job_t *j = NULL;
+    gen_opts_t o = {0};
+    enum MHD_Result ret;
+    json_t *prompt = json_object_get(b, "prompt");
+    /* the prompts: a string, ids, or a list of either */
+    int n_prompts = 0;
+    bool list_of = false;
+    if (json_is_string(prompt)) n_prompts = 1;
+    else if (json_is_array(prompt) && json_array_size(prompt) > 0) {
+        json_t *x0 = json_array_get(prompt, 0);
+        if (json_is_integer(x0)) n_prompts = 1;
+        else if (json_is_string(x0) || json_is_array(x0)) {
+            n_prompts = (int)json_array_size(prompt);
+            list_of = true;
+        }
+    }
+    if (!prompt || json_is_null(prompt)) { fail(&e, 400, "prompt", "'prompt' is required"); goto err; }
+    if (n_prompts == 0) {
+        fail(&e, 400, "prompt", json_is_array(prompt) && json_array_size(prompt) == 0 ? "the prompt is empty"
+                                : "'prompt' must be a string, a list of token ids, or a list of either");
+        goto err;
+    }
+    if (n_prompts > MAX_PROMPTS) { fail(&e, 400, "prompt", "at most %d prompts per request", MAX_PROMPTS); goto err; }
+    const char *suffix = NULL;
+    if (!get_str(b, "suffix", &suffix, &e)) goto err;
+    if (suffix && suffix[0]) { fail(&e, 400, "suffix", "suffix is not supported"); goto err; }
+    if (!(j = request_job(s, cn, b, false, n_prompts, &e))) goto err;
+    if (!parse_sampling(s, b, false, j, &o, n_prompts, &e)) goto err;
+    bool echo = false;
+    if (!get_bool(b, "echo", &echo, &e)) goto err;
+    j->echo = echo;
+    if (o.rq.max_tokens == 0 && !echo) { fail(&e, 400, "max_tokens", "max_tokens = 0 is only allowed with echo"); goto err; }
+    if (echo && (j->logprobs >= 0 || o.rq.max_tokens == 0)) { /* score the prompt */
+        o.rq.prompt_logprobs = true;
+        o.rq.prompt_top_logprobs = j->logprobs > 0 ? j->logprobs : 0;
+    }
+    for (int i = 0; i < n_prompts; i++) {
+        json_t *pi = list_of ? json_array_get(prompt, (size_t)i) : prompt;
+        gen_part_t *p = &j->parts[i];
+        if (json_is_string(pi)) {
+            if (!text_prompt(s, json_string_value(pi), json_string_length(pi), true, &p->prompt, &p->n_prompt, &e)) goto err;
+            if (echo) {
+                p->prompt_text_len = json_string_length(pi);
+                p->prompt_text = malloc(p->prompt_text_len + 1);
+                if (p->prompt_text) memcpy(p->prompt_text, json_string_value(pi), p->prompt_text_len + 1);
+            }
+        } else if (json_is_array(pi)) {
+            if (list_of && json_array_size(pi) > 0 && !json_is_integer(json_array_get(pi, 0))) {
+                fail(&e, 400, "prompt", "'prompt' must be a string, a list of token ids, or a list of either");
+                goto err;
+            }
+            if (!ids_of(s, pi, &p->prompt, &p->n_prompt, &e)) goto err;
+            if (echo && s->tok && tokenizer_decode(s->tok, p->prompt, (size_t)p->n_prompt, j->skip_special,
+                                                   &p->prompt_text, &p->prompt_text_len)) {
+                fail(&e, 400, "prompt", "%s", cs_error_last());
+                goto err;
+            }
+        } else {
+            fail(&e, 400, "prompt", "'prompt' must be a string, a list of token ids, or a list of either");
+            goto err;
+        }
+        if (!check_len(s, p->n_prompt, o.rq.max_tokens, &e)) goto err;
+    }
+    ret = job_start(s, cn, c, j, &o);
+    free(o.stop_ids);
+    return ret;
+err:
+    free(o.stop_ids);
+    request_job_drop(s, j);
+    return reply_err(c, &e);
+}
+
+/* ---- chat templates ---- */
+/* Normalize OpenAI messages for the template: text parts joined into a string (unless the
+ * template reads parts, as vLLM's content-format detection does), then transformers' own
+ * preparation (null keys dropped, reasoning fields aliased). */
+static bool template_wants_parts(const char *src) { return strstr(src, "['type']") || strstr(src, "[\"type\"]"); }
+
+static bool chat_messages(json_t *msgs, bool wants_parts, json_t **out, perr_t *e) {
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return fail(e, 400, "messages", "'messages' must be a non-empty list");
+    json_t *res = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        if (!json_is_object(m)) { json_decref(res); return fail(e, 400, "messages", "messages[%zu] must be an object", i); }
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) {
+            json_decref(res);
+            return fail(e, 400, "messages", "messages[%zu].role must be a string", i);
+        }
+        json_t *mm = json_deep_copy(m);
+        json_t *content = json_object_get(mm, "content");
+        if (json_is_array(content)) {
+            cs_buf_t t = {0};
+            size_t k;
+            json_t *part;
+            json_array_foreach(content, k, part) {
+                const char *type = json_string_value(json_object_get(part, "type"));
+                json_t *text = json_object_get(part, "text");
+                if (!type || strcmp(type, "text") || !json_is_string(text)) {
+                    free(t.p);
+                    json_decref(mm);
+                    json_decref(res);
+                    return fail(e, 400, "messages", "messages[%zu].content[%zu]: only {\"type\": \"text\", \"text\": ...} parts are supported", i, k);
+                }
+                if (k) cs_buf_add(&t, "\n", 1);
+                cs_buf_add(&t, json_string_value(text), json_string_length(text));
+            }
+            if (!wants_parts) json_object_set_new(mm, "content", json_stringn(t.p ? t.p : "", t.len));
+            free(t.p);
+        } else if (content && !json_is_string(content) && !json_is_null(content)) {
+            json_decref(mm);
+            json_decref(res);
+            return fail(e, 400, "messages", "messages[%zu].content must be a string or a list of parts", i);
+        }
+        json_array_append_new(res, mm);
+    }
+    /* then exactly what apply_chat_template does: null keys dropped, reasoning aliased */
+    *out = chat_template_hf_messages(res, true);
+    json_decref(res);
+    return *out != NULL || fail(e, 500, NULL, "out of memory");
+}
+
+/* render messages to the prompt text with the model's (or the request's) template */
+static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *add_special, perr_t *e) {
+    json_t *msgs = NULL;
+    chat_template_t *t = s->tmpl, *own = NULL;
+    bool wants_parts = s->tmpl_wants_parts;
+    const char *req_tmpl = NULL;
+    char err[1024];
+    if (!get_str(b, "chat_template", &req_tmpl, e)) goto fail;
+    if (req_tmpl) {
+        if (chat_template_parse(req_tmpl, strlen(req_tmpl), &own, err, sizeof err)) {
+            fail(e, 400, "chat_template", "chat_template: %s", err);
+            goto fail;
+        }
+        t = own;
+        wants_parts = template_wants_parts(req_tmpl);
+    }
+    if (!chat_messages(json_object_get(b, "messages"), wants_parts, &msgs, e)) goto fail;
+    if (!t) {
+        fail(e, 400, "messages",
+             "this model has no chat template (tokenizer_config.json has no chat_template); start the server with "
+             "--chat-template FILE or send one as 'chat_template'");
+        goto fail;
+    }
+    bool agp = true, cont = false;
+    if (!get_bool(b, "add_generation_prompt", &agp, e) || !get_bool(b, "continue_final_message", &cont, e)) goto fail;
+    if (cont) { fail(e, 400, "continue_final_message", "continue_final_message is not supported"); goto fail; }
+    *add_special = false;
+    if (!get_bool(b, "add_special_tokens", add_special, e)) goto fail;
+    json_t *ctx = json_object();
+    json_object_set_new(ctx, "messages", msgs);
+    msgs = NULL;
+    json_object_set_new(ctx, "add_generation_prompt", json_boolean(agp));
+    json_t *tools = cs_json_get(b, "tools");
+    if (tools && !json_is_array(tools)) {
+        json_decref(ctx);
+        fail(e, 400, "tools", "'tools' must be a list");
+        goto fail;
+    }
+    json_object_set(ctx, "tools", tools ? tools : json_null());
+    json_object_set_new(ctx, "documents", json_null());
+    if (s->bos_token) json_object_set_new(ctx, "bos_token", json_string(s->bos_token));
+    if (s->eos_token) json_object_set_new(ctx, "eos_token", json_string(s->eos_token));
+    json_t *kw = cs_json_get(b, "chat_template_kwargs");
+    if (kw) {
+        if (!json_is_object(kw)) {
+            json_decref(ctx);
+            fail(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            goto fail;
+        }
+        json_object_update(ctx, kw);
+    }
+    int rc = chat_template_render(t, ctx, text, len, err, sizeof err);
+    json_decref(ctx);
+    if (rc) { fail(e, 400, "messages", "chat template: %s", err); goto fail; }
+    chat_template_free(own);
+    return true;
+fail:
+    json_decref(msgs);
+    chat_template_free(own);
+    return false;
+}
+
+/* ---- /v1/chat/completions ---- */
+enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    char *text = NULL;
+    size_t tlen = 0;
+    gen_job_t *j = NULL;
+    gen_opts_t o = {0};
+    enum MHD_Result ret;
+    if (!json_object_get(b, "messages")) { fail(&e, 400, "messages", "'messages' is required"); goto err; }
+    if (!(j = request_job(s, cn, b, true, 1, &e))) goto err;
+    if (!parse_sampling(s, b, true, j, &o, 1, &e)) goto err;
+    if (o.rq.max_tokens == 0) { fail(&e, 400, "max_tokens", "'max_tokens' must be at least 1"); goto err; }
+    bool add_special = false;
+    if (!chat_render(s, b, &text, &tlen, &add_special, &e)) goto err;
+    gen_part_t *p = &j->parts[0];
+    if (!text_prompt(s, text, tlen, add_special, &p->prompt, &p->n_prompt, &e)) goto err;
+    if (!check_len(s, p->n_prompt, o.rq.max_tokens, &e)) goto err;
+    free(text);
+    ret = job_start(s, cn, c, j, &o);
+    free(o.stop_ids);
+    return ret;
+err:
+    free(text);
+    free(o.stop_ids);
+    request_job_drop(s, j);
+    return reply_err(c, &e);
+}
+
+/* ---- /tokenize, /detokenize (vLLM's shapes) ---- */
+enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    int32_t *ids = NULL;
+    int n = 0;
+    if (cs_json_get(b, "model")) {
+        const char *m = NULL;
+        if (!get_str(b, "model", &m, &e)) return reply_err(c, &e);
+        pthread_mutex_lock(&s->mu);
+        bool known = !strcmp(m, s->model_name) || adapter_find(s, m);
+        pthread_mutex_unlock(&s->mu);
+        if (!known) return http_error(c, 404, "model", "The model `%s` does not exist.", m);
+    }
+    if (json_object_get(b, "messages")) {
+        char *text = NULL;
+        size_t len = 0;
+        bool add_special = false;
+        if (!chat_render(s, b, &text, &len, &add_special, &e)) return reply_err(c, &e);
+        bool ok = text_prompt(s, text, len, add_special, &ids, &n, &e);
+        free(text);
+        if (!ok) return reply_err(c, &e);
+    } else {
+        json_t *p = json_object_get(b, "prompt");
+        if (!json_is_string(p)) return http_error(c, 400, "prompt", "'prompt' (a string) or 'messages' is required");
+        bool add_special = true;
+        if (!get_bool(b, "add_special_tokens", &add_special, &e)) return reply_err(c, &e);
+        if (!s->tok) return http_error(c, 400, "prompt", "this model has no tokenizer");
+        size_t ni = 0;
+        if (tokenizer_encode(s->tok, json_string_value(p), json_string_length(p), add_special, &ids, &ni))
+            return http_error(c, 400, "prompt", "%s", cs_error_last());
+        n = (int)ni;
+    }
+    bool strs = false;
+    if (!get_bool(b, "return_token_strs", &strs, &e)) {
+        free(ids);
+        return reply_err(c, &e);
+    }
+    json_t *toks = json_array(), *ts = strs ? json_array() : json_null();
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(toks, json_integer(ids[i]));
+        if (strs) {
+            const char *t = tokenizer_id_to_token(s->tok, ids[i]);
+            json_array_append_new(ts, t ? jstr(t, strlen(t)) : json_null());
+        }
+    }
+    free(ids);
+    return http_json(c, 200, json_pack("{s:i, s:i, s:o, s:o}", "count", n, "max_model_len", s->max_model_len, "tokens",
+                                        toks, "token_strs", ts));
+}
+
+enum MHD_Result api_detokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    json_t *t = json_object_get(b, "tokens");
+    if (!json_is_array(t)) return http_error(c, 400, "tokens", "'tokens' (a list of token ids) is required");
+    if (!s->tok) return http_error(c, 400, "tokens", "this model has no tokenizer");
+    int32_t *ids = NULL;
+    int n = 0;
+    if (json_array_size(t) == 0) {
+        return http_json(c, 200, json_pack("{s:s}", "prompt", ""));
+    }
+    if (!ids_of(s, t, &ids, &n, &e)) {
+        snprintf(e.param, sizeof e.param, "tokens");
+        return reply_err(c, &e);
+    }
+    char *out = NULL;
+    size_t len = 0;
+    int rc = tokenizer_decode(s->tok, ids, (size_t)n, false, &out, &len);
+    free(ids);
+    if (rc) return http_error(c, 400, "tokens", "%s", cs_error_last());
+    json_t *r = json_pack("{s:o}", "prompt", jstr(out, len));
+    free(out);
+    return http_json(c, 200, r);
+}
+
+/* ---- /v1/models and adapter management ---- */
+enum MHD_Result api_models(server_t *s, struct MHD_Connection *c) {
+    json_t *data = json_array();
+    json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", s->model_name, "object", "model",
+                                          "created", (json_int_t)s->created, "owned_by", "caraserve", "root", s->cfg.model,
+                                          "parent", "max_model_len", s->max_model_len));
+    pthread_mutex_lock(&s->mu);
+    for (served_adapter_t *a = s->adapters; a; a = a->next) {
+        if (a->unloading) continue;
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:i}", "id", a->name, "object", "model",
+                                              "created", (json_int_t)a->created, "owned_by", "caraserve", "root", a->path,
+                                              "parent", s->model_name, "max_model_len", s->max_model_len));
+    }
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+/* Register NAME -> DIR (a new version when it exists and inplace). Validates the adapter
+ * against the base model first, so a bad one is refused here and not at its first request. */
+int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
+                       size_t errlen) {
+    lora_adapter_t *a = NULL;
+    if (!valid_adapter_name(name)) {
+        *status = 400;
+        snprintf(err, errlen, "invalid adapter name '%s'", name);
+        return CS_EINVAL;
+    }
+    if (!strcmp(name, s->model_name)) {
+        *status = 400;
+        snprintf(err, errlen, "'%s' is the base model's name", name);
+        return CS_EINVAL;
+    }
+    int rc = lora_adapter_load(dir, model_get_config(s->model), &a);
+    if (rc) {
+        *status = rc == CS_ENOTFOUND ? 404 : 400;
+        snprintf(err, errlen, "adapter '%s' at %s: %s", name, dir, cs_error_last());
+        return rc;
+    }
+    lora_adapter_free(a);
+    pthread_mutex_lock(&s->mu);
+    served_adapter_t *ad = adapter_find(s, name);
+    if (ad && !inplace) {
+        pthread_mutex_unlock(&s->mu);
+        *status = 400;
+        snprintf(err, errlen, "adapter '%s' is already loaded (use load_inplace: true to replace its weights)", name);
+        return CS_EINVAL;
+    }
+    if (ad && ad->unloading) {
+        pthread_mutex_unlock(&s->mu);
+        *status = 409;
+        snprintf(err, errlen, "adapter '%s' is being unloaded", name);
+        return CS_EINVAL;
+    }
+    int ver = 0;
+    rc = lora_registry_add(s->reg, name, dir, &ver);
+    if (rc) {
+        pthread_mutex_unlock(&s->mu);
+        *status = 500;
+        snprintf(err, errlen, "%s", cs_error_last());
+        return rc;
+    }
+    if (!ad) {
+        ad = calloc(1, sizeof *ad);
+        ad->name = strdup(name);
+        ad->next = s->adapters;
+        s->adapters = ad;
+    }
+    free(ad->path);
+    ad->path = strdup(dir);
+    ad->created = time(NULL);
+    pthread_mutex_unlock(&s->mu);
+    return CS_OK;
+}
+
+enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    const char *name = NULL, *path = NULL;
+    bool inplace = false;
+    if (!get_str(b, "lora_name", &name, &e) || !get_str(b, "lora_path", &path, &e) ||
+        !get_bool(b, "load_inplace", &inplace, &e))
+        return reply_err(c, &e);
+    if (!name || !path) return http_error(c, 400, name ? "lora_path" : "lora_name", "'lora_name' and 'lora_path' are required");
+    char err[1536], *real = NULL;
+    int st = lora_path_check(s, path, &real, err, sizeof err);
+    if (st) return http_error(c, (unsigned)st, "lora_path", "%s", err);
+    unsigned status = 200;
+    int rc = server_add_adapter(s, name, real, inplace, &status, err, sizeof err);
+    free(real);
+    if (rc) return http_error(c, status, "lora_path", "%s", err);
+    char msg[512];
+    snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' added successfully.", name);
+    return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), strlen(msg));
+}
+
+static enum MHD_Result unload_done(struct MHD_Connection *c, const char *name) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' removed successfully.", name);
+    return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), strlen(msg));
+}
+
+/* New requests for the adapter get 404 at once; the answer (and the removal) waits until
+ * the requests in flight on it have finished, without holding an HTTP thread. */
+enum MHD_Result api_unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    const char *name = NULL;
+    if (!get_str(b, "lora_name", &name, &e)) return reply_err(c, &e);
+    if (!name) return http_error(c, 400, "lora_name", "'lora_name' is required");
+    pthread_mutex_lock(&s->mu);
+    served_adapter_t *a = adapter_find(s, name);
+    if (!a || a->unloading) {
+        pthread_mutex_unlock(&s->mu);
+        return http_error(c, 404, "lora_name", "The lora adapter '%s' cannot be found.", name);
+    }
+    a->unloading = true;
+    if (a->in_flight == 0) {
+        lora_registry_remove(s->reg, name);
+        adapter_unlink(s, a);
+        pthread_mutex_unlock(&s->mu);
+        enum MHD_Result r = unload_done(c, name);
+        adapter_free(a);
+        return r;
+    }
+    struct MHD_Connection **w = realloc(a->waiters, sizeof *w * (size_t)(a->n_waiters + 1));
+    cn->unload_name = strdup(name);
+    if (!w || !cn->unload_name) {
+        if (w) a->waiters = w;
+        pthread_mutex_unlock(&s->mu);
+        return http_error(c, 500, NULL, "out of memory");
+    }
+    a->waiters = w;
+    a->waiters[a->n_waiters++] = c;
+    cn->unload_waiting = true;
+    s->n_unload_waiting++;
+    MHD_suspend_connection(c); /* under s->mu: the last unpin resumes it only after this */
+    pthread_mutex_unlock(&s->mu);
+    return MHD_YES;
+}
+
+enum MHD_Result api_unload_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
+    cn->unload_waiting = false;
+    pthread_mutex_lock(&s->mu);
+    s->n_unload_waiting--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return unload_done(c, cn->unload_name);
+}

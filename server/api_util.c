@@ -1,0 +1,90 @@
+/* api_util.c: the small helpers the endpoint files share (api_internal.h): request errors,
+ * JSON strings from bytes that may not be valid UTF-8, and the list of served adapters with
+ * the requests pinning them. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/api_internal.h"
+
+/* ---- errors ---- */
+bool fail(perr_t *e, unsigned status, const char *param, const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+enum MHD_Result reply_err(struct MHD_Connection *c, const perr_t *e) {
+    return http_error(c, e->status ? e->status : 400, e->param[0] ? e->param : NULL, "%s", e->msg);
+}
+
+/* ---- JSON strings ---- */
+/* The bytes as they are when they are valid UTF-8, else a character at a time, judged as
+ * jansson judges them (cs_utf8_next). */
+json_t *jstr(const char *s, size_t n) {
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    cs_buf_t b = {0};
+    int32_t cp;
+    for (size_t i = 0, k; i < n; i += k) {
+        k = cs_utf8_next(s + i, n - i, &cp, NULL);
+        if (k) {
+            cs_buf_add(&b, s + i, k);
+        } else {
+            cs_buf_add(&b, "\xEF\xBF\xBD", 3);
+            k = 1;
+        }
+    }
+    j = json_stringn(b.p ? b.p : "", b.len);
+    free(b.p);
+    return j;
+}
+
+/* ---- served adapters ---- */
+served_adapter_t *adapter_find(server_t *s, const char *name) {
+    for (served_adapter_t *a = s->adapters; a; a = a->next)
+        if (!strcmp(a->name, name)) return a;
+    return NULL;
+}
+
+void adapter_unlink(server_t *s, served_adapter_t *a) {
+    served_adapter_t **pp = &s->adapters;
+    while (*pp != a) pp = &(*pp)->next;
+    *pp = a->next;
+}
+
+void adapter_free(served_adapter_t *a) {
+    free(a->name);
+    free(a->path);
+    free(a->waiters);
+    free(a);
+}
+
+/* The last in-flight request of an adapter being unloaded takes it away and wakes the
+ * unload requests waiting for that. */
+void adapter_unpin(server_t *s, served_adapter_t *a) {
+    if (!a) return;
+    served_adapter_t *gone = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (--a->in_flight == 0 && a->unloading) {
+        lora_registry_remove(s->reg, a->name);
+        adapter_unlink(s, a);
+        gone = a;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!gone) return;
+    for (int i = 0; i < gone->n_waiters; i++) MHD_resume_connection(gone->waiters[i]); /* suspended until now */
+    adapter_free(gone);
+}
+
+bool valid_adapter_name(const char *n) {
+    if (!n[0] || strlen(n) > 256) return false;
+    for (const char *p = n; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == '/') return false;
+    return true;
+}
