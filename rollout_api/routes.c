@@ -399,9 +399,9 @@ static json_t *kept_versions_json_ex(server_t *s, const char *name, bool detail,
     nv = CS_MIN(nv, lora_registry_versions(s->reg, name, vi, nv)); /* it may have changed meanwhile */
     for (int i = 0; i < nv; i++) {
         if (detail)
-            json_array_append_new(out, json_pack("{s:i, s:s, s:i, s:b}", "version", vi[i].version, "tier",
+            json_array_append_new(out, json_pack("{s:i, s:s, s:i, s:b, s:b}", "version", vi[i].version, "tier",
                                                  lora_state_name(vi[i].state), "inflight", vi[i].refs, "active",
-                                                 vi[i].active));
+                                                 vi[i].active, "on_device", vi[i].on_device));
         else
             json_array_append_new(out, json_integer(vi[i].version));
         if (loaded && vi[i].state == LORA_RESIDENT) json_array_append_new(loaded, json_integer(vi[i].version));

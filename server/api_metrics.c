@@ -49,7 +49,7 @@ int server_metrics_init(server_t *s) {
                                         "Prompt tokens computed (not taken from the prefix cache or a group's shared blocks).",
                                         NULL);
     m->lora_tier = metrics_gauge(m->reg, NAME("lora_adapters"),
-                                 "Adapters by tier: registered (served names), host (resident in memory), loading.", tier);
+                                 "Adapters by tier: registered (served names), host (resident in memory), loading, device (in a device slot).", tier);
     static const double LOAD_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
     m->lora_load = metrics_histogram(m->reg, NAME("lora_load_seconds"), "Adapter load time, disk to host memory.", NULL,
                                      LOAD_BUCKETS, (int)(sizeof LOAD_BUCKETS / sizeof LOAD_BUCKETS[0]));
@@ -103,6 +103,7 @@ enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
         metric_set(m->lora_tier, (const char *[]){"registered"}, ls.n_registered);
         metric_set(m->lora_tier, (const char *[]){"host"}, ls.n_resident);
         metric_set(m->lora_tier, (const char *[]){"loading"}, ls.n_loading);
+        metric_set(m->lora_tier, (const char *[]){"device"}, ls.n_device);
     }
     size_t len = 0;
     char *txt = metrics_render(m->reg, &len);

@@ -348,6 +348,9 @@ for k in ("caraserve_time_to_first_token_seconds_count{adapter=\"a1\"}", "carase
           "caraserve_lora_adapters{tier=\"registered\"}", "caraserve_lora_load_seconds_count"):
     if k not in vals:
         reflib.fail(f"/metrics lacks {k}:\n{txt}")
+dev_key = "caraserve_lora_adapters{tier=\"device\"}"
+if vals.get(dev_key, 0) < 2:  # a1 and a2 ran: their slots stay (no bound)
+    reflib.fail(f"/metrics: adapters in device slots {vals.get(dev_key)}:\n{txt}")
 if vals["caraserve_lora_load_seconds_count"] < 3 or vals["caraserve_prefix_cache_hits_total"] <= 0:
     reflib.fail(f"/metrics: loads {vals['caraserve_lora_load_seconds_count']}, prefix hits "
                 f"{vals['caraserve_prefix_cache_hits_total']}")
