@@ -4,6 +4,7 @@
  * been computed it forks into n sequences that share the prompt's full blocks (the
  * partial last block is copied), each with its own sampler seeded seed + i. */
 #include "engine/engine.h"
+#include "engine/sched.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -54,6 +55,8 @@ struct req {
     lora_registry_t *loras;     /* for the unpin in req_free */
     int adapter_version;
     bool adapter_ready;
+    bool lora_known;            /* lora_info holds the adapter's shape (lora_registry_info) */
+    lora_adapter_info_t lora_info;
     bool no_publish;            /* moved to a newer version mid-way (engine_follow_active): its
                                  * blocks mix versions, so none more go to the prefix cache */
     uint64_t root;              /* prefix hash chain root */
@@ -95,6 +98,12 @@ struct engine {
     int n_eos;
 
     seq_list_t waiting, running;
+    /* the policy's views of one step (engine/sched.h) and the sequences behind them */
+    sched_view_t *views;
+    seq_t **vseqs;
+    uint64_t *vids;             /* request ids of waiting views: a failure may free others */
+    int *perm;
+    int views_cap;
     req_t *reqs[REQ_BUCKETS];   /* engine-thread view of live requests */
     uint64_t admit_counter;
 
@@ -438,11 +447,99 @@ static void preempt(engine_t *e, seq_t *s) {
     e->st.preemptions++;
 }
 
-static seq_t *newest_running(engine_t *e) {
-    seq_t *best = NULL;
-    for (seq_t *s = e->running.head; s; s = s->next)
-        if (!best || s->admit_order > best->admit_order) best = s;
-    return best;
+/* ---- the policy's views (engine/sched.h) ---- */
+static void view_fill(engine_t *e, seq_t *s, sched_view_t *v) {
+    req_t *r = s->req;
+    if (r->adapter && !r->lora_known && e->p.loras)
+        r->lora_known = lora_registry_info(e->p.loras, r->adapter, r->p.adapter_version, &r->lora_info) == CS_OK;
+    *v = (sched_view_t){
+        .req_id = r->id, .index = s->index, .running = s->state == SEQ_RUNNING, .admitted_once = s->admitted_once,
+        .admit_order = s->admit_order, .t_submit_ms = r->t_submit, .slo_ttft_ms = r->p.slo_ttft_ms,
+        .slo_tpot_ms = r->p.slo_tpot_ms, .n_prompt = r->p.n_prompt, .n_tokens = s->n_tokens,
+        .n_computed = s->n_computed, .n_generated = s->n_generated, .max_tokens = r->p.max_tokens, .n = r->n,
+        .adapter = r->adapter, .lora_known = r->lora_known, .lora = r->lora_info,
+        .tier = !r->adapter ? SCHED_TIER_BASE : s->dref ? SCHED_TIER_DEVICE : r->lora ? SCHED_TIER_HOST
+                                                                                       : SCHED_TIER_UNKNOWN};
+}
+
+static bool views_reserve(engine_t *e, int n) {
+    if (n <= e->views_cap) return true;
+    int cap = CS_MAX(n, 2 * e->views_cap);
+    sched_view_t *v = realloc(e->views, sizeof *v * (size_t)cap);
+    if (v) e->views = v;
+    seq_t **q = realloc(e->vseqs, sizeof *q * (size_t)cap);
+    if (q) e->vseqs = q;
+    uint64_t *ids = realloc(e->vids, sizeof *ids * (size_t)cap);
+    if (ids) e->vids = ids;
+    int *pm = realloc(e->perm, sizeof *pm * (size_t)cap);
+    if (pm) e->perm = pm;
+    if (!v || !q || !ids || !pm) return false;
+    e->views_cap = cap;
+    return true;
+}
+
+/* views of the sequences of list L into e->views/vseqs/vids, numbered in list order */
+static int views_of(engine_t *e, const seq_list_t *l) {
+    CS_ASSERT(views_reserve(e, l->n)); /* a few dozen bytes per sequence */
+    int n = 0;
+    for (seq_t *s = l->head; s; s = s->next, n++) {
+        view_fill(e, s, &e->views[n]);
+        e->vseqs[n] = s;
+        e->vids[n] = s->req->id;
+    }
+    return n;
+}
+
+/* the permutation a policy hands back must be one: anything else is a bug in it */
+static void check_perm(const int *perm, int n, const char *what) {
+    unsigned char seen[512];
+    unsigned char *m = n <= (int)sizeof seen ? seen : calloc((size_t)n, 1);
+    CS_ASSERT(m);
+    memset(m, 0, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        if (perm[i] < 0 || perm[i] >= n || m[perm[i]]) {
+            fprintf(stderr, "caraserve: scheduling policy: %s is not a permutation of %d sequences\n", what, n);
+            abort();
+        }
+        m[perm[i]] = 1;
+    }
+    if (m != seen) free(m);
+}
+
+static int views_running(engine_t *e) {
+    int n = views_of(e, &e->running);
+    e->p.sched->iface->order_running(e->p.sched, e->views, n, e->perm);
+    check_perm(e->perm, n, "order_running");
+    return n;
+}
+
+static int views_waiting(engine_t *e) {
+    int n = views_of(e, &e->waiting);
+    e->p.sched->iface->order_waiting(e->p.sched, e->views, n, e->perm);
+    check_perm(e->perm, n, "order_waiting");
+    return n;
+}
+
+/* the running sequence the policy preempts (its own views: the caller's may be stale) */
+static seq_t *pick_victim(engine_t *e) {
+    sched_view_t *v = malloc(sizeof *v * (size_t)(e->running.n ? e->running.n : 1));
+    seq_t **q = malloc(sizeof *q * (size_t)(e->running.n ? e->running.n : 1));
+    CS_ASSERT(v && q);
+    int n = 0;
+    for (seq_t *s = e->running.head; s; s = s->next, n++) {
+        view_fill(e, s, &v[n]);
+        q[n] = s;
+    }
+    CS_ASSERT(n > 0);
+    int k = e->p.sched->iface->victim(e->p.sched, v, n);
+    if (k < 0 || k >= n) {
+        fprintf(stderr, "caraserve: scheduling policy: victim %d of %d running sequences\n", k, n);
+        abort();
+    }
+    seq_t *s = q[k];
+    free(v);
+    free(q);
+    return s;
 }
 
 /* ---- forking n samples ---- */
@@ -751,18 +848,21 @@ static int step(engine_t *e) {
         s = failed ? e->running.head : s->next; /* its request (and maybe s->next) is gone */
     }
 
-    /* 1. running sequences, oldest first: decode rows and continuing prefill chunks */
-    for (seq_t *s = e->running.head, *nx; s && budget > 0; s = nx) {
-        nx = s->next;
-        if (s->dwait) continue;
-        int chunk = CS_MIN(s->n_tokens - s->n_computed, budget);
+    /* 1. running sequences, in the policy's order: decode rows and continuing prefill
+     * chunks of the sizes it chooses; when the cache is short, it names the victim */
+    int nv = views_running(e);
+    for (int k = 0; k < nv && budget > 0; k++) {
+        seq_t *s = e->vseqs[e->perm[k]];
+        if (s->state != SEQ_RUNNING || s->dwait) continue; /* preempted as a victim meanwhile */
+        int max = CS_MIN(s->n_tokens - s->n_computed, budget);
+        if (max <= 0) continue;
+        if (wants_plp(s)) max = CS_MIN(max, PLP_MAX_CHUNK);
+        int chunk = CS_MIN(e->p.sched->iface->chunk(e->p.sched, &e->views[e->perm[k]], max), max);
         if (chunk <= 0) continue;
-        if (wants_plp(s)) chunk = CS_MIN(chunk, PLP_MAX_CHUNK);
         bool self_preempted = false;
         while (!seq_reserve(e, s, s->n_computed + chunk)) {
-            seq_t *victim = newest_running(e);
+            seq_t *victim = pick_victim(e);
             if (victim == s) { preempt(e, s); self_preempted = true; break; }
-            if (victim == nx) nx = victim->next;
             /* a victim already in this batch: drop it from the batch */
             for (int i = 0; i < nb; i++)
                 if (e->batch_seq[i] == victim) {
@@ -780,12 +880,15 @@ static int step(engine_t *e) {
         budget -= chunk;
     }
 
-    /* 2. waiting sequences in order, while the budget, the sequence cap and the cache allow
-     * (none after a preemption: the cache is short) */
+    /* 2. waiting sequences in the policy's order, while the budget, the sequence cap and the
+     * cache allow (none after a preemption: the cache is short) */
     int n_running = e->running.n;
-    for (seq_t *s = e->waiting.head, *nx; s && budget > 0 && !preempted; s = nx) {
-        nx = s->next;
-        req_t *r = s->req;
+    nv = preempted ? 0 : views_waiting(e);
+    for (int k = 0; k < nv && budget > 0; k++) {
+        int vi = e->perm[k];
+        req_t *r = req_table_find(e, e->vids[vi]); /* a failure below frees its request's sequences */
+        seq_t *s = r ? e->vseqs[vi] : NULL;
+        if (!s || s->state != SEQ_WAITING) continue;
         int want = r->forked ? 1 : r->n;
         if (n_running + want > e->p.max_num_seqs) break;
         if (pause == ENGINE_PAUSE_NO_ADMIT && !s->admitted_once) continue; /* only preempted ones come back */
@@ -799,20 +902,26 @@ static int step(engine_t *e) {
         }
         bool first = !s->admitted_once;
         seq_match_prefix(e, s);
-        int chunk = CS_MIN(s->n_tokens - s->n_computed, budget);
-        if (wants_plp(s)) chunk = CS_MIN(chunk, PLP_MAX_CHUNK);
+        int max = CS_MIN(s->n_tokens - s->n_computed, budget);
+        if (wants_plp(s)) max = CS_MIN(max, PLP_MAX_CHUNK);
+        view_fill(e, s, &e->views[vi]); /* the prefix match changed what it has to compute */
+        int chunk = CS_MIN(e->p.sched->iface->chunk(e->p.sched, &e->views[vi], max), max);
+        if (chunk <= 0) {
+            seq_release_blocks(e, s);
+            continue;
+        }
         /* keep a little headroom for the running sequences' next tokens */
         int avail = kv_cache_n_available(e->kv);
         int need = (s->n_computed + chunk + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE - s->n_blocks;
         int watermark = e->running.n ? CS_MAX(1, kv_cache_n_blocks(e->kv) / 100) : 0;
         if (need + watermark > avail || !seq_reserve(e, s, s->n_computed + chunk)) {
             seq_release_blocks(e, s);   /* matched blocks go back to the cache */
+            if (e->p.sched->iface->pass_blocked(e->p.sched, &e->views[vi])) continue;
             break;
         }
         bool failed;
         if (!seq_device(e, s, &failed)) { /* every device slot runs other adapters: let others pass */
-            if (failed) nx = e->waiting.head; /* its request (and maybe nx) is gone */
-            else seq_release_blocks(e, s);
+            if (!failed) seq_release_blocks(e, s); /* failed: its request is gone */
             continue;
         }
         if (first) {
@@ -871,6 +980,7 @@ static int step(engine_t *e) {
     }
     int n_logits = 0, n_tok = 0;
     bool decode_only = true;
+    sched_step_t fb = {.n_seqs = nb};
     for (int i = 0; i < nb; i++) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i];
@@ -880,15 +990,28 @@ static int step(engine_t *e) {
                                           s->req->lora ? s->req->lora->adapter : NULL, nl, s->dslot};
         n_logits += nl;
         n_tok += c;
-        if (!(c == 1 && last && s->n_generated > 0)) decode_only = false;
+        bool decode = c == 1 && last && s->n_generated > 0;
+        if (!decode) decode_only = false;
+        if (decode) fb.decode_rows++;
+        else fb.prefill_tokens += c;
+        /* the batch is sorted by adapter: a new one starts where the adapter changes */
+        if (e->batch[i].lora && (i == 0 || e->batch[i - 1].lora != e->batch[i].lora)) {
+            int rank = s->req->lora_known ? s->req->lora_info.max_rank : 0;
+            fb.n_adapters++;
+            fb.rank_sum += rank;
+            fb.max_rank = CS_MAX(fb.max_rank, rank);
+        }
     }
-    size_t need = (size_t)n_logits * e->vocab;
+    /* at least one row: a batch of prefill chunks only wants none, and malloc(0) may be NULL
+     * (the engine's first step, a prompt longer than the token budget, failed on that) */
+    size_t need = (size_t)CS_MAX(n_logits, 1) * e->vocab;
     if (need > e->logits_cap) {
         free(e->logits);
         e->logits = malloc(sizeof(float) * need);
         e->logits_cap = e->logits ? need : 0;
     }
-    int rc = e->logits ? model_forward_batch(e->model, e->kv, e->batch, nb, e->logits) : CS_ENOMEM;
+    int rc = e->logits ? model_forward_batch(e->model, e->kv, e->batch, nb, e->logits)
+                       : cs_error_set(CS_ENOMEM, "out of memory for %d rows of logits", n_logits);
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "forward pass failed: %s", cs_error_last());
@@ -942,6 +1065,8 @@ static int step(engine_t *e) {
         }
     }
     double dt = now_ms() - t0;
+    fb.forward_ms = dt;
+    if (e->p.sched->iface->feedback) e->p.sched->iface->feedback(e->p.sched, &fb);
     e->st.steps++;
     e->st.busy_ms += dt;
     if (decode_only) {
@@ -1036,6 +1161,7 @@ void engine_wake(engine_t *e) { on_adapter_loaded(e); }
 int engine_new(const engine_params_t *p, engine_t **out) {
     *out = NULL;
     if (!p->model) return cs_error_set(CS_EINVAL, "engine: no model");
+    if (!p->sched) return cs_error_set(CS_EINVAL, "engine: no scheduling policy (engine_params_t.sched)");
     engine_t *e = calloc(1, sizeof *e);
     if (!e) return cs_error_set(CS_ENOMEM, "out of memory");
     e->p = *p;
@@ -1094,6 +1220,10 @@ void engine_free(engine_t *e) {
     free(e->batch);
     free(e->batch_seq);
     free(e->batch_chunk);
+    free(e->views);
+    free(e->vseqs);
+    free(e->vids);
+    free(e->perm);
     free(e->logits);
     free(e->aborts);
     free(e->lp_scratch);

@@ -29,6 +29,8 @@ typedef struct engine_params {
     bool no_prefix_caching;
     const int32_t *eos_ids;         /* NULL: the tokenizer's */
     int n_eos;
+    struct sched *sched;            /* the scheduling policy (engine/sched.h; sched/ makes them):
+                                     * required, the caller's, must outlive the engine */
 } engine_params_t;
 
 typedef enum engine_finish {
@@ -103,6 +105,7 @@ typedef struct engine_request {
     bool prompt_logprobs;           /* logprobs of the prompt tokens (echo); its prompt is
                                        then computed in full, not taken from the prefix cache */
     int prompt_top_logprobs;        /* 0..20 alternatives per prompt position */
+    double slo_ttft_ms, slo_tpot_ms; /* the request's latency SLOs (0: none): the policy sees them */
     engine_sink_fn sink;
     void *user;
 } engine_request_t;

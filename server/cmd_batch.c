@@ -15,6 +15,7 @@
 #include "cpu_kernels/cpu_backend.h"
 #include "server/setup.h"
 #include "engine/engine.h"
+#include "engine/sched.h"
 #include "lora/registry.h"
 #include "server/commands.h"
 
@@ -33,6 +34,7 @@ static void usage_batch(FILE *f) {
             "  --max-model-len N           context length (default: the model's, capped by the KV cache)\n"
             "  --max-cpu-loras N           adapters resident in host memory (default: unbounded)\n"
             "  --max-loras N               adapters in device slots at once (default: unbounded)\n"
+            "  --scheduler fcfs            the scheduling policy (default fcfs)\n"
             "  --lora-cache-bytes N        host memory for adapters, suffixes K M G (default: unbounded)\n"
             "  --no-prefix-caching         do not reuse KV blocks across requests\n"
             "  --sequential                run each request alone, one after the other\n"
@@ -328,6 +330,7 @@ int cmd_batch(int argc, char **argv) {
         {"max-model-len", required_argument, 0, 'L'},
         {"max-cpu-loras", required_argument, 0, 'c'},
         {"max-loras", required_argument, 0, 'X'},
+        {"scheduler", required_argument, 0, 'Y'},
         {"lora-cache-bytes", required_argument, 0, 'C'},
         {"no-prefix-caching", no_argument, 0, 'P'},
         {"sequential", no_argument, 0, 'Q'},
@@ -342,6 +345,7 @@ int cmd_batch(int argc, char **argv) {
     const char *model_dir = NULL, *req_path = NULL, *device = NULL;
     const char **lora_specs = calloc((size_t)argc + 1, sizeof(char *));
     int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0, max_loras = 0;
+    const char *scheduler = NULL;
     long long kv_bytes = 1LL << 30, lora_bytes = 0;
     bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     bool preload = false;
@@ -358,6 +362,7 @@ int cmd_batch(int argc, char **argv) {
         case 'L': if (parse_int_opt("--max-model-len", optarg, 2, &max_model_len)) goto usage_err; break;
         case 'c': if (parse_int_opt("--max-cpu-loras", optarg, 1, &max_cpu_loras)) goto usage_err; break;
         case 'X': if (parse_int_opt("--max-loras", optarg, 1, &max_loras)) goto usage_err; break;
+        case 'Y': scheduler = optarg; break;
         case 'k':
             kv_bytes = cs_parse_size(optarg, &ok);
             if (!ok || kv_bytes <= 0) { fprintf(stderr, "caraserve batch: --kv-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
@@ -395,6 +400,7 @@ int cmd_batch(int argc, char **argv) {
         }
 
     backend_t *be = NULL;
+    sched_t *sched = NULL;
     model_t *model = NULL;
     tokenizer_t *tok = NULL;
     lora_registry_t *reg = NULL;
@@ -439,7 +445,8 @@ int cmd_batch(int argc, char **argv) {
         if (rc) goto out;
     }
     const int32_t *eos = cfg->n_eos ? cfg->eos_token_ids : NULL;
-    engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg, .kv_cache_bytes = (size_t)kv_bytes,
+    if (!(sched = setup_scheduler(scheduler))) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg, .kv_cache_bytes = (size_t)kv_bytes, .sched = sched,
                           .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,
                           .max_model_len = max_model_len, .no_prefix_caching = no_prefix};
     if (!tok && eos) { ep.eos_ids = eos; ep.n_eos = cfg->n_eos; }
@@ -545,6 +552,7 @@ int cmd_batch(int argc, char **argv) {
         }
 out:
     engine_free(engine);
+    sched_free(sched);
     engine = NULL;
     for (int i = 0; i < n_jobs; i++) job_free(&jobs[i]);
     free(jobs);

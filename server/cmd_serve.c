@@ -18,6 +18,7 @@
 #include "server/setup.h"
 #include "lora/registry.h"
 #include "server/commands.h"
+#include "engine/sched.h"
 #include "server/server.h"
 
 /* SIGTERM/SIGINT reach whichever thread (OpenBLAS starts its own before main): the handler
@@ -79,6 +80,7 @@ static void usage_serve(FILE *f) {
             "  --max-cpu-loras N             adapters resident in host memory (default: unbounded)\n"
             "  --max-loras N                 adapters in device slots at once: the running batch's\n"
             "                                distinct adapters (default: unbounded)\n"
+            "  --scheduler fcfs              the scheduling policy (default fcfs)\n"
             "  --lora-cache-bytes N          host memory for adapters, suffixes K M G (default: unbounded)\n"
             "  --no-prefix-caching           do not reuse KV blocks across requests\n"
             "  --max-body-bytes N            largest request body, suffixes K M G (default 32M)\n"
@@ -98,7 +100,7 @@ enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
-    O_DEVICE, O_MAX_LORAS
+    O_DEVICE, O_MAX_LORAS, O_SCHEDULER
 };
 
 static const struct option OPTS[] = {
@@ -120,6 +122,7 @@ static const struct option OPTS[] = {
     {"max-model-len", required_argument, 0, O_MODEL_LEN},
     {"max-cpu-loras", required_argument, 0, O_CPU_LORAS},
     {"max-loras", required_argument, 0, O_MAX_LORAS},
+    {"scheduler", required_argument, 0, O_SCHEDULER},
     {"lora-cache-bytes", required_argument, 0, O_LORA_BYTES},
     {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
     {"max-body-bytes", required_argument, 0, O_BODY},
@@ -338,6 +341,10 @@ int cmd_serve(int argc, char **argv) {
         case O_MODEL_LEN: if (!parse_int("max-model-len", optarg, 2, 1 << 24, &cfg.max_model_len)) goto usage_err; break;
         case O_CPU_LORAS: if (!parse_int("max-cpu-loras", optarg, 0, 1 << 20, &cfg.max_cpu_loras)) goto usage_err; break;
         case O_MAX_LORAS: if (!parse_int("max-loras", optarg, 0, 1 << 20, &cfg.max_loras)) goto usage_err; break;
+        case O_SCHEDULER:
+            free(cfg.scheduler);
+            cfg.scheduler = strdup(optarg);
+            break;
         case O_LORA_BYTES:
             cfg.lora_cache_bytes = cs_parse_size(optarg, &ok);
             if (!ok) { fprintf(stderr, "caraserve serve: bad --lora-cache-bytes '%s'\n", optarg); goto usage_err; }
@@ -476,7 +483,8 @@ int cmd_serve(int argc, char **argv) {
         if (!avail) { fprintf(stderr, "caraserve serve: cannot read MemAvailable for --kv-cache-fraction\n"); goto out; }
         kv_bytes = (size_t)((double)avail * s->cfg.kv_cache_fraction);
     }
-    engine_params_t ep = {.model = s->model, .tokenizer = s->tok, .kv_cache_bytes = kv_bytes,
+    if (!(s->sched = setup_scheduler(s->cfg.scheduler))) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
+    engine_params_t ep = {.model = s->model, .tokenizer = s->tok, .kv_cache_bytes = kv_bytes, .sched = s->sched,
                           .max_num_seqs = s->cfg.max_num_seqs, .max_num_batched_tokens = s->cfg.max_num_batched_tokens,
                           .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching};
     if (!s->tok && mc->n_eos) { ep.eos_ids = mc->eos_token_ids; ep.n_eos = mc->n_eos; }
@@ -556,6 +564,7 @@ out:
     s->engine = NULL;
     pthread_mutex_unlock(&s->mu);
     engine_free(dying);
+    sched_free(s->sched);
     lora_registry_free(s->reg);
     chat_template_free(s->tmpl);
     tokenizer_free(s->tok);
@@ -602,6 +611,7 @@ out_words:
     free(cfg.metrics_prefix);
     free(cfg.adapter_upload_dir);
     free(cfg.device);
+    free(cfg.scheduler);
     for (int i = 0; i < cfg.n_lora_modules; i++) free(cfg.lora_modules[i]);
     free(cfg.lora_modules);
     for (int i = 0; i < cfg.n_lora_roots; i++) free(cfg.lora_roots[i]);

@@ -36,6 +36,7 @@ typedef struct serve_config {
     double kv_cache_fraction;
     int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
     int max_loras;                  /* adapters in device slots at once (0: unbounded) */
+    char *scheduler;                /* --scheduler: NULL or "fcfs" */
     long long lora_cache_bytes;
     long long max_body_bytes;
     long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */
@@ -79,6 +80,7 @@ typedef struct server {
     model_t *model;
     tokenizer_t *tok;
     lora_registry_t *reg;
+    struct sched *sched;            /* the engine's scheduling policy */
     engine_t *engine;
     chat_template_t *tmpl;          /* NULL: the model has no chat template */
     bool tmpl_wants_parts;          /* the template reads content parts (['type']) */

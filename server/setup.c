@@ -1,5 +1,6 @@
 /* setup.c: see setup.h. */
 #include "server/setup.h"
+#include "sched/fcfs.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,4 +68,14 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
 void setup_backend_describe(const backend_t *be, char *buf, size_t len) {
     snprintf(buf, len, "%s%s (%s kernels, %d threads)", backend_is_strict_device(be) ? "strict test device" : "",
              backend_is_strict_device(be) ? "" : backend_name(be), cpu_backend_path(be), be->n_threads);
+}
+
+sched_t *setup_scheduler(const char *name) {
+    if (!name || !strcmp(name, "fcfs")) {
+        sched_t *s = sched_fcfs_new();
+        if (!s) cs_error_set(CS_ENOMEM, "out of memory");
+        return s;
+    }
+    cs_error_set(CS_EINVAL, "--scheduler %s: the policies are: fcfs", name);
+    return NULL;
 }

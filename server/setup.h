@@ -20,4 +20,8 @@ backend_t *setup_backend(const setup_backend_opts_t *o);
 /* "cpu (avx512, 2 threads)", "strict test device (...)": for --stats and start-up lines */
 void setup_backend_describe(const backend_t *be, char *buf, size_t len);
 
+/* The scheduling policy NAME names (NULL: the default, fcfs); NULL with a message for an
+ * unknown one. Free with sched_free after the engine. */
+struct sched *setup_scheduler(const char *name);
+
 #endif

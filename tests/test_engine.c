@@ -14,11 +14,14 @@
 
 #include "cpu_kernels/cpu_backend.h"
 #include "engine/engine.h"
+#include "engine/sched.h"
+#include "sched/fcfs.h"
 
 static char dir[] = "/tmp/cs_test_engine_XXXXXX";
 static char model_dir[512], adapter_dir[512];
 static backend_t *be;
 static model_t *model;
+static sched_t *fcfs;
 
 typedef struct rec {
     int tokens[8];      /* per sample */
@@ -68,7 +71,7 @@ START_TEST(loading_adapter_does_not_block) {
     lora_registry_params_t lp = {.cfg = model_get_config(model), .on_loaded = wake, .user = &e};
     ck_assert_int_eq(lora_registry_new(&lp, &reg), CS_OK);
     ck_assert_int_eq(lora_registry_add(reg, "a", adapter_dir, NULL), CS_OK);
-    engine_params_t ep = {.model = model, .loras = reg, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
+    engine_params_t ep = {.sched = fcfs, .model = model, .loras = reg, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
     int32_t p[5] = {3, 4, 5, 6, 7};
     rec_t ra = {0}, rb = {0};
@@ -93,7 +96,7 @@ END_TEST
 
 START_TEST(abort_within_one_iteration) {
     engine_t *e;
-    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(512)};
+    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(512)};
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
     int32_t p[40];
     for (int i = 0; i < 40; i++) p[i] = 3 + i;
@@ -126,7 +129,7 @@ END_TEST
 
 START_TEST(preemption_no_leak) {
     engine_t *e;
-    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(160), .max_model_len = 160};
+    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(160), .max_model_len = 160};
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
     enum { N = 6 };
     int32_t p[N][60];
@@ -162,7 +165,7 @@ END_TEST
 /* n samples share the prompt's full blocks; only the partial last block is copied */
 START_TEST(samples_share_prompt_blocks) {
     engine_t *e;
-    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
+    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
     int32_t p[40];
     for (int i = 0; i < 40; i++) p[i] = 3 + i;
@@ -187,7 +190,7 @@ END_TEST
 
 START_TEST(submit_validation) {
     engine_t *e;
-    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(64), .max_num_seqs = 4};
+    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(64), .max_num_seqs = 4};
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
     ck_assert_int_eq(engine_max_model_len(e), 64);
     int32_t p[70] = {0};
@@ -251,7 +254,7 @@ static int trec_done(trec_t *r) {
 
 START_TEST(engine_thread) {
     engine_t *e;
-    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
+    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
     ck_assert_int_eq(engine_start(e), CS_OK);
     int32_t p[8] = {3, 4, 5, 6, 7, 8, 9, 10};
@@ -325,7 +328,7 @@ START_TEST(prompt_logprobs) {
     model_seq_t *ms = model_seq_new(model, 512);
     ck_assert_int_eq(model_forward(model, ms, p, N, NULL, ref, true), CS_OK);
     engine_t *e = NULL;
-    engine_params_t ep = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(2048)};
+    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(2048)};
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
     for (int round = 0; round < 3; round++) {
         plp_rec_t r = {0};
@@ -372,9 +375,94 @@ static void setup_files(void) {
     if (system(cmd) != 0) { fprintf(stderr, "test_engine: %s failed\n", cmd); exit(1); }
 }
 
+
+/* ---- the policy seam: the engine obeys what a policy decides ---- */
+static int lifo_steps, lifo_prefill, lifo_decode, lifo_seqs_max;
+static void lifo_running(sched_t *s, const sched_view_t *v, int n, int *perm) {
+    (void)s; (void)v;
+    for (int i = 0; i < n; i++) perm[i] = i;
+}
+static void lifo_waiting(sched_t *s, const sched_view_t *v, int n, int *perm) { /* newest first */
+    (void)s;
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = 1; i < n; i++) /* by submission time, latest first (ids break ties) */
+        for (int j = i; j > 0 && (v[perm[j]].req_id > v[perm[j - 1]].req_id); j--) {
+            int t = perm[j]; perm[j] = perm[j - 1]; perm[j - 1] = t;
+        }
+}
+static int lifo_chunk(sched_t *s, const sched_view_t *v, int max) { (void)s; (void)v; return CS_MIN(max, 4); }
+static bool lifo_pass(sched_t *s, const sched_view_t *v) { (void)s; (void)v; return true; }
+static int lifo_victim(sched_t *s, const sched_view_t *v, int n) { (void)s; (void)v; (void)n; return 0; }
+static void lifo_feedback(sched_t *s, const sched_step_t *st) {
+    (void)s;
+    lifo_steps++;
+    lifo_prefill += st->prefill_tokens;
+    lifo_decode += st->decode_rows;
+    lifo_seqs_max = CS_MAX(lifo_seqs_max, st->n_seqs);
+    ck_assert(st->forward_ms >= 0);
+}
+static void lifo_free(sched_t *s) { (void)s; }
+static const struct sched_i lifo_iface = {"lifo", lifo_running, lifo_waiting, lifo_chunk, lifo_pass, lifo_victim,
+                                          lifo_feedback, lifo_free};
+
+START_TEST(policy_decides) {
+    engine_t *e = NULL;
+    engine_params_t ep0 = {.model = model, .kv_cache_bytes = kv_bytes_for_tokens(512)};
+    ck_assert_int_eq(engine_new(&ep0, &e), CS_EINVAL); /* no policy: refused */
+    sched_t lifo = {&lifo_iface, NULL};
+    engine_params_t ep = {.sched = &lifo, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(512), .max_num_seqs = 1};
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    int32_t p[3][10];
+    rec_t r[3];
+    memset(r, 0, sizeof r);
+    uint64_t id[3];
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < 10; i++) p[k][i] = 3 + 10 * k + i;
+        engine_request_t q = req(p[k], 10, 2, &r[k]);
+        ck_assert_int_eq(engine_submit(e, &q, &id[k]), CS_OK);
+    }
+    /* one sequence at a time, the newest first, 4 tokens per step: the third request's
+     * prompt takes 3 steps (4 + 4 + 2) and gives its first token; the others wait */
+    for (int i = 0; i < 3; i++) ck_assert_int_gt(engine_step(e), 0);
+    ck_assert_int_eq(r[2].tokens[0], 1);
+    ck_assert_int_eq(r[0].tokens[0] + r[1].tokens[0], 0);
+    ck_assert_int_eq(lifo_prefill, 10);
+    ck_assert_int_eq(lifo_steps, 3);
+    while (r[0].done + r[1].done + r[2].done < 3) ck_assert_int_ge(engine_step(e), 0);
+    ck_assert_int_eq(lifo_seqs_max, 1);
+    ck_assert_int_eq(lifo_prefill, 30);
+    ck_assert_int_eq(lifo_decode, 3); /* the second token of each */
+    for (int k = 0; k < 3; k++) {
+        ck_assert_int_eq(r[k].tokens[0], 2);
+        ck_assert_int_eq(r[k].last[0], ENGINE_FINISH_LENGTH);
+    }
+    engine_free(e);
+}
+END_TEST
+
+/* the engine's very first step runs only part of a prompt (no logits wanted): it used to
+ * fail the request ("forward pass failed") when the logits buffer was still empty */
+START_TEST(first_step_prefill_chunk) {
+    engine_t *e = NULL;
+    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(512),
+                          .max_num_batched_tokens = 8};
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    int32_t p[20];
+    for (int i = 0; i < 20; i++) p[i] = 5 + i;
+    rec_t r = {0};
+    engine_request_t q = req(p, 20, 3, &r);
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_OK);
+    while (!r.done) ck_assert_int_gt(engine_step(e), 0);
+    ck_assert_int_eq(r.last[0], ENGINE_FINISH_LENGTH);
+    ck_assert_int_eq(r.tokens[0], 3);
+    engine_free(e);
+}
+END_TEST
+
 int main(void) {
     setup_files();
     be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
+    fcfs = sched_fcfs_new();
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "test_engine: %s\n", cs_error_last()); return 1; }
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("core");
@@ -385,6 +473,8 @@ int main(void) {
     tcase_add_test(tc, submit_validation);
     tcase_add_test(tc, engine_thread);
     tcase_add_test(tc, prompt_logprobs);
+    tcase_add_test(tc, policy_decides);
+    tcase_add_test(tc, first_step_prefill_chunk);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
@@ -392,6 +482,7 @@ int main(void) {
     int nf = srunner_ntests_failed(sr);
     srunner_free(sr);
     model_free(model);
+    sched_free(fcfs);
     backend_free(be);
     sampling_scratch_free();
     char cmd[600];
