@@ -994,6 +994,7 @@ static int step(engine_t *e) {
         if (!decode) decode_only = false;
         if (decode) fb.decode_rows++;
         else fb.prefill_tokens += c;
+        if (e->batch[i].lora && s->req->lora_known) fb.row_rank_sum += (long)c * s->req->lora_info.max_rank;
         /* the batch is sorted by adapter: a new one starts where the adapter changes */
         if (e->batch[i].lora && (i == 0 || e->batch[i - 1].lora != e->batch[i].lora)) {
             int rank = s->req->lora_known ? s->req->lora_info.max_rank : 0;

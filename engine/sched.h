@@ -56,6 +56,7 @@ typedef struct sched_step {
     int n_adapters;         /* distinct adapters in the batch */
     long rank_sum;          /* Σ over them of their max rank */
     int max_rank;
+    long row_rank_sum;      /* Σ over the batch's rows of their adapter's max rank (0: base) */
     double forward_ms;      /* the step's measured time */
 } sched_step_t;
 

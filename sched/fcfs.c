@@ -3,7 +3,16 @@
  * identity permutation is that order. */
 #include <stdlib.h>
 
+#include "sched/cost.h"
 #include "sched/fcfs.h"
+
+#define REFIT_EVERY 32
+
+typedef struct fcfs {
+    sched_t s;              /* first: a sched_t * is a fcfs_t * */
+    cost_model_t *cost;
+    long steps;
+} fcfs_t;
 
 static void identity(sched_t *s, const sched_view_t *v, int n, int *perm) {
     (void)s;
@@ -32,6 +41,14 @@ static int newest(sched_t *s, const sched_view_t *v, int n) {
     return best;
 }
 
+/* the cost model learns from every step */
+static void learn(sched_t *s, const sched_step_t *st) {
+    fcfs_t *f = (fcfs_t *)s;
+    if (!f->cost) return;
+    cost_model_observe(f->cost, st);
+    if (++f->steps % REFIT_EVERY == 0) cost_model_fit(f->cost); /* CS_EAGAIN early on: fine */
+}
+
 static void fcfs_free(sched_t *s) { free(s); }
 
 static const struct sched_i fcfs_iface = {
@@ -41,12 +58,14 @@ static const struct sched_i fcfs_iface = {
     .chunk = chunk_all,
     .pass_blocked = head_of_line,
     .victim = newest,
-    .feedback = NULL,
+    .feedback = learn,
     .free = fcfs_free,
 };
 
-sched_t *sched_fcfs_new(void) {
-    sched_t *s = calloc(1, sizeof *s);
-    if (s) s->iface = &fcfs_iface;
-    return s;
+sched_t *sched_fcfs_new(struct cost_model *cost) {
+    fcfs_t *f = calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->s.iface = &fcfs_iface;
+    f->cost = cost;
+    return &f->s;
 }

@@ -8,7 +8,11 @@
 
 #include "engine/sched.h"
 
-/* NULL when out of memory; free with sched_free */
-sched_t *sched_fcfs_new(void);
+struct cost_model;
+
+/* COST (optional, the caller's; it must outlive the policy) learns from every step's
+ * feedback and is refitted every 32 steps, whatever the policy (sched/cost.h). NULL when
+ * out of memory; free with sched_free. */
+sched_t *sched_fcfs_new(struct cost_model *cost);
 
 #endif

@@ -3,8 +3,10 @@
  * adapter registry's counters are cumulative there; a scrape adds what is new since the last
  * one. The families of generation requests are observed by the engine's sink (api_jobs.c)
  * and the rollout's taps (rollout_api/routes.c). */
+#include <math.h>
 #include <stdio.h>
 
+#include "sched/cost.h"
 #include "server/api_internal.h"
 
 static const double LAT_BUCKETS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -55,7 +57,16 @@ int server_metrics_init(server_t *s) {
                                      LOAD_BUCKETS, (int)(sizeof LOAD_BUCKETS / sizeof LOAD_BUCKETS[0]));
     m->lora_hits = metrics_counter(m->reg, NAME("lora_cache_hits_total"), "Adapter acquires that found it resident.", NULL);
     m->lora_misses = metrics_counter(m->reg, NAME("lora_cache_misses_total"), "Adapter acquires that started a load.", NULL);
+    const char *const term[] = {"term", NULL};
+    m->cost_r2 = metrics_gauge(m->reg, NAME("cost_model_r2"),
+                               "The iteration cost model's R² on the steps it was fitted on (0 before a fit).", NULL);
+    m->cost_err = metrics_gauge(m->reg, NAME("cost_model_heldout_error"),
+                                "Mean relative error of the cost model on held-out steps (every fifth).", NULL);
+    m->cost_coef = metrics_gauge(m->reg, NAME("cost_model_coefficient_seconds"),
+                                 "The cost model's seconds per unit of each term of an iteration.", term);
+    m->cost_steps = metrics_gauge(m->reg, NAME("cost_model_fitted_steps"), "Steps behind the cost model's fit.", NULL);
 #undef NAME
+    if (!m->cost_r2 || !m->cost_err || !m->cost_coef || !m->cost_steps) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     if (!m->ttft || !m->itl || !m->e2e || !m->queue || !m->prompt_tokens || !m->gen_tokens || !m->success ||
         !m->running || !m->waiting || !m->kv_usage || !m->prefix_queries || !m->prefix_hits || !m->preemptions ||
         !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->prefill_tokens)
@@ -104,6 +115,14 @@ enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
         metric_set(m->lora_tier, (const char *[]){"host"}, ls.n_resident);
         metric_set(m->lora_tier, (const char *[]){"loading"}, ls.n_loading);
         metric_set(m->lora_tier, (const char *[]){"device"}, ls.n_device);
+    }
+    if (s->cost) {
+        cost_fit_t cf;
+        cost_model_get(s->cost, &cf);
+        metric_set(m->cost_r2, NULL, cf.fitted ? cf.r2 : 0);
+        metric_set(m->cost_err, NULL, cf.fitted && isfinite(cf.heldout_mape) ? cf.heldout_mape : 0);
+        metric_set(m->cost_steps, NULL, (double)cf.n_fit);
+        for (int i = 0; i < COST_N_TERMS; i++) metric_set(m->cost_coef, (const char *[]){cost_term_names[i]}, cf.coef[i] / 1000);
     }
     size_t len = 0;
     char *txt = metrics_render(m->reg, &len);

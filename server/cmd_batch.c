@@ -16,6 +16,7 @@
 #include "server/setup.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "sched/cost.h"
 #include "lora/registry.h"
 #include "server/commands.h"
 
@@ -35,6 +36,7 @@ static void usage_batch(FILE *f) {
             "  --max-cpu-loras N           adapters resident in host memory (default: unbounded)\n"
             "  --max-loras N               adapters in device slots at once (default: unbounded)\n"
             "  --scheduler fcfs            the scheduling policy (default fcfs)\n"
+            "  --cost-model-out FILE       write the iteration cost model fitted on this run (JSON)\n"
             "  --lora-cache-bytes N        host memory for adapters, suffixes K M G (default: unbounded)\n"
             "  --no-prefix-caching         do not reuse KV blocks across requests\n"
             "  --sequential                run each request alone, one after the other\n"
@@ -331,6 +333,7 @@ int cmd_batch(int argc, char **argv) {
         {"max-cpu-loras", required_argument, 0, 'c'},
         {"max-loras", required_argument, 0, 'X'},
         {"scheduler", required_argument, 0, 'Y'},
+        {"cost-model-out", required_argument, 0, 'Z'},
         {"lora-cache-bytes", required_argument, 0, 'C'},
         {"no-prefix-caching", no_argument, 0, 'P'},
         {"sequential", no_argument, 0, 'Q'},
@@ -345,7 +348,7 @@ int cmd_batch(int argc, char **argv) {
     const char *model_dir = NULL, *req_path = NULL, *device = NULL;
     const char **lora_specs = calloc((size_t)argc + 1, sizeof(char *));
     int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0, max_loras = 0;
-    const char *scheduler = NULL;
+    const char *scheduler = NULL, *cost_out = NULL;
     long long kv_bytes = 1LL << 30, lora_bytes = 0;
     bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     bool preload = false;
@@ -363,6 +366,7 @@ int cmd_batch(int argc, char **argv) {
         case 'c': if (parse_int_opt("--max-cpu-loras", optarg, 1, &max_cpu_loras)) goto usage_err; break;
         case 'X': if (parse_int_opt("--max-loras", optarg, 1, &max_loras)) goto usage_err; break;
         case 'Y': scheduler = optarg; break;
+        case 'Z': cost_out = optarg; break;
         case 'k':
             kv_bytes = cs_parse_size(optarg, &ok);
             if (!ok || kv_bytes <= 0) { fprintf(stderr, "caraserve batch: --kv-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
@@ -401,6 +405,7 @@ int cmd_batch(int argc, char **argv) {
 
     backend_t *be = NULL;
     sched_t *sched = NULL;
+    cost_model_t *cost = NULL;
     model_t *model = NULL;
     tokenizer_t *tok = NULL;
     lora_registry_t *reg = NULL;
@@ -445,7 +450,7 @@ int cmd_batch(int argc, char **argv) {
         if (rc) goto out;
     }
     const int32_t *eos = cfg->n_eos ? cfg->eos_token_ids : NULL;
-    if (!(sched = setup_scheduler(scheduler))) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    if (!(cost = cost_model_new(1)) || !(sched = setup_scheduler(scheduler, cost))) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg, .kv_cache_bytes = (size_t)kv_bytes, .sched = sched,
                           .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,
                           .max_model_len = max_model_len, .no_prefix_caching = no_prefix};
@@ -516,7 +521,23 @@ int cmd_batch(int argc, char **argv) {
         free(s);
         json_decref(r);
     }
+    int cfit = cost_model_fit(cost); /* the whole run's steps */
+    if (cost_out) {
+        if (cfit) fprintf(stderr, "caraserve batch: --cost-model-out: %s\n", cs_error_last());
+        else if (cost_model_save(cost, cost_out)) fprintf(stderr, "caraserve batch: %s\n", cs_error_last());
+    }
     if (stats) {
+        char cm[640] = "null";
+        cost_fit_t cf;
+        cost_model_get(cost, &cf);
+        if (cf.fitted) {
+            int o = snprintf(cm, sizeof cm, "{\"r2\": %.6f, \"heldout_mape\": %.6f, \"n_fit\": %ld, \"n_heldout\": %ld, "
+                             "\"terms_ms\": {", cf.r2, isfinite(cf.heldout_mape) ? cf.heldout_mape : -1.0, cf.n_fit,
+                             cf.n_heldout);
+            for (int i = 0; i < COST_N_TERMS && o < (int)sizeof cm; i++)
+                o += snprintf(cm + o, sizeof cm - (size_t)o, "%s\"%s\": %.6g", i ? ", " : "", cost_term_names[i], cf.coef[i]);
+            if (o < (int)sizeof cm) snprintf(cm + o, sizeof cm - (size_t)o, "}}");
+        }
         engine_stats_t st;
         engine_get_stats(engine, &st);
         lora_registry_stats_t ls;
@@ -531,7 +552,8 @@ int cmd_batch(int argc, char **argv) {
                 "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"lora_device_uploads\": %llu, "
                 "\"lora_device_evictions\": %llu, \"lora_device_waits\": %llu, \"threads\": %d, \"backend\": {\"name\": \"%s\", "
                 "\"kernels\": \"%s\", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"d2d_bytes\": %llu, \"h2d_copies\": %llu, "
-                "\"d2h_copies\": %llu, \"d2d_copies\": %llu, \"batch_uploads\": %llu, \"allocated\": %zu}}\n",
+                "\"d2h_copies\": %llu, \"d2d_copies\": %llu, \"batch_uploads\": %llu, \"allocated\": %zu}, "
+                "\"scheduler\": \"%s\", \"cost_model\": %s}\n",
                 wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
                 (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
                 (unsigned long long)st.decode_only_tokens, (unsigned long long)st.preemptions,
@@ -542,7 +564,7 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)ls.device_waits, be->n_threads, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,
                 (unsigned long long)bs.d2h_bytes, (unsigned long long)bs.d2d_bytes, (unsigned long long)bs.h2d_copies,
                 (unsigned long long)bs.d2h_copies, (unsigned long long)bs.d2d_copies, (unsigned long long)bs.batch_uploads,
-                bs.allocated);
+                bs.allocated, sched_name(sched), cm);
     }
     status = 0;
     for (int i = 0; i < n_jobs; i++)
@@ -553,6 +575,7 @@ int cmd_batch(int argc, char **argv) {
 out:
     engine_free(engine);
     sched_free(sched);
+    cost_model_free(cost);
     engine = NULL;
     for (int i = 0; i < n_jobs; i++) job_free(&jobs[i]);
     free(jobs);

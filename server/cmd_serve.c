@@ -19,6 +19,7 @@
 #include "lora/registry.h"
 #include "server/commands.h"
 #include "engine/sched.h"
+#include "sched/cost.h"
 #include "server/server.h"
 
 /* SIGTERM/SIGINT reach whichever thread (OpenBLAS starts its own before main): the handler
@@ -81,6 +82,9 @@ static void usage_serve(FILE *f) {
             "  --max-loras N                 adapters in device slots at once: the running batch's\n"
             "                                distinct adapters (default: unbounded)\n"
             "  --scheduler fcfs              the scheduling policy (default fcfs)\n"
+            "  --cost-model FILE             start the iteration cost model from FILE (JSON, as\n"
+            "                                `caraserve batch --cost-model-out` writes); it keeps\n"
+            "                                learning from every step\n"
             "  --lora-cache-bytes N          host memory for adapters, suffixes K M G (default: unbounded)\n"
             "  --no-prefix-caching           do not reuse KV blocks across requests\n"
             "  --max-body-bytes N            largest request body, suffixes K M G (default 32M)\n"
@@ -96,11 +100,14 @@ static void usage_serve(FILE *f) {
             "  --device cpu|cuda             where the model runs (default cpu; cuda needs a CUDA build and a GPU)\n");
 }
 
+/* the serving cost model forgets slowly: a step 2,000 steps ago weighs 1/e */
+#define COST_FORGET_SERVE 0.9995
+
 enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
-    O_DEVICE, O_MAX_LORAS, O_SCHEDULER
+    O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL
 };
 
 static const struct option OPTS[] = {
@@ -123,6 +130,7 @@ static const struct option OPTS[] = {
     {"max-cpu-loras", required_argument, 0, O_CPU_LORAS},
     {"max-loras", required_argument, 0, O_MAX_LORAS},
     {"scheduler", required_argument, 0, O_SCHEDULER},
+    {"cost-model", required_argument, 0, O_COST_MODEL},
     {"lora-cache-bytes", required_argument, 0, O_LORA_BYTES},
     {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
     {"max-body-bytes", required_argument, 0, O_BODY},
@@ -343,7 +351,12 @@ int cmd_serve(int argc, char **argv) {
         case O_MAX_LORAS: if (!parse_int("max-loras", optarg, 0, 1 << 20, &cfg.max_loras)) goto usage_err; break;
         case O_SCHEDULER:
             free(cfg.scheduler);
+    free(cfg.cost_model);
             cfg.scheduler = strdup(optarg);
+            break;
+        case O_COST_MODEL:
+            free(cfg.cost_model);
+            cfg.cost_model = strdup(optarg);
             break;
         case O_LORA_BYTES:
             cfg.lora_cache_bytes = cs_parse_size(optarg, &ok);
@@ -483,7 +496,12 @@ int cmd_serve(int argc, char **argv) {
         if (!avail) { fprintf(stderr, "caraserve serve: cannot read MemAvailable for --kv-cache-fraction\n"); goto out; }
         kv_bytes = (size_t)((double)avail * s->cfg.kv_cache_fraction);
     }
-    if (!(s->sched = setup_scheduler(s->cfg.scheduler))) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
+    if (!(s->cost = cost_model_new(COST_FORGET_SERVE))) { fprintf(stderr, "caraserve serve: out of memory\n"); goto out; }
+    if (s->cfg.cost_model && cost_model_load(s->cost, s->cfg.cost_model)) {
+        fprintf(stderr, "caraserve serve: --cost-model: %s\n", cs_error_last());
+        goto out;
+    }
+    if (!(s->sched = setup_scheduler(s->cfg.scheduler, s->cost))) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     engine_params_t ep = {.model = s->model, .tokenizer = s->tok, .kv_cache_bytes = kv_bytes, .sched = s->sched,
                           .max_num_seqs = s->cfg.max_num_seqs, .max_num_batched_tokens = s->cfg.max_num_batched_tokens,
                           .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching};
@@ -565,6 +583,7 @@ out:
     pthread_mutex_unlock(&s->mu);
     engine_free(dying);
     sched_free(s->sched);
+    cost_model_free(s->cost);
     lora_registry_free(s->reg);
     chat_template_free(s->tmpl);
     tokenizer_free(s->tok);
@@ -612,6 +631,7 @@ out_words:
     free(cfg.adapter_upload_dir);
     free(cfg.device);
     free(cfg.scheduler);
+    free(cfg.cost_model);
     for (int i = 0; i < cfg.n_lora_modules; i++) free(cfg.lora_modules[i]);
     free(cfg.lora_modules);
     for (int i = 0; i < cfg.n_lora_roots; i++) free(cfg.lora_roots[i]);

@@ -37,6 +37,7 @@ typedef struct serve_config {
     int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
     int max_loras;                  /* adapters in device slots at once (0: unbounded) */
     char *scheduler;                /* --scheduler: NULL or "fcfs" */
+    char *cost_model;               /* --cost-model FILE */
     long long lora_cache_bytes;
     long long max_body_bytes;
     long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */
@@ -67,6 +68,7 @@ typedef struct server_metrics {
     metric_t *ttft, *itl, *e2e, *queue, *prompt_tokens, *gen_tokens, *success;
     metric_t *running, *waiting, *kv_usage, *prefix_queries, *prefix_hits, *preemptions;
     metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses, *prefill_tokens;
+    metric_t *cost_r2, *cost_err, *cost_coef, *cost_steps; /* the iteration cost model's fit */
     /* engine counters already reported (metrics are cumulative there) */
     pthread_mutex_t mu;
     uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;
@@ -81,6 +83,7 @@ typedef struct server {
     tokenizer_t *tok;
     lora_registry_t *reg;
     struct sched *sched;            /* the engine's scheduling policy */
+    struct cost_model *cost;        /* the iteration cost model it feeds (sched/cost.h) */
     engine_t *engine;
     chat_template_t *tmpl;          /* NULL: the model has no chat template */
     bool tmpl_wants_parts;          /* the template reads content parts (['type']) */

@@ -70,9 +70,9 @@ void setup_backend_describe(const backend_t *be, char *buf, size_t len) {
              backend_is_strict_device(be) ? "" : backend_name(be), cpu_backend_path(be), be->n_threads);
 }
 
-sched_t *setup_scheduler(const char *name) {
+sched_t *setup_scheduler(const char *name, struct cost_model *cost) {
     if (!name || !strcmp(name, "fcfs")) {
-        sched_t *s = sched_fcfs_new();
+        sched_t *s = sched_fcfs_new(cost);
         if (!s) cs_error_set(CS_ENOMEM, "out of memory");
         return s;
     }

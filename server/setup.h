@@ -20,8 +20,10 @@ backend_t *setup_backend(const setup_backend_opts_t *o);
 /* "cpu (avx512, 2 threads)", "strict test device (...)": for --stats and start-up lines */
 void setup_backend_describe(const backend_t *be, char *buf, size_t len);
 
-/* The scheduling policy NAME names (NULL: the default, fcfs); NULL with a message for an
- * unknown one. Free with sched_free after the engine. */
-struct sched *setup_scheduler(const char *name);
+/* The scheduling policy NAME names (NULL: the default, fcfs), with COST (sched/cost.h; may
+ * be NULL) learning from its steps; NULL with a message for an unknown one. Free with
+ * sched_free after the engine. */
+struct cost_model;
+struct sched *setup_scheduler(const char *name, struct cost_model *cost);
 
 #endif

@@ -462,7 +462,7 @@ END_TEST
 int main(void) {
     setup_files();
     be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
-    fcfs = sched_fcfs_new();
+    fcfs = sched_fcfs_new(NULL);
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "test_engine: %s\n", cs_error_last()); return 1; }
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("core");

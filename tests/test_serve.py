@@ -345,7 +345,8 @@ print("ok  /v1/models, /tokenize, /detokenize; load, load_inplace (new weights f
 txt, vals = srv.metrics()
 for k in ("caraserve_time_to_first_token_seconds_count{adapter=\"a1\"}", "caraserve_generation_tokens_total{adapter=\"a2\"}",
           "caraserve_num_requests_running", "caraserve_kv_cache_usage_perc", "caraserve_prefix_cache_queries_total",
-          "caraserve_lora_adapters{tier=\"registered\"}", "caraserve_lora_load_seconds_count"):
+          "caraserve_lora_adapters{tier=\"registered\"}", "caraserve_lora_load_seconds_count",
+          "caraserve_cost_model_r2", "caraserve_cost_model_coefficient_seconds{term=\"prefill_tokens\"}"):
     if k not in vals:
         reflib.fail(f"/metrics lacks {k}:\n{txt}")
 dev_key = "caraserve_lora_adapters{tier=\"device\"}"

@@ -1,0 +1,209 @@
+/* test_sched.c: the scheduling policies and the cost model, without an engine: the cost
+ * model recovers known coefficients from synthetic steps (with noise, a term that does not
+ * matter, a speed change it must follow), saves and loads; fcfs answers as the engine's
+ * old hard-coded policy did. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/rng.h"
+#include "sched/cost.h"
+#include "sched/fcfs.h"
+
+static cs_rng_t rng;
+
+static double gauss(void) { /* Box-Muller */
+    double u = cs_rng_uniform(&rng), v = cs_rng_uniform(&rng);
+    return sqrt(-2 * log(u > 1e-300 ? u : 1e-300)) * cos(2 * M_PI * v);
+}
+
+/* a random batch: prefill tokens, decode rows, up to 8 adapters of ranks {8,16,32,64} over
+ * its rows */
+static sched_step_t random_step(void) {
+    static const int ranks[4] = {8, 16, 32, 64};
+    sched_step_t st = {0};
+    st.prefill_tokens = cs_rng_uniform(&rng) < 0.4 ? 0 : (int)(cs_rng_uniform(&rng) * 512);
+    st.decode_rows = (int)(cs_rng_uniform(&rng) * 33);
+    int rows = st.prefill_tokens + st.decode_rows;
+    st.n_adapters = (int)(cs_rng_uniform(&rng) * 9);
+    if (rows == 0) { st.decode_rows = rows = 1; }
+    int left = rows;
+    for (int a = 0; a < st.n_adapters && left > 0; a++) {
+        int r = ranks[(int)(cs_rng_uniform(&rng) * 4)];
+        int n = a == st.n_adapters - 1 ? left : 1 + (int)(cs_rng_uniform(&rng) * left / 2);
+        left -= n;
+        st.rank_sum += r;
+        st.max_rank = CS_MAX(st.max_rank, r);
+        st.row_rank_sum += (long)n * r;
+    }
+    st.n_seqs = st.decode_rows + (st.prefill_tokens > 0);
+    return st;
+}
+
+static double true_ms(const double *c, const sched_step_t *st) {
+    double x[COST_N_TERMS];
+    cost_terms(st, x);
+    double t = 0;
+    for (int i = 0; i < COST_N_TERMS; i++) t += c[i] * x[i];
+    return t;
+}
+
+static void feed(cost_model_t *m, const double *c, int n, double noise) {
+    for (int k = 0; k < n; k++) {
+        sched_step_t st = random_step();
+        double t = true_ms(c, &st);
+        st.forward_ms = t * (1 + noise * gauss());
+        cost_model_observe(m, &st);
+    }
+}
+
+START_TEST(cost_recovers_coefficients) {
+    /* ms: fixed, per prefill token, per decode row, per adapter rank, per row x max rank, per row rank */
+    static const double c[COST_N_TERMS] = {2.0, 0.05, 0.3, 0.02, 0.001, 0.004};
+    cost_model_t *m = cost_model_new(1);
+    cs_error_clear();
+    ck_assert_int_eq(cost_model_fit(m), CS_EAGAIN);
+    feed(m, c, 4000, 0.01);
+    ck_assert_int_eq(cost_model_fit(m), CS_OK);
+    cost_fit_t f;
+    cost_model_get(m, &f);
+    for (int i = 0; i < COST_N_TERMS; i++) {
+        fprintf(stderr, "cost %-16s true %.4f fitted %.4f\n", cost_term_names[i], c[i], f.coef[i]);
+        ck_assert_msg(fabs(f.coef[i] - c[i]) <= 0.05 * c[i], "%s: %g, true %g", cost_term_names[i], f.coef[i], c[i]);
+    }
+    fprintf(stderr, "cost R² %.5f, held-out error %.4f over %ld steps (fit on %ld)\n", f.r2, f.heldout_mape, f.n_heldout,
+            f.n_fit);
+    ck_assert(f.r2 > 0.99);
+    ck_assert(f.heldout_mape < 0.02); /* 1% noise: the held-out error is about 0.8% */
+    ck_assert_int_eq(f.n_heldout, 256); /* every fifth step, the last 256 */
+    ck_assert_int_eq(f.n_fit, 3200);
+    sched_step_t st = random_step();
+    ck_assert(fabs(cost_model_predict(m, &st) - true_ms(c, &st)) < 0.03 * true_ms(c, &st));
+    cost_model_free(m);
+}
+END_TEST
+
+/* a term that costs nothing gets 0, never a negative coefficient; nothing learnt of a term
+ * never seen (no adapters at all): 0 */
+START_TEST(cost_nonnegative) {
+    static const double c[COST_N_TERMS] = {1.5, 0.04, 0.25, 0.0, 0.0, 0.006};
+    cost_model_t *m = cost_model_new(1);
+    feed(m, c, 3000, 0.02);
+    ck_assert_int_eq(cost_model_fit(m), CS_OK);
+    cost_fit_t f;
+    cost_model_get(m, &f);
+    for (int i = 0; i < COST_N_TERMS; i++) {
+        fprintf(stderr, "cost (zeros) %-16s true %.4f fitted %.5f\n", cost_term_names[i], c[i], f.coef[i]);
+        ck_assert(f.coef[i] >= 0);
+    }
+    ck_assert(f.coef[3] < 0.002 && f.coef[4] < 0.0002);
+    ck_assert(f.heldout_mape < 0.04);
+    cost_model_free(m);
+
+    m = cost_model_new(1); /* base model only */
+    for (int k = 0; k < 200; k++) {
+        sched_step_t st = {.prefill_tokens = k % 3 ? 0 : 64 + k, .decode_rows = 1 + k % 16};
+        st.forward_ms = 1.0 + 0.05 * st.prefill_tokens + 0.2 * st.decode_rows;
+        cost_model_observe(m, &st);
+    }
+    ck_assert_int_eq(cost_model_fit(m), CS_OK);
+    cost_model_get(m, &f);
+    ck_assert(fabs(f.coef[0] - 1.0) < 1e-6 && fabs(f.coef[1] - 0.05) < 1e-9 && fabs(f.coef[2] - 0.2) < 1e-8);
+    ck_assert(f.coef[3] == 0 && f.coef[4] == 0 && f.coef[5] == 0);
+    ck_assert(f.r2 > 0.999999);
+    cost_model_free(m);
+}
+END_TEST
+
+/* with forgetting, the model follows a machine that became twice as slow */
+START_TEST(cost_follows_drift) {
+    static const double c[COST_N_TERMS] = {2.0, 0.05, 0.3, 0.02, 0.001, 0.004};
+    double c2[COST_N_TERMS];
+    for (int i = 0; i < COST_N_TERMS; i++) c2[i] = 2 * c[i];
+    cost_model_t *m = cost_model_new(0.99), *still = cost_model_new(1);
+    feed(m, c, 2000, 0.01);
+    feed(m, c2, 1000, 0.01);
+    feed(still, c, 2000, 0.01);
+    feed(still, c2, 1000, 0.01);
+    ck_assert_int_eq(cost_model_fit(m), CS_OK);
+    ck_assert_int_eq(cost_model_fit(still), CS_OK);
+    double err = 0, err_still = 0;
+    for (int k = 0; k < 200; k++) {
+        sched_step_t st = random_step();
+        double t = true_ms(c2, &st);
+        err += fabs(cost_model_predict(m, &st) - t) / t;
+        err_still += fabs(cost_model_predict(still, &st) - t) / t;
+    }
+    fprintf(stderr, "cost after a 2x slow-down: forgetting %.4f, not %.4f mean error\n", err / 200, err_still / 200);
+    ck_assert(err / 200 < 0.03);
+    ck_assert(err_still / 200 > 0.1);
+    cost_model_free(m);
+    cost_model_free(still);
+}
+END_TEST
+
+START_TEST(cost_save_load) {
+    static const double c[COST_N_TERMS] = {2.0, 0.05, 0.3, 0.02, 0.001, 0.004};
+    cost_model_t *m = cost_model_new(1), *m2 = cost_model_new(1);
+    feed(m, c, 1000, 0.01);
+    ck_assert_int_eq(cost_model_fit(m), CS_OK);
+    char path[] = "/tmp/cs_cost_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(cost_model_save(m, path), CS_OK);
+    ck_assert_int_eq(cost_model_load(m2, path), CS_OK);
+    cost_fit_t a, b;
+    cost_model_get(m, &a);
+    cost_model_get(m2, &b);
+    for (int i = 0; i < COST_N_TERMS; i++) ck_assert(fabs(a.coef[i] - b.coef[i]) <= 1e-12 * (1 + fabs(a.coef[i])));
+    ck_assert_int_eq(a.n_fit, b.n_fit);
+    sched_step_t st = random_step();
+    ck_assert(fabs(cost_model_predict(m, &st) - cost_model_predict(m2, &st)) < 1e-9);
+    FILE *f = fopen(path, "w");
+    fputs("{\"terms\": {\"fixed\": -1}}", f);
+    fclose(f);
+    ck_assert_int_eq(cost_model_load(m2, path), CS_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(cs_error_last(), "terms.fixed"));
+    unlink(path);
+    cost_model_free(m);
+    cost_model_free(m2);
+}
+END_TEST
+
+/* fcfs: the queues in their order, whole chunks, head of line, the newest preempted */
+START_TEST(fcfs_policy) {
+    sched_t *s = sched_fcfs_new(NULL);
+    ck_assert_str_eq(sched_name(s), "fcfs");
+    sched_view_t v[4] = {{.admit_order = 3}, {.admit_order = 9}, {.admit_order = 1}, {.admit_order = 9}};
+    int perm[4];
+    s->iface->order_running(s, v, 4, perm);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(perm[i], i);
+    s->iface->order_waiting(s, v, 4, perm);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(perm[i], i);
+    ck_assert_int_eq(s->iface->chunk(s, &v[0], 77), 77);
+    ck_assert(!s->iface->pass_blocked(s, &v[0]));
+    ck_assert_int_eq(s->iface->victim(s, v, 4), 1); /* the first of the newest */
+    sched_free(s);
+}
+END_TEST
+
+int main(void) {
+    cs_rng_seed(&rng, 12345);
+    Suite *s = suite_create("sched");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, cost_recovers_coefficients);
+    tcase_add_test(tc, cost_nonnegative);
+    tcase_add_test(tc, cost_follows_drift);
+    tcase_add_test(tc, cost_save_load);
+    tcase_add_test(tc, fcfs_policy);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
