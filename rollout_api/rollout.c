@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "rollout_api/rollout.h"
+#include "sched/slo.h"
 
 typedef struct ro_sample {
     json_t *ids, *lps, *tops;   /* tops: per token [[id, logprob], ...] when top_k > 0 */
@@ -344,6 +345,9 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
         case 9: base.ignore_eos = json_is_true(v); break;
         }
     }
+    char serr[200];
+    if (sched_parse_slo(json_object_get(req, "slo"), &base.slo_ttft_ms, &base.slo_tpot_ms, serr, sizeof serr))
+        BAD(400, "slo", "%s", serr);
     const char *stops[64];
     json_t *stop = sp ? json_object_get(sp, "stop") : NULL;
     if (stop && !json_is_null(stop)) {

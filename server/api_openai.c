@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sched/slo.h"
 #include "server/api_internal.h"
 
 /* ---- optional fields: absent or null keeps the default ---- */
@@ -178,6 +179,9 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
         rq->stop_token_ids = o->stop_ids;
         rq->n_stop_token_ids = (int)json_array_size(sti);
     }
+    char serr[200];
+    if (sched_parse_slo(json_object_get(b, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms, serr, sizeof serr))
+        return fail(e, 400, "slo", "%s", serr);
     bool b1 = false;
     if (!get_bool(b, "ignore_eos", &b1, e)) return false;
     rq->ignore_eos = b1;

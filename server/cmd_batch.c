@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/sched.h"
 #include "sched/cost.h"
+#include "sched/slo.h"
 #include "lora/registry.h"
 #include "server/commands.h"
 
@@ -219,6 +220,7 @@ static int job_parse(job_t *j, const tokenizer_t *tok, char *err, size_t errlen)
         else { snprintf(err, errlen, "logprobs_mode must be \"raw\" or \"processed\""); return -1; }
     }
     if ((v = json_object_get(o, "ignore_eos"))) rq->ignore_eos = json_is_true(v);
+    if (sched_parse_slo(json_object_get(o, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms, err, errlen)) return -1;
     if ((v = json_object_get(o, "stop")) && !json_is_null(v)) {
         if (json_is_string(v)) {
             j->stops = calloc(1, sizeof(char *));

@@ -1,6 +1,7 @@
 /* setup.c: see setup.h. */
 #include "server/setup.h"
 #include "sched/fcfs.h"
+#include "sched/slo.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,13 @@ sched_t *setup_scheduler(const char *name, struct cost_model *cost) {
         if (!s) cs_error_set(CS_ENOMEM, "out of memory");
         return s;
     }
-    cs_error_set(CS_EINVAL, "--scheduler %s: the policies are: fcfs", name);
+    if (!strcmp(name, "slo")) {
+        if (!cost) {
+            cs_error_set(CS_EINVAL, "--scheduler slo needs the cost model");
+            return NULL;
+        }
+        return sched_slo_new(&(sched_slo_params_t){.cost = cost});
+    }
+    cs_error_set(CS_EINVAL, "--scheduler %s: the policies are fcfs and slo", name);
     return NULL;
 }

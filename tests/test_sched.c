@@ -12,6 +12,7 @@
 #include "engine/rng.h"
 #include "sched/cost.h"
 #include "sched/fcfs.h"
+#include "sched/slo.h"
 
 static cs_rng_t rng;
 
@@ -191,6 +192,131 @@ START_TEST(fcfs_policy) {
 }
 END_TEST
 
+
+/* ---- the slo policy on scripted queues ---- */
+static double fake_now;
+static double clock_of(void *u) { (void)u; return fake_now; }
+
+/* ms: fixed 2, prefill token 0.05, decode row 0.5, adapter rank 0.05 (a rank-64 adapter: 3.2) */
+static cost_model_t *priced(void) {
+    cost_model_t *m = cost_model_new(1);
+    cost_fit_t f = {.coef = {2.0, 0.05, 0.5, 0.05, 0, 0}, .r2 = 1};
+    cost_model_set(m, &f);
+    return m;
+}
+
+static sched_view_t decoding(uint64_t id, const char *adapter, int rank, double tpot) {
+    sched_view_t v = {.req_id = id, .running = true, .admitted_once = true, .admit_order = id, .n_prompt = 10,
+                      .n_tokens = 15, .n_computed = 14, .n_generated = 5, .max_tokens = 100, .n = 1,
+                      .adapter = adapter, .lora_known = adapter != NULL, .slo_tpot_ms = tpot};
+    v.lora.max_rank = rank;
+    v.tier = adapter ? SCHED_TIER_DEVICE : SCHED_TIER_BASE;
+    return v;
+}
+
+static sched_view_t waiting(uint64_t id, const char *adapter, int rank, int prompt, double t_submit) {
+    sched_view_t v = {.req_id = id, .n_prompt = prompt, .n_tokens = prompt, .max_tokens = 10, .n = 1,
+                      .t_submit_ms = t_submit, .adapter = adapter, .lora_known = adapter != NULL};
+    v.lora.max_rank = rank;
+    return v;
+}
+
+/* one iteration's protocol up to the waiting ones: the running views each take their chunk */
+static void run_iteration(sched_t *s, sched_view_t *run, int n) {
+    int perm[16];
+    s->iface->order_running(s, run, n, perm);
+    for (int k = 0; k < n; k++) ck_assert_int_eq(s->iface->chunk(s, &run[perm[k]], 1), 1);
+}
+
+START_TEST(slo_admits_what_fits) {
+    cost_model_t *m = priced();
+    fake_now = 100000;
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of});
+    ck_assert_str_eq(sched_name(s), "slo");
+    /* 8 base decode rows, the default SLO: 1.5 x (2 + 8 x 0.5) = 9 ms; they cost 6 */
+    sched_view_t run[8];
+    for (int i = 0; i < 8; i++) run[i] = decoding((uint64_t)i + 1, NULL, 0, 0);
+    run_iteration(s, run, 8);
+    sched_view_t w[3] = {waiting(20, "r64", 64, 20, fake_now), waiting(21, NULL, 0, 20, fake_now),
+                         waiting(22, NULL, 0, 1000, fake_now)};
+    /* the rank-64 adapter would cost 6 + 0.8 + 3.2 = 10 > 9 even at 16 tokens: not now */
+    ck_assert_int_eq(s->iface->chunk(s, &w[0], 20), 0);
+    /* the base request fits whole: 6 + 1 = 7 */
+    ck_assert_int_eq(s->iface->chunk(s, &w[1], 20), 20);
+    /* a long prompt is cut to what still fits: 7 + 0.05 c <= 9: c = 40 */
+    ck_assert_int_eq(s->iface->chunk(s, &w[2], 512), 40);
+    sched_free(s);
+
+    /* the same rank-64 request past its deadline + starve_ms: admitted whatever the cost, and
+     * nobody passes it while the cache cannot hold it */
+    s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .default_ttft_ms = 1000, .starve_ms = 500});
+    run_iteration(s, run, 8);
+    sched_view_t old = waiting(30, "r64", 64, 20, fake_now - 1501);
+    ck_assert_int_eq(s->iface->chunk(s, &old, 20), 20);
+    ck_assert(!s->iface->pass_blocked(s, &old));
+    sched_view_t young = waiting(31, "r64", 64, 20, fake_now - 1499); /* 1 ms short of starving */
+    ck_assert_int_eq(s->iface->chunk(s, &young, 20), 0);
+    sched_free(s);
+    cost_model_free(m);
+}
+END_TEST
+
+/* requests of an adapter already in the batch pay no new adapter term: they group */
+START_TEST(slo_groups_adapters) {
+    cost_model_t *m = priced();
+    fake_now = 5000;
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of});
+    /* 8 decode rows with an explicit 10 ms SLO, one on rank-64 adapter A: 2 + 4 + 3.2 = 9.2 */
+    sched_view_t run[8];
+    for (int i = 0; i < 8; i++) run[i] = decoding((uint64_t)i + 1, i == 0 ? "A" : NULL, 64, 10);
+    run_iteration(s, run, 8);
+    sched_view_t a = waiting(40, "A", 64, 16, fake_now), b = waiting(41, "B", 64, 16, fake_now);
+    ck_assert_int_eq(s->iface->chunk(s, &b, 16), 0);  /* 9.2 + 0.8 + 3.2 = 13.2 > 10 */
+    ck_assert_int_eq(s->iface->chunk(s, &a, 16), 16); /* 9.2 + 0.8 = 10.0 */
+    sched_free(s);
+    cost_model_free(m);
+}
+END_TEST
+
+/* admission by slack (the preempted first), preemption of the one with the most slack; and
+ * fcfs's order while the cost model has no fit */
+START_TEST(slo_order_and_victim) {
+    cost_model_t *m = priced();
+    fake_now = 50000;
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of});
+    run_iteration(s, NULL, 0);
+    sched_view_t w[4] = {waiting(1, NULL, 0, 10, fake_now - 100), waiting(2, NULL, 0, 10, fake_now - 50),
+                         waiting(3, NULL, 0, 10, fake_now - 10), waiting(4, NULL, 0, 10, fake_now - 5)};
+    w[1].slo_ttft_ms = 200;    /* deadline now + 150: the most urgent of the new ones */
+    w[3].admitted_once = true; /* preempted: first of all */
+    int perm[4];
+    s->iface->order_waiting(s, w, 4, perm);
+    ck_assert_int_eq(perm[0], 3);
+    ck_assert_int_eq(perm[1], 1);
+    ck_assert_int_eq(perm[2], 0); /* then by deadline: submitted earliest */
+    ck_assert_int_eq(perm[3], 2);
+    sched_view_t r[3] = {decoding(1, NULL, 0, 10), decoding(2, NULL, 0, 0), decoding(3, NULL, 0, 0)};
+    ck_assert_int_eq(s->iface->victim(s, r, 3), 2); /* no SLO of its own, admitted last */
+    r[2].slo_tpot_ms = 10;
+    ck_assert_int_eq(s->iface->victim(s, r, 3), 1);
+    sched_free(s);
+    cost_model_free(m);
+
+    cost_model_t *fresh = cost_model_new(1); /* no fit yet: fcfs */
+    s = sched_slo_new(&(sched_slo_params_t){.cost = fresh, .now_ms = clock_of});
+    run_iteration(s, NULL, 0);
+    s->iface->order_waiting(s, w, 4, perm);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(perm[i], i);
+    sched_view_t big = waiting(9, "r64", 64, 900, fake_now);
+    ck_assert_int_eq(s->iface->chunk(s, &big, 900), 900);
+    sched_free(s);
+    cost_model_free(fresh);
+    cs_error_clear();
+    ck_assert_ptr_null(sched_slo_new(&(sched_slo_params_t){0}));
+    ck_assert_ptr_nonnull(strstr(cs_error_last(), "cost model"));
+}
+END_TEST
+
 int main(void) {
     cs_rng_seed(&rng, 12345);
     Suite *s = suite_create("sched");
@@ -200,6 +326,9 @@ int main(void) {
     tcase_add_test(tc, cost_follows_drift);
     tcase_add_test(tc, cost_save_load);
     tcase_add_test(tc, fcfs_policy);
+    tcase_add_test(tc, slo_admits_what_fits);
+    tcase_add_test(tc, slo_groups_adapters);
+    tcase_add_test(tc, slo_order_and_victim);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
