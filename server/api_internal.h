@@ -53,6 +53,7 @@ typedef struct gen_choice {
     int n_tokens;
     const char *finish;
     double t_last;              /* last token (for inter-token latency) */
+    double t_first;             /* first token (for its TPOT against the request's SLO) */
 } gen_choice_t;
 
 typedef struct gen_part {       /* one prompt = one engine request */
@@ -86,6 +87,7 @@ struct gen_job {
     served_adapter_t *adapter;
     char *label;                    /* metrics label */
     double t_arrival;
+    double slo_ttft_ms, slo_tpot_ms; /* the request's own SLOs (0: none): counted in /metrics */
     cs_buf_t out;                   /* SSE bytes not yet sent */
     size_t out_off;
     bool finished;

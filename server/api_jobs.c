@@ -261,6 +261,30 @@ static unsigned status_of(int cs) {
     }
 }
 
+/* a request with SLOs of its own is over: did it meet them? (per adapter and rank) TTFT is
+ * arrival to first token; TPOT is each sample's (last - first) / (tokens - 1), the worst */
+static void slo_account(gen_job_t *j, gen_part_t *p, double now) {
+    server_t *s = j->srv;
+    server_metrics_t *m = &s->m;
+    bool met = p->first_token && !j->err_status;
+    double worst_tpot = 0, first = now;
+    for (int k = 0; k < j->n; k++) {
+        const gen_choice_t *c = &j->choices[p->index * j->n + k];
+        if (c->n_tokens == 0) continue;
+        first = CS_MIN(first, c->t_first);
+        if (c->n_tokens > 1) worst_tpot = CS_MAX(worst_tpot, (c->t_last - c->t_first) / (c->n_tokens - 1));
+    }
+    if (j->slo_ttft_ms > 0 && first - j->t_arrival > j->slo_ttft_ms) met = false;
+    if (j->slo_tpot_ms > 0 && worst_tpot > j->slo_tpot_ms) met = false;
+    char rank[16] = "0";
+    lora_adapter_info_t info;
+    if (j->adapter && s->reg && lora_registry_info(s->reg, j->adapter->name, 0, &info) == CS_OK)
+        snprintf(rank, sizeof rank, "%d", info.max_rank);
+    const char *lab[] = {j->label, rank};
+    metric_inc(m->slo_requests, lab, 1);
+    if (met) metric_inc(m->slo_met, lab, 1);
+}
+
 static void on_event(void *user, const engine_event_t *ev) {
     gen_part_t *p = user;
     gen_job_t *j = p->job;
@@ -300,6 +324,7 @@ static void on_event(void *user, const engine_event_t *ev) {
         } else if (c->t_last > 0) {
             metric_observe(m->itl, lab, (now - c->t_last) / 1000.0);
         }
+        if (c->n_tokens == 0) c->t_first = now;
         c->t_last = now;
         c->n_tokens++;
         j->completion_tokens++;
@@ -345,6 +370,7 @@ static void on_event(void *user, const engine_event_t *ev) {
         metric_inc(m->prompt_tokens, lab, p->n_prompt);
         const char *rl[] = {j->label, fin ? fin : "abort"};
         metric_inc(m->success, rl, 1);
+        if (j->slo_ttft_ms > 0 || j->slo_tpot_ms > 0) slo_account(j, p, now);
         if (j->n_done == j->n_parts) {
             if (j->stream) {
                 if (j->include_usage) {
@@ -407,6 +433,8 @@ enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen
         }
     perr_t e = {0};
     int k;
+    j->slo_ttft_ms = o->rq.slo_ttft_ms;
+    j->slo_tpot_ms = o->rq.slo_tpot_ms;
     for (k = 0; k < j->n_parts; k++) {
         gen_part_t *p = &j->parts[k];
         engine_request_t rq = o->rq;

@@ -65,7 +65,15 @@ int server_metrics_init(server_t *s) {
     m->cost_coef = metrics_gauge(m->reg, NAME("cost_model_coefficient_seconds"),
                                  "The cost model's seconds per unit of each term of an iteration.", term);
     m->cost_steps = metrics_gauge(m->reg, NAME("cost_model_fitted_steps"), "Steps behind the cost model's fit.", NULL);
+    const char *const adapter_rank[] = {"adapter", "rank", NULL};
+    m->slo_requests = metrics_counter(m->reg, NAME("slo_requests_total"),
+                                      "Requests with an SLO of their own (slo.ttft_ms / slo.tpot_ms), by adapter and rank.",
+                                      adapter_rank);
+    m->slo_met = metrics_counter(m->reg, NAME("slo_attained_total"),
+                                 "Of those, the requests that met every bound they set (TTFT; worst sample's TPOT).",
+                                 adapter_rank);
 #undef NAME
+    if (!m->slo_requests || !m->slo_met) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     if (!m->cost_r2 || !m->cost_err || !m->cost_coef || !m->cost_steps) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     if (!m->ttft || !m->itl || !m->e2e || !m->queue || !m->prompt_tokens || !m->gen_tokens || !m->success ||
         !m->running || !m->waiting || !m->kv_usage || !m->prefix_queries || !m->prefix_hits || !m->preemptions ||

@@ -69,6 +69,7 @@ typedef struct server_metrics {
     metric_t *running, *waiting, *kv_usage, *prefix_queries, *prefix_hits, *preemptions;
     metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses, *prefill_tokens;
     metric_t *cost_r2, *cost_err, *cost_coef, *cost_steps; /* the iteration cost model's fit */
+    metric_t *slo_requests, *slo_met; /* requests with SLOs of their own, and those that met them */
     /* engine counters already reported (metrics are cumulative there) */
     pthread_mutex_t mu;
     uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;

@@ -342,7 +342,19 @@ if st != 404 or "error" not in body:
     reflib.fail(f"a request for an unloaded adapter: {st} {body}")
 print("ok  /v1/models, /tokenize, /detokenize; load, load_inplace (new weights for new requests), unload")
 
+# requests with SLOs of their own are counted, and whether they met them: one surely met, one
+# whose TPOT bound no two tokens can meet
+for slo in ({"ttft_ms": 600000, "tpot_ms": 600000}, {"tpot_ms": 1e-6}):
+    st, body, _ = srv.request("POST", "/v1/completions", {"model": "a1", "prompt": PROMPT, "max_tokens": 4,
+                                                          "ignore_eos": True, "slo": slo}, headers=AUTH)
+    if st != 200:
+        reflib.fail(f"a request with slo {slo}: {st} {body}")
 txt, vals = srv.metrics()
+slo_req = 'caraserve_slo_requests_total{adapter="a1",rank="8"}'
+slo_met = 'caraserve_slo_attained_total{adapter="a1",rank="8"}'
+if vals.get(slo_req) != 2 or vals.get(slo_met) != 1:
+    reflib.fail(f"/metrics: SLO requests {vals.get(slo_req)}, attained {vals.get(slo_met)} (want 2 and 1):\n{txt}")
+print("ok  requests with an slo are counted by adapter and rank, and whether they met it")
 for k in ("caraserve_time_to_first_token_seconds_count{adapter=\"a1\"}", "caraserve_generation_tokens_total{adapter=\"a2\"}",
           "caraserve_num_requests_running", "caraserve_kv_cache_usage_perc", "caraserve_prefix_cache_queries_total",
           "caraserve_lora_adapters{tier=\"registered\"}", "caraserve_lora_load_seconds_count",
