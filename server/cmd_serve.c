@@ -85,6 +85,8 @@ static void usage_serve(FILE *f) {
             "  --cost-model FILE             start the iteration cost model from FILE (JSON, as\n"
             "                                `caraserve batch --cost-model-out` writes); it keeps\n"
             "                                learning from every step\n"
+            "  --profile-cost-model S        before serving, teach the cost model for about S seconds\n"
+            "                                on synthetic batches (sizes, prompts, the adapters' ranks)\n"
             "  --lora-cache-bytes N          host memory for adapters, suffixes K M G (default: unbounded)\n"
             "  --no-prefix-caching           do not reuse KV blocks across requests\n"
             "  --max-body-bytes N            largest request body, suffixes K M G (default 32M)\n"
@@ -107,7 +109,7 @@ enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
-    O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL
+    O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE
 };
 
 static const struct option OPTS[] = {
@@ -131,6 +133,7 @@ static const struct option OPTS[] = {
     {"max-loras", required_argument, 0, O_MAX_LORAS},
     {"scheduler", required_argument, 0, O_SCHEDULER},
     {"cost-model", required_argument, 0, O_COST_MODEL},
+    {"profile-cost-model", required_argument, 0, O_PROFILE},
     {"lora-cache-bytes", required_argument, 0, O_LORA_BYTES},
     {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
     {"max-body-bytes", required_argument, 0, O_BODY},
@@ -267,6 +270,18 @@ static char *template_source(const char *model_dir, const char *override, json_t
     return src;
 }
 
+static bool parse_double(const char *name, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "caraserve serve: --%s must be a number from %g to %g, got '%s'\n", name, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
 static bool parse_lora_module(const char *spec, char **name, char **dir) {
     *name = *dir = NULL;
     if (spec[0] == '{') {
@@ -358,6 +373,7 @@ int cmd_serve(int argc, char **argv) {
             free(cfg.cost_model);
             cfg.cost_model = strdup(optarg);
             break;
+        case O_PROFILE: if (!parse_double("profile-cost-model", optarg, 0, 600, &cfg.profile_seconds)) goto usage_err; break;
         case O_LORA_BYTES:
             cfg.lora_cache_bytes = cs_parse_size(optarg, &ok);
             if (!ok) { fprintf(stderr, "caraserve serve: bad --lora-cache-bytes '%s'\n", optarg); goto usage_err; }
@@ -525,6 +541,18 @@ int cmd_serve(int argc, char **argv) {
             fprintf(stderr, "caraserve serve: --lora-modules %s=%s: %s\n", lnames[i], ldirs[i], err);
             goto out;
         }
+    }
+    if (s->cfg.profile_seconds > 0) {
+        double tp = cs_time_ms();
+        int steps = setup_profile_cost_model(s->engine, s->cost, (const char *const *)lnames, s->cfg.n_lora_modules,
+                                             mc->vocab_size, s->max_model_len, s->cfg.profile_seconds);
+        if (steps < 0) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
+        cost_fit_t cf;
+        cost_model_get(s->cost, &cf);
+        fprintf(stderr, "caraserve: cost model: %d steps profiled in %.1f s: R² %.3f, held-out error %.1f%%; ms per unit:",
+                steps, (cs_time_ms() - tp) / 1000, cf.r2, 100 * cf.heldout_mape);
+        for (int i = 0; i < COST_N_TERMS; i++) fprintf(stderr, " %s %.4g", cost_term_names[i], cf.coef[i]);
+        fprintf(stderr, "\n");
     }
     if (engine_start(s->engine)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     if (api_watch_start(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }

@@ -38,6 +38,7 @@ typedef struct serve_config {
     int max_loras;                  /* adapters in device slots at once (0: unbounded) */
     char *scheduler;                /* --scheduler: NULL or "fcfs" */
     char *cost_model;               /* --cost-model FILE */
+    double profile_seconds;         /* --profile-cost-model S (0: none) */
     long long lora_cache_bytes;
     long long max_body_bytes;
     long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */

@@ -1,5 +1,9 @@
 /* setup.c: see setup.h. */
 #include "server/setup.h"
+#include "engine/engine.h"
+#include "engine/rng.h"
+#include "engine/sampling.h"
+#include "sched/cost.h"
 #include "sched/fcfs.h"
 #include "sched/slo.h"
 
@@ -86,4 +90,42 @@ sched_t *setup_scheduler(const char *name, struct cost_model *cost) {
     }
     cs_error_set(CS_EINVAL, "--scheduler %s: the policies are fcfs and slo", name);
     return NULL;
+}
+
+static void profile_sink(void *user, const engine_event_t *ev) { (void)user; (void)ev; }
+
+int setup_profile_cost_model(engine_t *e, cost_model_t *cost, const char *const *adapters, int n_adapters, int vocab,
+                             int max_len, double seconds) {
+    static const int sizes[] = {1, 2, 4, 8, 16, 32}, lens[] = {16, 64, 256};
+    cs_rng_t rng;
+    cs_rng_seed(&rng, 20261124);
+    int ad_max = CS_MIN(n_adapters, 8), rounds = 0;
+    engine_stats_t st0, st1;
+    engine_get_stats(e, &st0);
+    double t0 = cs_time_ms();
+    int32_t *prompt = malloc(sizeof(int32_t) * 256 * 32);
+    if (!prompt) return cs_error_set(CS_ENOMEM, "out of memory");
+    while (cs_time_ms() - t0 < seconds * 1000 || rounds < 6) {
+        int b = sizes[rounds % 6], len = CS_MIN(lens[(rounds / 6) % 3], CS_MAX(max_len - 16, 1));
+        int n_ad = ad_max ? rounds % (ad_max + 1) : 0;
+        for (int i = 0; i < b; i++) {
+            int32_t *p = prompt + (size_t)i * 256;
+            for (int k = 0; k < len; k++) p[k] = 3 + (int32_t)(cs_rng_uniform(&rng) * (vocab - 3)); /* no prefix hits */
+            engine_request_t rq = {.prompt = p, .n_prompt = len, .max_tokens = 8, .ignore_eos = true, .n = 1,
+                                   .sink = profile_sink};
+            sampling_params_default(&rq.sampling);
+            rq.sampling.temperature = 0;
+            if (n_ad) rq.adapter = adapters[(rounds + i % n_ad) % n_adapters];
+            if (engine_submit(e, &rq, NULL)) {
+                free(prompt);
+                return cs_error_set(CS_EINVAL, "--profile-cost-model: %s", cs_error_last());
+            }
+        }
+        engine_run_until_idle(e);
+        rounds++;
+    }
+    free(prompt);
+    engine_get_stats(e, &st1);
+    if (cost_model_fit(cost)) return cs_error_set(CS_EAGAIN, "--profile-cost-model: %s", cs_error_last());
+    return (int)(st1.steps - st0.steps);
 }

@@ -26,4 +26,13 @@ void setup_backend_describe(const backend_t *be, char *buf, size_t len);
 struct cost_model;
 struct sched *setup_scheduler(const char *name, struct cost_model *cost);
 
+/* --profile-cost-model: for about SECONDS, run synthetic batches through ENGINE (not yet
+ * started: this drives it from the caller) to teach COST (fed by the policy's step feedback)
+ * the iteration's cost: batches of 1 to 32 sequences, prompts of 16 to 256 random tokens, 8
+ * new tokens each, over 0 to 8 distinct adapters of ADAPTERS (so their ranks), then fit it.
+ * Returns the steps run, or an error. */
+struct engine;
+int setup_profile_cost_model(struct engine *engine, struct cost_model *cost, const char *const *adapters,
+                             int n_adapters, int vocab, int max_len, double seconds);
+
 #endif

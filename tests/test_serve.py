@@ -253,7 +253,14 @@ print(f"ok  /tokenize with messages equals apply_chat_template: {n_checked}")
 l3_dir, _, _ = make_tok_model("llama-3.1", seed=4, hidden=32, layers=1)
 l3_tok = transformers.AutoTokenizer.from_pretrained(l3_dir)
 l3_raw = Tokenizer.from_file(os.path.join(l3_dir, "tokenizer.json"))
-srv3 = Server(["--model", l3_dir, "--threads", "2", "--kv-cache-bytes", "16M"])
+# --profile-cost-model: the cost model is fitted on synthetic batches before the server is ready
+srv3 = Server(["--model", l3_dir, "--threads", "2", "--kv-cache-bytes", "16M", "--profile-cost-model", "0.3"])
+_, vals3 = srv3.metrics()
+if vals3.get("caraserve_cost_model_fitted_steps", 0) < 6 or "caraserve_cost_model_r2" not in vals3:
+    reflib.fail(f"--profile-cost-model: fitted steps {vals3.get('caraserve_cost_model_fitted_steps')}, "
+                f"R² {vals3.get('caraserve_cost_model_r2')}")
+print(f"ok  --profile-cost-model: {int(vals3['caraserve_cost_model_fitted_steps'])} steps fitted before ready, "
+      f"R² {vals3['caraserve_cost_model_r2']:.3f}")
 n = 0
 for msgs, agp in conversations():
     want = hf_render(l3_tok.chat_template, msgs, agp, l3_tok)
