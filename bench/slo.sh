@@ -15,11 +15,14 @@
 #
 #   bench/slo.sh
 # Env: BUILD (build), THREADS (2), LOADS ("0.5 0.8 1.0 1.2"), N (requests per run: 160), IN (64),
-#      OUT (32), TTFT_MS (3000), WARM (40), SEED (1), SLO_BASE (per-load | fixed), CACHE
+#      OUT (32), TTFT_MS (3000), WARM (40), SEED (1), SLO_BASE (per-load | fixed), CACHE,
+#      SEND_SLO (1: every request carries the SLOs it is judged by, "slo": {"ttft_ms", "tpot_ms"},
+#      as a client states them; fcfs ignores them; 0: none, the slo policy uses its defaults)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 LOADS=${LOADS:-"0.5 0.8 1.0 1.2"} N=${N:-160} IN=${IN:-64} OUT=${OUT:-32} TTFT_MS=${TTFT_MS:-3000} WARM=${WARM:-40}
-SEED=${SEED:-1} SLO_BASE=${SLO_BASE:-per-load}
+SEED=${SEED:-1} SLO_BASE=${SLO_BASE:-per-load} SEND_SLO=${SEND_SLO:-1}
+export SEND_SLO
 . bench/common.sh
 BENCH="$BUILD/caraserve-bench"
 model="$CACHE/llama-50m-bf16"
@@ -96,8 +99,10 @@ for load in $LOADS; do
     echo "$load $tpot_slo" >> "$work/slos"
     for policy in fcfs slo; do
         start "$policy"
+        sloarg=()
+        [ "$SEND_SLO" = 1 ] && sloarg=(--extra-body "{\"slo\": {\"ttft_ms\": $TTFT_MS, \"tpot_ms\": $tpot_slo}}")
         run "$policy-$load" "$policy-$load.json" --lora-modules "${bench_mods[@]}" --popularity trace \
-            --request-rate "$rate" --goodput "ttft:$TTFT_MS" "tpot:$tpot_slo" --per-rank
+            --request-rate "$rate" --goodput "ttft:$TTFT_MS" "tpot:$tpot_slo" --per-rank "${sloarg[@]}"
         echo "slo.sh: $policy at $load: $($PY -c "import json,sys; r=json.load(open(sys.argv[1])); print('attainment', r['slo_attainment']['all'], 'p99 TTFT', r.get('p99_ttft_ms'), 'p99 TPOT', r.get('p99_tpot_ms'))" "$work/$policy-$load.json")" >&2
     done
 done
@@ -119,7 +124,7 @@ for load in loads.split():
                      "tpot_slo_ms": slos[float(load)], "request_throughput": r.get("request_throughput"),
                      "failed": r.get("failed", 0)})
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-res = {"benchmark": "slo", "cpu": cpu, "threads": int(threads),
+res = {"benchmark": "slo", "cpu": cpu, "threads": int(threads), "requests_carry_slo": os.environ.get("SEND_SLO", "1") == "1",
        "model": "llama ~50M (512 hidden, 8 layers, inter 1408, vocab 32000), BF16",
        "adapters": "16, ranks 8/16/32/64 in turn, all 7 projections, BF16; popularity: maf-popularity-128 top 16",
        "capacity_rps": float(cap), "tpot_slo": f"1.5 x the base model's median TPOT ({slo_base})",
