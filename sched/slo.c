@@ -120,6 +120,14 @@ static double deadline(const slo_t *q, const sched_view_t *v) {
 
 static bool starving(const slo_t *q, const sched_view_t *v) { return q->now - deadline(q, v) > q->p.starve_ms; }
 
+/* a request with a TTFT SLO of its own that would miss it by waiting one more iteration: the
+ * predicted time of this one and of its own prefill is all the slack it has left */
+static bool urgent(const slo_t *q, const sched_view_t *v) {
+    if (v->slo_ttft_ms <= 0) return false;
+    double prefill = q->fit.coef[0] + q->fit.coef[1] * (v->n_tokens - v->n_computed);
+    return deadline(q, v) - q->now <= predict(q, &q->cur) + 2 * prefill;
+}
+
 /* ---- the vtable ---- */
 static void order_running(sched_t *s, const sched_view_t *v, int n, int *perm) {
     slo_t *q = (slo_t *)s;
@@ -173,7 +181,7 @@ static int chunk(sched_t *s, const sched_view_t *v, int max) {
     slo_t *q = (slo_t *)s;
     bool decode = v->running && is_decode(v);
     int c = max;
-    if (q->fitted && !decode && !(!v->running && starving(q, v))) {
+    if (q->fitted && !decode && !(!v->running && (starving(q, v) || urgent(q, v)))) {
         int lo = CS_MIN(q->p.min_chunk, max);
         c = largest_fit(q, v, lo, max);
         if (c == 0 && v->running) c = lo; /* a running prefill always moves on */

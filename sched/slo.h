@@ -11,6 +11,9 @@
  *    adapter term, so they group by themselves;
  *  - preempts, when it must, the running sequence with the most slack (no SLO of its own
  *    first, then the most recently admitted);
+ *  - admits, whatever the prediction, a request with a TTFT SLO of its own that would miss
+ *    it by waiting one more iteration (its deadline is nearer than this iteration and twice
+ *    its own prefill): a TTFT it can still meet outweighs one slower iteration for others;
  *  - starves nobody: a sequence that has waited starve_ms past its deadline is admitted
  *    whatever the prediction, and admission stops behind it while it does not fit.
  *

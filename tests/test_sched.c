@@ -256,6 +256,15 @@ START_TEST(slo_admits_what_fits) {
     ck_assert(!s->iface->pass_blocked(s, &old));
     sched_view_t young = waiting(31, "r64", 64, 20, fake_now - 1499); /* 1 ms short of starving */
     ck_assert_int_eq(s->iface->chunk(s, &young, 20), 0);
+    /* with a TTFT SLO of its own that one more iteration would break, it goes now: its deadline
+     * is 10 ms away, this iteration (6: old was taken back by pass_blocked) and twice its own
+     * prefill (2 + 0.05 x 20) take 12 */
+    sched_view_t urgent = waiting(32, "r64", 64, 20, fake_now - 990);
+    urgent.slo_ttft_ms = 1000;
+    ck_assert_int_eq(s->iface->chunk(s, &urgent, 20), 20);
+    sched_view_t calm = waiting(33, "r64", 64, 20, fake_now - 900); /* 100 ms left: it can wait */
+    calm.slo_ttft_ms = 1000;
+    ck_assert_int_eq(s->iface->chunk(s, &calm, 20), 0);
     sched_free(s);
     cost_model_free(m);
 }
