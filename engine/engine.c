@@ -127,6 +127,10 @@ struct engine {
     bool stop_thread, thread_started, wake;
     pthread_t thread;
     engine_stats_t stats;       /* published copy, under mu */
+    engine_seq_info_t *pub;     /* published sequences (engine_get_state), under mu */
+    int n_pub, cap_pub;
+    engine_seq_info_t *pub_work; /* the engine thread's next copy, swapped with pub */
+    int cap_pub_work;
     engine_stats_t st;          /* engine thread's working copy */
     int n_live_requests;        /* submitted and not done (under mu) */
     engine_pause_mode pause;    /* under mu */
@@ -753,13 +757,50 @@ static int req_adapter(engine_t *e, req_t *r) {
 }
 
 /* ---- publishing stats, threads ---- */
+static void seq_info_fill(engine_t *e, const req_t *r, const seq_t *s, engine_seq_info_t *o) {
+    (void)e;
+    *o = (engine_seq_info_t){.req_id = r->id, .index = s ? s->index : 0, .running = s && s->state == SEQ_RUNNING,
+                             .t_submit_ms = r->t_submit, .slo_ttft_ms = r->p.slo_ttft_ms,
+                             .slo_tpot_ms = r->p.slo_tpot_ms, .n_prompt = r->p.n_prompt,
+                             .n_computed = s ? s->n_computed : 0, .n_generated = s ? s->n_generated : 0,
+                             .max_tokens = r->p.max_tokens, .rank = r->adapter ? -1 : 0};
+    if (r->adapter) {
+        snprintf(o->adapter, sizeof o->adapter, "%s", r->adapter);
+        if (r->lora_known) {
+            o->rank = r->lora_info.max_rank;
+            o->rank_sum = r->lora_info.rank_sum;
+        }
+    }
+}
+
 static void publish_stats(engine_t *e) {
     e->st.n_waiting = e->waiting.n;
     e->st.n_running = e->running.n;
     kv_cache_get_stats(e->kv, &e->st.kv);
+    /* the sequences, built outside the lock into the spare buffer */
+    int n = e->running.n + e->waiting.n;
+    if (n > e->cap_pub_work) {
+        int cap = CS_MAX(n, 2 * e->cap_pub_work);
+        engine_seq_info_t *w = realloc(e->pub_work, sizeof *w * (size_t)cap);
+        if (w) { e->pub_work = w; e->cap_pub_work = cap; }
+    }
+    int k = 0;
+    if (n <= e->cap_pub_work) {
+        for (const seq_list_t *l = &e->running;; l = &e->waiting) {
+            for (seq_t *s = l->head; s; s = s->next) seq_info_fill(e, s->req, s, &e->pub_work[k++]);
+            if (l == &e->waiting) break;
+        }
+    }
     pthread_mutex_lock(&e->mu);
     e->st.n_requests = e->n_live_requests;
     e->stats = e->st;
+    engine_seq_info_t *t = e->pub;
+    int tc = e->cap_pub;
+    e->pub = e->pub_work;
+    e->cap_pub = e->cap_pub_work;
+    e->n_pub = k;
+    e->pub_work = t;
+    e->cap_pub_work = tc;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -1222,6 +1263,8 @@ void engine_free(engine_t *e) {
     free(e->batch_seq);
     free(e->batch_chunk);
     free(e->views);
+    free(e->pub);
+    free(e->pub_work);
     free(e->vseqs);
     free(e->vids);
     free(e->perm);
@@ -1475,4 +1518,24 @@ void engine_get_stats(engine_t *e, engine_stats_t *st) {
     pthread_mutex_lock(&e->mu);
     *st = e->stats;
     pthread_mutex_unlock(&e->mu);
+}
+
+int engine_get_state(engine_t *e, engine_seq_info_t **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&e->mu);
+    int m = e->n_pub;
+    for (req_t *r = e->inbox_head; r; r = r->inext) m++;
+    engine_seq_info_t *o = malloc(sizeof *o * (size_t)(m ? m : 1));
+    if (!o) {
+        pthread_mutex_unlock(&e->mu);
+        return cs_error_set(CS_ENOMEM, "out of memory");
+    }
+    if (e->n_pub) memcpy(o, e->pub, sizeof *o * (size_t)e->n_pub);
+    int k = e->n_pub;
+    for (req_t *r = e->inbox_head; r; r = r->inext) seq_info_fill(e, r, NULL, &o[k++]);
+    pthread_mutex_unlock(&e->mu);
+    *out = o;
+    *n = k;
+    return CS_OK;
 }

@@ -121,6 +121,20 @@ typedef struct engine_stats {
     uint64_t decode_only_tokens;
 } engine_stats_t;
 
+/* One sequence as GET /v1/state shows it: published by the engine thread after every
+ * iteration, plus the requests submitted since (not yet taken in: waiting, n_computed 0). */
+typedef struct engine_seq_info {
+    uint64_t req_id;
+    int index;                      /* sample index */
+    bool running;
+    double t_submit_ms;             /* cs_time_ms() */
+    double slo_ttft_ms, slo_tpot_ms; /* the request's own (0: none) */
+    int n_prompt, n_computed, n_generated, max_tokens;
+    int rank;                       /* the adapter's max rank; 0: base model; -1: not known yet */
+    long rank_sum;                  /* its Σ rank over modules (0 when not known) */
+    char adapter[96];               /* "" for the base model (truncated past 95 bytes) */
+} engine_seq_info_t;
+
 int engine_new(const engine_params_t *p, engine_t **out);
 /* Aborts whatever is left (sinks get ENGINE_FINISH_ABORT), stops the thread, frees. */
 void engine_free(engine_t *e);
@@ -163,6 +177,8 @@ void engine_set_pause(engine_t *e, engine_pause_mode mode);
 int engine_follow_active(engine_t *e, const char *name, int timeout_ms);
 
 void engine_get_stats(engine_t *e, engine_stats_t *st);
+/* A copy of the sequences (*out, free() it; *n of them): running first, then waiting. */
+int engine_get_state(engine_t *e, engine_seq_info_t **out, int *n);
 /* Wake the engine (any thread): e.g. from the adapter registry's on_loaded callback. */
 void engine_wake(engine_t *e);
 

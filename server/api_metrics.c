@@ -5,8 +5,11 @@
  * and the rollout's taps (rollout_api/routes.c). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "sched/cost.h"
+#include "engine/sched.h"
 #include "server/api_internal.h"
 
 static const double LAT_BUCKETS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -136,4 +139,66 @@ enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
     char *txt = metrics_render(m->reg, &len);
     if (!txt) return http_error(c, 500, NULL, "out of memory");
     return http_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len);
+}
+
+/* GET /v1/state: what a router needs to place a request here (sched/route.h): the running and
+ * waiting sequences with their adapters' ranks, the adapters served with theirs, and the
+ * iteration cost model that turns those into predicted milliseconds. */
+enum MHD_Result api_state(server_t *s, struct MHD_Connection *c) {
+    engine_seq_info_t *seqs = NULL;
+    int n = 0;
+    if (engine_get_state(s->engine, &seqs, &n)) return http_error(c, 500, NULL, "%s", cs_error_last());
+    json_t *running = json_array(), *waiting = json_array(), *adapters = json_object();
+    for (int i = 0; i < n; i++) {
+        const engine_seq_info_t *q = &seqs[i];
+        int rank = q->rank;
+        long rank_sum = q->rank_sum;
+        if (rank < 0 && s->reg) { /* not probed by the engine yet: the registry knows */
+            lora_adapter_info_t li;
+            if (!lora_registry_info(s->reg, q->adapter, 0, &li)) rank = li.max_rank, rank_sum = li.rank_sum;
+        }
+        json_t *o = json_pack("{s:I, s:i, s:s?, s:i, s:I, s:i, s:i, s:i, s:i, s:f}", "id", (json_int_t)q->req_id,
+                              "index", q->index, "adapter", q->adapter[0] ? q->adapter : NULL, "rank", rank,
+                              "rank_sum", (json_int_t)rank_sum, "prompt_tokens", q->n_prompt, "computed_tokens",
+                              q->n_computed, "generated_tokens", q->n_generated, "max_tokens", q->max_tokens,
+                              "age_ms", cs_time_ms() - q->t_submit_ms);
+        if (o && (q->slo_ttft_ms > 0 || q->slo_tpot_ms > 0))
+            json_object_set_new(o, "slo", json_pack("{s:f, s:f}", "ttft_ms", q->slo_ttft_ms, "tpot_ms", q->slo_tpot_ms));
+        json_array_append_new(q->running ? running : waiting, o);
+    }
+    free(seqs);
+    pthread_mutex_lock(&s->mu);
+    int n_names = 0;
+    for (served_adapter_t *a = s->adapters; a; a = a->next) n_names++;
+    char **names = calloc((size_t)(n_names ? n_names : 1), sizeof *names);
+    n_names = 0;
+    for (served_adapter_t *a = s->adapters; a && names; a = a->next)
+        if (!a->unloading) names[n_names++] = strdup(a->name);
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n_names; i++) {
+        lora_adapter_info_t li;
+        if (names[i] && s->reg && !lora_registry_info(s->reg, names[i], 0, &li))
+            json_object_set_new(adapters, names[i], json_pack("{s:i, s:I}", "rank", li.max_rank, "rank_sum", (json_int_t)li.rank_sum));
+        free(names[i]);
+    }
+    free(names);
+    json_t *cm = json_null();
+    if (s->cost) {
+        cost_fit_t cf;
+        cost_model_get(s->cost, &cf);
+        json_t *terms = json_object();
+        for (int i = 0; i < COST_N_TERMS; i++) json_object_set_new(terms, cost_term_names[i], json_real(cf.coef[i]));
+        cm = json_pack("{s:o, s:b, s:f, s:f, s:I}", "terms", terms, "fitted", cf.fitted, "r2", cf.fitted ? cf.r2 : 0.0,
+                       "heldout_mape", cf.fitted && isfinite(cf.heldout_mape) ? cf.heldout_mape : 0.0, "n_fit",
+                       (json_int_t)cf.n_fit);
+    }
+    pthread_mutex_lock(&s->mu);
+    bool draining = s->draining, paused = s->paused;
+    pthread_mutex_unlock(&s->mu);
+    json_t *out = json_pack("{s:s, s:s, s:i, s:i, s:b, s:b, s:o, s:o, s:o, s:o}", "model", s->model_name, "scheduler",
+                            s->sched ? s->sched->iface->name : "fcfs", "max_num_seqs", s->cfg.max_num_seqs,
+                            "max_model_len", s->max_model_len, "draining", draining, "paused", paused, "running",
+                            running, "waiting", waiting, "adapters", adapters, "cost_model", cm);
+    if (!out) return http_error(c, 500, NULL, "out of memory");
+    return http_json(c, 200, out);
 }

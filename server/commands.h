@@ -4,5 +4,6 @@
 
 int cmd_batch(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_router(int argc, char **argv);
 
 #endif

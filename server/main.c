@@ -48,6 +48,7 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  serve      the OpenAI-compatible HTTP server (see caraserve serve --help)\n"
+            "  router     an HTTP front for several serve replicas (see caraserve router --help)\n"
             "  generate   one-shot generation on the CPU (see caraserve generate --help)\n"
             "  batch      run JSON-lines requests through the batching engine (caraserve batch --help)\n"
             "  version    print the version\n",
@@ -298,6 +299,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "batch")) return cmd_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "router")) return cmd_router(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("caraserve %s\n", PACKAGE_VERSION); return 0; }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { usage(stdout); return 0; }
     fprintf(stderr, "caraserve: unknown command '%s'\n", cmd);

@@ -11,6 +11,7 @@ static const route_t routes[] = {
     {"/version", "GET", 0, R_VERSION},
     {"/metrics", "GET", 0, R_METRICS},
     {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY, R_MODELS},
+    {"/v1/state", "GET", ROUTE_AUTH | ROUTE_READY, R_STATE},
     {"/v1/completions", "POST", API | ROUTE_GENERATES, R_COMPLETIONS},
     {"/v1/chat/completions", "POST", API | ROUTE_GENERATES, R_CHAT},
     {"/v1/load_lora_adapter", "POST", API, R_LOAD_LORA},

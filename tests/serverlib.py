@@ -17,8 +17,11 @@ import reflib
 
 
 class Server:
-    def __init__(self, args, env=None, wait_ready=True, timeout=120):
-        self.cmd = [reflib.CARASERVE, "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    def __init__(self, args, env=None, wait_ready=True, timeout=120, command="serve"):
+        """COMMAND "router": `caraserve router`, which has no model to load (ready once
+        listening; wait for its /health yourself)"""
+        self.cmd = [reflib.CARASERVE, command, "--host", "127.0.0.1", "--port", "0", *args]
+        wait_ready = wait_ready and command == "serve"
         self.auth = {}  # headers for the helpers' own control requests (pause, resume): an API key
         self.lines = []
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

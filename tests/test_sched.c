@@ -12,6 +12,7 @@
 #include "engine/rng.h"
 #include "sched/cost.h"
 #include "sched/fcfs.h"
+#include "sched/route.h"
 #include "sched/slo.h"
 
 static cs_rng_t rng;
@@ -326,9 +327,100 @@ START_TEST(slo_order_and_victim) {
 }
 END_TEST
 
+/* ---- routing (sched/route.h) ---- */
+/* a replica whose iteration costs 1 ms + 0.01/prefill token + 0.1/decode row + 0.05 per unit
+ * of Σ rank over distinct adapters: adapters' ranks dominate, as on a CPU */
+static route_replica_t replica(const route_seq_t *seqs, int n, int n_requests) {
+    route_replica_t r = {.healthy = true, .fitted = true, .seqs = seqs, .n_seqs = n, .n_requests = n_requests};
+    r.coef[0] = 1.0, r.coef[1] = 0.01, r.coef[2] = 0.1, r.coef[3] = 0.05;
+    return r;
+}
+
+START_TEST(route_rank_aware) {
+    /* A runs two rank-64 requests of adapter "x", B two rank-8 ones of "y" */
+    route_seq_t a[] = {{"x", 64, 0, 0, true}, {"x", 64, 0, 0, true}};
+    route_seq_t b[] = {{"y", 8, 0, 0, true}, {"y", 8, 0, 0, true}};
+    route_replica_t r[2] = {replica(a, 2, 2), replica(b, 2, 2)};
+    route_req_t q = {.adapter = "x", .rank = 64, .prompt_tokens = 100, .n = 1, .expected_output = 50};
+    route_eval_t ea, eb;
+    route_evaluate(&r[0], &q, 0, &ea);
+    route_evaluate(&r[1], &q, 0, &eb);
+    /* on A its adapter is already in the batch: one more decode row; on B a new rank-64 adapter */
+    ck_assert_double_eq_tol(ea.dec_running, 1 + 0.2 + 0.05 * 64, 1e-9);
+    ck_assert_double_eq_tol(ea.dec_with - ea.dec_running, 0.1, 1e-9);
+    ck_assert_double_eq_tol(eb.dec_with - eb.dec_running, 0.1 + 0.05 * 64, 1e-9);
+    ck_assert_double_eq_tol(ea.pre_queue, 0, 1e-12); /* nothing to prefill: no iteration */
+    ck_assert_double_eq_tol(ea.pre_with, 1 + 0.01 * 100 + 0.05 * 64, 1e-9);
+    /* the default TPOT bound: 1.5 × the base model's iteration of 3 rows = 1.5 × 1.3 = 1.95 ms:
+     * both break it (4.5 and 4.7 ms): every replica breaks the SLO, the faster decode wins */
+    ck_assert(isinf(ea.cost) && isinf(eb.cost));
+    unsigned rr = 1;
+    ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r, 2, &q, 0, &rr), 0);
+    /* with a TPOT SLO of its own that both keep, the lower score: A (no new adapter) */
+    q.slo_tpot_ms = 10;
+    rr = 1;
+    ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r, 2, &q, 0, &rr), 0);
+    route_evaluate(&r[0], &q, 0, &ea);
+    ck_assert_double_eq_tol(ea.cost, (ea.pre_with - ea.pre_queue) / 50 + 0.1, 1e-9);
+    ck_assert_double_eq_tol(ea.score, ea.cost * 2, 1e-9);
+    /* a rank-8 request of "y" belongs on B by the same reasoning */
+    route_req_t qy = {.adapter = "y", .rank = 8, .prompt_tokens = 100, .n = 1, .expected_output = 50, .slo_tpot_ms = 10};
+    rr = 0;
+    ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r, 2, &qy, 0, &rr), 1);
+    /* an SLO that only A keeps */
+    route_evaluate(&r[0], &q, 0, &ea);
+    route_evaluate(&r[1], &q, 0, &eb);
+    q.slo_tpot_ms = 4.55; /* A: 4.5 keeps it, B: 1+0.3+0.05*72 = 4.9 breaks it */
+    rr = 1;
+    ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r, 2, &q, 0, &rr), 0);
+    /* an idle replica scores 0 and takes it whatever the cost */
+    route_replica_t r3[3] = {r[0], r[1], replica(NULL, 0, 0)};
+    rr = 0;
+    ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r3, 3, &q, 0, &rr), 2);
+    /* an unhealthy one never */
+    r3[2].healthy = false;
+    rr = 2;
+    ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r3, 3, &q, 0, &rr), 0);
+    /* none healthy: -1 */
+    for (int i = 0; i < 3; i++) r3[i].healthy = false;
+    ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r3, 3, &q, 0, &rr), -1);
+}
+END_TEST
+
+START_TEST(route_queue_and_ties) {
+    /* the same running set; A also has 400 prompt tokens queued of a new adapter */
+    route_seq_t a[] = {{"x", 8, 0, 0, true}, {"z", 32, 0, 400, false}};
+    route_seq_t b[] = {{"x", 8, 0, 0, true}};
+    route_replica_t r[2] = {replica(a, 2, 2), replica(b, 1, 1)};
+    route_req_t q = {.adapter = "x", .rank = 8, .prompt_tokens = 50, .n = 1, .expected_output = 10, .slo_tpot_ms = 100};
+    route_eval_t ea;
+    route_evaluate(&r[0], &q, 0, &ea);
+    ck_assert_double_eq_tol(ea.pre_queue, 1 + 0.01 * 400 + 0.05 * 32, 1e-9);
+    ck_assert_double_eq_tol(ea.pre_with - ea.pre_queue, 0.01 * 50 + 0.05 * 8, 1e-9);
+    unsigned rr = 0;
+    ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r, 2, &q, 0, &rr), 1); /* load 2 vs 1 */
+    /* equal replicas: in turn */
+    route_replica_t e[3] = {replica(b, 1, 1), replica(b, 1, 1), replica(b, 1, 1)};
+    rr = 0;
+    int seen[3] = {0};
+    for (int i = 0; i < 6; i++) seen[route_pick(ROUTE_RANK_AWARE, e, 3, &q, 0, &rr)]++;
+    ck_assert(seen[0] == 2 && seen[1] == 2 && seen[2] == 2);
+    /* unfitted replicas: load alone (in flight through the router), then in turn */
+    for (int i = 0; i < 3; i++) e[i].fitted = false, e[i].in_flight = 3 - i;
+    rr = 0;
+    ck_assert_int_eq(route_pick(ROUTE_LEAST_LOADED, e, 3, &q, 0, &rr), 2);
+    rr = 0;
+    ck_assert_int_eq(route_pick(ROUTE_ROUND_ROBIN, e, 3, &q, 0, &rr), 0);
+    ck_assert_int_eq(route_pick(ROUTE_ROUND_ROBIN, e, 3, &q, 0, &rr), 1);
+    ck_assert_int_eq(route_policy_parse("rank-aware"), ROUTE_RANK_AWARE);
+    ck_assert_int_eq(route_policy_parse("least-loaded"), ROUTE_LEAST_LOADED);
+    ck_assert_int_eq(route_policy_parse("fastest"), -1);
+}
+END_TEST
+
 int main(void) {
     cs_rng_seed(&rng, 12345);
-    Suite *s = suite_create("sched");
+Suite *s = suite_create("sched");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, cost_recovers_coefficients);
     tcase_add_test(tc, cost_nonnegative);
@@ -338,6 +430,8 @@ int main(void) {
     tcase_add_test(tc, slo_admits_what_fits);
     tcase_add_test(tc, slo_groups_adapters);
     tcase_add_test(tc, slo_order_and_victim);
+    tcase_add_test(tc, route_rank_aware);
+    tcase_add_test(tc, route_queue_and_ties);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
