@@ -366,7 +366,6 @@ int cmd_serve(int argc, char **argv) {
         case O_MAX_LORAS: if (!parse_int("max-loras", optarg, 0, 1 << 20, &cfg.max_loras)) goto usage_err; break;
         case O_SCHEDULER:
             free(cfg.scheduler);
-    free(cfg.cost_model);
             cfg.scheduler = strdup(optarg);
             break;
         case O_COST_MODEL:
