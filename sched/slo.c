@@ -172,6 +172,7 @@ static void order_waiting(sched_t *s, const sched_view_t *v, int n, int *perm) {
     slo_t *q = (slo_t *)s;
     for (int i = 0; i < n; i++) perm[i] = i;
     if (!q->fitted) return; /* fcfs until the cost model can price anything */
+    if (n < 2) return;      /* nothing to order (and perm may be NULL: qsort must not see it) */
     sort_v = v; /* engine thread only: qsort has no context argument */
     sort_q = q;
     qsort(perm, (size_t)n, sizeof *perm, by_slack);
