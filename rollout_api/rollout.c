@@ -31,6 +31,7 @@ typedef struct ro_group {
     int n_input, n_prompt, resumed_len, max_tokens;
     char *adapter;              /* NULL: the base model */
     int adapter_version;        /* 0: the active one (follows updates); > 0 pinned */
+    double slo_ttft_ms, slo_tpot_ms; /* the group's SLO: the request's, else its model's (0: none) */
     bool submitted, done, first_token;
     int n_cached;
     ro_sample_t *samples;
@@ -107,6 +108,23 @@ static json_t *group_json(rollout_t *r, ro_group_t *g) {
                      samples);
 }
 
+/* a finished group against its SLO, as completions are judged: a first token, TTFT (the
+ * batch's start to the group's first token) and the worst sample's TPOT ((last - first) /
+ * (tokens - 1)) within the bounds it has; under r->mu */
+static bool group_met_slo(const rollout_t *r, const ro_group_t *g) {
+    double first = INFINITY, worst_tpot = 0;
+    for (int i = 0; i < g->n; i++) {
+        const ro_sample_t *s = &g->samples[i];
+        size_t nt = json_array_size(s->ids);
+        if (nt == 0) continue;
+        first = fmin(first, s->t_first);
+        if (nt > 1) worst_tpot = fmax(worst_tpot, (s->t_last - s->t_first) / (double)(nt - 1));
+    }
+    if (!g->first_token || !isfinite(first)) return false;
+    if (g->slo_ttft_ms > 0 && first - r->t0 > g->slo_ttft_ms) return false;
+    return !(g->slo_tpot_ms > 0 && worst_tpot > g->slo_tpot_ms);
+}
+
 static void on_event(void *user, const engine_event_t *ev) {
     ro_group_t *g = user;
     rollout_t *r = g->r;
@@ -114,6 +132,7 @@ static void on_event(void *user, const engine_event_t *ev) {
     uint64_t abort_ids[64];
     int n_abort = 0;
     json_t *line = NULL, *summary = NULL;
+    int slo_met = -1; /* a finished group with an SLO: 1 met, 0 missed */
     pthread_mutex_lock(&r->mu);
     g->n_cached = ev->n_cached_tokens;
     if (ev->index >= 0 && ev->index < g->n) {
@@ -171,6 +190,7 @@ static void on_event(void *user, const engine_event_t *ev) {
             r->obs.done(r->obs.user, g->adapter, g->n_prompt, ls->finish ? ls->finish : "abort", (now - r->t0) / 1000.0,
                         ev->queue_ms / 1000.0);
         }
+        if (g->slo_ttft_ms > 0 || g->slo_tpot_ms > 0) slo_met = group_met_slo(r, g);
         line = group_json(r, g);
         if (r->target > 0 && r->n_completed >= r->target && !r->target_hit) {
             r->target_hit = true; /* over-provisioned: the rest are not needed */
@@ -184,6 +204,7 @@ static void on_event(void *user, const engine_event_t *ev) {
                                 now - r->t0, "target_reached", r->target_hit);
     }
     pthread_mutex_unlock(&r->mu);
+    if (slo_met >= 0 && r->obs.slo) r->obs.slo(r->obs.user, g->adapter, slo_met); /* r, so g, alive until unref */
     for (int i = 0; i < n_abort; i++) engine_abort(r->e, abort_ids[i]);
     if (line) r->emit(r->user, line, false);
     if (summary) r->emit(r->user, summary, true);
@@ -516,6 +537,10 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
         ro_group_t *gr = &r->groups[g];
         engine_request_t *q = &qs[g];
         *q = base;
+        /* the bounds the request left unset: its model's (--adapter-slos) */
+        sched_slo_table_apply(lim->slos, gr->adapter ? gr->adapter : lim->base_name, &q->slo_ttft_ms, &q->slo_tpot_ms);
+        gr->slo_ttft_ms = q->slo_ttft_ms;
+        gr->slo_tpot_ms = q->slo_tpot_ms;
         q->prompt = gr->prompt;
         q->n_prompt = gr->n_prompt;
         q->n = gr->n;

@@ -25,11 +25,14 @@ typedef void (*rollout_emit_fn)(void *user, json_t *line, bool last);
 /* Optional taps for the server's metrics, called on the engine thread with the rollout's lock
  * held (must be cheap): a sampled token (ttft_s >= 0 on the group's first token, else
  * itl_s >= 0 since the sample's previous one), and a finished group (its prompt tokens, the
- * finish reason of its last sample, arrival to last token, queue time). adapter is NULL for
- * the base model. */
+ * finish reason of its last sample, arrival to last token, queue time). slo, after the
+ * rollout's lock is released: a finished group that had an SLO (its own or its model's), and
+ * whether it met it (a first token, TTFT from the batch's start and every sample's TPOT within
+ * the bounds). adapter is NULL for the base model. */
 typedef struct rollout_observer {
     void (*token)(void *user, const char *adapter, double ttft_s, double itl_s);
     void (*done)(void *user, const char *adapter, int n_prompt, const char *finish, double e2e_s, double queue_s);
+    void (*slo)(void *user, const char *adapter, bool met);
     void *user;
 } rollout_observer_t;
 
@@ -39,6 +42,7 @@ typedef struct rollout_limits {
     const char *base_name;      /* the base model's served name ("adapter" may name it) */
     int vocab;                  /* token ids must be below it */
     rollout_observer_t obs;     /* optional metrics taps */
+    const struct sched_slo_table *slos; /* per-model SLOs (sched/slo.h) for what the request leaves unset; NULL: none */
 } rollout_limits_t;
 
 /* Validate req and submit every group. On a bad request: an HTTP status (400, 404) with the

@@ -60,6 +60,11 @@ static void ro_obs_done(void *user, const char *adapter, int n_prompt, const cha
     metric_inc(s->m.success, rl, 1);
 }
 
+static void ro_obs_slo(void *user, const char *adapter, bool met) {
+    server_t *s = user;
+    slo_count(s, adapter ? adapter : s->model_name, adapter, met);
+}
+
 /* request b as a rollout batch, a job of this connection; sglang (stolen): answer in SGLang's
  * /generate shape instead */
 static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, json_t *sglang) {
@@ -77,7 +82,7 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
     j->refs++; /* the rollout's, dropped at its summary */
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
                             .base_name = s->model_name, .vocab = model_get_config(s->model)->vocab_size,
-                            .obs = {ro_obs_token, ro_obs_done, s}};
+                            .obs = {ro_obs_token, ro_obs_done, ro_obs_slo, s}, .slos = s->slos};
     char err[1536], param[64];
     rollout_t *ro = NULL;
     int st = rollout_start(s->engine, &lim, b, ro_emit, j, &ro, err, sizeof err, param, sizeof param);

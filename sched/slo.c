@@ -172,6 +172,7 @@ static void order_waiting(sched_t *s, const sched_view_t *v, int n, int *perm) {
     slo_t *q = (slo_t *)s;
     for (int i = 0; i < n; i++) perm[i] = i;
     if (!q->fitted) return; /* fcfs until the cost model can price anything */
+    if (n < 2) return;      /* nothing to order (and perm may be NULL: qsort must not see it) */
     sort_v = v; /* engine thread only: qsort has no context argument */
     sort_q = q;
     qsort(perm, (size_t)n, sizeof *perm, by_slack);
@@ -283,4 +284,113 @@ int sched_parse_slo(json_t *v, double *ttft_ms, double *tpot_ms, char *err, size
         *out = json_number_value(x);
     }
     return 0;
+}
+
+/* ---- per-model SLOs (serve --adapter-slos FILE) ---- */
+/* each bound: > 0 the value, 0 not given (the next level decides), < 0 null (none, and "*"
+ * does not fill it in) */
+typedef struct slo_entry {
+    char *name;
+    double ttft_ms, tpot_ms;
+} slo_entry_t;
+
+struct sched_slo_table {
+    slo_entry_t *e;         /* sorted by name */
+    int n;
+    bool has_star;
+    slo_entry_t star;       /* "*" (its nulls count as not given) */
+};
+
+static int entry_cmp(const void *a, const void *b) {
+    return strcmp(((const slo_entry_t *)a)->name, ((const slo_entry_t *)b)->name);
+}
+
+void sched_slo_table_free(sched_slo_table_t *t) {
+    if (!t) return;
+    for (int i = 0; i < t->n; i++) free(t->e[i].name);
+    free(t->e);
+    free(t);
+}
+
+/* one entry: sched_parse_slo's rules, then a key given as null (or the whole entry null) is
+ * "none" rather than "not given" */
+static int parse_entry(const char *name, json_t *v, slo_entry_t *out, char *err, size_t errlen) {
+    char e2[200];
+    if (sched_parse_slo(v, &out->ttft_ms, &out->tpot_ms, e2, sizeof e2)) {
+        snprintf(err, errlen, "\"%s\": %s", name, e2);
+        return -1;
+    }
+    if (json_is_null(v) || json_is_null(json_object_get(v, "ttft_ms"))) out->ttft_ms = -1;
+    if (json_is_null(v) || json_is_null(json_object_get(v, "tpot_ms"))) out->tpot_ms = -1;
+    return 0;
+}
+
+sched_slo_table_t *sched_slo_table_parse(json_t *root, char *err, size_t errlen) {
+    if (!json_is_object(root)) {
+        snprintf(err, errlen, "must be a JSON object {\"NAME\": {\"ttft_ms\": X, \"tpot_ms\": Y}, ..., \"*\": {...}}");
+        return NULL;
+    }
+    sched_slo_table_t *t = calloc(1, sizeof *t);
+    size_t cap = json_object_size(root);
+    if (!t || !(t->e = calloc(cap ? cap : 1, sizeof *t->e))) {
+        free(t);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        slo_entry_t en = {0};
+        if (parse_entry(k, v, &en, err, errlen)) goto fail;
+        if (!strcmp(k, "*")) {
+            t->has_star = true;
+            t->star = en;
+            continue;
+        }
+        if (!*k) {
+            snprintf(err, errlen, "\"\": an empty name (name an adapter, the base model, or \"*\")");
+            goto fail;
+        }
+        if (!(en.name = strdup(k))) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        t->e[t->n++] = en;
+    }
+    qsort(t->e, (size_t)t->n, sizeof *t->e, entry_cmp);
+    return t;
+fail:
+    sched_slo_table_free(t);
+    return NULL;
+}
+
+sched_slo_table_t *sched_slo_table_load(const char *path, char *err, size_t errlen) {
+    json_error_t je;
+    /* a duplicate name is a mistake in the file, not a second thought: refused */
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        if (je.line > 0) snprintf(err, errlen, "not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        else snprintf(err, errlen, "%s", je.text);
+        return NULL;
+    }
+    sched_slo_table_t *t = sched_slo_table_parse(root, err, errlen);
+    json_decref(root);
+    return t;
+}
+
+static double pick(double own, double entry, double star) {
+    if (own > 0) return own;
+    if (entry > 0) return entry;
+    if (entry < 0) return 0;
+    return star > 0 ? star : 0;
+}
+
+void sched_slo_table_apply(const sched_slo_table_t *t, const char *name, double *ttft_ms, double *tpot_ms) {
+    if (!t) return;
+    slo_entry_t key = {.name = (char *)name}, none = {0};
+    const slo_entry_t *en = name && t->n ? bsearch(&key, t->e, (size_t)t->n, sizeof *t->e, entry_cmp) : NULL;
+    if (!en) en = &none;
+    const slo_entry_t *star = t->has_star ? &t->star : &none;
+    *ttft_ms = pick(*ttft_ms, en->ttft_ms, star->ttft_ms);
+    *tpot_ms = pick(*tpot_ms, en->tpot_ms, star->tpot_ms);
 }

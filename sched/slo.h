@@ -46,4 +46,20 @@ sched_t *sched_slo_new(const sched_slo_params_t *p);
 struct json_t;
 int sched_parse_slo(struct json_t *v, double *ttft_ms, double *tpot_ms, char *err, size_t errlen);
 
+/* Per-model SLOs (`serve --adapter-slos FILE`): a JSON object from the names requests give as
+ * their model (an adapter's, or the base model's served name) to an "slo" object as above,
+ * parsed by sched_parse_slo; "*" is the entry of every name without one of its own (the base
+ * model's included). A bound given as null, or a whole entry null, means none: "*" does not
+ * fill it in. A name nothing serves (yet) is fine: adapters loaded later find their entry. */
+typedef struct sched_slo_table sched_slo_table_t;
+/* NULL with a message in ERR: not an object, an entry sched_parse_slo refuses (the message
+ * names its key), an empty name; _load also: unreadable, not JSON, a name twice */
+sched_slo_table_t *sched_slo_table_parse(struct json_t *root, char *err, size_t errlen);
+sched_slo_table_t *sched_slo_table_load(const char *path, char *err, size_t errlen);
+void sched_slo_table_free(sched_slo_table_t *t);
+/* A request for model NAME: each bound the request left at 0 (none of its own) comes from
+ * NAME's entry, else from "*", else stays 0 (the policy's defaults). T NULL: nothing changes.
+ * Read-only: any number of threads at once. */
+void sched_slo_table_apply(const sched_slo_table_t *t, const char *name, double *ttft_ms, double *tpot_ms);
+
 #endif

@@ -87,7 +87,7 @@ struct gen_job {
     served_adapter_t *adapter;
     char *label;                    /* metrics label */
     double t_arrival;
-    double slo_ttft_ms, slo_tpot_ms; /* the request's own SLOs (0: none): counted in /metrics */
+    double slo_ttft_ms, slo_tpot_ms; /* the request's SLOs, its own or its model's (0: none): counted in /metrics */
     cs_buf_t out;                   /* SSE bytes not yet sent */
     size_t out_off;
     bool finished;
@@ -111,6 +111,9 @@ typedef struct gen_opts {
  * connection's reference. NULL when out of memory or (*draining) when the server has begun
  * shutting down. */
 gen_job_t *job_new(server_t *s, bool chat, int n_parts, int n, bool *draining);
+/* A request (or rollout group) with an SLO is over: slo_requests_total and, if met,
+ * slo_attained_total, labelled LABEL and ADAPTER's rank (NULL: the base model, rank 0). */
+void slo_count(server_t *s, const char *label, const char *adapter, bool met);
 /* drops a reference; the last one frees the job */
 void job_unref(gen_job_t *j);
 /* Submits every part with the options o and answers the connection: a stream, or suspended

@@ -261,11 +261,20 @@ static unsigned status_of(int cs) {
     }
 }
 
-/* a request with SLOs of its own is over: did it meet them? (per adapter and rank) TTFT is
- * arrival to first token; TPOT is each sample's (last - first) / (tokens - 1), the worst */
+void slo_count(server_t *s, const char *label, const char *adapter, bool met) {
+    char rank[16] = "0";
+    lora_adapter_info_t info;
+    if (adapter && s->reg && lora_registry_info(s->reg, adapter, 0, &info) == CS_OK)
+        snprintf(rank, sizeof rank, "%d", info.max_rank);
+    const char *lab[] = {label, rank};
+    metric_inc(s->m.slo_requests, lab, 1);
+    if (met) metric_inc(s->m.slo_met, lab, 1);
+}
+
+/* a request with SLOs (its own or its model's) is over: did it meet them? (per adapter and
+ * rank) TTFT is arrival to first token; TPOT is each sample's (last - first) / (tokens - 1),
+ * the worst */
 static void slo_account(gen_job_t *j, gen_part_t *p, double now) {
-    server_t *s = j->srv;
-    server_metrics_t *m = &s->m;
     bool met = p->first_token && !j->err_status;
     double worst_tpot = 0, first = now;
     for (int k = 0; k < j->n; k++) {
@@ -276,13 +285,7 @@ static void slo_account(gen_job_t *j, gen_part_t *p, double now) {
     }
     if (j->slo_ttft_ms > 0 && first - j->t_arrival > j->slo_ttft_ms) met = false;
     if (j->slo_tpot_ms > 0 && worst_tpot > j->slo_tpot_ms) met = false;
-    char rank[16] = "0";
-    lora_adapter_info_t info;
-    if (j->adapter && s->reg && lora_registry_info(s->reg, j->adapter->name, 0, &info) == CS_OK)
-        snprintf(rank, sizeof rank, "%d", info.max_rank);
-    const char *lab[] = {j->label, rank};
-    metric_inc(m->slo_requests, lab, 1);
-    if (met) metric_inc(m->slo_met, lab, 1);
+    slo_count(j->srv, j->label, j->adapter ? j->adapter->name : NULL, met);
 }
 
 static void on_event(void *user, const engine_event_t *ev) {

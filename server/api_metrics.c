@@ -70,10 +70,10 @@ int server_metrics_init(server_t *s) {
     m->cost_steps = metrics_gauge(m->reg, NAME("cost_model_fitted_steps"), "Steps behind the cost model's fit.", NULL);
     const char *const adapter_rank[] = {"adapter", "rank", NULL};
     m->slo_requests = metrics_counter(m->reg, NAME("slo_requests_total"),
-                                      "Requests with an SLO of their own (slo.ttft_ms / slo.tpot_ms), by adapter and rank.",
+                                      "Requests and rollout groups with an SLO (their own slo, or their model's from --adapter-slos), by adapter and rank.",
                                       adapter_rank);
     m->slo_met = metrics_counter(m->reg, NAME("slo_attained_total"),
-                                 "Of those, the requests that met every bound they set (TTFT; worst sample's TPOT).",
+                                 "Of those, the ones that met every bound they had (TTFT; worst sample's TPOT).",
                                  adapter_rank);
 #undef NAME
     if (!m->slo_requests || !m->slo_met) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());

@@ -182,6 +182,8 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
     char serr[200];
     if (sched_parse_slo(json_object_get(b, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms, serr, sizeof serr))
         return fail(e, 400, "slo", "%s", serr);
+    /* what the request left unset: its model's bounds from --adapter-slos (label: the served name) */
+    sched_slo_table_apply(s->slos, j->label, &rq->slo_ttft_ms, &rq->slo_tpot_ms);
     bool b1 = false;
     if (!get_bool(b, "ignore_eos", &b1, e)) return false;
     rq->ignore_eos = b1;
@@ -603,17 +605,30 @@ enum MHD_Result api_detokenize(server_t *s, struct MHD_Connection *c, json_t *b)
 }
 
 /* ---- /v1/models and adapter management ---- */
+/* with --adapter-slos, a model's entry carries the bounds a request for it gets when it sets
+ * none: {"ttft_ms", "tpot_ms"}, null where the file gives none (the policy's defaults) */
+static json_t *model_entry(server_t *s, json_t *m) {
+    if (!s->slos) return m;
+    double ttft = 0, tpot = 0;
+    sched_slo_table_apply(s->slos, json_string_value(json_object_get(m, "id")), &ttft, &tpot);
+    json_object_set_new(m, "slo", json_pack("{s:o, s:o}", "ttft_ms", ttft > 0 ? json_real(ttft) : json_null(), "tpot_ms",
+                                            tpot > 0 ? json_real(tpot) : json_null()));
+    return m;
+}
+
 enum MHD_Result api_models(server_t *s, struct MHD_Connection *c) {
     json_t *data = json_array();
-    json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", s->model_name, "object", "model",
-                                          "created", (json_int_t)s->created, "owned_by", "caraserve", "root", s->cfg.model,
-                                          "parent", "max_model_len", s->max_model_len));
+    json_array_append_new(data, model_entry(s, json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", s->model_name,
+                                                         "object", "model", "created", (json_int_t)s->created, "owned_by",
+                                                         "caraserve", "root", s->cfg.model, "parent", "max_model_len",
+                                                         s->max_model_len)));
     pthread_mutex_lock(&s->mu);
     for (served_adapter_t *a = s->adapters; a; a = a->next) {
         if (a->unloading) continue;
-        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:i}", "id", a->name, "object", "model",
-                                              "created", (json_int_t)a->created, "owned_by", "caraserve", "root", a->path,
-                                              "parent", s->model_name, "max_model_len", s->max_model_len));
+        json_array_append_new(data, model_entry(s, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:i}", "id", a->name,
+                                                             "object", "model", "created", (json_int_t)a->created,
+                                                             "owned_by", "caraserve", "root", a->path, "parent",
+                                                             s->model_name, "max_model_len", s->max_model_len)));
     }
     pthread_mutex_unlock(&s->mu);
     return http_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));

@@ -20,6 +20,7 @@
 #include "server/commands.h"
 #include "engine/sched.h"
 #include "sched/cost.h"
+#include "sched/slo.h"
 #include "server/server.h"
 
 /* SIGTERM/SIGINT reach whichever thread (OpenBLAS starts its own before main): the handler
@@ -87,6 +88,8 @@ static void usage_serve(FILE *f) {
             "                                learning from every step\n"
             "  --profile-cost-model S        before serving, teach the cost model for about S seconds\n"
             "                                on synthetic batches (sizes, prompts, the adapters' ranks)\n"
+            "  --adapter-slos FILE           per-model SLOs: JSON {\"NAME\": {\"ttft_ms\": X, \"tpot_ms\": Y}, ...,\n"
+            "                                \"*\": {...}}; a request's own slo wins, field by field\n"
             "  --lora-cache-bytes N          host memory for adapters, suffixes K M G (default: unbounded)\n"
             "  --no-prefix-caching           do not reuse KV blocks across requests\n"
             "  --max-body-bytes N            largest request body, suffixes K M G (default 32M)\n"
@@ -109,7 +112,7 @@ enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
-    O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE
+    O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS
 };
 
 static const struct option OPTS[] = {
@@ -134,6 +137,7 @@ static const struct option OPTS[] = {
     {"scheduler", required_argument, 0, O_SCHEDULER},
     {"cost-model", required_argument, 0, O_COST_MODEL},
     {"profile-cost-model", required_argument, 0, O_PROFILE},
+    {"adapter-slos", required_argument, 0, O_ADAPTER_SLOS},
     {"lora-cache-bytes", required_argument, 0, O_LORA_BYTES},
     {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
     {"max-body-bytes", required_argument, 0, O_BODY},
@@ -366,7 +370,6 @@ int cmd_serve(int argc, char **argv) {
         case O_MAX_LORAS: if (!parse_int("max-loras", optarg, 0, 1 << 20, &cfg.max_loras)) goto usage_err; break;
         case O_SCHEDULER:
             free(cfg.scheduler);
-    free(cfg.cost_model);
             cfg.scheduler = strdup(optarg);
             break;
         case O_COST_MODEL:
@@ -374,6 +377,7 @@ int cmd_serve(int argc, char **argv) {
             cfg.cost_model = strdup(optarg);
             break;
         case O_PROFILE: if (!parse_double("profile-cost-model", optarg, 0, 600, &cfg.profile_seconds)) goto usage_err; break;
+        case O_ADAPTER_SLOS: free(cfg.adapter_slos); cfg.adapter_slos = strdup(optarg); break;
         case O_LORA_BYTES:
             cfg.lora_cache_bytes = cs_parse_size(optarg, &ok);
             if (!ok) { fprintf(stderr, "caraserve serve: bad --lora-cache-bytes '%s'\n", optarg); goto usage_err; }
@@ -454,6 +458,13 @@ int cmd_serve(int argc, char **argv) {
         s->cfg.served_model_name = e > b ? strndup(b, (size_t)(e - b)) : strdup(s->cfg.model);
     }
     s->model_name = s->cfg.served_model_name;
+    if (s->cfg.adapter_slos) { /* before anything slow: a bad file stops the start at once */
+        char err[512];
+        if (!(s->slos = sched_slo_table_load(s->cfg.adapter_slos, err, sizeof err))) {
+            fprintf(stderr, "caraserve serve: --adapter-slos %s: %s\n", s->cfg.adapter_slos, err);
+            goto out;
+        }
+    }
     for (int i = 0; i < s->cfg.n_lora_roots; i++) {
         char *rp = realpath(s->cfg.lora_roots[i], NULL);
         if (!rp) {
@@ -612,6 +623,7 @@ out:
     engine_free(dying);
     sched_free(s->sched);
     cost_model_free(s->cost);
+    sched_slo_table_free(s->slos);
     lora_registry_free(s->reg);
     chat_template_free(s->tmpl);
     tokenizer_free(s->tok);
@@ -660,6 +672,7 @@ out_words:
     free(cfg.device);
     free(cfg.scheduler);
     free(cfg.cost_model);
+    free(cfg.adapter_slos);
     for (int i = 0; i < cfg.n_lora_modules; i++) free(cfg.lora_modules[i]);
     free(cfg.lora_modules);
     for (int i = 0; i < cfg.n_lora_roots; i++) free(cfg.lora_roots[i]);

@@ -39,6 +39,7 @@ typedef struct serve_config {
     char *scheduler;                /* --scheduler: NULL or "fcfs" */
     char *cost_model;               /* --cost-model FILE */
     double profile_seconds;         /* --profile-cost-model S (0: none) */
+    char *adapter_slos;             /* --adapter-slos FILE: per-model SLOs (sched/slo.h) */
     long long lora_cache_bytes;
     long long max_body_bytes;
     long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */
@@ -70,7 +71,7 @@ typedef struct server_metrics {
     metric_t *running, *waiting, *kv_usage, *prefix_queries, *prefix_hits, *preemptions;
     metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses, *prefill_tokens;
     metric_t *cost_r2, *cost_err, *cost_coef, *cost_steps; /* the iteration cost model's fit */
-    metric_t *slo_requests, *slo_met; /* requests with SLOs of their own, and those that met them */
+    metric_t *slo_requests, *slo_met; /* requests with SLOs (own or --adapter-slos), and those that met them */
     /* engine counters already reported (metrics are cumulative there) */
     pthread_mutex_t mu;
     uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;
@@ -86,6 +87,7 @@ typedef struct server {
     lora_registry_t *reg;
     struct sched *sched;            /* the engine's scheduling policy */
     struct cost_model *cost;        /* the iteration cost model it feeds (sched/cost.h) */
+    struct sched_slo_table *slos;   /* --adapter-slos (NULL: none); read-only once serving */
     engine_t *engine;
     chat_template_t *tmpl;          /* NULL: the model has no chat template */
     bool tmpl_wants_parts;          /* the template reads content parts (['type']) */

@@ -1,8 +1,9 @@
 /* test_sched.c: the scheduling policies and the cost model, without an engine: the cost
  * model recovers known coefficients from synthetic steps (with noise, a term that does not
  * matter, a speed change it must follow), saves and loads; fcfs answers as the engine's
- * old hard-coded policy did. */
+ * old hard-coded policy did; the per-model SLO table applies its levels in order. */
 #include <check.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -415,12 +416,80 @@ START_TEST(route_queue_and_ties) {
     ck_assert_int_eq(route_policy_parse("rank-aware"), ROUTE_RANK_AWARE);
     ck_assert_int_eq(route_policy_parse("least-loaded"), ROUTE_LEAST_LOADED);
     ck_assert_int_eq(route_policy_parse("fastest"), -1);
+/* the per-model SLO table (serve --adapter-slos): the request's own bounds, then the entry,
+ * then "*", field by field; null is none and stops "*"; bad entries are refused by name */
+static void apply(const sched_slo_table_t *t, const char *name, double own_ttft, double own_tpot, double want_ttft,
+                  double want_tpot) {
+    double ttft = own_ttft, tpot = own_tpot;
+    sched_slo_table_apply(t, name, &ttft, &tpot);
+    ck_assert_msg(ttft == want_ttft && tpot == want_tpot, "%s (own %g/%g): %g/%g, want %g/%g", name ? name : "(null)",
+                  own_ttft, own_tpot, ttft, tpot, want_ttft, want_tpot);
+}
+
+static sched_slo_table_t *table_of(const char *text, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *root = json_loads(text, 0, &je);
+    ck_assert_msg(root != NULL, "%s: %s", text, je.text);
+    sched_slo_table_t *t = sched_slo_table_parse(root, err, errlen);
+    json_decref(root);
+    return t;
+}
+
+START_TEST(slo_table) {
+    char err[256];
+    sched_slo_table_t *t = table_of("{\"a\": {\"ttft_ms\": 100}, \"b\": {\"ttft_ms\": 200, \"tpot_ms\": 20},"
+                                    " \"c\": {\"tpot_ms\": null}, \"d\": null, \"e\": {},"
+                                    " \"*\": {\"ttft_ms\": 1000, \"tpot_ms\": 50}}", err, sizeof err);
+    ck_assert_msg(t != NULL, "%s", err);
+    apply(t, "a", 0, 0, 100, 50);       /* the entry's TTFT, "*"'s TPOT */
+    apply(t, "b", 0, 0, 200, 20);
+    apply(t, "b", 7, 0, 7, 20);         /* the request's own, field by field */
+    apply(t, "b", 0, 3, 200, 3);
+    apply(t, "c", 0, 0, 1000, 0);       /* null: no TPOT, "*" does not fill it */
+    apply(t, "d", 0, 0, 0, 0);          /* a null entry: none at all */
+    apply(t, "d", 5, 0, 5, 0);
+    apply(t, "e", 0, 0, 1000, 50);      /* an empty one: "*" */
+    apply(t, "unlisted", 0, 0, 1000, 50);
+    apply(t, NULL, 0, 0, 1000, 50);
+    sched_slo_table_free(t);
+    t = table_of("{\"a\": {\"ttft_ms\": 100}}", err, sizeof err); /* no "*": unlisted names get nothing */
+    apply(t, "a", 0, 0, 100, 0);
+    apply(t, "z", 0, 9, 0, 9);
+    sched_slo_table_free(t);
+    apply(NULL, "a", 4, 0, 4, 0);       /* no table */
+    t = table_of("{}", err, sizeof err);
+    ck_assert(t != NULL);
+    apply(t, "a", 0, 0, 0, 0);
+    sched_slo_table_free(t);
+    static const struct { const char *text, *msg; } bad[] = {
+        {"{\"a\": {\"ttft\": 1}}", "\"a\": slo.ttft: unknown (slo has ttft_ms and tpot_ms)"},
+        {"{\"a\": {\"tpot_ms\": -1}}", "\"a\": slo.tpot_ms must be a number of milliseconds > 0"},
+        {"{\"*\": {\"ttft_ms\": \"fast\"}}", "\"*\": slo.ttft_ms must be a number of milliseconds > 0"},
+        {"{\"a\": 3}", "\"a\": 'slo' must be an object"},
+        {"{\"\": {}}", "an empty name"},
+        {"[]", "must be a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        ck_assert_msg(table_of(bad[i].text, err, sizeof err) == NULL, "%s was taken", bad[i].text);
+        ck_assert_msg(strstr(err, bad[i].msg) != NULL, "%s: '%s' lacks '%s'", bad[i].text, err, bad[i].msg);
+    }
+    char path[] = "/tmp/cs_slo_table_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    const char *dup = "{\"a\": {}, \"a\": {}}";
+    ck_assert(write(fd, dup, strlen(dup)) == (ssize_t)strlen(dup));
+    close(fd);
+    ck_assert(sched_slo_table_load(path, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "duplicate") != NULL, "%s", err);
+    unlink(path);
+    ck_assert(sched_slo_table_load(path, err, sizeof err) == NULL); /* gone */
 }
 END_TEST
 
 int main(void) {
     cs_rng_seed(&rng, 12345);
-Suite *s = suite_create("sched");
+    Suite *s = suite_create("sched");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, cost_recovers_coefficients);
     tcase_add_test(tc, cost_nonnegative);
@@ -432,6 +501,7 @@ Suite *s = suite_create("sched");
     tcase_add_test(tc, slo_order_and_victim);
     tcase_add_test(tc, route_rank_aware);
     tcase_add_test(tc, route_queue_and_ties);
+    tcase_add_test(tc, slo_table);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
