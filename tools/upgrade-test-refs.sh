@@ -2,7 +2,7 @@
 # tools/upgrade-test-refs.sh: move the pinned test references (tests/requirements.txt) to the
 # newest releases, then run the whole suite against them.
 #
-#   tools/upgrade-test-refs.sh            newest transformers, peft, tokenizers, ... (torch stays 2.13.0)
+#   tools/upgrade-test-refs.sh            newest transformers, peft, tokenizers, kubernetes-validate, ... (torch stays 2.13.0)
 #   tools/upgrade-test-refs.sh peft==0.22.0   extra constraints for the resolver
 #
 # It resolves in a scratch virtual environment, rewrites the pins of tests/requirements.txt
@@ -10,7 +10,7 @@
 # Commit the new file on its own, and only when the suite passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REFS="torch==2.13.0 transformers peft tokenizers safetensors jinja2 openai numpy"
+REFS="torch==2.13.0 transformers peft tokenizers safetensors jinja2 openai numpy kubernetes-validate"
 scratch=$(mktemp -d /tmp/cs-refs.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 python3 -m venv "$scratch/venv"
