@@ -1164,8 +1164,8 @@ static void usage_router(FILE *f) {
             "  --host ADDR                   address to listen on (default 127.0.0.1)\n"
             "  --port N                      port (default 8080; 0: any free one, printed)\n"
             "  --poll-interval-ms N          read each replica's /v1/state this often (default 50)\n"
-            "  --api-key KEY                 require 'Authorization: Bearer KEY' (also sent to the\n"
-            "                                replicas when a client sends none)\n"
+            "  --api-key KEY                 require 'Authorization: Bearer KEY' (default:\n"
+            "                                $CARASERVE_API_KEY; also sent to the replicas for its polls)\n"
             "  --tpot-factor F               rank-aware: a request without a TPOT SLO is held to F times\n"
             "                                the base model's decode iteration (default 1.5)\n"
             "  --default-output-tokens N     rank-aware: expected output of a request without max_tokens\n"
@@ -1285,6 +1285,8 @@ int cmd_router(int argc, char **argv) {
         fprintf(stderr, "caraserve router: give at least one --replica URL\n");
         goto usage;
     }
+    if (!cfg->api_key && getenv("CARASERVE_API_KEY") && getenv("CARASERVE_API_KEY")[0])
+        cfg->api_key = getenv("CARASERVE_API_KEY");
     rc = 1;
     if (curl_global_init(CURL_GLOBAL_ALL)) {
         fprintf(stderr, "caraserve router: cannot initialise libcurl\n");

@@ -416,6 +416,9 @@ START_TEST(route_queue_and_ties) {
     ck_assert_int_eq(route_policy_parse("rank-aware"), ROUTE_RANK_AWARE);
     ck_assert_int_eq(route_policy_parse("least-loaded"), ROUTE_LEAST_LOADED);
     ck_assert_int_eq(route_policy_parse("fastest"), -1);
+}
+END_TEST
+
 /* the per-model SLO table (serve --adapter-slos): the request's own bounds, then the entry,
  * then "*", field by field; null is none and stops "*"; bad entries are refused by name */
 static void apply(const sched_slo_table_t *t, const char *name, double own_ttft, double own_tpot, double want_ttft,
