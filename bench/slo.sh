@@ -103,7 +103,7 @@ for load in $LOADS; do
         [ "$SEND_SLO" = 1 ] && sloarg=(--extra-body "{\"slo\": {\"ttft_ms\": $TTFT_MS, \"tpot_ms\": $tpot_slo}}")
         run "$policy-$load" "$policy-$load.json" --lora-modules "${bench_mods[@]}" --popularity trace \
             --request-rate "$rate" --goodput "ttft:$TTFT_MS" "tpot:$tpot_slo" --per-rank "${sloarg[@]}"
-        echo "slo.sh: $policy at $load: $($PY -c "import json,sys; r=json.load(open(sys.argv[1])); print('attainment', r['slo_attainment']['all'], 'p99 TTFT', r.get('p99_ttft_ms'), 'p99 TPOT', r.get('p99_tpot_ms'))" "$work/$policy-$load.json")" >&2
+        echo "slo.sh: $policy at $load: $($PY -c "import json,sys; r=json.load(open(sys.argv[1])); a=r['slo_attainment']; print('attainment', a['all'], '(TTFT', a.get('ttft'), 'TPOT', str(a.get('tpot')) + ')', 'p99 TTFT', r.get('p99_ttft_ms'), 'p99 TPOT', r.get('p99_tpot_ms'))" "$work/$policy-$load.json")" >&2
     done
 done
 stop
@@ -118,8 +118,9 @@ rows = []
 for load in loads.split():
     for policy in ("fcfs", "slo"):
         r = json.load(open(os.path.join(work, f"{policy}-{load}.json")))
-        att = (r.get("slo_attainment") or {}).get("all")
-        rows.append({"policy": policy, "load": float(load), "slo_attainment": att,
+        sa = r.get("slo_attainment") or {}
+        rows.append({"policy": policy, "load": float(load), "slo_attainment": sa.get("all"),
+                     "ttft_attainment": sa.get("ttft"), "tpot_attainment": sa.get("tpot"),
                      "p99_ttft_ms": r.get("p99_ttft_ms"), "p99_tpot_ms": r.get("p99_tpot_ms"),
                      "tpot_slo_ms": slos[float(load)], "request_throughput": r.get("request_throughput"),
                      "failed": r.get("failed", 0)})
