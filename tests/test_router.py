@@ -196,6 +196,50 @@ for r in reps:
     r.settle()
 print("ok  a client hanging up on a stream through the router aborts the request on its replica")
 
+# --- the rollout side through the router ---
+ro = {"batch_id": "b1", "adapter": "r64", "sampling": {"max_tokens": 6, "temperature": 0,
+                                                       "logprobs": {"mode": "raw"}},
+      "groups": [{"group_id": "g0", "input_ids": [5, 17, 300, 42], "n": 2, "seed": 7},
+                 {"group_id": "g1", "input_ids": [9, 8, 7], "n": 1, "seed": 3}]}
+st, want, _ = reps[0].request("POST", "/v1/rollout", ro)
+st2, got, hd = rr.request("POST", "/v1/rollout", ro)
+
+
+def samples(res):
+    return {(g["group_id"], x["index"]): (x["output_ids"], x["logprobs"]) for g in res["groups"] for x in g["samples"]}
+
+
+if st != 200 or st2 != 200 or samples(got) != samples(want):
+    reflib.fail(f"/v1/rollout through the router: {st2} {got}\nstraight: {st} {want}")
+c = http.client.HTTPConnection("127.0.0.1", rr.port, timeout=120)
+c.request("POST", "/v1/rollout", json.dumps(dict(ro, stream=True)), {"Content-Type": "application/json"})
+resp = c.getresponse()
+lines = [json.loads(x) for x in resp.read().splitlines() if x.strip()]
+c.close()
+if resp.status != 200 or not resp.getheader("Content-Type", "").startswith("application/x-ndjson") or \
+        "summary" not in lines[-1] or samples({"groups": lines[:-1]}) != samples(want):
+    reflib.fail(f"streamed /v1/rollout through the router: {resp.status} {resp.getheader('Content-Type')} {lines}")
+# a trainer's weight push: raw safetensors, the PEFT config in the query string, to every replica
+weights = open(os.path.join(lora_root, "r8", "adapter_model.safetensors"), "rb").read()
+st, out, _ = rr.request("PUT", "/v1/adapters/policy/versions/3?lora_alpha=16", raw=weights,
+                        headers={"Content-Type": "application/octet-stream"})
+if st != 200 or out.get("version") != 3:
+    reflib.fail(f"PUT /v1/adapters/policy/versions/3 through the router: {st} {out}")
+for r in reps:
+    st, ads, _ = r.request("GET", "/v1/adapters")
+    pol = [a for a in (ads if isinstance(ads, list) else ads.get("data", ads.get("adapters", []))) if a["name"] == "policy"]
+    if not pol or pol[0]["active_version"] != 3:
+        reflib.fail(f"replica {r.base} after the push through the router: {ads}")
+# pause and resume reach every replica
+st, out, _ = rr.request("POST", "/v1/pause", {"mode": "keep"})
+if st != 200 or not all(r.request("GET", "/v1/state")[1]["paused"] for r in reps):
+    reflib.fail(f"/v1/pause through the router: {st} {out}, {[r.request('GET', '/v1/state')[1]['paused'] for r in reps]}")
+st, out, _ = rr.request("POST", "/v1/resume", {})
+if st != 200 or any(r.request("GET", "/v1/state")[1]["paused"] for r in reps):
+    reflib.fail(f"/v1/resume through the router: {st} {out}")
+print(f"ok  rollout side through the router: /v1/rollout equal to a replica's (and as {len(lines) - 1} NDJSON "
+      f"groups + summary), a versioned weight push and pause/resume reach all 3 replicas")
+
 # --- a replica dies: what was on it fails cleanly, nothing else is lost ---
 slow = router("round-robin", poll_ms=600000)  # polls once: it learns of the death by trying
 for r in reps:
