@@ -5,9 +5,12 @@
 # (tests/data/bench/maf-popularity-128.csv: the first 16 adapters' shares), Poisson arrivals at
 # LOADS × the measured capacity. Capacity: the throughput (requests/s) of fcfs on the same
 # mix with every request sent at once. SLOs (CaraServe's definition): TPOT ≤ 1.5 × the base
-# model's TPOT at the same batch size: with SLO_BASE=per-load (the default) the median TPOT of
-# the base model alone at the same arrival rate (so at the batch sizes that load makes), with
-# SLO_BASE=fixed the one at 50% load for every load; TTFT ≤ TTFT_MS. A request meets its SLO when both hold (caraserve-bench --goodput; a failed
+# model's TPOT at the same batch size: with SLO_BASE=batch (the default) the median TPOT of the
+# base model alone held at as many requests in flight as the adapter mix has under fcfs at that
+# load (Little's law on a probe run: throughput × mean E2E latency), with SLO_BASE=per-load the
+# base model alone at the same arrival rate (fewer in flight: it finishes sooner, so a
+# stricter bound), with SLO_BASE=fixed the per-load one at 50% load for every load;
+# TTFT ≤ TTFT_MS. A request meets its SLO when both hold (caraserve-bench --goodput; a failed
 # request misses). Every configuration runs on a fresh server; the schedule of a load is the
 # same for both policies (one seed). The policy warms its cost model on WARM requests first.
 # Rows {"policy", "load", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms"} with the CPU's name go
@@ -15,13 +18,13 @@
 #
 #   bench/slo.sh
 # Env: BUILD (build), THREADS (2), LOADS ("0.5 0.8 1.0 1.2"), N (requests per run: 160), IN (64),
-#      OUT (32), TTFT_MS (3000), WARM (40), SEED (1), SLO_BASE (per-load | fixed), CACHE,
+#      OUT (32), TTFT_MS (3000), WARM (40), SEED (1), SLO_BASE (batch | per-load | fixed), CACHE,
 #      SEND_SLO (1: every request carries the SLOs it is judged by, "slo": {"ttft_ms", "tpot_ms"},
 #      as a client states them; fcfs ignores them; 0: none, the slo policy uses its defaults)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 LOADS=${LOADS:-"0.5 0.8 1.0 1.2"} N=${N:-160} IN=${IN:-64} OUT=${OUT:-32} TTFT_MS=${TTFT_MS:-3000} WARM=${WARM:-40}
-SEED=${SEED:-1} SLO_BASE=${SLO_BASE:-per-load} SEND_SLO=${SEND_SLO:-1}
+SEED=${SEED:-1} SLO_BASE=${SLO_BASE:-batch} SEND_SLO=${SEND_SLO:-1}
 export SEND_SLO
 . bench/common.sh
 BENCH="$BUILD/caraserve-bench"
@@ -95,6 +98,17 @@ for load in $LOADS; do
         base_tpot=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['median_tpot_ms'])" "$work/base-$load.json")
         tpot_slo=$($PY -c "print(round(1.5 * $base_tpot, 3))")
         echo "slo.sh: load $load: base TPOT ${base_tpot} ms: TPOT SLO ${tpot_slo} ms" >&2
+    elif [ "$SLO_BASE" = batch ]; then
+        # the batch size the mix runs at under fcfs at this load (Little: throughput × mean
+        # E2E latency = requests in flight), then the base model held at that many in flight
+        start fcfs
+        run "probe-$load" "probe-$load.json" --lora-modules "${bench_mods[@]}" --popularity trace --request-rate "$rate"
+        conc=$($PY -c "import json,sys,math; r=json.load(open(sys.argv[1])); print(max(1, round(r['request_throughput'] * r['mean_e2el_ms'] / 1000)))" "$work/probe-$load.json")
+        start fcfs
+        run "base-$load" "base-$load.json" --request-rate inf --max-concurrency "$conc"
+        base_tpot=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['median_tpot_ms'])" "$work/base-$load.json")
+        tpot_slo=$($PY -c "print(round(1.5 * $base_tpot, 3))")
+        echo "slo.sh: load $load: the mix runs at $conc in flight; the base model at $conc: TPOT ${base_tpot} ms: TPOT SLO ${tpot_slo} ms" >&2
     fi
     echo "$load $tpot_slo" >> "$work/slos"
     for policy in fcfs slo; do
