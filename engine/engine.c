@@ -35,6 +35,7 @@ typedef struct seq {
     int n_generated;
     bool admitted_once;
     uint64_t admit_order;       /* newest admitted = largest: preempted first */
+    double t_first;             /* now_ms() of its first generated token (0: none yet) */
     sampler_t *sampler;
     stop_matcher_t *stop;
     tokenizer_stream_t *detok;
@@ -458,7 +459,7 @@ static void view_fill(engine_t *e, seq_t *s, sched_view_t *v) {
         r->lora_known = lora_registry_info(e->p.loras, r->adapter, r->p.adapter_version, &r->lora_info) == CS_OK;
     *v = (sched_view_t){
         .req_id = r->id, .index = s->index, .running = s->state == SEQ_RUNNING, .admitted_once = s->admitted_once,
-        .admit_order = s->admit_order, .t_submit_ms = r->t_submit, .slo_ttft_ms = r->p.slo_ttft_ms,
+        .admit_order = s->admit_order, .t_submit_ms = r->t_submit, .t_first_ms = s->t_first, .slo_ttft_ms = r->p.slo_ttft_ms,
         .slo_tpot_ms = r->p.slo_tpot_ms, .n_prompt = r->p.n_prompt, .n_tokens = s->n_tokens,
         .n_computed = s->n_computed, .n_generated = s->n_generated, .max_tokens = r->p.max_tokens, .n = r->n,
         .adapter = r->adapter, .lora_known = r->lora_known, .lora = r->lora_info,
@@ -612,7 +613,7 @@ static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
         return;
     }
     s->tokens[s->n_tokens++] = tok;
-    s->n_generated++;
+    if (++s->n_generated == 1) s->t_first = now_ms();
 
     engine_finish fin = ENGINE_FINISH_NONE;
     if (in_list(p->stop_token_ids, p->n_stop_token_ids, tok) || (!p->ignore_eos && is_eos(e, tok)))

@@ -35,6 +35,7 @@ typedef struct sched_view {
     bool admitted_once;     /* ran before (a preempted sequence, a fork's sample) */
     uint64_t admit_order;   /* larger: admitted later */
     double t_submit_ms;     /* cs_time_ms() at submission */
+    double t_first_ms;      /* cs_time_ms() of its first generated token (0: none yet) */
     double slo_ttft_ms, slo_tpot_ms; /* the request's SLOs; 0: none */
     int n_prompt;           /* prompt tokens */
     int n_tokens;           /* prompt + generated so far */

@@ -75,11 +75,23 @@ static sched_step_t with(const slo_t *q, const sched_view_t *v, int c, bool deco
     return st;
 }
 
+/* How long this iteration may take for V's TPOT SLO of its own to hold. TPOT is the mean
+ * time between a request's tokens after its first, so what matters is the budget: its next
+ * token is due SLO × n_generated after its first one; time it has banked (iterations faster
+ * than its SLO) may go to a longer iteration (a prefill chunk). Never less than the SLO
+ * itself: a request already behind is not saved by holding everyone else back. */
+static double row_bound(const slo_t *q, const sched_view_t *v) {
+    double b = v->slo_tpot_ms;
+    if (v->t_first_ms > 0 && v->n_generated > 0)
+        b = CS_MAX(b, v->slo_tpot_ms * v->n_generated - (q->now - v->t_first_ms));
+    return b;
+}
+
 static void add(slo_t *q, const sched_view_t *v, int c, bool decode) {
     q->cur = with(q, v, c, decode);
     if (v->adapter && !in_batch(q, v->adapter) && q->n_names < MAX_ADAPTERS) q->names[q->n_names++] = v->adapter;
     if (decode) {
-        if (v->slo_tpot_ms > 0) q->min_explicit = CS_MIN(q->min_explicit, v->slo_tpot_ms);
+        if (v->slo_tpot_ms > 0) q->min_explicit = CS_MIN(q->min_explicit, row_bound(q, v));
         else q->has_default = true;
     }
 }
@@ -93,7 +105,7 @@ static bool fits(const slo_t *q, const sched_view_t *v, int c, bool decode) {
     double me = q->min_explicit;
     bool hd = q->has_default;
     if (decode) {
-        if (v->slo_tpot_ms > 0) me = CS_MIN(me, v->slo_tpot_ms);
+        if (v->slo_tpot_ms > 0) me = CS_MIN(me, row_bound(q, v));
         else hd = true;
     }
     double b = bound(q, &st, me, hd);

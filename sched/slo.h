@@ -2,7 +2,9 @@
  * (sched/cost.h) it predicts each iteration's latency as the batch is formed, and:
  *
  *  - keeps every running sequence within its TPOT SLO: a prefill chunk (continuing or new)
- *    is cut to what still fits under the tightest TPOT SLO of the batch's decode rows;
+ *    is cut to what still fits under the tightest TPOT bound of the batch's decode rows; TPOT
+ *    being a mean, a row with an SLO of its own is bound by its budget (its next token is due
+ *    SLO × tokens so far after its first), never by less than its SLO;
  *  - offers admission by slack: preempted sequences first, then by deadline (submission +
  *    TTFT SLO, or + default_ttft_ms without one) minus the predicted time of its prefill;
  *  - does not admit a request whose adapter (a new distinct adapter: its Σ rank, the rows

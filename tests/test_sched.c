@@ -273,6 +273,36 @@ START_TEST(slo_admits_what_fits) {
 END_TEST
 
 /* requests of an adapter already in the batch pay no new adapter term: they group */
+/* TPOT is a mean: time a running request has banked (faster iterations than its SLO) may go
+ * to a longer iteration, a bigger prefill chunk; a request with nothing banked holds the
+ * iteration to its SLO */
+START_TEST(slo_tpot_budget) {
+    cost_model_t *m = priced();
+    fake_now = 100000;
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of});
+    /* 8 base decode rows with a TPOT SLO of 7 ms: they cost 2 + 8 x 0.5 = 6 */
+    sched_view_t run[8];
+    for (int i = 0; i < 8; i++) {
+        run[i] = decoding((uint64_t)i + 1, NULL, 0, 7);
+        run[i].t_first_ms = fake_now - 5 * 7; /* 5 tokens, each on time: nothing banked */
+    }
+    run_iteration(s, run, 8);
+    sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
+    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 20); /* 6 + 0.05 c <= 7 */
+    /* the same rows 20 ms ahead of their SLO (the 6th token is due at t_first + 35): the
+     * iteration may take 20 ms, the whole prompt fits (6 + 5 = 11) */
+    for (int i = 0; i < 8; i++) run[i].t_first_ms = fake_now - 15;
+    run_iteration(s, run, 8);
+    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 100);
+    /* one row behind its SLO holds it to 7 ms again, never less */
+    run[3].t_first_ms = fake_now - 60;
+    run_iteration(s, run, 8);
+    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 20);
+    sched_free(s);
+    cost_model_free(m);
+}
+END_TEST
+
 START_TEST(slo_groups_adapters) {
     cost_model_t *m = priced();
     fake_now = 5000;
@@ -501,6 +531,7 @@ int main(void) {
     tcase_add_test(tc, fcfs_policy);
     tcase_add_test(tc, slo_admits_what_fits);
     tcase_add_test(tc, slo_groups_adapters);
+    tcase_add_test(tc, slo_tpot_budget);
     tcase_add_test(tc, slo_order_and_victim);
     tcase_add_test(tc, route_rank_aware);
     tcase_add_test(tc, route_queue_and_ties);
