@@ -71,20 +71,7 @@ enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char
 }
 
 /* ---- security ---- */
-bool auth_ok(const server_t *s, const char *h) {
-    if (!s->cfg.api_key || !s->cfg.api_key[0]) return true;
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    const char *k = h + 7;
-    while (*k == ' ') k++;
-    /* constant time in the key's length: every byte of the longer string is compared */
-    size_t a = strlen(k), b = strlen(s->cfg.api_key), n = a > b ? a : b;
-    unsigned char diff = (unsigned char)(a != b);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char x = i < a ? (unsigned char)k[i] : 0, y = i < b ? (unsigned char)s->cfg.api_key[i] : 0;
-        diff |= x ^ y;
-    }
-    return diff == 0;
-}
+bool auth_ok(const server_t *s, const char *h) { return route_bearer_ok(s->cfg.api_key, h); }
 
 /* "/a/./b/../c" -> "/a/c" for an absolute path (no file system access) */
 static char *lexical_abs(const char *path) {

@@ -415,7 +415,6 @@ static int take_state(router_t *rt, int r, const char *body, double t0, char *er
     rp->healthy = true;
     rp->ever_polled = true;
     rp->why_down[0] = 0;
-    pthread_cond_broadcast(&rt->cv);
     pthread_mutex_unlock(&rt->mu);
     json_decref(st);
     metric_set(rt->m_up, (const char *[]){rp->url}, 1);
@@ -651,10 +650,9 @@ out:
     free(up);
 }
 
-static void *proxy_thread(void *arg) {
-    proxy_t *p = arg;
-    if (p->kind == PK_BROADCAST_ALL || p->kind == PK_BROADCAST_ANY) run_broadcast(p);
-    else run_routed(p);
+/* the thread's part is over: off the router's list (shutdown waits for it to empty), the
+ * answer ready for the connection, the thread's reference dropped */
+static void proxy_done(proxy_t *p) {
     router_t *rt = p->rt;
     pthread_mutex_lock(&rt->mu);
     if (p->prev) p->prev->next = p->next;
@@ -668,6 +666,13 @@ static void *proxy_thread(void *arg) {
     pthread_mutex_unlock(&p->mu);
     resume_if_ready(p);
     proxy_unref(p);
+}
+
+static void *proxy_thread(void *arg) {
+    proxy_t *p = arg;
+    if (p->kind == PK_BROADCAST_ALL || p->kind == PK_BROADCAST_ANY) run_broadcast(p);
+    else run_routed(p);
+    proxy_done(p);
     return NULL;
 }
 
@@ -777,17 +782,6 @@ static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, co
     return reply(c, status, "application/json", s, strlen(s));
 }
 
-static bool auth_ok(const router_t *rt, const char *h) {
-    const char *key = rt->cfg.api_key;
-    if (!key || !key[0]) return true;
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    const char *k = h + 7;
-    while (*k == ' ') k++;
-    size_t a = strlen(k), b = strlen(key), n = a > b ? a : b;
-    unsigned char diff = (unsigned char)(a != b);
-    for (size_t i = 0; i < n; i++) diff |= (unsigned char)((i < a ? k[i] : 0) ^ (i < b ? key[i] : 0));
-    return diff == 0;
-}
 
 /* the stream reader of a streamed upstream response */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -1003,17 +997,7 @@ static enum MHD_Result start_proxy(router_t *rt, rconn_t *cn, struct MHD_Connect
     pthread_attr_destroy(&at);
     if (e) { /* the thread's part done here */
         proxy_fail(p, 503, "cannot start a thread");
-        pthread_mutex_lock(&rt->mu);
-        if (p->prev) p->prev->next = p->next;
-        else rt->proxies = p->next;
-        if (p->next) p->next->prev = p->prev;
-        rt->n_proxies--;
-        pthread_mutex_unlock(&rt->mu);
-        pthread_mutex_lock(&p->mu);
-        p->finished = true;
-        pthread_mutex_unlock(&p->mu);
-        resume_if_ready(p);
-        proxy_unref(p);
+        proxy_done(p);
     }
     return MHD_YES;
 }
@@ -1034,7 +1018,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cn->rt = rt;
         cn->t_arrival = cs_time_ms();
         *con_cls = cn;
-        if (route_needs_auth(url) && !auth_ok(rt, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
+        if (route_needs_auth(url) && !route_bearer_ok(rt->cfg.api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
             cn->answered = true;
             return reply_error(c, 401, "missing or invalid API key (send 'Authorization: Bearer KEY')");
         }

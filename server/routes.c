@@ -2,6 +2,7 @@
 #include "server/routes.h"
 
 #include <stdio.h>
+#include <strings.h>
 #include <string.h>
 
 #define API (ROUTE_AUTH | ROUTE_READY | ROUTE_JSON)
@@ -64,4 +65,19 @@ bool route_needs_auth(const char *url) {
     const route_t *r = route_find(url);
     if (r) return r->flags & ROUTE_AUTH;
     return !strncmp(url, "/v1/", 4) || !strcmp(url, "/v1");
+}
+
+bool route_bearer_ok(const char *key, const char *h) {
+    if (!key || !key[0]) return true;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    const char *k = h + 7;
+    while (*k == ' ') k++;
+    /* every byte of the longer string is compared */
+    size_t a = strlen(k), b = strlen(key), n = a > b ? a : b;
+    unsigned char diff = (unsigned char)(a != b);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char x = i < a ? (unsigned char)k[i] : 0, y = i < b ? (unsigned char)key[i] : 0;
+        diff |= x ^ y;
+    }
+    return diff == 0;
 }

@@ -37,5 +37,8 @@ bool route_allows(const route_t *r, const char *method);
 const char *route_methods_text(const route_t *r, char *buf, int len);
 /* the API key is checked for this URL: its route's flag, or any other path under /v1 */
 bool route_needs_auth(const char *url);
+/* H (an Authorization header, or NULL) is "Bearer KEY"; any H when KEY is NULL or "". In
+ * constant time in the key's length. */
+bool route_bearer_ok(const char *key, const char *h);
 
 #endif
