@@ -21,6 +21,10 @@
 
 #include "engine/common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct backend backend_t;
 typedef struct backend_buf backend_buf_t;         /* device memory: a handle */
 typedef struct backend_batch backend_batch_t;     /* an uploaded batch description */
@@ -296,9 +300,12 @@ static inline bool backend_supports_kv_dtype(const backend_t *b, cs_dtype t) {
 }
 static inline void backend_synchronize(backend_t *b) { if (b->iface->synchronize) b->iface->synchronize(b); }
 static inline void backend_get_stats(backend_t *b, backend_stats_t *st) {
-    *st = (backend_stats_t){0};
+    memset(st, 0, sizeof *st);
     if (b->iface->get_stats) b->iface->get_stats(b, st);
 }
 static inline void backend_free(backend_t *b) { if (b) b->iface->free(b); }
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -10,6 +10,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum cs_status {
     CS_OK           =  0,
     CS_EINVAL       = -1,  /* bad argument or bad input value */
@@ -38,7 +42,7 @@ extern int cs_log_verbose;
     do {                                                                                \
         if (!(x)) cs_assert_fail(__FILE__, __LINE__, #x);                               \
     } while (0)
-_Noreturn void cs_assert_fail(const char *file, int line, const char *expr);
+__attribute__((noreturn)) void cs_assert_fail(const char *file, int line, const char *expr);
 
 /* Tensor element types, as safetensors names them. */
 typedef enum cs_dtype {
@@ -153,4 +157,7 @@ struct json_t *cs_json_logprob(float v);
 #define CS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define CS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+#ifdef __cplusplus
+}
+#endif
 #endif

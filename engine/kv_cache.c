@@ -3,6 +3,7 @@
  * prefix table a chained hash over block ids. */
 #include "engine/kv_cache.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,6 +64,7 @@ int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     kv->bucket_mask = nbk - 1;
     if (!kv->k || !kv->v || !kv->meta || !kv->free_stack || !kv->buckets) goto oom;
     size_t pool = nb * KV_BLOCK_SIZE * (size_t)p->kv_dim * sizeof(float);
+    cs_error_clear(); /* a failed allocation below says why, or nothing (host memory) */
     for (int l = 0; l < p->n_layers; l++) {
         kv->k[l] = backend_buf_alloc(be, pool);
         kv->v[l] = backend_buf_alloc(be, pool);
@@ -76,9 +78,13 @@ int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     kv->lru_head = kv->lru_tail = -1;
     *out = kv;
     return CS_OK;
-oom:
+oom: {
+    char why[320];
+    const char *last = cs_error_last();
+    snprintf(why, sizeof why, "%s", strcmp(last, "no error message") ? last : "out of memory");
     kv_cache_free(kv);
-    return cs_error_set(CS_ENOMEM, "out of memory for a KV cache of %zu blocks (%zu bytes)", nb, nb * bb);
+    return cs_error_set(CS_ENOMEM, "a KV cache of %zu blocks (%zu bytes) does not fit: %s", nb, nb * bb, why);
+}
 }
 
 void kv_cache_free(kv_cache_t *kv) {

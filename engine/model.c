@@ -138,7 +138,9 @@ static int load_matrix(model_t *m, const char *name, int rows, int cols, backend
         }
         if ((rc = own(m, w->buf = backend_buf_from_host(m->be, p, t->nbytes)))) return rc;
     } else {
-        if ((rc = own(m, w->buf = backend_buf_alloc(m->be, t->nbytes)))) return rc;
+        if (!(w->buf = backend_buf_alloc(m->be, t->nbytes)))
+            return cs_error_set(CS_ENOMEM, "weight %s (%zu bytes): %s", name, t->nbytes, cs_error_last());
+        if ((rc = own(m, w->buf))) return rc;
         backend_buf_set(m->be, w->buf, 0, t->data, t->nbytes);
     }
     m->n_params += (size_t)rows * cols;
@@ -157,6 +159,7 @@ static int load_vector(model_t *m, const char *name, int n, backend_buf_t **out)
     cs_to_f32(h, src, t->dtype, (size_t)n);
     free(src);
     backend_buf_t *d = backend_buf_alloc(m->be, sizeof(float) * (size_t)n);
+    if (!d) { free(h); return cs_error_set(CS_ENOMEM, "weight %s: %s", name, cs_error_last()); }
     if ((rc = own(m, d))) { free(h); return rc; }
     backend_buf_set(m->be, d, 0, h, sizeof(float) * (size_t)n);
     free(h);
@@ -296,7 +299,11 @@ int model_load(const char *dir, backend_t *be, model_t **out) {
     m->inv_freq = malloc(sizeof(float) * (size_t)(hd / 2));
     if (!m->inv_freq) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
     model_rope_inv_freq(c, m->inv_freq);
-    if ((rc = own(m, m->inv_freq_buf = backend_buf_alloc(be, sizeof(float) * (size_t)(hd / 2))))) goto err;
+    if (!(m->inv_freq_buf = backend_buf_alloc(be, sizeof(float) * (size_t)(hd / 2)))) {
+        rc = cs_error_set(CS_ENOMEM, "rotary frequencies: %s", cs_error_last());
+        goto err;
+    }
+    if ((rc = own(m, m->inv_freq_buf))) goto err;
     backend_buf_set(be, m->inv_freq_buf, 0, m->inv_freq, sizeof(float) * (size_t)(hd / 2));
     *out = m;
     return CS_OK;
@@ -363,7 +370,7 @@ static int ensure_acts(model_t *m, int n, int n_seqs) {
     if (!m->x || !m->xb || !m->xb2 || !m->q || !m->kb || !m->vb || !m->att || !m->hb || !m->hb2 ||
         !m->pos || !m->ids || !m->slots || !m->out_rows) {
         free_acts(m);
-        return cs_error_set(CS_ENOMEM, "out of memory for activations of %d tokens", n);
+        return cs_error_set(CS_ENOMEM, "activations of %d tokens: %s", n, cs_error_last());
     }
     m->act_cap = n;
     return CS_OK;

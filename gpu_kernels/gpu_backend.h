@@ -1,17 +1,45 @@
-/* gpu_backend.h: the CUDA backend's public header, plain C (only the .cu files of gpu_kernels/ include
- * CUDA headers). For now it exposes the toolchain check; the backend vtable follows with
- * the GPU issue. */
+/* gpu_backend.h: the CUDA backend's public header, plain C (only the .cu files of
+ * gpu_kernels/ include CUDA headers).
+ *
+ * The backend (backend.cu over the kernels in the other .cu files) implements
+ * engine/backend.h on one GPU: weights, the KV pools, adapter slots and activations in
+ * device memory under a budget (a fraction of the GPU's memory), cuBLAS GEMMs with F32
+ * accumulation (activations rounded to the weights' BF16/F16 on the way in; F32 weights
+ * stay F32), paged attention and grouped LoRA kernels, a compute stream and a copy stream.
+ *
+ * The same sources are always built a second time against a host emulation of CUDA
+ * (cuda_emu.h): cuda_emu_backend_new runs the backend's own code, kernels included, on the
+ * CPU so the test suite checks it on machines without a GPU. It is a test device, slow by
+ * design, and not offered as a user's --device. */
 #ifndef CS_GPU_BACKEND_H
 #define CS_GPU_BACKEND_H
+
+#include "engine/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Number of CUDA devices (0 when none or no driver). */
+typedef struct cuda_backend_params {
+    int device;             /* CUDA device index */
+    double memory_fraction; /* of the device's memory the backend may allocate (0: 0.90) */
+} cuda_backend_params_t;
+
+/* NULL with cs_error_last() set when no device, no driver or no memory */
+backend_t *cuda_backend_new(const cuda_backend_params_t *p);
+backend_t *cuda_emu_backend_new(const cuda_backend_params_t *p);
+
+/* true for either of the two */
+bool backend_is_cuda(const backend_t *b);
+/* bytes the backend has allocated and may allocate in all (the budget) */
+void cuda_backend_memory(const backend_t *b, size_t *used, size_t *budget);
+/* "NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90" */
+void cuda_backend_describe(const backend_t *b, char *buf, size_t len);
+
+/* Number of CUDA devices (0 when none or no driver). CUDA builds only. */
 int gpu_device_count(void);
 /* Runs a saxpy kernel on n elements and checks it against the host: 0 on success, < 0 on a
- * CUDA error or a wrong result; msg gets a description. */
+ * CUDA error or a wrong result; msg gets a description. CUDA builds only. */
 int gpu_toolchain_check(int n, char *msg, int msg_len);
 
 #ifdef __cplusplus

@@ -44,7 +44,9 @@ static void usage_batch(FILE *f) {
             "  --stats                     print engine statistics (JSON) to stderr at the end\n"
             "  --batch-invariant           each sequence's results independent of the batch (bit-identical)\n"
             "  --reference-kernels         use the plain reference kernels\n"
-            "  --device cpu|cuda           where the model runs (default cpu)\n"
+            "  --device auto|cpu|cuda      where the model runs (default auto: cuda where a GPU is visible)\n"
+            "  --gpu-memory-fraction F     of the GPU's memory caraserve may use (0 < F <= 1, default 0.9);\n"
+            "                              on a GPU the KV cache takes what the weights leave unless sized\n"
             "  --preload-adapters          load every --lora adapter before the first request (a batch\n"
             "                              that does not depend on load times)\n"
             "\n"
@@ -343,6 +345,7 @@ int cmd_batch(int argc, char **argv) {
         {"reference-kernels", no_argument, 0, 'R'},
         {"batch-invariant", no_argument, 0, 'I'},
         {"device", required_argument, 0, 'V'},
+        {"gpu-memory-fraction", required_argument, 0, 'G'},
         {"preload-adapters", no_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -352,6 +355,8 @@ int cmd_batch(int argc, char **argv) {
     int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0, max_loras = 0;
     const char *scheduler = NULL, *cost_out = NULL;
     long long kv_bytes = 1LL << 30, lora_bytes = 0;
+    bool kv_explicit = false;
+    double gpu_fraction = 0;
     bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     bool preload = false;
     int c, status = 1;
@@ -372,6 +377,7 @@ int cmd_batch(int argc, char **argv) {
         case 'k':
             kv_bytes = cs_parse_size(optarg, &ok);
             if (!ok || kv_bytes <= 0) { fprintf(stderr, "caraserve batch: --kv-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
+            kv_explicit = true;
             break;
         case 'f': {
             char *end;
@@ -380,8 +386,15 @@ int cmd_batch(int argc, char **argv) {
             size_t avail = cs_mem_available();
             if (!avail) { fprintf(stderr, "caraserve batch: cannot read MemAvailable from /proc/meminfo; use --kv-cache-bytes\n"); goto usage_err; }
             kv_bytes = (long long)(fr * (double)avail);
+            kv_explicit = true;
             break;
         }
+        case 'G':
+            if (!setup_parse_gpu_fraction(optarg, &gpu_fraction)) {
+                fprintf(stderr, "caraserve batch: --gpu-memory-fraction wants 0 < F <= 1, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            break;
         case 'C':
             lora_bytes = cs_parse_size(optarg, &ok);
             if (!ok || lora_bytes <= 0) { fprintf(stderr, "caraserve batch: --lora-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
@@ -421,7 +434,7 @@ int cmd_batch(int argc, char **argv) {
         goto out;
     }
     be = setup_backend(&(setup_backend_opts_t){.device = device, .threads = threads, .reference = reference,
-                                               .batch_invariant = invariant});
+                                               .batch_invariant = invariant, .gpu_memory_fraction = gpu_fraction});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
     char *tj = cs_path_join(model_dir, "tokenizer.json");
@@ -453,7 +466,8 @@ int cmd_batch(int argc, char **argv) {
     }
     const int32_t *eos = cfg->n_eos ? cfg->eos_token_ids : NULL;
     if (!(cost = cost_model_new(1)) || !(sched = setup_scheduler(scheduler, cost))) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
-    engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg, .kv_cache_bytes = (size_t)kv_bytes, .sched = sched,
+    engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg,
+                          .kv_cache_bytes = setup_kv_bytes(be, (size_t)kv_bytes, kv_explicit), .sched = sched,
                           .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,
                           .max_model_len = max_model_len, .no_prefix_caching = no_prefix};
     if (!tok && eos) { ep.eos_ids = eos; ep.n_eos = cfg->n_eos; }

@@ -102,7 +102,9 @@ static void usage_serve(FILE *f) {
             "  --batch-invariant             every sequence's logits independent of the batch and the prefix\n"
             "                                cache (bit-identical repeats; slower prefill)\n"
             "  --reference-kernels           use the plain reference kernels (slow; for checking)\n"
-            "  --device cpu|cuda             where the model runs (default cpu; cuda needs a CUDA build and a GPU)\n");
+            "  --device auto|cpu|cuda        where the model runs (default auto: cuda where a CUDA build sees a GPU)\n"
+            "  --gpu-memory-fraction F       of the GPU's memory caraserve may use (0 < F <= 1, default 0.9); on\n"
+            "                                a GPU the KV cache takes what the weights leave unless sized\n");
 }
 
 /* the serving cost model forgets slowly: a step 2,000 steps ago weighs 1/e */
@@ -112,7 +114,8 @@ enum {
     O_MODEL = 256, O_NAME, O_LORA, O_HOST, O_PORT, O_KEY, O_ROOT, O_CONFIG, O_TEMPLATE, O_THREADS, O_HTTP_THREADS,
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
-    O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS
+    O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
+    O_GPU_FRACTION
 };
 
 static const struct option OPTS[] = {
@@ -151,6 +154,7 @@ static const struct option OPTS[] = {
     {"adapter-upload-dir", required_argument, 0, O_UPLOAD_DIR},
     {"batch-invariant", no_argument, 0, O_INVARIANT},
     {"device", required_argument, 0, O_DEVICE},
+    {"gpu-memory-fraction", required_argument, 0, O_GPU_FRACTION},
     {0, 0, 0, 0},
 };
 
@@ -353,6 +357,7 @@ int cmd_serve(int argc, char **argv) {
         case O_KV_BYTES:
             cfg.kv_cache_bytes = cs_parse_size(optarg, &ok);
             if (!ok || cfg.kv_cache_bytes <= 0) { fprintf(stderr, "caraserve serve: bad --kv-cache-bytes '%s'\n", optarg); goto usage_err; }
+            cfg.kv_cache_explicit = true;
             break;
         case O_KV_FRAC: {
             char *end;
@@ -402,6 +407,12 @@ int cmd_serve(int argc, char **argv) {
         case O_REFERENCE: cfg.reference_kernels = true; break;
         case O_INVARIANT: cfg.batch_invariant = true; break;
         case O_DEVICE: free(cfg.device); cfg.device = strdup(optarg); break;
+        case O_GPU_FRACTION:
+            if (!setup_parse_gpu_fraction(optarg, &cfg.gpu_memory_fraction)) {
+                fprintf(stderr, "caraserve serve: --gpu-memory-fraction wants 0 < F <= 1, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            break;
         case O_ADAPTER_BYTES:
             cfg.max_adapter_bytes = cs_parse_size(optarg, &ok);
             if (!ok || cfg.max_adapter_bytes < 1024) { fprintf(stderr, "caraserve serve: bad --max-adapter-bytes '%s'\n", optarg); goto usage_err; }
@@ -493,7 +504,8 @@ int cmd_serve(int argc, char **argv) {
     /* the model */
     s->be = setup_backend(&(setup_backend_opts_t){.device = s->cfg.device, .threads = s->cfg.threads,
                                                   .reference = s->cfg.reference_kernels,
-                                                  .batch_invariant = s->cfg.batch_invariant});
+                                                  .batch_invariant = s->cfg.batch_invariant,
+                                                  .gpu_memory_fraction = s->cfg.gpu_memory_fraction});
     if (!s->be) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     if (model_load(s->cfg.model, s->be, &s->model)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); goto out; }
     char *tj = cs_path_join(s->cfg.model, "tokenizer.json");
@@ -523,6 +535,7 @@ int cmd_serve(int argc, char **argv) {
         if (!avail) { fprintf(stderr, "caraserve serve: cannot read MemAvailable for --kv-cache-fraction\n"); goto out; }
         kv_bytes = (size_t)((double)avail * s->cfg.kv_cache_fraction);
     }
+    kv_bytes = setup_kv_bytes(s->be, kv_bytes, s->cfg.kv_cache_explicit || s->cfg.kv_cache_fraction > 0);
     if (!(s->cost = cost_model_new(COST_FORGET_SERVE))) { fprintf(stderr, "caraserve serve: out of memory\n"); goto out; }
     if (s->cfg.cost_model && cost_model_load(s->cost, s->cfg.cost_model)) {
         fprintf(stderr, "caraserve serve: --cost-model: %s\n", cs_error_last());

@@ -21,7 +21,7 @@ static void usage_generate(FILE *f) {
             "usage: caraserve generate --model DIR [--lora DIR] (--prompt TEXT | --prompt-ids 1,2,3)\n"
             "                          [--max-tokens N] [--temperature T] [--seed S] [--print-ids]\n"
             "                          [--threads N] [--no-special] [--ignore-eos] [--stats]\n"
-            "                          [--dump-logits FILE] [--reference-kernels] [--device cpu|cuda]\n"
+            "                          [--dump-logits FILE] [--reference-kernels] [--device auto|cpu|cuda]\n"
             "\n"
             "  --model DIR          Hugging Face model directory (config.json, *.safetensors, tokenizer.json)\n"
             "  --lora DIR           PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)\n"
@@ -37,7 +37,7 @@ static void usage_generate(FILE *f) {
             "  --stats              print prefill and decode speed to stderr\n"
             "  --dump-logits FILE   write the logits of every position (binary, for tests)\n"
             "  --reference-kernels  use the plain reference kernels (slow; for checking)\n"
-            "  --device cpu|cuda    where the model runs (default cpu; cuda needs a CUDA build and a GPU)\n");
+            "  --device D           auto, cpu or cuda (default auto: cuda where a CUDA build sees a GPU)\n");
 }
 
 static void usage(FILE *f) {

@@ -34,6 +34,8 @@ typedef struct serve_config {
     int http_threads;               /* libmicrohttpd pool */
     long long kv_cache_bytes;
     double kv_cache_fraction;
+    bool kv_cache_explicit;   /* --kv-cache-bytes was given */
+    double gpu_memory_fraction; /* --gpu-memory-fraction (0: the backend's default) */
     int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
     int max_loras;                  /* adapters in device slots at once (0: unbounded) */
     char *scheduler;                /* --scheduler: NULL or "fcfs" */
@@ -51,7 +53,7 @@ typedef struct serve_config {
     bool no_prefix_caching;
     bool reference_kernels;
     bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
-    char *device;           /* --device: cpu (NULL) or cuda */
+    char *device;           /* --device: auto (NULL), cpu or cuda */
 } serve_config_t;
 
 /* An adapter served by name, with the requests using it (an unload waits for them). */

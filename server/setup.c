@@ -13,9 +13,7 @@
 
 #include "config.h"
 #include "cpu_kernels/cpu_backend.h"
-#ifdef CS_HAVE_CUDA
 #include "gpu_kernels/gpu_backend.h"
-#endif
 
 static bool env_on(const char *name) {
     const char *v = getenv(name);
@@ -27,18 +25,30 @@ static double env_num(const char *name, double dflt) {
     return v && *v ? atof(v) : dflt;
 }
 
+static bool gpu_present(void) {
+#ifdef CS_HAVE_CUDA
+    return gpu_device_count() > 0;
+#else
+    return false;
+#endif
+}
+
 backend_t *setup_backend(const setup_backend_opts_t *o) {
-    const char *dev = o->device && *o->device ? o->device : "cpu";
+    const char *dev = o->device && *o->device ? o->device : "auto";
+    if (!strcmp(dev, "auto")) dev = gpu_present() ? "cuda" : "cpu";
+    cuda_backend_params_t gp = {.device = 0, .memory_fraction = o->gpu_memory_fraction};
+    const char *test_dev = getenv("CS_TEST_DEVICE");
+    if (test_dev && !strcmp(test_dev, "cuda-emu")) /* the CUDA backend's code on the host emulator */
+        return cuda_emu_backend_new(&gp);
     if (!strcmp(dev, "cuda")) {
 #ifdef CS_HAVE_CUDA
-        int n = gpu_device_count();
-        if (n <= 0) {
+        if (!gpu_present()) {
             cs_error_set(CS_EUNSUPPORTED, "--device cuda: no CUDA device is visible (nvidia-smi lists none, or no driver)");
             return NULL;
         }
-        cs_error_set(CS_EUNSUPPORTED, "--device cuda: this build has the CUDA toolchain check but not yet the CUDA "
-                                      "backend; use --device cpu");
-        return NULL;
+        backend_t *be = cuda_backend_new(&gp);
+        if (!be) cs_error_set(CS_EUNSUPPORTED, "--device cuda: %s", cs_error_last());
+        return be;
 #else
         cs_error_set(CS_EUNSUPPORTED, "--device cuda: caraserve was built without CUDA (configure --with-cuda)");
         return NULL;
@@ -58,10 +68,9 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         .no_tile = env_on("CS_NO_TILE"),
         .amx_terms = (int)env_num("CS_AMX_TERMS", 3),
     };
-    const char *test_dev = getenv("CS_TEST_DEVICE");
     if (test_dev && *test_dev) {
         if (strcmp(test_dev, "strict")) {
-            cs_error_set(CS_EINVAL, "CS_TEST_DEVICE=%s: the only test device is 'strict'", test_dev);
+            cs_error_set(CS_EINVAL, "CS_TEST_DEVICE=%s: the test devices are 'strict' and 'cuda-emu'", test_dev);
             return NULL;
         }
         strict_device_params_t sp = {cp, env_num("CS_STRICT_GBPS", 0) * 1e9, env_num("CS_STRICT_LATENCY_US", 0)};
@@ -71,8 +80,34 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
 }
 
 void setup_backend_describe(const backend_t *be, char *buf, size_t len) {
+    if (backend_is_cuda(be)) {
+        char d[300];
+        cuda_backend_describe(be, d, sizeof d);
+        snprintf(buf, len, "%s (%s)", backend_name(be), d);
+        return;
+    }
     snprintf(buf, len, "%s%s (%s kernels, %d threads)", backend_is_strict_device(be) ? "strict test device" : "",
              backend_is_strict_device(be) ? "" : backend_name(be), cpu_backend_path(be), be->n_threads);
+}
+
+size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size) {
+    if (explicit_size || !backend_is_cuda(be)) return requested;
+    size_t used, budget;
+    cuda_backend_memory(be, &used, &budget);
+    size_t left = budget > used ? budget - used : 0, reserve = left / 10;
+    if (reserve < ((size_t)512 << 20)) reserve = (size_t)512 << 20;
+    size_t kv = left > reserve ? left - reserve : 0;
+    cs_log("KV cache: %.2f GiB of the GPU's budget (%.2f GiB in use after the weights, %.2f GiB kept for "
+           "activations and adapter slots)", kv / 1073741824.0, used / 1073741824.0, reserve / 1073741824.0);
+    return kv;
+}
+
+bool setup_parse_gpu_fraction(const char *s, double *out) {
+    char *end;
+    double f = strtod(s, &end);
+    if (end == s || *end || !(f > 0 && f <= 1)) return false;
+    *out = f;
+    return true;
 }
 
 sched_t *setup_scheduler(const char *name, struct cost_model *cost) {

@@ -1,15 +1,16 @@
 /* setup.h: the one place that builds the backend for `generate`, `batch` and `serve`
  * (and names it for their messages). Flags come in the options; the environment switches
  * of the CPU kernels (CS_NO_AVX512, CS_NO_AVX2, CS_NO_AMX, CS_NO_TILE, CS_AMX_TERMS) and the tests'
- * CS_TEST_DEVICE=strict (CS_STRICT_GBPS, CS_STRICT_LATENCY_US) are read here and nowhere
- * else. */
+ * CS_TEST_DEVICE=strict (CS_STRICT_GBPS, CS_STRICT_LATENCY_US) or =cuda-emu (the CUDA
+ * backend's own code on the host emulator) are read here and nowhere else. */
 #ifndef CS_SETUP_H
 #define CS_SETUP_H
 
 #include "engine/backend.h"
 
 typedef struct setup_backend_opts {
-    const char *device;     /* "cpu" (NULL: cpu) or "cuda" */
+    const char *device;     /* "cpu", "cuda" or "auto" (NULL: auto: cuda where a GPU is visible) */
+    double gpu_memory_fraction; /* cuda: of the GPU's memory it may allocate (0: 0.90) */
     int threads;            /* 0: every online CPU */
     bool reference;         /* --reference-kernels */
     bool batch_invariant;   /* --batch-invariant */
@@ -19,6 +20,13 @@ typedef struct setup_backend_opts {
 backend_t *setup_backend(const setup_backend_opts_t *o);
 /* "cpu (avx512, 2 threads)", "strict test device (...)": for --stats and start-up lines */
 void setup_backend_describe(const backend_t *be, char *buf, size_t len);
+
+/* The KV cache budget: REQUESTED when EXPLICIT (a flag gave it) or the backend is not a GPU;
+ * on a GPU without a flag, what its memory budget leaves after the weights, less a reserve
+ * for activations and adapter slots (10%, at least 512 MiB), as vLLM sizes its KV cache. */
+size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size);
+/* parses --gpu-memory-fraction's value: 0 < F <= 1 */
+bool setup_parse_gpu_fraction(const char *s, double *out);
 
 /* The scheduling policy NAME names (NULL: the default, fcfs), with COST (sched/cost.h; may
  * be NULL) learning from its steps; NULL with a message for an unknown one. Free with

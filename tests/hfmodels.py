@@ -77,3 +77,28 @@ def make_adapter(model_dir, ref_cls_model, r, alpha, targets, rslora=False, rank
     ref = PeftModel.from_pretrained(base2, d, torch_dtype=torch.float32).eval()
     ref = ref.float()
     return d, ref
+
+
+def mixed_workload(rng, adapters, max_tokens=10):
+    """18 `caraserve batch` requests mixing the adapters and the base model in one batch:
+    prompts of 1-70 tokens, every third sharing a 40-token prefix (the prefix cache), greedy and
+    seeded sampling, top-5 logprobs, and n=3 samples of one prompt (the fork's KV copy)."""
+    shared = [rng.randrange(3, VOCAB) for _ in range(40)]
+    reqs = []
+    for i in range(18):
+        if i % 3 == 0:
+            prompt = shared + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 30))]
+        else:
+            prompt = [1] + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(0, 70))]
+        r = {"id": i, "prompt_ids": prompt, "max_tokens": max_tokens, "logprobs": 5, "ignore_eos": True}
+        k = i % (len(adapters) + 1)
+        if k < len(adapters):
+            r["adapter"] = adapters[k]
+        if i % 2:
+            r.update(temperature=1.0, seed=100 + i)
+        else:
+            r["temperature"] = 0
+        if i == 7:
+            r.update(n=3, temperature=0.8, seed=5)
+        reqs.append(r)
+    return reqs

@@ -3,12 +3,16 @@
  * test-backend-ops does): the CPU backend with its fast kernels, with AVX-512 off (what an
  * AVX2 CPU runs), with AVX2 off too (plain loops), with the reference kernels, and the
  * strict test device (handles checked, copies on its copy thread over a link with a set
- * bandwidth). The CUDA backend joins the list when it exists. Adapter slots are tested
- * with F32 and BF16 weights.
+ * bandwidth), the CUDA backend's own sources run on the host CUDA emulator (cuda-emu,
+ * always), and the CUDA backend on a GPU (cuda: in CUDA builds where a GPU is visible; with
+ * CS_TEST_REQUIRE_CUDA=1, as tests/test_gpu runs it, a missing GPU fails). Adapter slots are
+ * tested with F32 and BF16 weights.
  *
  * Tolerances, |got - ref| <= tol * (1 + |ref|):
  *   matmul, matmul_multi, lora (F32 accumulation in another order): 5e-5 for F32, BF16 and
- *   F16 weights alike (the weights widen to F32 exactly);
+ *   F16 weights alike (the weights widen to F32 exactly). The CUDA backends round the
+ *   activations to a 16-bit weight's dtype before the GEMM (as cuBLAS takes both operands
+ *   in one type); their reference rounds x the same way, and the tolerance stays 5e-5;
  *   rmsnorm, rope, attention, silu_mul: 1e-5;
  *   embed, kv_store, get_out_rows, add, copies: exact. */
 #include <check.h>
@@ -18,14 +22,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "cpu_kernels/cpu_backend.h"
 #include "cpu_kernels/kernels.h"
+#include "gpu_kernels/gpu_backend.h"
 #include "cpu_kernels/kernels_paged.h"
 #include "engine/sampling.h"
 
-enum { N_BACKENDS = 6 };
+enum { N_BACKENDS = 8, CUDA_EMU = 6, CUDA_GPU = 7 };
 static const char *names[N_BACKENDS] = {"cpu", "cpu-reference", "strict", "strict-slow-link", "cpu-no-avx512",
-                                        "cpu-plain"};
+                                        "cpu-plain", "cuda-emu", "cuda"};
 static backend_t *bes[N_BACKENDS];
 static cs_rng_t rng;
 
@@ -38,6 +44,14 @@ static backend_t *make_backend(int i) {
     case 5: return cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2, .no_avx512 = true, .no_avx2 = true});
     case 3: return strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 3}, .bytes_per_s = 2e9,
                                                                 .latency_us = 20});
+    case CUDA_EMU: return cuda_emu_backend_new(NULL);
+    case CUDA_GPU:
+#ifdef CS_HAVE_CUDA
+        return cuda_backend_new(NULL);
+#else
+        cs_error_set(CS_EUNSUPPORTED, "built without CUDA");
+        return NULL;
+#endif
     }
     return NULL;
 }
@@ -156,8 +170,19 @@ static backend_batch_t *tbatch_upload(backend_t *b, const tbatch_t *t, backend_b
 }
 
 /* ---- matmul ---- */
+/* the activations as backend b's GEMM sees them against a weight of dtype dt */
+static float *gemm_x(const backend_t *b, const float *x, size_t n, cs_dtype dt) {
+    float *r = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++)
+        r[i] = !backend_is_cuda(b) || dt == CS_DTYPE_F32 ? x[i]
+               : dt == CS_DTYPE_BF16                   ? cs_bf16_to_f32(cs_f32_to_bf16(x[i]))
+                                                       : cs_f16_to_f32(cs_f32_to_f16(x[i]));
+    return r;
+}
+
 START_TEST(test_matmul) {
     backend_t *b = bes[_i];
+    if (!b) return; /* cuda without a GPU: see main */
     static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
     static const int ns[] = {1, 2, 3, 5, 8, 9, 17, 32, 33, 45, 70};
     static const int shapes[][2] = {{96, 64}, {33, 130}, {256, 300}, {7, 17}};
@@ -172,14 +197,16 @@ START_TEST(test_matmul) {
                 int n = ns[ni];
                 float *x = randv((size_t)n * cols, 1.0f), *want = malloc(sizeof(float) * n * rows);
                 backend_buf_t *bx = up(b, x, sizeof(float) * n * cols), *by = backend_buf_alloc(b, sizeof(float) * n * rows);
+                float *xr = gemm_x(b, x, (size_t)n * cols, dts[di]);
                 for (int with_bias = 0; with_bias < 2; with_bias++) {
-                    cs_matmul_ref(want, x, n, &h.w, with_bias ? bias : NULL);
+                    cs_matmul_ref(want, xr, n, &h.w, with_bias ? bias : NULL);
                     backend_matmul(b, by, bx, n, &w, with_bias ? bb : NULL);
                     float *got = down(b, by, (size_t)n * rows);
                     close_to(got, want, (size_t)n * rows, 5e-5, cs_dtype_name(dts[di]), _i);
                     free(got);
                 }
                 free(x);
+                free(xr);
                 free(want);
                 backend_buf_free(b, bx);
                 backend_buf_free(b, by);
@@ -199,9 +226,10 @@ START_TEST(test_matmul) {
                 const float *hb[3] = {NULL, NULL, bias};
                 /* the third weight has 5 rows: its bias is the first 5 of `bias` */
                 backend_matmul_multi(b, ys, bx, n, ws, bs, 3);
+                float *xr = gemm_x(b, x, (size_t)n * cols, dts[di]);
                 for (int k = 0; k < 3; k++) {
                     float *want = malloc(sizeof(float) * n * hw[k]->rows);
-                    cs_matmul_ref(want, x, n, hw[k], hb[k]);
+                    cs_matmul_ref(want, xr, n, hw[k], hb[k]);
                     float *got = down(b, ys[k], (size_t)n * hw[k]->rows);
                     close_to(got, want, (size_t)n * hw[k]->rows, 5e-5, "matmul_multi", _i);
                     free(got);
@@ -210,6 +238,7 @@ START_TEST(test_matmul) {
                 }
                 backend_buf_free(b, bx);
                 free(x);
+                free(xr);
             }
             backend_buf_free(b, w.buf);
             backend_buf_free(b, w2.buf);
@@ -226,6 +255,7 @@ END_TEST
 /* ---- elementwise, norms, rope, embed ---- */
 START_TEST(test_elementwise) {
     backend_t *b = bes[_i];
+    if (!b) return; /* cuda without a GPU: see main */
     for (int n = 1; n <= 1000; n = n * 3 + 1) {
         float *g = randv((size_t)n, 4.0f), *u = randv((size_t)n, 2.0f), *want = malloc(sizeof(float) * n);
         backend_buf_t *bg = up(b, g, sizeof(float) * n), *bu = up(b, u, sizeof(float) * n);
@@ -277,6 +307,7 @@ END_TEST
 
 START_TEST(test_rope_embed_rows) {
     backend_t *b = bes[_i];
+    if (!b) return; /* cuda without a GPU: see main */
     const int vocab = 50, H = 24, nh = 3, hd = 8;
     tbatch_t t;
     int cached[3] = {0, 21, 40}, n_new[3] = {7, 1, 12};
@@ -348,6 +379,7 @@ END_TEST
 /* ---- paged attention ---- */
 START_TEST(test_attention) {
     backend_t *b = bes[_i];
+    if (!b) return; /* cuda without a GPU: see main */
     static const int cfgs[][3] = {{4, 4, 16}, {8, 2, 16}, {6, 1, 32}, {4, 2, 12}}; /* heads, kv heads, head_dim */
     for (size_t ci = 0; ci < 4; ci++)
         for (int window = 0; window <= 24; window += 24) {
@@ -384,6 +416,7 @@ END_TEST
 /* ---- grouped LoRA over adapter slots ---- */
 START_TEST(test_lora) {
     backend_t *b = bes[_i];
+    if (!b) return; /* cuda without a GPU: see main */
     enum { NL = 2, NA = 3 };
     const int d_in = 48, d_out = 40;
     static const int ranks[NA] = {8, 1, 16};
@@ -474,6 +507,7 @@ END_TEST
 /* ---- copies, events, stats ---- */
 START_TEST(test_copies) {
     backend_t *b = bes[_i];
+    if (!b) return; /* cuda without a GPU: see main */
     const size_t n = 100000;
     unsigned char *h = malloc(n), *back = malloc(n);
     for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 7 + 3);
@@ -560,10 +594,16 @@ START_TEST(test_strict_fresh_memory_is_nan) {
 }
 END_TEST
 
+static bool require_cuda(void) {
+    const char *v = getenv("CS_TEST_REQUIRE_CUDA");
+    return v && *v && strcmp(v, "0");
+}
+
 static void setup(void) {
     cs_rng_seed(&rng, 1234);
     for (int i = 0; i < N_BACKENDS; i++) {
         bes[i] = make_backend(i);
+        if (i == CUDA_GPU && !bes[i] && !require_cuda()) continue; /* no GPU here: main says so */
         ck_assert_msg(bes[i] != NULL, "%s: %s", names[i], cs_error_last());
     }
 }
@@ -573,6 +613,10 @@ static void teardown(void) {
 }
 
 int main(void) {
+    backend_t *gpu = make_backend(CUDA_GPU);
+    if (gpu) printf("cuda: %s\n", backend_name(gpu));
+    else printf("cuda: %s: its op tests pass without running (tests/test_gpu runs them on a GPU host)\n", cs_error_last());
+    backend_free(gpu);
     Suite *s = suite_create("backend_ops");
     TCase *tc = tcase_create("ops");
     tcase_add_checked_fixture(tc, setup, teardown);

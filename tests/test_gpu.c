@@ -1,6 +1,14 @@
-/* test_gpu.c: the CUDA toolchain check. Built everywhere; without a CUDA build or without
- * a GPU at run time it exits 77 (automake SKIP). On a GPU host it must pass. */
+/* test_gpu.c: the CUDA backend on a GPU. Built everywhere; without a CUDA build or without a
+ * GPU at run time it exits 77 (automake SKIP). On a GPU host it must pass:
+ *   1. the toolchain check (a saxpy kernel against the host);
+ *   2. tests/test_backend_ops with CS_TEST_REQUIRE_CUDA=1: every op of the CUDA backend on
+ *      the GPU against the plain references, as on every other backend (its tolerances);
+ *   3. tests/test_cuda_emu.py with CS_TEST_CUDA_DEVICE=cuda: the engine end to end on the GPU
+ *      against the CPU backend (F32 models: same tokens, logprobs within its tolerance).
+ * The BF16 path against transformers on the GPU is tests/test_gpu_ref.py's. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "config.h"
 #ifdef CS_HAVE_CUDA
@@ -15,8 +23,34 @@ int main(void) {
     }
     char msg[256];
     int rc = gpu_toolchain_check(1 << 20, msg, sizeof msg);
-    printf("%s: %s\n", rc == 0 ? "PASS" : "FAIL", msg);
-    return rc == 0 ? 0 : 1;
+    printf("%s: toolchain: %s\n", rc == 0 ? "PASS" : "FAIL", msg);
+    if (rc) return 1;
+    const char *bd = getenv("CS_BUILDDIR"), *sd = getenv("CS_SRCDIR"), *py = getenv("PYTHON");
+    if (!bd || !sd) {
+        printf("FAIL: CS_BUILDDIR and CS_SRCDIR must name the build and source trees (make check sets them)\n");
+        return 1;
+    }
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "CS_TEST_REQUIRE_CUDA=1 '%s/tests/test_backend_ops'", bd);
+    printf("running %s\n", cmd);
+    fflush(stdout);
+    if (system(cmd) != 0) {
+        printf("FAIL: the CUDA backend's ops\n");
+        return 1;
+    }
+    if (py && *py) {
+        snprintf(cmd, sizeof cmd, "CS_TEST_CUDA_DEVICE=cuda '%s' '%s/tests/test_cuda_emu.py'", py, sd);
+        printf("running %s\n", cmd);
+        fflush(stdout);
+        if (system(cmd) != 0) {
+            printf("FAIL: the engine on the GPU\n");
+            return 1;
+        }
+    } else {
+        printf("note: PYTHON unset: the end-to-end check on the GPU did not run\n");
+    }
+    printf("PASS: the CUDA backend on the GPU\n");
+    return 0;
 #else
     printf("SKIP: built without CUDA (--with-cuda)\n");
     return 77;

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
 
 import transformers  # noqa: E402
-from hfmodels import VOCAB, make_adapter, make_model  # noqa: E402
+from hfmodels import make_adapter, make_model, mixed_workload  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -49,28 +49,6 @@ def run(model_dir, requests, loras, strict, extra=()):
     return p.stdout.splitlines(), (stats[-1] if stats else {})
 
 
-def workload(rng, adapters):
-    shared = [rng.randrange(3, VOCAB) for _ in range(40)]
-    reqs = []
-    for i in range(18):
-        if i % 3 == 0:
-            prompt = shared + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 30))]
-        else:
-            prompt = [1] + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(0, 70))]
-        r = {"id": i, "prompt_ids": prompt, "max_tokens": 10, "logprobs": 5, "ignore_eos": True}
-        a = adapters[i % (len(adapters) + 1)] if i % (len(adapters) + 1) < len(adapters) else None
-        if a:
-            r["adapter"] = a
-        if i % 2:
-            r.update(temperature=1.0, seed=100 + i)
-        else:
-            r["temperature"] = 0
-        if i == 7:
-            r.update(n=3, temperature=0.8, seed=5)
-        reqs.append(r)
-    return reqs
-
-
 rng = random.Random(3)
 cases = 0
 for kind, dtype, kv_heads in (("llama", "float32", 2), ("qwen2", "bfloat16", 4)):
@@ -81,7 +59,7 @@ for kind, dtype, kv_heads in (("llama", "float32", 2), ("qwen2", "bfloat16", 4))
                             targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                             seed=40 + k, dtype="bfloat16" if k == 1 else "float32")  # a BF16 slot among F32 ones
         loras.append((f"a{k}", d))
-    reqs = workload(rng, [n for n, _ in loras])
+    reqs = mixed_workload(rng, [n for n, _ in loras])
     cpu, cpu_stats = run(model_dir, reqs, loras, strict=False)
     dev, dev_stats = run(model_dir, reqs, loras, strict=True)
     if len(cpu) != len(reqs) or len(dev) != len(reqs):

@@ -1,0 +1,77 @@
+/* attention.cu: paged attention for prefill (causal, chunked, over a cached prefix) and
+ * decode (GQA, block tables), one kernel for both. A warp owns one (query row, head): its
+ * lanes hold the query's head_dim split 32 ways, walk the visible keys through the
+ * sequence's block table, reduce each score across the warp and keep an online softmax
+ * (running max and sum, rescaled accumulator) in F32, so no score vector is stored.
+ * Four warps of a block take four heads of one row. */
+#include "gpu_kernels/ops.cuh"
+
+namespace CS_NS {
+
+enum { ATTN_WARPS = 4 };
+
+/* NJ: head_dim / 32 rounded up (1, 2, 4 or 8: head_dim up to 256) */
+template <int NJ>
+static __global__ void k_attention(float *out, const float *q, const float *k, const float *v, const attn_seq *seqs,
+                                   const int32_t *row_seq, const int32_t *blocks, int bs, int nh, int nkv, int hd,
+                                   int window, float scale) {
+    int row = blockIdx.x, lane = threadIdx.x & 31;
+    int h = blockIdx.y * ATTN_WARPS + (threadIdx.x >> 5);
+    if (h >= nh) return;
+    const attn_seq sq = seqs[row_seq[row]];
+    int qpos = sq.pos0 + (row - sq.row0);
+    int first = window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0;
+    int kvh = h / (nh / nkv);
+    size_t kv_dim = (size_t)nkv * hd, off = (size_t)kvh * hd;
+    const float *qh = q + ((size_t)row * nh + h) * hd;
+    const int32_t *table = blocks + sq.blk0;
+    float qr[NJ], acc[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        int e = lane + 32 * j;
+        qr[j] = e < hd ? qh[e] * scale : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int t = first; t <= qpos; t++) {
+        size_t base = ((size_t)table[t / bs] * bs + t % bs) * kv_dim + off;
+        const float *kr = k + base, *vr = v + base;
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int e = lane + 32 * j;
+            if (e < hd) d += qr[j] * kr[e];
+        }
+        float s = warp_sum(d);
+        float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int e = lane + 32 * j;
+            acc[j] = acc[j] * corr + (e < hd ? p * vr[e] : 0.0f);
+        }
+        m = mn;
+    }
+    float inv = 1.0f / l;
+    float *oh = out + ((size_t)row * nh + h) * hd;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        int e = lane + 32 * j;
+        if (e < hd) oh[e] = acc[j] * inv;
+    }
+}
+
+void op_attention(cudaStream_t st, float *out, const float *q, const float *k, const float *v, const attn_seq *seqs,
+                  const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh, int nkv, int hd,
+                  int window) {
+    if (n_tokens <= 0) return;
+    dim3 grid(n_tokens, (nh + ATTN_WARPS - 1) / ATTN_WARPS);
+    float scale = 1.0f / sqrtf((float)hd);
+    if (hd <= 32) CS_LAUNCH(k_attention<1>, grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+    else if (hd <= 64) CS_LAUNCH(k_attention<2>, grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+    else if (hd <= 128) CS_LAUNCH(k_attention<4>, grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+    else CS_LAUNCH(k_attention<8>, grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+} /* namespace CS_NS */

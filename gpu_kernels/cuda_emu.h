@@ -1,0 +1,182 @@
+/* cuda_emu.h: the subset of CUDA that gpu_kernels/ uses, emulated on the host, so that the
+ * CUDA backend's own sources (kernels, launches, memory, streams, cuBLAS calls) compile with
+ * g++ and run in `make check` on machines without a GPU (as HIP-CPU does for HIP).
+ *
+ * What it models: a kernel launch runs every block of the grid in turn; the threads of a
+ * block run as fibers on the calling thread, switching at __syncthreads() and at warp
+ * shuffles, so barriers, shared memory and warp reductions behave as on the device (a
+ * barrier not reached by every live thread of its block or warp aborts with a message).
+ * Device memory is host memory behind a byte budget (CS_CUDA_EMU_MEM_MB, default 8192);
+ * streams execute at once, in order, so every copy is complete when it returns and events
+ * are complete when recorded. cuBLAS's GEMM converts its operands to F32 and calls OpenBLAS.
+ *
+ * What it cannot model: timing, races between streams, the real runtime's error cases,
+ * and cuBLAS's own arithmetic. Those need a GPU (tests/test_gpu.c, test_backend_ops). */
+#ifndef CS_CUDA_EMU_H
+#define CS_CUDA_EMU_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+namespace cs_cuda_emu {
+
+/* ---- types ---- */
+struct uint3 { unsigned x, y, z; };
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+/* ---- the thread being run ---- */
+struct emu_thread {
+    uint3 tid;
+    int linear;             /* threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z) */
+};
+struct emu_grid {
+    uint3 block_idx;
+    uint3 block_dim, grid_dim;
+};
+extern thread_local emu_thread *emu_cur_thread;
+extern thread_local emu_grid emu_cur_grid;
+
+void syncthreads();
+/* the warp's lanes exchange 8 bytes each; returns lane src's */
+uint64_t warp_exchange(uint64_t v, int src_lane);
+
+template <class T> static inline T shfl_cast(uint64_t u) { T t; memcpy(&t, &u, sizeof t); return t; }
+template <class T> static inline uint64_t shfl_bits(T t) { uint64_t u = 0; memcpy(&u, &t, sizeof t); return u; }
+template <class T> static inline T shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    (void)mask;
+    int lane = emu_cur_thread->linear & 31;
+    int src = lane ^ lane_mask;
+    if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane; /* outside its segment: its own */
+    return shfl_cast<T>(warp_exchange(shfl_bits(v), src));
+}
+template <class T> static inline T shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+    (void)mask;
+    int lane = emu_cur_thread->linear & 31;
+    int src = (lane & ~(width - 1)) + (src_lane & (width - 1));
+    return shfl_cast<T>(warp_exchange(shfl_bits(v), src));
+}
+template <class T> static inline T shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    (void)mask;
+    int lane = emu_cur_thread->linear & 31;
+    int src = lane + (int)delta;
+    if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;
+    return shfl_cast<T>(warp_exchange(shfl_bits(v), src));
+}
+
+/* ---- launches ---- */
+typedef struct emu_stream *cudaStream_t;
+typedef void (*emu_body_fn)(void *);
+void launch_impl(dim3 grid, dim3 block, size_t smem, cudaStream_t s, emu_body_fn fn, void *arg);
+template <class F> static void launch_trampoline(void *p) { (*(F *)p)(); }
+template <class F> static inline void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, F f) {
+    launch_impl(grid, block, smem, s, launch_trampoline<F>, &f);
+}
+
+/* ---- 16-bit floats ---- */
+struct __nv_bfloat16 { uint16_t x; };
+struct __half { uint16_t x; };
+static inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = (uint32_t)h.x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline __nv_bfloat16 __float2bfloat16(float f) { /* round to nearest even, NaN kept */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    __nv_bfloat16 h;
+    if ((u & 0x7fffffffu) > 0x7f800000u) h.x = (uint16_t)((u >> 16) | 0x40);
+    else h.x = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return h;
+}
+float half2float_impl(uint16_t h);
+uint16_t float2half_impl(float f);
+static inline float __half2float(__half h) { return half2float_impl(h.x); }
+static inline __half __float2half(float f) { __half h; h.x = float2half_impl(f); return h; }
+
+/* ---- the runtime ---- */
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
+                   cudaErrorNoDevice = 100, cudaErrorNotReady = 600 };
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
+                      cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
+typedef struct emu_event *cudaEvent_t;
+enum { cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2, cudaHostAllocDefault = 0 };
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem;
+    int multiProcessorCount, major, minor, memoryBusWidth, memoryClockRate;
+};
+
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetLastError();
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
+cudaError_t cudaMalloc(void **p, size_t n);
+template <class T> static inline cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaDeviceSynchronize();
+
+/* ---- cuBLAS: the GEMM ---- */
+typedef struct emu_cublas *cublasHandle_t;
+enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_ALLOC_FAILED = 3,
+                      CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+enum cudaDataType { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+const char *cublasGetStatusString(cublasStatus_t s);
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,
+                            int ldb, const void *beta, void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t algo);
+
+/* how many launches and block-fibers ran (tests check that work went through the emulator) */
+struct emu_counters { uint64_t launches, blocks, threads, switches; };
+emu_counters counters();
+
+} /* namespace cs_cuda_emu */
+
+/* ---- the CUDA C++ keywords and built-ins ---- */
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+#define threadIdx (cs_cuda_emu::emu_cur_thread->tid)
+#define blockIdx (cs_cuda_emu::emu_cur_grid.block_idx)
+#define blockDim (cs_cuda_emu::emu_cur_grid.block_dim)
+#define gridDim (cs_cuda_emu::emu_cur_grid.grid_dim)
+#define warpSize 32
+#define __syncthreads() cs_cuda_emu::syncthreads()
+#define __shfl_xor_sync cs_cuda_emu::shfl_xor_sync
+#define __shfl_sync cs_cuda_emu::shfl_sync
+#define __shfl_down_sync cs_cuda_emu::shfl_down_sync
+#define __ldg(p) (*(p))
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+
+#endif

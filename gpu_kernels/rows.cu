@@ -1,0 +1,29 @@
+/* rows.cu: row scatter (new keys and values into their KV pages) and gather (the rows whose
+ * logits are wanted). */
+#include "gpu_kernels/ops.cuh"
+
+namespace CS_NS {
+
+static __global__ void k_set_rows(float *dst, const float *src, const int32_t *idx, int len) {
+    int i = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c < len) dst[(size_t)idx[i] * len + c] = src[(size_t)i * len + c];
+}
+
+static __global__ void k_get_rows(float *dst, const float *src, const int32_t *idx, int len) {
+    int i = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c < len) dst[(size_t)i * len + c] = src[(size_t)idx[i] * len + c];
+}
+
+void op_set_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int len) {
+    if (n <= 0 || len <= 0) return;
+    CS_LAUNCH(k_set_rows, dim3(n, (len + 255) / 256), 256, 0, st, dst, src, idx, len);
+    CUDA_CHECK_LAUNCH();
+}
+
+void op_get_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int len) {
+    if (n <= 0 || len <= 0) return;
+    CS_LAUNCH(k_get_rows, dim3(n, (len + 255) / 256), 256, 0, st, dst, src, idx, len);
+    CUDA_CHECK_LAUNCH();
+}
+
+} /* namespace CS_NS */
