@@ -33,10 +33,13 @@ const char *cs_strerror(int status) {
 }
 
 int cs_error_set(int status, const char *fmt, ...) {
+    /* formatted aside first: callers wrap the last message ("weight X: %s", cs_error_last()) */
+    char tmp[sizeof cs_errbuf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cs_errbuf, sizeof cs_errbuf, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(cs_errbuf, tmp, sizeof tmp);
     return status;
 }
 

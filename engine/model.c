@@ -388,9 +388,10 @@ model_seq_t *model_seq_new(model_t *m, int capacity) {
                             CS_DTYPE_F32};
     s->blocks = malloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
     if (!s->blocks || kv_cache_new(m->be, &kp, &s->kv)) {
-        const char *msg = cs_error_last();
+        char msg[400]; /* cs_error_set may not read the buffer it writes */
+        snprintf(msg, sizeof msg, "%s", s->blocks ? cs_error_last() : "out of memory");
         model_seq_free(s);
-        cs_error_set(CS_ENOMEM, "KV cache of %d tokens: %s", capacity, msg ? msg : "out of memory");
+        cs_error_set(CS_ENOMEM, "KV cache of %d tokens: %s", capacity, msg);
         return NULL;
     }
     for (int i = 0; i < nb; i++) s->blocks[i] = kv_block_alloc(s->kv);

@@ -293,7 +293,7 @@ static size_t mem_budget() {
     static size_t b;
     if (!b) {
         const char *e = getenv("CS_CUDA_EMU_MEM_MB");
-        b = (size_t)(e && atol(e) > 0 ? atol(e) : 8192) << 20;
+        b = (size_t)(e && atol(e) > 0 ? atol(e) : 1024) << 20;
     }
     return b;
 }

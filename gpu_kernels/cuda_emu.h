@@ -6,7 +6,7 @@
  * block run as fibers on the calling thread, switching at __syncthreads() and at warp
  * shuffles, so barriers, shared memory and warp reductions behave as on the device (a
  * barrier not reached by every live thread of its block or warp aborts with a message).
- * Device memory is host memory behind a byte budget (CS_CUDA_EMU_MEM_MB, default 8192);
+ * Device memory is host memory behind a byte budget (CS_CUDA_EMU_MEM_MB, default 1024);
  * streams execute at once, in order, so every copy is complete when it returns and events
  * are complete when recorded. cuBLAS's GEMM converts its operands to F32 and calls OpenBLAS.
  *

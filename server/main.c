@@ -200,7 +200,8 @@ static int cmd_generate(int argc, char **argv) {
     seq = model_seq_new(model, capacity);
     logits = malloc(sizeof(float) * (size_t)n_prompt * cfg->vocab_size);
     int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(capacity + 1));
-    if (!seq || !logits || !all) { fprintf(stderr, "caraserve: out of memory\n"); goto out; }
+    if (!seq) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    if (!logits || !all) { fprintf(stderr, "caraserve: out of memory\n"); goto out; }
     ids = all;
     if (dump) {
         df = fopen(dump, "wb");

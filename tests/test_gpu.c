@@ -3,9 +3,9 @@
  *   1. the toolchain check (a saxpy kernel against the host);
  *   2. tests/test_backend_ops with CS_TEST_REQUIRE_CUDA=1: every op of the CUDA backend on
  *      the GPU against the plain references, as on every other backend (its tolerances);
- *   3. tests/test_cuda_emu.py with CS_TEST_CUDA_DEVICE=cuda: the engine end to end on the GPU
- *      against the CPU backend (F32 models: same tokens, logprobs within its tolerance).
- * The BF16 path against transformers on the GPU is tests/test_gpu_ref.py's. */
+ *   3. tests/test_cuda_emu.py and tests/test_gpu_ref.py with CS_TEST_CUDA_DEVICE=cuda: the
+ *      engine end to end on the GPU against the CPU backend (F32 models: same tokens,
+ *      logprobs within 2e-5) and against transformers + peft in bfloat16 on the same GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,12 +39,15 @@ int main(void) {
         return 1;
     }
     if (py && *py) {
-        snprintf(cmd, sizeof cmd, "CS_TEST_CUDA_DEVICE=cuda '%s' '%s/tests/test_cuda_emu.py'", py, sd);
-        printf("running %s\n", cmd);
-        fflush(stdout);
-        if (system(cmd) != 0) {
-            printf("FAIL: the engine on the GPU\n");
-            return 1;
+        static const char *const scripts[] = {"test_cuda_emu.py", "test_gpu_ref.py"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(cmd, sizeof cmd, "CS_TEST_CUDA_DEVICE=cuda '%s' '%s/tests/%s'", py, sd, scripts[i]);
+            printf("running %s\n", cmd);
+            fflush(stdout);
+            if (system(cmd) != 0) {
+                printf("FAIL: the engine on the GPU (%s)\n", scripts[i]);
+                return 1;
+            }
         }
     } else {
         printf("note: PYTHON unset: the end-to-end check on the GPU did not run\n");

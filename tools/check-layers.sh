@@ -48,7 +48,8 @@ allowed() { # layer -> the layers it may include
     esac
 }
 bad=0
-for f in engine/*.[ch] text/*.[ch] lora/*.[ch] cpu_kernels/*.[ch] gpu_kernels/*.h gpu_kernels/*.cu sched/*.[ch] \
+for f in engine/*.[ch] text/*.[ch] lora/*.[ch] cpu_kernels/*.[ch] gpu_kernels/*.[ch] gpu_kernels/*.cc gpu_kernels/*.cu \
+    gpu_kernels/*.cuh sched/*.[ch] \
     rollout_api/*.[ch] server/*.[ch] bench/*.[ch] tools/*.[ch]; do
     [ -f "$f" ] || continue
     from=$(layer_of "$f")
