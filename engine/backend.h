@@ -90,6 +90,7 @@ typedef struct backend_stats {
     uint64_t h2d_copies, d2h_copies, d2d_copies;
     size_t allocated;       /* bytes in live buffers */
     uint64_t batch_uploads;
+    uint64_t graph_captures, graph_replays; /* forwards recorded as, and replayed from, device graphs */
 } backend_stats_t;
 
 struct backend_i {
@@ -178,6 +179,17 @@ struct backend_i {
                  int target, int d_in, int d_out);
     /* which KV dtypes attention reads (a bit per cs_dtype) */
     unsigned kv_dtypes;
+
+    /* optional: a forward's ops replayed as a device graph (CUDA graphs). The caller brackets
+     * a forward whose every launch is fixed by key (the same buffers and shapes; only the
+     * uploaded batch's contents differ) with graph_begin and, when that returned false,
+     * graph_end. graph_begin returns true when it launched the graph recorded for key in
+     * place of the ops (the caller issues none of them), false when the caller must issue
+     * them (the backend may record them, or run them once first to settle its scratch).
+     * graph_reset forgets every graph (the caller's buffers moved). Without: ops always run. */
+    bool (*graph_begin)(backend_t *b, uint64_t key);
+    void (*graph_end)(backend_t *b);
+    void (*graph_reset)(backend_t *b);
 
     void (*synchronize)(backend_t *b);  /* optional: wait for the compute queue */
     void (*get_stats)(backend_t *b, backend_stats_t *st); /* optional */
@@ -298,6 +310,11 @@ static inline void backend_lora(backend_t *b, backend_buf_t *y, const backend_bu
 static inline bool backend_supports_kv_dtype(const backend_t *b, cs_dtype t) {
     return (b->iface->kv_dtypes >> (unsigned)t) & 1u;
 }
+static inline bool backend_graph_begin(backend_t *b, uint64_t key) {
+    return b->iface->graph_begin ? b->iface->graph_begin(b, key) : false;
+}
+static inline void backend_graph_end(backend_t *b) { if (b->iface->graph_end) b->iface->graph_end(b); }
+static inline void backend_graph_reset(backend_t *b) { if (b->iface->graph_reset) b->iface->graph_reset(b); }
 static inline void backend_synchronize(backend_t *b) { if (b->iface->synchronize) b->iface->synchronize(b); }
 static inline void backend_get_stats(backend_t *b, backend_stats_t *st) {
     memset(st, 0, sizeof *st);

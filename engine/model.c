@@ -351,6 +351,7 @@ static int ensure_acts(model_t *m, int n, int n_seqs) {
         m->seq_cap = n_seqs;
     }
     if (n <= m->act_cap) return CS_OK;
+    backend_graph_reset(m->be); /* recorded graphs name the buffers about to go */
     free_acts(m);
     const model_config_t *c = &m->cfg;
     size_t H = (size_t)c->hidden_size, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
@@ -449,60 +450,15 @@ static void apply_lora(model_t *m, backend_buf_t *y, const backend_buf_t *x, int
     backend_lora(m->be, y, x, m->batch, layer, (int)t, d_in, d_out);
 }
 
-int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits) {
+/* the forward's ops on the uploaded batch: embeddings, the layers, the final norm and the
+ * logits of the output rows (into m->logits_buf) */
+static void forward_ops(model_t *m, kv_cache_t *kv, int T, int n_out, int n_segs) {
     const model_config_t *c = &m->cfg;
     backend_t *be = m->be;
-    int T = 0, n_out = 0, n_blocks = 0;
-    if (n_seqs <= 0) return cs_error_set(CS_EINVAL, "empty batch");
-    for (int s = 0; s < n_seqs; s++) {
-        const model_batch_seq_t *q = &seqs[s];
-        if (q->n <= 0 || q->pos0 < 0) return cs_error_set(CS_EINVAL, "batch entry %d: no tokens to run", s);
-        if (q->n_logits != 0 && q->n_logits != 1 && q->n_logits != q->n)
-            return cs_error_set(CS_EINVAL, "batch entry %d: n_logits must be 0, 1 or n", s);
-        if (q->lora && q->lora->n_layers != c->n_layers)
-            return cs_error_set(CS_EINVAL, "adapter '%s' has %d layers, the model %d", q->lora->name, q->lora->n_layers,
-                                c->n_layers);
-        for (int i = 0; i < q->n; i++)
-            if (q->ids[i] < 0 || q->ids[i] >= c->vocab_size)
-                return cs_error_set(CS_EINVAL, "token id %d out of range [0, %d)", q->ids[i], c->vocab_size);
-        T += q->n;
-        n_out += q->n_logits;
-        n_blocks += (q->pos0 + q->n + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
-    }
-    int rc = ensure_acts(m, T, n_seqs);
-    if (rc) return rc;
-    if (n_blocks > m->blocks_cap) {
-        free(m->blocks);
-        if (!(m->blocks = malloc(sizeof(int32_t) * (size_t)n_blocks))) {
-            m->blocks_cap = 0;
-            return cs_error_set(CS_ENOMEM, "out of memory");
-        }
-        m->blocks_cap = n_blocks;
-    }
-    int H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int kvd = nkv * hd, row = 0, o = 0, blk = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        const model_batch_seq_t *q = &seqs[s];
-        int nb = (q->pos0 + q->n + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
-        m->aseqs[s] = (backend_seq_desc_t){row, q->n, q->pos0, blk};
-        memcpy(m->blocks + blk, q->blocks, sizeof(int32_t) * (size_t)nb);
-        blk += nb;
-        for (int i = 0; i < q->n; i++, row++) {
-            int p = q->pos0 + i;
-            m->ids[row] = q->ids[i];
-            m->pos[row] = p;
-            m->slots[row] = q->blocks[p / KV_BLOCK_SIZE] * KV_BLOCK_SIZE + p % KV_BLOCK_SIZE;
-            if (i >= q->n - q->n_logits) m->out_rows[o++] = row;
-        }
-    }
-    int n_segs;
-    if ((rc = lora_segments(m, seqs, n_seqs, &n_segs))) return rc;
-    backend_batch_desc_t desc = {T, m->ids, m->pos, m->slots, n_seqs, m->aseqs, n_blocks, m->blocks, n_out, m->out_rows,
-                                 n_segs, m->lsegs};
-    if ((rc = backend_batch_upload(be, &m->batch, &desc))) return rc;
     const backend_batch_t *bt = m->batch;
     cs_dtype kvt = kv_cache_dtype(kv);
-
+    int H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    int kvd = nkv * hd;
     backend_embed(be, m->x, &m->embed, bt);
     for (int l = 0; l < c->n_layers; l++) {
         const layer_w_t *w = &m->layers[l];
@@ -544,18 +500,79 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
         apply_lora(m, m->xb2, m->hb, n_segs, l, LORA_DOWN);
         backend_add(be, m->x, m->xb2, (size_t)T * H);
     }
-    if (n_out > m->logits_cap) {
-        backend_buf_free(be, m->logits_buf);
-        m->logits_buf = backend_buf_alloc(be, sizeof(float) * (size_t)n_out * c->vocab_size);
-        m->logits_cap = m->logits_buf ? n_out : 0;
-        if (!m->logits_buf) return cs_error_set(CS_ENOMEM, "out of memory for %d rows of logits", n_out);
-    }
     if (n_out > 0) {
         backend_get_out_rows(be, m->xb2, m->x, bt, H);
         backend_rmsnorm(be, m->xb, m->xb2, n_out, H, &m->final_norm, c->rms_norm_eps);
         backend_matmul(be, m->logits_buf, m->xb, n_out, &m->lm_head, NULL);
-        backend_buf_get(be, logits, m->logits_buf, 0, sizeof(float) * (size_t)n_out * c->vocab_size);
     }
+}
+
+int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits) {
+    const model_config_t *c = &m->cfg;
+    backend_t *be = m->be;
+    int T = 0, n_out = 0, n_blocks = 0;
+    if (n_seqs <= 0) return cs_error_set(CS_EINVAL, "empty batch");
+    for (int s = 0; s < n_seqs; s++) {
+        const model_batch_seq_t *q = &seqs[s];
+        if (q->n <= 0 || q->pos0 < 0) return cs_error_set(CS_EINVAL, "batch entry %d: no tokens to run", s);
+        if (q->n_logits != 0 && q->n_logits != 1 && q->n_logits != q->n)
+            return cs_error_set(CS_EINVAL, "batch entry %d: n_logits must be 0, 1 or n", s);
+        if (q->lora && q->lora->n_layers != c->n_layers)
+            return cs_error_set(CS_EINVAL, "adapter '%s' has %d layers, the model %d", q->lora->name, q->lora->n_layers,
+                                c->n_layers);
+        for (int i = 0; i < q->n; i++)
+            if (q->ids[i] < 0 || q->ids[i] >= c->vocab_size)
+                return cs_error_set(CS_EINVAL, "token id %d out of range [0, %d)", q->ids[i], c->vocab_size);
+        T += q->n;
+        n_out += q->n_logits;
+        n_blocks += (q->pos0 + q->n + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
+    }
+    int rc = ensure_acts(m, T, n_seqs);
+    if (rc) return rc;
+    if (n_blocks > m->blocks_cap) {
+        free(m->blocks);
+        if (!(m->blocks = malloc(sizeof(int32_t) * (size_t)n_blocks))) {
+            m->blocks_cap = 0;
+            return cs_error_set(CS_ENOMEM, "out of memory");
+        }
+        m->blocks_cap = n_blocks;
+    }
+    int row = 0, o = 0, blk = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const model_batch_seq_t *q = &seqs[s];
+        int nb = (q->pos0 + q->n + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
+        m->aseqs[s] = (backend_seq_desc_t){row, q->n, q->pos0, blk};
+        memcpy(m->blocks + blk, q->blocks, sizeof(int32_t) * (size_t)nb);
+        blk += nb;
+        for (int i = 0; i < q->n; i++, row++) {
+            int p = q->pos0 + i;
+            m->ids[row] = q->ids[i];
+            m->pos[row] = p;
+            m->slots[row] = q->blocks[p / KV_BLOCK_SIZE] * KV_BLOCK_SIZE + p % KV_BLOCK_SIZE;
+            if (i >= q->n - q->n_logits) m->out_rows[o++] = row;
+        }
+    }
+    int n_segs;
+    if ((rc = lora_segments(m, seqs, n_seqs, &n_segs))) return rc;
+    backend_batch_desc_t desc = {T, m->ids, m->pos, m->slots, n_seqs, m->aseqs, n_blocks, m->blocks, n_out, m->out_rows,
+                                 n_segs, m->lsegs};
+    if ((rc = backend_batch_upload(be, &m->batch, &desc))) return rc;
+    if (n_out > m->logits_cap) {
+        backend_graph_reset(be); /* recorded graphs name the buffer about to go */
+        backend_buf_free(be, m->logits_buf);
+        m->logits_buf = backend_buf_alloc(be, sizeof(float) * (size_t)n_out * c->vocab_size);
+        m->logits_cap = m->logits_buf ? n_out : 0;
+        if (!m->logits_buf) return cs_error_set(CS_ENOMEM, "%d rows of logits: %s", n_out, cs_error_last());
+    }
+    /* a decode step (one token and its logits per sequence) has launches fixed by its batch
+     * size and whether adapters take part: a backend with device graphs replays it */
+    bool decode_only = n_out == T && T == n_seqs;
+    uint64_t gkey = ((uint64_t)T << 1) | (n_segs > 0);
+    if (!decode_only || !backend_graph_begin(be, gkey)) {
+        forward_ops(m, kv, T, n_out, n_segs);
+        if (decode_only) backend_graph_end(be);
+    }
+    if (n_out > 0) backend_buf_get(be, logits, m->logits_buf, 0, sizeof(float) * (size_t)n_out * c->vocab_size);
     backend_synchronize(be);
     return CS_OK;
 }

@@ -12,6 +12,12 @@
  * Adapter slots: one device allocation per adapter holding every module's A (rank, d_in)
  * and B transposed (rank, d_out) in the dtype they came in, and the slot's module table
  * (lora_mod per layer and target) that the LoRA kernels read through a batch's segments.
+ * Graphs (opt-in, params.graphs): a decode step's ops, whose launches are fixed by the batch
+ * size and whether adapters take part (graph_begin's key), run eagerly the first time (its
+ * scratch settles), are captured into a CUDA graph the second, and replayed after. Every
+ * launch in graph mode is shaped for the key alone: the batch's arrays sit at offsets that
+ * depend only on its size, and the LoRA grids cover the largest rank. Anything that moves a
+ * captured buffer (a batch or scratch that grows, the caller's graph_reset) drops them all.
  *
  * Built twice: with nvcc (cuda_backend_new) and against the host emulator
  * (cuda_emu_backend_new, -DCS_CUDA_EMU): the code below is the same. */
@@ -38,6 +44,15 @@ namespace CS_NS {
     abort();
 }
 
+enum { MAX_GRAPHS = 64, CUBLAS_WORKSPACE = 32 << 20 };
+
+struct graph_entry {
+    uint64_t key;
+    bool warm;              /* ran eagerly once */
+    cudaGraphExec_t exec;   /* captured (NULL until the second run) */
+    uint64_t last_use;
+};
+
 struct ctx {
     cuda_pub_t pub;         /* first: cuda_pub.c reads it */
     int device;
@@ -51,6 +66,16 @@ struct ctx {
     size_t lora_t_cap;
     pthread_mutex_t mu;     /* stats */
     backend_stats_t stats;
+    void *workspace;        /* cuBLAS's, set once: graph captures must not allocate */
+    /* graphs */
+    bool graphs;
+    graph_entry graph[MAX_GRAPHS];
+    int n_graphs;
+    uint64_t graph_clock;
+    bool graph_mode;        /* between a graph_begin that returned false and graph_end */
+    graph_entry *cur;       /* its entry */
+    graph_entry *capturing; /* the entry being captured, or NULL */
+    pthread_mutex_t capture_mu; /* held through a capture: no event is recorded on compute meanwhile */
 };
 
 } /* namespace CS_NS */
@@ -136,9 +161,78 @@ static void dfree(ctx *c, void *p, size_t n) {
 
 /* the copy stream waits for everything queued on compute so far */
 static void copy_after_compute(ctx *c) {
+    pthread_mutex_lock(&c->capture_mu); /* not while compute is being captured (another thread) */
     CUDA_CHECK(cudaEventRecord(c->compute_mark, c->compute));
     CUDA_CHECK(cudaStreamWaitEvent(c->copy, c->compute_mark, 0));
+    pthread_mutex_unlock(&c->capture_mu);
 }
+
+/* ---- graphs ---- */
+static void graphs_reset(ctx *c) {
+    CS_ASSERT(!c->capturing);
+    c->cur = NULL;
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graph[i].exec) CUDA_CHECK(cudaGraphExecDestroy(c->graph[i].exec));
+    c->n_graphs = 0;
+}
+
+static bool be_graph_begin(backend_t *b, uint64_t key) {
+    ctx *c = C(b);
+    if (!c->graphs) return false;
+    graph_entry *g = NULL;
+    for (int i = 0; i < c->n_graphs && !g; i++)
+        if (c->graph[i].key == key) g = &c->graph[i];
+    if (!g) {
+        if (c->n_graphs == MAX_GRAPHS) { /* the least recently used goes */
+            int lru = 0;
+            for (int i = 1; i < c->n_graphs; i++)
+                if (c->graph[i].last_use < c->graph[lru].last_use) lru = i;
+            if (c->graph[lru].exec) CUDA_CHECK(cudaGraphExecDestroy(c->graph[lru].exec));
+            c->graph[lru] = c->graph[--c->n_graphs];
+        }
+        g = &c->graph[c->n_graphs++];
+        *g = graph_entry{key, false, NULL, 0};
+    }
+    g->last_use = ++c->graph_clock;
+    if (g->exec) {
+        CUDA_CHECK(cudaGraphLaunch(g->exec, c->compute));
+        pthread_mutex_lock(&c->mu);
+        c->stats.graph_replays++;
+        pthread_mutex_unlock(&c->mu);
+        return true;
+    }
+    c->graph_mode = true;
+    c->cur = g;
+    if (g->warm) { /* the second time: record it */
+        pthread_mutex_lock(&c->capture_mu);
+        CUDA_CHECK(cudaStreamBeginCapture(c->compute, cudaStreamCaptureModeRelaxed));
+        c->capturing = g;
+    }
+    return false;
+}
+
+static void be_graph_end(backend_t *b) {
+    ctx *c = C(b);
+    if (!c->graph_mode) return;
+    c->graph_mode = false;
+    graph_entry *g = c->capturing;
+    if (!g) { /* the eager first run of its key (unless a reset dropped it meanwhile) */
+        if (c->cur >= c->graph && c->cur < c->graph + c->n_graphs) c->cur->warm = true;
+        return;
+    }
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamEndCapture(c->compute, &graph));
+    c->capturing = NULL;
+    pthread_mutex_unlock(&c->capture_mu);
+    CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaGraphLaunch(g->exec, c->compute)); /* the captured work has not run yet */
+    pthread_mutex_lock(&c->mu);
+    c->stats.graph_captures++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void be_graph_reset(backend_t *b) { graphs_reset(C(b)); }
 
 /* ---- memory ---- */
 static backend_buf_t *be_buf_alloc(backend_t *b, size_t n) {
@@ -285,11 +379,14 @@ static int be_batch_upload(backend_t *b, backend_batch_t **io, const backend_bat
     if (d->n_tokens < 0 || d->n_seqs < 0 || d->n_out < 0 || d->n_blocks < 0 || d->n_lora < 0)
         return cs_error_set(CS_EINVAL, "batch: negative counts");
     int T = d->n_tokens;
-    /* ids | pos | slots | out_rows | blocks | row_seq | row_lseg, then the two tables */
-    size_t n32 = (size_t)5 * T + d->n_out + d->n_blocks;
+    /* ids | pos | slots | out_rows | row_seq | row_lseg, the sequence table, the segment table
+     * (room for one per sequence), and last the block tables: every offset but the end's
+     * depends only on the token, output and sequence counts (a graph's launches keep them) */
+    size_t n32 = (size_t)5 * T + d->n_out;
     size_t o_seqs = align16(n32 * sizeof(int32_t));
     size_t o_lsegs = align16(o_seqs + sizeof(attn_seq) * (size_t)d->n_seqs);
-    size_t need = o_lsegs + sizeof(lora_seg) * (size_t)d->n_lora;
+    size_t o_blocks = align16(o_lsegs + sizeof(lora_seg) * (size_t)(d->n_lora > d->n_seqs ? d->n_lora : d->n_seqs));
+    size_t need = o_blocks + sizeof(int32_t) * (size_t)d->n_blocks;
     if (bt->pending) { /* the last upload's copy still reads the stage */
         CUDA_CHECK(cudaEventSynchronize(bt->uploaded));
         bt->pending = false;
@@ -299,6 +396,7 @@ static int be_batch_upload(backend_t *b, backend_batch_t **io, const backend_bat
         void *m = dalloc(c, cap);
         if (!m) return cs_error_set(CS_ENOMEM, "batch description: %s", cs_error_last());
         CUDA_CHECK(cudaStreamSynchronize(c->compute)); /* ops of the last forward may still read it */
+        graphs_reset(c);
         dfree(c, bt->mem, bt->mem_cap);
         bt->mem = m;
         bt->mem_cap = cap;
@@ -320,8 +418,8 @@ static int be_batch_upload(backend_t *b, backend_batch_t **io, const backend_bat
         if (!bt->hslots) return cs_error_set(CS_ENOMEM, "out of memory");
     }
     int32_t *h = (int32_t *)bt->stage;
-    int32_t *ids = h, *pos = ids + T, *slots = pos + T, *outr = slots + T, *blocks = outr + d->n_out;
-    int32_t *row_seq = blocks + d->n_blocks, *row_lseg = row_seq + T;
+    int32_t *ids = h, *pos = ids + T, *slots = pos + T, *outr = slots + T, *row_seq = outr + d->n_out;
+    int32_t *row_lseg = row_seq + T, *blocks = (int32_t *)(bt->stage + o_blocks);
     if (T) {
         memcpy(ids, d->ids, sizeof(int32_t) * T);
         memcpy(pos, d->pos, sizeof(int32_t) * T);
@@ -368,9 +466,9 @@ static int be_batch_upload(backend_t *b, backend_batch_t **io, const backend_bat
     bt->pos = m + T;
     bt->slots = m + 2 * (size_t)T;
     bt->out_rows = m + 3 * (size_t)T;
-    bt->blocks = bt->out_rows + d->n_out;
-    bt->row_seq = bt->blocks + d->n_blocks;
+    bt->row_seq = bt->out_rows + d->n_out;
     bt->row_lseg = bt->row_seq + T;
+    bt->blocks = (const int32_t *)((const char *)bt->mem + o_blocks);
     bt->seqs = (const attn_seq *)((const char *)bt->mem + o_seqs);
     bt->lsegs = (const lora_seg *)((const char *)bt->mem + o_lsegs);
     bt->n_tokens = T;
@@ -529,9 +627,11 @@ static const void *gemm_input(ctx *c, const float *x, size_t nx, cs_dtype dt) {
     size_t need = nx * 2;
     if (need > c->xh_cap) {
         size_t cap = need + need / 4;
+        if (c->capturing) cuda_fatal("the GEMM input scratch", "grew during a graph capture", __FILE__, __LINE__);
         void *m = dalloc(c, cap);
         if (!m) cuda_fatal("the GEMM input scratch", cs_error_last(), __FILE__, __LINE__);
         CUDA_CHECK(cudaStreamSynchronize(c->compute));
+        graphs_reset(c);
         dfree(c, c->xh, c->xh_cap);
         c->xh = m;
         c->xh_cap = cap;
@@ -621,13 +721,16 @@ static void be_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, cons
         CS_ASSERT(s->dims[2 * mod] == d_in && s->dims[2 * mod + 1] == d_out);
         if (r > max_rank) max_rank = r;
     }
+    if (c->graph_mode && bt->n_lora) max_rank = LORA_MAX_RANK; /* the launch fits any adapters of the key */
     if (!max_rank) return;
     size_t need = (size_t)bt->n_tokens * max_rank;
     if (need > c->lora_t_cap) {
+        if (c->capturing) cuda_fatal("the LoRA scratch", "grew during a graph capture", __FILE__, __LINE__);
         size_t cap = need + need / 2;
         float *m = (float *)dalloc(c, cap * sizeof(float));
         if (!m) cuda_fatal("the LoRA scratch", cs_error_last(), __FILE__, __LINE__);
         CUDA_CHECK(cudaStreamSynchronize(c->compute));
+        graphs_reset(c);
         dfree(c, c->lora_t, c->lora_t_cap * sizeof(float));
         c->lora_t = m;
         c->lora_t_cap = cap;
@@ -652,13 +755,16 @@ static void be_free(backend_t *b) {
         CUDA_CHECK(cudaSetDevice(c->device));
         CUDA_CHECK(cudaStreamSynchronize(c->compute));
         CUDA_CHECK(cudaStreamSynchronize(c->copy));
+        graphs_reset(c);
         dfree(c, c->xh, c->xh_cap);
         dfree(c, c->lora_t, c->lora_t_cap * sizeof(float));
+        dfree(c, c->workspace, CUBLAS_WORKSPACE);
         if (c->blas) CUBLAS_CHECK(cublasDestroy(c->blas));
         CUDA_CHECK(cudaEventDestroy(c->compute_mark));
         CUDA_CHECK(cudaStreamDestroy(c->compute));
         CUDA_CHECK(cudaStreamDestroy(c->copy));
         pthread_mutex_destroy(&c->mu);
+        pthread_mutex_destroy(&c->capture_mu);
         free(c);
     }
     free(b);
@@ -702,6 +808,9 @@ static backend_i make_iface() {
     i.add = be_add;
     i.lora = be_lora;
     i.kv_dtypes = 1u << CS_DTYPE_F32;
+    i.graph_begin = be_graph_begin;
+    i.graph_end = be_graph_end;
+    i.graph_reset = be_graph_reset;
     i.synchronize = be_synchronize;
     i.get_stats = be_get_stats;
     i.free = be_free;
@@ -746,6 +855,8 @@ static backend_t *create(const cuda_backend_params_t *p) {
     snprintf(c->pub.desc, sizeof c->pub.desc, "%.120s, %.1f GiB, sm_%d%d, budget %.1f GiB", prop.name,
              tot / 1073741824.0, prop.major, prop.minor, c->pub.budget / 1073741824.0);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->capture_mu, NULL);
+    c->graphs = p->graphs;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming));
@@ -759,6 +870,14 @@ static backend_t *create(const cuda_backend_params_t *p) {
         return NULL;
     }
     CUBLAS_CHECK(cublasSetStream(c->blas, c->compute));
+    if (!(c->workspace = dalloc(c, CUBLAS_WORKSPACE))) {
+        cs_error_set(CS_ENOMEM, "cuBLAS's workspace: %s", cs_error_last());
+        b->ctx = c;
+        b->iface = &iface;
+        be_free(b);
+        return NULL;
+    }
+    CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->workspace, CUBLAS_WORKSPACE));
     b->iface = &iface;
     b->ctx = c;
     b->n_threads = 1;
@@ -768,6 +887,6 @@ static backend_t *create(const cuda_backend_params_t *p) {
 } /* namespace CS_NS */
 
 extern "C" backend_t *PUB_NEW(const cuda_backend_params_t *p) {
-    cuda_backend_params_t d = {0, 0};
+    cuda_backend_params_t d = {0, 0, false};
     return CS_NS::create(p ? p : &d);
 }

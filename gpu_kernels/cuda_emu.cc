@@ -36,8 +36,10 @@ __asm__(".text\n"
 
 namespace cs_cuda_emu {
 
-thread_local emu_thread *emu_cur_thread;
-thread_local emu_grid emu_cur_grid;
+static thread_local emu_thread *emu_cur_thread;
+static thread_local emu_grid emu_cur_grid;
+emu_thread *cur_thread() { return emu_cur_thread; }
+emu_grid *cur_grid() { return &emu_cur_grid; }
 
 static void fatal(const char *what) {
     fprintf(stderr, "CUDA emulator: %s\n", what);
@@ -250,6 +252,7 @@ emu_counters counters() {
     c.blocks = __atomic_load_n(&n_done.blocks, __ATOMIC_RELAXED);
     c.threads = __atomic_load_n(&n_done.threads, __ATOMIC_RELAXED);
     c.switches = __atomic_load_n(&n_done.switches, __ATOMIC_RELAXED);
+    c.graph_launches = __atomic_load_n(&n_done.graph_launches, __ATOMIC_RELAXED);
     return c;
 }
 
@@ -289,6 +292,22 @@ uint16_t float2half_impl(float f) { /* round to nearest even */
 }
 
 /* ---- the runtime ---- */
+struct graph_op {
+    int kind;               /* 0 launch, 1 memcpy, 2 memset, 3 a closure (a GEMM) */
+    dim3 grid, block;
+    emu_body_fn fn, del;
+    void *obj;
+    void *dst;
+    const void *src;
+    size_t n;
+    int v;
+};
+struct emu_graph {          /* a captured graph, or an instantiated one (which takes the ops over) */
+    graph_op *ops;
+    int n, cap;
+};
+struct emu_stream { emu_graph *capture; };
+
 static size_t mem_budget() {
     static size_t b;
     if (!b) {
@@ -361,16 +380,6 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
     if (n) memmove(dst, src, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s) {
-    (void)s;
-    return cudaMemcpy(dst, src, n, k);
-}
-cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
-    (void)s;
-    memset(dst, v, n);
-    return cudaSuccess;
-}
-struct emu_stream { int unused; };
 struct emu_event { int unused; };
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     (void)flags;
@@ -378,9 +387,13 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     return *s ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (stream_capturing(s)) fatal("cudaStreamSynchronize on a stream being captured");
+    return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
-    (void)s, (void)e, (void)flags;
+    (void)e, (void)flags;
+    if (stream_capturing(s)) fatal("an event waited for on a stream being captured");
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
@@ -389,10 +402,107 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     return *e ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e, (void)s; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    (void)e;
+    if (stream_capturing(s)) fatal("an event recorded on a stream being captured");
+    return cudaSuccess;
+}
 cudaError_t cudaEventQuery(cudaEvent_t e) { (void)e; return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+/* ---- graphs ---- */
+
+static void graph_push(cudaStream_t s, const graph_op &op) {
+    emu_graph *g = s->capture;
+    if (g->n == g->cap) {
+        g->cap = g->cap ? 2 * g->cap : 64;
+        g->ops = (graph_op *)realloc(g->ops, sizeof *g->ops * (size_t)g->cap);
+        if (!g->ops) fatal("out of memory");
+    }
+    g->ops[g->n++] = op;
+}
+
+bool stream_capturing(cudaStream_t s) { return s && s->capture; }
+
+void capture_launch(cudaStream_t s, dim3 grid, dim3 block, emu_body_fn fn, void *obj, emu_body_fn del) {
+    graph_op op = {};
+    op.kind = 0, op.grid = grid, op.block = block, op.fn = fn, op.obj = obj, op.del = del;
+    graph_push(s, op);
+}
+
+static void capture_closure(cudaStream_t s, emu_body_fn fn, void *obj, emu_body_fn del) {
+    graph_op op = {};
+    op.kind = 3, op.fn = fn, op.obj = obj, op.del = del;
+    graph_push(s, op);
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    (void)mode;
+    if (!s || s->capture) return cudaErrorInvalidValue;
+    s->capture = (emu_graph *)calloc(1, sizeof(emu_graph));
+    return s->capture ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    if (!s || !s->capture) return cudaErrorInvalidValue;
+    *g = s->capture;
+    s->capture = NULL;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+    (void)flags;
+    emu_graph *x = (emu_graph *)calloc(1, sizeof(emu_graph));
+    if (!x) return cudaErrorMemoryAllocation;
+    *x = *g; /* the exec owns the ops from here: the graph may be destroyed first, as in CUDA */
+    g->ops = NULL;
+    g->n = g->cap = 0;
+    *e = x;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+    if (stream_capturing(s)) fatal("a graph launched into a capture");
+    for (int i = 0; i < e->n; i++) {
+        const graph_op &op = e->ops[i];
+        switch (op.kind) {
+        case 0: launch_impl(op.grid, op.block, 0, s, op.fn, op.obj); break;
+        case 1: memmove(op.dst, op.src, op.n); break;
+        case 2: memset(op.dst, op.v, op.n); break;
+        default: op.fn(op.obj); break;
+        }
+    }
+    COUNT(graph_launches, 1);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { return cudaGraphDestroy(e); }
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    if (!g) return cudaSuccess;
+    for (int i = 0; i < g->n; i++)
+        if (g->ops[i].del) g->ops[i].del(g->ops[i].obj);
+    free(g->ops);
+    free(g);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s) {
+    if (stream_capturing(s)) {
+        graph_op op = {};
+        op.kind = 1, op.dst = dst, op.src = src, op.n = n;
+        graph_push(s, op);
+        return cudaSuccess;
+    }
+    return cudaMemcpy(dst, src, n, k);
+}
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
+    if (stream_capturing(s)) {
+        graph_op op = {};
+        op.kind = 2, op.dst = dst, op.v = v, op.n = n;
+        graph_push(s, op);
+        return cudaSuccess;
+    }
+    memset(dst, v, n);
+    return cudaSuccess;
+}
 
 /* ---- cuBLAS ---- */
 struct emu_cublas { cudaStream_t s; };
@@ -402,6 +512,10 @@ cublasStatus_t cublasCreate(cublasHandle_t *h) {
 }
 cublasStatus_t cublasDestroy(cublasHandle_t h) { free(h); return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->s = s; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes) {
+    (void)h, (void)ws, (void)bytes;
+    return CUBLAS_STATUS_SUCCESS;
+}
 const char *cublasGetStatusString(cublasStatus_t s) {
     switch (s) {
     case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
@@ -431,6 +545,23 @@ static float *widen(const void *p, cudaDataType t, int rows, int cols, int ld) {
     return o;
 }
 
+static cublasStatus_t gemm_now(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                               const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb,
+                               float beta, void *C, int ldc);
+struct gemm_args {
+    cublasOperation_t ta, tb;
+    int m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+    const void *A, *B;
+    void *C;
+    cudaDataType at, bt;
+};
+static void gemm_run(void *p) {
+    gemm_args *g = (gemm_args *)p;
+    gemm_now(g->ta, g->tb, g->m, g->n, g->k, g->alpha, g->A, g->at, g->lda, g->B, g->bt, g->ldb, g->beta, g->C, g->ldc);
+}
+static void gemm_del(void *p) { free(p); }
+
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void *alpha, const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,
                             int ldb, const void *beta, void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
@@ -439,6 +570,19 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (compute != CUBLAS_COMPUTE_32F || ct != CUDA_R_32F || at != bt) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (stream_capturing(h->s)) {
+        gemm_args *g = (gemm_args *)malloc(sizeof *g);
+        if (!g) return CUBLAS_STATUS_ALLOC_FAILED;
+        *g = gemm_args{ta, tb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta, A, B, C, at, bt};
+        capture_closure(h->s, gemm_run, g, gemm_del);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return gemm_now(ta, tb, m, n, k, *(const float *)alpha, A, at, lda, B, bt, ldb, *(const float *)beta, C, ldc);
+}
+
+static cublasStatus_t gemm_now(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                               const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb,
+                               float beta, void *C, int ldc) {
     if (!m || !n) return CUBLAS_STATUS_SUCCESS;
     int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
     int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
@@ -450,7 +594,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
         return CUBLAS_STATUS_ALLOC_FAILED;
     }
     cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                m, n, k, *(const float *)alpha, a, ar > 1 ? ar : 1, b, br > 1 ? br : 1, *(const float *)beta, (float *)C, ldc);
+                m, n, k, alpha, a, ar > 1 ? ar : 1, b, br > 1 ? br : 1, beta, (float *)C, ldc);
     free(a);
     free(b);
     return CUBLAS_STATUS_SUCCESS;

@@ -38,8 +38,11 @@ struct emu_grid {
     uint3 block_idx;
     uint3 block_dim, grid_dim;
 };
-extern thread_local emu_thread *emu_cur_thread;
-extern thread_local emu_grid emu_cur_grid;
+/* the running fiber's thread and its launch, behind calls: the kernels' objects never
+ * address the emulator's thread-local variables themselves (under the sanitizers, an
+ * inlined access to another object's thread_local read a null address inside a fiber) */
+emu_thread *cur_thread();
+emu_grid *cur_grid();
 
 void syncthreads();
 /* the warp's lanes exchange 8 bytes each; returns lane src's */
@@ -49,20 +52,20 @@ template <class T> static inline T shfl_cast(uint64_t u) { T t; memcpy(&t, &u, s
 template <class T> static inline uint64_t shfl_bits(T t) { uint64_t u = 0; memcpy(&u, &t, sizeof t); return u; }
 template <class T> static inline T shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     (void)mask;
-    int lane = emu_cur_thread->linear & 31;
+    int lane = cur_thread()->linear & 31;
     int src = lane ^ lane_mask;
     if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane; /* outside its segment: its own */
     return shfl_cast<T>(warp_exchange(shfl_bits(v), src));
 }
 template <class T> static inline T shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
     (void)mask;
-    int lane = emu_cur_thread->linear & 31;
+    int lane = cur_thread()->linear & 31;
     int src = (lane & ~(width - 1)) + (src_lane & (width - 1));
     return shfl_cast<T>(warp_exchange(shfl_bits(v), src));
 }
 template <class T> static inline T shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
     (void)mask;
-    int lane = emu_cur_thread->linear & 31;
+    int lane = cur_thread()->linear & 31;
     int src = lane + (int)delta;
     if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;
     return shfl_cast<T>(warp_exchange(shfl_bits(v), src));
@@ -72,9 +75,15 @@ template <class T> static inline T shfl_down_sync(unsigned mask, T v, unsigned d
 typedef struct emu_stream *cudaStream_t;
 typedef void (*emu_body_fn)(void *);
 void launch_impl(dim3 grid, dim3 block, size_t smem, cudaStream_t s, emu_body_fn fn, void *arg);
+/* a stream being captured into a graph records work instead of running it (a copy of the
+ * closure, run and deleted by the graph) */
+bool stream_capturing(cudaStream_t s);
+void capture_launch(cudaStream_t s, dim3 grid, dim3 block, emu_body_fn fn, void *obj, emu_body_fn del);
 template <class F> static void launch_trampoline(void *p) { (*(F *)p)(); }
+template <class F> static void launch_delete(void *p) { delete (F *)p; }
 template <class F> static inline void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, F f) {
-    launch_impl(grid, block, smem, s, launch_trampoline<F>, &f);
+    if (stream_capturing(s)) capture_launch(s, grid, block, launch_trampoline<F>, new F(f), launch_delete<F>);
+    else launch_impl(grid, block, smem, s, launch_trampoline<F>, &f);
 }
 
 /* ---- 16-bit floats ---- */
@@ -105,7 +114,11 @@ enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAl
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
                       cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
 typedef struct emu_event *cudaEvent_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph *cudaGraphExec_t;
 enum { cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2, cudaHostAllocDefault = 0 };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
+                             cudaStreamCaptureModeRelaxed = 2 };
 struct cudaDeviceProp {
     char name[256];
     size_t totalGlobalMem;
@@ -136,6 +149,14 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaDeviceSynchronize();
+/* graphs: a capture records the stream's launches, copies, memsets and GEMMs in order; an
+ * instantiated graph replays them on launch. Capturing anything else is refused (abort). */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 
 /* ---- cuBLAS: the GEMM ---- */
 typedef struct emu_cublas *cublasHandle_t;
@@ -148,6 +169,7 @@ enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
 cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
 const char *cublasGetStatusString(cublasStatus_t s);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void *alpha, const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,
@@ -155,7 +177,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             cublasGemmAlgo_t algo);
 
 /* how many launches and block-fibers ran (tests check that work went through the emulator) */
-struct emu_counters { uint64_t launches, blocks, threads, switches; };
+struct emu_counters { uint64_t launches, blocks, threads, switches, graph_launches; };
 emu_counters counters();
 
 } /* namespace cs_cuda_emu */
@@ -167,10 +189,10 @@ emu_counters counters();
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static thread_local
-#define threadIdx (cs_cuda_emu::emu_cur_thread->tid)
-#define blockIdx (cs_cuda_emu::emu_cur_grid.block_idx)
-#define blockDim (cs_cuda_emu::emu_cur_grid.block_dim)
-#define gridDim (cs_cuda_emu::emu_cur_grid.grid_dim)
+#define threadIdx (cs_cuda_emu::cur_thread()->tid)
+#define blockIdx (cs_cuda_emu::cur_grid()->block_idx)
+#define blockDim (cs_cuda_emu::cur_grid()->block_dim)
+#define gridDim (cs_cuda_emu::cur_grid()->grid_dim)
 #define warpSize 32
 #define __syncthreads() cs_cuda_emu::syncthreads()
 #define __shfl_xor_sync cs_cuda_emu::shfl_xor_sync

@@ -23,6 +23,7 @@ extern "C" {
 typedef struct cuda_backend_params {
     int device;             /* CUDA device index */
     double memory_fraction; /* of the device's memory the backend may allocate (0: 0.90) */
+    bool graphs;            /* record decode steps as CUDA graphs and replay them (--cuda-graphs) */
 } cuda_backend_params_t;
 
 /* NULL with cs_error_last() set when no device, no driver or no memory */

@@ -47,6 +47,7 @@ static void usage_batch(FILE *f) {
             "  --device auto|cpu|cuda      where the model runs (default auto: cuda where a GPU is visible)\n"
             "  --gpu-memory-fraction F     of the GPU's memory caraserve may use (0 < F <= 1, default 0.9);\n"
             "                              on a GPU the KV cache takes what the weights leave unless sized\n"
+            "  --cuda-graphs               replay decode steps as CUDA graphs (off until measured faster)\n"
             "  --preload-adapters          load every --lora adapter before the first request (a batch\n"
             "                              that does not depend on load times)\n"
             "\n"
@@ -346,6 +347,7 @@ int cmd_batch(int argc, char **argv) {
         {"batch-invariant", no_argument, 0, 'I'},
         {"device", required_argument, 0, 'V'},
         {"gpu-memory-fraction", required_argument, 0, 'G'},
+        {"cuda-graphs", no_argument, 0, 'g'},
         {"preload-adapters", no_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -355,7 +357,7 @@ int cmd_batch(int argc, char **argv) {
     int n_loras = 0, threads = 0, max_seqs = 0, max_tokens_batch = 0, max_model_len = 0, max_cpu_loras = 0, max_loras = 0;
     const char *scheduler = NULL, *cost_out = NULL;
     long long kv_bytes = 1LL << 30, lora_bytes = 0;
-    bool kv_explicit = false;
+    bool kv_explicit = false, cuda_graphs = false;
     double gpu_fraction = 0;
     bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     bool preload = false;
@@ -405,6 +407,7 @@ int cmd_batch(int argc, char **argv) {
         case 'R': reference = true; break;
         case 'I': invariant = true; break;
         case 'V': device = optarg; break;
+        case 'g': cuda_graphs = true; break;
         case 'W': preload = true; break;
         case 'h': usage_batch(stdout); free(lora_specs); return 0;
         default: goto usage_err;
@@ -434,7 +437,8 @@ int cmd_batch(int argc, char **argv) {
         goto out;
     }
     be = setup_backend(&(setup_backend_opts_t){.device = device, .threads = threads, .reference = reference,
-                                               .batch_invariant = invariant, .gpu_memory_fraction = gpu_fraction});
+                                               .batch_invariant = invariant, .gpu_memory_fraction = gpu_fraction,
+                                               .cuda_graphs = cuda_graphs});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
     char *tj = cs_path_join(model_dir, "tokenizer.json");
@@ -568,7 +572,8 @@ int cmd_batch(int argc, char **argv) {
                 "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"lora_device_uploads\": %llu, "
                 "\"lora_device_evictions\": %llu, \"lora_device_waits\": %llu, \"threads\": %d, \"backend\": {\"name\": \"%s\", "
                 "\"kernels\": \"%s\", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"d2d_bytes\": %llu, \"h2d_copies\": %llu, "
-                "\"d2h_copies\": %llu, \"d2d_copies\": %llu, \"batch_uploads\": %llu, \"allocated\": %zu}, "
+                "\"d2h_copies\": %llu, \"d2d_copies\": %llu, \"batch_uploads\": %llu, \"allocated\": %zu, "
+                "\"graph_captures\": %llu, \"graph_replays\": %llu}, "
                 "\"scheduler\": \"%s\", \"cost_model\": %s}\n",
                 wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
                 (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
@@ -580,7 +585,8 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)ls.device_waits, be->n_threads, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,
                 (unsigned long long)bs.d2h_bytes, (unsigned long long)bs.d2d_bytes, (unsigned long long)bs.h2d_copies,
                 (unsigned long long)bs.d2h_copies, (unsigned long long)bs.d2d_copies, (unsigned long long)bs.batch_uploads,
-                bs.allocated, sched_name(sched), cm);
+                bs.allocated, (unsigned long long)bs.graph_captures, (unsigned long long)bs.graph_replays,
+                sched_name(sched), cm);
     }
     status = 0;
     for (int i = 0; i < n_jobs; i++)

@@ -104,7 +104,8 @@ static void usage_serve(FILE *f) {
             "  --reference-kernels           use the plain reference kernels (slow; for checking)\n"
             "  --device auto|cpu|cuda        where the model runs (default auto: cuda where a CUDA build sees a GPU)\n"
             "  --gpu-memory-fraction F       of the GPU's memory caraserve may use (0 < F <= 1, default 0.9); on\n"
-            "                                a GPU the KV cache takes what the weights leave unless sized\n");
+            "                                a GPU the KV cache takes what the weights leave unless sized\n"
+            "  --cuda-graphs                 replay decode steps as CUDA graphs (off until measured faster)\n");
 }
 
 /* the serving cost model forgets slowly: a step 2,000 steps ago weighs 1/e */
@@ -115,7 +116,7 @@ enum {
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
     O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
-    O_GPU_FRACTION
+    O_GPU_FRACTION, O_CUDA_GRAPHS
 };
 
 static const struct option OPTS[] = {
@@ -155,6 +156,7 @@ static const struct option OPTS[] = {
     {"batch-invariant", no_argument, 0, O_INVARIANT},
     {"device", required_argument, 0, O_DEVICE},
     {"gpu-memory-fraction", required_argument, 0, O_GPU_FRACTION},
+    {"cuda-graphs", no_argument, 0, O_CUDA_GRAPHS},
     {0, 0, 0, 0},
 };
 
@@ -407,6 +409,7 @@ int cmd_serve(int argc, char **argv) {
         case O_REFERENCE: cfg.reference_kernels = true; break;
         case O_INVARIANT: cfg.batch_invariant = true; break;
         case O_DEVICE: free(cfg.device); cfg.device = strdup(optarg); break;
+        case O_CUDA_GRAPHS: cfg.cuda_graphs = true; break;
         case O_GPU_FRACTION:
             if (!setup_parse_gpu_fraction(optarg, &cfg.gpu_memory_fraction)) {
                 fprintf(stderr, "caraserve serve: --gpu-memory-fraction wants 0 < F <= 1, got '%s'\n", optarg);
@@ -505,7 +508,8 @@ int cmd_serve(int argc, char **argv) {
     s->be = setup_backend(&(setup_backend_opts_t){.device = s->cfg.device, .threads = s->cfg.threads,
                                                   .reference = s->cfg.reference_kernels,
                                                   .batch_invariant = s->cfg.batch_invariant,
-                                                  .gpu_memory_fraction = s->cfg.gpu_memory_fraction});
+                                                  .gpu_memory_fraction = s->cfg.gpu_memory_fraction,
+                                                  .cuda_graphs = s->cfg.cuda_graphs});
     if (!s->be) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     if (model_load(s->cfg.model, s->be, &s->model)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); goto out; }
     char *tj = cs_path_join(s->cfg.model, "tokenizer.json");

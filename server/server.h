@@ -36,6 +36,7 @@ typedef struct serve_config {
     double kv_cache_fraction;
     bool kv_cache_explicit;   /* --kv-cache-bytes was given */
     double gpu_memory_fraction; /* --gpu-memory-fraction (0: the backend's default) */
+    bool cuda_graphs;         /* --cuda-graphs */
     int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
     int max_loras;                  /* adapters in device slots at once (0: unbounded) */
     char *scheduler;                /* --scheduler: NULL or "fcfs" */

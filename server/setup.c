@@ -36,7 +36,7 @@ static bool gpu_present(void) {
 backend_t *setup_backend(const setup_backend_opts_t *o) {
     const char *dev = o->device && *o->device ? o->device : "auto";
     if (!strcmp(dev, "auto")) dev = gpu_present() ? "cuda" : "cpu";
-    cuda_backend_params_t gp = {.device = 0, .memory_fraction = o->gpu_memory_fraction};
+    cuda_backend_params_t gp = {.device = 0, .memory_fraction = o->gpu_memory_fraction, .graphs = o->cuda_graphs};
     const char *test_dev = getenv("CS_TEST_DEVICE");
     if (test_dev && !strcmp(test_dev, "cuda-emu")) /* the CUDA backend's code on the host emulator */
         return cuda_emu_backend_new(&gp);

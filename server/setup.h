@@ -11,6 +11,7 @@
 typedef struct setup_backend_opts {
     const char *device;     /* "cpu", "cuda" or "auto" (NULL: auto: cuda where a GPU is visible) */
     double gpu_memory_fraction; /* cuda: of the GPU's memory it may allocate (0: 0.90) */
+    bool cuda_graphs;       /* cuda: replay decode steps as CUDA graphs (--cuda-graphs) */
     int threads;            /* 0: every online CPU */
     bool reference;         /* --reference-kernels */
     bool batch_invariant;   /* --batch-invariant */

@@ -594,10 +594,116 @@ START_TEST(test_strict_fresh_memory_is_nan) {
 }
 END_TEST
 
+
 static bool require_cuda(void) {
     const char *v = getenv("CS_TEST_REQUIRE_CUDA");
     return v && *v && strcmp(v, "0");
 }
+
+/* ---- device graphs (the CUDA backends with graphs on) ----
+ * Decode steps of one key (4 rows, adapters present) run through graph_begin/graph_end: the
+ * first eagerly (twice when the first grew the backend's scratch), then one captured, the rest
+ * replayed. Between steps the batch changes what a replay must follow: longer sequences (more
+ * blocks, so the block tables move), and the adapters of the rows (the rank-32 adapter first
+ * appears in step 4, after the capture, larger than any in it). Every step's attention and
+ * LoRA outputs are held to the references. */
+START_TEST(test_graphs) {
+    backend_t *b = _i == 0 ? cuda_emu_backend_new(&(cuda_backend_params_t){.graphs = true})
+#ifdef CS_HAVE_CUDA
+                           : cuda_backend_new(&(cuda_backend_params_t){.graphs = true});
+#else
+                           : NULL;
+#endif
+    if (!b) {
+        ck_assert_msg(_i == 1 && !require_cuda(), "graphs on %s: %s", _i ? "cuda" : "cuda-emu", cs_error_last());
+        return;
+    }
+    enum { NA = 3, T = 4 };
+    const int nh = 4, nkv = 2, hd = 16, kvd = nkv * hd, d_in = 40, d_out = 24, pool_blocks = 32;
+    static const int ranks[NA] = {4, 8, 32};
+    float *A[NA], *B[NA];
+    backend_lora_module_desc_t md[NA][BACKEND_LORA_TARGETS];
+    backend_adapter_t *slot[NA];
+    for (int a = 0; a < NA; a++) {
+        A[a] = randv((size_t)ranks[a] * d_in, 0.3f);
+        B[a] = randv((size_t)d_out * ranks[a], 0.3f);
+        for (int t = 0; t < BACKEND_LORA_TARGETS; t++)
+            md[a][t] = (backend_lora_module_desc_t){t == 0 ? ranks[a] : 0, d_in, d_out, 0.5f, CS_DTYPE_F32, A[a], B[a], NULL};
+        backend_adapter_desc_t d = {1, md[a], true};
+        ck_assert_int_eq(backend_adapter_upload(b, &d, &slot[a]), CS_OK);
+    }
+    size_t pool_n = (size_t)pool_blocks * BS * kvd;
+    float *k = randv(pool_n, 1.0f), *v = randv(pool_n, 1.0f);
+    backend_buf_t *bk = up(b, k, sizeof(float) * pool_n), *bv = up(b, v, sizeof(float) * pool_n);
+    backend_buf_t *bq = backend_buf_alloc(b, sizeof(float) * T * nh * hd), *bo = backend_buf_alloc(b, sizeof(float) * T * nh * hd);
+    backend_buf_t *bx = backend_buf_alloc(b, sizeof(float) * T * d_in), *by = backend_buf_alloc(b, sizeof(float) * T * d_out);
+    backend_batch_t *bt = NULL;
+    /* per step: each row's adapter (-1: none) and its cached length */
+    static const int who[6][T] = {{0, 1, -1, 0}, {1, 0, 0, -1}, {0, 1, -1, 1}, {1, 1, 0, -1}, {-1, 0, 1, 2}, {2, -1, 2, 0}};
+    int replays = 0;
+    for (int step = 0; step < 6; step++) {
+        tbatch_t t;
+        int cached[T], n_new[T];
+        for (int r = 0; r < T; r++) cached[r] = 5 + 9 * step + 7 * r, n_new[r] = 1;
+        tbatch_make(&t, T, cached, n_new, pool_blocks, 10);
+        for (int r = 0; r < T; r++) /* a segment per row with an adapter */
+            if (who[step][r] >= 0) t.lora[t.n_lora++] = (backend_lora_seg_desc_t){r, 1, slot[who[step][r]]};
+        bt = tbatch_upload(b, &t, bt);
+        float *q = randv((size_t)T * nh * hd, 1.0f), *x = randv((size_t)T * d_in, 1.0f), *y0 = randv((size_t)T * d_out, 1.0f);
+        /* inputs first (outside the graph), then the graph's ops */
+        backend_buf_set(b, bq, 0, q, sizeof(float) * T * nh * hd);
+        backend_buf_set(b, bx, 0, x, sizeof(float) * T * d_in);
+        backend_buf_set(b, by, 0, y0, sizeof(float) * T * d_out);
+        if (backend_graph_begin(b, 42)) {
+            replays++;
+        } else {
+            backend_attention(b, bo, bq, bk, bv, CS_DTYPE_F32, bt, BS, nh, nkv, hd, 0);
+            backend_lora(b, by, bx, bt, 0, 0, d_in, d_out);
+            backend_graph_end(b);
+        }
+        float *want = malloc(sizeof(float) * T * nh * hd);
+        cs_attention_paged_ref(want, q, k, v, t.hseqs, t.n_seqs, BS, nh, nkv, hd, 0);
+        float *got = down(b, bo, (size_t)T * nh * hd);
+        close_to(got, want, (size_t)T * nh * hd, 1e-5, "attention in a graph", _i ? CUDA_GPU : CUDA_EMU);
+        free(got);
+        free(want);
+        want = malloc(sizeof(float) * T * d_out);
+        memcpy(want, y0, sizeof(float) * T * d_out);
+        for (int r = 0; r < T; r++)
+            if (who[step][r] >= 0) {
+                int a = who[step][r];
+                cs_lora_ref(want + (size_t)r * d_out, x + (size_t)r * d_in, 1, A[a], B[a], ranks[a], d_in, d_out, 0.5f);
+            }
+        got = down(b, by, (size_t)T * d_out);
+        close_to(got, want, (size_t)T * d_out, 5e-5, "lora in a graph", _i ? CUDA_GPU : CUDA_EMU);
+        free(got);
+        free(want);
+        free(q);
+        free(x);
+        free(y0);
+    }
+    backend_stats_t st;
+    backend_get_stats(b, &st);
+    ck_assert_int_eq((int)st.graph_captures, 1); /* by step 2 at the latest: steps 4 and 5 are replays */
+    ck_assert_int_ge(replays, 3);
+    ck_assert_int_eq((int)st.graph_replays, replays);
+    backend_batch_free(b, bt);
+    backend_buf_free(b, bk);
+    backend_buf_free(b, bv);
+    backend_buf_free(b, bq);
+    backend_buf_free(b, bo);
+    backend_buf_free(b, bx);
+    backend_buf_free(b, by);
+    for (int a = 0; a < NA; a++) {
+        backend_adapter_free(b, slot[a]);
+        free(A[a]);
+        free(B[a]);
+    }
+    free(k);
+    free(v);
+    backend_free(b);
+}
+END_TEST
 
 static void setup(void) {
     cs_rng_seed(&rng, 1234);
@@ -627,6 +733,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_attention, 0, N_BACKENDS);
     tcase_add_loop_test(tc, test_lora, 0, N_BACKENDS);
     tcase_add_loop_test(tc, test_copies, 0, N_BACKENDS);
+    tcase_add_loop_test(tc, test_graphs, 0, 2); /* cuda-emu, cuda */
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("strict");
     tcase_add_checked_fixture(ts, setup, teardown);

@@ -12,7 +12,10 @@ and an F32 Qwen2 (q/k/v biases). F32 weights keep the CUDA backend's GEMMs in F3
 rounding of activations), so both backends compute the same function in another order:
 every token must agree and every logprob within 2e-5 (F32 sums of up to a few hundred
 terms in another order; measured differences are printed). Then again with one device slot
-for the three adapters (--max-loras 1): slots evicted and uploaded again.
+for the three adapters (--max-loras 1): slots evicted and uploaded again; and with
+--cuda-graphs: decode steps recorded as graphs on their second run and replayed after (the
+emulator records and replays the launches, copies and GEMMs), with the same results, and
+the counters must show captures and replays.
 BF16 models on the CUDA backend round activations to BF16 before a GEMM, as vLLM does; that
 path is held against transformers in bfloat16 on a GPU host (tests/test_gpu_ref.py).
 On a GPU host tests/test_gpu runs this file with CS_TEST_CUDA_DEVICE=cuda: the same checks
@@ -127,4 +130,12 @@ for kind, kv_heads in (("llama", 2), ("qwen2", 4)):
         reflib.fail(f"{kind}: --max-loras 1 did not make slots wait and evict: {st1}")
     print(f"ok  {kind} --max-loras 1: {st1['lora_device_uploads']} slot uploads, {st1['lora_device_evictions']} "
           f"evictions on {NAME}; logprobs within {worst1:.2g}")
+    dev2, st2 = run(model_dir, reqs, loras, NAME, extra=("--cuda-graphs", "--max-num-seqs", "4"))
+    cpu2, _ = run(model_dir, reqs, loras, None, extra=("--max-num-seqs", "4"))
+    worst2 = compare(f"{kind} --cuda-graphs", cpu2, dev2)
+    be2 = st2.get("backend", {})
+    if not be2.get("graph_captures") or not be2.get("graph_replays"):
+        reflib.fail(f"{kind}: --cuda-graphs recorded or replayed no graph: {be2}")
+    print(f"ok  {kind} --cuda-graphs: {be2['graph_captures']} decode graphs recorded, {be2['graph_replays']} replays "
+          f"on {NAME}; same tokens, logprobs within {worst2:.2g}")
 print("PASS")
