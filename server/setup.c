@@ -35,7 +35,10 @@ static bool gpu_present(void) {
 
 backend_t *setup_backend(const setup_backend_opts_t *o) {
     const char *dev = o->device && *o->device ? o->device : "auto";
-    if (!strcmp(dev, "auto")) dev = gpu_present() ? "cuda" : "cpu";
+    if (!strcmp(dev, "auto")) { /* the test suite pins it (CS_AUTO_DEVICE=cpu): its references are the CPU's */
+        const char *pin = getenv("CS_AUTO_DEVICE");
+        dev = pin && *pin ? pin : gpu_present() ? "cuda" : "cpu";
+    }
     cuda_backend_params_t gp = {.device = 0, .memory_fraction = o->gpu_memory_fraction, .graphs = o->cuda_graphs};
     const char *test_dev = getenv("CS_TEST_DEVICE");
     if (test_dev && !strcmp(test_dev, "cuda-emu")) /* the CUDA backend's code on the host emulator */

@@ -2,7 +2,9 @@
  * (and names it for their messages). Flags come in the options; the environment switches
  * of the CPU kernels (CS_NO_AVX512, CS_NO_AVX2, CS_NO_AMX, CS_NO_TILE, CS_AMX_TERMS) and the tests'
  * CS_TEST_DEVICE=strict (CS_STRICT_GBPS, CS_STRICT_LATENCY_US) or =cuda-emu (the CUDA
- * backend's own code on the host emulator) are read here and nowhere else. */
+ * backend's own code on the host emulator), and CS_AUTO_DEVICE (what --device auto means;
+ * make check sets cpu so a GPU host runs the CPU-exact suite unless a test names cuda) are
+ * read here and nowhere else. */
 #ifndef CS_SETUP_H
 #define CS_SETUP_H
 
