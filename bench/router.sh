@@ -27,32 +27,13 @@ LOADS=${LOADS:-"0.8 1.0 1.2"} N=${N:-120} IN=${IN:-64} OUT=${OUT:-32} TTFT_MS=${
 SEED=${SEED:-1} OVERHEAD_N=${OVERHEAD_N:-400} POLICIES=${POLICIES:-"round-robin least-loaded rank-aware"}
 . bench/common.sh
 BENCH="$BUILD/caraserve-bench"
-model="$CACHE/llama-50m-bf16"
-[ -f "$model/config.json" ] || "$BUILD/caraserve-mkmodel" model --out "$model" --arch llama --hidden 512 --layers 8 \
-    --heads 8 --intermediate 1408 --vocab 32000 --dtype bf16 --seed 2 --tokenizer "$CACHE/spm-32k" >&2
 work=$(mktemp -d)
 pids=() rpid=""
 stop_router() { if [ -n "$rpid" ]; then kill "$rpid" 2>/dev/null || true; wait "$rpid" 2>/dev/null || true; rpid=""; fi; }
 cleanup() { stop_router; for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-mods=() bench_mods=()
-tail -n +2 tests/data/bench/maf-popularity-128.csv | head -16 > "$work/top16"
-for i in $(seq 0 15); do
-    r=$((8 << (i % 4)))
-    a="$CACHE/llama-50m-lora-r$r-$i"
-    [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$model" --out "$a" --rank "$r" \
-        --alpha $((2 * r)) --seed $((200 + i)) --dtype bf16 >&2
-    mods+=("a$i=$a")
-    w=$(sed -n "$((i + 1))p" "$work/top16" | cut -d, -f2)
-    bench_mods+=("a$i:$r:$w")
-done
-
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_health() {
-    for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0; sleep 0.2; done
-    echo "router.sh: nothing healthy on port $1" >&2; return 1
-}
+. bench/lora16.sh
 rports=()
 for k in 0 1 2; do
     p=$(free_port)

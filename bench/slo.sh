@@ -28,35 +28,13 @@ SEED=${SEED:-1} SLO_BASE=${SLO_BASE:-batch} SEND_SLO=${SEND_SLO:-1}
 export SEND_SLO
 . bench/common.sh
 BENCH="$BUILD/caraserve-bench"
-model="$CACHE/llama-50m-bf16"
-[ -f "$model/config.json" ] || "$BUILD/caraserve-mkmodel" model --out "$model" --arch llama --hidden 512 --layers 8 \
-    --heads 8 --intermediate 1408 --vocab 32000 --dtype bf16 --seed 2 --tokenizer "$CACHE/spm-32k" >&2
 work=$(mktemp -d)
 pid=""
 stop() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=""; fi; }
 cleanup() { stop; rm -rf "$work"; }
 trap cleanup EXIT
 
-# 16 adapters: ranks 8, 16, 32, 64 in turn; the popularity of the trace's first 16 adapters
-mods=() bench_mods=()
-pop="$work/popularity.csv"
-echo "adapter,probability" > "$pop"
-tail -n +2 tests/data/bench/maf-popularity-128.csv | head -16 > "$work/top16"
-for i in $(seq 0 15); do
-    r=$((8 << (i % 4)))
-    a="$CACHE/llama-50m-lora-r$r-$i"
-    [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$model" --out "$a" --rank "$r" \
-        --alpha $((2 * r)) --seed $((200 + i)) --dtype bf16 >&2
-    mods+=("a$i=$a")
-    w=$(sed -n "$((i + 1))p" "$work/top16" | cut -d, -f2)
-    bench_mods+=("a$i:$r:$w")
-done
-
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_health() {
-    for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0; sleep 0.2; done
-    echo "slo.sh: the server on port $1 did not come up" >&2; return 1
-}
+. bench/lora16.sh
 port=""
 start() { # policy
     stop

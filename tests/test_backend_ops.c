@@ -173,10 +173,11 @@ static backend_batch_t *tbatch_upload(backend_t *b, const tbatch_t *t, backend_b
 /* the activations as backend b's GEMM sees them against a weight of dtype dt */
 static float *gemm_x(const backend_t *b, const float *x, size_t n, cs_dtype dt) {
     float *r = malloc(sizeof(float) * (n ? n : 1));
+    bool same = !backend_is_cuda(b) || dt == CS_DTYPE_F32;
     for (size_t i = 0; i < n; i++)
-        r[i] = !backend_is_cuda(b) || dt == CS_DTYPE_F32 ? x[i]
-               : dt == CS_DTYPE_BF16                   ? cs_bf16_to_f32(cs_f32_to_bf16(x[i]))
-                                                       : cs_f16_to_f32(cs_f32_to_f16(x[i]));
+        r[i] = same                 ? x[i]
+               : dt == CS_DTYPE_BF16 ? cs_bf16_to_f32(cs_f32_to_bf16(x[i]))
+                                     : cs_f16_to_f32(cs_f32_to_f16(x[i]));
     return r;
 }
 
