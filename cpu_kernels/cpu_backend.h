@@ -39,6 +39,11 @@ typedef struct strict_device_params {
     cpu_backend_params_t cpu;
     double bytes_per_s;     /* copy bandwidth; 0: unlimited */
     double latency_us;      /* per copy */
+    bool lockstep;          /* an adapter slot streaming in advances one layer group per
+                             * adapter_arrived call, landed before it answers: the cold start's
+                             * layer-by-layer switch without depending on thread timing (tests) */
+    bool no_stream;         /* no streaming slots, no host-assisted ops: slots are uploaded whole
+                             * (a device without the cold start's methods) */
 } strict_device_params_t;
 
 backend_t *strict_device_new(const strict_device_params_t *p);

@@ -48,6 +48,13 @@ struct backend_adapter {
     int n_layers;
     slot_mod_t *mods;
     size_t bytes;           /* device bytes (0 when used in place) */
+    int arrived;            /* layers in place (atomic: the copy thread raises it) */
+    struct backend_event *done; /* streaming: recorded after its last group (adapter_free waits) */
+    void (*on_group)(void *);
+    void *user;
+    /* lockstep: the groups not sent yet (the host weights stay valid: host_stays) */
+    backend_lora_module_desc_t *held;
+    int group, next_layer;
 };
 
 struct backend_batch {
@@ -67,7 +74,7 @@ struct backend_batch {
 };
 
 typedef struct copy_job {
-    int kind;               /* 0 set, 1 get, 2 event marker */
+    int kind;               /* 0 set, 1 get, 2 event marker, 3 layers arrived (slot, n) */
     backend_buf_t *buf;
     size_t off, n;
     void *host;
@@ -96,6 +103,7 @@ typedef struct dev_ctx {
     pthread_cond_t cv;      /* new job / job done */
     copy_job_t *head, *tail;
     double bytes_per_s, latency_us;
+    bool lockstep;          /* streaming slots advance one group per adapter_arrived (tests) */
     backend_stats_t stats;  /* under mu */
 } dev_ctx_t;
 
@@ -265,6 +273,10 @@ static void *copier_main(void *arg) {
         } else if (j->kind == 1) {
             link_delay(d, j->n);
             memcpy(j->host, (const char *)j->buf->p + j->off, j->n);
+        } else if (j->kind == 3) { /* a slot's layer group is in: ops issued after a read see it */
+            backend_adapter_t *s = j->host;
+            __atomic_store_n(&s->arrived, (int)j->n, __ATOMIC_RELEASE);
+            if (s->on_group) s->on_group(s->user);
         }
         pthread_mutex_lock(&d->mu);
         d->head = j->next;
@@ -304,7 +316,8 @@ static copy_job_t *job(int kind, backend_buf_t *buf, size_t off, void *host, con
 static void set_impl(backend_t *b, backend_buf_t *dst, size_t off, const void *src, size_t n, bool sync) {
     dev_ctx_t *d = dev(b);
     void *p = resolve(b, dst, off, n, "buf_set");
-    if (!d->strict) {
+    if (!d->strict || sync) { /* the compute queue's copies do not queue behind the copy queue's */
+        if (d->strict) link_delay(d, n);
         memcpy(p, src, n);
         pthread_mutex_lock(&d->mu);
         d->stats.h2d_bytes += n;
@@ -312,13 +325,14 @@ static void set_impl(backend_t *b, backend_buf_t *dst, size_t off, const void *s
         pthread_mutex_unlock(&d->mu);
         return;
     }
-    enqueue(b, job(0, dst, off, NULL, src, n), sync);
+    enqueue(b, job(0, dst, off, NULL, src, n), false);
 }
 
 static void get_impl(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n, bool sync) {
     dev_ctx_t *d = dev(b);
     void *p = resolve(b, src, off, n, "buf_get");
-    if (!d->strict) {
+    if (!d->strict || sync) {
+        if (d->strict) link_delay(d, n);
         memcpy(dst, p, n);
         pthread_mutex_lock(&d->mu);
         d->stats.d2h_bytes += n;
@@ -326,7 +340,7 @@ static void get_impl(backend_t *b, void *dst, const backend_buf_t *src, size_t o
         pthread_mutex_unlock(&d->mu);
         return;
     }
-    enqueue(b, job(1, (backend_buf_t *)src, off, dst, NULL, n), sync);
+    enqueue(b, job(1, (backend_buf_t *)src, off, dst, NULL, n), false);
 }
 
 static void dev_buf_set(backend_t *b, backend_buf_t *dst, size_t off, const void *src, size_t n) {
@@ -505,7 +519,31 @@ static void dev_batch_free(backend_t *b, backend_batch_t *bt) {
 }
 
 /* ---- adapter slots ---- */
-static int dev_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, backend_adapter_t **out) {
+/* layers [l0, l1) of slot S onto the copy queue, a marker raising its arrived count after
+ * every group; the done event after the last layer */
+static void send_layers(backend_t *b, backend_adapter_t *s, const backend_lora_module_desc_t *mods, int l0, int l1) {
+    for (int l = l0; l < l1; l++) {
+        for (int t = 0; t < BACKEND_LORA_TARGETS; t++) {
+            const backend_lora_module_desc_t *m = &mods[l * BACKEND_LORA_TARGETS + t];
+            slot_mod_t *sm = &s->mods[l * BACKEND_LORA_TARGETS + t];
+            if (m->rank <= 0) continue;
+            set_impl(b, sm->a, 0, m->a, sm->a->n, false);
+            set_impl(b, sm->b, 0, m->b, sm->b->n, false);
+            if (m->bt) set_impl(b, sm->bt, 0, m->bt, sm->bt->n, false);
+        }
+        if (s->group > 0 && ((l + 1) % s->group == 0 || l + 1 == s->n_layers)) {
+            copy_job_t *j = job(3, NULL, 0, s, NULL, (size_t)(l + 1));
+            enqueue(b, j, false);
+        }
+    }
+    if (s->group > 0 && l1 == s->n_layers) dev_event_record(b, s->done);
+}
+
+/* A slot's buffers for D, copied on the copy queue; GROUP > 0 streams (a marker raises the
+ * arrived count after every GROUP layers, the call returns at once), GROUP == 0 waits for
+ * the copies. The CPU backend uses host memory that stays in place. */
+static int slot_make(backend_t *b, const backend_adapter_desc_t *ad, int group, void (*on_group)(void *), void *user,
+                     backend_adapter_t **out) {
     dev_ctx_t *d = dev(b);
     *out = NULL;
     int nm = ad->n_layers * BACKEND_LORA_TARGETS;
@@ -519,6 +557,7 @@ static int dev_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, ba
     s->n_layers = ad->n_layers;
     bool in_place = !d->strict && ad->host_stays;
     int rc = CS_OK;
+    /* every buffer first (a failure copies nothing), then the copies, layer by layer */
     for (int i = 0; i < nm && rc == CS_OK; i++) {
         const backend_lora_module_desc_t *m = &ad->mods[i];
         slot_mod_t *sm = &s->mods[i];
@@ -536,27 +575,52 @@ static int dev_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, ba
         sm->b = dev_buf_alloc(b, nb);
         sm->bt = m->bt ? dev_buf_alloc(b, nb) : NULL;
         if (!sm->a || !sm->b || (m->bt && !sm->bt)) { rc = cs_error_set(CS_ENOMEM, "out of memory for an adapter slot"); break; }
-        /* on the copy queue, then one wait: the layers stream over the link back to back */
-        set_impl(b, sm->a, 0, m->a, na, false);
-        set_impl(b, sm->b, 0, m->b, nb, false);
-        if (m->bt) set_impl(b, sm->bt, 0, m->bt, nb, false);
         s->bytes += na + nb + (m->bt ? nb : 0);
         sm->pa = sm->a->p;
         sm->pb = sm->b->p;
         sm->pbt = sm->bt ? sm->bt->p : NULL;
     }
-    if (d->strict) { /* the host memory may go once this returns */
-        backend_event_t *ev = dev_event_new(b);
-        CS_ASSERT(ev);
-        dev_event_record(b, ev);
-        dev_event_free(b, ev);
-    }
+    if (rc == CS_OK && group > 0 && !(s->done = dev_event_new(b))) rc = cs_error_set(CS_ENOMEM, "out of memory");
     if (rc) {
         backend_adapter_free(b, s);
         return rc;
     }
+    if (in_place) {
+        s->arrived = s->n_layers;
+        *out = s;
+        return CS_OK;
+    }
+    s->on_group = on_group;
+    s->user = user;
+    s->group = group;
+    if (group > 0 && d->lockstep) { /* sent by adapter_arrived, a group a call */
+        if (!(s->held = malloc(sizeof *s->held * (size_t)(nm ? nm : 1)))) {
+            backend_adapter_free(b, s);
+            return cs_error_set(CS_ENOMEM, "out of memory");
+        }
+        memcpy(s->held, ad->mods, sizeof *s->held * (size_t)nm);
+        *out = s;
+        return CS_OK;
+    }
+    send_layers(b, s, ad->mods, 0, s->n_layers);
+    if (group <= 0) { /* the host memory may go once this returns */
+        backend_event_t *ev = dev_event_new(b);
+        CS_ASSERT(ev);
+        dev_event_record(b, ev);
+        dev_event_free(b, ev);
+        s->arrived = s->n_layers;
+    }
     *out = s;
     return CS_OK;
+}
+
+static int dev_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, backend_adapter_t **out) {
+    return slot_make(b, ad, 0, NULL, NULL, out);
+}
+
+static int dev_adapter_stream(backend_t *b, const backend_adapter_desc_t *ad, int group, void (*on_group)(void *),
+                              void *user, backend_adapter_t **out) {
+    return slot_make(b, ad, group > 0 ? group : 1, on_group, user, out);
 }
 
 static void check_slot(backend_t *b, const backend_adapter_t *s, const char *what) {
@@ -569,6 +633,8 @@ static void check_slot(backend_t *b, const backend_adapter_t *s, const char *wha
 
 static void dev_adapter_free(backend_t *b, backend_adapter_t *s) {
     check_slot(b, s, "adapter_free");
+    if (s->done) dev_event_free(b, s->done); /* waits for the copies still streaming into it */
+    free(s->held);
     for (int i = 0; i < s->n_layers * BACKEND_LORA_TARGETS; i++) {
         backend_buf_free(b, s->mods[i].a);
         backend_buf_free(b, s->mods[i].b);
@@ -582,6 +648,48 @@ static void dev_adapter_free(backend_t *b, backend_adapter_t *s) {
 static size_t dev_adapter_bytes(backend_t *b, const backend_adapter_t *s) {
     check_slot(b, s, "adapter_bytes");
     return s->bytes;
+}
+
+static int dev_adapter_arrived(backend_t *b, const backend_adapter_t *cs) {
+    check_slot(b, cs, "adapter_arrived");
+    backend_adapter_t *s = (backend_adapter_t *)cs;
+    if (s->held && s->next_layer < s->n_layers) { /* lockstep: one more group, landed before the answer */
+        int l1 = CS_MIN(s->n_layers, s->next_layer + s->group);
+        send_layers(b, s, s->held, s->next_layer, l1);
+        s->next_layer = l1;
+        backend_event_t *ev = dev_event_new(b);
+        CS_ASSERT(ev);
+        dev_event_record(b, ev);
+        dev_event_free(b, ev);
+    }
+    return __atomic_load_n(&s->arrived, __ATOMIC_ACQUIRE);
+}
+
+/* ---- host-assisted ops: the compute queue is the caller's thread ---- */
+static void dev_get_signal(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n, uint32_t *flag,
+                           uint32_t value) {
+    dev_ctx_t *d = dev(b);
+    const void *p = resolve(b, src, off, n, "get_signal");
+    link_delay(d, n); /* device -> host over the link */
+    memcpy(dst, p, n);
+    pthread_mutex_lock(&d->mu);
+    d->stats.d2h_bytes += n;
+    d->stats.d2h_copies++;
+    pthread_mutex_unlock(&d->mu);
+    cs_flag_store(flag, value);
+}
+
+static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float *src, size_t n, const uint32_t *flag,
+                         uint32_t value) {
+    dev_ctx_t *d = dev(b);
+    float *p = resolve(b, y, off, sizeof(float) * n, "wait_add");
+    cs_flag_wait_geq(flag, value);
+    link_delay(d, sizeof(float) * n); /* the host's result comes over the link */
+    cpu_raw_add(d->raw, p, src, n);
+    pthread_mutex_lock(&d->mu);
+    d->stats.h2d_bytes += sizeof(float) * n;
+    d->stats.h2d_copies++;
+    pthread_mutex_unlock(&d->mu);
 }
 
 /* ---- compute ---- */
@@ -693,6 +801,8 @@ static void dev_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, con
         const backend_adapter_t *s = bt->lora[i].slot;
         check_slot(b, s, "lora");
         if (layer < 0 || layer >= s->n_layers) strict_fail("lora: layer outside the adapter");
+        if (layer >= bt->lora[i].device_layers) continue; /* the host adds this one (cold start) */
+        if (layer >= __atomic_load_n(&s->arrived, __ATOMIC_ACQUIRE)) strict_fail("lora: a layer of the slot not arrived yet");
         const slot_mod_t *m = &s->mods[layer * BACKEND_LORA_TARGETS + target];
         if (m->rank <= 0) continue;
         if (m->d_in != d_in || m->d_out != d_out) strict_fail("lora: the slot's shape is not the projection's");
@@ -754,20 +864,25 @@ static const struct backend_i cpu_iface = {
     COMMON_OPS,
 };
 
+#define STRICT_OPS                                                                                          \
+    .host_memory = false, .buf_set_async = dev_buf_set_async, .buf_get_async = dev_buf_get_async,           \
+    .host_alloc = dev_host_alloc, .host_free = dev_host_free, .event_new = dev_event_new,                   \
+    .event_free = dev_event_free, .event_record = dev_event_record, .event_wait = dev_event_wait,            \
+    .event_query = dev_event_query, .event_synchronize = dev_event_synchronize, COMMON_OPS
+
 static const struct backend_i strict_iface = {
     .name = "strict",
-    .host_memory = false,
-    .buf_set_async = dev_buf_set_async,
-    .buf_get_async = dev_buf_get_async,
-    .host_alloc = dev_host_alloc,
-    .host_free = dev_host_free,
-    .event_new = dev_event_new,
-    .event_free = dev_event_free,
-    .event_record = dev_event_record,
-    .event_wait = dev_event_wait,
-    .event_query = dev_event_query,
-    .event_synchronize = dev_event_synchronize,
-    COMMON_OPS,
+    .adapter_stream = dev_adapter_stream,
+    .adapter_arrived = dev_adapter_arrived,
+    .get_signal = dev_get_signal,
+    .wait_add = dev_wait_add,
+    STRICT_OPS,
+};
+
+/* the same without streaming slots or host-assisted ops: a device that uploads whole */
+static const struct backend_i strict_whole_iface = {
+    .name = "strict",
+    STRICT_OPS,
 };
 
 static backend_t *dev_new(const struct backend_i *iface, const cpu_backend_params_t *cp, bool strict) {
@@ -805,17 +920,20 @@ err:
 backend_t *cpu_backend_new(const cpu_backend_params_t *p) { return dev_new(&cpu_iface, p, false); }
 
 const char *cpu_backend_path(const backend_t *b) {
-    if (b->iface != &cpu_iface && b->iface != &strict_iface) return "?";
+    if (b->iface != &cpu_iface && b->iface != &strict_iface && b->iface != &strict_whole_iface) return "?";
     return cpu_raw_path(((const dev_ctx_t *)b->ctx)->raw);
 }
 
 backend_t *strict_device_new(const strict_device_params_t *p) {
-    backend_t *b = dev_new(&strict_iface, p ? &p->cpu : NULL, true);
+    backend_t *b = dev_new(p && p->no_stream ? &strict_whole_iface : &strict_iface, p ? &p->cpu : NULL, true);
     if (b && p) {
         dev(b)->bytes_per_s = p->bytes_per_s;
+        dev(b)->lockstep = p->lockstep;
         dev(b)->latency_us = p->latency_us;
     }
     return b;
 }
 
-bool backend_is_strict_device(const backend_t *b) { return b && b->iface == &strict_iface; }
+bool backend_is_strict_device(const backend_t *b) {
+    return b && (b->iface == &strict_iface || b->iface == &strict_whole_iface);
+}

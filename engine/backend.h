@@ -11,6 +11,9 @@
  *    uploaded once (batch_upload); the ops take that handle, not host arrays;
  *  - adapter weights live in backend-owned slots (adapter_upload), in the dtype they came
  *    in; LoRA segments name slots;
+ *  - an adapter slot may fill in while it is used (adapter_stream: layer groups on the copy
+ *    queue, an "arrived" count to read); rows of a layer not yet there get their LoRA term
+ *    from the host (get_signal / wait_add: host-assisted LoRA, the cold start);
  *  - optional methods (marked) have fallbacks in the wrappers below.
  *
  * Activations are F32, row-major. Weights keep their file dtype (F32, BF16 or F16) and
@@ -18,6 +21,8 @@
  * ops run in order on the backend's compute queue; backend_synchronize waits for them. */
 #ifndef CS_BACKEND_H
 #define CS_BACKEND_H
+
+#include <limits.h>
 
 #include "engine/common.h"
 
@@ -47,6 +52,9 @@ typedef struct backend_seq_desc {
 typedef struct backend_lora_seg_desc {
     int row0, n;            /* rows [row0, row0 + n) use this adapter slot */
     backend_adapter_t *slot;
+    int device_layers;      /* the lora op adds this segment's term for layers below this
+                             * (a slot still streaming in: the rest is the host's, cold start);
+                             * INT_MAX for a complete slot */
 } backend_lora_seg_desc_t;
 
 typedef struct backend_batch_desc {
@@ -138,6 +146,16 @@ struct backend_i {
     int (*adapter_upload)(backend_t *b, const backend_adapter_desc_t *d, backend_adapter_t **slot);
     void (*adapter_free)(backend_t *b, backend_adapter_t *slot);
     size_t (*adapter_bytes)(backend_t *b, const backend_adapter_t *slot); /* device bytes it holds */
+    /* optional (both or none): a slot that fills in on the copy queue, GROUP layers at a
+     * time, layer 0 first; it returns at once. adapter_arrived reads how many layers are in
+     * place (a count the copy queue raises after each group: no lock, no device sync); ops
+     * queued after that read may use those layers. ON_GROUP(USER) (may be NULL) runs after
+     * each group, on the backend's copy thread: it must be cheap. The host memory of D stays
+     * valid until every layer arrived or the slot is freed (adapter_free waits for the copies
+     * in flight). Without them: adapter_upload, every layer there at once. */
+    int (*adapter_stream)(backend_t *b, const backend_adapter_desc_t *d, int group, void (*on_group)(void *user),
+                          void *user, backend_adapter_t **slot);
+    int (*adapter_arrived)(backend_t *b, const backend_adapter_t *slot);
 
     /* ---- compute ---- */
     /* y[batch rows, table.cols] = rows ids[i] of table */
@@ -177,6 +195,17 @@ struct backend_i {
      * (layer, target), y rows += scale · (x rows · aᵀ) · bᵀ. */
     void (*lora)(backend_t *b, backend_buf_t *y, const backend_buf_t *x, const backend_batch_t *batch, int layer,
                  int target, int d_in, int d_out);
+    /* optional (both or none): host-assisted ops, the device side of the cold start.
+     * get_signal: on the compute queue, after the ops before it, copy N bytes of SRC at OFF
+     * into DST (host memory from host_alloc) and then set *FLAG = VALUE (cs_flag_store's
+     * meaning); the caller's host does not wait. wait_add: on the compute queue, wait until
+     * *FLAG >= VALUE (written by host threads with cs_flag_add/cs_flag_store), then add the N
+     * floats at SRC (host memory from host_alloc) to Y's floats from OFF bytes on. The host
+     * memory and flags stay valid until the queue passed them (backend_synchronize). */
+    void (*get_signal)(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n, uint32_t *flag,
+                       uint32_t value);
+    void (*wait_add)(backend_t *b, backend_buf_t *y, size_t off, const float *src, size_t n, const uint32_t *flag,
+                     uint32_t value);
     /* which KV dtypes attention reads (a bit per cs_dtype) */
     unsigned kv_dtypes;
 
@@ -259,6 +288,28 @@ static inline void backend_adapter_free(backend_t *b, backend_adapter_t *slot) {
 }
 static inline size_t backend_adapter_bytes(backend_t *b, const backend_adapter_t *slot) {
     return b->iface->adapter_bytes(b, slot);
+}
+/* a slot streaming in (adapter_stream), or uploaded whole where the backend cannot stream */
+static inline int backend_adapter_stream(backend_t *b, const backend_adapter_desc_t *d, int group,
+                                         void (*on_group)(void *), void *user, backend_adapter_t **slot) {
+    if (b->iface->adapter_stream) return b->iface->adapter_stream(b, d, group, on_group, user, slot);
+    int rc = b->iface->adapter_upload(b, d, slot);
+    if (rc == CS_OK && on_group) on_group(user);
+    return rc;
+}
+/* layers of SLOT in place (INT_MAX for a backend that does not stream: all) */
+static inline int backend_adapter_arrived(backend_t *b, const backend_adapter_t *slot) {
+    return b->iface->adapter_arrived ? b->iface->adapter_arrived(b, slot) : INT_MAX;
+}
+static inline bool backend_can_stream(const backend_t *b) { return b->iface->adapter_stream != NULL; }
+static inline bool backend_has_host_assist(const backend_t *b) { return b->iface->get_signal && b->iface->wait_add; }
+static inline void backend_get_signal(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n,
+                                      uint32_t *flag, uint32_t value) {
+    b->iface->get_signal(b, dst, src, off, n, flag, value);
+}
+static inline void backend_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float *src, size_t n,
+                                    const uint32_t *flag, uint32_t value) {
+    b->iface->wait_add(b, y, off, src, n, flag, value);
 }
 static inline void backend_embed(backend_t *b, backend_buf_t *y, const backend_weight_t *t, const backend_batch_t *bt) {
     b->iface->embed(b, y, t, bt);

@@ -5,6 +5,10 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -234,4 +238,34 @@ json_t *cs_json_logprob(float v) {
     if (isnan(v)) return json_null();
     if (isinf(v)) return json_real(-9999.0);
     return json_real(v);
+}
+
+/* ---- flags ---- */
+static void flag_wake(uint32_t *f) { syscall(SYS_futex, f, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0); }
+
+void cs_flag_store(uint32_t *f, uint32_t v) {
+    __atomic_store_n(f, v, __ATOMIC_RELEASE);
+    flag_wake(f);
+}
+
+void cs_flag_add(uint32_t *f, uint32_t v) {
+    __atomic_add_fetch(f, v, __ATOMIC_ACQ_REL);
+    flag_wake(f);
+}
+
+void cs_flag_wait_geq(const uint32_t *f, uint32_t v) {
+    for (int i = 0; i < 2000; i++) {
+        if (cs_flag_load(f) >= v) return;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    for (;;) {
+        uint32_t cur = cs_flag_load(f);
+        if (cur >= v) return;
+        /* sleeps only while *f is still cur (a store in between makes it return at once); a
+         * device's store wakes nobody, so the sleep is bounded: 50 us */
+        struct timespec ts = {0, 50000};
+        syscall(SYS_futex, f, FUTEX_WAIT_PRIVATE, cur, &ts, NULL, 0);
+    }
 }

@@ -153,6 +153,15 @@ struct json_t *cs_json_get(const struct json_t *o, const char *key);
 /* a logprob as a JSON number: null for NaN; -inf has no JSON spelling, vLLM writes -9999.0 */
 struct json_t *cs_json_logprob(float v);
 
+/* Flags between threads and a device: 32-bit counters that only grow, in host memory a
+ * device may also write (backend host_alloc). The waiter spins briefly, then sleeps on a
+ * futex; every store or add wakes the sleepers. Release on store/add, acquire on load and
+ * wait, so what the writer did before is visible after the wait. */
+static inline uint32_t cs_flag_load(const uint32_t *f) { return __atomic_load_n(f, __ATOMIC_ACQUIRE); }
+void cs_flag_store(uint32_t *f, uint32_t v);
+void cs_flag_add(uint32_t *f, uint32_t v);
+void cs_flag_wait_geq(const uint32_t *f, uint32_t v); /* until *f >= v (no wrap: counts stay below 2^31) */
+
 #define CS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define CS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

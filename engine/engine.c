@@ -57,6 +57,7 @@ struct req {
     int adapter_version;
     bool adapter_ready;
     bool lora_known;            /* lora_info holds the adapter's shape (lora_registry_info) */
+    bool cold_counted, cold_assisted, cold_waited; /* the cold start (engine_stats_t), once each */
     lora_adapter_info_t lora_info;
     bool no_publish;            /* moved to a newer version mid-way (engine_follow_active): its
                                  * blocks mix versions, so none more go to the prefix cache */
@@ -421,6 +422,23 @@ static void take_inbox(engine_t *e) {
 }
 
 /* ---- device slots ---- */
+static void view_fill(engine_t *e, seq_t *s, sched_view_t *v);
+
+/* the cold-start mode of S: the policy's choice, else --cold-start; assisting only where
+ * the model can */
+static int cold_mode(engine_t *e, seq_t *s) {
+    int m = e->p.cold_start;
+    if (e->p.sched->iface->cold_start) {
+        sched_view_t v;
+        view_fill(e, s, &v);
+        int pm = e->p.sched->iface->cold_start(e->p.sched, &v);
+        if (pm != SCHED_COLD_DEFAULT) m = pm;
+    }
+    bool can = model_can_assist(e->model);
+    if (m == SCHED_COLD_DEFAULT) m = can ? SCHED_COLD_ASSIST : SCHED_COLD_WAIT;
+    if (m == SCHED_COLD_ASSIST && !can) m = SCHED_COLD_WAIT;
+    return m;
+}
 /* S's adapter in a device slot for this iteration: true when it has it (or needs none);
  * false when every slot is in use by running sequences (it waits) or on an error (the
  * request has failed: *failed). */
@@ -439,6 +457,25 @@ static bool seq_device(engine_t *e, seq_t *s, bool *failed) {
         return false;
     }
     s->dref = r->lora;
+    if (lora_registry_device_arrived(e->p.loras, r->lora, s->dslot) < r->lora->adapter->n_layers) {
+        /* the slot is still streaming in: the cold start */
+        if (!r->cold_counted) {
+            r->cold_counted = true;
+            e->st.cold_starts++;
+        }
+        if (cold_mode(e, s) == SCHED_COLD_WAIT) { /* until it is complete (each group wakes us) */
+            seq_device_drop(e, s);
+            if (!r->cold_waited) {
+                r->cold_waited = true;
+                e->st.cold_waited++;
+            }
+            return false;
+        }
+        if (!r->cold_assisted) {
+            r->cold_assisted = true;
+            e->st.cold_assisted++;
+        }
+    }
     return true;
 }
 
@@ -775,6 +812,12 @@ static void seq_info_fill(engine_t *e, const req_t *r, const seq_t *s, engine_se
 }
 
 static void publish_stats(engine_t *e) {
+    model_cold_stats_t cs;
+    model_get_cold_stats(e->model, &cs);
+    e->st.cold_forwards = cs.forwards;
+    e->st.cold_host_layers = cs.host_layers;
+    e->st.cold_device_layers = cs.device_layers;
+    e->st.cold_host_rows = cs.host_rows;
     e->st.n_waiting = e->waiting.n;
     e->st.n_running = e->running.n;
     kv_cache_get_stats(e->kv, &e->st.kv);

@@ -31,6 +31,11 @@ typedef struct engine_params {
     int n_eos;
     struct sched *sched;            /* the scheduling policy (engine/sched.h; sched/ makes them):
                                      * required, the caller's, must outlive the engine */
+    int cold_start;                 /* a request whose adapter slot is still streaming in
+                                     * (SCHED_COLD_*, the policy may choose per request): AUTO (0)
+                                     * assists where the model can (model_set_assist), else waits;
+                                     * ASSIST runs its layers not yet there on the host; WAIT keeps
+                                     * it waiting until the slot is complete */
 } engine_params_t;
 
 typedef enum engine_finish {
@@ -119,6 +124,10 @@ typedef struct engine_stats {
     double busy_ms;                 /* time spent in steps that ran a batch */
     double decode_only_ms;          /* ... of which steps with decode rows only */
     uint64_t decode_only_tokens;
+    /* the cold start: requests that found their adapter's slot still streaming in, of them
+     * those that ran host-assisted and those that waited for it; the model's per-layer counts */
+    uint64_t cold_starts, cold_assisted, cold_waited;
+    uint64_t cold_forwards, cold_host_layers, cold_device_layers, cold_host_rows;
 } engine_stats_t;
 
 /* One sequence as GET /v1/state shows it: published by the engine thread after every

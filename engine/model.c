@@ -5,10 +5,12 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/safetensors.h"
+#include "lora/assist.h"
 
 typedef struct layer_w {
     backend_weight_t attn_norm, ffn_norm;  /* (1, hidden) F32 */
@@ -46,7 +48,26 @@ struct model {
     int blocks_cap;
     backend_batch_t *batch;
     int seq_cap, logits_cap;
+    /* the cold start (model_set_assist): segments whose slot is still streaming in */
+    lora_assist_t *assist;
+    struct cold_seg *cold;
+    int n_cold, cold_cap;
+    float *hx, *hy;              /* pinned host rows: layer inputs out, LoRA terms back */
+    size_t hx_cap, hy_cap;       /* floats */
+    uint32_t *flags;             /* 2 per cold segment: input there, parts done */
+    int flags_cap;
+    model_cold_stats_t cold_st;
 };
+
+typedef struct cold_seg {
+    int row0, n;
+    int device_layers;           /* layers [0, device_layers) run on the device this forward */
+    const lora_adapter_t *ad;
+    float *hx, *hy;              /* its rows of m->hx / m->hy */
+    uint32_t *xflag, *done;
+    uint32_t xval, dval;
+    bool started;                /* a job of the current group is out */
+} cold_seg_t;
 
 struct model_seq {
     model_t *m;
@@ -326,6 +347,10 @@ static void free_acts(model_t *m) {
 void model_free(model_t *m) {
     if (!m) return;
     free_acts(m);
+    free(m->cold);
+    backend_host_free(m->be, m->hx);
+    backend_host_free(m->be, m->hy);
+    backend_host_free(m->be, m->flags);
     free(m->aseqs);
     free(m->lsegs);
     free(m->blocks);
@@ -434,7 +459,26 @@ static int lora_segments(model_t *m, const model_batch_seq_t *seqs, int n_seqs, 
         if (a) {
             int rc = slot ? CS_OK : lora_adapter_slot((lora_adapter_t *)a, m->be, &slot);
             if (rc) return rc;
-            m->lsegs[ns++] = (backend_lora_seg_desc_t){r0, rows, slot};
+            int arrived = backend_adapter_arrived(m->be, slot);
+            if (arrived < a->n_layers && !(m->assist && backend_has_host_assist(m->be))) {
+                m->cold_st.waits++; /* nobody to assist: wait for the slot (the engine's wait mode keeps this rare) */
+                while ((arrived = backend_adapter_arrived(m->be, slot)) < a->n_layers) {
+                    struct timespec ts = {0, 100000};
+                    nanosleep(&ts, NULL);
+                }
+            }
+            int dl = arrived >= a->n_layers ? INT_MAX : arrived;
+            if (dl != INT_MAX) {
+                if (m->n_cold == m->cold_cap) {
+                    int nc = m->cold_cap ? 2 * m->cold_cap : 4;
+                    cold_seg_t *p = realloc(m->cold, sizeof *p * (size_t)nc);
+                    if (!p) return cs_error_set(CS_ENOMEM, "out of memory");
+                    m->cold = p;
+                    m->cold_cap = nc;
+                }
+                m->cold[m->n_cold++] = (cold_seg_t){.row0 = r0, .n = rows, .device_layers = dl, .ad = a};
+            }
+            m->lsegs[ns++] = (backend_lora_seg_desc_t){r0, rows, slot, dl};
         }
         r0 += rows;
         i = j;
@@ -442,6 +486,99 @@ static int lora_segments(model_t *m, const model_batch_seq_t *seqs, int n_seqs, 
     *n_segs = ns;
     return CS_OK;
 }
+
+/* host room for the cold segments' rows: inputs (up to max(H, qd, I) wide), terms (up to
+ * the widest group of outputs sharing an input), two flags each */
+static int cold_prepare(model_t *m) {
+    const model_config_t *c = &m->cfg;
+    size_t H = (size_t)c->hidden_size, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t I = (size_t)c->intermediate_size;
+    size_t win = CS_MAX(CS_MAX(H, qd), I), wout = CS_MAX(CS_MAX(qd + 2 * kvd, 2 * I), H);
+    size_t rows = 0;
+    for (int i = 0; i < m->n_cold; i++) rows += (size_t)m->cold[i].n;
+    if (rows * win > m->hx_cap) {
+        backend_host_free(m->be, m->hx);
+        m->hx = backend_host_alloc(m->be, sizeof(float) * rows * win);
+        m->hx_cap = m->hx ? rows * win : 0;
+    }
+    if (rows * wout > m->hy_cap) {
+        backend_host_free(m->be, m->hy);
+        m->hy = backend_host_alloc(m->be, sizeof(float) * rows * wout);
+        m->hy_cap = m->hy ? rows * wout : 0;
+    }
+    if (2 * m->n_cold > m->flags_cap) {
+        backend_host_free(m->be, m->flags);
+        m->flags = backend_host_alloc(m->be, sizeof(uint32_t) * 2 * (size_t)m->n_cold);
+        m->flags_cap = m->flags ? 2 * m->n_cold : 0;
+    }
+    if (!m->hx || !m->hy || !m->flags) return cs_error_set(CS_ENOMEM, "host memory for the cold start's %zu rows", rows);
+    /* the last forward ended synchronized, every flag waited for: they start again at 0 */
+    memset(m->flags, 0, sizeof(uint32_t) * 2 * (size_t)m->n_cold);
+    size_t r = 0;
+    for (int i = 0; i < m->n_cold; i++) {
+        cold_seg_t *cs = &m->cold[i];
+        cs->hx = m->hx + r * win;
+        cs->hy = m->hy + r * wout;
+        cs->xflag = m->flags + 2 * i;
+        cs->done = m->flags + 2 * i + 1;
+        cs->xval = cs->dval = 0;
+        r += (size_t)cs->n;
+    }
+    return CS_OK;
+}
+
+/* A cold segment's LoRA terms of layer L for targets TS (sharing input X, DIN wide) from the
+ * host: the rows go out (get_signal) and the workers start; cold_finish adds what they
+ * return into YS. Returns false when the segment runs this layer on the device or adapts
+ * none of TS here. */
+static bool cold_start_job(model_t *m, cold_seg_t *cs, int l, const lora_target *ts, int nt, const backend_buf_t *x,
+                           int din) {
+    if (l < cs->device_layers) return false;
+    lora_assist_job_t j = {.x = cs->hx, .n = cs->n, .ld_x = din, .x_flag = cs->xflag, .x_value = cs->xval + 1,
+                           .done = cs->done};
+    size_t yo = 0;
+    for (int k = 0; k < nt; k++) {
+        const lora_module_t *md = lora_adapter_module(cs->ad, l, ts[k]);
+        if (md->rank <= 0) continue;
+        j.mods[j.n_mods] = md;
+        j.y[j.n_mods++] = cs->hy + yo;
+        yo += (size_t)cs->n * md->d_out;
+    }
+    if (!j.n_mods) return false;
+    int parts = lora_assist_submit(m->assist, &j);
+    CS_ASSERT(parts > 0); /* a few bytes of queue: out of memory here is fatal */
+    cs->xval++;
+    cs->dval += (uint32_t)parts;
+    backend_get_signal(m->be, cs->hx, x, sizeof(float) * (size_t)cs->row0 * din, sizeof(float) * (size_t)cs->n * din,
+                       cs->xflag, cs->xval);
+    return true;
+}
+
+static void cold_finish(model_t *m, cold_seg_t *cs, int l, const lora_target *ts, int nt, backend_buf_t *const *ys) {
+    size_t yo = 0;
+    for (int k = 0; k < nt; k++) {
+        const lora_module_t *md = lora_adapter_module(cs->ad, l, ts[k]);
+        if (md->rank <= 0) continue;
+        backend_wait_add(m->be, ys[k], sizeof(float) * (size_t)cs->row0 * md->d_out, cs->hy + yo,
+                         (size_t)cs->n * md->d_out, cs->done, cs->dval);
+        yo += (size_t)cs->n * md->d_out;
+    }
+}
+
+/* the host side of a group of targets for every cold segment: before the base GEMM starts
+ * the copies out, after it (and the device's LoRA) adds the terms back */
+static void cold_begin(model_t *m, int l, const lora_target *ts, int nt, const backend_buf_t *x, int din) {
+    for (int i = 0; i < m->n_cold; i++) m->cold[i].started = cold_start_job(m, &m->cold[i], l, ts, nt, x, din);
+}
+
+static void cold_end(model_t *m, int l, const lora_target *ts, int nt, backend_buf_t *const *ys) {
+    for (int i = 0; i < m->n_cold; i++)
+        if (m->cold[i].started) cold_finish(m, &m->cold[i], l, ts, nt, ys);
+}
+
+void model_set_assist(model_t *m, lora_assist_t *pool) { m->assist = pool; }
+bool model_can_assist(const model_t *m) { return m->assist && backend_has_host_assist(m->be); }
+void model_get_cold_stats(const model_t *m, model_cold_stats_t *st) { *st = m->cold_st; }
 
 static void apply_lora(model_t *m, backend_buf_t *y, const backend_buf_t *x, int n_segs, int layer, lora_target t) {
     if (!n_segs) return;
@@ -463,16 +600,29 @@ static void forward_ops(model_t *m, kv_cache_t *kv, int T, int n_out, int n_segs
     for (int l = 0; l < c->n_layers; l++) {
         const layer_w_t *w = &m->layers[l];
         backend_buf_t *kc = kv_cache_k(kv, l), *vc = kv_cache_v(kv, l);
+        for (int i = 0; i < m->n_cold; i++) { /* which path each streaming slot takes at this layer */
+            if (l < m->cold[i].device_layers) {
+                m->cold_st.device_layers++;
+            } else {
+                m->cold_st.host_layers++;
+                m->cold_st.host_rows += (uint64_t)m->cold[i].n;
+            }
+        }
         backend_rmsnorm(be, m->xb, m->x, T, H, &w->attn_norm, c->rms_norm_eps);
         {
+            /* the cold rows leave for the host right after the norm, so the host's LoRA
+             * overlaps the base GEMMs; the terms come back after them */
+            static const lora_target qkv[3] = {LORA_Q, LORA_K, LORA_V};
             backend_buf_t *const ys[3] = {m->q, m->kb, m->vb};
             const backend_weight_t *const ws[3] = {&w->wq, &w->wk, &w->wv};
             const backend_buf_t *const bs[3] = {w->bq, w->bk, w->bv};
+            if (m->n_cold) cold_begin(m, l, qkv, 3, m->xb, H);
             backend_matmul_multi(be, ys, m->xb, T, ws, bs, 3);
+            apply_lora(m, m->q, m->xb, n_segs, l, LORA_Q);
+            apply_lora(m, m->kb, m->xb, n_segs, l, LORA_K);
+            apply_lora(m, m->vb, m->xb, n_segs, l, LORA_V);
+            if (m->n_cold) cold_end(m, l, qkv, 3, ys);
         }
-        apply_lora(m, m->q, m->xb, n_segs, l, LORA_Q);
-        apply_lora(m, m->kb, m->xb, n_segs, l, LORA_K);
-        apply_lora(m, m->vb, m->xb, n_segs, l, LORA_V);
         if (c->qk_norm) {
             backend_rmsnorm(be, m->q, m->q, T * nh, hd, &w->q_norm, c->rms_norm_eps);
             backend_rmsnorm(be, m->kb, m->kb, T * nkv, hd, &w->k_norm, c->rms_norm_eps);
@@ -482,22 +632,37 @@ static void forward_ops(model_t *m, kv_cache_t *kv, int T, int n_out, int n_segs
         backend_kv_store(be, kc, m->kb, bt, kvd);
         backend_kv_store(be, vc, m->vb, bt, kvd);
         backend_attention(be, m->att, m->q, kc, vc, kvt, bt, KV_BLOCK_SIZE, nh, nkv, hd, c->sliding_window);
-        backend_matmul(be, m->xb2, m->att, T, &w->wo, w->bo);
-        apply_lora(m, m->xb2, m->att, n_segs, l, LORA_O);
+        {
+            static const lora_target o[1] = {LORA_O};
+            backend_buf_t *const ys[1] = {m->xb2};
+            if (m->n_cold) cold_begin(m, l, o, 1, m->att, nh * hd);
+            backend_matmul(be, m->xb2, m->att, T, &w->wo, w->bo);
+            apply_lora(m, m->xb2, m->att, n_segs, l, LORA_O);
+            if (m->n_cold) cold_end(m, l, o, 1, ys);
+        }
         backend_add(be, m->x, m->xb2, (size_t)T * H);
 
         backend_rmsnorm(be, m->xb, m->x, T, H, &w->ffn_norm, c->rms_norm_eps);
         {
+            static const lora_target gu[2] = {LORA_GATE, LORA_UP};
             backend_buf_t *const ys[2] = {m->hb, m->hb2};
             const backend_weight_t *const ws[2] = {&w->w_gate, &w->w_up};
             const backend_buf_t *const bs[2] = {w->b_gate, w->b_up};
+            if (m->n_cold) cold_begin(m, l, gu, 2, m->xb, H);
             backend_matmul_multi(be, ys, m->xb, T, ws, bs, 2);
+            apply_lora(m, m->hb, m->xb, n_segs, l, LORA_GATE);
+            apply_lora(m, m->hb2, m->xb, n_segs, l, LORA_UP);
+            if (m->n_cold) cold_end(m, l, gu, 2, ys);
         }
-        apply_lora(m, m->hb, m->xb, n_segs, l, LORA_GATE);
-        apply_lora(m, m->hb2, m->xb, n_segs, l, LORA_UP);
         backend_silu_mul(be, m->hb, m->hb2, (size_t)T * I);
-        backend_matmul(be, m->xb2, m->hb, T, &w->w_down, w->b_down);
-        apply_lora(m, m->xb2, m->hb, n_segs, l, LORA_DOWN);
+        {
+            static const lora_target dn[1] = {LORA_DOWN};
+            backend_buf_t *const ys[1] = {m->xb2};
+            if (m->n_cold) cold_begin(m, l, dn, 1, m->hb, I);
+            backend_matmul(be, m->xb2, m->hb, T, &w->w_down, w->b_down);
+            apply_lora(m, m->xb2, m->hb, n_segs, l, LORA_DOWN);
+            if (m->n_cold) cold_end(m, l, dn, 1, ys);
+        }
         backend_add(be, m->x, m->xb2, (size_t)T * H);
     }
     if (n_out > 0) {
@@ -552,8 +717,13 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
             if (i >= q->n - q->n_logits) m->out_rows[o++] = row;
         }
     }
-    int n_segs;
+    int n_segs = 0;
+    m->n_cold = 0;
     if ((rc = lora_segments(m, seqs, n_seqs, &n_segs))) return rc;
+    if (m->n_cold) {
+        if ((rc = cold_prepare(m))) return rc;
+        m->cold_st.forwards++;
+    }
     backend_batch_desc_t desc = {T, m->ids, m->pos, m->slots, n_seqs, m->aseqs, n_blocks, m->blocks, n_out, m->out_rows,
                                  n_segs, m->lsegs};
     if ((rc = backend_batch_upload(be, &m->batch, &desc))) return rc;
@@ -568,6 +738,7 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
      * size and whether adapters take part: a backend with device graphs replays it */
     bool decode_only = n_out == T && T == n_seqs;
     uint64_t gkey = ((uint64_t)T << 1) | (n_segs > 0);
+    if (m->n_cold) decode_only = false; /* host-assisted ops are not a graph's */
     if (!decode_only || !backend_graph_begin(be, gkey)) {
         forward_ops(m, kv, T, n_out, n_segs);
         if (decode_only) backend_graph_end(be);

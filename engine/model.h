@@ -52,6 +52,24 @@ typedef struct model_batch_seq {
  * batch order (vocab_size floats each, host memory). */
 int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits);
 
+/* The cold start: rows whose adapter slot is still streaming in (backend_adapter_stream)
+ * take the LoRA term of the layers not yet there from the host workers POOL (lora/assist.h)
+ * over the backend's get_signal / wait_add; layers that arrived run on the device. Without
+ * a pool (or a backend without host-assisted ops) a forward waits for such a slot to fill.
+ * POOL must outlive the model's use of it; NULL turns it off. */
+struct lora_assist;
+void model_set_assist(model_t *m, struct lora_assist *pool);
+bool model_can_assist(const model_t *m); /* a pool, and a backend with host-assisted ops */
+
+typedef struct model_cold_stats {
+    uint64_t forwards;          /* forwards with at least one slot still streaming in */
+    uint64_t host_layers;       /* (adapter segment, layer) pairs whose LoRA ran on the host */
+    uint64_t device_layers;     /* ... and on the device, in those forwards */
+    uint64_t host_rows;         /* Σ rows x host layers */
+    uint64_t waits;             /* forwards that waited for a slot (no pool) */
+} model_cold_stats_t;
+void model_get_cold_stats(const model_t *m, model_cold_stats_t *st);
+
 /* RoPE inverse frequencies (head_dim/2 values) as transformers computes them. */
 void model_rope_inv_freq(const model_config_t *cfg, float *inv_freq);
 

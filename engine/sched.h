@@ -49,6 +49,9 @@ typedef struct sched_view {
     sched_tier tier;
 } sched_view_t;
 
+/* What a request does whose adapter slot is still streaming in (the cold start). */
+enum { SCHED_COLD_DEFAULT = 0, SCHED_COLD_ASSIST, SCHED_COLD_WAIT };
+
 /* One forward pass, after it ran. */
 typedef struct sched_step {
     int n_seqs;             /* sequences in the batch */
@@ -76,6 +79,9 @@ struct sched_i {
     bool (*pass_blocked)(sched_t *s, const sched_view_t *v);
     /* The cache is short: which running sequence of V[0 .. n) to preempt (an index). */
     int (*victim)(sched_t *s, const sched_view_t *v, int n);
+    /* optional: SCHED_COLD_* for V, whose adapter's slot is still streaming in (DEFAULT: the
+     * engine's --cold-start) */
+    int (*cold_start)(sched_t *s, const sched_view_t *v);
     /* optional: after every forward pass */
     void (*feedback)(sched_t *s, const sched_step_t *st);
     void (*free)(sched_t *s);

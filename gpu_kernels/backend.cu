@@ -455,7 +455,7 @@ static int be_batch_upload(backend_t *b, backend_batch_t **io, const backend_bat
             if (row_lseg[r] >= 0) return cs_error_set(CS_EINVAL, "batch: row %d is in two LoRA segments", r);
             row_lseg[r] = i;
         }
-        lsegs[i] = lora_seg{g->row0, g->n, g->slot->table};
+        lsegs[i] = lora_seg{g->row0, g->n, g->slot->table, g->device_layers, 0};
         bt->hslots[i] = g->slot;
     }
     CUDA_CHECK(cudaMemcpyAsync(bt->mem, bt->stage, need, cudaMemcpyHostToDevice, c->compute));

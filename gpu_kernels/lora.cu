@@ -24,7 +24,7 @@ static __global__ void k_lora_shrink(float *t, int ld_t, const float *x, int d_i
     int row = blockIdx.x, lane = threadIdx.x & 31;
     int r = blockIdx.y * SHRINK_WARPS + (threadIdx.x >> 5);
     int sg = row_seg[row];
-    if (sg < 0) return;
+    if (sg < 0 || mod / LORA_TARGETS >= segs[sg].device_layers) return; /* the host adds it */
     const lora_mod m = segs[sg].mods[mod];
     if (r >= m.rank) return;
     const float *xr = x + (size_t)row * d_in;
@@ -49,7 +49,7 @@ static __global__ void k_lora_expand(float *y, int d_out, const float *t, int ld
     __shared__ float tr[LORA_MAX_RANK];
     int row = blockIdx.x, c = blockIdx.y * EXPAND_THREADS + threadIdx.x;
     int sg = row_seg[row];
-    if (sg < 0) return;                 /* the whole block leaves: no barrier is skipped */
+    if (sg < 0 || mod / LORA_TARGETS >= segs[sg].device_layers) return; /* the whole block leaves */
     const lora_mod m = segs[sg].mods[mod];
     if (m.rank <= 0) return;
     for (int r = threadIdx.x; r < m.rank; r += EXPAND_THREADS) tr[r] = t[(size_t)row * ld_t + r];

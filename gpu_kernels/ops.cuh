@@ -43,7 +43,7 @@ void op_attention(cudaStream_t st, float *out, const float *q, const float *k, c
  * expand: y[row, :] += t[row, :rank] · bt[:rank, :]. One row per sequence in decode (BGMV)
  * or a run of rows of one adapter in prefill (SGMV): the same launch serves both, several
  * adapters of different ranks (up to LORA_MAX_RANK) in one launch. */
-enum { LORA_MAX_RANK = 256 };
+enum { LORA_MAX_RANK = 256, LORA_TARGETS = 7 }; /* LORA_TARGETS: BACKEND_LORA_TARGETS, modules per layer */
 struct lora_mod {
     const void *a;      /* (rank, d_in) */
     const void *bt;     /* (rank, d_out): B transposed */
@@ -54,6 +54,8 @@ struct lora_mod {
 struct lora_seg {
     int32_t row0, n;
     const lora_mod *mods; /* the slot's table on the device */
+    int32_t device_layers; /* layers below this are added here; the rest by the host (cold start) */
+    int32_t pad;
 };
 void op_lora_shrink(cudaStream_t st, float *t, int ld_t, const float *x, int d_in, const int32_t *row_seg,
                     const lora_seg *segs, int mod, int n_tokens, int max_rank);

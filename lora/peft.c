@@ -672,7 +672,8 @@ struct lora_slot {
 
 static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 
-int lora_adapter_upload(const lora_adapter_t *a, backend_t *be, backend_adapter_t **out) {
+static int upload(const lora_adapter_t *a, backend_t *be, int group, void (*on_group)(void *), void *user,
+                  backend_adapter_t **out) {
     int nm = a->n_layers * LORA_N_TARGETS;
     backend_lora_module_desc_t *md = calloc((size_t)(nm ? nm : 1), sizeof *md);
     if (!md) return cs_error_set(CS_ENOMEM, "out of memory");
@@ -681,9 +682,18 @@ int lora_adapter_upload(const lora_adapter_t *a, backend_t *be, backend_adapter_
         md[i] = (backend_lora_module_desc_t){m->rank, m->d_in, m->d_out, m->scale, m->dtype, m->a, m->b, m->bt};
     }
     backend_adapter_desc_t d = {a->n_layers, md, true};
-    int rc = backend_adapter_upload(be, &d, out);
+    int rc = group > 0 ? backend_adapter_stream(be, &d, group, on_group, user, out) : backend_adapter_upload(be, &d, out);
     free(md);
     return rc;
+}
+
+int lora_adapter_upload(const lora_adapter_t *a, backend_t *be, backend_adapter_t **out) {
+    return upload(a, be, 0, NULL, NULL, out);
+}
+
+int lora_adapter_stream(const lora_adapter_t *a, backend_t *be, int group, void (*on_group)(void *), void *user,
+                        backend_adapter_t **out) {
+    return upload(a, be, group > 0 ? group : 1, on_group, user, out);
 }
 
 int lora_adapter_slot(lora_adapter_t *a, backend_t *be, backend_adapter_t **out) {

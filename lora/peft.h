@@ -88,6 +88,11 @@ void lora_adapter_free(lora_adapter_t *a);
  * (backend_adapter_free): the registry's device tier manages its slots this way. */
 int lora_adapter_upload(const lora_adapter_t *a, backend_t *be, backend_adapter_t **slot);
 
+/* The same as a slot streaming in, GROUP layers at a time (backend_adapter_stream); A must
+ * outlive it. */
+int lora_adapter_stream(const lora_adapter_t *a, backend_t *be, int group, void (*on_group)(void *), void *user,
+                        backend_adapter_t **slot);
+
 /* The adapter's own slot on backend BE (for callers without a registry): uploaded on first use (its weights in the dtype they
  * are held in; a host-memory backend uses them in place), kept until lora_adapter_free.
  * Thread-safe. */

@@ -51,6 +51,7 @@ struct lora_entry {
     int drefs;              /* running sequences using the slot (lora_registry_device_acquire) */
     bool dbusy;             /* uploading (the lock dropped meanwhile) */
     bool on_dlru;           /* on r->dlru (a slot, drefs == 0) */
+    struct dstream *ds;     /* the slot's streaming state (stream_group > 0), freed after it */
     elink_t dq;             /* r->dlru */
     lora_adapter_info_t info; /* rank, targets, bytes: probed at registration, or at the load */
     bool info_known;
@@ -92,6 +93,9 @@ struct lora_registry {
     size_t dused_bytes;     /* device bytes of every slot (and uploads under way) */
     int dused_count;
     lora_registry_stats_t stats;
+    pthread_mutex_t smu;    /* the streaming counters (the copy thread's, never under mu) */
+    uint64_t streams;
+    double stream_ms;
 };
 
 static void list_push(elist_t *l, lora_entry_t *e, elink_t *(*link)(lora_entry_t *)) {
@@ -213,6 +217,30 @@ static void wait_del(lora_registry_t *r, lora_entry_t *e) {
     e->waiting = false;
 }
 
+/* A slot streaming in: the copy thread's callback counts its groups (no lock: device_drop
+ * holds r->mu while it waits for the copies). */
+typedef struct dstream {
+    lora_registry_t *r;
+    const char *name;       /* the entry's: it outlives the slot */
+    int groups, done;       /* done: atomic */
+    double t0;
+} dstream_t;
+
+static void on_group(void *user) {
+    dstream_t *ds = user;
+    int done = __atomic_add_fetch(&ds->done, 1, __ATOMIC_ACQ_REL);
+    lora_registry_t *r = ds->r;
+    if (done == ds->groups) {
+        double ms = cs_time_ms() - ds->t0;
+        pthread_mutex_lock(&r->smu);
+        r->streams++;
+        r->stream_ms += ms;
+        pthread_mutex_unlock(&r->smu);
+        if (r->p.on_streamed) r->p.on_streamed(r->p.user, ds->name, ms / 1000.0);
+    }
+    if (r->p.on_loaded) r->p.on_loaded(r->p.user);
+}
+
 /* Free E's device slot (drefs == 0; r->mu held). Before its host copy goes: a host-memory
  * backend's slot uses that memory in place. */
 static void device_drop(lora_registry_t *r, lora_entry_t *e) {
@@ -222,8 +250,10 @@ static void device_drop(lora_registry_t *r, lora_entry_t *e) {
         list_del(&r->dlru, e, dlink);
         e->on_dlru = false;
     }
-    backend_adapter_free(r->p.device, e->dslot);
+    backend_adapter_free(r->p.device, e->dslot); /* waits for copies still streaming into it */
     e->dslot = NULL;
+    free(e->ds);
+    e->ds = NULL;
     r->dused_bytes -= e->dbytes;
     r->dused_count--;
     r->stats.n_device--;
@@ -408,6 +438,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
     lora_adapter_t *a = NULL;
     char msg[1024];
     double load_s = -1;
+    char lname[128] = "";
     CS_ASSERT(n == 1);
     int rc = files[0].status;
     if (rc != CS_OK) {
@@ -455,10 +486,11 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         if (e->kept) lru_add(r, e); /* a dropped, pinned one waits for its pinners, unevictable */
         r->stats.loads++;
         load_s = (cs_time_ms() - e->load_started) / 1000.0;
+        snprintf(lname, sizeof lname, "%s", e->name);
         pump(r);    /* at worst, arms the timer for when its grace ends */
     }
     pthread_mutex_unlock(&r->mu);
-    if (load_s >= 0 && !closing && r->p.on_load_time) r->p.on_load_time(r->p.user, load_s);
+    if (load_s >= 0 && !closing && r->p.on_load_time) r->p.on_load_time(r->p.user, lname, load_s);
     notify(r, closing);
 }
 
@@ -472,6 +504,7 @@ int lora_registry_new(const lora_registry_params_t *p, lora_registry_t **out) {
     if (!r) return cs_error_set(CS_ENOMEM, "lora registry: out of memory");
     r->p = *p;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->smu, NULL);
     r->n_buckets = 64;
     if (!(r->buckets = calloc(r->n_buckets, sizeof *r->buckets))) {
         rc = cs_error_set(CS_ENOMEM, "lora registry: out of memory");
@@ -504,6 +537,7 @@ void lora_registry_free(lora_registry_t *r) {
         }
     free(r->buckets);
     pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->smu);
     free(r);
 }
 
@@ -872,7 +906,21 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
 
     /* the upload without the lock: the held reference keeps the host copy alive */
     backend_adapter_t *s = NULL;
-    int rc = lora_adapter_upload(e->adapter, r->p.device, &s);
+    dstream_t *ds = NULL;
+    int rc;
+    if (r->p.stream_group > 0 && backend_can_stream(r->p.device)) {
+        ds = calloc(1, sizeof *ds);
+        if (!ds) {
+            rc = cs_error_set(CS_ENOMEM, "out of memory");
+        } else {
+            *ds = (dstream_t){r, e->name, (e->adapter->n_layers + r->p.stream_group - 1) / r->p.stream_group, 0,
+                              cs_time_ms()};
+            if (ds->groups < 1) ds->groups = 1;
+            rc = lora_adapter_stream(e->adapter, r->p.device, r->p.stream_group, on_group, ds, &s);
+        }
+    } else {
+        rc = lora_adapter_upload(e->adapter, r->p.device, &s);
+    }
     size_t got = rc == CS_OK ? backend_adapter_bytes(r->p.device, s) : 0;
 
     pthread_mutex_lock(&r->mu);
@@ -880,6 +928,8 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
     r->dused_bytes -= want;
     if (rc == CS_OK) {
         e->dslot = s;
+        e->ds = ds;
+        ds = NULL;
         e->dbytes = got;
         e->drefs = 1;
         r->dused_bytes += got;
@@ -891,7 +941,15 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
         r->dused_count--;
     }
     pthread_mutex_unlock(&r->mu);
+    free(ds);
     return rc;
+}
+
+int lora_registry_device_arrived(lora_registry_t *r, lora_ref_t *ref, backend_adapter_t *slot) {
+    int n = ref->adapter->n_layers;
+    if (!r->p.device || !slot) return n;
+    int a = backend_adapter_arrived(r->p.device, slot);
+    return a < n ? a : n;
 }
 
 void lora_registry_device_release(lora_registry_t *r, lora_ref_t *ref) {
@@ -943,4 +1001,8 @@ void lora_registry_stats(lora_registry_t *r, lora_registry_stats_t *st) {
     pthread_mutex_lock(&r->mu);
     *st = r->stats;
     pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&r->smu);
+    st->device_streams = r->streams;
+    st->device_stream_ms = r->stream_ms;
+    pthread_mutex_unlock(&r->smu);
 }

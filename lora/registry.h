@@ -40,7 +40,7 @@ typedef struct lora_registry_params {
     void (*on_loaded)(void *user);   /* called (from the loader thread) after any load finishes, ok or
                                       * failed, with no registry lock held; must be cheap (the engine
                                       * uses it to wake up) */
-    void (*on_load_time)(void *user, double seconds); /* optional: after each successful load
+    void (*on_load_time)(void *user, const char *name, double seconds); /* optional: after each successful load
                                       * (loader thread, no lock held): disk to resident time */
     void (*on_dropped)(void *user, const char *name, int version, const char *dir); /* optional:
                                       * a version that is no longer kept was freed (its last
@@ -53,6 +53,13 @@ typedef struct lora_registry_params {
     size_t device_bytes;             /* device bytes of the slots (backend_adapter_bytes; 0 for a
                                       * host-memory backend using the weights in place); 0 = unbounded */
     int device_slots;                /* adapters with a slot at once; 0 = unbounded */
+    int stream_group;                /* > 0: a slot streams in, this many layers at a time
+                                      * (backend_adapter_stream), usable from its first group
+                                      * on (the cold start); 0: uploaded whole before use */
+    void (*on_streamed)(void *user, const char *name, double seconds); /* optional: a slot finished
+                                      * streaming in (called on the backend's copy thread, no
+                                      * lock held; NAME valid during the call): upload to last
+                                      * layer's arrival. on_loaded is also called after each group. */
     double fresh_ms;                 /* grace of a freshly loaded adapter that its requester has
                                       * not taken yet: a waiting load may not evict it before
                                       * (0: LORA_FRESH_MS_DEFAULT, 500 ms) */
@@ -169,6 +176,9 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
 void lora_registry_device_release(lora_registry_t *r, lora_ref_t *ref);
 /* Whether REF's adapter holds a device slot now. */
 bool lora_registry_on_device(lora_registry_t *r, lora_ref_t *ref);
+/* Layers of SLOT (from device_acquire of REF) in place: REF's n_layers once it is complete
+ * (always, without streaming). Engine thread; no lock. */
+int lora_registry_device_arrived(lora_registry_t *r, lora_ref_t *ref, backend_adapter_t *slot);
 
 typedef struct lora_registry_stats {
     int n_registered;        /* names with a current version */
@@ -187,6 +197,8 @@ typedef struct lora_registry_stats {
     uint64_t device_hits;    /* device acquires that found the slot there */
     uint64_t device_evictions; /* unused slots freed to make room */
     uint64_t device_waits;   /* device acquires answered CS_EAGAIN (every slot running) */
+    uint64_t device_streams; /* slots that streamed in completely (stream_group > 0) */
+    double device_stream_ms; /* their upload-to-last-layer times, summed */
 } lora_registry_stats_t;
 
 /* A consistent snapshot of the counters. */

@@ -16,9 +16,14 @@ static const double LAT_BUCKETS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
                                      2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 #define N_LAT (int)(sizeof LAT_BUCKETS / sizeof LAT_BUCKETS[0])
 
-void server_on_load_time(void *user, double seconds) {
+void server_on_load_time(void *user, const char *name, double seconds) {
     server_t *s = user;
-    if (s->m.lora_load) metric_observe(s->m.lora_load, NULL, seconds);
+    if (s->m.lora_load) metric_observe(s->m.lora_load, (const char *[]){name}, seconds);
+}
+
+void server_on_streamed(void *user, const char *name, double seconds) {
+    server_t *s = user;
+    if (s->m.lora_transfer) metric_observe(s->m.lora_transfer, (const char *[]){name}, seconds);
 }
 
 int server_metrics_init(server_t *s) {
@@ -56,8 +61,17 @@ int server_metrics_init(server_t *s) {
     m->lora_tier = metrics_gauge(m->reg, NAME("lora_adapters"),
                                  "Adapters by tier: registered (served names), host (resident in memory), loading, device (in a device slot).", tier);
     static const double LOAD_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
-    m->lora_load = metrics_histogram(m->reg, NAME("lora_load_seconds"), "Adapter load time, disk to host memory.", NULL,
+    m->lora_load = metrics_histogram(m->reg, NAME("lora_load_seconds"), "Adapter load time, disk to host memory.", adapter,
                                      LOAD_BUCKETS, (int)(sizeof LOAD_BUCKETS / sizeof LOAD_BUCKETS[0]));
+    m->lora_transfer = metrics_histogram(m->reg, NAME("lora_transfer_seconds"),
+                                         "Adapter slot streaming time, host memory to the device (upload to last layer).",
+                                         adapter, LOAD_BUCKETS, (int)(sizeof LOAD_BUCKETS / sizeof LOAD_BUCKETS[0]));
+    const char *const mode[] = {"mode", NULL}, *const path[] = {"path", NULL};
+    m->cold_starts = metrics_counter(m->reg, NAME("cold_starts_total"),
+                                     "Requests that found their adapter's device slot still streaming in, by what they did (cpu_assist, wait).",
+                                     mode);
+    m->cold_layers = metrics_counter(m->reg, NAME("cold_start_layers_total"),
+                                     "Adapter layers of cold-start forwards, by where their LoRA ran (host, device).", path);
     m->lora_hits = metrics_counter(m->reg, NAME("lora_cache_hits_total"), "Adapter acquires that found it resident.", NULL);
     m->lora_misses = metrics_counter(m->reg, NAME("lora_cache_misses_total"), "Adapter acquires that started a load.", NULL);
     const char *const term[] = {"term", NULL};
@@ -80,7 +94,8 @@ int server_metrics_init(server_t *s) {
     if (!m->cost_r2 || !m->cost_err || !m->cost_coef || !m->cost_steps) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     if (!m->ttft || !m->itl || !m->e2e || !m->queue || !m->prompt_tokens || !m->gen_tokens || !m->success ||
         !m->running || !m->waiting || !m->kv_usage || !m->prefix_queries || !m->prefix_hits || !m->preemptions ||
-        !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->prefill_tokens)
+        !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->prefill_tokens ||
+        !m->lora_transfer || !m->cold_starts || !m->cold_layers)
         return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     return CS_OK;
 }
@@ -121,6 +136,14 @@ enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
         m->last_preemptions = st.preemptions;
         m->last_lora_hits = ls.hits;
         m->last_lora_misses = ls.misses;
+        metric_inc(m->cold_starts, (const char *[]){"cpu_assist"}, (double)(st.cold_assisted - m->last_cold_assisted));
+        metric_inc(m->cold_starts, (const char *[]){"wait"}, (double)(st.cold_waited - m->last_cold_waited));
+        metric_inc(m->cold_layers, (const char *[]){"host"}, (double)(st.cold_host_layers - m->last_cold_host_layers));
+        metric_inc(m->cold_layers, (const char *[]){"device"}, (double)(st.cold_device_layers - m->last_cold_device_layers));
+        m->last_cold_assisted = st.cold_assisted;
+        m->last_cold_waited = st.cold_waited;
+        m->last_cold_host_layers = st.cold_host_layers;
+        m->last_cold_device_layers = st.cold_device_layers;
         pthread_mutex_unlock(&m->mu);
         metric_set(m->lora_tier, (const char *[]){"registered"}, ls.n_registered);
         metric_set(m->lora_tier, (const char *[]){"host"}, ls.n_resident);

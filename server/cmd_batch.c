@@ -18,6 +18,7 @@
 #include "engine/sched.h"
 #include "sched/cost.h"
 #include "sched/slo.h"
+#include "lora/assist.h"
 #include "lora/registry.h"
 #include "server/commands.h"
 
@@ -48,6 +49,10 @@ static void usage_batch(FILE *f) {
             "  --gpu-memory-fraction F     of the GPU's memory caraserve may use (0 < F <= 1, default 0.9);\n"
             "                              on a GPU the KV cache takes what the weights leave unless sized\n"
             "  --cuda-graphs               replay decode steps as CUDA graphs (off until measured faster)\n"
+            "  --cold-start MODE           a request whose adapter is still streaming to the device: auto\n"
+            "                              (default: cpu-assist where the device can), cpu-assist (its LoRA\n"
+            "                              from host workers for the layers not there yet), wait\n"
+            "  --assist-threads N          host LoRA workers of cpu-assist (default: a quarter of the CPUs)\n"
             "  --preload-adapters          load every --lora adapter before the first request (a batch\n"
             "                              that does not depend on load times)\n"
             "\n"
@@ -349,6 +354,8 @@ int cmd_batch(int argc, char **argv) {
         {"gpu-memory-fraction", required_argument, 0, 'G'},
         {"cuda-graphs", no_argument, 0, 'g'},
         {"preload-adapters", no_argument, 0, 'W'},
+        {"cold-start", required_argument, 0, 'O'},
+        {"assist-threads", required_argument, 0, 'A'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -361,7 +368,7 @@ int cmd_batch(int argc, char **argv) {
     double gpu_fraction = 0;
     bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     bool preload = false;
-    int c, status = 1;
+    int c, status = 1, cold_mode = SCHED_COLD_DEFAULT, assist_threads = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -409,6 +416,13 @@ int cmd_batch(int argc, char **argv) {
         case 'V': device = optarg; break;
         case 'g': cuda_graphs = true; break;
         case 'W': preload = true; break;
+        case 'O':
+            if ((cold_mode = setup_parse_cold_start(optarg)) < 0) {
+                fprintf(stderr, "caraserve batch: --cold-start wants auto, cpu-assist or wait, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            break;
+        case 'A': if (parse_int_opt("--assist-threads", optarg, 1, &assist_threads)) goto usage_err; break;
         case 'h': usage_batch(stdout); free(lora_specs); return 0;
         default: goto usage_err;
         }
@@ -427,6 +441,7 @@ int cmd_batch(int argc, char **argv) {
     model_t *model = NULL;
     tokenizer_t *tok = NULL;
     lora_registry_t *reg = NULL;
+    lora_assist_t *assist = NULL;
     engine_t *engine = NULL;
     job_t *jobs = NULL;
     int n_jobs = 0, cap_jobs = 0;
@@ -446,8 +461,13 @@ int cmd_batch(int argc, char **argv) {
     free(tj);
     if (have_tok && tokenizer_load(model_dir, &tok)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
     const model_config_t *cfg = model_get_config(model);
+    bool assist_failed;
+    assist = setup_assist(be, cold_mode, assist_threads, &assist_failed);
+    if (assist_failed) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    model_set_assist(model, assist);
     lora_registry_params_t lp = {.cfg = cfg, .cache_bytes = (size_t)lora_bytes, .max_loras = max_cpu_loras,
-                                 .device = be, .device_slots = max_loras, .on_loaded = wake_engine, .user = &engine};
+                                 .device = be, .device_slots = max_loras, .on_loaded = wake_engine, .user = &engine,
+                                 .stream_group = 1};
     if (lora_registry_new(&lp, &reg)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     for (int i = 0; i < n_loras; i++) {
         char *name = strdup(lora_specs[i]);
@@ -473,7 +493,7 @@ int cmd_batch(int argc, char **argv) {
     engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg,
                           .kv_cache_bytes = setup_kv_bytes(be, (size_t)kv_bytes, kv_explicit), .sched = sched,
                           .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,
-                          .max_model_len = max_model_len, .no_prefix_caching = no_prefix};
+                          .max_model_len = max_model_len, .no_prefix_caching = no_prefix, .cold_start = cold_mode};
     if (!tok && eos) { ep.eos_ids = eos; ep.n_eos = cfg->n_eos; }
     if (engine_new(&ep, &engine)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
 
@@ -574,6 +594,9 @@ int cmd_batch(int argc, char **argv) {
                 "\"kernels\": \"%s\", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"d2d_bytes\": %llu, \"h2d_copies\": %llu, "
                 "\"d2h_copies\": %llu, \"d2d_copies\": %llu, \"batch_uploads\": %llu, \"allocated\": %zu, "
                 "\"graph_captures\": %llu, \"graph_replays\": %llu}, "
+                "\"cold_start\": {\"requests\": %llu, \"assisted\": %llu, \"waited\": %llu, \"forwards\": %llu, "
+                "\"host_layers\": %llu, \"device_layers\": %llu, \"host_rows\": %llu, \"streams\": %llu, "
+                "\"stream_ms\": %.3f, \"assist_threads\": %d}, "
                 "\"scheduler\": \"%s\", \"cost_model\": %s}\n",
                 wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
                 (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
@@ -586,7 +609,11 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)bs.d2h_bytes, (unsigned long long)bs.d2d_bytes, (unsigned long long)bs.h2d_copies,
                 (unsigned long long)bs.d2h_copies, (unsigned long long)bs.d2d_copies, (unsigned long long)bs.batch_uploads,
                 bs.allocated, (unsigned long long)bs.graph_captures, (unsigned long long)bs.graph_replays,
-                sched_name(sched), cm);
+                (unsigned long long)st.cold_starts, (unsigned long long)st.cold_assisted,
+                (unsigned long long)st.cold_waited, (unsigned long long)st.cold_forwards,
+                (unsigned long long)st.cold_host_layers, (unsigned long long)st.cold_device_layers,
+                (unsigned long long)st.cold_host_rows, (unsigned long long)ls.device_streams, ls.device_stream_ms,
+                assist ? lora_assist_threads(assist) : 0, sched_name(sched), cm);
     }
     status = 0;
     for (int i = 0; i < n_jobs; i++)
@@ -602,6 +629,7 @@ out:
     for (int i = 0; i < n_jobs; i++) job_free(&jobs[i]);
     free(jobs);
     lora_registry_free(reg);
+    lora_assist_free(assist);
     tokenizer_free(tok);
     model_free(model);
     backend_free(be);

@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "server/setup.h"
+#include "lora/assist.h"
 #include "lora/registry.h"
 #include "server/commands.h"
 #include "engine/sched.h"
@@ -105,7 +106,11 @@ static void usage_serve(FILE *f) {
             "  --device auto|cpu|cuda        where the model runs (default auto: cuda where a CUDA build sees a GPU)\n"
             "  --gpu-memory-fraction F       of the GPU's memory caraserve may use (0 < F <= 1, default 0.9); on\n"
             "                                a GPU the KV cache takes what the weights leave unless sized\n"
-            "  --cuda-graphs                 replay decode steps as CUDA graphs (off until measured faster)\n");
+            "  --cuda-graphs                 replay decode steps as CUDA graphs (off until measured faster)\n"
+            "  --cold-start MODE             a request whose adapter is still streaming to the device: auto\n"
+            "                                (default: cpu-assist where the device can), cpu-assist (its LoRA\n"
+            "                                from host workers for the layers not there yet), wait\n"
+            "  --assist-threads N            host LoRA workers of cpu-assist (default: a quarter of the CPUs)\n");
 }
 
 /* the serving cost model forgets slowly: a step 2,000 steps ago weighs 1/e */
@@ -116,7 +121,7 @@ enum {
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
     O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
-    O_GPU_FRACTION, O_CUDA_GRAPHS
+    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS
 };
 
 static const struct option OPTS[] = {
@@ -157,6 +162,8 @@ static const struct option OPTS[] = {
     {"device", required_argument, 0, O_DEVICE},
     {"gpu-memory-fraction", required_argument, 0, O_GPU_FRACTION},
     {"cuda-graphs", no_argument, 0, O_CUDA_GRAPHS},
+    {"cold-start", required_argument, 0, O_COLD_START},
+    {"assist-threads", required_argument, 0, O_ASSIST_THREADS},
     {0, 0, 0, 0},
 };
 
@@ -410,6 +417,13 @@ int cmd_serve(int argc, char **argv) {
         case O_INVARIANT: cfg.batch_invariant = true; break;
         case O_DEVICE: free(cfg.device); cfg.device = strdup(optarg); break;
         case O_CUDA_GRAPHS: cfg.cuda_graphs = true; break;
+        case O_COLD_START:
+            if ((cfg.cold_start = setup_parse_cold_start(optarg)) < 0) {
+                fprintf(stderr, "caraserve serve: --cold-start wants auto, cpu-assist or wait, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            break;
+        case O_ASSIST_THREADS: if (!parse_int("assist-threads", optarg, 1, 256, &cfg.assist_threads)) goto usage_err; break;
         case O_GPU_FRACTION:
             if (!setup_parse_gpu_fraction(optarg, &cfg.gpu_memory_fraction)) {
                 fprintf(stderr, "caraserve serve: --gpu-memory-fraction wants 0 < F <= 1, got '%s'\n", optarg);
@@ -512,6 +526,12 @@ int cmd_serve(int argc, char **argv) {
                                                   .cuda_graphs = s->cfg.cuda_graphs});
     if (!s->be) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     if (model_load(s->cfg.model, s->be, &s->model)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); goto out; }
+    {
+        bool assist_failed;
+        s->assist = setup_assist(s->be, s->cfg.cold_start, s->cfg.assist_threads, &assist_failed);
+        if (assist_failed) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
+        model_set_assist(s->model, s->assist);
+    }
     char *tj = cs_path_join(s->cfg.model, "tokenizer.json");
     bool have_tok = tj && cs_file_exists(tj);
     free(tj);
@@ -532,6 +552,7 @@ int cmd_serve(int argc, char **argv) {
     const model_config_t *mc = model_get_config(s->model);
     lora_registry_params_t lp = {.cfg = mc, .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
                                  .device = s->be, .device_slots = s->cfg.max_loras, .on_loaded = NULL, .on_load_time = server_on_load_time,
+                                 .stream_group = 1, .on_streamed = server_on_streamed,
                                  .on_dropped = server_on_dropped, .user = s};
     size_t kv_bytes = (size_t)s->cfg.kv_cache_bytes;
     if (s->cfg.kv_cache_fraction > 0) {
@@ -548,7 +569,8 @@ int cmd_serve(int argc, char **argv) {
     if (!(s->sched = setup_scheduler(s->cfg.scheduler, s->cost))) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     engine_params_t ep = {.model = s->model, .tokenizer = s->tok, .kv_cache_bytes = kv_bytes, .sched = s->sched,
                           .max_num_seqs = s->cfg.max_num_seqs, .max_num_batched_tokens = s->cfg.max_num_batched_tokens,
-                          .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching};
+                          .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching,
+                          .cold_start = s->cfg.cold_start};
     if (!s->tok && mc->n_eos) { ep.eos_ids = mc->eos_token_ids; ep.n_eos = mc->n_eos; }
     /* a finished load wakes the engine at once (else it would notice at its next 20 ms poll):
      * the registry comes first, and finds the engine through s */
@@ -642,6 +664,7 @@ out:
     cost_model_free(s->cost);
     sched_slo_table_free(s->slos);
     lora_registry_free(s->reg);
+    lora_assist_free(s->assist);
     chat_template_free(s->tmpl);
     tokenizer_free(s->tok);
     model_free(s->model);

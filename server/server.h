@@ -55,6 +55,8 @@ typedef struct serve_config {
     bool reference_kernels;
     bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
     char *device;           /* --device: auto (NULL), cpu or cuda */
+    int cold_start;         /* --cold-start: SCHED_COLD_* (0: auto) */
+    int assist_threads;     /* --assist-threads (0: the default) */
 } serve_config_t;
 
 /* An adapter served by name, with the requests using it (an unload waits for them). */
@@ -73,11 +75,13 @@ typedef struct server_metrics {
     metric_t *ttft, *itl, *e2e, *queue, *prompt_tokens, *gen_tokens, *success;
     metric_t *running, *waiting, *kv_usage, *prefix_queries, *prefix_hits, *preemptions;
     metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses, *prefill_tokens;
+    metric_t *lora_transfer, *cold_starts, *cold_layers; /* the cold start */
     metric_t *cost_r2, *cost_err, *cost_coef, *cost_steps; /* the iteration cost model's fit */
     metric_t *slo_requests, *slo_met; /* requests with SLOs (own or --adapter-slos), and those that met them */
     /* engine counters already reported (metrics are cumulative there) */
     pthread_mutex_t mu;
     uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;
+    uint64_t last_cold_assisted, last_cold_waited, last_cold_host_layers, last_cold_device_layers;
     uint64_t last_prefill_tokens;
 } server_metrics_t;
 
@@ -88,6 +92,7 @@ typedef struct server {
     model_t *model;
     tokenizer_t *tok;
     lora_registry_t *reg;
+    struct lora_assist *assist;     /* the cold start's host LoRA workers (NULL: none) */
     struct sched *sched;            /* the engine's scheduling policy */
     struct cost_model *cost;        /* the iteration cost model it feeds (sched/cost.h) */
     struct sched_slo_table *slos;   /* --adapter-slos (NULL: none); read-only once serving */
@@ -168,7 +173,8 @@ struct conn {
 
 /* ---- metrics wiring (api_metrics.c) ---- */
 int server_metrics_init(server_t *s);
-void server_on_load_time(void *user, double seconds);  /* the registry's on_load_time */
+void server_on_load_time(void *user, const char *name, double seconds); /* the registry's on_load_time */
+void server_on_streamed(void *user, const char *name, double seconds);  /* the registry's on_streamed */
 void server_metrics_free(server_t *s);
 /* ---- uploaded adapter versions (rollout_api/routes.c) ---- */
 void server_on_dropped(void *user, const char *name, int version, const char *dir); /* the registry's on_dropped */

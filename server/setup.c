@@ -3,6 +3,8 @@
 #include "engine/engine.h"
 #include "engine/rng.h"
 #include "engine/sampling.h"
+#include "engine/sched.h"
+#include "lora/assist.h"
 #include "sched/cost.h"
 #include "sched/fcfs.h"
 #include "sched/slo.h"
@@ -10,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "cpu_kernels/cpu_backend.h"
@@ -76,7 +79,8 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
             cs_error_set(CS_EINVAL, "CS_TEST_DEVICE=%s: the test devices are 'strict' and 'cuda-emu'", test_dev);
             return NULL;
         }
-        strict_device_params_t sp = {cp, env_num("CS_STRICT_GBPS", 0) * 1e9, env_num("CS_STRICT_LATENCY_US", 0)};
+        strict_device_params_t sp = {cp, env_num("CS_STRICT_GBPS", 0) * 1e9, env_num("CS_STRICT_LATENCY_US", 0),
+                                     env_on("CS_STRICT_LOCKSTEP"), env_on("CS_STRICT_NO_STREAM")};
         return strict_device_new(&sp);
     }
     return cpu_backend_new(&cp);
@@ -111,6 +115,29 @@ bool setup_parse_gpu_fraction(const char *s, double *out) {
     if (end == s || *end || !(f > 0 && f <= 1)) return false;
     *out = f;
     return true;
+}
+
+int setup_parse_cold_start(const char *s) {
+    if (!strcmp(s, "auto")) return SCHED_COLD_DEFAULT;
+    if (!strcmp(s, "cpu-assist")) return SCHED_COLD_ASSIST;
+    if (!strcmp(s, "wait")) return SCHED_COLD_WAIT;
+    return -1;
+}
+
+lora_assist_t *setup_assist(backend_t *be, int mode, int threads, bool *failed) {
+    *failed = false;
+    if (mode == SCHED_COLD_WAIT || !backend_can_stream(be) || !backend_has_host_assist(be)) return NULL;
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)CS_MIN(8, CS_MAX(1, n / 4));
+    }
+    lora_assist_params_t ap = {.n_threads = threads, .pin = backend_is_cuda(be)};
+    lora_assist_t *a = NULL;
+    if (lora_assist_new(&ap, &a)) {
+        *failed = true;
+        return NULL;
+    }
+    return a;
 }
 
 sched_t *setup_scheduler(const char *name, struct cost_model *cost) {

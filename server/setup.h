@@ -1,7 +1,8 @@
 /* setup.h: the one place that builds the backend for `generate`, `batch` and `serve`
  * (and names it for their messages). Flags come in the options; the environment switches
  * of the CPU kernels (CS_NO_AVX512, CS_NO_AVX2, CS_NO_AMX, CS_NO_TILE, CS_AMX_TERMS) and the tests'
- * CS_TEST_DEVICE=strict (CS_STRICT_GBPS, CS_STRICT_LATENCY_US) or =cuda-emu (the CUDA
+ * CS_TEST_DEVICE=strict (CS_STRICT_GBPS, CS_STRICT_LATENCY_US,
+ * CS_STRICT_LOCKSTEP, CS_STRICT_NO_STREAM) or =cuda-emu (the CUDA
  * backend's own code on the host emulator), and CS_AUTO_DEVICE (what --device auto means;
  * make check sets cpu so a GPU host runs the CPU-exact suite unless a test names cuda) are
  * read here and nowhere else. */
@@ -30,6 +31,16 @@ void setup_backend_describe(const backend_t *be, char *buf, size_t len);
 size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size);
 /* parses --gpu-memory-fraction's value: 0 < F <= 1 */
 bool setup_parse_gpu_fraction(const char *s, double *out);
+
+/* --cold-start's value: "auto", "cpu-assist" or "wait" as SCHED_COLD_* (engine/sched.h);
+ * -1 for anything else */
+int setup_parse_cold_start(const char *s);
+/* The host LoRA workers of the cold start (lora/assist.h) for backend BE under MODE: NULL
+ * with no error where they have nothing to do (a backend that cannot stream adapter slots
+ * or assist, or MODE wait); THREADS 0: a quarter of the CPUs (1 .. 8). Pinned to cores on
+ * a GPU (the CPU kernels would share them otherwise). NULL with an error: cannot start. */
+struct lora_assist;
+struct lora_assist *setup_assist(backend_t *be, int mode, int threads, bool *failed);
 
 /* The scheduling policy NAME names (NULL: the default, fcfs), with COST (sched/cost.h; may
  * be NULL) learning from its steps; NULL with a message for an unknown one. Free with

@@ -463,10 +463,10 @@ START_TEST(test_lora) {
     tbatch_t t;
     int cached[5] = {0, 3, 0, 10, 2}, n_new[5] = {5, 1, 3, 21, 1};
     tbatch_make(&t, 5, cached, n_new, 16, 10);
-    t.lora[0] = (backend_lora_seg_desc_t){0, 5, slot[0]};
-    t.lora[1] = (backend_lora_seg_desc_t){6, 3, slot[1]};
-    t.lora[2] = (backend_lora_seg_desc_t){9, 21, slot[2]};
-    t.lora[3] = (backend_lora_seg_desc_t){30, 1, slot[0]};
+    t.lora[0] = (backend_lora_seg_desc_t){0, 5, slot[0], INT_MAX};
+    t.lora[1] = (backend_lora_seg_desc_t){6, 3, slot[1], INT_MAX};
+    t.lora[2] = (backend_lora_seg_desc_t){9, 21, slot[2], INT_MAX};
+    t.lora[3] = (backend_lora_seg_desc_t){30, 1, slot[0], INT_MAX};
     t.n_lora = 4;
     backend_batch_t *bt = tbatch_upload(b, &t, NULL);
     float *x = randv((size_t)t.T * d_in, 1.0f), *y0 = randv((size_t)t.T * d_out, 1.0f);
@@ -648,7 +648,7 @@ START_TEST(test_graphs) {
         for (int r = 0; r < T; r++) cached[r] = 5 + 9 * step + 7 * r, n_new[r] = 1;
         tbatch_make(&t, T, cached, n_new, pool_blocks, 10);
         for (int r = 0; r < T; r++) /* a segment per row with an adapter */
-            if (who[step][r] >= 0) t.lora[t.n_lora++] = (backend_lora_seg_desc_t){r, 1, slot[who[step][r]]};
+            if (who[step][r] >= 0) t.lora[t.n_lora++] = (backend_lora_seg_desc_t){r, 1, slot[who[step][r]], INT_MAX};
         bt = tbatch_upload(b, &t, bt);
         float *q = randv((size_t)T * nh * hd, 1.0f), *x = randv((size_t)T * d_in, 1.0f), *y0 = randv((size_t)T * d_out, 1.0f);
         /* inputs first (outside the graph), then the graph's ops */

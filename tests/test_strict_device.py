@@ -12,7 +12,9 @@ logprobs, chunked prefill (a 48-token budget), on an F32 Llama (GQA) and a BF16 
 identical text (jansson prints 17 digits, so equal text is equal float bits); the strict
 device's --stats must show its copies. Then again with one device slot for the three
 adapters (--max-loras 1): slots evicted and uploaded again, sequences waiting for one, and
-still identical on both backends.
+still identical on both backends. The strict device uploads slots whole here
+(CS_STRICT_NO_STREAM=1), as the CPU backend has them at once: streaming slots change which
+requests share a batch, and so the last bits (tests/test_cold_start.py holds that path).
 Run: CS_BUILDDIR=build CS_SRCDIR=. $PYTHON tests/test_strict_device.py"""
 import json
 import os
@@ -42,6 +44,7 @@ def run(model_dir, requests, loras, strict, extra=()):
     env.pop("CS_TEST_DEVICE", None)
     if strict:
         env["CS_TEST_DEVICE"] = "strict"
+        env["CS_STRICT_NO_STREAM"] = "1"
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         reflib.fail(f"{' '.join(cmd)} (strict={strict})\nexit {p.returncode}\n{p.stderr[-3000:]}")
