@@ -67,14 +67,15 @@ static void *worker_main(void *arg) {
             lora_assist_term(j->y[k], j->x, j->n, j->ld_x, m, scratch);
         }
         double t2 = cs_time_ms();
-        uint64_t rows = (uint64_t)j->n * j->n_mods;
+        pthread_mutex_lock(&a->mu); /* counted before the part is reported done */
+        a->st.parts++;
+        a->st.rows += (uint64_t)j->n * j->n_mods;
+        a->st.busy_ms += t2 - t1;
+        a->st.wait_ms += t1 - t0;
+        pthread_mutex_unlock(&a->mu);
         cs_flag_add(j->done, 1);
         free(pt);
         pthread_mutex_lock(&a->mu);
-        a->st.parts++;
-        a->st.rows += rows;
-        a->st.busy_ms += t2 - t1;
-        a->st.wait_ms += t1 - t0;
     }
     pthread_mutex_unlock(&a->mu);
     free(scratch);

@@ -1,4 +1,5 @@
-/* test_peft.c: PEFT LoRA adapter loading against an in-memory base config: scale (plain
+/* test_peft.c: the host LoRA term of the cold start (lora/assist.h: its kernel against a
+ * plain loop, F32 and BF16; the worker pool gated by a flag, its parts counted). And PEFT LoRA adapter loading against an in-memory base config: scale (plain
  * and rsLoRA), rank_pattern / alpha_pattern key matching as peft does it, target_modules as
  * list / regex / all-linear, layers_to_transform, exclude_modules, and refusals (DoRA,
  * modules_to_save, lm_head / embeddings, wrong shapes naming both shapes, missing tensors). */
@@ -10,7 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "engine/safetensors.h"
+#include "lora/assist.h"
 #include "lora/peft.h"
 
 static char dir[256];
@@ -661,6 +665,88 @@ START_TEST(test_sharded_and_files) {
 }
 END_TEST
 
+/* ---- lora/assist.h ---- */
+static void plain_term(float *y, const float *x, int n, int ld, const lora_module_t *m) {
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < m->d_out; o++) {
+            double acc = 0;
+            for (int r = 0; r < m->rank; r++) {
+                double t = 0;
+                for (int k = 0; k < m->d_in; k++)
+                    t += (double)x[(size_t)i * ld + k] * lora_module_at(m, m->a, (size_t)r * m->d_in + k);
+                acc += t * lora_module_at(m, m->b, (size_t)o * m->rank + r);
+            }
+            y[(size_t)i * m->d_out + o] = (float)(m->scale * acc);
+        }
+}
+
+static lora_module_t make_mod(int rank, int din, int dout, cs_dtype dt, unsigned seed) {
+    lora_module_t m = {rank, din, dout, 0.75f, dt, NULL, NULL, NULL};
+    size_t es = cs_dtype_size(dt);
+    m.a = cs_aligned_alloc(64, es * (size_t)rank * din);
+    m.b = cs_aligned_alloc(64, es * (size_t)rank * dout);
+    for (size_t i = 0; i < (size_t)rank * din + (size_t)rank * dout; i++) {
+        seed = seed * 1103515245u + 12345u;
+        float v = ((float)(seed >> 8 & 0xffff) / 65536.0f - 0.5f);
+        bool in_a = i < (size_t)rank * din;
+        size_t j = in_a ? i : i - (size_t)rank * din;
+        void *w = in_a ? m.a : m.b;
+        if (dt == CS_DTYPE_BF16) ((uint16_t *)w)[j] = cs_f32_to_bf16(v);
+        else ((float *)w)[j] = v;
+    }
+    return m;
+}
+
+START_TEST(test_assist_term) {
+    const cs_dtype dts[2] = {CS_DTYPE_F32, CS_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        lora_module_t m = make_mod(8, 40, 24, dts[d], 7u + (unsigned)d);
+        int n = 5, ld = 48; /* rows of a wider activation buffer */
+        float x[5 * 48], y[5 * 24], want[5 * 24];
+        for (int i = 0; i < n * ld; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+        float *scratch = malloc(sizeof(float) * (size_t)m.rank * (n + m.d_in + m.d_out));
+        lora_assist_term(y, x, n, ld, &m, scratch);
+        plain_term(want, x, n, ld, &m);
+        for (int i = 0; i < n * m.d_out; i++)
+            ck_assert_msg(fabsf(y[i] - want[i]) <= 1e-5f * (1.0f + fabsf(want[i])), "%s term %d: %g vs %g",
+                          cs_dtype_name(dts[d]), i, y[i], want[i]);
+        free(scratch);
+        free(m.a);
+        free(m.b);
+    }
+}
+END_TEST
+
+/* the pool: jobs queued before their flag is raised wait for it; each part adds one to done */
+START_TEST(test_assist_pool) {
+    lora_assist_t *a;
+    ck_assert_int_eq(lora_assist_new(&(lora_assist_params_t){.n_threads = 3, .max_rows = 4}, &a), CS_OK);
+    lora_module_t q = make_mod(4, 32, 16, CS_DTYPE_F32, 3), v = make_mod(16, 32, 8, CS_DTYPE_BF16, 5);
+    enum { N = 11 };
+    static float x[N * 32], yq[N * 16], yv[N * 8], wq[N * 16], wv[N * 8];
+    for (int i = 0; i < N * 32; i++) x[i] = (float)((i * 13) % 29) / 14.0f - 1.0f;
+    uint32_t xflag = 0, done = 0;
+    lora_assist_job_t j = {.x = x, .n = N, .ld_x = 32, .n_mods = 2, .mods = {&q, &v}, .y = {yq, yv},
+                           .x_flag = &xflag, .x_value = 1, .done = &done};
+    int parts = lora_assist_submit(a, &j);
+    ck_assert_int_eq(parts, 3); /* 11 rows, at most 4 a part */
+    ck_assert_uint_eq(cs_flag_load(&done), 0); /* nobody starts before the flag */
+    cs_flag_store(&xflag, 1);
+    cs_flag_wait_geq(&done, (uint32_t)parts);
+    plain_term(wq, x, N, 32, &q);
+    plain_term(wv, x, N, 32, &v);
+    for (int i = 0; i < N * 16; i++) ck_assert(fabsf(yq[i] - wq[i]) <= 1e-5f * (1.0f + fabsf(wq[i])));
+    for (int i = 0; i < N * 8; i++) ck_assert(fabsf(yv[i] - wv[i]) <= 1e-5f * (1.0f + fabsf(wv[i])));
+    lora_assist_stats_t st;
+    lora_assist_get_stats(a, &st);
+    ck_assert_uint_eq(st.jobs, 1);
+    ck_assert_uint_eq(st.parts, 3);
+    ck_assert_uint_eq(st.rows, 2 * N);
+    lora_assist_free(a);
+    free(q.a), free(q.b), free(v.a), free(v.b);
+}
+END_TEST
+
 static Suite *peft_suite(void) {
     Suite *s = suite_create("peft");
     TCase *tc = tcase_create("core");
@@ -680,6 +766,10 @@ static Suite *peft_suite(void) {
     tcase_add_test(tc, test_dtypes);
     tcase_add_test(tc, test_sharded_and_files);
     suite_add_tcase(s, tc);
+    TCase *ta = tcase_create("assist");
+    tcase_add_test(ta, test_assist_term);
+    tcase_add_test(ta, test_assist_pool);
+    suite_add_tcase(s, ta);
     return s;
 }
 

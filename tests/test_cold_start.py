@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""test_cold_start.py: the cold start (CaraServe's CPU-assisted prefill) on the strict test
+device, no GPU needed. Adapter slots stream to the device a layer at a time; a request whose
+slot is not complete runs the LoRA of the layers not there yet on the host workers
+(lora/assist.c: the layer input goes out with get_signal, the term comes back with wait_add),
+the layers that arrived on the device. CS_STRICT_LOCKSTEP=1 makes a slot advance one layer
+per arrived-query, landed before the answer, so which forwards run which layers where follows
+from the engine's own calls and not from thread timing.
+
+The truth is the CPU backend, whose slots are complete at once (warm): every sample must have
+the same tokens and logprobs within 1e-5 (the host sums in another order; measured ~1e-6).
+  1. three adapters (F32 and BF16, ranks 4/8/16) and the base model in one mixed workload
+     (prefix sharing, n=3 forks, chunked prefill): cold forwards with layers on both paths;
+  2. --cold-start wait: nothing runs on the host, requests wait for their slots;
+  3. one device slot (--max-loras 1): slots evicted while others stream in;
+  4. 50 cold adapters in a row (--sequential, two slots: every request finds its slot cold);
+  5. an adapter file truncated after registration: only its requests fail, naming the file;
+  6. `serve`: /metrics counts cold starts, host and device layers and transfer times
+     (promtool-clean).
+Run: CS_BUILDDIR=build CS_SRCDIR=. $PYTHON tests/test_cold_start.py"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reflib  # noqa: E402
+import serverlib  # noqa: E402
+
+import transformers  # noqa: E402
+from hfmodels import make_adapter, make_model, mixed_workload  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
+TOL = 1e-5
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def run(model_dir, requests, loras, strict, extra=(), env_extra=None):
+    path = os.path.join(reflib.tmpdir("cs_cold_"), "requests.jsonl")
+    with open(path, "w") as f:
+        for r in requests:
+            f.write(json.dumps(r) + "\n")
+    cmd = [reflib.CARASERVE, "batch", "--model", model_dir, "--requests", path, "--threads", "2", "--stats",
+           "--max-num-batched-tokens", "48", "--kv-cache-bytes", "16M", *extra]
+    for name, d in loras:
+        cmd += ["--lora", f"{name}={d}"]
+    env = dict(os.environ)
+    env.pop("CS_TEST_DEVICE", None)
+    if strict:
+        env.update({"CS_TEST_DEVICE": "strict", "CS_STRICT_LOCKSTEP": "1"})
+    env.update(env_extra or {})
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if p.returncode != 0:
+        reflib.fail(f"{' '.join(cmd)} (strict={strict})\nexit {p.returncode}\n{p.stderr[-3000:]}")
+    stats = [json.loads(x) for x in p.stderr.splitlines() if x.startswith("{")]
+    return [json.loads(x) for x in p.stdout.splitlines()], (stats[-1] if stats else {})
+
+
+def compare(what, warm, cold, allow_errors=()):
+    """same tokens, logprobs within TOL; returns the largest difference"""
+    if len(warm) != len(cold):
+        reflib.fail(f"{what}: {len(warm)} and {len(cold)} output lines")
+    worst = 0.0
+    for a, b in zip(warm, cold):
+        if a.get("id") != b.get("id"):
+            reflib.fail(f"{what}: lines out of order: {a.get('id')} vs {b.get('id')}")
+        if a.get("id") in allow_errors:
+            continue
+        if "samples" not in a or "samples" not in b:
+            reflib.fail(f"{what}: request {a.get('id')} has no samples:\n  warm: {str(a)[:300]}\n  cold: {str(b)[:300]}")
+        for sa, sb in zip(a["samples"], b["samples"]):
+            if sa.get("error") or sb.get("error"):
+                reflib.fail(f"{what}: request {a['id']} failed: {sa.get('error')} / {sb.get('error')}")
+            if sa["tokens"] != sb["tokens"]:
+                reflib.fail(f"{what}: request {a['id']} sample {sa['index']}: tokens {sa['tokens']} warm, "
+                            f"{sb['tokens']} cold")
+            for x, y in zip(sa["logprobs"], sb["logprobs"]):
+                worst = max(worst, abs(x - y))
+            for ta, tb in zip(sa.get("top_logprobs", []), sb.get("top_logprobs", [])):
+                for (ia, xa), (ib, xb) in zip(ta, tb):
+                    if ia == ib:
+                        worst = max(worst, abs(xa - xb))
+    if worst > TOL:
+        reflib.fail(f"{what}: cold logprobs differ from warm ones by {worst:.3g} (> {TOL})")
+    return worst
+
+
+model_dir, ref = make_model("llama", dtype="float32", kv_heads=2, layers=8, seed=11)
+loras = []
+for k, r in enumerate((4, 8, 16)):
+    d, _ = make_adapter(model_dir, ref, r=r, alpha=2 * r, targets=ALL, seed=40 + k,
+                        dtype="bfloat16" if k == 1 else "float32")
+    loras.append((f"a{k}", d))
+rng = random.Random(3)
+reqs = mixed_workload(rng, [n for n, _ in loras])
+warm, warm_stats = run(model_dir, reqs, loras, strict=False, extra=("--preload-adapters",))
+if warm_stats.get("cold_start", {}).get("requests"):
+    reflib.fail(f"the CPU backend had cold starts: {warm_stats['cold_start']}")
+
+# 1. cpu-assist: layers on both paths, the same results
+cold, st = run(model_dir, reqs, loras, strict=True, extra=("--preload-adapters", "--cold-start", "cpu-assist"))
+worst = compare("cpu-assist", warm, cold)
+cs = st["cold_start"]
+if not (cs["requests"] >= 3 and cs["assisted"] == cs["requests"] and cs["waited"] == 0 and cs["host_layers"] > 0
+        and cs["device_layers"] > 0 and 0 < cs["forwards"] < st["steps"] and cs["streams"] == 3):
+    reflib.fail(f"cpu-assist: the cold start did not run on both paths: {cs} ({st['steps']} steps)")
+print(f"ok  cpu-assist: {cs['requests']} cold requests, {cs['forwards']} of {st['steps']} forwards with a slot "
+      f"streaming in ({cs['host_layers']} adapter layers on the host, {cs['device_layers']} on the device, "
+      f"{cs['host_rows']} host rows); logprobs within {worst:.2g} of warm")
+
+# 2. wait: requests wait for their slots, nothing on the host
+cold, st = run(model_dir, reqs, loras, strict=True, extra=("--preload-adapters", "--cold-start", "wait"))
+worst = compare("wait", warm, cold)
+cs = st["cold_start"]
+if not (cs["waited"] >= 3 and cs["assisted"] == 0 and cs["host_layers"] == 0 and cs["forwards"] == 0
+        and cs["assist_threads"] == 0):
+    reflib.fail(f"wait: {cs}")
+print(f"ok  wait: {cs['waited']} requests waited for their slots, none ran on the host; within {worst:.2g}")
+
+# 3. one device slot: slots are evicted while others stream in
+cold, st = run(model_dir, reqs, loras, strict=True,
+               extra=("--preload-adapters", "--cold-start", "cpu-assist", "--max-loras", "1"))
+worst = compare("--max-loras 1", warm, cold)
+cs = st["cold_start"]
+if not (st["lora_device_evictions"] >= 2 and cs["host_layers"] > 0 and cs["device_layers"] > 0):
+    reflib.fail(f"--max-loras 1: no evictions under streaming: evictions {st['lora_device_evictions']}, {cs}")
+print(f"ok  one slot for three adapters: {st['lora_device_uploads']} slots streamed, {st['lora_device_evictions']} "
+      f"evicted, {cs['host_layers']} host layers; within {worst:.2g}")
+
+# 4. fifty cold adapters in a row
+many, reqs4 = [], []
+for i in range(50):
+    many.append((f"b{i}", loras[i % 3][1]))
+    reqs4.append({"id": i, "prompt_ids": [1] + [rng.randrange(3, 512) for _ in range(rng.randrange(10, 60))],
+                  "max_tokens": 4, "logprobs": 2, "ignore_eos": True, "temperature": 0, "adapter": f"b{i}"})
+warm4, _ = run(model_dir, reqs4, many, strict=False, extra=("--sequential",))
+cold4, st = run(model_dir, reqs4, many, strict=True,
+                extra=("--sequential", "--cold-start", "cpu-assist", "--max-loras", "2"))
+worst = compare("50 adapters", warm4, cold4)
+cs = st["cold_start"]
+if cs["requests"] != 50 or cs["assisted"] != 50 or st["lora_device_uploads"] != 50 or cs["host_layers"] == 0:
+    reflib.fail(f"50 adapters: not 50 cold starts: {cs}, {st['lora_device_uploads']} slots")
+print(f"ok  50 cold adapters in a row: 50 cold starts, 50 slots streaming in ({st['lora_device_evictions']} evicted, "
+      f"some before they were complete), {cs['host_layers']} host layers, {cs['device_layers']} device layers; "
+      f"within {worst:.2g}")
+
+# 5. a file truncated after registration: only its requests fail
+bad = reflib.tmpdir("cs_cold_bad_")
+for f in os.listdir(loras[0][1]):
+    shutil.copy(os.path.join(loras[0][1], f), bad)
+reqs5 = [dict(r) for r in reqs]
+for r in reqs5:
+    if r.get("adapter") == "a0":
+        r["adapter"] = "broken"
+broken_ids = {r["id"] for r in reqs5 if r.get("adapter") == "broken"}
+st_path = os.path.join(bad, "adapter_model.safetensors")
+# cut in half: its header still parses (registration probes only the header), its weights
+# are short when the load reads them
+size = os.path.getsize(st_path)
+with open(st_path, "r+b") as f:
+    f.truncate(size // 2)
+out5, st = run(model_dir, reqs5, loras[1:] + [("broken", bad)], strict=True, extra=("--cold-start", "cpu-assist"))
+for a, b in zip(warm, out5):
+    if b["id"] in broken_ids:
+        msg = b.get("error") or (b.get("samples") or [{}])[0].get("error") or ""
+        if "broken" not in msg or "adapter_model.safetensors" not in msg:
+            reflib.fail(f"truncated adapter: request {b['id']} should fail naming the adapter and file: {str(b)[:400]}")
+compare("truncated neighbour", [w for w in warm if w["id"] not in broken_ids],
+        [o for o in out5 if o["id"] not in broken_ids])
+print(f"ok  a truncated adapter file: its {len(broken_ids)} requests fail naming it; the other "
+      f"{len(out5) - len(broken_ids)} match the warm run")
+
+# 6. serve: the metrics
+srv = serverlib.Server(["--model", model_dir, "--lora-modules", *[f"{n}={d}" for n, d in loras], "--threads", "2",
+                        "--kv-cache-bytes", "16M", "--cold-start", "cpu-assist", "--max-num-batched-tokens", "16"],
+                       env={"CS_TEST_DEVICE": "strict", "CS_STRICT_LOCKSTEP": "1"})
+try:
+    for name, _ in loras:
+        code, body, _ = srv.request("POST", "/v1/completions", {"model": name, "prompt": [1] + list(range(5, 45)),
+                                                                "max_tokens": 8, "temperature": 0})
+        if code != 200:
+            reflib.fail(f"serve: {name}: {code} {body}")
+    txt, vals = srv.metrics()
+    need = {'caraserve_cold_starts_total{mode="cpu_assist"}': 3, 'caraserve_cold_start_layers_total{path="host"}': 1,
+            'caraserve_cold_start_layers_total{path="device"}': 1}
+    for k, v in need.items():
+        if vals.get(k, 0) < v:
+            reflib.fail(f"serve: /metrics {k} = {vals.get(k)} (want >= {v}):\n{txt}")
+    for name, _ in loras:
+        for k in (f'caraserve_lora_transfer_seconds_count{{adapter="{name}"}}',
+                  f'caraserve_lora_load_seconds_count{{adapter="{name}"}}'):
+            if vals.get(k) != 1:
+                reflib.fail(f"serve: /metrics {k} = {vals.get(k)} (want 1)")
+    if shutil.which("promtool"):
+        p = subprocess.run(["promtool", "check", "metrics"], input=txt, capture_output=True, text=True)
+        if p.returncode != 0 or p.stdout.strip() or p.stderr.strip():
+            reflib.fail(f"promtool check metrics: exit {p.returncode}\n{p.stdout}{p.stderr}")
+    print(f"ok  serve: /metrics counts {vals[list(need)[0]]:.0f} cold starts, "
+          f"{vals[list(need)[1]]:.0f} host and {vals[list(need)[2]]:.0f} device layers, a transfer and a load "
+          f"time per adapter{' (promtool clean)' if shutil.which('promtool') else ''}")
+finally:
+    srv.stop()
+print("PASS")
