@@ -53,6 +53,7 @@ static void usage_batch(FILE *f) {
             "                              (default: cpu-assist where the device can), cpu-assist (its LoRA\n"
             "                              from host workers for the layers not there yet), wait\n"
             "  --assist-threads N          host LoRA workers of cpu-assist (default: a quarter of the CPUs)\n"
+            "  --timings                   each output line gains ttft_ms and e2e_ms (from its submission)\n"
             "  --preload-adapters          load every --lora adapter before the first request (a batch\n"
             "                              that does not depend on load times)\n"
             "\n"
@@ -90,7 +91,10 @@ typedef struct job {
     bool control;            /* {"add_adapter": {"name", "dir"}}: registers (a new version) in order */
     int control_version;
     engine_t *engine;
+    double t_submit, t_first, t_done; /* cs_time_ms(): --timings */
 } job_t;
+
+static bool g_timings; /* --timings: each line gains ttft_ms and e2e_ms */
 
 static void sink(void *user, const engine_event_t *ev) {
     job_t *j = user;
@@ -100,6 +104,7 @@ static void sink(void *user, const engine_event_t *ev) {
     j->cached_tokens = ev->n_cached_tokens;
     j->adapter_version = ev->adapter_version;
     if (ev->has_token) {
+        if (j->t_first == 0) j->t_first = cs_time_ms();
         json_array_append_new(s->tokens, json_integer(ev->token));
         if (j->rq.sampling.logprobs >= 0) {
             json_array_append_new(s->logprobs, isfinite(ev->logprob) ? json_real(ev->logprob) : json_null());
@@ -126,7 +131,10 @@ static void sink(void *user, const engine_event_t *ev) {
         s->finish = engine_finish_names[ev->finish];
         if (ev->error_msg) s->error = strdup(ev->error_msg);
     }
-    if (ev->request_done) j->done = true;
+    if (ev->request_done) {
+        j->done = true;
+        j->t_done = cs_time_ms();
+    }
     if (j->abort_after > 0 && !j->abort_sent && ev->index == 0 && ev->n_generated >= j->abort_after &&
         ev->finish == ENGINE_FINISH_NONE) {
         engine_abort(j->engine, j->id);
@@ -289,6 +297,10 @@ static json_t *job_result(job_t *j) {
         json_array_append_new(arr, so);
     }
     json_object_set_new(o, "samples", arr);
+    if (g_timings) {
+        json_object_set_new(o, "ttft_ms", j->t_first > 0 ? json_real(j->t_first - j->t_submit) : json_null());
+        json_object_set_new(o, "e2e_ms", j->t_done > 0 ? json_real(j->t_done - j->t_submit) : json_null());
+    }
     return o;
 }
 
@@ -320,6 +332,7 @@ static void submit_job(engine_t *e, job_t *j) {
     }
     j->rq.sink = sink;
     j->rq.user = j;
+    j->t_submit = cs_time_ms();
     if (engine_submit(e, &j->rq, &j->id)) j->submit_error = strdup(cs_error_last());
     else j->submitted = true;
 }
@@ -355,6 +368,7 @@ int cmd_batch(int argc, char **argv) {
         {"cuda-graphs", no_argument, 0, 'g'},
         {"preload-adapters", no_argument, 0, 'W'},
         {"cold-start", required_argument, 0, 'O'},
+        {"timings", no_argument, 0, 'M'},
         {"assist-threads", required_argument, 0, 'A'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -416,6 +430,7 @@ int cmd_batch(int argc, char **argv) {
         case 'V': device = optarg; break;
         case 'g': cuda_graphs = true; break;
         case 'W': preload = true; break;
+        case 'M': g_timings = true; break;
         case 'O':
             if ((cold_mode = setup_parse_cold_start(optarg)) < 0) {
                 fprintf(stderr, "caraserve batch: --cold-start wants auto, cpu-assist or wait, got '%s'\n", optarg);
