@@ -7,6 +7,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,9 +338,22 @@ static void submit_job(engine_t *e, job_t *j) {
     else j->submitted = true;
 }
 
+/* the registry's on_loaded (loader and copy threads): the engine pointer is set and cleared
+ * under this lock, so a load finishing around engine_new or engine_free never sees a
+ * half-made or freed engine */
+static pthread_mutex_t wake_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void wake_engine(void *user) {
     engine_t **ep = user;
+    pthread_mutex_lock(&wake_mu);
     if (*ep) engine_wake(*ep);
+    pthread_mutex_unlock(&wake_mu);
+}
+
+static void set_engine(engine_t **ep, engine_t *e) {
+    pthread_mutex_lock(&wake_mu);
+    *ep = e;
+    pthread_mutex_unlock(&wake_mu);
 }
 
 int cmd_batch(int argc, char **argv) {
@@ -510,7 +524,11 @@ int cmd_batch(int argc, char **argv) {
                           .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,
                           .max_model_len = max_model_len, .no_prefix_caching = no_prefix, .cold_start = cold_mode};
     if (!tok && eos) { ep.eos_ids = eos; ep.n_eos = cfg->n_eos; }
-    if (engine_new(&ep, &engine)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    {
+        engine_t *made = NULL;
+        if (engine_new(&ep, &made)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+        set_engine(&engine, made);
+    }
 
     /* read every request first */
     char *line = NULL;
@@ -637,10 +655,13 @@ int cmd_batch(int argc, char **argv) {
             status = 1;
         }
 out:
-    engine_free(engine);
+    {
+        engine_t *dying = engine;
+        set_engine(&engine, NULL);
+        engine_free(dying);
+    }
     sched_free(sched);
     cost_model_free(cost);
-    engine = NULL;
     for (int i = 0; i < n_jobs; i++) job_free(&jobs[i]);
     free(jobs);
     lora_registry_free(reg);
