@@ -12,6 +12,20 @@
  * Adapter slots: one device allocation per adapter holding every module's A (rank, d_in)
  * and B transposed (rank, d_out) in the dtype they came in, and the slot's module table
  * (lora_mod per layer and target) that the LoRA kernels read through a batch's segments.
+ * A streaming slot (adapter_stream, the cold start) fills in on a loader thread: the
+ * adapter's host memory is ordinary pageable memory, so the loader packs each layer group
+ * into a ring of pinned staging buffers and queues their copies on the load stream (its
+ * own, so that adapter loads neither wait behind nor hold up the copy stream); after a
+ * group's copies a host function raises the slot's arrived count (release) and calls
+ * on_group. The table goes first, so layer 0's report covers it. The caller returns once the
+ * slot is allocated and queued.
+ * Host-assisted LoRA (get_signal / wait_add): get_signal copies rows to pinned host memory on
+ * the compute stream and raises the flag from a host function on the signal stream, which
+ * waits for compute by an event (compute itself never stops for a host function; the host
+ * function's cs_flag_store wakes futex waiters). wait_add is a kernel on the compute stream
+ * that spins on the flag in mapped host memory and then adds the host's terms, read in place
+ * (pinned memory is in the device's address space under unified addressing). Neither is
+ * allowed in a graph forward.
  * Graphs (opt-in, params.graphs): a decode step's ops, whose launches are fixed by the batch
  * size and whether adapters take part (graph_begin's key), run eagerly the first time (its
  * scratch settles), are captured into a CUDA graph the second, and replayed after. Every
@@ -45,6 +59,8 @@ namespace CS_NS {
 }
 
 enum { MAX_GRAPHS = 64, CUBLAS_WORKSPACE = 32 << 20 };
+/* adapter streaming's pinned staging: a ring of buffers, each reused once its copy is done */
+enum { STAGE_BUFS = 3, STAGE_BYTES = 4 << 20 };
 
 struct graph_entry {
     uint64_t key;
@@ -76,6 +92,21 @@ struct ctx {
     graph_entry *cur;       /* its entry */
     graph_entry *capturing; /* the entry being captured, or NULL */
     pthread_mutex_t capture_mu; /* held through a capture: no event is recorded on compute meanwhile */
+    bool uva;               /* unified addressing: pinned host memory is the device's at the same address */
+    /* adapter streaming: the loader thread, its queue of slots, the pinned staging ring */
+    cudaStream_t load;
+    pthread_mutex_t load_mu;
+    pthread_cond_t load_cv;  /* a slot queued, a slot loaded, stop */
+    pthread_t loader;
+    bool loader_running, loader_stop;
+    backend_adapter_t *load_head, *load_tail;
+    char *stage[STAGE_BUFS];
+    cudaEvent_t stage_ev[STAGE_BUFS]; /* after the last copy out of each */
+    bool stage_busy[STAGE_BUFS];      /* the loader's own: a copy was queued out of it */
+    int stage_at;                     /* the loader's own: the next to fill */
+    /* get_signal: its host functions run here, after compute's position (an event) */
+    cudaStream_t signal;
+    cudaEvent_t signal_mark;
 };
 
 } /* namespace CS_NS */
@@ -94,9 +125,23 @@ struct backend_adapter {
     int n_layers;
     void *mem;                      /* every module's a and bt, then the table */
     size_t bytes;
+    size_t table_off;               /* the table's offset in mem */
     CS_NS::lora_mod *table;         /* on the device: [n_layers * BACKEND_LORA_TARGETS] */
     CS_NS::lora_mod *host_table;    /* its host copy (device pointers inside) */
     int32_t *dims;                  /* [2 * modules]: d_in, d_out of each, on the host */
+    int arrived;                    /* layers in place (adapter_arrived); raised by the load
+                                     * stream's host functions; n_layers for an uploaded slot */
+    /* streaming (adapter_stream) */
+    bool streamed;
+    int group;
+    void (*on_group)(void *);
+    void *user;
+    backend_lora_module_desc_t *src; /* the description (the host memory it names is the caller's) */
+    int load_state;                 /* LOAD_*, under ctx.load_mu */
+    int cancel;                     /* adapter_free: the loader stops queueing copies */
+    bool done_recorded;             /* done was recorded (the loader, before LOAD_DONE) */
+    cudaEvent_t done;               /* after the slot's last copy and host function */
+    backend_adapter_t *load_next;   /* the loader's queue */
 };
 
 struct backend_batch {
@@ -494,13 +539,27 @@ static void be_batch_free(backend_t *b, backend_batch_t *bt) {
     free(bt);
 }
 
-/* ---- adapter slots ---- */
+/* ---- adapter slots ----
+ * A slot's allocation: every module's A then B transposed, each 256-byte aligned, in module
+ * order (layer-major: a group of layers is one contiguous range), and the module table last. */
 static int dt_of(cs_dtype t) { return t == CS_DTYPE_F32 ? DT_F32 : t == CS_DTYPE_BF16 ? DT_BF16 : DT_F16; }
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-static int be_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, backend_adapter_t **out) {
-    ctx *c = C(b);
+enum { LOAD_QUEUED = 1, LOAD_RUNNING, LOAD_DONE };
+
+static void slot_delete(ctx *c, backend_adapter_t *s) {
+    dfree(c, s->mem, s->bytes);
+    if (s->done) CUDA_CHECK(cudaEventDestroy(s->done));
+    free(s->src);
+    free(s->host_table);
+    free(s->dims);
+    free(s);
+}
+
+/* a slot for AD: its device memory and host table (the device addresses of every module),
+ * nothing copied yet; every layer counts as arrived */
+static int slot_new(ctx *c, const backend_adapter_desc_t *ad, backend_adapter_t **out) {
     *out = NULL;
     int nm = ad->n_layers * BACKEND_LORA_TARGETS;
     if (nm <= 0) return cs_error_set(CS_EINVAL, "adapter slot: no layers");
@@ -526,33 +585,19 @@ static int be_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, bac
     s->host_table = (lora_mod *)calloc((size_t)nm, sizeof(lora_mod));
     s->dims = (int32_t *)calloc((size_t)nm * 2, sizeof(int32_t));
     if (!s->host_table || !s->dims) {
-        free(s->host_table);
-        free(s->dims);
-        free(s);
+        slot_delete(c, s);
         return cs_error_set(CS_ENOMEM, "out of memory");
     }
     if (!(s->mem = dalloc(c, total))) {
         int rc = cs_error_set(CS_ENOMEM, "adapter slot: %s", cs_error_last());
-        free(s->host_table);
-        free(s->dims);
-        free(s);
+        slot_delete(c, s);
         return rc;
     }
     s->bytes = total;
+    s->table_off = table_off;
     s->table = (lora_mod *)((char *)s->mem + table_off);
-    /* B transposed where the description has none: staged on the host until the copies end */
-    void **temps = (void **)calloc((size_t)nm, sizeof(void *));
-    if (!temps) {
-        dfree(c, s->mem, s->bytes);
-        free(s->host_table);
-        free(s->dims);
-        free(s);
-        return cs_error_set(CS_ENOMEM, "out of memory");
-    }
-    copy_after_compute(c);
     size_t off = 0;
-    int rc = CS_OK;
-    for (int i = 0; i < nm && rc == CS_OK; i++) {
+    for (int i = 0; i < nm; i++) {
         const backend_lora_module_desc_t *m = &ad->mods[i];
         s->dims[2 * i] = m->d_in;
         s->dims[2 * i + 1] = m->d_out;
@@ -560,20 +605,50 @@ static int be_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, bac
         size_t es = cs_dtype_size(m->dtype), na = es * (size_t)m->rank * m->d_in, nb = es * (size_t)m->rank * m->d_out;
         char *da = (char *)s->mem + off, *db = da + align256(na);
         off += align256(na) + align256(nb);
+        s->host_table[i] = lora_mod{da, db, m->rank, dt_of(m->dtype), m->scale, 0};
+    }
+    s->arrived = s->n_layers;
+    *out = s;
+    return CS_OK;
+}
+
+/* B (d_out, rank) transposed into DST (rank, d_out): elements [e0, e1) of DST */
+static void transpose_b(char *dst, const backend_lora_module_desc_t *m, size_t e0, size_t e1) {
+    size_t es = cs_dtype_size(m->dtype), d_out = (size_t)m->d_out, rank = (size_t)m->rank;
+    const char *src = (const char *)m->b;
+    for (size_t e = e0; e < e1; e++) {
+        size_t r = e / d_out, o = e % d_out;
+        memcpy(dst + (e - e0) * es, src + (o * rank + r) * es, es);
+    }
+}
+
+static int be_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, backend_adapter_t **out) {
+    ctx *c = C(b);
+    backend_adapter_t *s;
+    int rc = slot_new(c, ad, &s);
+    if (rc) return rc;
+    int nm = ad->n_layers * BACKEND_LORA_TARGETS;
+    /* B transposed where the description has none: staged on the host until the copies end */
+    void **temps = (void **)calloc((size_t)nm, sizeof(void *));
+    if (!temps) {
+        slot_delete(c, s);
+        return cs_error_set(CS_ENOMEM, "out of memory");
+    }
+    copy_after_compute(c);
+    for (int i = 0; i < nm && rc == CS_OK; i++) {
+        const backend_lora_module_desc_t *m = &ad->mods[i];
+        if (m->rank <= 0) continue;
+        size_t es = cs_dtype_size(m->dtype), na = es * (size_t)m->rank * m->d_in, nb = es * (size_t)m->rank * m->d_out;
         const void *bt = m->bt;
         if (!bt) {
             char *tp = (char *)malloc(nb ? nb : 1);
             if (!tp) { rc = cs_error_set(CS_ENOMEM, "out of memory"); break; }
             temps[i] = tp;
-            const char *src = (const char *)m->b; /* (d_out, rank) -> (rank, d_out) */
-            for (int o = 0; o < m->d_out; o++)
-                for (int r = 0; r < m->rank; r++)
-                    memcpy(tp + ((size_t)r * m->d_out + o) * es, src + ((size_t)o * m->rank + r) * es, es);
+            transpose_b(tp, m, 0, (size_t)m->rank * m->d_out);
             bt = tp;
         }
-        CUDA_CHECK(cudaMemcpyAsync(da, m->a, na, cudaMemcpyHostToDevice, c->copy));
-        CUDA_CHECK(cudaMemcpyAsync(db, bt, nb, cudaMemcpyHostToDevice, c->copy));
-        s->host_table[i] = lora_mod{da, db, m->rank, dt_of(m->dtype), m->scale, 0};
+        CUDA_CHECK(cudaMemcpyAsync((void *)s->host_table[i].a, m->a, na, cudaMemcpyHostToDevice, c->copy));
+        CUDA_CHECK(cudaMemcpyAsync((void *)s->host_table[i].bt, bt, nb, cudaMemcpyHostToDevice, c->copy));
     }
     if (rc == CS_OK)
         CUDA_CHECK(cudaMemcpyAsync(s->table, s->host_table, sizeof(lora_mod) * (size_t)nm, cudaMemcpyHostToDevice, c->copy));
@@ -582,29 +657,278 @@ static int be_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, bac
     for (int i = 0; i < nm; i++) free(temps[i]);
     free(temps);
     if (rc) {
-        dfree(c, s->mem, s->bytes);
-        free(s->host_table);
-        free(s->dims);
-        free(s);
+        slot_delete(c, s);
         return rc;
     }
-    stat_add(c, &c->stats.h2d_bytes, &c->stats.h2d_copies, total);
+    stat_add(c, &c->stats.h2d_bytes, &c->stats.h2d_copies, s->bytes);
     *out = s;
     return CS_OK;
 }
 
+/* ---- streaming slots: the loader thread ----
+ * The adapter's host memory is pageable (malloc'd or mapped files): a copy straight from it
+ * would be a staged, synchronous one. The loader packs the bytes of the slot into pinned
+ * staging buffers (each holds a contiguous range of the slot; the alignment gaps between
+ * modules go along) and queues one copy per full buffer or group end on the load stream. */
+struct stager {
+    ctx *c;
+    char *base;             /* the slot's device memory */
+    bool open;              /* c->stage[c->stage_at] holds [dst0, dst0 + fill) of the slot */
+    size_t dst0, fill;
+};
+
+static void stage_flush(stager *w) {
+    ctx *c = w->c;
+    if (!w->open) return;
+    w->open = false;
+    if (!w->fill) return;
+    int i = c->stage_at;
+    CUDA_CHECK(cudaMemcpyAsync(w->base + w->dst0, c->stage[i], w->fill, cudaMemcpyHostToDevice, c->load));
+    CUDA_CHECK(cudaEventRecord(c->stage_ev[i], c->load));
+    c->stage_busy[i] = true;
+    c->stage_at = (i + 1) % STAGE_BUFS;
+    stat_add(c, &c->stats.h2d_bytes, &c->stats.h2d_copies, w->fill);
+}
+
+/* room in the staging for the slot's bytes [dst, dst + *k), *k <= n as much as fits: the
+ * caller writes them */
+static char *stage_room(stager *w, size_t dst, size_t n, size_t *k) {
+    ctx *c = w->c;
+    if (w->open && (dst < w->dst0 + w->fill || dst - w->dst0 >= (size_t)STAGE_BYTES)) stage_flush(w);
+    if (!w->open) {
+        int i = c->stage_at;
+        if (c->stage_busy[i]) CUDA_CHECK(cudaEventSynchronize(c->stage_ev[i])); /* its last copy has read it */
+        c->stage_busy[i] = false;
+        w->open = true;
+        w->dst0 = dst;
+        w->fill = 0;
+    }
+    size_t at = dst - w->dst0;
+    *k = CS_MIN(n, (size_t)STAGE_BYTES - at);
+    w->fill = at + *k;
+    return c->stage[c->stage_at] + at;
+}
+
+static void stage_put(stager *w, size_t dst, const void *src, size_t n) {
+    const char *p = (const char *)src;
+    while (n) {
+        size_t k;
+        char *room = stage_room(w, dst, n, &k); /* before k is read */
+        memcpy(room, p, k);
+        dst += k, p += k, n -= k;
+    }
+}
+
+/* module m's B transposed at dst: written into the staging directly */
+static void stage_put_bt(stager *w, size_t dst, const backend_lora_module_desc_t *m) {
+    size_t es = cs_dtype_size(m->dtype), ne = (size_t)m->rank * m->d_out;
+    for (size_t e = 0; e < ne;) {
+        size_t k;
+        char *p = stage_room(w, dst + e * es, (ne - e) * es, &k);
+        size_t ke = k / es; /* every offset in a slot is a multiple of the element size */
+        CS_ASSERT(ke > 0 && ke * es == k);
+        transpose_b(p, m, e, e + ke);
+        e += ke;
+    }
+}
+
+/* the loader's events: a wait for them sleeps (the host's cores do the cold start's LoRA) */
+static const unsigned LOAD_EVENT_FLAGS = cudaEventDisableTiming | cudaEventBlockingSync;
+
+static bool load_cancelled(const backend_adapter_t *s) { return __atomic_load_n(&s->cancel, __ATOMIC_RELAXED) != 0; }
+
+/* a host function on the load stream after a group's copies: its layers are in place */
+static void group_landed(void *p) {
+    backend_adapter_t *s = (backend_adapter_t *)p;
+    int a = __atomic_load_n(&s->arrived, __ATOMIC_RELAXED) + s->group; /* only these raise it, in order */
+    __atomic_store_n(&s->arrived, a < s->n_layers ? a : s->n_layers, __ATOMIC_RELEASE);
+    if (s->on_group) s->on_group(s->user);
+}
+
+/* every copy of slot S queued on the load stream (the loader thread) */
+static void load_slot(ctx *c, backend_adapter_t *s) {
+    int nl = s->n_layers;
+    stager w = {c, (char *)s->mem, false, 0, 0};
+    /* the table first: the LoRA kernels read it for any layer that arrived */
+    stage_put(&w, s->table_off, s->host_table, sizeof(lora_mod) * (size_t)nl * BACKEND_LORA_TARGETS);
+    stage_flush(&w);
+    for (int l0 = 0; l0 < nl && !load_cancelled(s); l0 += s->group) {
+        int l1 = CS_MIN(nl, l0 + s->group);
+        for (int i = l0 * BACKEND_LORA_TARGETS; i < l1 * BACKEND_LORA_TARGETS && !load_cancelled(s); i++) {
+            const backend_lora_module_desc_t *m = &s->src[i];
+            if (m->rank <= 0) continue;
+            size_t na = cs_dtype_size(m->dtype) * (size_t)m->rank * m->d_in;
+            size_t oa = (size_t)((const char *)s->host_table[i].a - (const char *)s->mem);
+            size_t ob = (size_t)((const char *)s->host_table[i].bt - (const char *)s->mem);
+            stage_put(&w, oa, m->a, na);
+            if (m->bt) stage_put(&w, ob, m->bt, cs_dtype_size(m->dtype) * (size_t)m->rank * m->d_out);
+            else stage_put_bt(&w, ob, m);
+        }
+        stage_flush(&w);
+        if (!load_cancelled(s)) CUDA_CHECK(cudaLaunchHostFunc(c->load, group_landed, s));
+    }
+}
+
+static void *loader_main(void *p) {
+    ctx *c = (ctx *)p;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    pthread_mutex_lock(&c->load_mu);
+    for (;;) {
+        while (!c->load_head && !c->loader_stop) pthread_cond_wait(&c->load_cv, &c->load_mu);
+        if (c->loader_stop) break;
+        backend_adapter_t *s = c->load_head;
+        c->load_head = s->load_next;
+        if (!c->load_head) c->load_tail = NULL;
+        s->load_next = NULL;
+        s->load_state = LOAD_RUNNING;
+        pthread_mutex_unlock(&c->load_mu);
+        load_slot(c, s);
+        CUDA_CHECK(cudaEventRecord(s->done, c->load)); /* after every copy and host function of the slot */
+        pthread_mutex_lock(&c->load_mu);
+        s->done_recorded = true;
+        s->load_state = LOAD_DONE;
+        pthread_cond_broadcast(&c->load_cv);
+    }
+    pthread_mutex_unlock(&c->load_mu);
+    return NULL;
+}
+
+/* the staging ring and the loader thread, on the first streaming slot */
+static int loader_start(ctx *c) {
+    int rc = CS_OK;
+    pthread_mutex_lock(&c->load_mu);
+    if (!c->loader_running) {
+        CUDA_CHECK(cudaSetDevice(c->device));
+        for (int i = 0; i < STAGE_BUFS && rc == CS_OK; i++) {
+            if (!c->stage[i] && cudaMallocHost((void **)&c->stage[i], STAGE_BYTES) != cudaSuccess) {
+                (void)cudaGetLastError();
+                c->stage[i] = NULL;
+                rc = cs_error_set(CS_ENOMEM, "out of pinned memory for the adapter staging (%d x %d MiB)", STAGE_BUFS,
+                                  STAGE_BYTES >> 20);
+            } else if (!c->stage_ev[i] && cudaEventCreateWithFlags(&c->stage_ev[i], LOAD_EVENT_FLAGS) != cudaSuccess) {
+                (void)cudaGetLastError();
+                c->stage_ev[i] = NULL;
+                rc = cs_error_set(CS_ENOMEM, "cannot create a CUDA event");
+            }
+        }
+        if (rc == CS_OK) {
+            if (pthread_create(&c->loader, NULL, loader_main, c)) rc = cs_error_set(CS_ENOMEM, "cannot start the adapter loader");
+            else c->loader_running = true;
+        }
+    }
+    pthread_mutex_unlock(&c->load_mu);
+    return rc;
+}
+
+static int be_adapter_stream(backend_t *b, const backend_adapter_desc_t *ad, int group, void (*on_group)(void *),
+                             void *user, backend_adapter_t **out) {
+    ctx *c = C(b);
+    *out = NULL;
+    int rc = loader_start(c);
+    backend_adapter_t *s;
+    if (rc || (rc = slot_new(c, ad, &s))) return rc;
+    int nm = ad->n_layers * BACKEND_LORA_TARGETS;
+    s->streamed = true;
+    s->arrived = 0;
+    s->group = group > 0 ? group : 1;
+    s->on_group = on_group;
+    s->user = user;
+    s->src = (backend_lora_module_desc_t *)malloc(sizeof *s->src * (size_t)nm);
+    if (!s->src || cudaEventCreateWithFlags(&s->done, LOAD_EVENT_FLAGS) != cudaSuccess) {
+        (void)cudaGetLastError();
+        s->done = NULL;
+        slot_delete(c, s);
+        return cs_error_set(CS_ENOMEM, "adapter slot: out of memory");
+    }
+    memcpy(s->src, ad->mods, sizeof *s->src * (size_t)nm); /* the caller's array may go; the weights stay */
+    pthread_mutex_lock(&c->load_mu);
+    s->load_state = LOAD_QUEUED;
+    if (c->load_tail) c->load_tail->load_next = s;
+    else c->load_head = s;
+    c->load_tail = s;
+    pthread_cond_broadcast(&c->load_cv);
+    pthread_mutex_unlock(&c->load_mu);
+    *out = s;
+    return CS_OK;
+}
+
+static int be_adapter_arrived(backend_t *b, const backend_adapter_t *s) {
+    (void)b;
+    return __atomic_load_n(&s->arrived, __ATOMIC_ACQUIRE);
+}
+
 static void be_adapter_free(backend_t *b, backend_adapter_t *s) {
     ctx *c = C(b);
+    if (s->streamed) { /* no copy may still be going into it, nor a host function about to touch it */
+        pthread_mutex_lock(&c->load_mu);
+        if (s->load_state == LOAD_QUEUED) { /* not started: out of the queue */
+            backend_adapter_t **pp = &c->load_head, *prev = NULL;
+            while (*pp != s) prev = *pp, pp = &(*pp)->load_next;
+            *pp = s->load_next;
+            if (c->load_tail == s) c->load_tail = prev;
+            s->load_state = LOAD_DONE;
+        }
+        __atomic_store_n(&s->cancel, 1, __ATOMIC_RELAXED);
+        while (s->load_state != LOAD_DONE) pthread_cond_wait(&c->load_cv, &c->load_mu);
+        pthread_mutex_unlock(&c->load_mu);
+        if (s->done_recorded) CUDA_CHECK(cudaEventSynchronize(s->done));
+    }
     CUDA_CHECK(cudaStreamSynchronize(c->compute)); /* a forward may still read it */
-    dfree(c, s->mem, s->bytes);
-    free(s->host_table);
-    free(s->dims);
-    free(s);
+    slot_delete(c, s);
 }
 
 static size_t be_adapter_bytes(backend_t *b, const backend_adapter_t *s) {
     (void)b;
     return s->bytes;
+}
+
+/* ---- host-assisted LoRA (the cold start) ---- */
+static void no_graph(ctx *c, const char *op) {
+    if (c->capturing || c->graph_mode)
+        cuda_fatal(op, "a host-assisted op inside a graph forward (graph_begin .. graph_end)", __FILE__, __LINE__);
+}
+
+struct signal_rec {
+    uint32_t *flag;
+    uint32_t value;
+};
+
+/* a host function on the signal stream: the copy before it is done */
+static void signal_raise(void *p) {
+    signal_rec *r = (signal_rec *)p;
+    cs_flag_store(r->flag, r->value);
+    free(r);
+}
+
+static void be_get_signal(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n, uint32_t *flag,
+                          uint32_t value) {
+    ctx *c = C(b);
+    no_graph(c, "get_signal");
+    signal_rec *r = (signal_rec *)malloc(sizeof *r);
+    if (!r) cuda_fatal("get_signal", "out of memory", __FILE__, __LINE__);
+    *r = signal_rec{flag, value};
+    if (n) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, at(src, off, n), n, cudaMemcpyDeviceToHost, c->compute));
+        stat_add(c, &c->stats.d2h_bytes, &c->stats.d2h_copies, n);
+    }
+    /* the flag from the signal stream once compute passed this point: compute goes on */
+    CUDA_CHECK(cudaEventRecord(c->signal_mark, c->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(c->signal, c->signal_mark, 0));
+    CUDA_CHECK(cudaLaunchHostFunc(c->signal, signal_raise, r));
+}
+
+static void be_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float *src, size_t n, const uint32_t *flag,
+                        uint32_t value) {
+    ctx *c = C(b);
+    no_graph(c, "wait_add");
+    /* src and flag are host_alloc's (cudaMallocHost): mapped and portable under unified
+     * addressing, where the kernel reads them at their host addresses */
+    if (!c->uva) cuda_fatal("wait_add", "the device has no unified addressing: host memory is not mapped into it",
+                            __FILE__, __LINE__);
+    CS_ASSERT(off % sizeof(float) == 0);
+    float *p = (float *)at(y, off, sizeof(float) * n);
+    op_wait_add(c->compute, p, src, n, flag, value);
+    if (n) stat_add(c, &c->stats.h2d_bytes, &c->stats.h2d_copies, sizeof(float) * n);
 }
 
 /* ---- compute ---- */
@@ -753,8 +1077,21 @@ static void be_free(backend_t *b) {
     ctx *c = C(b);
     if (c) {
         CUDA_CHECK(cudaSetDevice(c->device));
+        if (c->loader_running) { /* its slots were freed before: it waits for none */
+            pthread_mutex_lock(&c->load_mu);
+            c->loader_stop = true;
+            pthread_cond_broadcast(&c->load_cv);
+            pthread_mutex_unlock(&c->load_mu);
+            pthread_join(c->loader, NULL);
+        }
         CUDA_CHECK(cudaStreamSynchronize(c->compute));
         CUDA_CHECK(cudaStreamSynchronize(c->copy));
+        CUDA_CHECK(cudaStreamSynchronize(c->load));
+        CUDA_CHECK(cudaStreamSynchronize(c->signal));
+        for (int i = 0; i < STAGE_BUFS; i++) {
+            if (c->stage[i]) CUDA_CHECK(cudaFreeHost(c->stage[i]));
+            if (c->stage_ev[i]) CUDA_CHECK(cudaEventDestroy(c->stage_ev[i]));
+        }
         graphs_reset(c);
         dfree(c, c->xh, c->xh_cap);
         dfree(c, c->lora_t, c->lora_t_cap * sizeof(float));
@@ -763,8 +1100,13 @@ static void be_free(backend_t *b) {
         CUDA_CHECK(cudaEventDestroy(c->compute_mark));
         CUDA_CHECK(cudaStreamDestroy(c->compute));
         CUDA_CHECK(cudaStreamDestroy(c->copy));
+        CUDA_CHECK(cudaEventDestroy(c->signal_mark));
+        CUDA_CHECK(cudaStreamDestroy(c->load));
+        CUDA_CHECK(cudaStreamDestroy(c->signal));
         pthread_mutex_destroy(&c->mu);
         pthread_mutex_destroy(&c->capture_mu);
+        pthread_mutex_destroy(&c->load_mu);
+        pthread_cond_destroy(&c->load_cv);
         free(c);
     }
     free(b);
@@ -796,6 +1138,8 @@ static backend_i make_iface() {
     i.adapter_upload = be_adapter_upload;
     i.adapter_free = be_adapter_free;
     i.adapter_bytes = be_adapter_bytes;
+    i.adapter_stream = be_adapter_stream;
+    i.adapter_arrived = be_adapter_arrived;
     i.embed = be_embed;
     i.matmul = be_matmul;
     i.matmul_multi = be_matmul_multi;
@@ -807,6 +1151,8 @@ static backend_i make_iface() {
     i.silu_mul = be_silu_mul;
     i.add = be_add;
     i.lora = be_lora;
+    i.get_signal = be_get_signal;
+    i.wait_add = be_wait_add;
     i.kv_dtypes = 1u << CS_DTYPE_F32;
     i.graph_begin = be_graph_begin;
     i.graph_end = be_graph_end;
@@ -856,10 +1202,16 @@ static backend_t *create(const cuda_backend_params_t *p) {
              tot / 1073741824.0, prop.major, prop.minor, c->pub.budget / 1073741824.0);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->capture_mu, NULL);
+    pthread_mutex_init(&c->load_mu, NULL);
+    pthread_cond_init(&c->load_cv, NULL);
     c->graphs = p->graphs;
+    c->uva = prop.unifiedAddressing != 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->load, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->signal, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&c->signal_mark, cudaEventDisableTiming));
     cublasStatus_t st = cublasCreate(&c->blas);
     if (st != CUBLAS_STATUS_SUCCESS) {
         cs_error_set(CS_EUNSUPPORTED, "cuBLAS: %s", cublasGetStatusString(st));

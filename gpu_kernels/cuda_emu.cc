@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
@@ -339,6 +340,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
     p->totalGlobalMem = mem_budget();
     p->multiProcessorCount = 1;
     p->major = 9;
+    p->unifiedAddressing = 1;
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
@@ -410,6 +412,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventQuery(cudaEvent_t e) { (void)e; return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+void nanosleep_impl(unsigned ns) {
+    struct timespec ts = {0, (long)(ns < 1000000 ? ns : 1000000)};
+    nanosleep(&ts, NULL);
+}
 
 /* ---- graphs ---- */
 
@@ -492,6 +499,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
         return cudaSuccess;
     }
     return cudaMemcpy(dst, src, n, k);
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user) {
+    if (!fn) return cudaErrorInvalidValue;
+    if (stream_capturing(s)) {
+        capture_closure(s, fn, user, NULL); /* a host node: the graph runs it at each launch */
+        return cudaSuccess;
+    }
+    fn(user);
+    return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
     if (stream_capturing(s)) {

@@ -116,13 +116,14 @@ enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cuda
 typedef struct emu_event *cudaEvent_t;
 typedef struct emu_graph *cudaGraph_t;
 typedef struct emu_graph *cudaGraphExec_t;
-enum { cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2, cudaHostAllocDefault = 0 };
+enum { cudaStreamNonBlocking = 1, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2, cudaHostAllocDefault = 0 };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
                              cudaStreamCaptureModeRelaxed = 2 };
 struct cudaDeviceProp {
     char name[256];
     size_t totalGlobalMem;
     int multiProcessorCount, major, minor, memoryBusWidth, memoryClockRate;
+    int unifiedAddressing;
 };
 
 const char *cudaGetErrorString(cudaError_t e);
@@ -149,8 +150,13 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaDeviceSynchronize();
-/* graphs: a capture records the stream's launches, copies, memsets and GEMMs in order; an
- * instantiated graph replays them on launch. Capturing anything else is refused (abort). */
+/* a host function in stream order: called at issue (streams execute at once), recorded by a
+ * capture (a host node) */
+typedef void (*cudaHostFn_t)(void *user);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user);
+/* graphs: a capture records the stream's launches, copies, memsets, GEMMs and host functions
+ * in order; an instantiated graph replays them on launch. Capturing anything else is refused
+ * (abort). */
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
@@ -176,6 +182,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             int ldb, const void *beta, void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t algo);
 
+/* __nanosleep: the calling thread sleeps (a kernel spinning on host memory waits for other threads) */
+void nanosleep_impl(unsigned ns);
+
 /* how many launches and block-fibers ran (tests check that work went through the emulator) */
 struct emu_counters { uint64_t launches, blocks, threads, switches, graph_launches; };
 emu_counters counters();
@@ -199,6 +208,8 @@ emu_counters counters();
 #define __shfl_sync cs_cuda_emu::shfl_sync
 #define __shfl_down_sync cs_cuda_emu::shfl_down_sync
 #define __ldg(p) (*(p))
+#define __ldcv(p) (*(p))
+#define __nanosleep(ns) cs_cuda_emu::nanosleep_impl(ns)
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 
 #endif

@@ -62,5 +62,10 @@ void op_lora_shrink(cudaStream_t st, float *t, int ld_t, const float *x, int d_i
 void op_lora_expand(cudaStream_t st, float *y, int d_out, const float *t, int ld_t, const int32_t *row_seg,
                     const lora_seg *segs, int mod, int n_tokens, int max_rank);
 
+/* assist.cu: wait until *flag >= value (host memory that host threads raise: the cold
+ * start's host-assisted LoRA), then y[i] += src[i] for i < n, src in host memory (pinned:
+ * mapped into the device's address space). The stream stops at it until the flag is up. */
+void op_wait_add(cudaStream_t st, float *y, const float *src, size_t n, const uint32_t *flag, uint32_t value);
+
 } /* namespace CS_NS */
 #endif

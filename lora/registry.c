@@ -93,9 +93,12 @@ struct lora_registry {
     size_t dused_bytes;     /* device bytes of every slot (and uploads under way) */
     int dused_count;
     lora_registry_stats_t stats;
-    pthread_mutex_t smu;    /* the streaming counters (the copy thread's, never under mu) */
+    pthread_mutex_t smu;    /* the streaming side (the copy thread's; never held around a wait) */
     uint64_t streams;
     double stream_ms;
+    struct streamed *sq;    /* slots complete, for on_streamed on the loader thread */
+    bool flush_pending;     /* a loader timer will call flush_streamed */
+    bool no_loader;         /* the loader is going: no more timers */
 };
 
 static void list_push(elist_t *l, lora_entry_t *e, elink_t *(*link)(lora_entry_t *)) {
@@ -217,8 +220,11 @@ static void wait_del(lora_registry_t *r, lora_entry_t *e) {
     e->waiting = false;
 }
 
-/* A slot streaming in: the copy thread's callback counts its groups (no lock: device_drop
- * holds r->mu while it waits for the copies). */
+/* A slot streaming in: the backend's copy thread calls on_group after each layer group.
+ * That thread must never wait for a lock: device_drop frees a streaming slot under r->mu
+ * (and a server may hold its own lock around a remove), and the free waits for the copy
+ * thread. So on_group only counts, queues what it has to tell and arms a loader timer; the
+ * loader thread calls on_streamed and on_loaded (smu is never held around a wait). */
 typedef struct dstream {
     lora_registry_t *r;
     const char *name;       /* the entry's: it outlives the slot */
@@ -226,19 +232,49 @@ typedef struct dstream {
     double t0;
 } dstream_t;
 
+typedef struct streamed {
+    struct streamed *next;
+    double seconds;
+    char name[];
+} streamed_t;
+
+static void flush_streamed(void *user) { /* the loader thread */
+    lora_registry_t *r = user;
+    pthread_mutex_lock(&r->smu);
+    streamed_t *q = r->sq;
+    r->sq = NULL;
+    r->flush_pending = false;
+    pthread_mutex_unlock(&r->smu);
+    while (q) {
+        streamed_t *nx = q->next;
+        if (r->p.on_streamed) r->p.on_streamed(r->p.user, q->name, q->seconds);
+        free(q);
+        q = nx;
+    }
+    if (r->p.on_loaded) r->p.on_loaded(r->p.user);
+}
+
 static void on_group(void *user) {
     dstream_t *ds = user;
     int done = __atomic_add_fetch(&ds->done, 1, __ATOMIC_ACQ_REL);
     lora_registry_t *r = ds->r;
+    pthread_mutex_lock(&r->smu);
     if (done == ds->groups) {
         double ms = cs_time_ms() - ds->t0;
-        pthread_mutex_lock(&r->smu);
         r->streams++;
         r->stream_ms += ms;
-        pthread_mutex_unlock(&r->smu);
-        if (r->p.on_streamed) r->p.on_streamed(r->p.user, ds->name, ms / 1000.0);
+        size_t n = strlen(ds->name) + 1;
+        streamed_t *t = r->p.on_streamed ? malloc(sizeof *t + n) : NULL;
+        if (t) { /* out of memory: the count stays, the metric misses one */
+            t->seconds = ms / 1000.0;
+            memcpy(t->name, ds->name, n);
+            t->next = r->sq;
+            r->sq = t;
+        }
     }
-    if (r->p.on_loaded) r->p.on_loaded(r->p.user);
+    if (!r->flush_pending && !r->no_loader)
+        r->flush_pending = lora_loader_timer(r->loader, 0, flush_streamed, r) == CS_OK;
+    pthread_mutex_unlock(&r->smu);
 }
 
 /* Free E's device slot (drefs == 0; r->mu held). Before its host copy goes: a host-memory
@@ -523,6 +559,9 @@ void lora_registry_free(lora_registry_t *r) {
     pthread_mutex_lock(&r->mu);
     r->closing = true;
     pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&r->smu);
+    r->no_loader = true;            /* slots still streaming in arm no timer from now on */
+    pthread_mutex_unlock(&r->smu);
     lora_loader_free(r->loader);    /* the callbacks of unfinished loads run here */
     while (r->all.head) {
         lora_entry_t *e = r->all.head;
@@ -536,6 +575,10 @@ void lora_registry_free(lora_registry_t *r) {
             free(n);
         }
     free(r->buckets);
+    for (streamed_t *t = r->sq, *nx; t; t = nx) {
+        nx = t->next;
+        free(t);
+    }
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->smu);
     free(r);

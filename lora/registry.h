@@ -57,9 +57,11 @@ typedef struct lora_registry_params {
                                       * (backend_adapter_stream), usable from its first group
                                       * on (the cold start); 0: uploaded whole before use */
     void (*on_streamed)(void *user, const char *name, double seconds); /* optional: a slot finished
-                                      * streaming in (called on the backend's copy thread, no
-                                      * lock held; NAME valid during the call): upload to last
-                                      * layer's arrival. on_loaded is also called after each group. */
+                                      * streaming in: upload to last layer's arrival (called on
+                                      * the loader thread, no lock held, NAME valid during the
+                                      * call). on_loaded is also called after each layer group,
+                                      * on the loader thread too: the backend's copy thread only
+                                      * queues them, as it must never wait for a lock. */
     double fresh_ms;                 /* grace of a freshly loaded adapter that its requester has
                                       * not taken yet: a waiting load may not evict it before
                                       * (0: LORA_FRESH_MS_DEFAULT, 500 ms) */

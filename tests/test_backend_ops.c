@@ -6,7 +6,8 @@
  * bandwidth), the CUDA backend's own sources run on the host CUDA emulator (cuda-emu,
  * always), and the CUDA backend on a GPU (cuda: in CUDA builds where a GPU is visible; with
  * CS_TEST_REQUIRE_CUDA=1, as tests/test_gpu runs it, a missing GPU fails). Adapter slots are
- * tested with F32 and BF16 weights.
+ * tested with F32 and BF16 weights, uploaded whole and streaming in (the cold start, with the
+ * host-assisted get_signal / wait_add, where a backend has them).
  *
  * Tolerances, |got - ref| <= tol * (1 + |ref|):
  *   matmul, matmul_multi, lora (F32 accumulation in another order): 5e-5 for F32, BF16 and
@@ -17,10 +18,12 @@
  *   embed, kv_store, get_out_rows, add, copies: exact. */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config.h"
 #include "cpu_kernels/cpu_backend.h"
@@ -555,6 +558,201 @@ START_TEST(test_copies) {
 }
 END_TEST
 
+/* ---- the cold start: slots streaming in, segments with device_layers, host-assisted ops ----
+ * A 3-layer adapter streamed one layer a group (on_group raises a flag the test waits on)
+ * gives the lora op what the same adapter uploaded whole gives; a segment with
+ * device_layers = 1 gets layer 0's term and none of the later layers'; slots freed while
+ * they stream (queued or copying) go cleanly. get_signal / wait_add: a helper thread waits
+ * for the rows get_signal sends (after the ops before it), computes from them, and raises
+ * the flag wait_add waits on (the device waits meanwhile); the op after wait_add sees the
+ * sum. Backends without the methods (the CPU backend) run the device_layers part. */
+static void count_group(void *user) { cs_flag_add((uint32_t *)user, 1); }
+
+typedef struct assist_helper {
+    const float *hx;
+    float *hy;
+    size_t n;
+    uint32_t *xflag, *done;
+    int rounds;
+} assist_helper_t;
+
+static void *assist_helper_main(void *p) {
+    assist_helper_t *h = p;
+    for (int r = 1; r <= h->rounds; r++) {
+        cs_flag_wait_geq(h->xflag, (uint32_t)r);
+        struct timespec ts = {0, 2000000}; /* the device waits meanwhile */
+        nanosleep(&ts, NULL);
+        for (size_t i = 0; i < h->n; i++) h->hy[i] = 2 * h->hx[i] + (float)r;
+        cs_flag_add(h->done, 1);
+    }
+    return NULL;
+}
+
+START_TEST(test_cold_start) {
+    backend_t *b = bes[_i];
+    if (!b) return; /* cuda without a GPU: see main */
+    enum { NL = 3, NM = NL * BACKEND_LORA_TARGETS };
+    const int d_in = 40, d_out = 24, rank = 4;
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        cs_dtype dt = bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+        backend_lora_module_desc_t md[NM];
+        float *A[NM], *B[NM];
+        void *mem[NM][3];
+        for (int m = 0; m < NM; m++) {
+            int t = m % BACKEND_LORA_TARGETS, r = t == 2 ? 0 : rank; /* target 2 not adapted */
+            size_t na = (size_t)r * d_in, nb = (size_t)d_out * r, es = cs_dtype_size(dt);
+            A[m] = randv(na, 0.3f);
+            B[m] = randv(nb, 0.3f);
+            void *a = malloc(es * (na + 1)), *bb = malloc(es * (nb + 1)), *bt = malloc(es * (nb + 1));
+            for (size_t k = 0; k < na; k++) { /* values BF16 holds exactly: one reference for both dtypes */
+                uint16_t v = cs_f32_to_bf16(A[m][k]);
+                A[m][k] = cs_bf16_to_f32(v);
+                if (bf16) ((uint16_t *)a)[k] = v;
+                else ((float *)a)[k] = A[m][k];
+            }
+            for (size_t k = 0; k < nb; k++) {
+                uint16_t v = cs_f32_to_bf16(B[m][k]);
+                B[m][k] = cs_bf16_to_f32(v);
+                if (bf16) ((uint16_t *)bb)[k] = v;
+                else ((float *)bb)[k] = B[m][k];
+            }
+            for (int o = 0; o < d_out; o++)
+                for (int j = 0; j < r; j++)
+                    memcpy((char *)bt + ((size_t)j * d_out + o) * es, (char *)bb + ((size_t)o * r + j) * es, es);
+            mem[m][0] = a;
+            mem[m][1] = bb;
+            mem[m][2] = bt;
+            /* odd targets leave B transposed to the backend */
+            md[m] = (backend_lora_module_desc_t){r, d_in, d_out, 0.75f, dt, a, bb, t % 2 ? NULL : bt};
+        }
+        backend_adapter_desc_t d = {NL, md, true};
+        backend_adapter_t *su = NULL, *ss = NULL;
+        ck_assert_int_eq(backend_adapter_upload(b, &d, &su), CS_OK);
+        if (backend_can_stream(b)) {
+            ck_assert_int_eq(backend_adapter_arrived(b, su), NL); /* uploaded: every layer */
+            uint32_t groups = 0;
+            ck_assert_int_eq(backend_adapter_stream(b, &d, 1, count_group, &groups, &ss), CS_OK);
+            int a0 = backend_adapter_arrived(b, ss);
+            ck_assert_int_ge(a0, 0);
+            ck_assert_int_le(a0, NL);
+            cs_flag_wait_geq(&groups, NL); /* on_group runs after arrived is raised */
+            ck_assert_int_eq(backend_adapter_arrived(b, ss), NL);
+            ck_assert_uint_eq(backend_adapter_bytes(b, ss), backend_adapter_bytes(b, su));
+            /* groups of 2: two reports, the last group short */
+            uint32_t g2 = 0;
+            backend_adapter_t *s2 = NULL;
+            ck_assert_int_eq(backend_adapter_stream(b, &d, 2, count_group, &g2, &s2), CS_OK);
+            cs_flag_wait_geq(&g2, 2);
+            ck_assert_int_eq(backend_adapter_arrived(b, s2), NL);
+            backend_adapter_free(b, s2);
+            ck_assert_uint_eq(__atomic_load_n(&g2, __ATOMIC_ACQUIRE), 2);
+            /* freed while streaming in: the backend waits for (or drops) the copies */
+            backend_adapter_t *s3 = NULL, *s4 = NULL;
+            ck_assert_int_eq(backend_adapter_stream(b, &d, 1, NULL, NULL, &s3), CS_OK);
+            ck_assert_int_eq(backend_adapter_stream(b, &d, 1, NULL, NULL, &s4), CS_OK);
+            backend_adapter_free(b, s4);
+            backend_adapter_free(b, s3);
+        } else {
+            ck_assert_int_eq(backend_adapter_arrived(b, su), INT_MAX);
+        }
+        /* rows [0,3): the streamed slot (or the uploaded one); [3,6): the uploaded slot;
+         * [6,9): the streamed slot with layer 0 only on the device */
+        tbatch_t t;
+        int cached[3] = {0, 4, 1}, n_new[3] = {3, 3, 3};
+        tbatch_make(&t, 3, cached, n_new, 8, 10);
+        backend_adapter_t *sd = ss ? ss : su;
+        t.lora[0] = (backend_lora_seg_desc_t){0, 3, sd, INT_MAX};
+        t.lora[1] = (backend_lora_seg_desc_t){3, 3, su, INT_MAX};
+        t.lora[2] = (backend_lora_seg_desc_t){6, 3, sd, 1};
+        t.n_lora = 3;
+        backend_batch_t *bt = tbatch_upload(b, &t, NULL);
+        float *x = randv((size_t)t.T * d_in, 1.0f), *y0 = randv((size_t)t.T * d_out, 1.0f);
+        backend_buf_t *bx = up(b, x, sizeof(float) * t.T * d_in), *by = backend_buf_alloc(b, sizeof(float) * t.T * d_out);
+        for (int layer = 0; layer < NL; layer++)
+            for (int tg = 0; tg < BACKEND_LORA_TARGETS; tg++) {
+                int m = layer * BACKEND_LORA_TARGETS + tg;
+                float *want = malloc(sizeof(float) * t.T * d_out);
+                memcpy(want, y0, sizeof(float) * t.T * d_out);
+                for (int s = 0; s < t.n_lora; s++)
+                    if (md[m].rank && layer < t.lora[s].device_layers)
+                        cs_lora_ref(want + (size_t)t.lora[s].row0 * d_out, x + (size_t)t.lora[s].row0 * d_in, t.lora[s].n,
+                                    A[m], B[m], md[m].rank, d_in, d_out, md[m].scale);
+                backend_buf_set(b, by, 0, y0, sizeof(float) * t.T * d_out);
+                backend_lora(b, by, bx, bt, layer, tg, d_in, d_out);
+                float *got = down(b, by, (size_t)t.T * d_out);
+                close_to(got, want, (size_t)t.T * d_out, 5e-5, bf16 ? "cold lora bf16" : "cold lora f32", _i);
+                if (layer >= 1) /* the device_layers = 1 rows: untouched */
+                    ck_assert_int_eq(memcmp(got + 6 * d_out, y0 + 6 * d_out, sizeof(float) * 3 * d_out), 0);
+                free(got);
+                free(want);
+            }
+        free(x);
+        free(y0);
+        backend_buf_free(b, bx);
+        backend_buf_free(b, by);
+        backend_batch_free(b, bt);
+        backend_adapter_free(b, ss);
+        backend_adapter_free(b, su);
+        for (int m = 0; m < NM; m++) {
+            free(A[m]);
+            free(B[m]);
+            for (int k = 0; k < 3; k++) free(mem[m][k]);
+        }
+    }
+    if (!backend_has_host_assist(b)) return;
+    /* get_signal / wait_add, two rounds: x += z; rows of x out; y += 2x + round from the host */
+    const size_t NX = 25000, NY = 26000, XO = 100, YO = 700, N = 20000, ROUNDS = 2;
+    float *x = randv(NX, 1.0f), *z = randv(NX, 1.0f), *y0 = randv(NY, 1.0f);
+    backend_buf_t *bx = up(b, x, sizeof(float) * NX), *bz = up(b, z, sizeof(float) * NX), *by = up(b, y0, sizeof(float) * NY);
+    backend_buf_t *by2 = backend_buf_alloc(b, sizeof(float) * NY);
+    float *hx = backend_host_alloc(b, sizeof(float) * N), *hy = backend_host_alloc(b, sizeof(float) * N);
+    uint32_t *flags = backend_host_alloc(b, 2 * sizeof(uint32_t));
+    ck_assert(hx && hy && flags);
+    flags[0] = flags[1] = 0;
+    assist_helper_t h = {hx, hy, N, &flags[0], &flags[1], (int)ROUNDS};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, assist_helper_main, &h), 0);
+    float *want = malloc(sizeof(float) * NY), *xr = malloc(sizeof(float) * NX);
+    memcpy(want, y0, sizeof(float) * NY);
+    memcpy(xr, x, sizeof(float) * NX);
+    for (uint32_t r = 1; r <= ROUNDS; r++) {
+        backend_add(b, bx, bz, NX); /* before get_signal: it sends the sum */
+        backend_get_signal(b, hx, bx, sizeof(float) * XO, sizeof(float) * N, &flags[0], r);
+        backend_wait_add(b, by, sizeof(float) * YO, hy, N, &flags[1], r);
+        backend_buf_copy(b, by2, 0, by, 0, sizeof(float) * NY); /* after wait_add: sees its sum */
+        for (size_t i = 0; i < NX; i++) xr[i] += z[i];
+        for (size_t i = 0; i < N; i++) want[YO + i] += 2 * xr[XO + i] + (float)r;
+        if (r == 1) { /* the copy taken after round 1 */
+            float *got = down(b, by2, NY);
+            close_to(got, want, NY, 1e-6, "wait_add (round 1)", _i);
+            free(got);
+        }
+    }
+    backend_synchronize(b);
+    pthread_join(th, NULL);
+    ck_assert_uint_eq(cs_flag_load(&flags[0]), ROUNDS);
+    ck_assert_uint_eq(cs_flag_load(&flags[1]), ROUNDS);
+    float *got = down(b, by2, NY);
+    close_to(got, want, NY, 1e-6, "wait_add", _i);
+    free(got);
+    got = down(b, bx, NX);
+    close_to(got, xr, NX, 0, "x after the rounds", _i);
+    free(got);
+    free(want);
+    free(xr);
+    free(x);
+    free(z);
+    free(y0);
+    backend_host_free(b, hx);
+    backend_host_free(b, hy);
+    backend_host_free(b, flags);
+    backend_buf_free(b, bx);
+    backend_buf_free(b, bz);
+    backend_buf_free(b, by);
+    backend_buf_free(b, by2);
+}
+END_TEST
+
 /* ---- the strict device refuses what is not its own ---- */
 START_TEST(test_strict_rejects_host_pointer) {
     backend_t *b = bes[2];
@@ -734,6 +932,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_attention, 0, N_BACKENDS);
     tcase_add_loop_test(tc, test_lora, 0, N_BACKENDS);
     tcase_add_loop_test(tc, test_copies, 0, N_BACKENDS);
+    tcase_add_loop_test(tc, test_cold_start, 0, N_BACKENDS);
     tcase_add_loop_test(tc, test_graphs, 0, 2); /* cuda-emu, cuda */
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("strict");

@@ -402,7 +402,7 @@ static void lifo_feedback(sched_t *s, const sched_step_t *st) {
     ck_assert(st->forward_ms >= 0);
 }
 static void lifo_free(sched_t *s) { (void)s; }
-static const struct sched_i lifo_iface = {"lifo", lifo_running, lifo_waiting, lifo_chunk, lifo_pass, lifo_victim,
+static const struct sched_i lifo_iface = {"lifo", lifo_running, lifo_waiting, lifo_chunk, lifo_pass, lifo_victim, NULL,
                                           lifo_feedback, lifo_free};
 
 START_TEST(policy_decides) {
