@@ -208,6 +208,16 @@ try:
                                                                 "max_tokens": 8, "temperature": 0})
         if code != 200:
             reflib.fail(f"serve: {name}: {code} {body}")
+    # load and transfer times are reported from the loader thread (a load's after the adapter
+    # is usable; a slot's once its last layer landed: the copy side never calls back itself):
+    # they come, but may trail the last response
+    names = [n for n, _ in loras]
+
+    def times_reported():
+        _, v = srv.metrics()
+        return all(v.get(f'caraserve_lora_{k}_seconds_count{{adapter="{n}"}}') == 1
+                   for n in names for k in ("transfer", "load"))
+    serverlib.wait_for(times_reported, timeout=60, what="a load and a transfer time per adapter in /metrics")
     txt, vals = srv.metrics()
     need = {'caraserve_cold_starts_total{mode="cpu_assist"}': 3, 'caraserve_cold_start_layers_total{path="host"}': 1,
             'caraserve_cold_start_layers_total{path="device"}': 1}
