@@ -62,15 +62,14 @@ for i in range(reps):
         print(json.dumps(req(i, adapter, kind)))
 PYEOF
     for mode in cpu-assist wait; do
-        out=$(env "${envs[@]}" "$BUILD/caraserve" batch --model "$m7" --lora "c=$a" --lora "o=$other" "${devflag[@]}" \
+        env "${envs[@]}" "$BUILD/caraserve" batch --model "$m7" --lora "c=$a" --lora "o=$other" "${devflag[@]}" \
             --requests "$work/req-$r.jsonl" --threads "$THREADS" --sequential --timings --max-loras 1 \
-            --preload-adapters --cold-start "$mode" "${at[@]}" --kv-cache-bytes 2G --stats 2>"$work/err")
-        st=$(grep '^{' "$work/err" | tail -1)
-        $PY - "$r" "$mode" "$st" >> "$results" <<PYEOF
+            --preload-adapters --cold-start "$mode" "${at[@]}" --kv-cache-bytes 2G --stats >"$work/out" 2>"$work/err"
+        $PY - "$r" "$mode" "$work/out" "$work/err" >> "$results" <<'PYEOF'
 import json, sys
-rank, mode, st = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-lines = [json.loads(l) for l in """$out""".splitlines()]
-for l in lines:
+rank, mode, out, err = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+st = [json.loads(l) for l in open(err) if l.startswith("{")][-1]
+for l in map(json.loads, open(out)):
     if "error" in l or any("error" in s for s in l.get("samples", [])):
         sys.exit(f"rank {rank} {mode}: a request failed: {l}")
     print(json.dumps({"rank": rank, "mode": mode, "kind": l["id"].split("-")[0], "ttft_ms": l["ttft_ms"],

@@ -1,5 +1,9 @@
 """hfmodels.py: random-weight checkpoints written by transformers' and peft's own
 save_pretrained for the reference tests, and the float32 reference models that load them."""
+import json
+import os
+import subprocess
+
 import torch
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -102,3 +106,27 @@ def mixed_workload(rng, adapters, max_tokens=10):
             r.update(n=3, temperature=0.8, seed=5)
         reqs.append(r)
     return reqs
+
+
+def run_batch(model_dir, requests, loras, args=(), env=None, what=""):
+    """`caraserve batch` over REQUESTS (written as JSON lines) with --lora NAME=DIR for each of
+    LORAS, the flags the batch tests share (2 threads, --stats, 48-token chunks, a 16M KV
+    cache) and ARGS; the environment is os.environ without CS_TEST_DEVICE, then ENV. Returns
+    its output lines (text) and its last --stats object; a failed run fails the test, naming
+    WHAT."""
+    path = os.path.join(reflib.tmpdir("cs_batch_"), "requests.jsonl")
+    with open(path, "w") as f:
+        for r in requests:
+            f.write(json.dumps(r) + "\n")
+    cmd = [reflib.CARASERVE, "batch", "--model", model_dir, "--requests", path, "--threads", "2", "--stats",
+           "--max-num-batched-tokens", "48", "--kv-cache-bytes", "16M", *args]
+    for name, d in loras:
+        cmd += ["--lora", f"{name}={d}"]
+    e = dict(os.environ)
+    e.pop("CS_TEST_DEVICE", None)
+    e.update(env or {})
+    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
+    if p.returncode != 0:
+        reflib.fail(f"{' '.join(cmd)} ({what})\nexit {p.returncode}\n{p.stderr[-3000:]}")
+    stats = [json.loads(x) for x in p.stderr.splitlines() if x.startswith("{")]
+    return p.stdout.splitlines(), (stats[-1] if stats else {})

@@ -32,7 +32,7 @@ import reflib  # noqa: E402
 import serverlib  # noqa: E402
 
 import transformers  # noqa: E402
-from hfmodels import make_adapter, make_model, mixed_workload  # noqa: E402
+from hfmodels import make_adapter, make_model, mixed_workload, run_batch  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 TOL = 1e-5
@@ -40,27 +40,13 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 
 
 def run(model_dir, requests, loras, strict, extra=(), env_extra=None):
-    path = os.path.join(reflib.tmpdir("cs_cold_"), "requests.jsonl")
-    with open(path, "w") as f:
-        for r in requests:
-            f.write(json.dumps(r) + "\n")
-    cmd = [reflib.CARASERVE, "batch", "--model", model_dir, "--requests", path, "--threads", "2", "--stats",
-           "--max-num-batched-tokens", "48", "--kv-cache-bytes", "16M", *extra]
-    for name, d in loras:
-        cmd += ["--lora", f"{name}={d}"]
-    env = dict(os.environ)
-    env.pop("CS_TEST_DEVICE", None)
-    if strict:
-        env.update({"CS_TEST_DEVICE": "strict", "CS_STRICT_LOCKSTEP": "1"})
+    env = {"CS_TEST_DEVICE": "strict", "CS_STRICT_LOCKSTEP": "1"} if strict else {}
     env.update(env_extra or {})
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if p.returncode != 0:
-        reflib.fail(f"{' '.join(cmd)} (strict={strict})\nexit {p.returncode}\n{p.stderr[-3000:]}")
-    stats = [json.loads(x) for x in p.stderr.splitlines() if x.startswith("{")]
-    return [json.loads(x) for x in p.stdout.splitlines()], (stats[-1] if stats else {})
+    out, stats = run_batch(model_dir, requests, loras, extra, env, f"strict={strict}")
+    return [json.loads(x) for x in out], stats
 
 
-def compare(what, warm, cold, allow_errors=()):
+def compare(what, warm, cold):
     """same tokens, logprobs within TOL; returns the largest difference"""
     if len(warm) != len(cold):
         reflib.fail(f"{what}: {len(warm)} and {len(cold)} output lines")
@@ -68,8 +54,6 @@ def compare(what, warm, cold, allow_errors=()):
     for a, b in zip(warm, cold):
         if a.get("id") != b.get("id"):
             reflib.fail(f"{what}: lines out of order: {a.get('id')} vs {b.get('id')}")
-        if a.get("id") in allow_errors:
-            continue
         if "samples" not in a or "samples" not in b:
             reflib.fail(f"{what}: request {a.get('id')} has no samples:\n  warm: {str(a)[:300]}\n  cold: {str(b)[:300]}")
         for sa, sb in zip(a["samples"], b["samples"]):

@@ -24,14 +24,13 @@ Run: CS_BUILDDIR=build CS_SRCDIR=. $PYTHON tests/test_cuda_emu.py"""
 import json
 import os
 import random
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
 
 import transformers  # noqa: E402
-from hfmodels import make_adapter, make_model, mixed_workload  # noqa: E402
+from hfmodels import make_adapter, make_model, mixed_workload, run_batch  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 TOL = 2e-5
@@ -40,24 +39,10 @@ NAME = "cuda" if REAL else "cuda-emu"
 
 
 def run(model_dir, requests, loras, device, extra=()):
-    path = os.path.join(reflib.tmpdir("cs_cudaemu_"), "requests.jsonl")
-    with open(path, "w") as f:
-        for r in requests:
-            f.write(json.dumps(r) + "\n")
-    cmd = [reflib.CARASERVE, "batch", "--model", model_dir, "--requests", path, "--threads", "2", "--stats",
-           "--max-num-batched-tokens", "48", "--kv-cache-bytes", "16M", "--preload-adapters",
-           "--device", "cuda" if device == "cuda" else "cpu", *extra]
-    for name, d in loras:
-        cmd += ["--lora", f"{name}={d}"]
-    env = dict(os.environ)
-    env.pop("CS_TEST_DEVICE", None)
-    if device == "cuda-emu":
-        env["CS_TEST_DEVICE"] = device
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        reflib.fail(f"{' '.join(cmd)} (device={device})\nexit {p.returncode}\n{p.stderr[-3000:]}")
-    stats = [json.loads(x) for x in p.stderr.splitlines() if x.startswith("{")]
-    return [json.loads(x) for x in p.stdout.splitlines()], (stats[-1] if stats else {})
+    out, stats = run_batch(model_dir, requests, loras,
+                           ("--preload-adapters", "--device", "cuda" if device == "cuda" else "cpu", *extra),
+                           {"CS_TEST_DEVICE": device} if device == "cuda-emu" else {}, f"device={device}")
+    return [json.loads(x) for x in out], stats
 
 
 def samples(line):

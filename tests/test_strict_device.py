@@ -19,38 +19,20 @@ Run: CS_BUILDDIR=build CS_SRCDIR=. $PYTHON tests/test_strict_device.py"""
 import json
 import os
 import random
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
 
 import transformers  # noqa: E402
-from hfmodels import make_adapter, make_model, mixed_workload  # noqa: E402
+from hfmodels import make_adapter, make_model, mixed_workload, run_batch  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
 
 def run(model_dir, requests, loras, strict, extra=()):
-    path = os.path.join(reflib.tmpdir("cs_strict_"), "requests.jsonl")
-    with open(path, "w") as f:
-        for r in requests:
-            f.write(json.dumps(r) + "\n")
-    cmd = [reflib.CARASERVE, "batch", "--model", model_dir, "--requests", path, "--threads", "2", "--stats",
-           "--max-num-batched-tokens", "48", "--kv-cache-bytes", "16M", "--preload-adapters", *extra]
-    for name, d in loras:
-        cmd += ["--lora", f"{name}={d}"]
-    env = dict(os.environ)
-    env.pop("CS_TEST_DEVICE", None)
-    if strict:
-        env["CS_TEST_DEVICE"] = "strict"
-        env["CS_STRICT_NO_STREAM"] = "1"
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        reflib.fail(f"{' '.join(cmd)} (strict={strict})\nexit {p.returncode}\n{p.stderr[-3000:]}")
-    stats = [json.loads(x) for x in p.stderr.splitlines() if x.startswith("{")]
-    return p.stdout.splitlines(), (stats[-1] if stats else {})
-
+    env = {"CS_TEST_DEVICE": "strict", "CS_STRICT_NO_STREAM": "1"} if strict else {}
+    return run_batch(model_dir, requests, loras, ("--preload-adapters", *extra), env, f"strict={strict}")
 
 rng = random.Random(3)
 cases = 0
