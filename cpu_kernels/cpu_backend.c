@@ -25,6 +25,8 @@
 #define SLAB_BYTES (8u << 20) /* widened weight rows per GEMM task, per thread */
 #define ATTN_QBLOCK 64        /* queries per attention GEMM task */
 
+typedef void (*cs_rows_fn)(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+
 typedef struct cpu_ctx {
     threadpool_t *pool;
     int n_threads;
@@ -45,6 +47,11 @@ typedef struct cpu_ctx {
     float *lora_wide;     /* grouped LoRA, many rows: a BF16 segment's A and B widened */
     size_t lora_wide_len; /* floats */
     bool avx2;            /* AVX2 + FMA: the LoRA kernels' 8-lane path */
+    /* the kernels chosen for this CPU at start-up (NULL: none of that kind, the generic path) */
+    cs_rows_fn gemv;      /* 1..GEMV_MAX_N rows streaming the weights */
+    cs_rows_fn tile;      /* the batch-invariant dot tiles */
+    void (*convert)(float *dst, const cs_weight_t *w, int r0, int r1); /* widen for sgemm */
+    void (*softmax)(float *x, int n);
 } cpu_ctx_t;
 
 static cpu_ctx_t *ctx_of(cpu_raw_t *b) { return b->ctx; }
@@ -87,7 +94,7 @@ static void mm_gemv_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     (void)thread;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    cs_gemv_rows_avx512(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+    j->c->gemv(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
 }
 
 static void mm_gemm_task(void *p, int task, int thread) {
@@ -99,7 +106,7 @@ static void mm_gemm_task(void *p, int task, int thread) {
         wt = (const float *)w->data + (size_t)r0 * w->cols;
     } else {
         float *buf = j->c->scratch[thread];
-        if (j->c->avx512) cs_convert_rows_avx512(buf, w, r0, r1);
+        if (j->c->convert) j->c->convert(buf, w, r0, r1);
         else cs_to_f32(buf, (const uint16_t *)w->data + (size_t)r0 * w->cols, w->dtype, (size_t)(r1 - r0) * w->cols);
         wt = buf;
     }
@@ -150,7 +157,7 @@ static void mm_invariant_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     (void)thread;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    cs_gemm_invariant_avx512(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+    j->c->tile(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
 }
 
 /* weight rows per task of the batch-invariant GEMM: about four tasks per thread, whole
@@ -162,7 +169,7 @@ static int invariant_rows_per_task(const cpu_ctx_t *c, int rows) {
 
 /* the dot tiles: always when batch-invariant, else for a few rows the AMX path does not take */
 static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
-    if (!c->avx512 || c->reference) return false;
+    if (!c->tile || c->reference) return false;
     if (c->invariant) return true;
     if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) return false;
     return !c->no_tile && n >= 2 && n <= TILE_MAX_N;
@@ -170,14 +177,14 @@ static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
 
 static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
-    if (c->reference || (c->invariant && !c->avx512)) { cs_matmul_ref(y, x, n, w, bias); return; }
+    if (c->reference || (c->invariant && !c->tile)) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0};
     if (use_tile(c, w, n)) {
         j.rows_per_task = invariant_rows_per_task(c, w->rows);
         threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_invariant_task, &j);
     } else if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) {
         mm_amx(c, &j);
-    } else if (n <= GEMV_MAX_N && c->avx512) {
+    } else if (n <= GEMV_MAX_N && c->gemv) {
         int tasks = c->n_threads * 8;
         j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
         j.rows_per_task = (j.rows_per_task + 3) & ~3;
@@ -201,7 +208,7 @@ static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_w
  * of the workers instead of one per projection) */
 #define MM_MULTI_MAX 4
 struct mm_multi_job {
-    bool tile;            /* the dot tiles, else the GEMV */
+    cs_rows_fn fn;        /* the dot tiles or the GEMV */
     float *const *ys;
     const float *x;
     int n, count;
@@ -216,8 +223,7 @@ static void mm_multi_task(void *p, int task, int thread) {
     while (task >= j->task0[k + 1]) k++;
     const cs_weight_t *w = j->ws[k];
     int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows);
-    if (j->tile) cs_gemm_invariant_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
-    else cs_gemv_rows_avx512(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
+    j->fn(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
 }
 
 static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
@@ -225,13 +231,13 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
     cpu_ctx_t *c = ctx_of(b);
     bool tile = count <= MM_MULTI_MAX;
     for (int k = 0; k < count && tile; k++) tile = use_tile(c, ws[k], n);
-    bool gemv = !tile && !c->reference && c->avx512 && n <= GEMV_MAX_N && count <= MM_MULTI_MAX;
+    bool gemv = !tile && !c->reference && c->gemv && n <= GEMV_MAX_N && count <= MM_MULTI_MAX;
     for (int k = 0; k < count && gemv; k++) gemv = !(ws[k]->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N);
     if (!gemv && !tile) {
         for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x, n, ws[k], biases[k]);
         return;
     }
-    struct mm_multi_job j = {tile, ys, x, n, count, ws, {0}, {0}};
+    struct mm_multi_job j = {tile ? c->tile : c->gemv, ys, x, n, count, ws, {0}, {0}};
     int total_rows = 0;
     for (int k = 0; k < count; k++) total_rows += ws[k]->rows;
     int per;
@@ -358,7 +364,7 @@ static void attn_task(void *p, int task, int thread) {
     const float *qh = j->q + ((size_t)i * j->nh + h) * j->hd;
     cblas_sgemv(CblasRowMajor, CblasNoTrans, L, j->hd, scale, j->k + (size_t)first * kv_dim + kvh * j->hd, kv_dim, qh,
                 1, 0.0f, s, 1);
-    softmax_avx512(s, L);
+    j->c->softmax(s, L);
     float *oh = j->out + ((size_t)i * j->nh + h) * j->hd;
     cblas_sgemv(CblasRowMajor, CblasTrans, L, j->hd, 1.0f, j->v + (size_t)first * kv_dim + kvh * j->hd, kv_dim, s, 1,
                 0.0f, oh, 1);
@@ -386,7 +392,7 @@ static void attn_gemm_task(void *p, int task, int thread) {
         int lo = j->window > 0 ? CS_MAX(first, qpos - j->window + 1) : first; /* visible keys [lo, qpos] */
         for (int t = first; t < lo; t++) row[t - first] = 0.0f;
         for (int t = qpos + 1; t <= last; t++) row[t - first] = 0.0f;
-        softmax_avx512(row + (lo - first), qpos - lo + 1);
+        j->c->softmax(row + (lo - first), qpos - lo + 1);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, j->hd, L, 1.0f, s, L,
                 j->v + (size_t)first * kv_dim + kvh * j->hd, kv_dim, 0.0f, j->out + (size_t)i0 * q_dim + h * j->hd, q_dim);
@@ -395,7 +401,7 @@ static void attn_gemm_task(void *p, int task, int thread) {
 static void cpu_attention(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v, int n, int pos0,
                           int nh, int nkv, int hd, int window) {
     cpu_ctx_t *c = ctx_of(b);
-    if (c->reference || c->invariant || !c->avx512) {
+    if (c->reference || c->invariant) {
         cs_attention_ref(out, q, k, v, n, pos0, nh, nkv, hd, window);
         return;
     }
@@ -529,6 +535,25 @@ static void pattn_task(void *p, int task, int thread) {
     float scale = 1.0f / sqrtf((float)hd), *s = j->c->scratch[thread];
     const float *qh = j->q + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
     float *oh = j->out + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
+    if (!j->c->avx512) { /* AVX2 */
+        if (hd % 8 == 0) {
+            cs_attn_head_paged_avx2(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, hd);
+            return;
+        }
+        for (int t = first; t <= qpos; t++) {
+            const float *kr = j->k + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
+            float d = 0;
+            for (int e = 0; e < hd; e++) d += qh[e] * kr[e];
+            s[t - first] = d * scale;
+        }
+        cs_softmax_avx2(s, qpos - first + 1);
+        memset(oh, 0, sizeof(float) * (size_t)hd);
+        for (int t = first; t <= qpos; t++) {
+            const float *vr = j->v + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
+            for (int e = 0; e < hd; e++) oh[e] += s[t - first] * vr[e];
+        }
+        return;
+    }
     switch (hd) { /* the common head sizes keep everything in registers */
     case 64: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 4); return;
     case 128: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 8); return;
@@ -561,7 +586,7 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
                                 const cpu_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
                                 int window) {
     cpu_ctx_t *c = ctx_of(b);
-    if (c->reference || !c->avx512) {
+    if (c->reference || (!c->avx512 && !c->avx2)) {
         cs_attention_paged_ref(out, q, k, v, seqs, n_seqs, bs, nh, nkv, hd, window);
         return;
     }
@@ -845,6 +870,19 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->avx512 = cs_cpu_has_avx512() && !(p && p->no_avx512);
     c->avx2 = cs_cpu_has_avx2() && !(p && p->no_avx2);
     c->amx = c->avx512 && !(p && p->no_amx) && cs_cpu_has_amx_bf16();
+    if (c->avx512) {
+        c->gemv = cs_gemv_rows_avx512;
+        c->tile = cs_gemm_invariant_avx512;
+        c->convert = cs_convert_rows_avx512;
+        c->softmax = softmax_avx512;
+    } else if (c->avx2) {
+        c->gemv = cs_gemv_rows_avx2;
+        c->tile = cs_gemm_invariant_avx2;
+        c->convert = cs_convert_rows_avx2;
+        c->softmax = cs_softmax_avx2;
+    } else {
+        c->softmax = cs_softmax_ref;
+    }
     /* two terms of x are ~1.3x faster for prefill but move BF16 logprobs from ~2e-6 to
      * ~2.5e-5 against transformers (tests/test_ref_forward.py): exact by default */
     c->amx_terms = p && p->amx_terms == 2 ? 2 : 3;
@@ -868,6 +906,6 @@ err:
 const char *cpu_raw_path(const cpu_raw_t *b) {
     const cpu_ctx_t *c = b->ctx;
     if (c->reference) return "reference";
-    if (c->invariant) return c->avx512 ? "avx512+invariant" : c->avx2 ? "openblas+avx2+invariant" : "openblas+invariant";
-    return c->amx ? "amx" : c->avx512 ? "avx512" : c->avx2 ? "openblas+avx2" : "openblas";
+    if (c->invariant) return c->avx512 ? "avx512+invariant" : c->avx2 ? "avx2+invariant" : "openblas+invariant";
+    return c->amx ? "amx" : c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas";
 }

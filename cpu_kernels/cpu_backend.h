@@ -1,6 +1,6 @@
 /* cpu_backend.h: the CPU backend (always built), and the strict test device that runs the
  * same kernels behind device-like memory. OpenBLAS single-threaded GEMMs on tiles,
- * parallelised by our own pool so one threading model owns the cores; AVX-512 GEMV and dot
+ * parallelised by our own pool so one threading model owns the cores; AVX-512 or AVX2 GEMV and dot
  * tiles for decode with BF16/F16 weights widened in registers; AMX for BF16 prefill where
  * the CPU has it; plain reference kernels otherwise. */
 #ifndef CS_CPU_BACKEND_H
@@ -23,9 +23,10 @@ typedef struct cpu_backend_params {
 } cpu_backend_params_t;
 
 backend_t *cpu_backend_new(const cpu_backend_params_t *p);
-/* the kernel path the CPU backend chose ("amx", "avx512", "openblas+avx2" (OpenBLAS GEMMs,
- * our AVX2 LoRA kernels), "openblas", "reference", with "+invariant"); "?" for another
- * backend */
+/* the kernel path the CPU backend chose at start-up: "amx" (AMX BF16 GEMMs, AVX-512 for the
+ * rest), "avx512", "avx2" (AVX2+FMA GEMV, dot tiles, softmax and paged attention, OpenBLAS
+ * sgemm for prefill), "openblas" (plain loops beside OpenBLAS), "reference", each with
+ * "+invariant" in batch-invariant mode; "?" for another backend */
 const char *cpu_backend_path(const backend_t *b);
 
 /* The strict test device (tests only; the builder offers it when CS_TEST_DEVICE=strict is

@@ -16,6 +16,7 @@ void cs_rope_ref(float *x, int n, int n_heads, int head_dim, const int32_t *pos,
 void cs_attention_ref(float *out, const float *q, const float *k, const float *v, int n, int pos0,
                       int n_heads, int n_kv_heads, int head_dim, int window);
 void cs_silu_mul_ref(float *gate, const float *up, size_t n);
+void cs_softmax_ref(float *x, int n); /* in place, n >= 1 */
 void cs_lora_ref(float *y, const float *x, int n, const float *a, const float *b, int rank, int d_in,
                  int d_out, float scale);
 
@@ -40,6 +41,18 @@ void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weig
 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 /* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
+
+/* ---- AVX2+FMA kernels (kernels_avx2.c; call only when cs_cpu_has_avx2()): the AVX-512
+ * kernels' contracts in 8 lanes ---- */
+void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+void cs_convert_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
+void cs_softmax_avx2(float *x, int n);
+/* one (query, head) of paged attention: scores over keys [first, last] into s, softmax,
+ * oh = Σ p_t v_t (head_dim hd a multiple of 8; rows through the block table) */
+void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const float *k, const float *v,
+                             const int32_t *blocks, int bs, int first, int last, size_t kv_dim, size_t off,
+                             float scale, int hd);
 
 /* ---- AMX BF16 GEMM (gemm_bf16.c; call only when cs_cpu_has_amx_bf16()) ----
  * y = x · wᵀ for a BF16 w with x split into `terms` BF16 parts (2: x's residual below

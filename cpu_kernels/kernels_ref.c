@@ -88,6 +88,14 @@ void cs_attention_ref(float *out, const float *q, const float *k, const float *v
     free(p);
 }
 
+void cs_softmax_ref(float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - mx); sum += x[i]; }
+    for (int i = 0; i < n; i++) x[i] = (float)(x[i] / sum);
+}
+
 void cs_silu_mul_ref(float *gate, const float *up, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float g = gate[i];

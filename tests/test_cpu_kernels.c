@@ -9,6 +9,7 @@
 
 #include "cpu_kernels/cpu_raw.h"
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/kernels_paged.h"
 #include "cpu_kernels/threadpool.h"
 
 #include <stdatomic.h>
@@ -262,6 +263,79 @@ START_TEST(test_threadpool_exactly_once) {
 }
 END_TEST
 
+/* the AVX2 kernels called directly (an AVX-512 CPU runs them too): GEMV and dot tiles for
+ * every n up to 40 over row ranges that split the 6-stream GEMV into leftovers, columns with
+ * every tail; widening; softmax against the plain one (values down to exp underflow);
+ * paged attention of one head against the paged reference. Skipped without AVX2. */
+START_TEST(test_avx2_kernels) {
+    if (!cs_cpu_has_avx2()) return;
+    static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
+    static const int colss[] = {1, 7, 8, 15, 16, 17, 33, 100, 257};
+    float worst = 0;
+    for (int n = 1; n <= 40; n += (n < 9 ? 1 : 7))
+        for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++)
+            for (size_t ci = 0; ci < CS_ARRAY_LEN(colss); ci++) {
+                int rows = 13 + (int)(cs_rng_next(&rng) % 40), cols = colss[ci];
+                void *mem;
+                cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
+                float *x = randv((size_t)n * cols, 1.0f);
+                float *y = malloc(sizeof(float) * n * rows), *yt = malloc(sizeof(float) * n * rows);
+                float *yr = malloc(sizeof(float) * n * rows);
+                int split = rows / 3; /* two calls, as two tasks would make them */
+                cs_gemv_rows_avx2(y, rows, x, n, &w, 0, split);
+                cs_gemv_rows_avx2(y, rows, x, n, &w, split, rows);
+                cs_gemm_invariant_avx2(yt, rows, x, n, &w, 0, rows);
+                cs_matmul_ref(yr, x, n, &w, NULL);
+                float e = fmaxf(max_rel_err(y, yr, (size_t)n * rows), max_rel_err(yt, yr, (size_t)n * rows));
+                worst = fmaxf(worst, e);
+                ck_assert_msg(e < 2e-6f, "avx2 gemv/tiles n=%d %dx%d %s: rel err %g", n, rows, cols,
+                              cs_dtype_name(dts[d]), e);
+                /* the tiles are batch-invariant: row i alone gives the same bits */
+                int i = n - 1;
+                float *one = malloc(sizeof(float) * rows);
+                cs_gemm_invariant_avx2(one, rows, x + (size_t)i * cols, 1, &w, 0, rows);
+                ck_assert_msg(memcmp(one, yt + (size_t)i * rows, sizeof(float) * rows) == 0,
+                              "avx2 tiles n=%d %dx%d %s: row %d differs alone", n, rows, cols, cs_dtype_name(dts[d]), i);
+                if (dts[d] != CS_DTYPE_F32) {
+                    float *wf = malloc(sizeof(float) * rows * cols), *wr = malloc(sizeof(float) * rows * cols);
+                    cs_convert_rows_avx2(wf, &w, 1, rows);
+                    cs_to_f32(wr, (const uint16_t *)w.data + cols, w.dtype, (size_t)(rows - 1) * cols);
+                    ck_assert(memcmp(wf, wr, sizeof(float) * (size_t)(rows - 1) * cols) == 0);
+                    free(wf); free(wr);
+                }
+                free(one); free(mem); free(x); free(y); free(yt); free(yr);
+            }
+    printf("avx2 gemv and dot tiles: max rel err %.3g\n", worst);
+    for (int n = 1; n <= 300; n += 13) {
+        float *a = randv((size_t)n, 40.0f), *b = malloc(sizeof(float) * n);
+        if (n > 5) a[3] = -200.0f; /* exp underflows to 0 */
+        memcpy(b, a, sizeof(float) * n);
+        cs_softmax_avx2(a, n);
+        cs_softmax_ref(b, n);
+        for (int i = 0; i < n; i++) ck_assert_msg(fabsf(a[i] - b[i]) <= 2e-6f * fmaxf(b[i], 1e-30f) + 1e-37f,
+                                                  "softmax n=%d [%d]: %g vs %g", n, i, a[i], b[i]);
+        free(a); free(b);
+    }
+    static const int hds[] = {8, 64, 72, 128};
+    for (size_t h = 0; h < CS_ARRAY_LEN(hds); h++) {
+        int hd = hds[h], bs = 16, len = 53, nkv = 2, nb = (len + bs - 1) / bs;
+        int32_t blocks[4] = {3, 0, 2, 1}; /* out of order on purpose */
+        size_t kv_dim = (size_t)nkv * hd;
+        float *k = randv((size_t)4 * bs * kv_dim, 1.0f), *v = randv((size_t)4 * bs * kv_dim, 1.0f);
+        float *q = randv((size_t)2 * hd, 1.0f), *o = malloc(sizeof(float) * 2 * hd), *orf = malloc(sizeof(float) * 2 * hd);
+        float s[64];
+        for (int kvh = 0; kvh < 2; kvh++)
+            cs_attn_head_paged_avx2(o + kvh * hd, s, q + kvh * hd, k, v, blocks, bs, 0, len - 1, kv_dim,
+                                    (size_t)kvh * hd, 1.0f / sqrtf((float)hd), hd);
+        cpu_attn_seq_t sq = {.row0 = 0, .n = 1, .pos0 = len - 1, .blocks = blocks};
+        cs_attention_paged_ref(orf, q, k, v, &sq, 1, bs, 2, nkv, hd, 0);
+        float e = max_rel_err(o, orf, (size_t)2 * hd);
+        ck_assert_msg(e < 1e-5f, "avx2 paged head hd=%d (%d blocks): rel err %g", hd, nb, e);
+        free(k); free(v); free(q); free(o); free(orf);
+    }
+}
+END_TEST
+
 START_TEST(test_half_conversions) {
     /* round-to-nearest-even at the tie, and exact round trips */
     ck_assert_uint_eq(cs_f32_to_bf16(1.0f), 0x3f80);
@@ -291,6 +365,7 @@ int main(void) {
     tcase_add_test(tc, test_attention_ref_definition);
     tcase_add_test(tc, test_lora_vs_ref);
     tcase_add_test(tc, test_norm_rope_silu);
+    tcase_add_test(tc, test_avx2_kernels);
     tcase_add_test(tc, test_half_conversions);
     tcase_add_test(tc, test_threadpool_exactly_once);
     suite_add_tcase(s, tc);

@@ -1,0 +1,301 @@
+/* kernels_avx2.c: AVX2+FMA fast paths of the CPU backend, for CPUs without AVX-512 (AMD
+ * Zen 1-3, Intel before Skylake-X, client cores) and for AVX-512 CPUs run with CS_NO_AVX512.
+ * Same contracts as kernels_avx512.c in 8 lanes: weights stay in their file dtype
+ * (BF16/F16/F32) and are widened in registers, products and sums are F32. Compiled with
+ * target attributes, called only after cs_cpu_has_avx2(); each is tested against its
+ * reference in kernels_ref.c (tests/test_cpu_kernels.c). */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_kernels/kernels.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* 8 weights from element i on, widened to F32 */
+AVX2 INLINE __m256 load8(const void *base, size_t i, cs_dtype dt) {
+    if (dt == CS_DTYPE_BF16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    if (dt == CS_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+    return _mm256_loadu_ps((const float *)base + i);
+}
+
+/* the last k < 8 weights from element i on, the other lanes 0 */
+AVX2 INLINE __m256 load8_tail(const void *base, size_t i, int k, cs_dtype dt) {
+    if (dt == CS_DTYPE_F32) {
+        float t[8] = {0};
+        memcpy(t, (const float *)base + i, sizeof(float) * (size_t)k);
+        return _mm256_loadu_ps(t);
+    }
+    uint16_t t[8] = {0};
+    memcpy(t, (const uint16_t *)base + i, sizeof(uint16_t) * (size_t)k);
+    return load8(t, 0, dt);
+}
+
+AVX2 INLINE __m256 loadx_tail(const float *x, int k) {
+    float t[8] = {0};
+    memcpy(t, x, sizeof(float) * (size_t)k);
+    return _mm256_loadu_ps(t);
+}
+
+/* the same fixed order for every accumulator: (lanes 0-3 + lanes 4-7), then pairs */
+AVX2 INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- dot tiles (batch-invariant) ----
+ * y[i, r] for i < M, r < R: one 8-lane accumulator per element, FMAs over the columns in
+ * order, the tail zero-padded (0·0 adds nothing), one fixed horizontal sum. Every element
+ * is made by the same operations whatever M, R, the tile's place or the task's rows, so
+ * the result does not depend on the batch around a row. M·R ≤ 8 accumulators fit the 16
+ * registers beside the R weight vectors and x. */
+AVX2 INLINE void dot_tile(float *y, int ldy, const float *x, int ldx, const void *w, size_t w0, int cols, const int M,
+                          const int R, cs_dtype dt) {
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < M; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[i][r] = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m256 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = load8(w, w0 + (size_t)r * cols + c, dt);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; i++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)i * ldx + c);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
+        }
+    }
+    if (c < cols) {
+        __m256 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = load8_tail(w, w0 + (size_t)r * cols + c, cols - c, dt);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; i++) {
+            __m256 xv = loadx_tail(x + (size_t)i * ldx + c, cols - c);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[(size_t)i * ldy + r] = hsum8(acc[i][r]);
+}
+
+#define INV_ROW_BLOCK 8 /* weight rows kept in cache while all of x passes */
+
+AVX2 INLINE void gemm_tiles_impl(float *y, int ldy, const float *x, int n, const void *w, int cols, int r0, int r1,
+                                 cs_dtype dt) {
+    for (int rb = r0; rb < r1; rb += INV_ROW_BLOCK) {
+        int re = rb + INV_ROW_BLOCK < r1 ? rb + INV_ROW_BLOCK : r1;
+        int i = 0;
+        for (; i + 4 <= n; i += 4) {  /* 4 x rows × 2 weight rows */
+            const float *xi = x + (size_t)i * cols;
+            float *yi = y + (size_t)i * ldy;
+            int r = rb;
+            for (; r + 2 <= re; r += 2) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 4, 2, dt);
+            for (; r < re; r++) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 4, 1, dt);
+        }
+        for (; i + 2 <= n; i += 2) {  /* 2 × 4 */
+            const float *xi = x + (size_t)i * cols;
+            float *yi = y + (size_t)i * ldy;
+            int r = rb;
+            for (; r + 4 <= re; r += 4) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 2, 4, dt);
+            for (; r < re; r++) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 2, 1, dt);
+        }
+        for (; i < n; i++) {          /* 1 × 4 */
+            const float *xi = x + (size_t)i * cols;
+            float *yi = y + (size_t)i * ldy;
+            int r = rb;
+            for (; r + 4 <= re; r += 4) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 1, 4, dt);
+            for (; r < re; r++) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 1, 1, dt);
+        }
+    }
+}
+
+AVX2 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
+    switch (w->dtype) {
+    case CS_DTYPE_BF16: gemm_tiles_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_BF16); break;
+    case CS_DTYPE_F16: gemm_tiles_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_F16); break;
+    default: gemm_tiles_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_F32); break;
+    }
+}
+
+/* ---- GEMV: one x row against BF16 weights, memory-bound ----
+ * GEMV_STREAMS rows at a time taken from that many separate stretches of [r0, r1), so the
+ * loads form as many sequential streams, each prefetched GEMV_PREFETCH bytes ahead. A 32-byte
+ * load holds 16 bf16: a shift makes the even elements F32, a mask the odd ones, and they meet
+ * x's even and odd elements, deinterleaved once per 16 columns for all the streams. */
+#define GEMV_STREAMS 6
+#define GEMV_PREFETCH 768
+
+AVX2 static void gemv_bf16_streams(float *y, const float *x, const uint16_t *w, int cols, int r0, int r1) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    int c16 = cols & ~15;
+    int per = (r1 - r0) / GEMV_STREAMS;
+    size_t stride = (size_t)per * cols; /* between streams, in bf16 */
+    for (int g = 0; g < per; g++) {
+        const uint16_t *p = w + (size_t)(r0 + g) * cols;
+        __m256 acc[GEMV_STREAMS];
+#pragma GCC unroll 8
+        for (int s = 0; s < GEMV_STREAMS; s++) acc[s] = _mm256_setzero_ps();
+        for (int c = 0; c < c16; c += 16) {
+            __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+            /* shuffle leaves the 64-bit pairs (0 2)(8 10)(4 6)(12 14): the permute orders them */
+            __m256 xe = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0x88)), 0xd8));
+            __m256 xo = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0xdd)), 0xd8));
+#pragma GCC unroll 8
+            for (int s = 0; s < GEMV_STREAMS; s++) {
+                _mm_prefetch((const char *)(p + s * stride + c) + GEMV_PREFETCH, _MM_HINT_T0);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(p + s * stride + c));
+                acc[s] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, acc[s]);
+                acc[s] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), xo, acc[s]);
+            }
+        }
+        for (int c = c16; c < cols; c += 8) { /* the last < 16 columns, 8 lanes at a time */
+            int k = cols - c < 8 ? cols - c : 8;
+            __m256 xv = loadx_tail(x + c, k);
+#pragma GCC unroll 8
+            for (int s = 0; s < GEMV_STREAMS; s++)
+                acc[s] = _mm256_fmadd_ps(load8_tail(p + s * stride, (size_t)c, k, CS_DTYPE_BF16), xv, acc[s]);
+        }
+#pragma GCC unroll 8
+        for (int s = 0; s < GEMV_STREAMS; s++) y[r0 + s * per + g] = hsum8(acc[s]);
+    }
+    /* the rows left over */
+    int done = per * GEMV_STREAMS;
+    if (done < r1 - r0) gemm_tiles_impl(y, 0, x, 1, w, cols, r0 + done, r1, CS_DTYPE_BF16);
+}
+
+/* y[i, r] = dot(x[i, :], w[r, :]) for r in [r0, r1), i < n: one BF16 row streams, the rest
+ * go through the dot tiles (each weight row read once per 4 rows of x) */
+AVX2 void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
+    if (n == 1 && w->dtype == CS_DTYPE_BF16) {
+        gemv_bf16_streams(y, x, w->data, w->cols, r0, r1);
+        return;
+    }
+    cs_gemm_invariant_avx2(y, ldy, x, n, w, r0, r1);
+}
+
+/* ---- widening for the sgemm path ---- */
+AVX2 INLINE void convert_impl(float *dst, const void *w, size_t i0, size_t count, cs_dtype dt) {
+    size_t c = 0;
+    for (; c + 16 <= count; c += 16) {
+        _mm256_storeu_ps(dst + c, load8(w, i0 + c, dt));
+        _mm256_storeu_ps(dst + c + 8, load8(w, i0 + c + 8, dt));
+    }
+    for (; c + 8 <= count; c += 8) _mm256_storeu_ps(dst + c, load8(w, i0 + c, dt));
+    for (; c < count; c++)
+        dst[c] = dt == CS_DTYPE_BF16 ? cs_bf16_to_f32(((const uint16_t *)w)[i0 + c])
+                                     : cs_f16_to_f32(((const uint16_t *)w)[i0 + c]);
+}
+
+AVX2 void cs_convert_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1) {
+    size_t i0 = (size_t)r0 * w->cols, count = (size_t)(r1 - r0) * w->cols;
+    if (w->dtype == CS_DTYPE_BF16) convert_impl(dst, w->data, i0, count, CS_DTYPE_BF16);
+    else if (w->dtype == CS_DTYPE_F16) convert_impl(dst, w->data, i0, count, CS_DTYPE_F16);
+    else memcpy(dst, (const float *)w->data + i0, count * sizeof(float));
+}
+
+/* ---- softmax ---- */
+/* exp of 8 lanes: Cephes' expf polynomial on the reduced argument, scaled by 2^n built in
+ * the exponent bits (max relative error ~2 ulp; anything below -87.3 gives 0, anything above 88
+ * is taken as 88). The same polynomial as the AVX-512 exp16. */
+AVX2 INLINE __m256 exp8(__m256 x) {
+    __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3333300175E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n for n in [-126, 127]: the biased exponent in place */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+AVX2 void cs_softmax_avx2(float *x, int n) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    float mx = -INFINITY;
+    {
+        float t[8];
+        _mm256_storeu_ps(t, vmax);
+        for (int k = 0; k < 8; k++) mx = t[k] > mx ? t[k] : mx;
+        for (int k = i; k < n; k++) mx = x[k] > mx ? x[k] : mx;
+    }
+    __m256 vm = _mm256_set1_ps(mx), vsum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    if (i < n) {
+        int k = n - i;
+        float t[8] = {0};
+        memcpy(t, x + i, sizeof(float) * (size_t)k);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(t), vm));
+        _mm256_storeu_ps(t, e);
+        for (int q = k; q < 8; q++) t[q] = 0;
+        memcpy(x + i, t, sizeof(float) * (size_t)k);
+        vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(t));
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / hsum8(vsum));
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    float s = _mm256_cvtss_f32(inv);
+    for (; i < n; i++) x[i] *= s;
+}
+
+/* ---- one (query, head) of paged attention ----
+ * s[t - first] = scale · q·k_t over the keys [first, last], softmax, oh = Σ p_t v_t; key
+ * and value rows found through the block table. head_dim a multiple of 8. */
+AVX2 void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const float *k, const float *v,
+                                  const int32_t *blocks, int bs, int first, int last, size_t kv_dim, size_t off,
+                                  float scale, int hd) {
+    for (int t = first; t <= last; t++) {
+        const float *kr = k + ((size_t)blocks[t / bs] * (size_t)bs + (size_t)(t % bs)) * kv_dim + off;
+        __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+        int e = 0;
+        for (; e + 16 <= hd; e += 16) {
+            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_loadu_ps(kr + e), d0);
+            d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), _mm256_loadu_ps(kr + e + 8), d1);
+        }
+        if (e < hd) d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_loadu_ps(kr + e), d0);
+        s[t - first] = hsum8(_mm256_add_ps(d0, d1)) * scale;
+    }
+    cs_softmax_avx2(s, last - first + 1);
+    /* the output 64 columns (8 registers) at a time: each pass reads its own part of the rows */
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        int nv = (hd - c0) / 8 < 8 ? (hd - c0) / 8 : 8;
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (int t = first; t <= last; t++) {
+            const float *vr = v + ((size_t)blocks[t / bs] * (size_t)bs + (size_t)(t % bs)) * kv_dim + off + c0;
+            __m256 wt = _mm256_set1_ps(s[t - first]);
+            if (nv == 8) {
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+            } else {
+                for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+            }
+        }
+        for (int c = 0; c < nv; c++) _mm256_storeu_ps(oh + c0 + 8 * c, acc[c]);
+    }
+}
