@@ -2,7 +2,7 @@
  * token streams all weights once). Each thread reads its own contiguous share of a buffer
  * much larger than the last-level cache with wide loads, in two patterns: one sequential
  * stream per thread, and 8 interleaved streams per thread with software prefetch (as the
- * GEMV reads; on this kind of machine a single stream per core leaves bandwidth unused).
+ * GEMV reads; AVX-512 or AVX2 loads, CS_NO_AVX512 for the latter; on this kind of machine a single stream per core leaves bandwidth unused).
  * The best and median of several passes are printed as JSON; read_gb_s_* is the better
  * pattern, the roofline.
  *
@@ -18,6 +18,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define AVX512 __attribute__((target("avx512f")))
+#define AVX2 __attribute__((target("avx2")))
 #endif
 
 struct share {
@@ -27,8 +28,8 @@ struct share {
     pthread_barrier_t *bar;
     int reps;
     double *secs;        /* per pass, written by thread 0 */
-    int avx512;
-    int streams;         /* 1, or 8 interleaved with prefetch (AVX-512 only) */
+    int isa;             /* 2: AVX-512 loads, 1: AVX2, 0: scalar */
+    int streams;         /* 1, or 8 interleaved with prefetch (vector loads only) */
 };
 
 static double now(void) {
@@ -67,8 +68,39 @@ AVX512 static uint64_t read_streams(const uint64_t *p, size_t n) {
     for (size_t i = 8 * q; i < n; i++) r ^= p[i];
     return r;
 }
+/* the same two patterns with 32-byte AVX2 loads */
+AVX2 static uint64_t read_avx2(const uint64_t *p, size_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(p + i + 4)));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(p + i + 8)));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(p + i + 12)));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    uint64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, a0);
+    uint64_t s = t[0] ^ t[1] ^ t[2] ^ t[3];
+    for (; i < n; i++) s ^= p[i];
+    return s;
+}
+AVX2 static uint64_t read_streams_avx2(const uint64_t *p, size_t n) {
+    size_t q = n / 8 & ~(size_t)7;
+    __m256i a = _mm256_setzero_si256(), b = a;
+    for (size_t i = 0; i < q; i += 8)
+        for (int s = 0; s < 8; s++) {
+            _mm_prefetch((const char *)(p + s * q + i) + 1024, _MM_HINT_T0);
+            a = _mm256_xor_si256(a, _mm256_load_si256((const __m256i *)(p + s * q + i)));
+            b = _mm256_xor_si256(b, _mm256_load_si256((const __m256i *)(p + s * q + i + 4)));
+        }
+    uint64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, _mm256_xor_si256(a, b));
+    uint64_t r = t[0] ^ t[1] ^ t[2] ^ t[3];
+    for (size_t i = 8 * q; i < n; i++) r ^= p[i];
+    return r;
+}
 #endif
-
 static uint64_t read_plain(const uint64_t *p, size_t n) {
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     size_t i = 0;
@@ -83,7 +115,9 @@ static void *worker(void *arg) {
         pthread_barrier_wait(s->bar);
         double t0 = now();
 #if defined(__x86_64__)
-        s->sink ^= !s->avx512 ? read_plain(s->p, s->n) : s->streams > 1 ? read_streams(s->p, s->n) : read_avx512(s->p, s->n);
+        if (s->isa == 2) s->sink ^= s->streams > 1 ? read_streams(s->p, s->n) : read_avx512(s->p, s->n);
+        else if (s->isa == 1) s->sink ^= s->streams > 1 ? read_streams_avx2(s->p, s->n) : read_avx2(s->p, s->n);
+        else s->sink ^= read_plain(s->p, s->n);
 #else
         s->sink ^= read_plain(s->p, s->n);
 #endif
@@ -99,7 +133,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* GB/s of `threads` threads reading `bytes`, best and median over reps */
-static void measure(const uint64_t *buf, size_t bytes, int threads, int reps, int avx512, int streams, double *best,
+static void measure(const uint64_t *buf, size_t bytes, int threads, int reps, int isa, int streams, double *best,
                     double *med) {
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, (unsigned)threads);
@@ -110,7 +144,7 @@ static void measure(const uint64_t *buf, size_t bytes, int threads, int reps, in
     size_t words = bytes / 8, per = (words / (size_t)threads) & ~(size_t)31;
     for (int t = 0; t < threads; t++) {
         sh[t] = (struct share){buf + per * (size_t)t, t == threads - 1 ? words - per * (size_t)t : per, 0, &bar, reps,
-                               t == 0 ? secs : NULL, avx512, streams};
+                               t == 0 ? secs : NULL, isa, streams};
         if (t > 0) pthread_create(&tid[t], NULL, worker, &sh[t]);
     }
     worker(&sh[0]);
@@ -139,20 +173,20 @@ int main(int argc, char **argv) {
     uint64_t *buf = aligned_alloc(4096, bytes);
     if (!buf) { fprintf(stderr, "membw: cannot allocate %zu MiB\n", mib); return 1; }
     for (size_t i = 0; i < bytes / 8; i++) buf[i] = i * 0x9e3779b97f4a7c15ull; /* fault in every page */
-    int avx512 = 0;
+    int isa = 0;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    avx512 = __builtin_cpu_supports("avx512f");
+    isa = __builtin_cpu_supports("avx512f") && !getenv("CS_NO_AVX512") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
 #endif
     double best[2], med[2], best1, med1;
-    for (int k = 0; k < 2; k++) measure(buf, bytes, threads, reps, avx512, k ? 8 : 1, &best[k], &med[k]);
-    measure(buf, bytes, 1, reps, avx512, avx512 ? 8 : 1, &best1, &med1);
-    int b = avx512 && best[1] > best[0];
+    for (int k = 0; k < 2; k++) measure(buf, bytes, threads, reps, isa, k ? 8 : 1, &best[k], &med[k]);
+    measure(buf, bytes, 1, reps, isa, isa ? 8 : 1, &best1, &med1);
+    int b = isa && best[1] > best[0];
     printf("{\"benchmark\": \"membw\", \"threads\": %d, \"mib\": %zu, \"reps\": %d, \"loads\": \"%s\", "
            "\"read_gb_s_best\": %.2f, \"read_gb_s_median\": %.2f, "
            "\"one_stream_gb_s_best\": %.2f, \"eight_streams_gb_s_best\": %.2f, "
            "\"one_thread_gb_s_best\": %.2f, \"one_thread_gb_s_median\": %.2f}\n",
-           threads, mib, reps, avx512 ? "avx512" : "scalar", best[b], med[b], best[0], avx512 ? best[1] : 0.0, best1,
+           threads, mib, reps, isa == 2 ? "avx512" : isa ? "avx2" : "scalar", best[b], med[b], best[0], isa ? best[1] : 0.0, best1,
            med1);
     free(buf);
     return 0;

@@ -48,6 +48,7 @@ void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight
 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 void cs_convert_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
 void cs_softmax_avx2(float *x, int n);
+void cs_silu_mul_avx2(float *gate, const float *up, size_t n);
 /* one (query, head) of paged attention: scores over keys [first, last] into s, softmax,
  * oh = Σ p_t v_t (head_dim hd a multiple of 8; rows through the block table) */
 void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const float *k, const float *v,

@@ -50,74 +50,108 @@ AVX2 INLINE float hsum8(__m256 v) {
 }
 
 /* ---- dot tiles (batch-invariant) ----
- * y[i, r] for i < M, r < R: one 8-lane accumulator per element, FMAs over the columns in
- * order, the tail zero-padded (0·0 adds nothing), one fixed horizontal sum. Every element
- * is made by the same operations whatever M, R, the tile's place or the task's rows, so
- * the result does not depend on the batch around a row. M·R ≤ 8 accumulators fit the 16
- * registers beside the R weight vectors and x. */
-AVX2 INLINE void dot_tile(float *y, int ldy, const float *x, int ldx, const void *w, size_t w0, int cols, const int M,
-                          const int R, cs_dtype dt) {
-    __m256 acc[4][4];
+ * y[i, r] = dot(x[i, :], w[r, :]): one 8-lane accumulator per element, FMAs over the
+ * columns in order, the tail zero-padded (0·0 adds nothing), one fixed horizontal sum.
+ * Every element is made by the same operations whatever the tile shape, the tile's place
+ * or the task's rows, so the result does not depend on the batch around a row.
+ * Weight rows go in blocks of TB_ROWS; a block is widened to F32 TB_KC columns at a time
+ * (exact, so it changes no bit) into a buffer in L1 that all the block's x rows then read:
+ * the widening is paid once per block, not once per 4 rows of x. Tiles are 4 x rows × 3
+ * weight rows: 12 accumulators, 3 weights and x fill the 16 registers, enough independent
+ * FMAs to cover their latency. Accumulators live in memory between column chunks. */
+#define TB_ROWS 6    /* weight rows per block */
+#define TB_KC 256    /* columns widened at a time */
+#define TB_XROWS 32  /* x rows per pass over a block */
+
+/* acc[i][rr + r] += x row i · w row r (F32, ldw apart) over len columns, the last len % 8
+ * read zero-padded; i < M, r < R */
+AVX2 INLINE void tile_chunk(__m256 (*acc)[TB_ROWS], int rr, const float *x, int ldx, const float *wf, size_t ldw,
+                            int len, const int M, const int R) {
+    __m256 a[4][3];
 #pragma GCC unroll 4
     for (int i = 0; i < M; i++)
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) acc[i][r] = _mm256_setzero_ps();
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) a[i][r] = acc[i][rr + r];
     int c = 0;
-    for (; c + 8 <= cols; c += 8) {
-        __m256 wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = load8(w, w0 + (size_t)r * cols + c, dt);
+    for (; c + 8 <= len; c += 8) {
+        __m256 wv[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) wv[r] = _mm256_loadu_ps(wf + (size_t)r * ldw + c);
 #pragma GCC unroll 4
         for (int i = 0; i < M; i++) {
             __m256 xv = _mm256_loadu_ps(x + (size_t)i * ldx + c);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++) a[i][r] = _mm256_fmadd_ps(wv[r], xv, a[i][r]);
         }
     }
-    if (c < cols) {
-        __m256 wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = load8_tail(w, w0 + (size_t)r * cols + c, cols - c, dt);
+    if (c < len) {
+        __m256 wv[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) wv[r] = loadx_tail(wf + (size_t)r * ldw + c, len - c);
 #pragma GCC unroll 4
         for (int i = 0; i < M; i++) {
-            __m256 xv = loadx_tail(x + (size_t)i * ldx + c, cols - c);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
+            __m256 xv = loadx_tail(x + (size_t)i * ldx + c, len - c);
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++) a[i][r] = _mm256_fmadd_ps(wv[r], xv, a[i][r]);
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < M; i++)
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) y[(size_t)i * ldy + r] = hsum8(acc[i][r]);
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) acc[i][rr + r] = a[i][r];
 }
 
-#define INV_ROW_BLOCK 8 /* weight rows kept in cache while all of x passes */
+/* the nx x rows against rows [rr, rr + R) of the block */
+AVX2 INLINE void tile_rows(__m256 (*acc)[TB_ROWS], const float *x, int cols, int nx, const float *wf, size_t ldw,
+                           int len, int rr, const int R) {
+    int i = 0;
+    for (; i + 4 <= nx; i += 4) tile_chunk(acc + i, rr, x + (size_t)i * cols, cols, wf + (size_t)rr * ldw, ldw, len, 4, R);
+    for (; i + 2 <= nx; i += 2) tile_chunk(acc + i, rr, x + (size_t)i * cols, cols, wf + (size_t)rr * ldw, ldw, len, 2, R);
+    for (; i < nx; i++) tile_chunk(acc + i, rr, x + (size_t)i * cols, cols, wf + (size_t)rr * ldw, ldw, len, 1, R);
+}
 
 AVX2 INLINE void gemm_tiles_impl(float *y, int ldy, const float *x, int n, const void *w, int cols, int r0, int r1,
                                  cs_dtype dt) {
-    for (int rb = r0; rb < r1; rb += INV_ROW_BLOCK) {
-        int re = rb + INV_ROW_BLOCK < r1 ? rb + INV_ROW_BLOCK : r1;
-        int i = 0;
-        for (; i + 4 <= n; i += 4) {  /* 4 x rows × 2 weight rows */
-            const float *xi = x + (size_t)i * cols;
-            float *yi = y + (size_t)i * ldy;
-            int r = rb;
-            for (; r + 2 <= re; r += 2) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 4, 2, dt);
-            for (; r < re; r++) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 4, 1, dt);
-        }
-        for (; i + 2 <= n; i += 2) {  /* 2 × 4 */
-            const float *xi = x + (size_t)i * cols;
-            float *yi = y + (size_t)i * ldy;
-            int r = rb;
-            for (; r + 4 <= re; r += 4) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 2, 4, dt);
-            for (; r < re; r++) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 2, 1, dt);
-        }
-        for (; i < n; i++) {          /* 1 × 4 */
-            const float *xi = x + (size_t)i * cols;
-            float *yi = y + (size_t)i * ldy;
-            int r = rb;
-            for (; r + 4 <= re; r += 4) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 1, 4, dt);
-            for (; r < re; r++) dot_tile(yi + r, ldy, xi, cols, w, (size_t)r * cols, cols, 1, 1, dt);
+    __attribute__((aligned(32))) float wbuf[TB_ROWS * TB_KC];
+    __m256 acc[TB_XROWS][TB_ROWS];
+    for (int rb = r0; rb < r1; rb += TB_ROWS) {
+        int nr = r1 - rb < TB_ROWS ? r1 - rb : TB_ROWS;
+        for (int ib = 0; ib < n; ib += TB_XROWS) {
+            int nx = n - ib < TB_XROWS ? n - ib : TB_XROWS;
+            const float *xb = x + (size_t)ib * cols;
+            for (int i = 0; i < nx; i++)
+                for (int r = 0; r < nr; r++) acc[i][r] = _mm256_setzero_ps();
+            for (int kc = 0; kc < cols; kc += TB_KC) {
+                int len = cols - kc < TB_KC ? cols - kc : TB_KC;
+                const float *wf;
+                size_t ldw;
+                if (dt == CS_DTYPE_F32) {
+                    wf = (const float *)w + (size_t)rb * cols + kc;
+                    ldw = (size_t)cols;
+                } else {
+                    for (int r = 0; r < nr; r++) {
+                        const uint16_t *src = (const uint16_t *)w + (size_t)(rb + r) * cols + kc;
+                        float *dst = wbuf + r * TB_KC;
+                        /* the same columns of the next block's rows are fetched while this
+                         * block computes: one block of latency hidden */
+                        const char *next = (const char *)(src + (size_t)TB_ROWS * cols);
+                        bool pf = rb + TB_ROWS < r1;
+                        int c = 0;
+                        for (; c + 8 <= len; c += 8) {
+                            if (pf && (c & 31) == 0) _mm_prefetch(next + 2 * c, _MM_HINT_T0);
+                            _mm256_store_ps(dst + c, load8(src, (size_t)c, dt));
+                        }
+                        for (; c < len; c++) dst[c] = dt == CS_DTYPE_BF16 ? cs_bf16_to_f32(src[c]) : cs_f16_to_f32(src[c]);
+                    }
+                    wf = wbuf;
+                    ldw = TB_KC;
+                }
+                int rr = 0;
+                for (; rr + 3 <= nr; rr += 3) tile_rows(acc, xb + kc, cols, nx, wf, ldw, len, rr, 3);
+                for (; rr < nr; rr++) tile_rows(acc, xb + kc, cols, nx, wf, ldw, len, rr, 1);
+            }
+            for (int i = 0; i < nx; i++)
+                for (int r = 0; r < nr; r++) y[(size_t)(ib + i) * ldy + rb + r] = hsum8(acc[i][r]);
         }
     }
 }
@@ -228,6 +262,18 @@ AVX2 INLINE __m256 exp8(__m256 x) {
     /* 2^n for n in [-126, 127]: the biased exponent in place */
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* gate[i] = silu(gate[i]) · up[i] = gate / (1 + e^-gate) · up */
+AVX2 void cs_silu_mul_avx2(float *gate, const float *up, size_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 sg = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(sg, _mm256_loadu_ps(up + i)));
+    }
+    if (i < n) cs_silu_mul_ref(gate + i, up + i, n - i);
 }
 
 AVX2 void cs_softmax_avx2(float *x, int n) {

@@ -1,0 +1,171 @@
+/* cpu_kernels/kernelbench.c (built as bench/kernelbench): the CPU backend's matmul kernels
+ * alone, on the seven projections of one layer of the bench model (hidden 1024, intermediate
+ * 2816, BF16 weights; L such layers, 4 by
+ * default, so they do not fit the last-level cache as one would), at the row counts
+ * of decode (1, 8, 32) and prefill (512): GFLOP/s and weight GB/s, best of R repetitions
+ * (the best is what the machine can do; noise only ever slows a run), for the kernels the
+ * backend picks and for each switch of cpu_backend_params_t that changes them. Beside them,
+ * the compute roofline: fused multiply-adds per second of all threads on independent
+ * registers (8 lanes with AVX2, 16 with AVX-512). Prints one JSON object.
+ *
+ *   bench/kernelbench [--threads N] [--reps R] [--hidden H] [--inter I] [--layers L]
+ *                                                            (2, 30, 1024, 2816, 4) */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu_kernels/cpu_raw.h"
+#include "cpu_kernels/kernels.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- FMA peak ---- */
+#define PEAK_ITERS 20000000L
+__attribute__((target("avx2,fma"))) static void *fma_avx2(void *arg) {
+    __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 10; i++) a[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < PEAK_ITERS; it++)
+#pragma GCC unroll 10
+        for (int i = 0; i < 10; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
+    __m256 s = a[0];
+    for (int i = 1; i < 10; i++) s = _mm256_add_ps(s, a[i]);
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    *(float *)arg = t[0];
+    return NULL;
+}
+__attribute__((target("avx512f"))) static void *fma_avx512(void *arg) {
+    __m512 a[10], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 10; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < PEAK_ITERS; it++)
+#pragma GCC unroll 10
+        for (int i = 0; i < 10; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
+    __m512 s = a[0];
+    for (int i = 1; i < 10; i++) s = _mm512_add_ps(s, a[i]);
+    *(float *)arg = _mm512_reduce_add_ps(s);
+    return NULL;
+}
+
+/* GFLOP/s (2 per FMA) of `threads` threads running the FMA loop */
+static double fma_peak(int threads, bool avx512) {
+    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
+    float *sink = calloc((size_t)threads, sizeof *sink);
+    double t0 = now();
+    for (int t = 0; t < threads; t++) pthread_create(&tid[t], NULL, avx512 ? fma_avx512 : fma_avx2, &sink[t]);
+    for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
+    double secs = now() - t0;
+    if (sink[0] == 42.0f) fputc(' ', stderr);
+    free(tid);
+    free(sink);
+    return (double)threads * PEAK_ITERS * 10 * (avx512 ? 16 : 8) * 2 / secs * 1e-9;
+}
+
+/* ---- the matmuls ---- */
+typedef struct { const char *name; int rows, cols; } proj_t;
+
+static float *randv(size_t n) {
+    float *v = malloc(n * sizeof *v);
+    uint32_t s = 12345;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        v[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 0.1f;
+    }
+    return v;
+}
+
+int main(int argc, char **argv) {
+    int threads = 2, reps = 30, hidden = 1024, inter = 2816, layers = 4;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) hidden = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--inter") && i + 1 < argc) inter = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--threads N] [--reps R] [--hidden H] [--inter I] [--layers L]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (threads < 1 || reps < 1 || hidden < 8 || inter < 8 || layers < 1 || layers > 64) { fprintf(stderr, "kernelbench: bad argument\n"); return 2; }
+    proj_t projs[] = {{"q", hidden, hidden}, {"k", hidden, hidden}, {"v", hidden, hidden}, {"o", hidden, hidden},
+                      {"gate", inter, hidden}, {"up", inter, hidden}, {"down", hidden, inter}};
+    enum { NP = 7 };
+    cs_weight_t *w = calloc((size_t)(NP * layers), sizeof *w);
+    size_t wbytes = 0, params = 0;
+    for (int p = 0; p < NP * layers; p++) {
+        size_t n = (size_t)projs[p % NP].rows * projs[p % NP].cols;
+        float *f = randv(n);
+        uint16_t *h = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) h[i] = cs_f32_to_bf16(f[i]);
+        free(f);
+        w[p] = (cs_weight_t){CS_DTYPE_BF16, projs[p % NP].rows, projs[p % NP].cols, h};
+        wbytes += n * 2;
+        params += n;
+    }
+    static const int ns[] = {1, 8, 32, 512};
+    int max_n = 512;
+    float *x = randv((size_t)max_n * (size_t)(inter > hidden ? inter : hidden));
+    float *y = malloc(sizeof(float) * (size_t)max_n * (size_t)(inter > hidden ? inter : hidden));
+    struct { const char *name; cpu_backend_params_t p; } variants[] = {
+        {"default", {.n_threads = threads}},
+        {"no_tile", {.n_threads = threads, .no_tile = true}},
+        {"no_avx512", {.n_threads = threads, .no_avx512 = true}},
+        {"invariant", {.n_threads = threads, .batch_invariant = true}},
+    };
+    bool avx512 = cs_cpu_has_avx512();
+    char cpu[128] = "?";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "model name", 10)) {
+                char *c = strchr(line, ':');
+                if (c) { snprintf(cpu, sizeof cpu, "%s", c + 2); cpu[strcspn(cpu, "\n")] = 0; }
+                break;
+            }
+        fclose(f);
+    }
+    printf("{\"benchmark\": \"kernels\", \"cpu\": \"%s\", \"threads\": %d, \"hidden\": %d, \"inter\": %d, \"layers\": %d, "
+           "\"weights\": \"BF16\", \"avx2\": %s, \"avx512\": %s, \"amx\": %s,\n",
+           cpu, threads, hidden, inter, layers, cs_cpu_has_avx2() ? "true" : "false", avx512 ? "true" : "false",
+           cs_cpu_has_amx_bf16() ? "true" : "false");
+    double pk = cs_cpu_has_avx2() ? fma_peak(threads, false) : 0, pk512 = avx512 ? fma_peak(threads, true) : 0;
+    printf(" \"fma_peak_gflops_avx2\": %.1f, \"fma_peak_gflops_avx512\": %.1f,\n \"runs\": [\n", pk, pk512);
+    bool first = true;
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        if (!strcmp(variants[v].name, "no_avx512") && !avx512) continue;
+        cpu_raw_t *be = cpu_raw_new(&variants[v].p);
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k];
+            int r = n >= 512 ? (reps + 19) / 20 : reps;
+            double best = 1e30;
+            for (int it = 0; it <= r; it++) { /* the first pass warms caches and scratch */
+                double t0 = now();
+                for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(be, y, x, n, &w[p], NULL);
+                double t = now() - t0;
+                if (it && t < best) best = t;
+            }
+            double gflops = 2.0 * (double)params * n / best * 1e-9;
+            printf("%s  {\"variant\": \"%s\", \"path\": \"%s\", \"n\": %d, \"ms\": %.3f, \"gflops\": %.1f, "
+                   "\"weight_gb_s\": %.1f}",
+                   first ? "" : ",\n", variants[v].name, cpu_raw_path(be), n, best * 1e3, gflops,
+                   (double)wbytes / best * 1e-9);
+            first = false;
+            fflush(stdout);
+        }
+        cpu_raw_free(be);
+    }
+    printf("\n]}\n");
+    for (int p = 0; p < NP * layers; p++) free((void *)w[p].data);
+    free(w);
+    free(x);
+    free(y);
+    return 0;
+}
