@@ -750,8 +750,11 @@ static void lora_seg_task(void *p, int task, int thread) {
     lora_seg_expand(j, g, 0, j->d_out);
 }
 
-/* below this many multiply-adds a projection's LoRA runs on the calling thread: waking the
- * pool twice costs more than the work (decode with one adapter) */
+/* below this many multiply-adds a projection's LoRA runs on the calling thread, waking the
+ * pool twice costs more than the work (decode with one adapter); not when there are enough
+ * segments for one dispatch of a task each (decode with several adapters: each streams its
+ * own weights from memory, which one core alone does at half the bandwidth; kernelbench's
+ * 8 adapters at batch 8 cost 31% on one core, 16% split) */
 #define LORA_INLINE_MACS (1L << 20)
 
 static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lora_seg_t *segs, int n_segs, int d_in,
@@ -794,7 +797,7 @@ static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lor
         c->lora_t_len = need;
     }
     struct lora_batch_job j = {c, y, c->lora_t, x, segs, NULL, n_segs, d_in, d_out, max_rank};
-    if (macs < LORA_INLINE_MACS) {
+    if (macs < LORA_INLINE_MACS && n_segs < 2 * c->n_threads) {
         for (int i = 0; i < n_segs; i++) lora_seg_task(&j, i, 0);
         return;
     }

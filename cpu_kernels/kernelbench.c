@@ -6,7 +6,10 @@
  * (the best is what the machine can do; noise only ever slows a run), for the kernels the
  * backend picks and for each switch of cpu_backend_params_t that changes them. Beside them,
  * the compute roofline: fused multiply-adds per second of all threads on independent
- * registers (8 lanes with AVX2, 16 with AVX-512). Prints one JSON object.
+ * registers (8 lanes with AVX2, 16 with AVX-512). And the LoRA of a decode batch of 8 rows,
+ * each on its own rank-16 BF16 adapter (all seven projections), against the base matmuls
+ * of the same rows: lora_ms / base_ms is the adapters' cost at the kernel level. Prints one
+ * JSON object.
  *
  *   bench/kernelbench [--threads N] [--reps R] [--hidden H] [--inter I] [--layers L]
  *                                                            (2, 30, 1024, 2816, 4) */
@@ -162,7 +165,41 @@ int main(int argc, char **argv) {
         }
         cpu_raw_free(be);
     }
-    printf("\n]}\n");
+    /* LoRA: 8 rows, 8 adapters (distinct weights per adapter, layer and projection) */
+    enum { LN = 8, RANK = 16 };
+    size_t nseg = (size_t)NP * layers * LN;
+    cpu_lora_seg_t *segs = calloc(nseg, sizeof *segs);
+    for (size_t k = 0; k < nseg; k++) {
+        const proj_t *pj = &projs[(k / LN) % NP];
+        size_t na = (size_t)RANK * pj->cols, nb = (size_t)RANK * pj->rows;
+        float *fa = randv(na), *fb = randv(nb);
+        uint16_t *a = malloc(na * 2), *b = malloc(nb * 2), *bt = malloc(nb * 2);
+        for (size_t i = 0; i < na; i++) a[i] = cs_f32_to_bf16(fa[i]);
+        for (int o = 0; o < pj->rows; o++)
+            for (int r = 0; r < RANK; r++) {
+                b[(size_t)o * RANK + r] = cs_f32_to_bf16(fb[(size_t)o * RANK + r]);
+                bt[(size_t)r * pj->rows + o] = b[(size_t)o * RANK + r];
+            }
+        free(fa); free(fb);
+        segs[k] = (cpu_lora_seg_t){(int)(k % LN), 1, a, b, RANK, 2.0f, bt, CS_DTYPE_BF16};
+    }
+    cpu_raw_t *be = cpu_raw_new(&(cpu_backend_params_t){.n_threads = threads});
+    double base = 1e30, lora = 1e30;
+    for (int it = 0; it <= reps; it++) {
+        double t0 = now();
+        for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(be, y, x, LN, &w[p], NULL);
+        double t1 = now();
+        for (int p = 0; p < NP * layers; p++)
+            cpu_raw_lora_batch(be, y, x, &segs[(size_t)p * LN], LN, w[p].cols, w[p].rows);
+        double t2 = now();
+        if (it && t1 - t0 < base) base = t1 - t0;
+        if (it && t2 - t1 < lora) lora = t2 - t1;
+    }
+    printf("\n ],\n \"lora_batch8_8_adapters\": {\"rank\": %d, \"dtype\": \"BF16\", \"base_ms\": %.3f, \"lora_ms\": %.3f, "
+           "\"cost\": %.3f}\n}\n", RANK, base * 1e3, lora * 1e3, lora / base);
+    cpu_raw_free(be);
+    for (size_t k = 0; k < nseg; k++) { free((void *)segs[k].a); free((void *)segs[k].b); free((void *)segs[k].bt); }
+    free(segs);
     for (int p = 0; p < NP * layers; p++) free((void *)w[p].data);
     free(w);
     free(x);

@@ -118,6 +118,23 @@ AVX2 static void expand_avx2(float *y, int ld_y, const float *t, int ld_t, int n
                              int rank, int c0, int c1, float scale) {
     __m256 vs = _mm256_set1_ps(scale);
     int c = c0;
+    if (n == 1) { /* decode: four column groups at once, four independent FMA chains */
+        for (; c + 32 <= c1; c += 32) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int r = 0; r < rank; r++) {
+                __m256 tr = _mm256_set1_ps(t[r]);
+                size_t o = (size_t)r * ld_y + c;
+                a0 = _mm256_fmadd_ps(tr, load8(bt, dt, o), a0);
+                a1 = _mm256_fmadd_ps(tr, load8(bt, dt, o + 8), a1);
+                a2 = _mm256_fmadd_ps(tr, load8(bt, dt, o + 16), a2);
+                a3 = _mm256_fmadd_ps(tr, load8(bt, dt, o + 24), a3);
+            }
+            _mm256_storeu_ps(y + c, _mm256_fmadd_ps(vs, a0, _mm256_loadu_ps(y + c)));
+            _mm256_storeu_ps(y + c + 8, _mm256_fmadd_ps(vs, a1, _mm256_loadu_ps(y + c + 8)));
+            _mm256_storeu_ps(y + c + 16, _mm256_fmadd_ps(vs, a2, _mm256_loadu_ps(y + c + 16)));
+            _mm256_storeu_ps(y + c + 24, _mm256_fmadd_ps(vs, a3, _mm256_loadu_ps(y + c + 24)));
+        }
+    }
     for (; c + 8 <= c1; c += 8) {
         __m256 acc[CS_LORA_SMALL_M];
         for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
