@@ -11,7 +11,8 @@
 #   - with LLAMA_CPP_DIR, llama.cpp on the same shapes (F16 GGUF of the same checkpoint):
 #     llama-bench pp/tg and llama-batched-bench decode at the same batch sizes.
 # Configurations alternate within each repetition so machine noise hits all alike; the
-# JSON lands in bench/results/. Quiet the machine first.
+# JSON lands in bench/results/ with the CPU, its ISA features and the kernel path (set
+# CS_NO_AVX512=1, CS_NO_AMX=1 to run the AVX2 path on an AVX-512 CPU). Quiet the machine first.
 #
 #   bench/engine.sh
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/engine.sh
@@ -89,9 +90,11 @@ runs_path, out, model, threads, gen, prompt, dtype = sys.argv[1:8]
 runs = [json.loads(l) for l in open(runs_path)]
 med = statistics.median
 dec = {}
+kernels = None
 for r in runs:
     if r["kind"] == "decode":
         s = r["stats"]
+        kernels = s.get("backend", {}).get("kernels", kernels)
         dec.setdefault((r["batch"], r["adapters"]), []).append(s["decode_only_tokens"] / s["decode_only_ms"] * 1e3)
 pre = [r["stats"]["prefill_tokens"] / r["stats"]["busy_ms"] * 1e3 for r in runs if r["kind"] == "prefill"]
 # bytes of weights one decode token reads: every matrix once (embedding rows are negligible)
@@ -104,6 +107,9 @@ bws = [r["out"]["read_gb_s_best"] for r in runs if r["kind"] == "membw" and "rea
 res = {"benchmark": "engine", "model": f"llama ~200M ({h} hidden, {L} layers, inter {inter}, vocab {V}), {dtype.upper()}",
        "threads": int(threads), "gen_tokens": int(gen), "adapter_rank": 16,
        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
+       "isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+               if f in next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])],
+       "kernel_path": kernels, "switches": {k: os.environ[k] for k in ("CS_NO_AVX512", "CS_NO_AMX") if k in os.environ},
        "decode_tok_s": {f"batch{b}_adapters{a}": {"runs": v, "median": med(v)} for (b, a), v in sorted(dec.items())},
        "prefill_tok_s": {"prompt": int(prompt), "runs": pre, "median": med(pre) if pre else None},
        "weight_bytes_per_token": wbytes}
@@ -132,6 +138,7 @@ if bb:
             res.setdefault("llama_cpp", {})[f"decode_batch{b}_tok_s"] = med(v)
             res[f"decode_batch{b}_vs_llama_cpp"] = d[f"batch{b}_adapters0"] / med(v)
 json.dump(res, open(out, "w"), indent=2)
+print(f"cpu: {res['cpu']} ({', '.join(res['isa'])}), kernels {kernels}")
 for k, v in d.items():
     print(f"decode {k}: {v:.2f} tok/s")
 for k in sorted(res):

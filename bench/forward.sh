@@ -5,7 +5,10 @@
 # from the same checkpoint) when LLAMA_CPP_DIR points at a llama.cpp build. Measured as
 # llama-bench does: prefill = a PROMPT-token prompt (pp512), decode = GEN tokens generated
 # from an empty context (tg128), and pg = PROMPT tokens then GEN generated, all tokens over the
-# whole time (llama-bench -pg 512,128), where decode attends to the prompt. Runs alternate between the two so machine noise hits both
+# whole time (llama-bench -pg 512,128), where decode attends to the prompt. The JSON names the
+# CPU, its ISA features and the kernel path caraserve chose; CS_NO_AVX512=1 (and CS_NO_AMX=1)
+# in the environment runs caraserve's AVX2 path on an AVX-512 CPU (llama.cpp keeps what it
+# was built for). Runs alternate between the two so machine noise hits both
 # alike; the JSON lands in bench/results/. Quiet the machine first: numbers from a busy one
 # are meaningless.
 #
@@ -27,11 +30,12 @@ if [ -n "$gguf" ]; then
     [ -x "$bench_bin" ] || { echo "forward.sh: $bench_bin not found (build llama.cpp first)" >&2; exit 1; }
 fi
 
-cs_runs=() ll_runs=()
+cs_runs=() ll_runs=() kernels=""
 for r in $(seq "$REPS"); do
     line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens 1 \
         --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
     pp=$(sed -E 's/.*prefill [0-9]+ tokens in [0-9.]+ ms \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
+    kernels=$(sed -E 's/.*cpu \(([^ ]+) kernels.*/\1/' <<<"$line")
     # one prompt token, then GEN decode steps (the first token comes from the prefill)
     line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids 1 --max-tokens $((GEN + 1)) --ignore-eos \
         --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
@@ -53,9 +57,9 @@ for r in $(seq "$REPS"); do
 done
 
 out="bench/results/forward-$(date -u +%Y%m%dT%H%M%SZ).json"
-$PY - "$out" "$PROMPT" "$GEN" "$THREADS" "$DTYPE" "${LLAMA_CPP_DIR:-}" "${cs_runs[*]}" "${ll_runs[*]:-}" <<'PYEOF'
-import json, platform, statistics, subprocess, sys
-out, prompt, gen, threads, dtype, llama_dir, cs, ll = sys.argv[1:9]
+$PY - "$out" "$PROMPT" "$GEN" "$THREADS" "$DTYPE" "${LLAMA_CPP_DIR:-}" "${cs_runs[*]}" "${ll_runs[*]:-}" "$kernels" <<'PYEOF'
+import json, os, platform, statistics, subprocess, sys
+out, prompt, gen, threads, dtype, llama_dir, cs, ll, kernels = sys.argv[1:10]
 def parse(s):
     runs = [tuple(float(v) for v in r.split(":")) for r in s.split()] if s.strip() else []
     med = lambda k: statistics.median(r[k] for r in runs) if runs else None  # noqa: E731
@@ -66,6 +70,9 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 res = {"benchmark": "forward", "model": "llama 200M (hidden 1024, 12 layers, 16 heads, inter 2816, vocab 32000)",
        "caraserve_weights": dtype.upper(), "prompt_tokens": int(prompt), "gen_tokens": int(gen), "threads": int(threads),
        "cpu": cpu, "nproc": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
+       "isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+               if f in next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])],
+       "kernel_path": kernels, "switches": {k: os.environ[k] for k in ("CS_NO_AVX512", "CS_NO_AMX") if k in os.environ},
        "caraserve": parse(cs)}
 if llama_dir:
     res["llama_cpp"] = dict(parse(ll), weights="F16", dir=llama_dir)
@@ -74,6 +81,7 @@ if llama_dir:
     res["ratio_prompt_then_gen"] = res["caraserve"]["prompt_then_gen_median"] / res["llama_cpp"]["prompt_then_gen_median"]
 json.dump(res, open(out, "w"), indent=2)
 c = res["caraserve"]
+print(f"cpu: {cpu} ({', '.join(res['isa'])}), kernels {kernels}")
 print(f"caraserve ({dtype}, {threads} threads): prefill {c['prefill_median']:.1f} tok/s, decode {c['decode_median']:.2f} tok/s, "
       f"prompt+gen {c['prompt_then_gen_median']:.2f} tok/s")
 if llama_dir:

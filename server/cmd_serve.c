@@ -3,7 +3,10 @@
  * loads the model, tokenizer, chat template and adapters, starts the engine thread, then
  * waits for SIGTERM or SIGINT: stop accepting, let in-flight requests finish within
  * --shutdown-timeout, abort the rest, exit 0. */
+#include "config.h" /* first: _GNU_SOURCE for nftw */
+
 #include <errno.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <poll.h>
 #include <signal.h>
@@ -14,7 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "server/setup.h"
 #include "lora/assist.h"
 #include "lora/registry.h"
@@ -319,6 +321,12 @@ static bool parse_lora_module(const char *spec, char **name, char **dir) {
     return *name && *dir;
 }
 
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st; (void)type; (void)ftw;
+    remove(path);
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     serve_config_t cfg = {0};
     cfg.host = strdup("127.0.0.1");
@@ -509,9 +517,15 @@ int cmd_serve(int argc, char **argv) {
         }
         s->upload_dir = strdup(s->cfg.adapter_upload_dir);
     } else {
-        char tmpl[] = "/tmp/caraserve-uploads-XXXXXX";
+        const char *tmp = getenv("TMPDIR");
+        char tmpl[4096];
+        snprintf(tmpl, sizeof tmpl, "%s/caraserve-uploads-XXXXXX", tmp && *tmp ? tmp : "/tmp");
         s->upload_dir = mkdtemp(tmpl) ? strdup(tmpl) : NULL;
-        if (!s->upload_dir) { fprintf(stderr, "caraserve serve: cannot create an upload directory in /tmp\n"); goto out; }
+        if (!s->upload_dir) {
+            fprintf(stderr, "caraserve serve: cannot create an upload directory in %s: %s\n", tmp && *tmp ? tmp : "/tmp",
+                    strerror(errno));
+            goto out;
+        }
     }
     if (server_metrics_init(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     if (http_start(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
@@ -684,6 +698,8 @@ out:
     free(ldirs);
     free(tsrc);
     json_decref(tcfg);
+    if (s->upload_dir && !s->cfg.adapter_upload_dir) /* ours (mkdtemp): uploads do not outlive the server */
+        nftw(s->upload_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     free(s->upload_dir);
     free(s->bos_token);
     free(s->eos_token);

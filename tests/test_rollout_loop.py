@@ -347,3 +347,19 @@ print(f"ok  grpo_loop.py: 5 steps, each on the version pushed before it, server/
       f"<= {max(float(s[3]) for s in steps):.1e}")
 if srv.stop() != 0:
     reflib.fail("exit status")
+
+# ---- 3. without --adapter-upload-dir the uploads go to a directory of the server's own, in
+# $TMPDIR, which it removes with its contents when it stops ----
+tmp = reflib.tmpdir("cs_tmpdir_")
+srv = Server(["--model", model_dir, "--threads", "2", "--kv-cache-bytes", "64M"], env={"TMPDIR": tmp})
+cl = Client(srv.base)
+with open(os.path.join(v_dirs[1], "adapter_model.safetensors"), "rb") as f:
+    cl.push_adapter("own", 1, f.read(), lora_alpha=16)
+made = [os.path.join(d, f) for d, _, fs in os.walk(tmp) for f in fs]
+if not any(os.path.relpath(m, tmp).split(os.sep)[0].startswith("caraserve-uploads-") for m in made):
+    reflib.fail(f"the upload should be stored under $TMPDIR/caraserve-uploads-*: found {made}")
+if srv.stop() != 0:
+    reflib.fail("exit status")
+if os.listdir(tmp):
+    reflib.fail(f"the server's own upload directory outlived it: {os.listdir(tmp)}")
+print("ok  the default upload directory is made in $TMPDIR and removed, with the uploads, when the server stops")
