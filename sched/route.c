@@ -95,17 +95,28 @@ void route_evaluate(const route_replica_t *r, const route_req_t *q, double tpot_
     out->score = out->cost * r->n_requests;
 }
 
-/* the first healthy replica at or after *rr that minimises key(); ties go in turn */
+/* what a request would wait for there when every replica breaks the SLO: the queue's
+ * prefill with its own, then its expected output at the decode iteration's pace */
+static double finish_ms(const route_eval_t *e, const route_req_t *q) {
+    return e->pre_with + (q->expected_output > 0 ? q->expected_output : 1) * e->dec_with;
+}
+
+/* the first eligible replica at or after *rr that minimises key(); ties go in turn */
 int route_pick(route_policy p, const route_replica_t *r, int n, const route_req_t *q, double tpot_factor,
                unsigned *rr) {
     int best = -1;
-    double b_score = 0, b_cost = 0, b_dec = 0;
-    int b_load = 0;
-    bool any_finite = false;
-    route_eval_t *ev = p == ROUTE_RANK_AWARE ? calloc((size_t)(n ? n : 1), sizeof *ev) : NULL;
+    double b_score = 0, b_cost = 0, b_fin = 0;
+    int b_load = 0, b_req = 0;
+    bool any_finite = false, any_open = false;
+    if (n <= 0) return -1;
+    for (int i = 0; i < n; i++) any_open |= r[i].healthy && !r[i].paused;
+    bool *ok = calloc((size_t)n, sizeof *ok);
+    if (!ok) return -1;
+    for (int i = 0; i < n; i++) ok[i] = r[i].healthy && (!r[i].paused || !any_open);
+    route_eval_t *ev = p == ROUTE_RANK_AWARE ? calloc((size_t)n, sizeof *ev) : NULL;
     if (p == ROUTE_RANK_AWARE && ev) {
         for (int i = 0; i < n; i++) {
-            if (!r[i].healthy) continue;
+            if (!ok[i]) continue;
             if (r[i].fitted) route_evaluate(&r[i], q, tpot_factor, &ev[i]);
             else ev[i] = (route_eval_t){.cost = 0, .score = 0}; /* load alone decides */
             if (isfinite(ev[i].cost)) any_finite = true;
@@ -113,11 +124,12 @@ int route_pick(route_policy p, const route_replica_t *r, int n, const route_req_
     }
     for (int k = 0; k < n; k++) {
         int i = (int)((*rr + (unsigned)k) % (unsigned)n);
-        if (!r[i].healthy) continue;
+        if (!ok[i]) continue;
         if (best < 0) {
             best = i;
-            if (ev) b_score = ev[i].score, b_cost = ev[i].cost, b_dec = ev[i].dec_with;
+            if (ev) b_score = ev[i].score, b_cost = ev[i].cost, b_fin = finish_ms(&ev[i], q);
             b_load = r[i].in_flight;
+            b_req = r[i].n_requests;
             if (p == ROUTE_ROUND_ROBIN) break;
             continue;
         }
@@ -131,17 +143,21 @@ int route_pick(route_policy p, const route_replica_t *r, int n, const route_req_
             else if (e->score != b_score) better = e->score < b_score;
             else if (e->cost != b_cost) better = e->cost < b_cost;
             else better = r[i].in_flight < b_load;
-        } else { /* every replica breaks the SLO: the fastest decode iteration takes it */
-            if (ev[i].dec_with != b_dec) better = ev[i].dec_with < b_dec;
+        } else { /* every replica breaks the SLO: where it would finish first */
+            double fin = finish_ms(&ev[i], q);
+            if (fin != b_fin) better = fin < b_fin;
+            else if (r[i].n_requests != b_req) better = r[i].n_requests < b_req;
             else better = r[i].in_flight < b_load;
         }
         if (better) {
             best = i;
-            if (ev) b_score = ev[i].score, b_cost = ev[i].cost, b_dec = ev[i].dec_with;
+            if (ev) b_score = ev[i].score, b_cost = ev[i].cost, b_fin = finish_ms(&ev[i], q);
             b_load = r[i].in_flight;
+            b_req = r[i].n_requests;
         }
     }
     free(ev);
+    free(ok);
     if (best >= 0) *rr = (unsigned)(best + 1) % (unsigned)n;
     return best;
 }

@@ -13,8 +13,13 @@
  *        score    = cost × (running + queued requests)
  *    lowest score wins; ties (an idle replica scores 0) go to the lower cost, then the fewer
  *    requests in flight, then in turn. When every replica would break the SLO, the one with
- *    the fastest Dec(running + req) takes it: a request is never refused for its SLO. A
- *    replica whose cost model has no fit yet is priced by its load alone.
+ *    the one where it would finish first takes it, Pre(queue + req) + expected output ×
+ *    Dec(running + req) (its queue counts: a long one is not where a late request catches
+ *    up), ties to the fewer requests: a request is never refused for its SLO. A replica
+ *    whose cost model has no fit yet is priced by its load alone.
+ *
+ * Every policy passes over a paused replica (POST /v1/pause: it holds what it gets until
+ * resumed) while some healthy replica is not paused; when all are paused, all are in.
  *
  * Pure functions over snapshots: no I/O, no locks (the router holds its own). */
 #ifndef CS_SCHED_ROUTE_H
@@ -41,6 +46,7 @@ typedef struct route_seq {
 
 typedef struct route_replica {
     bool healthy;
+    bool paused;                /* its /v1/state says so: new work waits there until resumed */
     bool fitted;                /* coef is a fit (else rank-aware prices by load alone) */
     double coef[COST_N_TERMS];  /* ms per unit of each term (cost_term_names) */
     const route_seq_t *seqs;

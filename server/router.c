@@ -60,7 +60,7 @@ typedef struct proxy proxy_t;
 typedef struct replica {
     char *url;                  /* "http://host:port", no trailing slash */
     /* under router.mu */
-    bool healthy, ever_polled;
+    bool healthy, ever_polled, paused;
     char why_down[256];
     route_seq_t *seqs;          /* the latest state's sequences; adapter names in names */
     char *names;
@@ -393,6 +393,7 @@ static int take_state(router_t *rt, int r, const char *body, double t0, char *er
     json_t *cm = json_object_get(st, "cost_model");
     double coef[COST_N_TERMS] = {0};
     bool fitted = json_is_true(json_object_get(cm, "fitted"));
+    bool paused = json_is_true(json_object_get(st, "paused"));
     for (int i = 0; i < COST_N_TERMS; i++)
         coef[i] = json_number_value(json_object_get(json_object_get(cm, "terms"), cost_term_names[i]));
     json_t *ads = json_object_get(st, "adapters");
@@ -409,6 +410,7 @@ static int take_state(router_t *rt, int r, const char *body, double t0, char *er
     rp->n_running = (int)json_array_size(run);
     rp->n_waiting = (int)json_array_size(wait);
     rp->fitted = fitted;
+    rp->paused = paused;
     memcpy(rp->coef, coef, sizeof coef);
     rp->adapters = json_is_object(ads) ? json_incref(ads) : json_object();
     rp->t_state = t0;
@@ -481,7 +483,7 @@ static void route_replica_of(router_t *rt, int r, route_replica_t *out, route_se
                                           .prefill_left = p->est.prompt_tokens * (p->est.n > 0 ? p->est.n : 1)};
     }
     *extra_seqs = seqs;
-    *out = (route_replica_t){.healthy = rp->healthy, .fitted = rp->fitted, .seqs = seqs, .n_seqs = seqs ? k : 0,
+    *out = (route_replica_t){.healthy = rp->healthy, .paused = rp->paused, .fitted = rp->fitted, .seqs = seqs, .n_seqs = seqs ? k : 0,
                              .n_requests = rp->n_requests + extra, .in_flight = rp->in_flight};
     memcpy(out->coef, rp->coef, sizeof rp->coef);
 }
@@ -899,8 +901,9 @@ static json_t *router_state_json(router_t *rt) {
         replica_t *rp = &rt->rep[i];
         json_t *coef = json_object();
         for (int k = 0; k < COST_N_TERMS; k++) json_object_set_new(coef, cost_term_names[k], json_real(rp->coef[k]));
-        json_array_append_new(reps, json_pack("{s:s, s:b, s:s?, s:i, s:i, s:i, s:i, s:b, s:o}", "url", rp->url,
+        json_array_append_new(reps, json_pack("{s:s, s:b, s:s?, s:b, s:i, s:i, s:i, s:i, s:b, s:o}", "url", rp->url,
                                               "healthy", rp->healthy, "why_down", rp->why_down[0] ? rp->why_down : NULL,
+                                              "paused", rp->paused,
                                               "running", rp->n_running, "waiting", rp->n_waiting, "requests",
                                               rp->n_requests, "in_flight", rp->in_flight, "fitted", rp->fitted,
                                               "cost_model", coef));

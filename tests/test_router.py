@@ -6,8 +6,8 @@ loopback. What it must do, each created as a state rather than waited for by luc
     stream's pieces joining to the whole; the replica that answered named in a header;
   - send admin requests (an adapter load, pause, resume) to every replica;
   - place requests by its policy: round-robin in turn; least-loaded by what it has open on
-    each replica (replicas paused, so requests stay open); rank-aware away from a replica
-    whose queue is long (its /v1/state says so, held by a pause);
+    each replica (replicas paused, so requests stay open); rank-aware away from a paused
+    replica whose queue is long (its /v1/state says so);
   - propagate a client's hang-up: a stream cut after its first token aborts the replica's
     request;
   - lose nothing that was not sent to a dead replica: one request held on each paused
@@ -164,13 +164,16 @@ for k in range(4):  # straight to replica 0: its own queue, seen only through it
     hth.append(send_async(reps[0], {"model": "r64", "prompt": "a b c d e f g h " * 8, "max_tokens": 16,
                                     "temperature": 0}, held, k))
 wait_for(lambda: state(ra)["replicas"][0]["waiting"] >= 4, 60, "replica 0's queue in the router's view")
+if not state(ra)["replicas"][0]["paused"] or any(x["paused"] for x in state(ra)["replicas"][1:]):
+    reflib.fail(f"the router's view of which replicas are paused: {state(ra)}")
 placed = [complete(ra, dict(body, max_tokens=2))[2] for _ in range(4)]
 if urls[0] in placed:
-    reflib.fail(f"rank-aware sent a request to the replica with 4 queued: {placed}")
+    reflib.fail(f"rank-aware sent a request to the paused replica with 4 queued: {placed}")
 reps[0].resume()
 for t in hth:
     t.join()
-print(f"ok  rank-aware: with 4 requests queued on replica 0, 4 new ones went to {sorted(set(placed))}")
+print(f"ok  rank-aware: with replica 0 paused and 4 requests queued there, 4 new ones went to {sorted(set(placed))}"
+      f" (how a queue prices a replica is unit-tested in test_sched)")
 
 # --- a client's hang-up reaches the replica ---
 for r in reps:
@@ -244,6 +247,8 @@ print(f"ok  rollout side through the router: /v1/rollout equal to a replica's (a
 slow = router("round-robin", poll_ms=600000)  # polls once: it learns of the death by trying
 for r in reps:
     r.pause("keep")
+# a replica seen unpaused beside paused ones would be preferred: wait for the router to see all
+wait_for(lambda: all(x["paused"] for x in state(rr)["replicas"]), 60, "the router to see every replica paused")
 res, ths, where = {}, [], {}
 for k in range(3):  # round-robin: one held on each replica; which one, from the router's state
     before = [x["in_flight"] for x in state(rr)["replicas"]]

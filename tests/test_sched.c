@@ -383,7 +383,8 @@ START_TEST(route_rank_aware) {
     ck_assert_double_eq_tol(ea.pre_queue, 0, 1e-12); /* nothing to prefill: no iteration */
     ck_assert_double_eq_tol(ea.pre_with, 1 + 0.01 * 100 + 0.05 * 64, 1e-9);
     /* the default TPOT bound: 1.5 × the base model's iteration of 3 rows = 1.5 × 1.3 = 1.95 ms:
-     * both break it (4.5 and 4.7 ms): every replica breaks the SLO, the faster decode wins */
+     * both break it (4.5 and 4.7 ms): every replica breaks the SLO, where it finishes first wins
+     * (Pre 5.2 ms on each, then 50 × 4.5 on A against 50 × 4.7 on B) */
     ck_assert(isinf(ea.cost) && isinf(eb.cost));
     unsigned rr = 1;
     ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r, 2, &q, 0, &rr), 0);
@@ -415,6 +416,52 @@ START_TEST(route_rank_aware) {
     /* none healthy: -1 */
     for (int i = 0; i < 3; i++) r3[i].healthy = false;
     ck_assert_int_eq(route_pick(ROUTE_RANK_AWARE, r3, 3, &q, 0, &rr), -1);
+}
+END_TEST
+
+/* When every replica breaks the SLO, a queue still counts: 4 rank-64 prompts waiting on
+ * replica 0 (nothing running: its decode iteration is the idle one's) send a rank-64 request
+ * to an idle replica, whatever the turn; and a paused replica is passed over by every policy
+ * while another is not paused */
+START_TEST(route_queue_and_pause) {
+    route_seq_t w[4];
+    for (int i = 0; i < 4; i++) w[i] = (route_seq_t){"x", 64, 64, 64, false};
+    route_replica_t r[3] = {replica(w, 4, 4), replica(NULL, 0, 0), replica(NULL, 0, 0)};
+    route_req_t q = {.adapter = "x", .rank = 64, .prompt_tokens = 5, .n = 1, .expected_output = 2};
+    route_eval_t e0, e1;
+    route_evaluate(&r[0], &q, 0, &e0);
+    route_evaluate(&r[1], &q, 0, &e1);
+    ck_assert(isinf(e0.cost) && isinf(e1.cost)); /* 1 + 0.1 + 3.2 > 1.5 × 1.1 */
+    ck_assert_double_eq_tol(e0.dec_with, e1.dec_with, 1e-12);
+    ck_assert_double_eq_tol(e0.pre_with - e1.pre_with, 0.01 * 256, 1e-9); /* the queue's prompts */
+    for (unsigned start = 0; start < 3; start++) {
+        unsigned rr = start;
+        int got = route_pick(ROUTE_RANK_AWARE, r, 3, &q, 0, &rr);
+        ck_assert_int_ne(got, 0);
+        ck_assert_int_ge(got, 1);
+    }
+    /* the same queue with an SLO each keeps: the score (cost × 4 requests against 0) */
+    q.slo_tpot_ms = 100;
+    for (unsigned start = 0; start < 3; start++) {
+        unsigned rr = start;
+        ck_assert_int_ne(route_pick(ROUTE_RANK_AWARE, r, 3, &q, 0, &rr), 0);
+    }
+    /* paused: an idle paused replica 1 is passed over by every policy, however loaded the rest */
+    route_replica_t p[3] = {replica(w, 4, 4), replica(NULL, 0, 0), replica(w, 4, 4)};
+    p[1].paused = true;
+    p[0].in_flight = 9, p[2].in_flight = 9;
+    for (int pol = ROUTE_RANK_AWARE; pol <= ROUTE_LEAST_LOADED; pol++)
+        for (unsigned start = 0; start < 3; start++) {
+            unsigned rr = start;
+            ck_assert_int_ne(route_pick((route_policy)pol, p, 3, &q, 0, &rr), 1);
+        }
+    /* ... but not when every healthy one is paused (an unhealthy unpaused one does not count) */
+    p[0].paused = true;
+    p[2].healthy = false;
+    for (int pol = ROUTE_RANK_AWARE; pol <= ROUTE_LEAST_LOADED; pol++) {
+        unsigned rr = 0;
+        ck_assert_int_eq(route_pick((route_policy)pol, p, 3, &q, 0, &rr), pol == ROUTE_ROUND_ROBIN ? 0 : 1);
+    }
 }
 END_TEST
 
@@ -534,6 +581,7 @@ int main(void) {
     tcase_add_test(tc, slo_tpot_budget);
     tcase_add_test(tc, slo_order_and_victim);
     tcase_add_test(tc, route_rank_aware);
+    tcase_add_test(tc, route_queue_and_pause);
     tcase_add_test(tc, route_queue_and_ties);
     tcase_add_test(tc, slo_table);
     suite_add_tcase(s, tc);
