@@ -66,6 +66,10 @@ for r in $(seq "$REPS"); do
             --threads "$THREADS" --stats --max-num-seqs 64 --kv-cache-bytes 2G 2>&1 >/dev/null | grep '^{')
         echo "{\"kind\": \"decode\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
         echo "rep $r batch $b adapters $a: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
+        if [ "$c" = "1:0" ] && [ -x "$BUILD/bench/membw" ]; then # the bandwidth right after batch 1, too
+            bw=$("$BUILD/bench/membw" --threads "$THREADS" 2>/dev/null | tail -1 || true)
+            [ -n "$bw" ] && echo "{\"kind\": \"membw_after\", \"rep\": $r, \"out\": $bw}" >> "$results"
+        fi
     done
     st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/prefill.jsonl" --threads "$THREADS" --stats \
         --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
@@ -123,6 +127,18 @@ if bws:
     res["membw_read_gb_s"] = {"runs": bws, "median": bw}
     res["roofline_decode_tok_s"] = bw * 1e9 / wbytes
     res["batch1_fraction_of_roofline"] = d["batch1_adapters0"] / res["roofline_decode_tok_s"]
+    # paired: each repetition's batch-1 run against the bandwidth measured just before and
+    # just after it (this VM's bandwidth swings by a third over minutes)
+    pairs = []
+    for rep in sorted({r["rep"] for r in runs}):
+        b1 = [r for r in runs if r["kind"] == "decode" and r["rep"] == rep and r["batch"] == 1 and r["adapters"] == 0]
+        around = [r["out"]["read_gb_s_best"] for r in runs if r["kind"] in ("membw", "membw_after")
+                  and r["rep"] == rep and "read_gb_s_best" in r.get("out", {})]
+        if b1 and len(around) == 2:
+            s = b1[0]["stats"]
+            pairs.append(s["decode_only_tokens"] / s["decode_only_ms"] * 1e3 * wbytes / (sum(around) / 2 * 1e9))
+    if pairs:
+        res["batch1_fraction_of_roofline_paired"] = {"runs": pairs, "median": med(pairs)}
 lb = [r["out"] for r in runs if r["kind"] == "llama-bench"]
 if lb:
     pp = [x["avg_ts"] for o in lb for x in o if x["n_prompt"] > 0 and x["n_gen"] == 0]
@@ -143,7 +159,8 @@ for k, v in d.items():
     print(f"decode {k}: {v:.2f} tok/s")
 for k in sorted(res):
     if k.startswith(("lora_overhead", "batch32", "roofline", "batch1_fraction", "prefill_vs", "decode_batch")):
-        print(f"{k}: {res[k]:.3f}")
+        v = res[k]["median"] if isinstance(res[k], dict) else res[k]
+        print(f"{k}: {v:.3f}")
 print(f"prefill {prompt}: {res['prefill_tok_s']['median']:.1f} tok/s")
 print(f"wrote {out}")
 PYEOF

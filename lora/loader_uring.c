@@ -5,7 +5,14 @@
  * chunk_bytes at increasing offsets (short reads resubmit the rest) -> close, all through
  * the ring, with at most queue_depth operations in flight over all files of all jobs and
  * the oldest job's files served first. Every io_uring call is checked; errors name the
- * call or operation, the file, and this source's file and line. */
+ * call or operation, the file, and this source's file and line.
+ *
+ * O_DIRECT: offsets are multiples of 4096 (chunks are) and lengths are rounded up to 4096
+ * (the buffer has the room: it is allocated in whole 4096-byte pages past the NUL), so the
+ * last read of a file asks past its end and gets what is there. A file system that refuses
+ * O_DIRECT says EINVAL at openat (the file is opened again without it) or at a read (O_DIRECT
+ * is cleared on the descriptor with fcntl and the read goes again); so does a short read that
+ * left an unaligned offset. Either way the file is read, through the page cache. */
 #include "config.h" /* _GNU_SOURCE: statx, AT_EMPTY_PATH */
 #include "lora/loader_uring.h"
 
@@ -18,6 +25,7 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,6 +55,7 @@ typedef struct ld_file {
     int state;
     int fd;
     struct statx stx;       /* written by the kernel: zeroed first (valgrind cannot see it) */
+    bool direct;            /* opened (and still) O_DIRECT */
     size_t next_off;        /* next offset to issue a read at */
     size_t done_bytes;      /* bytes read so far */
     int reads;              /* reads in flight or waiting to resubmit */
@@ -65,6 +74,7 @@ typedef struct ld_op {
     int kind;
     ld_file_t *f;
     size_t off, len;
+    bool direct;            /* a read issued on an O_DIRECT descriptor */
     struct ld_op *next;     /* free list, or the resubmit list */
 } ld_op_t;
 
@@ -84,6 +94,8 @@ struct lora_loader {
     bool thread_ok;
     int qd;
     size_t chunk;
+    bool buffered;          /* never O_DIRECT */
+    int refuse;             /* test_refuse_direct */
 
     pthread_mutex_t mu;     /* guards queue_head/tail and stopping */
     ld_job_t *queue_head, *queue_tail;
@@ -153,12 +165,19 @@ static void prep(lora_loader_t *l, ld_op_t *op) {
     struct io_uring_sqe *sqe = sqe_get(l);
     ld_file_t *f = op->f;
     switch (op->kind) {
-    case OP_OPEN: io_uring_prep_openat(sqe, AT_FDCWD, f->pub->path, O_RDONLY | O_CLOEXEC, 0); break;
+    case OP_OPEN:
+        io_uring_prep_openat(sqe, AT_FDCWD, f->pub->path, O_RDONLY | O_CLOEXEC | (f->direct ? O_DIRECT : 0), 0);
+        break;
     case OP_STATX:
         io_uring_prep_statx(sqe, f->fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE, &f->stx);
         break;
     case OP_READ:
-        io_uring_prep_read(sqe, f->fd, (char *)f->pub->data + op->off, (unsigned)op->len, op->off);
+        /* O_DIRECT: whole 4096-byte blocks (the buffer's pages past the file's end have room) */
+        op->direct = f->direct;
+        io_uring_prep_read(sqe, f->fd, (char *)f->pub->data + op->off,
+                           (unsigned)(op->direct ? (op->len + LORA_LOADER_ALIGN - 1) / LORA_LOADER_ALIGN * LORA_LOADER_ALIGN
+                                                 : op->len),
+                           op->off);
         break;
     case OP_CLOSE: io_uring_prep_close(sqe, f->fd); break;
     default: CS_ASSERT(!"loader: bad op");
@@ -190,6 +209,7 @@ static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
                 if (stopping || l->files_open >= l->qd) break;
                 l->files_open++;
                 f->state = F_BUSY;
+                f->direct = !l->buffered;
                 prep(l, op_get(l, OP_OPEN, f));
                 break;
             case F_NEED_STATX:
@@ -216,6 +236,23 @@ static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
     }
 }
 
+/* A buffer for a file of LEN bytes: whole 4096-byte pages past a NUL after the data (O_DIRECT
+ * reads of the last block have the room), zero from LEN to its end; the bytes before LEN are
+ * left for the reads to write (no pass over memory that is about to be overwritten). From 2 MiB
+ * up it is 2 MiB-aligned and asks for transparent huge pages: a 64 MiB adapter then faults
+ * in 32 pages instead of 16384. */
+#define HUGE_BYTES ((size_t)2 << 20)
+static void *file_buffer(size_t len) {
+    size_t size = (len + 1 + LORA_LOADER_ALIGN - 1) / LORA_LOADER_ALIGN * LORA_LOADER_ALIGN;
+    bool huge = size >= HUGE_BYTES;
+    if (huge) size = (size + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+    char *p = aligned_alloc(huge ? HUGE_BYTES : LORA_LOADER_ALIGN, size);
+    if (!p) return NULL;
+    if (huge) (void)madvise(p, size, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
+    memset(p + len, 0, size - len);
+    return p;
+}
+
 static void file_finish(lora_loader_t *l, ld_file_t *f) {
     f->state = F_DONE;
     f->job->n_done++;
@@ -224,6 +261,19 @@ static void file_finish(lora_loader_t *l, ld_file_t *f) {
 /* A read finished or failed: close once nothing of this file is in flight any more. */
 static void read_settled(ld_file_t *f) {
     if (f->reads == 0 && (f->pub->status != CS_OK || f->done_bytes == f->pub->len)) f->state = F_NEED_CLOSE;
+}
+
+/* Clear O_DIRECT on F's descriptor: reads in flight keep their mode, new ones are buffered.
+ * false (F failed, with the reason) when fcntl refuses. */
+static bool buffered_fd(ld_file_t *f) {
+    int fl = fcntl(f->fd, F_GETFL);
+    if (fl < 0 || fcntl(f->fd, F_SETFL, fl & ~O_DIRECT) < 0) {
+        file_fail(f, -errno, "fcntl(F_SETFL, no O_DIRECT)", __LINE__);
+        return false;
+    }
+    f->direct = false;
+    f->pub->direct = false;
+    return true;
 }
 
 static void complete(lora_loader_t *l, ld_op_t *op, int res) {
@@ -236,8 +286,22 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
         return;
     }
     ld_file_t *f = op->f;
+    if (l->refuse == 1 && op->kind == OP_OPEN && f->direct && res >= 0) {
+        close(res);
+        res = -EINVAL;
+    } else if (l->refuse == 2 && op->kind == OP_READ && op->direct && res >= 0) {
+        res = -EINVAL; /* what was read is read again */
+    } else if (l->refuse == 3 && op->kind == OP_READ && op->direct && res > 1) {
+        res = 1; /* short at offset + 1: the rest through the page cache */
+    }
     switch (op->kind) {
     case OP_OPEN:
+        if (res == -EINVAL && f->direct) { /* no O_DIRECT on this file system: the page cache */
+            f->direct = false;
+            op->next = l->resubmit;
+            l->resubmit = op;
+            return;
+        }
         op_put(l, op);
         if (res < 0) {
             file_fail(f, res, "openat", __LINE__);
@@ -261,22 +325,40 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
             return;
         }
         f->pub->len = (size_t)f->stx.stx_size;
-        /* zero-filled: the NUL after the data and the padding; and valgrind sees it defined */
-        f->pub->data = cs_aligned_alloc(LORA_LOADER_ALIGN, f->pub->len + 1);
+        f->pub->data = file_buffer(f->pub->len);
         if (!f->pub->data) {
             file_fail(f, -ENOMEM, "buffer", __LINE__);
             f->state = F_NEED_CLOSE;
             return;
         }
         f->state = F_READING;
+        f->pub->direct = f->direct;
         read_settled(f);    /* an empty file is read already */
         return;
     case OP_READ:
+        if (res == -EINVAL && op->direct && f->pub->status == CS_OK && (!f->direct || buffered_fd(f))) {
+            /* the file system took O_DIRECT at open but not for reads (or an earlier read
+             * found that out): the page cache from here */
+            op->next = l->resubmit;
+            l->resubmit = op;
+            return;
+        }
+        if (res > 0 && (size_t)res > op->len) { /* O_DIRECT past the end: the file grew since statx */
+            memset((char *)f->pub->data + op->off + op->len, 0, (size_t)res - op->len);
+            res = (int)op->len;
+        }
         if (res == -EAGAIN || res == -EINTR || (res > 0 && (size_t)res < op->len && f->pub->status == CS_OK)) {
             if (res > 0) {
                 f->done_bytes += (size_t)res;
                 op->off += (size_t)res;
                 op->len -= (size_t)res;
+                /* O_DIRECT reads need an aligned offset: the rest through the page cache */
+                if (f->direct && op->off % LORA_LOADER_ALIGN != 0 && !buffered_fd(f)) {
+                    f->reads--;
+                    op_put(l, op);
+                    read_settled(f);
+                    return;
+                }
             }
             op->next = l->resubmit;         /* short read: the rest goes again */
             l->resubmit = op;
@@ -408,6 +490,8 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
     l->efd = -1;
     l->qd = p && p->queue_depth ? p->queue_depth : 16;
     l->chunk = p && p->chunk_bytes ? p->chunk_bytes : (size_t)1 << 20;
+    l->buffered = p && p->buffered;
+    l->refuse = p ? p->test_refuse_direct : 0;
     if (l->qd < 1 || l->qd > 256 || l->chunk % LORA_LOADER_ALIGN != 0 || l->chunk > (1u << 30)) {
         rc = cs_error_set(CS_EINVAL, "loader: queue_depth %d (1..256) or chunk_bytes %zu (a multiple of %d) out of range",
                           l->qd, l->chunk, LORA_LOADER_ALIGN);

@@ -1,7 +1,8 @@
 /* loader_uring.h: the adapter loader thread. Callers queue jobs (a few files each, read
  * whole); one thread runs every queued job's files through a single io_uring at once:
- * openat, statx, then chunked reads into 4096-aligned buffers with up to queue_depth
- * operations in flight across all files, then close. The caller never touches the disk:
+ * openat (O_DIRECT where the file system allows it), statx, then chunked reads into
+ * 4096-aligned buffers with up to queue_depth operations in flight across all files, then
+ * close. The caller never touches the disk:
  * lora_loader_submit only queues, and the job's done callback runs on the loader thread.
  * Timers (lora_loader_timer) run on the same thread.
  * Used by lora/registry.c; kept free of adapter semantics so an HTTP upload path or a
@@ -19,6 +20,15 @@ typedef struct lora_loader_params {
     int queue_depth;        /* operations in flight at once (1..256; 8..32 is right for
                              * NVMe); 0 = 16 */
     size_t chunk_bytes;     /* bytes per read, a multiple of 4096; 0 = 1 MiB */
+    bool buffered;          /* read through the page cache only. Otherwise (the default)
+                             * files are opened O_DIRECT: reads go from the device into the
+                             * buffer with no page-cache copy and leave the cache alone; a file
+                             * system that refuses O_DIRECT (EINVAL at open or at a read: tmpfs,
+                             * some FUSE and network file systems) gets buffered reads for
+                             * that file, without error */
+    int test_refuse_direct; /* tests only: 1 = act as if openat refused O_DIRECT, 2 = as if
+                             * every O_DIRECT read did (EINVAL), 3 = as if an O_DIRECT read
+                             * came back short at an unaligned offset */
 } lora_loader_params_t;
 
 /* One file of a job, as the done callback sees it. */
@@ -29,6 +39,7 @@ typedef struct lora_file {
                              * The callback may take it by setting data = NULL; the loader
                              * frees what is left after the callback returns. NULL on error. */
     size_t len;
+    bool direct;            /* every byte came by O_DIRECT (no page cache) */
     int status;             /* CS_OK, or CS_ENOTFOUND (no such file), CS_EIO, CS_ENOMEM */
     char error[384];        /* with status != CS_OK: what failed, naming the file */
 } lora_file_t;

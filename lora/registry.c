@@ -477,6 +477,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
     char lname[128] = "";
     CS_ASSERT(n == 1);
     int rc = files[0].status;
+    bool direct = files[0].direct;
     if (rc != CS_OK) {
         snprintf(msg, sizeof msg, "%s", files[0].error);
     } else {
@@ -521,6 +522,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         e->fresh_until = cs_time_ms() + (r->p.fresh_ms > 0 ? r->p.fresh_ms : LORA_FRESH_MS_DEFAULT);
         if (e->kept) lru_add(r, e); /* a dropped, pinned one waits for its pinners, unevictable */
         r->stats.loads++;
+        r->stats.loads_direct += direct;
         load_s = (cs_time_ms() - e->load_started) / 1000.0;
         snprintf(lname, sizeof lname, "%s", e->name);
         pump(r);    /* at worst, arms the timer for when its grace ends */
@@ -546,7 +548,8 @@ int lora_registry_new(const lora_registry_params_t *p, lora_registry_t **out) {
         rc = cs_error_set(CS_ENOMEM, "lora registry: out of memory");
         goto err;
     }
-    if ((rc = lora_loader_init(NULL, &r->loader)) != CS_OK) goto err;
+    lora_loader_params_t lp = {.buffered = p->buffered_io};
+    if ((rc = lora_loader_init(&lp, &r->loader)) != CS_OK) goto err;
     *out = r;
     return CS_OK;
 err:

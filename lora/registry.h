@@ -34,6 +34,8 @@ typedef struct lora_ref {            /* what an acquirer holds; valid until lora
 
 typedef struct lora_registry_params {
     const model_config_t *cfg;       /* base model the adapters must fit; must outlive the registry */
+    bool buffered_io;                /* adapter files through the page cache, not O_DIRECT
+                                      * (lora/loader_uring.h) */
     size_t cache_bytes;              /* host cache bound in bytes of A/B/Bᵀ held (BF16 adapters
                                       * count half, as they are held); 0 = unbounded */
     int max_loras;                   /* bound on resident adapters; 0 = unbounded */
@@ -188,6 +190,7 @@ typedef struct lora_registry_stats {
     int n_loading;           /* loads started and not yet finished (waiting for room included) */
     size_t bytes_resident;   /* A/B/Bᵀ bytes of the n_resident adapters */
     uint64_t loads;          /* loads that finished ok */
+    uint64_t loads_direct;   /* of those, the ones whose weights came by O_DIRECT */
     uint64_t load_failures;
     uint64_t evictions;      /* resident adapters dropped to make room */
     uint64_t hits;           /* acquires answered CS_OK */

@@ -41,6 +41,7 @@ static void usage_batch(FILE *f) {
             "  --scheduler fcfs            the scheduling policy (default fcfs)\n"
             "  --cost-model-out FILE       write the iteration cost model fitted on this run (JSON)\n"
             "  --lora-cache-bytes N        host memory for adapters, suffixes K M G (default: unbounded)\n"
+            "  --lora-io direct|buffered   adapter files read with O_DIRECT (default) or through the page cache\n"
             "  --no-prefix-caching         do not reuse KV blocks across requests\n"
             "  --sequential                run each request alone, one after the other\n"
             "  --stats                     print engine statistics (JSON) to stderr at the end\n"
@@ -372,6 +373,7 @@ int cmd_batch(int argc, char **argv) {
         {"scheduler", required_argument, 0, 'Y'},
         {"cost-model-out", required_argument, 0, 'Z'},
         {"lora-cache-bytes", required_argument, 0, 'C'},
+        {"lora-io", required_argument, 0, 'J'},
         {"no-prefix-caching", no_argument, 0, 'P'},
         {"sequential", no_argument, 0, 'Q'},
         {"stats", no_argument, 0, 'S'},
@@ -394,7 +396,7 @@ int cmd_batch(int argc, char **argv) {
     long long kv_bytes = 1LL << 30, lora_bytes = 0;
     bool kv_explicit = false, cuda_graphs = false;
     double gpu_fraction = 0;
-    bool no_prefix = false, sequential = false, stats = false, reference = false, invariant = false, ok;
+    bool no_prefix = false, buffered_io = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     bool preload = false;
     int c, status = 1, cold_mode = SCHED_COLD_DEFAULT, assist_threads = 0;
     optind = 1;
@@ -435,6 +437,13 @@ int cmd_batch(int argc, char **argv) {
         case 'C':
             lora_bytes = cs_parse_size(optarg, &ok);
             if (!ok || lora_bytes <= 0) { fprintf(stderr, "caraserve batch: --lora-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
+            break;
+        case 'J':
+            if (strcmp(optarg, "direct") && strcmp(optarg, "buffered")) {
+                fprintf(stderr, "caraserve batch: --lora-io wants direct or buffered, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            buffered_io = !strcmp(optarg, "buffered");
             break;
         case 'P': no_prefix = true; break;
         case 'Q': sequential = true; break;
@@ -494,7 +503,7 @@ int cmd_batch(int argc, char **argv) {
     assist = setup_assist(be, cold_mode, assist_threads, &assist_failed);
     if (assist_failed) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     model_set_assist(model, assist);
-    lora_registry_params_t lp = {.cfg = cfg, .cache_bytes = (size_t)lora_bytes, .max_loras = max_cpu_loras,
+    lora_registry_params_t lp = {.cfg = cfg, .buffered_io = buffered_io, .cache_bytes = (size_t)lora_bytes, .max_loras = max_cpu_loras,
                                  .device = be, .device_slots = max_loras, .on_loaded = wake_engine, .user = &engine,
                                  .stream_group = 1};
     if (lora_registry_new(&lp, &reg)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
@@ -621,7 +630,7 @@ int cmd_batch(int argc, char **argv) {
                 "{\"wall_ms\": %.3f, \"steps\": %llu, \"prefill_tokens\": %llu, \"decode_tokens\": %llu, "
                 "\"busy_ms\": %.3f, \"decode_only_ms\": %.3f, \"decode_only_tokens\": %llu, \"preemptions\": %llu, "
                 "\"prompt_tokens\": %llu, \"cached_prompt_tokens\": %llu, \"kv_blocks\": %d, \"kv_free\": %d, "
-                "\"kv_cached\": %d, \"prefix_lookups\": %llu, \"prefix_hits\": %llu, \"lora_loads\": %llu, "
+                "\"kv_cached\": %d, \"prefix_lookups\": %llu, \"prefix_hits\": %llu, \"lora_loads\": %llu, \"lora_loads_direct\": %llu, "
                 "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"lora_device_uploads\": %llu, "
                 "\"lora_device_evictions\": %llu, \"lora_device_waits\": %llu, \"threads\": %d, \"backend\": {\"name\": \"%s\", "
                 "\"kernels\": \"%s\", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"d2d_bytes\": %llu, \"h2d_copies\": %llu, "
@@ -636,7 +645,7 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)st.decode_only_tokens, (unsigned long long)st.preemptions,
                 (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_prompt_tokens, st.kv.n_blocks,
                 st.kv.n_free, st.kv.n_cached, (unsigned long long)st.kv.lookups, (unsigned long long)st.kv.hits,
-                (unsigned long long)ls.loads, (unsigned long long)ls.evictions, (unsigned long long)ls.load_failures,
+                (unsigned long long)ls.loads, (unsigned long long)ls.loads_direct, (unsigned long long)ls.evictions, (unsigned long long)ls.load_failures,
                 (unsigned long long)ls.device_uploads, (unsigned long long)ls.device_evictions,
                 (unsigned long long)ls.device_waits, be->n_threads, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,
                 (unsigned long long)bs.d2h_bytes, (unsigned long long)bs.d2d_bytes, (unsigned long long)bs.h2d_copies,

@@ -94,6 +94,10 @@ static void usage_serve(FILE *f) {
             "  --adapter-slos FILE           per-model SLOs: JSON {\"NAME\": {\"ttft_ms\": X, \"tpot_ms\": Y}, ...,\n"
             "                                \"*\": {...}}; a request's own slo wins, field by field\n"
             "  --lora-cache-bytes N          host memory for adapters, suffixes K M G (default: unbounded)\n"
+            "  --lora-io direct|buffered     how adapter files are read: O_DIRECT, past the page cache\n"
+            "                                (default; a file system without it falls back by itself),\n"
+            "                                or through the page cache (reloads of evicted adapters may\n"
+            "                                then come from RAM)\n"
             "  --no-prefix-caching           do not reuse KV blocks across requests\n"
             "  --max-body-bytes N            largest request body, suffixes K M G (default 32M)\n"
             "  --max-n N                     most samples per request, n times prompts (default: max-num-seqs)\n"
@@ -123,7 +127,7 @@ enum {
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
     O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
-    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS
+    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO
 };
 
 static const struct option OPTS[] = {
@@ -150,6 +154,7 @@ static const struct option OPTS[] = {
     {"profile-cost-model", required_argument, 0, O_PROFILE},
     {"adapter-slos", required_argument, 0, O_ADAPTER_SLOS},
     {"lora-cache-bytes", required_argument, 0, O_LORA_BYTES},
+    {"lora-io", required_argument, 0, O_LORA_IO},
     {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
     {"max-body-bytes", required_argument, 0, O_BODY},
     {"max-n", required_argument, 0, O_MAX_N},
@@ -404,6 +409,13 @@ int cmd_serve(int argc, char **argv) {
             cfg.lora_cache_bytes = cs_parse_size(optarg, &ok);
             if (!ok) { fprintf(stderr, "caraserve serve: bad --lora-cache-bytes '%s'\n", optarg); goto usage_err; }
             break;
+        case O_LORA_IO:
+            if (strcmp(optarg, "direct") && strcmp(optarg, "buffered")) {
+                fprintf(stderr, "caraserve serve: --lora-io wants direct or buffered, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            cfg.lora_buffered_io = !strcmp(optarg, "buffered");
+            break;
         case O_NO_PREFIX: cfg.no_prefix_caching = true; break;
         case O_BODY:
             cfg.max_body_bytes = cs_parse_size(optarg, &ok);
@@ -564,7 +576,7 @@ int cmd_serve(int argc, char **argv) {
     s->bos_token = special_token(tcfg, "bos_token");
     s->eos_token = special_token(tcfg, "eos_token");
     const model_config_t *mc = model_get_config(s->model);
-    lora_registry_params_t lp = {.cfg = mc, .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
+    lora_registry_params_t lp = {.cfg = mc, .buffered_io = s->cfg.lora_buffered_io, .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
                                  .device = s->be, .device_slots = s->cfg.max_loras, .on_loaded = NULL, .on_load_time = server_on_load_time,
                                  .stream_group = 1, .on_streamed = server_on_streamed,
                                  .on_dropped = server_on_dropped, .user = s};

@@ -44,6 +44,7 @@ typedef struct serve_config {
     double profile_seconds;         /* --profile-cost-model S (0: none) */
     char *adapter_slos;             /* --adapter-slos FILE: per-model SLOs (sched/slo.h) */
     long long lora_cache_bytes;
+    bool lora_buffered_io;          /* --lora-io buffered */
     long long max_body_bytes;
     long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */
     char *adapter_upload_dir;

@@ -57,6 +57,8 @@ for name, args in [
     ("batch: bad --kv-cache-bytes", ["batch", "--model", model, "--kv-cache-bytes", "lots"]),
     ("batch: bad --kv-cache-fraction", ["batch", "--model", model, "--kv-cache-fraction", "2"]),
     ("batch: bad --max-num-seqs", ["batch", "--model", model, "--max-num-seqs", "0"]),
+    ("batch: bad --lora-io", ["batch", "--model", model, "--lora-io", "fast"]),
+    ("serve: bad --lora-io", ["serve", "--model", model, "--lora-io", "mmap"]),
 ]:
     p = cs(*args)
     expect(f"usage error: {name} -> exit 2", p.returncode == 2 and p.stderr.strip() != "", p)
@@ -106,6 +108,28 @@ lines = [json.loads(l) for l in p.stdout.splitlines()] if p.returncode == 0 else
 expect("batch: good line runs, bad lines get errors",
        len(lines) == 3 and len(lines[0]["samples"][0]["tokens"]) == 3 and "line 2" in lines[1].get("error", "")
        and "prompt" in lines[2].get("error", ""), p)
+# an adapter read with O_DIRECT (the default) and through the page cache: the same tokens
+ad = os.path.join(root, "ad")
+subprocess.run([reflib.MKMODEL, "adapter", "--model", model, "--out", ad, "--rank", "8", "--alpha", "16", "--seed", "3",
+                "--dtype", "bf16"], check=True, capture_output=True)
+outs = {}
+for io in ("direct", "buffered"):
+    p = subprocess.run([reflib.CARASERVE, "batch", "--model", model, "--lora", f"ad={ad}", "--lora-io", io,
+                        "--kv-cache-bytes", "4M", "--stats"], capture_output=True, text=True, timeout=120,
+                       input='{"prompt": "Hello", "max_tokens": 6, "temperature": 0, "adapter": "ad", "ignore_eos": true}\n')
+    st = [json.loads(l) for l in p.stderr.splitlines() if l.startswith("{")]
+    outs[io] = ([json.loads(l)["samples"][0]["tokens"] for l in p.stdout.splitlines()],
+                st[0]["lora_loads"], st[0]["lora_loads_direct"]) if p.returncode == 0 and st else p.stderr
+# O_DIRECT where the file system takes it (the test's own temporary directory)
+try:
+    os.close(os.open(os.path.join(ad, "adapter_model.safetensors"), os.O_RDONLY | os.O_DIRECT))
+    fs_direct = 1
+except OSError:
+    fs_direct = 0
+expect(f"batch: --lora-io direct (O_DIRECT: {bool(fs_direct)}) and buffered load the same adapter (same greedy tokens)",
+       isinstance(outs["direct"], tuple) and len(outs["direct"][0]) == 1 and outs["direct"][0] == outs["buffered"][0]
+       and outs["direct"][1:] == (1, fs_direct) and outs["buffered"][1:] == (1, 0),
+       subprocess.CompletedProcess([], 0, str(outs), ""))
 p = cs("batch", "--model", model, "--requests", os.path.join(root, "nope.jsonl"))
 expect("batch: missing requests file -> exit 1", p.returncode == 1 and "nope.jsonl" in p.stderr, p)
 p = cs("batch", "--help")
