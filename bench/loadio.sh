@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/loadio.sh: how fast the adapter loader (lora/loader_uring.c) brings adapter-sized
-# files into memory: O_DIRECT (the default, `--lora-io direct`) against the page cache cold
-# (each file's cached pages dropped first) and warm (a reload the OS kept in RAM), in one run
-# with the modes alternating (bench/loadbench). GB/s and the process's CPU seconds per GB.
+# files into memory: O_DIRECT (the default, `--lora-io direct`) into the loader's pool of
+# registered, reused buffers; the same into fresh buffers (no pool); the page cache cold (each
+# file's cached pages dropped first) and warm (a reload the OS kept in RAM), in one run with
+# the modes alternating (bench/loadbench). GB/s and the process's CPU seconds per GB.
 # The JSON lands in bench/results/loadio-*.json with the CPU, the kernel, the file system and
 # the block device the files were on. On a VM the "disk" may be the host's cache: say so.
 #
@@ -41,8 +42,8 @@ except OSError:
 r["dir"] = "(a temporary directory on the device above)"
 json.dump(r, open(out, "w"), indent=2)
 print(f"cpu: {r['cpu']}, kernel {r['kernel']}, {fs} on {dev}; {r['files']} files x {r['mib_per_file']} MiB, "
-      f"{r['direct_files']} read with O_DIRECT")
-for m in ("direct", "buffered_cold", "buffered_warm"):
+      f"{r['direct_files']} read with O_DIRECT, {r['registered_files']} into registered buffers")
+for m in ("direct", "direct_fresh", "buffered_cold", "buffered_warm"):
     print(f"{m:14s} {r[m]['gb_s_median']:7.3f} GB/s  {r[m]['cpu_s_per_gb_median']:.3f} CPU s/GB")
 print(f"wrote {out}")
 PYEOF

@@ -1,12 +1,16 @@
 /* loadbench.c (bench/loadbench): the adapter loader (lora/loader_uring.c) reading files the
  * size of adapters, three ways in one run, alternating within each repetition so machine
  * noise hits all alike:
- *   direct         O_DIRECT (the default): device -> buffer, the page cache untouched;
+ *   direct         O_DIRECT (the default): device -> buffer, the page cache untouched,
+ *                  into the loader's pool of registered, reused buffers;
+ *   direct_fresh   the same into a fresh buffer per file (no pool: what every load cost
+ *                  before the pool, page faults and zeroing of new memory included);
  *   buffered_cold  through the page cache, each file's cached pages dropped first
  *                  (posix_fadvise DONTNEED on clean, synced files);
  *   buffered_warm  through the page cache with every page already cached (what a reload
  *                  of an evicted adapter gets when the OS kept the file).
- * Per mode: GB/s (wall, submit to the job's callback) and the CPU time the process spent
+ * Each mode has its own loader for the whole run (its pool lives across loads), loaded once
+ * untimed first. Per mode: GB/s (wall, submit to the job's callback) and the CPU time the process spent
  * per GB (the page-cache copy is CPU work O_DIRECT does not do). One JSON line on stdout.
  * In the lora layer (it drives the loader itself), built as bench/loadbench; bench/loadio.sh
  * runs it and writes bench/results/loadio-*.json.
@@ -28,7 +32,7 @@ typedef struct wait_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done;
-    int failed, direct;
+    int failed, direct, registered;
     size_t bytes;
 } wait_job_t;
 
@@ -41,6 +45,7 @@ static void on_done(void *user, lora_file_t *files, size_t n) {
             w->failed++;
         }
         w->direct += files[i].direct;
+        w->registered += files[i].registered;
         w->bytes += files[i].len;
     }
     w->done = true;
@@ -73,19 +78,12 @@ static void drop_cache(char **paths, int n) {
     }
 }
 
-/* one load of every file through a fresh loader: wall seconds, process CPU seconds */
-static int load_all(char **paths, int n, bool buffered, int qd, size_t chunk, double *wall, double *cpu, int *direct) {
-    lora_loader_params_t lp = {.queue_depth = qd, .chunk_bytes = chunk, .buffered = buffered};
-    lora_loader_t *l;
-    if (lora_loader_init(&lp, &l) != CS_OK) {
-        fprintf(stderr, "loadbench: %s\n", cs_error_last());
-        return -1;
-    }
+/* one load of every file through L: wall seconds, process CPU seconds */
+static int load_all(lora_loader_t *l, char **paths, int n, double *wall, double *cpu, int *direct, int *registered) {
     wait_job_t w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), t0 = clock_s(CLOCK_MONOTONIC);
     if (lora_loader_submit(l, (const char *const *)paths, (size_t)n, on_done, &w) != CS_OK) {
         fprintf(stderr, "loadbench: %s\n", cs_error_last());
-        lora_loader_free(l);
         return -1;
     }
     pthread_mutex_lock(&w.mu);
@@ -94,7 +92,7 @@ static int load_all(char **paths, int n, bool buffered, int qd, size_t chunk, do
     *wall = clock_s(CLOCK_MONOTONIC) - t0;
     *cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
     *direct = w.direct;
-    lora_loader_free(l);
+    *registered = w.registered;
     return w.failed ? -1 : 0;
 }
 
@@ -136,6 +134,7 @@ int main(int argc, char **argv) {
     char *buf = malloc(1 << 20);
     unsigned s = 12345;
     int rc = 1;
+    lora_loader_t *ld[3] = {NULL, NULL, NULL}; /* direct + pool, direct fresh, buffered + pool */
     for (int i = 0; i < n_files && paths; i++) {
         paths[i] = malloc(strlen(dir) + 32);
         sprintf(paths[i], "%s/adapter_%d.safetensors", dir, i);
@@ -155,31 +154,45 @@ int main(int argc, char **argv) {
         fsync(fileno(f));
         fclose(f);
     }
-    static const char *names[3] = {"direct", "buffered_cold", "buffered_warm"};
-    double gbs[3][100], cpu_per_gb[3][100];
-    int direct_files = 0;
+    enum { NM = 4 };
+    static const char *names[NM] = {"direct", "direct_fresh", "buffered_cold", "buffered_warm"};
+    for (int k = 0; k < 3; k++) {
+        size_t need = (size_t)n_files * file_bytes + ((size_t)n_files << 21);
+        lora_loader_params_t lp = {.queue_depth = qd, .chunk_bytes = (size_t)chunk_kib << 10, .buffered = k == 2,
+                                   .no_pool = k == 1, .pool_bytes = need > ((size_t)512 << 20) ? need : 0};
+        if (lora_loader_init(&lp, &ld[k]) != CS_OK) {
+            fprintf(stderr, "loadbench: %s\n", cs_error_last());
+            goto out;
+        }
+        double w, c;
+        int d, g;
+        if (load_all(ld[k], paths, n_files, &w, &c, &d, &g)) goto out; /* untimed: fills the pool */
+    }
+    double gbs[NM][100], cpu_per_gb[NM][100];
+    int direct_files = 0, registered_files = 0;
     double total_gb = (double)file_bytes * n_files / 1e9;
     for (int r = 0; r < reps; r++) {
-        for (int k = 0; k < 3; k++) {
-            int m = (k + r) % 3; /* rotate the order */
-            if (m == 0 || m == 1) drop_cache(paths, n_files);
-            if (m == 2) { /* warm the page cache first */
+        for (int k = 0; k < NM; k++) {
+            int m = (k + r) % NM; /* rotate the order */
+            if (m <= 2) drop_cache(paths, n_files);
+            lora_loader_t *l = ld[m < 3 ? m : 2];
+            if (m == 3) { /* warm the page cache first */
                 double w, c;
-                int d;
-                if (load_all(paths, n_files, true, qd, (size_t)chunk_kib << 10, &w, &c, &d)) goto out;
+                int d, g;
+                if (load_all(l, paths, n_files, &w, &c, &d, &g)) goto out;
             }
             double wall, cpu;
-            int d;
-            if (load_all(paths, n_files, m != 0, qd, (size_t)chunk_kib << 10, &wall, &cpu, &d)) goto out;
-            if (m == 0) direct_files = d;
+            int d, g;
+            if (load_all(l, paths, n_files, &wall, &cpu, &d, &g)) goto out;
+            if (m == 0) direct_files = d, registered_files = g;
             gbs[m][r] = total_gb / wall;
             cpu_per_gb[m][r] = cpu / total_gb;
         }
     }
     printf("{\"benchmark\": \"loadbench\", \"dir\": \"%s\", \"files\": %d, \"mib_per_file\": %d, \"reps\": %d, "
-           "\"queue_depth\": %d, \"chunk_kib\": %d, \"direct_files\": %d",
-           own_dir ? "$TMPDIR" : dir, n_files, mib, reps, qd, chunk_kib, direct_files);
-    for (int m = 0; m < 3; m++) {
+           "\"queue_depth\": %d, \"chunk_kib\": %d, \"direct_files\": %d, \"registered_files\": %d",
+           own_dir ? "$TMPDIR" : dir, n_files, mib, reps, qd, chunk_kib, direct_files, registered_files);
+    for (int m = 0; m < NM; m++) {
         printf(", \"%s\": {\"gb_s_runs\": [", names[m]);
         for (int r = 0; r < reps; r++) printf("%s%.3f", r ? ", " : "", gbs[m][r]);
         printf("], \"gb_s_median\": %.3f, \"cpu_s_per_gb_median\": %.4f}", median(gbs[m], reps),
@@ -188,6 +201,7 @@ int main(int argc, char **argv) {
     printf("}\n");
     rc = 0;
 out:
+    for (int k = 0; k < 3; k++) lora_loader_free(ld[k]);
     for (int i = 0; i < n_files && paths; i++) {
         if (paths[i]) unlink(paths[i]);
         free(paths[i]);

@@ -28,6 +28,14 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#if defined(__has_include)
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h> /* valgrind cannot see the kernel's io_uring writes: say them */
+#endif
+#endif
+#ifndef VALGRIND_MAKE_MEM_DEFINED
+#define VALGRIND_MAKE_MEM_DEFINED(p, n) ((void)(p), (void)(n))
+#endif
 
 /* Ring-level failures: a status with the call, file and line. */
 #define URING_CHECK(call) uring_check((call), #call, __FILE__, __LINE__)
@@ -49,6 +57,17 @@ enum { F_QUEUED, F_NEED_STATX, F_READING, F_NEED_CLOSE, F_BUSY, F_DONE };
 
 typedef struct ld_job ld_job_t;
 
+#define HUGE_BYTES ((size_t)2 << 20)
+#define POOL_MAX 8
+#define POOL_BYTES_DEFAULT ((size_t)512 << 20)
+
+typedef struct ld_buf {
+    char *p;                /* NULL: a free entry */
+    size_t cap;
+    bool busy;              /* a file's, until its job's callback has returned */
+    bool registered;        /* in the ring's buffer table at this entry's index */
+} ld_buf_t;
+
 typedef struct ld_file {
     ld_job_t *job;
     lora_file_t *pub;
@@ -56,6 +75,7 @@ typedef struct ld_file {
     int fd;
     struct statx stx;       /* written by the kernel: zeroed first (valgrind cannot see it) */
     bool direct;            /* opened (and still) O_DIRECT */
+    int buf;                /* its buffer's pool index, -1: a buffer of its own */
     size_t next_off;        /* next offset to issue a read at */
     size_t done_bytes;      /* bytes read so far */
     int reads;              /* reads in flight or waiting to resubmit */
@@ -96,6 +116,10 @@ struct lora_loader {
     size_t chunk;
     bool buffered;          /* never O_DIRECT */
     int refuse;             /* test_refuse_direct */
+    bool fixed;             /* a sparse table of POOL_MAX registered buffers is set up */
+    size_t pool_limit;      /* bytes of pooled buffers at most (0: no pool) */
+    size_t pool_used;
+    ld_buf_t pool[POOL_MAX]; /* loader thread only (and lora_loader_free after it) */
 
     pthread_mutex_t mu;     /* guards queue_head/tail and stopping */
     ld_job_t *queue_head, *queue_tail;
@@ -110,24 +134,30 @@ struct lora_loader {
     ld_timer_t *timers_armed; /* in the ring: freed on completion or at free */
 };
 
-static void job_free(ld_job_t *j) {
+static void put_data(lora_loader_t *l, ld_file_t *f);
+
+static void job_free(lora_loader_t *l, ld_job_t *j) {
     if (!j) return;
     for (size_t i = 0; i < j->n_files; i++) {
+        put_data(l, &j->files[i]);
         free((char *)j->pub[i].path);
-        free(j->pub[i].data);
     }
     free(j->files);
     free(j->pub);
     free(j);
 }
 
+/* The file failed: status and message (the first error is kept). Its buffer stays until no
+ * read of it is in flight (the kernel may still be writing into it): drop_data then. */
 static void file_fail(ld_file_t *f, int err, const char *what, int line) {
     if (f->pub->status != CS_OK) return;  /* keep the first error */
     f->pub->status = err == -ENOENT ? CS_ENOTFOUND : err == -ENOMEM ? CS_ENOMEM : CS_EIO;
     snprintf(f->pub->error, sizeof f->pub->error, "%s: %s: %s (%s:%d)", f->pub->path, what,
              err < 0 ? strerror(-err) : "unexpected end of file", __FILE__, line);
-    free(f->pub->data);
-    f->pub->data = NULL;
+}
+
+static void drop_data(lora_loader_t *l, ld_file_t *f) {
+    put_data(l, f);
     f->pub->len = 0;
 }
 
@@ -174,10 +204,13 @@ static void prep(lora_loader_t *l, ld_op_t *op) {
     case OP_READ:
         /* O_DIRECT: whole 4096-byte blocks (the buffer's pages past the file's end have room) */
         op->direct = f->direct;
-        io_uring_prep_read(sqe, f->fd, (char *)f->pub->data + op->off,
-                           (unsigned)(op->direct ? (op->len + LORA_LOADER_ALIGN - 1) / LORA_LOADER_ALIGN * LORA_LOADER_ALIGN
-                                                 : op->len),
-                           op->off);
+        {
+            unsigned n = (unsigned)(op->direct ? (op->len + LORA_LOADER_ALIGN - 1) / LORA_LOADER_ALIGN * LORA_LOADER_ALIGN
+                                               : op->len);
+            char *dst = (char *)f->pub->data + op->off;
+            if (f->buf >= 0 && l->pool[f->buf].registered) io_uring_prep_read_fixed(sqe, f->fd, dst, n, op->off, f->buf);
+            else io_uring_prep_read(sqe, f->fd, dst, n, op->off);
+        }
         break;
     case OP_CLOSE: io_uring_prep_close(sqe, f->fd); break;
     default: CS_ASSERT(!"loader: bad op");
@@ -210,6 +243,7 @@ static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
                 l->files_open++;
                 f->state = F_BUSY;
                 f->direct = !l->buffered;
+                f->buf = -1;
                 prep(l, op_get(l, OP_OPEN, f));
                 break;
             case F_NEED_STATX:
@@ -236,21 +270,99 @@ static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
     }
 }
 
-/* A buffer for a file of LEN bytes: whole 4096-byte pages past a NUL after the data (O_DIRECT
- * reads of the last block have the room), zero from LEN to its end; the bytes before LEN are
- * left for the reads to write (no pass over memory that is about to be overwritten). From 2 MiB
- * up it is 2 MiB-aligned and asks for transparent huge pages: a 64 MiB adapter then faults
- * in 32 pages instead of 16384. */
-#define HUGE_BYTES ((size_t)2 << 20)
-static void *file_buffer(size_t len) {
-    size_t size = (len + 1 + LORA_LOADER_ALIGN - 1) / LORA_LOADER_ALIGN * LORA_LOADER_ALIGN;
-    bool huge = size >= HUGE_BYTES;
-    if (huge) size = (size + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
-    char *p = aligned_alloc(huge ? HUGE_BYTES : LORA_LOADER_ALIGN, size);
-    if (!p) return NULL;
-    if (huge) (void)madvise(p, size, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
-    memset(p + len, 0, size - len);
+/* ---- buffers ----
+ * A file is read into a buffer of whole 4096-byte pages past a NUL after its data (O_DIRECT
+ * reads of the last block have the room), zero from its end to that page's end; the bytes
+ * before are left for the reads to write (no pass over memory about to be overwritten).
+ * From 2 MiB up, buffers come from a pool the loader keeps (up to pool_bytes, POOL_MAX
+ * buffers): 2 MiB-aligned, asked for transparent huge pages, registered with the ring once
+ * (reads are READ_FIXED: the pages are pinned once, not at every read), and used again by the
+ * next load once the job's callback has returned, so a steady stream of loads neither faults
+ * in nor zeroes fresh memory. A callback that takes a pooled buffer keeps it (it leaves the
+ * pool). Smaller files, and larger ones when the pool is full, get buffers of their own. */
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static void *huge_alloc(size_t cap) {
+    void *p = aligned_alloc(HUGE_BYTES, cap);
+    if (p) (void)madvise(p, cap, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
     return p;
+}
+
+/* forget pool entry I: unregistered, and freed unless TAKEN by a callback */
+static void pool_drop(lora_loader_t *l, int i, bool taken) {
+    ld_buf_t *b = &l->pool[i];
+    if (b->registered) {
+        struct iovec iov = {.iov_base = NULL, .iov_len = 0};
+        __u64 tag = 0;
+        int rc = io_uring_register_buffers_update_tag(&l->ring, (unsigned)i, &iov, &tag, 1);
+        if (rc != 1) URING_FATAL("io_uring_register_buffers_update_tag (drop)", rc < 0 ? rc : -EIO);
+    }
+    if (!taken) free(b->p);
+    l->pool_used -= b->cap;
+    *b = (ld_buf_t){0};
+}
+
+/* a pooled buffer of at least NEED bytes: its index, or -1 (then the file gets its own) */
+static int pool_get(lora_loader_t *l, size_t need) {
+    if (need < HUGE_BYTES || need > l->pool_limit) return -1;
+    int best = -1;
+    for (int i = 0; i < POOL_MAX; i++) {
+        ld_buf_t *b = &l->pool[i];
+        if (b->p && !b->busy && b->cap >= need && (best < 0 || b->cap < l->pool[best].cap)) best = i;
+    }
+    if (best >= 0) {
+        l->pool[best].busy = true;
+        return best;
+    }
+    size_t cap = round_up(need, HUGE_BYTES);
+    for (int i = 0; i < POOL_MAX && l->pool_used + cap > l->pool_limit; i++) /* idle ones too small */
+        if (l->pool[i].p && !l->pool[i].busy) pool_drop(l, i, false);
+    int e = 0;
+    while (e < POOL_MAX && l->pool[e].p) e++;
+    if (e == POOL_MAX || l->pool_used + cap > l->pool_limit) return -1;
+    ld_buf_t *b = &l->pool[e];
+    if (!(b->p = huge_alloc(cap))) return -1;
+    b->cap = cap;
+    b->busy = true;
+    l->pool_used += cap;
+    if (l->fixed) {
+        struct iovec iov = {.iov_base = b->p, .iov_len = cap};
+        __u64 tag = 0;
+        /* refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK, say): plain reads into it */
+        b->registered = cap <= UINT32_MAX && io_uring_register_buffers_update_tag(&l->ring, (unsigned)e, &iov, &tag, 1) == 1;
+    }
+    return e;
+}
+
+/* the buffer for F (LEN bytes): from the pool or its own; NULL when out of memory */
+static void *file_buffer(lora_loader_t *l, ld_file_t *f, size_t len) {
+    size_t need = round_up(len + 1, LORA_LOADER_ALIGN);
+    char *p;
+    f->buf = l->pool_limit ? pool_get(l, need) : -1;
+    if (f->buf >= 0) {
+        p = l->pool[f->buf].p;
+        f->pub->registered = l->pool[f->buf].registered;
+    } else if (need >= HUGE_BYTES) {
+        p = huge_alloc(round_up(need, HUGE_BYTES));
+    } else {
+        p = aligned_alloc(LORA_LOADER_ALIGN, need);
+    }
+    if (p) memset(p + len, 0, need - len);
+    return p;
+}
+
+/* F's buffer leaves the file: back to the pool (or, taken by the callback, out of it), or
+ * freed */
+static void put_data(lora_loader_t *l, ld_file_t *f) {
+    if (f->buf >= 0) {
+        ld_buf_t *b = &l->pool[f->buf];
+        if (f->pub->data == b->p) b->busy = false;
+        else pool_drop(l, f->buf, true);
+        f->buf = -1;
+    } else {
+        free(f->pub->data);
+    }
+    f->pub->data = NULL;
 }
 
 static void file_finish(lora_loader_t *l, ld_file_t *f) {
@@ -259,8 +371,11 @@ static void file_finish(lora_loader_t *l, ld_file_t *f) {
 }
 
 /* A read finished or failed: close once nothing of this file is in flight any more. */
-static void read_settled(ld_file_t *f) {
-    if (f->reads == 0 && (f->pub->status != CS_OK || f->done_bytes == f->pub->len)) f->state = F_NEED_CLOSE;
+static void read_settled(lora_loader_t *l, ld_file_t *f) {
+    if (f->reads == 0 && (f->pub->status != CS_OK || f->done_bytes == f->pub->len)) {
+        f->state = F_NEED_CLOSE;
+        if (f->pub->status != CS_OK) drop_data(l, f);
+    }
 }
 
 /* Clear O_DIRECT on F's descriptor: reads in flight keep their mode, new ones are buffered.
@@ -312,7 +427,7 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
         f->fd = res;
         f->state = F_NEED_STATX;
         return;
-    case OP_STATX:
+    case OP_STATX: {
         op_put(l, op);
         if (res < 0) {
             file_fail(f, res, "statx", __LINE__);
@@ -325,7 +440,7 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
             return;
         }
         f->pub->len = (size_t)f->stx.stx_size;
-        f->pub->data = file_buffer(f->pub->len);
+        f->pub->data = file_buffer(l, f, f->pub->len);
         if (!f->pub->data) {
             file_fail(f, -ENOMEM, "buffer", __LINE__);
             f->state = F_NEED_CLOSE;
@@ -333,8 +448,9 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
         }
         f->state = F_READING;
         f->pub->direct = f->direct;
-        read_settled(f);    /* an empty file is read already */
+        read_settled(l, f);    /* an empty file is read already */
         return;
+    }
     case OP_READ:
         if (res == -EINVAL && op->direct && f->pub->status == CS_OK && (!f->direct || buffered_fd(f))) {
             /* the file system took O_DIRECT at open but not for reads (or an earlier read
@@ -343,6 +459,7 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
             l->resubmit = op;
             return;
         }
+        if (res > 0) VALGRIND_MAKE_MEM_DEFINED((char *)f->pub->data + op->off, (size_t)res);
         if (res > 0 && (size_t)res > op->len) { /* O_DIRECT past the end: the file grew since statx */
             memset((char *)f->pub->data + op->off + op->len, 0, (size_t)res - op->len);
             res = (int)op->len;
@@ -356,7 +473,7 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
                 if (f->direct && op->off % LORA_LOADER_ALIGN != 0 && !buffered_fd(f)) {
                     f->reads--;
                     op_put(l, op);
-                    read_settled(f);
+                    read_settled(l, f);
                     return;
                 }
             }
@@ -369,11 +486,14 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
         else if (res == 0 && op->len > 0) file_fail(f, 0, "read", __LINE__); /* file shrank */
         else f->done_bytes += (size_t)res;
         op_put(l, op);
-        read_settled(f);
+        read_settled(l, f);
         return;
     case OP_CLOSE:
         op_put(l, op);
-        if (res < 0) file_fail(f, res, "close", __LINE__);
+        if (res < 0) {
+            file_fail(f, res, "close", __LINE__);
+            drop_data(l, f);
+        }
         l->files_open--;
         file_finish(l, f);
         return;
@@ -394,11 +514,11 @@ static void finish_jobs(lora_loader_t *l) {
         *pp = j->next;
         if (l->active_tail == j) l->active_tail = prev;
         j->done(j->user, j->pub, j->n_files);
-        job_free(j);
+        job_free(l, j);
     }
 }
 
-static void cancel_job(ld_job_t *j) {
+static void cancel_job(lora_loader_t *l, ld_job_t *j) {
     for (size_t i = 0; i < j->n_files; i++) {
         ld_file_t *f = &j->files[i];
         if (f->state == F_DONE) continue;
@@ -407,12 +527,10 @@ static void cancel_job(ld_job_t *j) {
             snprintf(f->pub->error, sizeof f->pub->error, "%s: loader shut down before the file was read",
                      f->pub->path);
         }
-        free(f->pub->data);
-        f->pub->data = NULL;
-        f->pub->len = 0;
+        drop_data(l, f);
     }
     j->done(j->user, j->pub, j->n_files);
-    job_free(j);
+    job_free(l, j);
 }
 
 static void *loader_main(void *arg) {
@@ -476,7 +594,7 @@ static void *loader_main(void *arg) {
     while (l->active_head) {
         ld_job_t *j = l->active_head;
         l->active_head = j->next;
-        cancel_job(j);
+        cancel_job(l, j);
     }
     l->active_tail = NULL;
     return NULL;
@@ -492,6 +610,7 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
     l->chunk = p && p->chunk_bytes ? p->chunk_bytes : (size_t)1 << 20;
     l->buffered = p && p->buffered;
     l->refuse = p ? p->test_refuse_direct : 0;
+    l->pool_limit = p && p->no_pool ? 0 : p && p->pool_bytes ? p->pool_bytes : POOL_BYTES_DEFAULT;
     if (l->qd < 1 || l->qd > 256 || l->chunk % LORA_LOADER_ALIGN != 0 || l->chunk > (1u << 30)) {
         rc = cs_error_set(CS_EINVAL, "loader: queue_depth %d (1..256) or chunk_bytes %zu (a multiple of %d) out of range",
                           l->qd, l->chunk, LORA_LOADER_ALIGN);
@@ -513,6 +632,8 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
     if ((rc = URING_CHECK(io_uring_queue_init((unsigned)l->qd, &l->ring, 0))) < 0) goto err;
     l->ring_ok = true;
     if ((rc = URING_CHECK(io_uring_register_eventfd(&l->ring, l->efd))) < 0) goto err;
+    /* a registered buffer per open file (best effort: an old kernel reads without) */
+    l->fixed = l->pool_limit && io_uring_register_buffers_sparse(&l->ring, POOL_MAX) == 0;
     int prc = pthread_create(&l->thread, NULL, loader_main, l);
     if (prc != 0) {
         rc = cs_error_set(CS_ENOMEM, "loader: pthread_create: %s", strerror(prc));
@@ -542,7 +663,7 @@ void lora_loader_free(lora_loader_t *l) {
         while (q) {
             ld_job_t *j = q;
             q = j->next;
-            cancel_job(j);
+            cancel_job(l, j);
         }
     }
     if (l->ring_ok) io_uring_queue_exit(&l->ring);   /* cancels armed timers */
@@ -554,6 +675,7 @@ void lora_loader_free(lora_loader_t *l) {
         }
     if (l->efd >= 0) close(l->efd);
     pthread_mutex_destroy(&l->mu);
+    for (int i = 0; i < POOL_MAX; i++) free(l->pool[i].p);
     free(l->ops);
     free(l);
 }
@@ -563,23 +685,23 @@ int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n, lor
     CS_ASSERT(done && (paths || n == 0));
     ld_job_t *j = calloc(1, sizeof *j);
     if (!j || !(j->files = calloc(n ? n : 1, sizeof *j->files)) || !(j->pub = calloc(n ? n : 1, sizeof *j->pub))) {
-        job_free(j);
+        job_free(l, j);
         return cs_error_set(CS_ENOMEM, "loader: out of memory");
     }
     j->n_files = n;
     j->done = done;
     j->user = user;
     for (size_t i = 0; i < n; i++) {
-        j->files[i] = (ld_file_t){ .job = j, .pub = &j->pub[i], .state = F_QUEUED, .fd = -1 };
+        j->files[i] = (ld_file_t){ .job = j, .pub = &j->pub[i], .state = F_QUEUED, .fd = -1, .buf = -1 };
         if (!(j->pub[i].path = strdup(paths[i]))) {
-            job_free(j);
+            job_free(l, j);
             return cs_error_set(CS_ENOMEM, "loader: out of memory");
         }
     }
     pthread_mutex_lock(&l->mu);
     if (l->stopping) {
         pthread_mutex_unlock(&l->mu);
-        job_free(j);
+        job_free(l, j);
         return cs_error_set(CS_EINVAL, "loader: shutting down");
     }
     if (l->queue_tail) l->queue_tail->next = j;

@@ -26,6 +26,10 @@ typedef struct lora_loader_params {
                              * system that refuses O_DIRECT (EINVAL at open or at a read: tmpfs,
                              * some FUSE and network file systems) gets buffered reads for
                              * that file, without error */
+    size_t pool_bytes;      /* read buffers kept for reuse (files from 2 MiB up): at most this
+                             * many bytes, in at most 8 buffers, each registered with the ring
+                             * (READ_FIXED) where the kernel and RLIMIT_MEMLOCK allow; 0 = 512 MiB */
+    bool no_pool;           /* a fresh buffer for every file (nothing kept, nothing registered) */
     int test_refuse_direct; /* tests only: 1 = act as if openat refused O_DIRECT, 2 = as if
                              * every O_DIRECT read did (EINVAL), 3 = as if an O_DIRECT read
                              * came back short at an unaligned offset */
@@ -35,11 +39,14 @@ typedef struct lora_loader_params {
 typedef struct lora_file {
     const char *path;
     void *data;             /* len bytes, LORA_LOADER_ALIGN-aligned, NUL after the last byte
-                             * (zero-filled up to a multiple of the alignment); free() it.
-                             * The callback may take it by setting data = NULL; the loader
-                             * frees what is left after the callback returns. NULL on error. */
+                             * (zero-filled up to a multiple of the alignment). The callback
+                             * may take it by setting data = NULL (then free() it); what is
+                             * left after the callback returns goes back to the loader (its
+                             * pool, or freed): a callback that only reads it lets the next
+                             * load reuse the memory. NULL on error. */
     size_t len;
     bool direct;            /* every byte came by O_DIRECT (no page cache) */
+    bool registered;        /* its reads went into a pooled buffer registered with the ring */
     int status;             /* CS_OK, or CS_ENOTFOUND (no such file), CS_EIO, CS_ENOMEM */
     char error[384];        /* with status != CS_OK: what failed, naming the file */
 } lora_file_t;

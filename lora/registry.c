@@ -483,8 +483,8 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
     } else {
         /* e->config, name and dir are this load's alone until in_io is cleared */
         safetensors_t *st = NULL;
-        rc = safetensors_open_buffer(files[0].path, files[0].data, files[0].len, true, &st);
-        files[0].data = NULL;
+        /* borrowed: the tensors are copied out, and the loader reuses the buffer afterwards */
+        rc = safetensors_open_buffer(files[0].path, files[0].data, files[0].len, false, &st);
         if (rc == CS_OK)
             rc = lora_adapter_load_buffers(e->name, e->dir, e->config, e->config_len, st, r->p.cfg, &a);
         if (rc != CS_OK) snprintf(msg, sizeof msg, "%s", cs_error_last());

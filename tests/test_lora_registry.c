@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -248,19 +249,33 @@ static void settle(lora_registry_t *r) {
 typedef struct got {
     pthread_mutex_t mu;
     int jobs;
-    struct { char path[256]; void *data; size_t len; bool direct; int status; char error[384]; } f[256];
+    struct { char path[256]; void *data; size_t len; bool direct, registered; int status; char error[384];
+             const void *seen; bool bytes_ok; } f[256];
     int n;
+    bool borrow;            /* leave the buffers to the loader: check the bytes in the callback */
 } got_t;
+
+static unsigned char pattern(size_t file, size_t i);
 
 static void got_done(void *user, lora_file_t *files, size_t n) {
     got_t *g = user;
     pthread_mutex_lock(&g->mu);
     for (size_t i = 0; i < n && g->n < 256; i++, g->n++) {
         snprintf(g->f[g->n].path, sizeof g->f[g->n].path, "%s", files[i].path);
-        g->f[g->n].data = files[i].data;
-        files[i].data = NULL;
+        g->f[g->n].seen = files[i].data;
+        if (g->borrow) { /* files named .../pN hold pattern(N, ...) */
+            const unsigned char *d = files[i].data;
+            size_t id = (size_t)atoi(strrchr(files[i].path, '/') + 2);
+            bool ok = d != NULL && d[files[i].len] == 0;
+            for (size_t k = 0; ok && k < files[i].len; k++) ok = d[k] == pattern(id, k);
+            g->f[g->n].bytes_ok = ok;
+        } else {
+            g->f[g->n].data = files[i].data;
+            files[i].data = NULL;
+        }
         g->f[g->n].len = files[i].len;
         g->f[g->n].direct = files[i].direct;
+        g->f[g->n].registered = files[i].registered;
         g->f[g->n].status = files[i].status;
         snprintf(g->f[g->n].error, sizeof g->f[g->n].error, "%s", files[i].error);
     }
@@ -375,6 +390,79 @@ START_TEST(test_loader_files) {
     /* bad parameters are refused */
     lp.chunk_bytes = 1000;
     ck_assert_int_eq(lora_loader_init(&lp, &l), CS_EINVAL);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+END_TEST
+
+/* The pool: files from 2 MiB up are read into registered buffers the loader reuses once a
+ * callback has returned without taking them; a taken one leaves the pool (the taker frees it);
+ * a file larger than the pool gets a buffer of its own. Every load checked byte for byte. */
+static void load_one(lora_loader_t *l, got_t *g, const char *path) {
+    g->n = g->jobs = 0;
+    ck_assert_int_eq(lora_loader_submit(l, &path, 1, got_done, g), CS_OK);
+    got_wait(g, 1);
+    ck_assert_msg(g->f[0].status == CS_OK, "%s", g->f[0].error);
+}
+
+START_TEST(test_loader_pool) {
+    enum { NP = 3 };
+    static const size_t sizes[NP] = { 5u << 20, (3u << 20) + 7, 9u << 20 }; /* p0 p1 p2 */
+    char paths[NP][300];
+    for (int i = 0; i < NP; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/p%d", root, i);
+        write_pattern(paths[i], (size_t)i, sizes[i]);
+    }
+    /* registering buffers needs RLIMIT_MEMLOCK room (or CAP_IPC_LOCK): expected where there is */
+    struct rlimit ml;
+    bool can_register = geteuid() == 0 || (getrlimit(RLIMIT_MEMLOCK, &ml) == 0 && ml.rlim_cur >= (64u << 20));
+    lora_loader_params_t lp = { .queue_depth = 4, .chunk_bytes = 1 << 20, .pool_bytes = 8u << 20 };
+    lora_loader_t *l;
+    ck_assert_int_eq(lora_loader_init(&lp, &l), CS_OK);
+    got_t *g = calloc(1, sizeof *g);
+    pthread_mutex_init(&g->mu, NULL);
+    g->borrow = true;
+    load_one(l, g, paths[0]);       /* 5 MiB: a new 6 MiB pool buffer */
+    const void *first = g->f[0].seen;
+    ck_assert(g->f[0].bytes_ok);
+    ck_assert(!can_register || g->f[0].registered);
+    load_one(l, g, paths[1]);       /* 3 MiB: fits the idle one, reused */
+    ck_assert(g->f[0].bytes_ok);
+    ck_assert_ptr_eq(g->f[0].seen, first);
+    ck_assert(!can_register || g->f[0].registered);
+    load_one(l, g, paths[0]);       /* and again, the NUL and padding restored after the shorter file */
+    ck_assert(g->f[0].bytes_ok);
+    ck_assert_ptr_eq(g->f[0].seen, first);
+    load_one(l, g, paths[2]);       /* 9 MiB > the 8 MiB pool: a buffer of its own */
+    ck_assert(g->f[0].bytes_ok);
+    ck_assert(!g->f[0].registered);
+    ck_assert_ptr_ne(g->f[0].seen, first);
+    /* a callback that takes the pooled buffer owns it (freed below; ASan would see a double
+     * free), and the next load gets a new pool buffer */
+    g->borrow = false;
+    load_one(l, g, paths[0]);
+    ck_assert_ptr_eq(g->f[0].data, first);
+    check_got(g, 0, 0, sizes[0]);
+    free(g->f[0].data);
+    g->borrow = true;
+    load_one(l, g, paths[1]);
+    ck_assert(g->f[0].bytes_ok);
+    ck_assert(!can_register || g->f[0].registered);
+    /* both files of one job at once: 6 + 4 MiB of buffers do not fit the 8 MiB pool (the idle
+     * 4 MiB one goes for a 6 MiB one), so the second file gets a buffer of its own */
+    g->n = g->jobs = 0;
+    const char *two[2] = { paths[0], paths[1] };
+    ck_assert_int_eq(lora_loader_submit(l, two, 2, got_done, g), CS_OK);
+    got_wait(g, 1);
+    ck_assert(g->f[0].status == CS_OK && g->f[1].status == CS_OK && g->f[0].bytes_ok && g->f[1].bytes_ok);
+    ck_assert_ptr_ne(g->f[0].seen, g->f[1].seen);
+    lora_loader_free(l);
+    /* no pool: every buffer its own, never registered */
+    lp.no_pool = true;
+    ck_assert_int_eq(lora_loader_init(&lp, &l), CS_OK);
+    load_one(l, g, paths[0]);
+    ck_assert(g->f[0].bytes_ok && !g->f[0].registered);
+    lora_loader_free(l);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
@@ -1289,6 +1377,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_loader_files);
     tcase_add_test(tc, test_loader_many_jobs);
+    tcase_add_test(tc, test_loader_pool);
     suite_add_tcase(s, tc);
     tc = tcase_create("registry");
     tcase_add_checked_fixture(tc, setup, teardown);
