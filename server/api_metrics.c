@@ -74,6 +74,10 @@ int server_metrics_init(server_t *s) {
                                      "Adapter layers of cold-start forwards, by where their LoRA ran (host, device).", path);
     m->lora_hits = metrics_counter(m->reg, NAME("lora_cache_hits_total"), "Adapter acquires that found it resident.", NULL);
     m->lora_misses = metrics_counter(m->reg, NAME("lora_cache_misses_total"), "Adapter acquires that started a load.", NULL);
+    const char *const io[] = {"io", NULL};
+    m->lora_loads = metrics_counter(m->reg, NAME("lora_loads_total"),
+                                    "Adapter loads from disk that finished, by how the weights were read (direct: O_DIRECT; buffered: the page cache).",
+                                    io);
     const char *const term[] = {"term", NULL};
     m->cost_r2 = metrics_gauge(m->reg, NAME("cost_model_r2"),
                                "The iteration cost model's R² on the steps it was fitted on (0 before a fit).", NULL);
@@ -94,7 +98,7 @@ int server_metrics_init(server_t *s) {
     if (!m->cost_r2 || !m->cost_err || !m->cost_coef || !m->cost_steps) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     if (!m->ttft || !m->itl || !m->e2e || !m->queue || !m->prompt_tokens || !m->gen_tokens || !m->success ||
         !m->running || !m->waiting || !m->kv_usage || !m->prefix_queries || !m->prefix_hits || !m->preemptions ||
-        !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->prefill_tokens ||
+        !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->lora_loads || !m->prefill_tokens ||
         !m->lora_transfer || !m->cold_starts || !m->cold_layers)
         return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     return CS_OK;
@@ -136,6 +140,11 @@ enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
         m->last_preemptions = st.preemptions;
         m->last_lora_hits = ls.hits;
         m->last_lora_misses = ls.misses;
+        metric_inc(m->lora_loads, (const char *[]){"direct"}, (double)(ls.loads_direct - m->last_lora_loads_direct));
+        metric_inc(m->lora_loads, (const char *[]){"buffered"},
+                   (double)((ls.loads - ls.loads_direct) - m->last_lora_loads_buffered));
+        m->last_lora_loads_direct = ls.loads_direct;
+        m->last_lora_loads_buffered = ls.loads - ls.loads_direct;
         metric_inc(m->cold_starts, (const char *[]){"cpu_assist"}, (double)(st.cold_assisted - m->last_cold_assisted));
         metric_inc(m->cold_starts, (const char *[]){"wait"}, (double)(st.cold_waited - m->last_cold_waited));
         metric_inc(m->cold_layers, (const char *[]){"host"}, (double)(st.cold_host_layers - m->last_cold_host_layers));

@@ -373,6 +373,16 @@ if vals.get(dev_key, 0) < 2:  # a1 and a2 ran: their slots stay (no bound)
 loads = {k: v for k, v in vals.items() if k.startswith("caraserve_lora_load_seconds_count{adapter=")}
 if len(loads) < 3 or sum(loads.values()) < 3 or vals["caraserve_prefix_cache_hits_total"] <= 0:
     reflib.fail(f"/metrics: loads per adapter {loads}, prefix hits {vals['caraserve_prefix_cache_hits_total']}")
+# every load counted once by how it was read: O_DIRECT where the file system takes it
+try:
+    os.close(os.open(os.path.join(a1_dir, "adapter_model.safetensors"), os.O_RDONLY | os.O_DIRECT))
+    fs_direct = True
+except OSError:
+    fs_direct = False
+by_io = {io: vals.get(f'caraserve_lora_loads_total{{io="{io}"}}', -1) for io in ("direct", "buffered")}
+if by_io["direct"] + by_io["buffered"] != sum(loads.values()) or by_io["buffered" if fs_direct else "direct"] != 0:
+    reflib.fail(f"/metrics: loads by io {by_io} against {sum(loads.values())} loads (O_DIRECT here: {fs_direct})")
+print(f"ok  /metrics counts {int(sum(loads.values()))} adapter loads by how they were read: {by_io}")
 if shutil.which("promtool"):
     p = subprocess.run(["promtool", "check", "metrics"], input=txt, capture_output=True, text=True)
     if p.returncode != 0 or p.stdout.strip() or p.stderr.strip():
