@@ -9,8 +9,9 @@
  *                  (posix_fadvise DONTNEED on clean, synced files);
  *   buffered_warm  through the page cache with every page already cached (what a reload
  *                  of an evicted adapter gets when the OS kept the file).
- * Each mode has its own loader for the whole run (its pool lives across loads), loaded once
- * untimed first. Per mode: GB/s (wall, submit to the job's callback) and the CPU time the process spent
+ * Each mode has its own loader for the whole run (its pool lives across loads, sized for all
+ * the files; the pool holds 8 buffers, so past --files 8 the rest get fresh ones: see
+ * registered_files), loaded once untimed first. Per mode: GB/s (wall, submit to the job's callback) and the CPU time the process spent
  * per GB (the page-cache copy is CPU work O_DIRECT does not do). One JSON line on stdout.
  * In the lora layer (it drives the loader itself), built as bench/loadbench; bench/loadio.sh
  * runs it and writes bench/results/loadio-*.json.
@@ -136,7 +137,7 @@ int main(int argc, char **argv) {
     int rc = 1;
     lora_loader_t *ld[3] = {NULL, NULL, NULL}; /* direct + pool, direct fresh, buffered + pool */
     for (int i = 0; i < n_files && paths; i++) {
-        paths[i] = malloc(strlen(dir) + 32);
+        if (!(paths[i] = malloc(strlen(dir) + 32))) goto out;
         sprintf(paths[i], "%s/adapter_%d.safetensors", dir, i);
         FILE *f = fopen(paths[i], "wb");
         if (!f || !buf) {
@@ -159,7 +160,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 3; k++) {
         size_t need = (size_t)n_files * file_bytes + ((size_t)n_files << 21);
         lora_loader_params_t lp = {.queue_depth = qd, .chunk_bytes = (size_t)chunk_kib << 10, .buffered = k == 2,
-                                   .no_pool = k == 1, .pool_bytes = need > ((size_t)512 << 20) ? need : 0};
+                                   .no_pool = k == 1, .pool_bytes = need};
         if (lora_loader_init(&lp, &ld[k]) != CS_OK) {
             fprintf(stderr, "loadbench: %s\n", cs_error_last());
             goto out;

@@ -59,13 +59,14 @@ typedef struct ld_job ld_job_t;
 
 #define HUGE_BYTES ((size_t)2 << 20)
 #define POOL_MAX 8
-#define POOL_BYTES_DEFAULT ((size_t)512 << 20)
+#define POOL_BYTES_DEFAULT ((size_t)256 << 20)
 
 typedef struct ld_buf {
     char *p;                /* NULL: a free entry */
     size_t cap;
     bool busy;              /* a file's, until its job's callback has returned */
     bool registered;        /* in the ring's buffer table at this entry's index */
+    bool dead;              /* an unregistration failed: this index is not used again */
 } ld_buf_t;
 
 typedef struct ld_file {
@@ -295,7 +296,13 @@ static void pool_drop(lora_loader_t *l, int i, bool taken) {
         struct iovec iov = {.iov_base = NULL, .iov_len = 0};
         __u64 tag = 0;
         int rc = io_uring_register_buffers_update_tag(&l->ring, (unsigned)i, &iov, &tag, 1);
-        if (rc != 1) URING_FATAL("io_uring_register_buffers_update_tag (drop)", rc < 0 ? rc : -EIO);
+        if (rc != 1) { /* still in the table: its memory is never freed nor its entry used again */
+            cs_log("%s:%d: io_uring_register_buffers_update_tag (drop): %s: %zu bytes left registered", __FILE__,
+                   __LINE__, strerror(rc < 0 ? -rc : EIO), b->cap);
+            l->pool_used -= b->cap;
+            *b = (ld_buf_t){.dead = true};
+            return;
+        }
     }
     if (!taken) free(b->p);
     l->pool_used -= b->cap;
@@ -314,12 +321,20 @@ static int pool_get(lora_loader_t *l, size_t need) {
         l->pool[best].busy = true;
         return best;
     }
-    size_t cap = round_up(need, HUGE_BYTES);
-    for (int i = 0; i < POOL_MAX && l->pool_used + cap > l->pool_limit; i++) /* idle ones too small */
-        if (l->pool[i].p && !l->pool[i].busy) pool_drop(l, i, false);
-    int e = 0;
-    while (e < POOL_MAX && l->pool[e].p) e++;
-    if (e == POOL_MAX || l->pool_used + cap > l->pool_limit) return -1;
+    size_t cap = round_up(need, HUGE_BYTES), idle = 0;
+    int e = -1, n_idle = 0;
+    for (int i = 0; i < POOL_MAX; i++) {
+        if (l->pool[i].p && !l->pool[i].busy) idle += l->pool[i].cap, n_idle++;
+        if (!l->pool[i].p && !l->pool[i].dead && e < 0) e = i;
+    }
+    /* room only by dropping idle buffers (too small for this file): when that makes enough */
+    if (cap > l->pool_limit || l->pool_used - idle + cap > l->pool_limit || (e < 0 && n_idle == 0)) return -1;
+    for (int i = 0; i < POOL_MAX && (l->pool_used + cap > l->pool_limit || e < 0); i++)
+        if (l->pool[i].p && !l->pool[i].busy) {
+            pool_drop(l, i, false);
+            if (e < 0 && !l->pool[i].dead) e = i;
+        }
+    if (e < 0 || l->pool_used + cap > l->pool_limit) return -1;
     ld_buf_t *b = &l->pool[e];
     if (!(b->p = huge_alloc(cap))) return -1;
     b->cap = cap;
@@ -329,7 +344,8 @@ static int pool_get(lora_loader_t *l, size_t need) {
         struct iovec iov = {.iov_base = b->p, .iov_len = cap};
         __u64 tag = 0;
         /* refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK, say): plain reads into it */
-        b->registered = cap <= UINT32_MAX && io_uring_register_buffers_update_tag(&l->ring, (unsigned)e, &iov, &tag, 1) == 1;
+        b->registered = cap <= ((size_t)1 << 30) && /* the kernel's bound on one registered buffer */
+                        io_uring_register_buffers_update_tag(&l->ring, (unsigned)e, &iov, &tag, 1) == 1;
     }
     return e;
 }
@@ -354,6 +370,7 @@ static void *file_buffer(lora_loader_t *l, ld_file_t *f, size_t len) {
 /* F's buffer leaves the file: back to the pool (or, taken by the callback, out of it), or
  * freed */
 static void put_data(lora_loader_t *l, ld_file_t *f) {
+    if (!f->pub) return;
     if (f->buf >= 0) {
         ld_buf_t *b = &l->pool[f->buf];
         if (f->pub->data == b->p) b->busy = false;
@@ -374,7 +391,13 @@ static void file_finish(lora_loader_t *l, ld_file_t *f) {
 static void read_settled(lora_loader_t *l, ld_file_t *f) {
     if (f->reads == 0 && (f->pub->status != CS_OK || f->done_bytes == f->pub->len)) {
         f->state = F_NEED_CLOSE;
-        if (f->pub->status != CS_OK) drop_data(l, f);
+        if (f->pub->status != CS_OK) {
+            drop_data(l, f);
+        } else if (f->pub->data) { /* an O_DIRECT read of the last block brings the block whole,
+                                    * past the end as the file system has it: zero the padding */
+            size_t len = f->pub->len;
+            memset((char *)f->pub->data + len, 0, round_up(len + 1, LORA_LOADER_ALIGN) - len);
+        }
     }
 }
 
@@ -442,6 +465,7 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
         f->pub->len = (size_t)f->stx.stx_size;
         f->pub->data = file_buffer(l, f, f->pub->len);
         if (!f->pub->data) {
+            f->pub->len = 0;
             file_fail(f, -ENOMEM, "buffer", __LINE__);
             f->state = F_NEED_CLOSE;
             return;
@@ -553,7 +577,7 @@ static void *loader_main(void *arg) {
             while (l->resubmit) {
                 ld_op_t *op = l->resubmit;
                 l->resubmit = op->next;
-                op->f->reads--;
+                if (op->kind == OP_READ) op->f->reads--;
                 op_put(l, op);
             }
             if (l->ops_used == 0) break;
@@ -632,7 +656,7 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
     if ((rc = URING_CHECK(io_uring_queue_init((unsigned)l->qd, &l->ring, 0))) < 0) goto err;
     l->ring_ok = true;
     if ((rc = URING_CHECK(io_uring_register_eventfd(&l->ring, l->efd))) < 0) goto err;
-    /* a registered buffer per open file (best effort: an old kernel reads without) */
+    /* a table for the pool's registered buffers (best effort: an old kernel reads without) */
     l->fixed = l->pool_limit && io_uring_register_buffers_sparse(&l->ring, POOL_MAX) == 0;
     int prc = pthread_create(&l->thread, NULL, loader_main, l);
     if (prc != 0) {
@@ -691,8 +715,9 @@ int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n, lor
     j->n_files = n;
     j->done = done;
     j->user = user;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++) /* all of them first: job_free may see any */
         j->files[i] = (ld_file_t){ .job = j, .pub = &j->pub[i], .state = F_QUEUED, .fd = -1, .buf = -1 };
+    for (size_t i = 0; i < n; i++) {
         if (!(j->pub[i].path = strdup(paths[i]))) {
             job_free(l, j);
             return cs_error_set(CS_ENOMEM, "loader: out of memory");

@@ -28,7 +28,8 @@ typedef struct lora_loader_params {
                              * that file, without error */
     size_t pool_bytes;      /* read buffers kept for reuse (files from 2 MiB up): at most this
                              * many bytes, in at most 8 buffers, each registered with the ring
-                             * (READ_FIXED) where the kernel and RLIMIT_MEMLOCK allow; 0 = 512 MiB */
+                             * (READ_FIXED) where the kernel and RLIMIT_MEMLOCK allow; 0 = 256 MiB.
+                             * Held (and pinned, when registered) for the loader's lifetime */
     bool no_pool;           /* a fresh buffer for every file (nothing kept, nothing registered) */
     int test_refuse_direct; /* tests only: 1 = act as if openat refused O_DIRECT, 2 = as if
                              * every O_DIRECT read did (EINVAL), 3 = as if an O_DIRECT read

@@ -437,6 +437,9 @@ START_TEST(test_loader_pool) {
     ck_assert(g->f[0].bytes_ok);
     ck_assert(!g->f[0].registered);
     ck_assert_ptr_ne(g->f[0].seen, first);
+    load_one(l, g, paths[1]);       /* ... and the pool was not emptied for it */
+    ck_assert(g->f[0].bytes_ok);
+    ck_assert_ptr_eq(g->f[0].seen, first);
     /* a callback that takes the pooled buffer owns it (freed below; ASan would see a double
      * free), and the next load gets a new pool buffer */
     g->borrow = false;
