@@ -273,8 +273,9 @@ static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
 
 /* ---- buffers ----
  * A file is read into a buffer of whole 4096-byte pages past a NUL after its data (O_DIRECT
- * reads of the last block have the room), zero from its end to that page's end; the bytes
- * before are left for the reads to write (no pass over memory about to be overwritten).
+ * reads of the last block have the room), zeroed from its end to that page's end once it is
+ * read; the bytes before are left for the reads to write (no pass over memory about to be
+ * overwritten).
  * From 2 MiB up, buffers come from a pool the loader keeps (up to pool_bytes, POOL_MAX
  * buffers): 2 MiB-aligned, asked for transparent huge pages, registered with the ring once
  * (reads are READ_FIXED: the pages are pinned once, not at every read), and used again by the
@@ -363,8 +364,7 @@ static void *file_buffer(lora_loader_t *l, ld_file_t *f, size_t len) {
     } else {
         p = aligned_alloc(LORA_LOADER_ALIGN, need);
     }
-    if (p) memset(p + len, 0, need - len);
-    return p;
+    return p; /* its padding is zeroed once the file is read (read_settled) */
 }
 
 /* F's buffer leaves the file: back to the pool (or, taken by the callback, out of it), or
@@ -484,10 +484,8 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
             return;
         }
         if (res > 0) VALGRIND_MAKE_MEM_DEFINED((char *)f->pub->data + op->off, (size_t)res);
-        if (res > 0 && (size_t)res > op->len) { /* O_DIRECT past the end: the file grew since statx */
-            memset((char *)f->pub->data + op->off + op->len, 0, (size_t)res - op->len);
-            res = (int)op->len;
-        }
+        if (res > 0 && (size_t)res > op->len) /* O_DIRECT past the end: the file grew since statx (the */
+            res = (int)op->len;                 /* padding it wrote is zeroed when the file settles) */
         if (res == -EAGAIN || res == -EINTR || (res > 0 && (size_t)res < op->len && f->pub->status == CS_OK)) {
             if (res > 0) {
                 f->done_bytes += (size_t)res;
