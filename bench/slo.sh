@@ -20,7 +20,8 @@
 # Env: BUILD (build), THREADS (2), LOADS ("0.5 0.8 1.0 1.2"), N (requests per run: 160), IN (64),
 #      OUT (32), TTFT_MS (3000), WARM (40), SEED (1), SLO_BASE (batch | per-load | fixed), CACHE,
 #      SEND_SLO (1: every request carries the SLOs it is judged by, "slo": {"ttft_ms", "tpot_ms"},
-#      as a client states them; fcfs ignores them; 0: none, the slo policy uses its defaults)
+#      as a client states them; fcfs ignores them; 0: none, the slo policy uses its defaults),
+#      KEEP_WORK (a directory: the runs' JSON, per-request arrays included, and server logs go there)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 LOADS=${LOADS:-"0.5 0.8 1.0 1.2"} N=${N:-160} IN=${IN:-64} OUT=${OUT:-32} TTFT_MS=${TTFT_MS:-3000} WARM=${WARM:-40}
@@ -31,7 +32,7 @@ BENCH="$BUILD/caraserve-bench"
 work=$(mktemp -d)
 pid=""
 stop() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=""; fi; }
-cleanup() { stop; rm -rf "$work"; }
+cleanup() { stop; if [ -n "${KEEP_WORK:-}" ]; then rm -rf "$KEEP_WORK"; mv "$work" "$KEEP_WORK"; else rm -rf "$work"; fi; }
 trap cleanup EXIT
 
 . bench/lora16.sh
@@ -53,7 +54,7 @@ run() { # label out-json args...
     shift 2
     "$BENCH" --base-url "http://127.0.0.1:$port" --model m --random-input-len "$IN" --random-output-len "$OUT" \
         --random-range-ratio 0.5 --num-prompts "$N" --seed "$SEED" --metric-percentiles 50,99 --save-result \
-        --result-dir "$work" --result-filename "$out" --label "$label" "$@" > "$work/$label.txt"
+        --result-dir "$work" --result-filename "$out" --label "$label" --save-detailed "$@" > "$work/$label.txt"
 }
 
 # capacity: fcfs with everything at once
@@ -117,7 +118,12 @@ for load in loads.split():
                      "tpot_slo_ms": slos[float(load)], "request_throughput": r.get("request_throughput"),
                      "failed": r.get("failed", 0)})
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-res = {"benchmark": "slo", "cpu": cpu, "threads": int(threads), "requests_carry_slo": os.environ.get("SEND_SLO", "1") == "1",
+import subprocess
+def git(*a):
+    try: return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
+    except OSError: return ""
+commit = git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+res = {"benchmark": "slo", "cpu": cpu, "commit": commit or None, "threads": int(threads), "requests_carry_slo": os.environ.get("SEND_SLO", "1") == "1",
        "model": "llama ~50M (512 hidden, 8 layers, inter 1408, vocab 32000), BF16",
        "adapters": "16, ranks 8/16/32/64 in turn, all 7 projections, BF16; popularity: maf-popularity-128 top 16",
        "capacity_rps": float(cap), "tpot_slo": f"1.5 x the base model's median TPOT ({slo_base})",

@@ -13,6 +13,9 @@
 
 #define MAX_ADAPTERS 256 /* distinct adapters tracked in one iteration (beyond: priced as new) */
 #define REFIT_EVERY 32
+#define DRIFT_ALPHA (1.0 / 16) /* the drift follows about the last 16 steps */
+#define DRIFT_MIN 0.5
+#define DRIFT_MAX 4.0
 
 typedef struct slo {
     sched_t s;              /* first: a sched_t * is a slo_t * */
@@ -20,6 +23,7 @@ typedef struct slo {
     long steps;
     double now;
     bool fitted;            /* the cost model had a fit when this iteration began */
+    double drift;           /* measured / predicted over the last steps (1: none) */
     cost_fit_t fit;         /* ... that fit */
     /* the iteration being formed */
     sched_step_t cur;
@@ -36,7 +40,10 @@ typedef struct slo {
 
 static double now_ms(const slo_t *q) { return q->p.now_ms ? q->p.now_ms(q->p.user) : cs_time_ms(); }
 
-static double predict(const slo_t *q, const sched_step_t *st) { return cost_model_predict(q->p.cost, st); }
+/* the cost model's prediction, scaled by the drift of the last steps: the model follows the
+ * machine over thousands of steps, the drift over a few dozen (a neighbour's burst on a
+ * shared host, a frequency change) */
+static double predict(const slo_t *q, const sched_step_t *st) { return q->drift * cost_model_predict(q->p.cost, st); }
 
 /* the base model alone with DECODE rows: what the default TPOT SLO is a factor of */
 static double base_ms(const slo_t *q, int decode) {
@@ -47,7 +54,7 @@ static double base_ms(const slo_t *q, int decode) {
 /* the TPOT bound of an iteration with this composition (INFINITY: no decode row) */
 static double bound(const slo_t *q, const sched_step_t *st, double min_explicit, bool has_default) {
     double b = min_explicit;
-    if (has_default) b = CS_MIN(b, q->p.tpot_factor * base_ms(q, st->decode_rows));
+    if (has_default) b = CS_MIN(b, q->p.headroom * q->p.tpot_factor * base_ms(q, st->decode_rows));
     return b;
 }
 
@@ -79,11 +86,11 @@ static sched_step_t with(const slo_t *q, const sched_view_t *v, int c, bool deco
  * time between a request's tokens after its first, so what matters is the budget: its next
  * token is due SLO × n_generated after its first one; time it has banked (iterations faster
  * than its SLO) may go to a longer iteration (a prefill chunk). Never less than the SLO
- * itself: a request already behind is not saved by holding everyone else back. */
+ * itself: a request already behind is not saved by holding everyone else back. The policy
+ * plans to headroom × the SLO: what the prediction misses by comes out of the rest. */
 static double row_bound(const slo_t *q, const sched_view_t *v) {
-    double b = v->slo_tpot_ms;
-    if (v->t_first_ms > 0 && v->n_generated > 0)
-        b = CS_MAX(b, v->slo_tpot_ms * v->n_generated - (q->now - v->t_first_ms));
+    double slo = q->p.headroom * v->slo_tpot_ms, b = slo;
+    if (v->t_first_ms > 0 && v->n_generated > 0) b = CS_MAX(b, slo * v->n_generated - (q->now - v->t_first_ms));
     return b;
 }
 
@@ -136,7 +143,7 @@ static bool starving(const slo_t *q, const sched_view_t *v) { return q->now - de
  * predicted time of this one and of its own prefill is all the slack it has left */
 static bool urgent(const slo_t *q, const sched_view_t *v) {
     if (v->slo_ttft_ms <= 0) return false;
-    double prefill = q->fit.coef[0] + q->fit.coef[1] * (v->n_tokens - v->n_computed);
+    double prefill = q->drift * (q->fit.coef[0] + q->fit.coef[1] * (v->n_tokens - v->n_computed));
     return deadline(q, v) - q->now <= predict(q, &q->cur) + 2 * prefill;
 }
 
@@ -169,7 +176,7 @@ static const slo_t *sort_q;
 
 static double slack_key(const slo_t *q, const sched_view_t *v) {
     if (v->admitted_once) return -INFINITY; /* preempted: it held a place already */
-    double prefill = q->fit.coef[0] + q->fit.coef[1] * (v->n_tokens - v->n_computed);
+    double prefill = q->drift * (q->fit.coef[0] + q->fit.coef[1] * (v->n_tokens - v->n_computed));
     return deadline(q, v) - q->now - prefill;
 }
 
@@ -236,6 +243,11 @@ static int victim(sched_t *s, const sched_view_t *v, int n) {
 
 static void feedback(sched_t *s, const sched_step_t *st) {
     slo_t *q = (slo_t *)s;
+    double model = cost_model_predict(q->p.cost, st);
+    if (model > 0 && st->forward_ms > 0) {
+        double r = CS_MIN(CS_MAX(st->forward_ms / model, DRIFT_MIN), DRIFT_MAX);
+        q->drift += DRIFT_ALPHA * (r - q->drift);
+    }
     cost_model_observe(q->p.cost, st);
     if (++q->steps % REFIT_EVERY == 0) cost_model_fit(q->p.cost);
 }
@@ -269,6 +281,8 @@ sched_t *sched_slo_new(const sched_slo_params_t *p) {
     if (q->p.default_ttft_ms <= 0) q->p.default_ttft_ms = 10000;
     if (q->p.starve_ms <= 0) q->p.starve_ms = 2000;
     if (q->p.min_chunk <= 0) q->p.min_chunk = 16;
+    if (!(q->p.headroom > 0 && q->p.headroom <= 1)) q->p.headroom = 0.9;
+    q->drift = 1;
     q->min_explicit = INFINITY;
     return &q->s;
 }

@@ -21,7 +21,12 @@
  *
  * A request's TPOT SLO is its own (`slo.tpot_ms`), else tpot_factor (1.5, CaraServe's
  * definition) times the predicted time of an iteration of the base model alone with the
- * same number of decode rows. Until the cost model has a fit, the policy behaves as fcfs. */
+ * same number of decode rows. Until the cost model has a fit, the policy behaves as fcfs.
+ *
+ * Predictions are the cost model's times its drift: the ratio of measured to predicted
+ * iteration times over about the last 16 steps (the model itself follows the machine over
+ * thousands), so a machine that slows for a while is priced as it is now. Every TPOT bound is
+ * planned to headroom (0.9) × the SLO: what a prediction misses by comes out of the rest. */
 #ifndef CS_SCHED_SLO_H
 #define CS_SCHED_SLO_H
 
@@ -35,6 +40,7 @@ typedef struct sched_slo_params {
     double default_ttft_ms;     /* the deadline of a request without a TTFT SLO (0: 10000) */
     double starve_ms;           /* how long past its deadline a sequence may be held back (0: 2000) */
     int min_chunk;              /* a prefill chunk is never cut below this (0: 16) */
+    double headroom;            /* the fraction of a TPOT SLO the policy plans to (0: 0.9; at most 1) */
     double (*now_ms)(void *user); /* the clock (NULL: cs_time_ms); tests script it */
     void *user;
 } sched_slo_params_t;

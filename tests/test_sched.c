@@ -233,7 +233,7 @@ static void run_iteration(sched_t *s, sched_view_t *run, int n) {
 START_TEST(slo_admits_what_fits) {
     cost_model_t *m = priced();
     fake_now = 100000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of});
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
     ck_assert_str_eq(sched_name(s), "slo");
     /* 8 base decode rows, the default SLO: 1.5 x (2 + 8 x 0.5) = 9 ms; they cost 6 */
     sched_view_t run[8];
@@ -251,7 +251,7 @@ START_TEST(slo_admits_what_fits) {
 
     /* the same rank-64 request past its deadline + starve_ms: admitted whatever the cost, and
      * nobody passes it while the cache cannot hold it */
-    s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .default_ttft_ms = 1000, .starve_ms = 500});
+    s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1, .default_ttft_ms = 1000, .starve_ms = 500});
     run_iteration(s, run, 8);
     sched_view_t old = waiting(30, "r64", 64, 20, fake_now - 1501);
     ck_assert_int_eq(s->iface->chunk(s, &old, 20), 20);
@@ -279,7 +279,7 @@ END_TEST
 START_TEST(slo_tpot_budget) {
     cost_model_t *m = priced();
     fake_now = 100000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of});
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
     /* 8 base decode rows with a TPOT SLO of 7 ms: they cost 2 + 8 x 0.5 = 6 */
     sched_view_t run[8];
     for (int i = 0; i < 8; i++) {
@@ -303,10 +303,79 @@ START_TEST(slo_tpot_budget) {
 }
 END_TEST
 
+/* every TPOT bound is planned to headroom x the SLO, so a prediction that misses by a little
+ * does not cost the SLO */
+START_TEST(slo_headroom) {
+    cost_model_t *m = priced();
+    fake_now = 100000;
+    sched_view_t run[8];
+    for (int i = 0; i < 8; i++) {
+        run[i] = decoding((uint64_t)i + 1, NULL, 0, 10);
+        run[i].t_first_ms = fake_now - 5 * 10; /* on time: nothing banked */
+    }
+    sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
+    /* the rows cost 2 + 8 x 0.5 = 6: 6 + 0.05 c <= 10 at headroom 1, <= 9 at 0.9 */
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
+    run_iteration(s, run, 8);
+    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 80);
+    sched_free(s);
+    s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of}); /* the default: 0.9 */
+    run_iteration(s, run, 8);
+    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 60);
+    sched_free(s);
+    /* a default SLO too: 0.9 x 1.5 x 6 = 8.1 */
+    for (int i = 0; i < 8; i++) run[i].slo_tpot_ms = 0;
+    s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 0.9});
+    run_iteration(s, run, 8);
+    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 42); /* 6 + 0.05 c <= 8.1 */
+    sched_free(s);
+    cost_model_free(m);
+}
+END_TEST
+
+/* iterations measured slower than the model predicts (a busy neighbour) are priced as they are
+ * now, before the model itself follows */
+START_TEST(slo_drift) {
+    cost_model_t *m = priced();
+    fake_now = 100000;
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
+    sched_view_t run[8];
+    for (int i = 0; i < 8; i++) {
+        run[i] = decoding((uint64_t)i + 1, NULL, 0, 10);
+        run[i].t_first_ms = fake_now - 5 * 10;
+    }
+    sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
+    run_iteration(s, run, 8);
+    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 80);
+    /* 31 steps of those 8 rows, each measured at twice the predicted 6 ms (the 32nd would refit) */
+    for (int k = 0; k < 31; k++) {
+        sched_step_t st = {.n_seqs = 8, .decode_rows = 8, .forward_ms = 12};
+        s->iface->feedback(s, &st);
+    }
+    cost_fit_t f;
+    cost_model_get(m, &f);
+    ck_assert(f.coef[0] == 2.0 && f.coef[2] == 0.5); /* the model has not moved */
+    /* the rows alone are now priced over 10 ms: nothing joins them */
+    run_iteration(s, run, 8);
+    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 0);
+    /* rows with a 20 ms SLO: the whole prompt (6 + 5 = 11 by the model alone) no longer fits */
+    for (int i = 0; i < 8; i++) {
+        run[i].slo_tpot_ms = 20;
+        run[i].t_first_ms = fake_now - 5 * 20;
+    }
+    run_iteration(s, run, 8);
+    int c = s->iface->chunk(s, &w, 100);
+    ck_assert_int_gt(c, 16);
+    ck_assert_int_lt(c, 100);
+    sched_free(s);
+    cost_model_free(m);
+}
+END_TEST
+
 START_TEST(slo_groups_adapters) {
     cost_model_t *m = priced();
     fake_now = 5000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of});
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
     /* 8 decode rows with an explicit 10 ms SLO, one on rank-64 adapter A: 2 + 4 + 3.2 = 9.2 */
     sched_view_t run[8];
     for (int i = 0; i < 8; i++) run[i] = decoding((uint64_t)i + 1, i == 0 ? "A" : NULL, 64, 10);
@@ -324,7 +393,7 @@ END_TEST
 START_TEST(slo_order_and_victim) {
     cost_model_t *m = priced();
     fake_now = 50000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of});
+    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
     run_iteration(s, NULL, 0);
     sched_view_t w[4] = {waiting(1, NULL, 0, 10, fake_now - 100), waiting(2, NULL, 0, 10, fake_now - 50),
                          waiting(3, NULL, 0, 10, fake_now - 10), waiting(4, NULL, 0, 10, fake_now - 5)};
@@ -344,7 +413,7 @@ START_TEST(slo_order_and_victim) {
     cost_model_free(m);
 
     cost_model_t *fresh = cost_model_new(1); /* no fit yet: fcfs */
-    s = sched_slo_new(&(sched_slo_params_t){.cost = fresh, .now_ms = clock_of});
+    s = sched_slo_new(&(sched_slo_params_t){.cost = fresh, .now_ms = clock_of, .headroom = 1});
     run_iteration(s, NULL, 0);
     s->iface->order_waiting(s, w, 4, perm);
     for (int i = 0; i < 4; i++) ck_assert_int_eq(perm[i], i);
@@ -579,6 +648,8 @@ int main(void) {
     tcase_add_test(tc, slo_admits_what_fits);
     tcase_add_test(tc, slo_groups_adapters);
     tcase_add_test(tc, slo_tpot_budget);
+    tcase_add_test(tc, slo_headroom);
+    tcase_add_test(tc, slo_drift);
     tcase_add_test(tc, slo_order_and_victim);
     tcase_add_test(tc, route_rank_aware);
     tcase_add_test(tc, route_queue_and_pause);
