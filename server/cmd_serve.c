@@ -645,7 +645,9 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_lock(&s->mu);
     s->draining = true;
     pthread_mutex_unlock(&s->mu);
-    http_quiesce(s);
+    /* the listener stays open while the drain lasts: /health answers 503 (a load balancer's
+     * readiness probe takes the server out) and new generation requests 503 "shutting down"
+     * (a client retries elsewhere), where a closed socket would say nothing */
     engine_set_pause(s->engine, ENGINE_RUN); /* a paused server lets its requests finish now */
     double deadline = cs_time_ms() + s->cfg.shutdown_timeout * 1000.0;
     pthread_mutex_lock(&s->mu);

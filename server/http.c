@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,17 +18,25 @@
 #include "server/server.h"
 
 /* ---- responses ---- */
-static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len) {
+/* CLOSE: the connection ends after this response (a request whose framing cannot be trusted:
+ * what follows it on the connection must not run as another request) */
+static enum MHD_Result queue_ex(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len,
+                                bool close) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     if (status == MHD_HTTP_UNAUTHORIZED) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len) {
+    return queue_ex(c, status, type, body, len, false);
 }
 
 enum MHD_Result http_text(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len) {
@@ -50,10 +59,13 @@ static const char *error_type(unsigned status) {
     case 405: return "MethodNotAllowedError";
     case 409: return "ConflictError";
     case 413: return "RequestTooLargeError";
+    case 501: return "NotImplementedError";
     case 503: return "ServiceUnavailableError";
     default: return status >= 500 ? "InternalServerError" : "BadRequestError";
     }
 }
+
+static json_t *error_object(unsigned status, const char *param, const char *msg);
 
 enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char *param, const char *fmt, ...) {
     char msg[2048];
@@ -61,13 +73,26 @@ enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    return http_json(c, status, error_object(status, param, msg));
+}
+
+/* an error after which the connection closes */
+static enum MHD_Result http_error_close(struct MHD_Connection *c, unsigned status, const char *msg) {
+    json_t *o = error_object(status, NULL, msg);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return body ? queue_ex(c, status, "application/json", body, strlen(body), true) : MHD_NO;
+}
+
+/* {"error": {...}} (a new reference) */
+static json_t *error_object(unsigned status, const char *param, const char *msg) {
     json_t *e = json_pack("{s:s, s:s, s:o, s:i}", "message", msg, "type", error_type(status), "param",
                           param ? json_string(param) : json_null(), "code", (int)status);
     if (!e) { /* the message was not valid UTF-8 (it quotes user input) */
         e = json_pack("{s:s, s:s, s:n, s:i}", "message", "invalid request (the error message is not valid UTF-8)",
                       "type", error_type(status), "param", "code", (int)status);
     }
-    return http_json(c, status, json_pack("{s:o}", "error", e));
+    return json_pack("{s:o}", "error", e);
 }
 
 /* ---- security ---- */
@@ -173,6 +198,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cn->srv = s;
         cn->t_arrival = cs_time_ms();
         *con_cls = cn;
+        char msg[256];
+        unsigned bad = route_framing_check(c, msg, sizeof msg);
+        if (bad) {
+            cn->answered = true;
+            return http_error_close(c, bad, msg);
+        }
         if (route_needs_auth(url) && !auth_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
             cn->answered = true;
             return http_error(c, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer KEY')");
@@ -268,12 +299,6 @@ int http_start(server_t *s) {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->bound_port = di ? di->port : s->cfg.port;
     return CS_OK;
-}
-
-void http_quiesce(server_t *s) {
-    if (!s->d) return;
-    MHD_socket fd = MHD_quiesce_daemon(s->d);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
 void http_stop(server_t *s) {

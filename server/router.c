@@ -765,11 +765,25 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
 
 static char *error_json(long status, const char *msg) {
     const char *type = status == 503 ? "ServiceUnavailableError" : status == 401 ? "AuthenticationError"
-                     : status == 413 ? "RequestTooLargeError" : status >= 500 ? "InternalServerError" : "BadRequestError";
+                     : status == 413 ? "RequestTooLargeError" : status == 501 ? "NotImplementedError" : status >= 500 ? "InternalServerError" : "BadRequestError";
     json_t *e = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", msg, "type", type, "param", "code", (int)status);
     char *s = e ? json_dumps(e, JSON_COMPACT) : NULL;
     json_decref(e);
     return s ? s : strdup("{\"error\":{\"message\":\"out of memory\"}}");
+}
+
+/* an error after which the connection closes (a request whose framing cannot be trusted) */
+static enum MHD_Result reply_close(struct MHD_Connection *c, unsigned status, char *body) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
 static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *fmt, ...)
@@ -1021,6 +1035,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cn->rt = rt;
         cn->t_arrival = cs_time_ms();
         *con_cls = cn;
+        char msg[256];
+        unsigned bad = route_framing_check(c, msg, sizeof msg);
+        if (bad) {
+            cn->answered = true;
+            char *e = error_json(bad, msg);
+            return reply_close(c, bad, e);
+        }
         if (route_needs_auth(url) && !route_bearer_ok(rt->cfg.api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
             cn->answered = true;
             return reply_error(c, 401, "missing or invalid API key (send 'Authorization: Bearer KEY')");

@@ -1,9 +1,15 @@
 /* routes.c: see routes.h. */
 #include "server/routes.h"
 
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
-#include <strings.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <microhttpd.h>
 
 #define API (ROUTE_AUTH | ROUTE_READY | ROUTE_JSON)
 
@@ -80,4 +86,63 @@ bool route_bearer_ok(const char *key, const char *h) {
         diff |= x ^ y;
     }
     return diff == 0;
+}
+
+/* ---- request framing (RFC 9112 section 6) ---- */
+typedef struct framing {
+    int n_length, n_te;
+    const char *length, *te;
+} framing_t;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    framing_t *f = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        f->n_length++;
+        f->length = value;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        f->n_te++;
+        f->te = value;
+    }
+    return MHD_YES;
+}
+
+unsigned route_framing_check(struct MHD_Connection *c, char *msg, size_t msglen) {
+    framing_t f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    if (f.n_te && f.n_length) {
+        snprintf(msg, msglen, "a request with both Transfer-Encoding and Content-Length is refused (RFC 9112 6.3)");
+        return 400;
+    }
+    if (f.n_length > 1) {
+        snprintf(msg, msglen, "more than one Content-Length header");
+        return 400;
+    }
+    if (f.n_length) {
+        const char *p = f.length;
+        while (*p == ' ' || *p == '\t') p++;
+        const char *d = p;
+        while (*p >= '0' && *p <= '9') p++;
+        const char *e = p;
+        while (*p == ' ' || *p == '\t') p++;
+        if (e == d || *p || e - d > 18) {
+            snprintf(msg, msglen, "Content-Length '%.64s' is not a number of bytes", f.length);
+            return 400;
+        }
+    }
+    if (f.n_te > 1) {
+        snprintf(msg, msglen, "more than one Transfer-Encoding header (only one, chunked, is supported)");
+        return 400;
+    }
+    if (f.n_te) {
+        const char *p = f.te;
+        while (*p == ' ' || *p == '\t') p++;
+        size_t n = strlen(p);
+        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+        if (!(n == 7 && !strncasecmp(p, "chunked", 7))) {
+            snprintf(msg, msglen, "Transfer-Encoding '%.64s' is not supported (only chunked)", f.te);
+            return 501;
+        }
+    }
+    return 0;
 }

@@ -6,6 +6,7 @@
 #define CS_ROUTES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 typedef enum route_id {
     R_HEALTH, R_VERSION, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT, R_LOAD_LORA, R_UNLOAD_LORA, R_TOKENIZE,
@@ -40,5 +41,13 @@ bool route_needs_auth(const char *url);
 /* H (an Authorization header, or NULL) is "Bearer KEY"; any H when KEY is NULL or "". In
  * constant time in the key's length. */
 bool route_bearer_ok(const char *key, const char *h);
+/* The request's framing (RFC 9112 section 6), from its headers: 0 when its body's length is
+ * unambiguous; else the status with a message in MSG: 400 for Content-Length and
+ * Transfer-Encoding together, two Content-Lengths, one that is not a number, two
+ * Transfer-Encodings; 501 for a Transfer-Encoding other than chunked. A front end answers such
+ * a request and closes its connection: behind a proxy that frames it the other way, what
+ * follows would otherwise run as a second, smuggled request. */
+struct MHD_Connection;
+unsigned route_framing_check(struct MHD_Connection *c, char *msg, size_t msglen);
 
 #endif

@@ -132,8 +132,6 @@ typedef struct conn conn_t;
 
 /* Start listening (the model may still be loading: /health answers 503 until ready). */
 int http_start(server_t *s);
-/* Stop accepting new connections (in-flight ones go on). */
-void http_quiesce(server_t *s);
 void http_stop(server_t *s);
 
 /* Responses (each queues exactly one response on the connection). */

@@ -153,10 +153,81 @@ expect("adapter files symlinked out of the root", 403, path="/v1/load_lora_adapt
 expect("not an adapter inside the root", 400, path="/v1/load_lora_adapter",
        body={"lora_name": "x", "lora_path": os.path.join(root, "not-an-adapter")}, param="lora_path")
 expect("unload an unknown adapter", 404, path="/v1/unload_lora_adapter", body={"lora_name": "nope"}, param="lora_name")
+
+
+# request framing (RFC 9112 section 6), on raw sockets: a request whose body length is
+# ambiguous is answered and its connection closed, so the bytes after it never run as a
+# second (smuggled) request; the server reads until it closes, and exactly one answer came
+def raw_exchange(data):
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    sock.settimeout(120)  # a bound on a hang, not a timing assertion
+    sock.sendall(data)
+    got = b""
+    try:
+        while True:
+            b = sock.recv(65536)
+            if not b:
+                break
+            got += b
+    except socket.timeout:
+        reflib.fail(f"framing: the server neither answered nor closed: got {got[:300]!r}")
+    finally:
+        sock.close()
+    heads, i = [], 0  # where each answer starts: status line, headers, Content-Length bytes
+    while i < len(got) and got.startswith(b"HTTP/1.1 ", i):
+        heads.append(i)
+        end = got.find(b"\r\n\r\n", i)
+        if end < 0:
+            break
+        lens = [int(line.split(b":", 1)[1]) for line in got[i:end].split(b"\r\n")
+                if line.lower().startswith(b"content-length:")]
+        i = end + 4 + (lens[0] if lens else 0)
+    if i < len(got):
+        heads.append(i)  # bytes that are not a well-formed answer count as one more
+    return got, heads
+
+
+SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n\r\n"
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + \
+    b"\r\nContent-Type: application/json\r\n"
+
+
+def framing(what, status, data, needle):
+    got, heads = raw_exchange(data)
+    if len(heads) != 1 or not got.startswith(b"HTTP/1.1 %d " % status):
+        reflib.fail(f"{what}: want one answer {status} and the connection closed, got {len(heads)}: {got[:600]!r}")
+    body = json.loads(got.split(b"\r\n\r\n", 1)[1])
+    e = body["error"]
+    if set(e) != {"message", "type", "param", "code"} or e["code"] != status or needle not in e["message"]:
+        reflib.fail(f"{what}: error object {e}")
+    rows.append((what, status, e["message"]))
+    good_after(what)
+
+
+framing("two Content-Length headers (a request smuggled after the body)", 400,
+        HEAD + b"Content-Length: 0\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED) + SMUGGLED, "Content-Length")
+framing("Content-Length and Transfer-Encoding: chunked together", 400,
+        HEAD + b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + SMUGGLED, "Transfer-Encoding")
+# (libmicrohttpd refuses a Content-Length that is not a number itself, before the server sees
+# the request, with a page of its own: what matters is that nothing after it ran)
+got, heads = raw_exchange(HEAD + b"Content-Length: 12abc\r\n\r\n{}" + SMUGGLED)
+if not got.startswith(b"HTTP/1.1 400 ") or b" 200 " in got or b'"object"' in got:
+    reflib.fail(f"Content-Length not a number: {got[:600]!r}")
+good_after("Content-Length not a number")
+framing("Transfer-Encoding: gzip (not supported)", 501, HEAD + b"Transfer-Encoding: gzip\r\n\r\n\x1f\x8b\x08\x00",
+        "gzip")
+# the control: two well-framed requests on one connection both run (the counting above can fail)
+body = json.dumps(GOOD).encode()
+got, heads = raw_exchange(HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body + SMUGGLED.replace(
+    b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+if len(heads) != 2 or not all(got.startswith(b"HTTP/1.1 200 ", h) for h in heads):
+    reflib.fail(f"two well-framed requests on one connection: {len(heads)} answers: {got[:600]!r}")
+print("ok  request framing: ambiguous lengths 400, gzip 501, each closes its connection; keep-alive still serves two")
 if PRINT:
     for what, st, msg in rows:
         print(f"| {what} | {st} | {msg.replace('|', '/')} |")
-print(f"ok  {len(rows)} bad inputs: each a 4xx with an error object, and the server kept serving")
+print(f"ok  {len(rows)} bad inputs: each a 4xx (501 for an unsupported Transfer-Encoding) with an error object, and the "
+      "server kept serving")
 
 # ---- 2. disconnects ----
 # (the engine publishes its gauges after each iteration: the last request's may lag by one)
@@ -353,3 +424,37 @@ if rc != 0 or res[0][0] != 200 or res[0][1]["choices"][0]["finish_reason"] != "a
         not 0 < res[0][1]["usage"]["completion_tokens"] < LONG_GEN:
     reflib.fail(f"--shutdown-timeout: exit {rc}, {res[0][0]}, {res[0][1].get('usage')}")
 print("ok  SIGINT with --shutdown-timeout 0.3: the long request ends as aborted, exit 0")
+
+# while a drain lasts the server still answers: /health 503, a new generation request 503,
+# and the request in flight goes on; a second signal stops the wait (SIGINT: do not wait)
+s4 = Server(["--model", model_dir, "--threads", "2", "--kv-cache-bytes", "32M", "--shutdown-timeout", "600",
+             "--max-model-len", str(LONG_GEN + 64)])
+res = []
+
+
+def long_request4():
+    th = threading.Thread(target=lambda: res.append(s4.request("POST", "/v1/completions",
+                                                               {"prompt": "Go", "max_tokens": LONG_GEN, "ignore_eos": True})))
+    th.start()
+    return [th]
+
+
+th = s4.hold_running(long_request4, "the long request")[0]
+s4.resume()
+s4.proc.send_signal(signal.SIGTERM)
+wait_for(lambda: s4.request("GET", "/health")[0] == 503 or None, 120, "/health to say 503 once the drain began")
+st, body, _ = s4.request("GET", "/health")
+if st != 503 or "shutting down" not in body["error"]["message"]:
+    reflib.fail(f"/health while draining: {st} {body}")
+st, body, _ = s4.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+if st != 503 or "shutting down" not in body["error"]["message"]:
+    reflib.fail(f"a new completion while draining: {st} {body}")
+if not th.is_alive() or res:
+    reflib.fail(f"the request in flight ended before the drain was stopped: {res}")
+s4.proc.send_signal(signal.SIGINT)  # the second signal: stop waiting, abort what runs
+th.join()
+rc = s4.stop()
+if rc != 0 or res[0][0] != 200 or res[0][1]["choices"][0]["finish_reason"] != "abort":
+    reflib.fail(f"a second signal during the drain: exit {rc}, {res[0][0]}, {res[0][1].get('usage')}")
+print("ok  while draining: /health 503, a new request 503 'shutting down', the running request goes on until a "
+      "second signal aborts it; exit 0")
