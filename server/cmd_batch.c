@@ -527,7 +527,7 @@ int cmd_batch(int argc, char **argv) {
         if (rc) goto out;
     }
     const int32_t *eos = cfg->n_eos ? cfg->eos_token_ids : NULL;
-    if (!(cost = cost_model_new(1)) || !(sched = setup_scheduler(scheduler, cost))) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
+    if (!(cost = cost_model_new(1)) || !(sched = setup_scheduler(scheduler, cost, 0))) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg,
                           .kv_cache_bytes = setup_kv_bytes(be, (size_t)kv_bytes, kv_explicit), .sched = sched,
                           .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,

@@ -86,6 +86,8 @@ static void usage_serve(FILE *f) {
             "  --max-loras N                 adapters in device slots at once: the running batch's\n"
             "                                distinct adapters (default: unbounded)\n"
             "  --scheduler fcfs              the scheduling policy (default fcfs)\n"
+            "  --slo-headroom F              slo: the fraction of a TPOT SLO it plans each\n"
+            "                                iteration to, 0.5 to 1 (default 0.9)\n"
             "  --cost-model FILE             start the iteration cost model from FILE (JSON, as\n"
             "                                `caraserve batch --cost-model-out` writes); it keeps\n"
             "                                learning from every step\n"
@@ -127,7 +129,7 @@ enum {
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
     O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
-    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO
+    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO, O_SLO_HEADROOM
 };
 
 static const struct option OPTS[] = {
@@ -155,6 +157,7 @@ static const struct option OPTS[] = {
     {"adapter-slos", required_argument, 0, O_ADAPTER_SLOS},
     {"lora-cache-bytes", required_argument, 0, O_LORA_BYTES},
     {"lora-io", required_argument, 0, O_LORA_IO},
+    {"slo-headroom", required_argument, 0, O_SLO_HEADROOM},
     {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
     {"max-body-bytes", required_argument, 0, O_BODY},
     {"max-n", required_argument, 0, O_MAX_N},
@@ -403,6 +406,7 @@ int cmd_serve(int argc, char **argv) {
             free(cfg.cost_model);
             cfg.cost_model = strdup(optarg);
             break;
+        case O_SLO_HEADROOM: if (!parse_double("slo-headroom", optarg, 0.5, 1, &cfg.slo_headroom)) goto usage_err; break;
         case O_PROFILE: if (!parse_double("profile-cost-model", optarg, 0, 600, &cfg.profile_seconds)) goto usage_err; break;
         case O_ADAPTER_SLOS: free(cfg.adapter_slos); cfg.adapter_slos = strdup(optarg); break;
         case O_LORA_BYTES:
@@ -592,7 +596,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "caraserve serve: --cost-model: %s\n", cs_error_last());
         goto out;
     }
-    if (!(s->sched = setup_scheduler(s->cfg.scheduler, s->cost))) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
+    if (!(s->sched = setup_scheduler(s->cfg.scheduler, s->cost, s->cfg.slo_headroom))) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
     engine_params_t ep = {.model = s->model, .tokenizer = s->tok, .kv_cache_bytes = kv_bytes, .sched = s->sched,
                           .max_num_seqs = s->cfg.max_num_seqs, .max_num_batched_tokens = s->cfg.max_num_batched_tokens,
                           .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching,

@@ -40,6 +40,7 @@ typedef struct serve_config {
     int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
     int max_loras;                  /* adapters in device slots at once (0: unbounded) */
     char *scheduler;                /* --scheduler: NULL or "fcfs" */
+    double slo_headroom;            /* --slo-headroom (0: the policy's default) */
     char *cost_model;               /* --cost-model FILE */
     double profile_seconds;         /* --profile-cost-model S (0: none) */
     char *adapter_slos;             /* --adapter-slos FILE: per-model SLOs (sched/slo.h) */

@@ -140,7 +140,7 @@ lora_assist_t *setup_assist(backend_t *be, int mode, int threads, bool *failed) 
     return a;
 }
 
-sched_t *setup_scheduler(const char *name, struct cost_model *cost) {
+sched_t *setup_scheduler(const char *name, struct cost_model *cost, double slo_headroom) {
     if (!name || !strcmp(name, "fcfs")) {
         sched_t *s = sched_fcfs_new(cost);
         if (!s) cs_error_set(CS_ENOMEM, "out of memory");
@@ -151,7 +151,7 @@ sched_t *setup_scheduler(const char *name, struct cost_model *cost) {
             cs_error_set(CS_EINVAL, "--scheduler slo needs the cost model");
             return NULL;
         }
-        return sched_slo_new(&(sched_slo_params_t){.cost = cost});
+        return sched_slo_new(&(sched_slo_params_t){.cost = cost, .headroom = slo_headroom});
     }
     cs_error_set(CS_EINVAL, "--scheduler %s: the policies are fcfs and slo", name);
     return NULL;

@@ -46,7 +46,7 @@ struct lora_assist *setup_assist(backend_t *be, int mode, int threads, bool *fai
  * be NULL) learning from its steps; NULL with a message for an unknown one. Free with
  * sched_free after the engine. */
 struct cost_model;
-struct sched *setup_scheduler(const char *name, struct cost_model *cost);
+struct sched *setup_scheduler(const char *name, struct cost_model *cost, double slo_headroom);
 
 /* --profile-cost-model: for about SECONDS, run synthetic batches through ENGINE (not yet
  * started: this drives it from the caller) to teach COST (fed by the policy's step feedback)

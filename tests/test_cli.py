@@ -59,6 +59,8 @@ for name, args in [
     ("batch: bad --max-num-seqs", ["batch", "--model", model, "--max-num-seqs", "0"]),
     ("batch: bad --lora-io", ["batch", "--model", model, "--lora-io", "fast"]),
     ("serve: bad --lora-io", ["serve", "--model", model, "--lora-io", "mmap"]),
+    ("serve: --slo-headroom over 1", ["serve", "--model", model, "--slo-headroom", "1.5"]),
+    ("serve: --slo-headroom not a number", ["serve", "--model", model, "--slo-headroom", "most"]),
 ]:
     p = cs(*args)
     expect(f"usage error: {name} -> exit 2", p.returncode == 2 and p.stderr.strip() != "", p)
