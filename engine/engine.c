@@ -6,6 +6,7 @@
 #include "engine/engine.h"
 #include "engine/sched.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +19,8 @@
 const char *const engine_finish_names[] = {"", "stop", "length", "abort", "error"};
 
 typedef enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state;
+
+#define LOGITS_KEEP_BYTES ((size_t)64 << 20) /* engine_params_t.logits_keep_bytes */
 
 typedef struct req req_t;
 
@@ -115,7 +118,7 @@ struct engine {
     int *batch_chunk;
     int batch_cap;
     float *logits;
-    size_t logits_cap;
+    size_t logits_cap;      /* floats; a buffer over LOGITS_KEEP_BYTES is freed after its step */
     int32_t *banned;
     float *lp_scratch;
 
@@ -1150,6 +1153,17 @@ static int step(engine_t *e) {
             seq_sample(e, s, lg);
         }
     }
+    /* the logits of many rows (echo or prompt logprobs of long prompts: up to the token budget
+     * x vocab floats, 262 MB at 2048 x 32000) go back to the system after their step; what a
+     * decode step of max_num_seqs rows needs (or 64 MB) stays */
+    size_t keep_floats = CS_MAX(e->p.logits_keep_bytes / sizeof(float), (size_t)e->p.max_num_seqs * e->vocab);
+    if (e->logits_cap > keep_floats) {
+        free(e->logits);
+        e->logits = NULL;
+        e->logits_cap = 0;
+        model_release_logits(e->model, (int)CS_MIN(keep_floats / (size_t)e->vocab, (size_t)INT_MAX));
+        e->st.logits_releases++;
+    }
     double dt = now_ms() - t0;
     fb.forward_ms = dt;
     if (e->p.sched->iface->feedback) e->p.sched->iface->feedback(e->p.sched, &fb);
@@ -1255,6 +1269,7 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     e->cfg = model_get_config(p->model);
     e->vocab = e->cfg->vocab_size;
     if (e->p.max_num_seqs <= 0) e->p.max_num_seqs = 256;
+    if (e->p.logits_keep_bytes == 0) e->p.logits_keep_bytes = LOGITS_KEEP_BYTES;
     if (e->p.max_num_batched_tokens <= 0) e->p.max_num_batched_tokens = 2048;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);

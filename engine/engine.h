@@ -26,6 +26,8 @@ typedef struct engine_params {
     int max_num_seqs;               /* running sequences per iteration (0: 256) */
     int max_num_batched_tokens;     /* tokens per iteration (0: 2048) */
     int max_model_len;              /* 0: max_position_embeddings, capped by the KV cache */
+    size_t logits_keep_bytes;       /* the logits buffers of a step over this (and over what
+                                     * max_num_seqs rows need) are freed after it (0: 64 MB) */
     bool no_prefix_caching;
     const int32_t *eos_ids;         /* NULL: the tokenizer's */
     int n_eos;
@@ -128,6 +130,7 @@ typedef struct engine_stats {
      * those that ran host-assisted and those that waited for it; the model's per-layer counts */
     uint64_t cold_starts, cold_assisted, cold_waited;
     uint64_t cold_forwards, cold_host_layers, cold_device_layers, cold_host_rows;
+    uint64_t logits_releases;       /* steps whose logits buffers were given back (many rows) */
 } engine_stats_t;
 
 /* One sequence as GET /v1/state shows it: published by the engine thread after every

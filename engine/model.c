@@ -672,6 +672,14 @@ static void forward_ops(model_t *m, kv_cache_t *kv, int T, int n_out, int n_segs
     }
 }
 
+void model_release_logits(model_t *m, int keep_rows) {
+    if (m->logits_cap <= keep_rows) return;
+    backend_graph_reset(m->be); /* recorded graphs name the buffer about to go */
+    backend_buf_free(m->be, m->logits_buf);
+    m->logits_buf = NULL;
+    m->logits_cap = 0;
+}
+
 int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits) {
     const model_config_t *c = &m->cfg;
     backend_t *be = m->be;

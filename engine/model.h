@@ -51,6 +51,9 @@ typedef struct model_batch_seq {
  * attention per sequence over the paged cache. logits receives the requested rows in
  * batch order (vocab_size floats each, host memory). */
 int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seqs, int n_seqs, float *logits);
+/* Give back the buffer of output logits when it holds more than KEEP_ROWS rows (a step that
+ * returned the logits of many prompt rows); the next forward allocates what it needs. */
+void model_release_logits(model_t *m, int keep_rows);
 
 /* The cold start: rows whose adapter slot is still streaming in (backend_adapter_stream)
  * take the LoRA term of the layers not yet there from the host workers POOL (lora/assist.h)

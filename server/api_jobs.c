@@ -8,6 +8,7 @@
  * have let go of it. Also the watcher of suspended connections whose client hung up, and the
  * aborts of shutdown and /v1/pause. */
 #define _GNU_SOURCE 1 /* POLLRDHUP */
+#include <malloc.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,21 @@
 #include "server/api_internal.h"
 
 /* ---- jobs ---- */
+/* tokens with logprobs in a completions (object of arrays) or chat (array) logprobs value */
+static size_t lp_tokens(const json_t *lp) {
+    if (json_is_array(lp)) return json_array_size(lp);
+    return json_array_size(json_object_get(lp, "tokens"));
+}
+
+/* a job holding this many tokens with logprobs (their top-k objects: about 2 KB each at 20)
+ * gives the heap back to the system when it is freed: glibc keeps freed small blocks in its
+ * arenas otherwise, and one 32k-token echo left 760 MB resident while idle */
+#define TRIM_LP_TOKENS 4096
+
 static void job_free(gen_job_t *j) {
+    size_t lp = 0;
+    for (int i = 0; i < j->n_parts; i++) lp += lp_tokens(j->parts[i].echo_lp);
+    for (int i = 0; i < j->n_parts * j->n; i++) lp += lp_tokens(j->choices[i].lp);
     for (int i = 0; i < j->n_parts; i++) {
         free(j->parts[i].prompt);
         free(j->parts[i].prompt_text);
@@ -39,6 +54,9 @@ static void job_free(gen_job_t *j) {
     json_decref(j->sglang);
     pthread_mutex_destroy(&j->mu);
     free(j);
+#ifdef __GLIBC__
+    if (lp >= TRIM_LP_TOKENS) malloc_trim(0);
+#endif
 }
 
 void job_unref(gen_job_t *j) {

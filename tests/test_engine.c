@@ -319,6 +319,8 @@ static void plp_sink(void *user, const engine_event_t *ev) {
     if (ev->request_done) r->done = true;
 }
 
+/* _i == 1: the logits buffers are given back after every step with more rows than a decode
+ * step's max_num_seqs (4): each 128-row chunk allocates them anew, with the same results */
 START_TEST(prompt_logprobs) {
     enum { N = 300 };
     int32_t p[N];
@@ -329,6 +331,10 @@ START_TEST(prompt_logprobs) {
     ck_assert_int_eq(model_forward(model, ms, p, N, NULL, ref, true), CS_OK);
     engine_t *e = NULL;
     engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(2048)};
+    if (_i == 1) {
+        ep.logits_keep_bytes = 1;
+        ep.max_num_seqs = 4;
+    }
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
     for (int round = 0; round < 3; round++) {
         plp_rec_t r = {0};
@@ -354,6 +360,8 @@ START_TEST(prompt_logprobs) {
     engine_stats_t st;
     engine_get_stats(e, &st);
     ck_assert_int_eq(st.kv.n_free + st.kv.n_cached, st.kv.n_blocks);
+    if (_i == 1) ck_assert_uint_ge(st.logits_releases, 3); /* 3 chunks of round 0 at least */
+    else ck_assert_uint_eq(st.logits_releases, 0);
     engine_free(e);
     model_seq_free(ms);
     free(ref);
@@ -472,7 +480,7 @@ int main(void) {
     tcase_add_test(tc, samples_share_prompt_blocks);
     tcase_add_test(tc, submit_validation);
     tcase_add_test(tc, engine_thread);
-    tcase_add_test(tc, prompt_logprobs);
+    tcase_add_loop_test(tc, prompt_logprobs, 0, 2);
     tcase_add_test(tc, policy_decides);
     tcase_add_test(tc, first_step_prefill_chunk);
     suite_add_tcase(s, tc);
