@@ -139,12 +139,16 @@ static double deadline(const slo_t *q, const sched_view_t *v) {
 
 static bool starving(const slo_t *q, const sched_view_t *v) { return q->now - deadline(q, v) > q->p.starve_ms; }
 
+/* the predicted time of V's remaining prompt alone (fixed and prefill terms) */
+static double prefill_ms(const slo_t *q, const sched_view_t *v) {
+    return q->drift * (q->fit.coef[0] + q->fit.coef[1] * (v->n_tokens - v->n_computed));
+}
+
 /* a request with a TTFT SLO of its own that would miss it by waiting one more iteration: the
  * predicted time of this one and of its own prefill is all the slack it has left */
 static bool urgent(const slo_t *q, const sched_view_t *v) {
     if (v->slo_ttft_ms <= 0) return false;
-    double prefill = q->drift * (q->fit.coef[0] + q->fit.coef[1] * (v->n_tokens - v->n_computed));
-    return deadline(q, v) - q->now <= predict(q, &q->cur) + 2 * prefill;
+    return deadline(q, v) - q->now <= predict(q, &q->cur) + 2 * prefill_ms(q, v);
 }
 
 /* ---- the vtable ---- */
@@ -176,8 +180,7 @@ static const slo_t *sort_q;
 
 static double slack_key(const slo_t *q, const sched_view_t *v) {
     if (v->admitted_once) return -INFINITY; /* preempted: it held a place already */
-    double prefill = q->drift * (q->fit.coef[0] + q->fit.coef[1] * (v->n_tokens - v->n_computed));
-    return deadline(q, v) - q->now - prefill;
+    return deadline(q, v) - q->now - prefill_ms(q, v);
 }
 
 static int by_slack(const void *a, const void *b) {

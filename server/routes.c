@@ -107,6 +107,15 @@ static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const c
     return MHD_YES;
 }
 
+/* S without the optional whitespace around it (RFC 9110 5.5): its start, its length in *N */
+static const char *ows_trimmed(const char *s, size_t *n) {
+    while (*s == ' ' || *s == '\t') s++;
+    size_t k = strlen(s);
+    while (k && (s[k - 1] == ' ' || s[k - 1] == '\t')) k--;
+    *n = k;
+    return s;
+}
+
 unsigned route_framing_check(struct MHD_Connection *c, char *msg, size_t msglen) {
     framing_t f = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
@@ -119,13 +128,9 @@ unsigned route_framing_check(struct MHD_Connection *c, char *msg, size_t msglen)
         return 400;
     }
     if (f.n_length) {
-        const char *p = f.length;
-        while (*p == ' ' || *p == '\t') p++;
-        const char *d = p;
-        while (*p >= '0' && *p <= '9') p++;
-        const char *e = p;
-        while (*p == ' ' || *p == '\t') p++;
-        if (e == d || *p || e - d > 18) {
+        size_t n;
+        const char *p = ows_trimmed(f.length, &n);
+        if (n == 0 || n > 18 || strspn(p, "0123456789") != n) {
             snprintf(msg, msglen, "Content-Length '%.64s' is not a number of bytes", f.length);
             return 400;
         }
@@ -135,10 +140,8 @@ unsigned route_framing_check(struct MHD_Connection *c, char *msg, size_t msglen)
         return 400;
     }
     if (f.n_te) {
-        const char *p = f.te;
-        while (*p == ' ' || *p == '\t') p++;
-        size_t n = strlen(p);
-        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+        size_t n;
+        const char *p = ows_trimmed(f.te, &n);
         if (!(n == 7 && !strncasecmp(p, "chunked", 7))) {
             snprintf(msg, msglen, "Transfer-Encoding '%.64s' is not supported (only chunked)", f.te);
             return 501;

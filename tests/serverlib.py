@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -123,6 +124,23 @@ class Server:
             for t in threads:
                 t.join()
         reflib.fail(f"{what} finished before the engine could be paused, {tries} times")
+
+    def raw(self, data, what="a raw request"):
+        """Send DATA on a new connection and read until the server closes it (the bytes)."""
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        sock.settimeout(120)  # a bound on a hang, not a timing assertion
+        sock.sendall(data)
+        got = b""
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return got
+                got += chunk
+        except socket.timeout:
+            reflib.fail(f"{what}: the server neither answered nor closed: got {got[:300]!r}")
+        finally:
+            sock.close()
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         if self.proc.poll() is None:

@@ -159,20 +159,7 @@ expect("unload an unknown adapter", 404, path="/v1/unload_lora_adapter", body={"
 # ambiguous is answered and its connection closed, so the bytes after it never run as a
 # second (smuggled) request; the server reads until it closes, and exactly one answer came
 def raw_exchange(data):
-    sock = socket.create_connection(("127.0.0.1", srv.port))
-    sock.settimeout(120)  # a bound on a hang, not a timing assertion
-    sock.sendall(data)
-    got = b""
-    try:
-        while True:
-            b = sock.recv(65536)
-            if not b:
-                break
-            got += b
-    except socket.timeout:
-        reflib.fail(f"framing: the server neither answered nor closed: got {got[:300]!r}")
-    finally:
-        sock.close()
+    got = srv.raw(data, "framing")
     heads, i = [], 0  # where each answer starts: status line, headers, Content-Length bytes
     while i < len(got) and got.startswith(b"HTTP/1.1 ", i):
         heads.append(i)
@@ -409,14 +396,15 @@ print(f"ok  a non-streaming client that hangs up while its request runs: aborted
 res = []
 
 
-def long_request():
-    th = threading.Thread(target=lambda: res.append(s3.request("POST", "/v1/completions",
-                                                               {"prompt": "Go", "max_tokens": LONG_GEN, "ignore_eos": True})))
+def long_request(server):
+    th = threading.Thread(target=lambda: res.append(server.request("POST", "/v1/completions",
+                                                                   {"prompt": "Go", "max_tokens": LONG_GEN,
+                                                                    "ignore_eos": True})))
     th.start()
     return [th]
 
 
-th = s3.hold_running(long_request, "the long request")[0]
+th = s3.hold_running(lambda: long_request(s3), "the long request")[0]
 s3.proc.send_signal(signal.SIGINT)  # draining lifts the pause; 0.3 s later the request is aborted
 th.join()
 rc = s3.stop()
@@ -430,16 +418,7 @@ print("ok  SIGINT with --shutdown-timeout 0.3: the long request ends as aborted,
 s4 = Server(["--model", model_dir, "--threads", "2", "--kv-cache-bytes", "32M", "--shutdown-timeout", "600",
              "--max-model-len", str(LONG_GEN + 64)])
 res = []
-
-
-def long_request4():
-    th = threading.Thread(target=lambda: res.append(s4.request("POST", "/v1/completions",
-                                                               {"prompt": "Go", "max_tokens": LONG_GEN, "ignore_eos": True})))
-    th.start()
-    return [th]
-
-
-th = s4.hold_running(long_request4, "the long request")[0]
+th = s4.hold_running(lambda: long_request(s4), "the long request")[0]
 s4.resume()
 s4.proc.send_signal(signal.SIGTERM)
 wait_for(lambda: s4.request("GET", "/health")[0] == 503 or None, 120, "/health to say 503 once the drain began")
