@@ -310,8 +310,9 @@ static int adapter_of(json_t *a, const rollout_limits_t *lim, char **name, int *
     return 0;
 }
 
-int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_emit_fn emit, void *user,
-                  rollout_t **out, char *err, size_t errlen, char *param, size_t paramlen) {
+/* rollout_start, or (e NULL) rollout_validate: everything up to the submission */
+static int start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_emit_fn emit, void *user,
+                 rollout_t **out, char *err, size_t errlen, char *param, size_t paramlen) {
     int rc = 400;
     char *req_adapter = NULL;
     int32_t *stop_ids = NULL;
@@ -526,6 +527,11 @@ int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout
     }
     free(req_adapter);
     req_adapter = NULL;
+    if (!e) { /* validation only */
+        free(stop_ids);
+        rollout_free(r);
+        return 0;
+    }
 
     /* every group at once: they reach the engine in one intake, so the batch they form does
      * not depend on thread timing; the ids are written before any sink can run */
@@ -572,4 +578,15 @@ fail:
     free(req_adapter);
     rollout_free(r);
     return rc;
+}
+
+int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_emit_fn emit, void *user,
+                  rollout_t **out, char *err, size_t errlen, char *param, size_t paramlen) {
+    CS_ASSERT(e);
+    return start(e, lim, req, emit, user, out, err, errlen, param, paramlen);
+}
+
+int rollout_validate(const rollout_limits_t *lim, json_t *req, char *err, size_t errlen, char *param, size_t paramlen) {
+    rollout_t *r = NULL;
+    return start(NULL, lim, req, NULL, NULL, &r, err, errlen, param, paramlen);
 }

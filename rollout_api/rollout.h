@@ -50,6 +50,9 @@ typedef struct rollout_limits {
  * 0, and *out until rollout_release. */
 int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_emit_fn emit, void *user,
                   rollout_t **out, char *err, size_t errlen, char *param, size_t paramlen);
+/* The same checks as rollout_start short of the engine's own (adapters, lengths), nothing
+ * submitted: 0, or the status with err and param as there (the fuzz target's entry). */
+int rollout_validate(const rollout_limits_t *lim, json_t *req, char *err, size_t errlen, char *param, size_t paramlen);
 /* Abort every sample still running (the client went away, or /v1/rollout/abort); they are
  * returned with finish_reason "abort" and their partial tokens. Any thread. */
 void rollout_abort(rollout_t *r);

@@ -21,12 +21,7 @@ static void ro_emit(void *user, json_t *line, bool last) {
     gen_job_t *j = user;
     pthread_mutex_lock(&j->mu);
     if (j->stream) {
-        char *txt = json_dumps(line, JSON_COMPACT);
-        if (txt) {
-            cs_buf_add(&j->out, txt, strlen(txt));
-            cs_buf_add(&j->out, "\n", 1);
-            free(txt);
-        }
+        api_frame(&j->out, line, true);
         json_decref(line);
     } else if (last) {
         j->ro_summary = line;
@@ -81,7 +76,7 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
     j->n_parts = 0; /* no engine requests of its own: job_start only sets up the response */
     j->refs++; /* the rollout's, dropped at its summary */
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
-                            .base_name = s->model_name, .vocab = model_get_config(s->model)->vocab_size,
+                            .base_name = s->model_name, .vocab = s->vocab_size,
                             .obs = {ro_obs_token, ro_obs_done, ro_obs_slo, s}, .slos = s->slos};
     char err[1536], param[64];
     rollout_t *ro = NULL;

@@ -32,6 +32,9 @@ bool fail(perr_t *e, unsigned status, const char *param, const char *fmt, ...) _
 enum MHD_Result reply_err(struct MHD_Connection *c, const perr_t *e);
 /* a JSON string from bytes that may not be valid UTF-8 (bad bytes become U+FFFD) */
 json_t *jstr(const char *s, size_t n);
+/* One stream frame of O appended to OUT: SSE ("data: {json}\n\n") or, with ndjson, a line
+ * ("{json}\n"); compact JSON never holds a raw newline. false: out of memory. */
+bool api_frame(cs_buf_t *out, const json_t *o, bool ndjson);
 /* the served adapter NAME or NULL; under s->mu */
 served_adapter_t *adapter_find(server_t *s, const char *name);
 /* adapter_unlink takes A off the list of served adapters (under s->mu); adapter_free frees it */
@@ -124,7 +127,12 @@ enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen
 bool take_resume(gen_job_t *j);
 
 /* ---- the handlers the dispatcher (api.c) calls; body: the parsed JSON object ---- */
-/* api_openai.c */
+/* api_openai.c. The parse halves validate a body into a job and its options, nothing
+ * submitted (the fuzz targets call them alone): NULL with *e set on a bad request; else the
+ * job, which either job_start takes or api_request_drop frees. o's strings point into b. */
+gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *o, perr_t *e);
+gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *o, perr_t *e);
+void api_request_drop(server_t *s, gen_job_t *j, gen_opts_t *o);
 enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b);

@@ -210,13 +210,8 @@ static json_t *usage_json(const gen_job_t *j) {
 
 /* ---- SSE ---- */
 static void sse_json(gen_job_t *j, json_t *o) {
-    char *s = json_dumps(o, JSON_COMPACT);
+    api_frame(&j->out, o, false);
     json_decref(o);
-    if (!s) return;
-    cs_buf_add(&j->out, "data: ", 6);
-    cs_buf_add(&j->out, s, strlen(s));
-    cs_buf_add(&j->out, "\n\n", 2);
-    free(s);
 }
 
 static json_t *chunk_new(gen_job_t *j) {

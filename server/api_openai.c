@@ -172,7 +172,7 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
         json_array_foreach(sti, i, x) {
             if (!json_is_integer(x)) return fail(e, 400, "stop_token_ids", "'stop_token_ids' must be a list of integers");
             long long t = json_integer_value(x);
-            if (t < 0 || t >= model_get_config(s->model)->vocab_size)
+            if (t < 0 || t >= s->vocab_size)
                 return fail(e, 400, "stop_token_ids", "stop token id %lld is out of range", t);
             o->stop_ids[i] = (int32_t)t;
         }
@@ -246,7 +246,7 @@ static bool ids_of(server_t *s, json_t *a, int32_t **out, int *n, perr_t *e) {
     if (len == 0) return fail(e, 400, "prompt", "the prompt is empty");
     int32_t *ids = malloc(sizeof(int32_t) * len);
     if (!ids) return fail(e, 500, NULL, "out of memory");
-    int vocab = model_get_config(s->model)->vocab_size;
+    int vocab = s->vocab_size;
     for (size_t i = 0; i < len; i++) {
         json_t *x = json_array_get(a, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= vocab) {
@@ -314,11 +314,10 @@ static void request_job_drop(server_t *s, gen_job_t *j) {
 }
 
 /* ---- /v1/completions ---- */
-enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, perr_t *ep) {
     perr_t e = {0};
     gen_job_t *j = NULL;
     gen_opts_t o = {0};
-    enum MHD_Result ret;
     json_t *prompt = json_object_get(b, "prompt");
     /* the prompts: a string, ids, or a list of either */
     int n_prompts = 0;
@@ -379,13 +378,35 @@ enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *
         }
         if (!check_len(s, p->n_prompt, o.rq.max_tokens, &e)) goto err;
     }
-    ret = job_start(s, cn, c, j, &o);
-    free(o.stop_ids);
-    return ret;
+    *op = o;
+    if (op->rq.stop) op->rq.stop = op->stops; /* the copy's own array (the strings are the body's) */
+    return j;
 err:
     free(o.stop_ids);
     request_job_drop(s, j);
-    return reply_err(c, &e);
+    *ep = e;
+    return NULL;
+}
+
+void api_request_drop(server_t *s, gen_job_t *j, gen_opts_t *o) {
+    free(o->stop_ids);
+    o->stop_ids = NULL;
+    request_job_drop(s, j);
+}
+
+static enum MHD_Result submit_or_reply(server_t *s, conn_t *cn, struct MHD_Connection *c, gen_job_t *j, gen_opts_t *o,
+                                       const perr_t *e) {
+    if (!j) return reply_err(c, e);
+    enum MHD_Result ret = job_start(s, cn, c, j, o);
+    free(o->stop_ids);
+    return ret;
+}
+
+enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    gen_opts_t o;
+    gen_job_t *j = api_completions_parse(s, cn, b, &o, &e);
+    return submit_or_reply(s, cn, c, j, &o, &e);
 }
 
 /* ---- chat templates ---- */
@@ -503,13 +524,12 @@ fail:
 }
 
 /* ---- /v1/chat/completions ---- */
-enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, perr_t *ep) {
     perr_t e = {0};
     char *text = NULL;
     size_t tlen = 0;
     gen_job_t *j = NULL;
     gen_opts_t o = {0};
-    enum MHD_Result ret;
     if (!json_object_get(b, "messages")) { fail(&e, 400, "messages", "'messages' is required"); goto err; }
     if (!(j = request_job(s, cn, b, true, 1, &e))) goto err;
     if (!parse_sampling(s, b, true, j, &o, 1, &e)) goto err;
@@ -520,14 +540,22 @@ enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json
     if (!text_prompt(s, text, tlen, add_special, &p->prompt, &p->n_prompt, &e)) goto err;
     if (!check_len(s, p->n_prompt, o.rq.max_tokens, &e)) goto err;
     free(text);
-    ret = job_start(s, cn, c, j, &o);
-    free(o.stop_ids);
-    return ret;
+    *op = o;
+    if (op->rq.stop) op->rq.stop = op->stops; /* the copy's own array (the strings are the body's) */
+    return j;
 err:
     free(text);
     free(o.stop_ids);
     request_job_drop(s, j);
-    return reply_err(c, &e);
+    *ep = e;
+    return NULL;
+}
+
+enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    gen_opts_t o;
+    gen_job_t *j = api_chat_parse(s, cn, b, &o, &e);
+    return submit_or_reply(s, cn, c, j, &o, &e);
 }
 
 /* ---- /tokenize, /detokenize (vLLM's shapes) ---- */

@@ -45,6 +45,16 @@ json_t *jstr(const char *s, size_t n) {
     return j;
 }
 
+/* ---- stream frames ---- */
+bool api_frame(cs_buf_t *out, const json_t *o, bool ndjson) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    if (!s) return false;
+    bool ok = (ndjson || cs_buf_add(out, "data: ", 6)) && cs_buf_add(out, s, strlen(s)) &&
+              cs_buf_add(out, ndjson ? "\n" : "\n\n", ndjson ? 1 : 2);
+    free(s);
+    return ok;
+}
+
 /* ---- served adapters ---- */
 served_adapter_t *adapter_find(server_t *s, const char *name) {
     for (served_adapter_t *a = s->adapters; a; a = a->next)

@@ -203,7 +203,7 @@ static bool is_flag_opt(const char *name) {
     return false;
 }
 
-static int read_config(const char *path, char ***words, int *n) {
+int serve_read_config(const char *path, char ***words, int *n) {
     FILE *f = fopen(path, "r");
     if (!f) {
         fprintf(stderr, "caraserve serve: --config %s: %s\n", path, strerror(errno));
@@ -356,7 +356,7 @@ int cmd_serve(int argc, char **argv) {
         const char *cf = NULL;
         if (!strcmp(argv[i], "--config") && i + 1 < argc) cf = argv[i + 1];
         else if (!strncmp(argv[i], "--config=", 9)) cf = argv[i] + 9;
-        if (cf && read_config(cf, &words, &n_words)) goto out_words;
+        if (cf && serve_read_config(cf, &words, &n_words)) goto out_words;
     }
     for (int i = 1; i < argc; i++) push(&words, &n_words, argv[i]);
 
@@ -580,6 +580,7 @@ int cmd_serve(int argc, char **argv) {
     s->bos_token = special_token(tcfg, "bos_token");
     s->eos_token = special_token(tcfg, "eos_token");
     const model_config_t *mc = model_get_config(s->model);
+    s->vocab_size = mc->vocab_size;
     lora_registry_params_t lp = {.cfg = mc, .buffered_io = s->cfg.lora_buffered_io, .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
                                  .device = s->be, .device_slots = s->cfg.max_loras, .on_loaded = NULL, .on_load_time = server_on_load_time,
                                  .stream_group = 1, .on_streamed = server_on_streamed,

@@ -1383,7 +1383,10 @@ int cmd_router(int argc, char **argv) {
     if (n_pollers == rt->n_rep && watching) {
         unsigned char b = 0;
         while (read(sig_pipe[0], &b, 1) < 0 && errno == EINTR) {}
-        fprintf(stderr, "caraserve router: signal %d: finishing %d requests (at most %g s)\n", b, rt->n_proxies,
+        pthread_mutex_lock(&rt->mu);
+        int in_flight = rt->n_proxies;
+        pthread_mutex_unlock(&rt->mu);
+        fprintf(stderr, "caraserve router: signal %d: finishing %d requests (at most %g s)\n", b, in_flight,
                 cfg->shutdown_timeout);
         rc = 0;
     } else {

@@ -103,6 +103,7 @@ typedef struct server {
     bool tmpl_wants_parts;          /* the template reads content parts (['type']) */
     char *bos_token, *eos_token;    /* strings for the template */
     int max_model_len;
+    int vocab_size;                 /* the model's: token ids must be below it */
     time_t created;
     char *upload_dir;               /* where uploaded adapter versions are written */
     char **roots;                   /* realpath of each --lora-root */

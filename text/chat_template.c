@@ -3079,7 +3079,7 @@ static const val *iterate(rctx *r, val v, size_t *n) {
     case T_ITER: {
         iterobj *it = v.u.it;
         *n = it->l->n - it->pos;
-        const val *items = it->l->v + it->pos;
+        const val *items = it->l->v ? it->l->v + it->pos : NULL; /* an empty list may have no array */
         it->pos = it->l->n;
         if (it->err) throw_status(&r->ec, CS_EINVAL, "%s", it->err);
         return items;

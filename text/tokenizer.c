@@ -129,7 +129,7 @@ static int utf8_lossy_append(sbuf *out, const char *s, size_t n) {
         i += bad;
         run = i;
     }
-    return sbuf_put(out, s + run, n - run);
+    return n > run ? sbuf_put(out, s + run, n - run) : CS_OK; /* (s may be NULL when n is 0) */
 }
 
 /* The tokenizers library takes its Unicode data from several places, each of its own
