@@ -117,6 +117,8 @@ struct lora_loader {
     size_t chunk;
     bool buffered;          /* never O_DIRECT */
     int refuse;             /* test_refuse_direct */
+    const char *fault_eio;  /* CS_FAULT_EIO_PATH: reads of paths containing it fail with EIO */
+    const char *fault_while;/* CS_FAULT_EIO_WHILE: ... while this file exists (NULL: always) */
     bool fixed;             /* a sparse table of POOL_MAX registered buffers is set up */
     size_t pool_limit;      /* bytes of pooled buffers at most (0: no pool) */
     size_t pool_used;
@@ -432,6 +434,9 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
     } else if (l->refuse == 3 && op->kind == OP_READ && op->direct && res > 1) {
         res = 1; /* short at offset + 1: the rest through the page cache */
     }
+    if (l->fault_eio && op->kind == OP_READ && res >= 0 && strstr(f->pub->path, l->fault_eio) &&
+        (!l->fault_while || access(l->fault_while, F_OK) == 0))
+        res = -EIO;
     switch (op->kind) {
     case OP_OPEN:
         if (res == -EINVAL && f->direct) { /* no O_DIRECT on this file system: the page cache */
@@ -632,6 +637,11 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
     l->chunk = p && p->chunk_bytes ? p->chunk_bytes : (size_t)1 << 20;
     l->buffered = p && p->buffered;
     l->refuse = p ? p->test_refuse_direct : 0;
+    /* fault injection for the reliability tests (tests/test_faults.py): a disk that answers
+     * reads with EIO, as the kernel reports a media error; nothing else changes */
+    l->fault_eio = getenv("CS_FAULT_EIO_PATH");
+    if (l->fault_eio && !*l->fault_eio) l->fault_eio = NULL;
+    l->fault_while = getenv("CS_FAULT_EIO_WHILE");
     l->pool_limit = p && p->no_pool ? 0 : p && p->pool_bytes ? p->pool_bytes : POOL_BYTES_DEFAULT;
     if (l->qd < 1 || l->qd > 256 || l->chunk % LORA_LOADER_ALIGN != 0 || l->chunk > (1u << 30)) {
         rc = cs_error_set(CS_EINVAL, "loader: queue_depth %d (1..256) or chunk_bytes %zu (a multiple of %d) out of range",

@@ -45,6 +45,7 @@ struct lora_entry {
                              * bytes held once loaded */
     double fresh_until;     /* cs_time_ms() before which only its requester may take it */
     double load_started;    /* cs_time_ms() when the load from disk began */
+    double failed_at;       /* cs_time_ms() of the last failed load */
     /* the device tier: a slot on r->p.device while RESIDENT */
     backend_adapter_t *dslot;
     size_t dbytes;          /* device bytes the slot holds (reserved before the upload) */
@@ -330,6 +331,7 @@ static void fail(lora_registry_t *r, lora_entry_t *e, int rc, const char *msg) {
     e->err = rc;
     free(e->errmsg);
     e->errmsg = strdup(msg);
+    e->failed_at = cs_time_ms();
     set_state(r, e, LORA_FAILED);
     r->stats.load_failures++;
 }
@@ -776,10 +778,21 @@ static int acquire_entry(lora_registry_t *r, lora_entry_t *e, lora_ref_t **out) 
                                                 : "adapter '%s' version %d is loading", name, e->version);
         break;
     case LORA_FAILED:
+        /* The disk's failures pass (a read error, a file missing, memory short): the load is
+         * tried again by the first request LORA_RETRY_MS after it failed; the requests in
+         * between fail at once with its error. A file whose content is wrong stays failed
+         * (its version is what it is: push or load a new one). */
+        if ((e->err == CS_EIO || e->err == CS_ENOTFOUND || e->err == CS_ENOMEM) &&
+            cs_time_ms() - e->failed_at >= LORA_RETRY_MS) {
+            set_state(r, e, LORA_ON_DISK);
+            r->stats.load_retries++;
+            goto on_disk;
+        }
         rc = cs_error_set(e->err, "adapter '%s' version %d: %s", name, e->version,
                           e->errmsg ? e->errmsg : cs_strerror(e->err));
         break;
-    case LORA_ON_DISK: {
+    case LORA_ON_DISK:
+    on_disk: {
         char *path = cs_path_join(e->dir, "adapter_config.json");
         const char *paths[1] = { path };
         rc = path ? lora_loader_submit(r->loader, paths, 1, config_done, e) : cs_error_set(CS_ENOMEM, "out of memory");

@@ -5,7 +5,9 @@
  * into a host cache bounded in bytes and in count, evicting least recently used adapters
  * that nobody holds. Acquire never blocks on disk: it answers CS_EAGAIN while a load runs (or
  * waits for room) and the engine retries after on_loaded fires. States per version:
- * ON_DISK -> LOADING -> RESIDENT (-> ON_DISK when evicted), or FAILED until re-added.
+ * ON_DISK -> LOADING -> RESIDENT (-> ON_DISK when evicted), or FAILED: until re-added when the
+ * file's content is wrong; for LORA_RETRY_MS when the disk failed (EIO, a missing file, no
+ * memory), after which the next acquire loads it again.
  *
  * The device tier: a RESIDENT adapter may also hold a slot on the compute backend
  * (backend_adapter_t: its weights in the backend's memory), with a budget of its own in
@@ -25,6 +27,7 @@
 typedef struct lora_registry lora_registry_t;
 
 typedef enum lora_state { LORA_ON_DISK, LORA_LOADING, LORA_RESIDENT, LORA_FAILED } lora_state;
+#define LORA_RETRY_MS 1000.0 /* a load the disk failed is tried again this long after */
 
 typedef struct lora_ref {            /* what an acquirer holds; valid until lora_registry_release */
     const lora_adapter_t *adapter;   /* A/B per layer x target (lora/peft.h) */
@@ -192,6 +195,7 @@ typedef struct lora_registry_stats {
     uint64_t loads;          /* loads that finished ok */
     uint64_t loads_direct;   /* of those, the ones whose weights came by O_DIRECT */
     uint64_t load_failures;
+    uint64_t load_retries;   /* failed loads tried again (LORA_RETRY_MS) */
     uint64_t evictions;      /* resident adapters dropped to make room */
     uint64_t hits;           /* acquires answered CS_OK */
     uint64_t misses;         /* acquires that started a load */
