@@ -6,6 +6,8 @@ reliability table names this test for these rows).
    and an error that names the file and the I/O error; the base model and a healthy adapter answer as
    before; /health stays 200. Once the disk heals, the same adapter serves again (a load the
    disk failed is tried again a second later), with the greedy tokens of a healthy copy.
+   An adapter's files replaced on disk after registration are refused at the next load with
+   a message saying they changed (never old and new weights mixed).
 2. The KV cache is exhausted: one request with n=8 samples needs about three times the cache;
    every sample is preempted and recomputed as the cache allows (num_preemptions_total grows)
    and comes back whole, each equal to the same request run alone; a prompt longer than the
@@ -40,7 +42,8 @@ flag = os.path.join(root, "disk-failing")
 
 # ---- 1. EIO ----
 srv = Server(["--model", model_dir, "--served-model-name", "base", "--threads", "2", "--kv-cache-bytes", "32M",
-              "--lora-modules", f"good={good_dir}", f"sick={sick_dir}", f"copy={copy_dir}", "--max-cpu-loras", "1"],
+              "--lora-modules", f"good={good_dir}", f"sick={sick_dir}", f"copy={copy_dir}", "--max-cpu-loras", "1",
+              "--lora-root", root],
              env={"CS_FAULT_EIO_PATH": "/sick/", "CS_FAULT_EIO_WHILE": flag})
 
 
@@ -70,6 +73,31 @@ healed = wait_for(lambda: (lambda r: r if r[0] == 200 else None)(complete("sick"
 st, body, _ = healed
 if body["choices"][0]["text"] != want["copy"]:
     reflib.fail(f"the adapter after the disk healed: {st} {body} (want {want['copy']!r})")
+# an adapter's files replaced on disk after it was registered (a rank-16 adapter over the
+# rank-8 one, each file by rename as a deploy would): the next load (the one-adapter host
+# cache evicted it) reads the new files and serves their tokens, or refuses them with a
+# message; never old and new mixed
+new_src, _ = make_adapter(model_dir, ref, r=16, alpha=16, targets=["q_proj", "v_proj"], seed=33)
+new_copy = os.path.join(root, "new-copy")
+shutil.copytree(new_src, new_copy)
+st, b, _ = srv.request("POST", "/v1/load_lora_adapter", {"lora_name": "new", "lora_path": new_copy})
+want["new"] = complete("new")[1]["choices"][0]["text"]
+for fn in ("adapter_config.json", "adapter_model.safetensors"):
+    shutil.copy(os.path.join(new_src, fn), os.path.join(root, fn + ".tmp"))
+    os.replace(os.path.join(root, fn + ".tmp"), os.path.join(good_dir, fn))
+complete("base")  # (evicts nothing: the base model needs no adapter)
+st, body, _ = complete("good")
+if st == 200:
+    if body["choices"][0]["text"] != want["new"]:
+        reflib.fail(f"an adapter replaced on disk served neither its new weights' tokens: {body} (new: {want['new']!r})")
+    replaced = "served the new files' tokens"
+elif "error" in body and "good" in json.dumps(body):
+    replaced = f"refused with {st}: {body['error']['message'][:100]}"
+else:
+    reflib.fail(f"an adapter replaced on disk: {st} {body}")
+if st != 200 and "changed" not in body["error"]["message"]:
+    reflib.fail(f"an adapter replaced on disk: the refusal should say its files changed: {body}")
+print(f"ok  an adapter's files replaced after registration: {replaced}")
 print(f"ok  EIO reading an adapter: its request answered {eio_status} naming the file and the I/O error; base and "
       f"another adapter unaffected, /health 200; once healed the adapter serves the tokens of a healthy copy")
 srv.stop()
