@@ -256,8 +256,11 @@ const char *rollout_batch_id(const rollout_t *r) { return r->batch_id; }
 #define BAD(status, p, ...) \
     do { snprintf(err, errlen, __VA_ARGS__); snprintf(param, paramlen, "%s", p); rc = status; goto fail; } while (0)
 
+/* an integer, or a real with an integer value that a long long holds (1e300 is not one) */
 static bool is_int(json_t *v) {
-    return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)));
+    if (json_is_integer(v)) return true;
+    double x = json_real_value(v);
+    return json_is_real(v) && x == floor(x) && x >= -9.2e18 && x <= 9.2e18;
 }
 static long long int_of(json_t *v) { return json_is_integer(v) ? (long long)json_integer_value(v) : (long long)json_real_value(v); }
 
@@ -352,6 +355,8 @@ static int start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_
         if (!v || json_is_null(v)) continue;
         if (F[i].kind == 0 && !json_is_number(v)) BAD(400, "sampling", "sampling.%s must be a number", F[i].name);
         if (F[i].kind == 1 && !is_int(v)) BAD(400, "sampling", "sampling.%s must be an integer", F[i].name);
+        if (F[i].kind == 1 && (int_of(v) > INT32_MAX || int_of(v) < INT32_MIN))
+            BAD(400, "sampling", "sampling.%s is out of range", F[i].name);
         if (F[i].kind == 2 && !json_is_boolean(v)) BAD(400, "sampling", "sampling.%s must be true or false", F[i].name);
         double x = json_number_value(v);
         switch (i) {
@@ -420,7 +425,7 @@ static int start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_
     if (comp && !json_is_null(comp)) {
         json_t *t = json_object_get(comp, "target_groups");
         if (t && !json_is_null(t)) {
-            if (!is_int(t) || int_of(t) < 1) { BAD(400, "completion", "completion.target_groups must be a positive integer"); }
+            if (!is_int(t) || int_of(t) < 1 || int_of(t) > INT32_MAX) { BAD(400, "completion", "completion.target_groups must be a positive integer"); }
             r->target = (int)int_of(t);
         }
         const char *on = json_string_value(json_object_get(comp, "on_target"));
