@@ -48,10 +48,18 @@ bool valid_adapter_name(const char *n);
 /* ---- api_jobs.c ---- */
 typedef struct gen_job gen_job_t;
 
+/* Logprobs kept as JSON text while a response builds: a tree of jansson objects per token
+ * (20 alternatives each) held about 7 times the answer's size. a[k]: the comma-separated
+ * elements of array k, without brackets; n: the tokens. */
+typedef struct lp_text {
+    cs_buf_t a[4];
+    size_t n;
+} lp_text_t;
+
 typedef struct gen_choice {
     cs_buf_t text;
-    json_t *lp;                 /* completions: {tokens, token_logprobs, top_logprobs, text_offset};
-                                   chat: the "content" array */
+    lp_text_t lp;               /* its logprobs (not streamed): completions' four arrays, chat's
+                                   "content" entries in a[0] */
     size_t offset;              /* text_offset of the next token (characters) */
     int n_tokens;
     const char *finish;
@@ -68,7 +76,7 @@ typedef struct gen_part {       /* one prompt = one engine request */
     int n_prompt, n_cached;
     char *prompt_text;          /* for echo */
     size_t prompt_text_len;
-    json_t *echo_lp;            /* completions' logprobs entries of the prompt (echo) */
+    lp_text_t echo_lp;          /* completions' logprobs entries of the prompt (echo, not streamed) */
     bool first_token;
 } gen_part_t;
 

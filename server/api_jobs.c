@@ -19,9 +19,24 @@
 
 /* ---- jobs ---- */
 /* tokens with logprobs in a completions (object of arrays) or chat (array) logprobs value */
-static size_t lp_tokens(const json_t *lp) {
-    if (json_is_array(lp)) return json_array_size(lp);
-    return json_array_size(json_object_get(lp, "tokens"));
+static size_t lp_tokens(const lp_text_t *lp) { return lp->n; }
+
+static void lp_text_free(lp_text_t *lp) {
+    for (int k = 0; k < 4; k++) free(lp->a[k].p);
+}
+
+/* V's compact JSON appended to B (after a comma when SEP) */
+static void buf_json(cs_buf_t *b, const json_t *v, bool sep) {
+    if (sep) cs_buf_add(b, ",", 1);
+    char small[256];
+    size_t n = json_dumpb(v, small, sizeof small, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (n && n <= sizeof small) {
+        cs_buf_add(b, small, n);
+        return;
+    }
+    char *big = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (big) cs_buf_add(b, big, strlen(big));
+    free(big);
 }
 
 /* a job holding this many tokens with logprobs (their top-k objects: about 2 KB each at 20)
@@ -31,16 +46,16 @@ static size_t lp_tokens(const json_t *lp) {
 
 static void job_free(gen_job_t *j) {
     size_t lp = 0;
-    for (int i = 0; i < j->n_parts; i++) lp += lp_tokens(j->parts[i].echo_lp);
-    for (int i = 0; i < j->n_parts * j->n; i++) lp += lp_tokens(j->choices[i].lp);
+    for (int i = 0; i < j->n_parts; i++) lp += lp_tokens(&j->parts[i].echo_lp);
+    for (int i = 0; i < j->n_parts * j->n; i++) lp += lp_tokens(&j->choices[i].lp);
     for (int i = 0; i < j->n_parts; i++) {
         free(j->parts[i].prompt);
         free(j->parts[i].prompt_text);
-        json_decref(j->parts[i].echo_lp);
+        lp_text_free(&j->parts[i].echo_lp);
     }
     for (int i = 0; i < j->n_parts * j->n; i++) {
         free(j->choices[i].text.p);
-        json_decref(j->choices[i].lp);
+        lp_text_free(&j->choices[i].lp);
     }
     free(j->parts);
     free(j->choices);
@@ -158,15 +173,16 @@ static json_t *lp_legacy_new(void) {
     return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
 }
 
-/* append one token to a completions logprobs object; *offset advances by its characters */
-static void lp_legacy_add(const gen_job_t *j, json_t *lp, int32_t tok, float logprob, bool has_lp, int n_top,
-                          const int32_t *top_ids, const float *top_lps, size_t *offset) {
+/* one token of a completions logprobs value: v[0..3] its entries of tokens, token_logprobs,
+ * top_logprobs and text_offset (new references); *offset advances by its characters */
+static void lp_legacy_token(const gen_job_t *j, int32_t tok, float logprob, bool has_lp, int n_top,
+                            const int32_t *top_ids, const float *top_lps, size_t *offset, json_t *v[4]) {
     json_t *ts = tok_json(j, tok);
     const char *tstr = json_string_value(ts);
-    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)*offset));
+    v[3] = json_integer((json_int_t)*offset);
     *offset += cs_utf8_count(tstr, strlen(tstr));
-    json_array_append(json_object_get(lp, "tokens"), ts);
-    json_array_append_new(json_object_get(lp, "token_logprobs"), has_lp ? cs_json_logprob(logprob) : json_null());
+    v[0] = ts;
+    v[1] = has_lp ? cs_json_logprob(logprob) : json_null();
     json_t *top = json_null();
     if (has_lp && top_ids) {
         top = json_object();
@@ -178,8 +194,29 @@ static void lp_legacy_add(const gen_job_t *j, json_t *lp, int32_t tok, float log
         }
         if (!json_object_get(top, tstr)) json_object_set_new(top, tstr, cs_json_logprob(logprob));
     }
-    json_array_append_new(json_object_get(lp, "top_logprobs"), top);
-    json_decref(ts);
+    v[2] = top;
+}
+
+static const char *const LP_KEYS[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+
+/* append one token to a completions logprobs object (a stream's event) */
+static void lp_legacy_add(const gen_job_t *j, json_t *lp, int32_t tok, float logprob, bool has_lp, int n_top,
+                          const int32_t *top_ids, const float *top_lps, size_t *offset) {
+    json_t *v[4];
+    lp_legacy_token(j, tok, logprob, has_lp, n_top, top_ids, top_lps, offset, v);
+    for (int k = 0; k < 4; k++) json_array_append_new(json_object_get(lp, LP_KEYS[k]), v[k]);
+}
+
+/* the same token appended to the text of a response being built */
+static void lp_legacy_add_text(const gen_job_t *j, lp_text_t *lp, int32_t tok, float logprob, bool has_lp, int n_top,
+                               const int32_t *top_ids, const float *top_lps, size_t *offset) {
+    json_t *v[4];
+    lp_legacy_token(j, tok, logprob, has_lp, n_top, top_ids, top_lps, offset, v);
+    for (int k = 0; k < 4; k++) {
+        buf_json(&lp->a[k], v[k], lp->n > 0);
+        json_decref(v[k]);
+    }
+    lp->n++;
 }
 
 /* chat's logprobs entry of one token */
@@ -312,23 +349,28 @@ static void on_event(void *user, const engine_event_t *ev) {
     p->n_prompt = ev->n_prompt_tokens;
     p->n_cached = ev->n_cached_tokens;
     if (ev->prompt_logprobs && j->echo && j->logprobs >= 0) {
-        /* the prompt's tokens with their logprobs (the first has none) */
-        json_t *lp = lp_legacy_new();
+        /* the prompt's tokens with their logprobs (the first has none): an event of the
+         * stream, or the start of each choice's logprobs in the response */
+        json_t *lp = j->stream ? lp_legacy_new() : NULL;
         size_t off = 0;
         for (int t = 0; t < p->n_prompt; t++) {
             const int32_t *ids = ev->prompt_n_top ? ev->prompt_top_ids + (size_t)t * ev->prompt_n_top : NULL;
             const float *lps = ev->prompt_n_top ? ev->prompt_top_logprobs + (size_t)t * ev->prompt_n_top : NULL;
-            lp_legacy_add(j, lp, p->prompt[t], ev->prompt_logprobs[t], t > 0, t > 0 ? ev->prompt_n_top : 0,
-                          t > 0 ? ids : NULL, lps, &off);
+            if (lp)
+                lp_legacy_add(j, lp, p->prompt[t], ev->prompt_logprobs[t], t > 0, t > 0 ? ev->prompt_n_top : 0,
+                              t > 0 ? ids : NULL, lps, &off);
+            else
+                lp_legacy_add_text(j, &p->echo_lp, p->prompt[t], ev->prompt_logprobs[t], t > 0,
+                                   t > 0 ? ev->prompt_n_top : 0, t > 0 ? ids : NULL, lps, &off);
         }
         /* the text offsets of the prompt tokens count from the prompt text's start */
-        p->echo_lp = lp;
         for (int k = 0; k < j->n; k++) {
             gen_choice_t *c = &j->choices[p->index * j->n + k];
             c->offset = cs_utf8_count(p->prompt_text, p->prompt_text_len);
             if (j->stream)
                 sse_choice(j, p->index * j->n + k, p->prompt_text, p->prompt_text_len, json_deep_copy(lp), NULL, false);
         }
+        json_decref(lp);
     }
     int ci = p->index * j->n + ev->index;
     gen_choice_t *c = &j->choices[ci];
@@ -348,12 +390,19 @@ static void on_event(void *user, const engine_event_t *ev) {
         if (j->logprobs >= 0) {
             if (j->chat) {
                 json_t *e = lp_chat_entry(j, ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_logprobs);
-                if (!c->lp) c->lp = json_array();
-                if (j->stream) lp_delta = json_pack("[o]", e);
-                else json_array_append_new(c->lp, e);
+                if (j->stream) {
+                    lp_delta = json_pack("[o]", e);
+                } else {
+                    buf_json(&c->lp.a[0], e, c->lp.n++ > 0);
+                    json_decref(e);
+                }
+            } else if (j->stream) {
+                lp_delta = lp_legacy_new();
+                lp_legacy_add(j, lp_delta, ev->token, ev->logprob, true, ev->n_top, ev->top_ids, ev->top_logprobs,
+                              &c->offset);
             } else {
-                json_t *dst = j->stream ? (lp_delta = lp_legacy_new()) : (c->lp ? c->lp : (c->lp = lp_legacy_new()));
-                lp_legacy_add(j, dst, ev->token, ev->logprob, true, ev->n_top, ev->top_ids, ev->top_logprobs, &c->offset);
+                lp_legacy_add_text(j, &c->lp, ev->token, ev->logprob, true, ev->n_top, ev->top_ids, ev->top_logprobs,
+                                   &c->offset);
             }
         }
         if (!j->stream) cs_buf_add(&c->text, ev->text, ev->text_len);
@@ -515,39 +564,80 @@ enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen
     return api_resume(s, cn, c);
 }
 
-static json_t *final_json(gen_job_t *j) {
-    json_t *choices = json_array();
+/* the response of a finished completions or chat job, as text: the logprobs, held as text,
+ * go in without a tree of them ever being built */
+#define ADD_LIT(b, lit) cs_buf_add((b), (lit), sizeof(lit) - 1)
+
+static void final_text(gen_job_t *j, cs_buf_t *b) {
+    ADD_LIT(b, "{\"id\":");
+    json_t *v = json_string(j->id);
+    buf_json(b, v, false);
+    json_decref(v);
+    ADD_LIT(b, ",\"object\":");
+    v = json_string(j->chat ? "chat.completion" : "text_completion");
+    buf_json(b, v, false);
+    json_decref(v);
+    char num[48];
+    cs_buf_add(b, num, (size_t)snprintf(num, sizeof num, ",\"created\":%lld,\"model\":", j->created));
+    v = json_string(j->model);
+    buf_json(b, v, false);
+    json_decref(v);
+    ADD_LIT(b, ",\"choices\":[");
     for (int i = 0; i < j->n_parts * j->n; i++) {
         gen_choice_t *c = &j->choices[i];
         gen_part_t *p = &j->parts[i / j->n];
-        json_t *ch;
+        if (i) ADD_LIT(b, ",");
+        cs_buf_add(b, num, (size_t)snprintf(num, sizeof num, "{\"index\":%d,", i));
         if (j->chat) {
-            json_t *lp = j->logprobs >= 0 ? json_pack("{s:o}", "content", c->lp ? json_incref(c->lp) : json_array())
-                                          : json_null();
-            ch = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", i, "message", "role", "assistant", "content",
-                           jstr(c->text.p ? c->text.p : "", c->text.len), "logprobs", lp, "finish_reason",
-                           c->finish ? c->finish : "abort");
+            ADD_LIT(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            v = jstr(c->text.p ? c->text.p : "", c->text.len);
+            buf_json(b, v, false);
+            json_decref(v);
+            ADD_LIT(b, "},\"logprobs\":");
+            if (j->logprobs >= 0) {
+                ADD_LIT(b, "{\"content\":[");
+                cs_buf_add(b, c->lp.a[0].p ? c->lp.a[0].p : "", c->lp.a[0].len);
+                ADD_LIT(b, "]}");
+            } else {
+                ADD_LIT(b, "null");
+            }
         } else {
             cs_buf_t t = {0};
             if (j->echo) cs_buf_add(&t, p->prompt_text ? p->prompt_text : "", p->prompt_text_len);
             cs_buf_add(&t, c->text.p ? c->text.p : "", c->text.len);
-            json_t *lp = json_null();
-            if (j->logprobs >= 0) {
-                lp = j->echo && p->echo_lp ? json_deep_copy(p->echo_lp) : lp_legacy_new();
-                if (c->lp) {
-                    const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
-                    for (int k = 0; k < 4; k++)
-                        json_array_extend(json_object_get(lp, keys[k]), json_object_get(c->lp, keys[k]));
-                }
-            }
-            ch = json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", jstr(t.p ? t.p : "", t.len), "logprobs", lp,
-                           "finish_reason", c->finish ? c->finish : "abort");
+            ADD_LIT(b, "\"text\":");
+            v = jstr(t.p ? t.p : "", t.len);
+            buf_json(b, v, false);
+            json_decref(v);
             free(t.p);
+            ADD_LIT(b, ",\"logprobs\":");
+            if (j->logprobs >= 0) {
+                const lp_text_t *e = j->echo ? &p->echo_lp : NULL;
+                for (int k = 0; k < 4; k++) {
+                    if (k) ADD_LIT(b, "],\"");
+                    else ADD_LIT(b, "{\"");
+                    cs_buf_add(b, LP_KEYS[k], strlen(LP_KEYS[k]));
+                    ADD_LIT(b, "\":[");
+                    if (e && e->n) cs_buf_add(b, e->a[k].p, e->a[k].len);
+                    if (e && e->n && c->lp.n) ADD_LIT(b, ",");
+                    if (c->lp.n) cs_buf_add(b, c->lp.a[k].p, c->lp.a[k].len);
+                }
+                ADD_LIT(b, "]}");
+            } else {
+                ADD_LIT(b, "null");
+            }
         }
-        json_array_append_new(choices, ch);
+        ADD_LIT(b, ",\"finish_reason\":");
+        v = json_string(c->finish ? c->finish : "abort");
+        buf_json(b, v, false);
+        json_decref(v);
+        ADD_LIT(b, "}");
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object", j->chat ? "chat.completion" : "text_completion",
-                     "created", (json_int_t)j->created, "model", j->model, "choices", choices, "usage", usage_json(j));
+    ADD_LIT(b, "],\"usage\":");
+    v = usage_json(j);
+    buf_json(b, v, false);
+    json_decref(v);
+    ADD_LIT(b, "}");
 }
 
 enum MHD_Result api_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
@@ -573,10 +663,16 @@ enum MHD_Result api_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
         free(msg);
         return r;
     }
+    if (!j->sglang && !j->ro) {
+        cs_buf_t b = {0};
+        final_text(j, &b);
+        pthread_mutex_unlock(&j->mu);
+        if (!b.p) return MHD_NO; /* out of memory */
+        return http_text(c, 200, "application/json", b.p, b.len);
+    }
     json_t *o = j->sglang ? rollout_route_sglang_json(s, j)
-                : j->ro   ? json_pack("{s:O, s:O}", "groups", j->ro_groups, "summary",
-                                      json_object_get(j->ro_summary, "summary"))
-                          : final_json(j);
+                          : json_pack("{s:O, s:O}", "groups", j->ro_groups, "summary",
+                                      json_object_get(j->ro_summary, "summary"));
     pthread_mutex_unlock(&j->mu);
     return http_json(c, 200, o);
 }
