@@ -2495,6 +2495,28 @@ static bool decoder_strips_end(const decoder *d) {
 }
 
 /* Per-id decode strings and flags. */
+/* every id a post-processor adds is a token of the vocabulary (the engine refuses others,
+ * and a decode could not say what they are) */
+static int check_post_id(const tokenizer_t *t, int32_t id) {
+    if (id >= 0 && (size_t)id < t->n_ids && t->dec_str[id]) return CS_OK;
+    return cs_error_set(CS_EFORMAT, "tokenizer.json: the post_processor adds token id %d, which is not in the "
+                        "vocabulary or added_tokens", id);
+}
+
+static int check_post_ids(const tokenizer_t *t, const postproc *p) {
+    int rc;
+    if (!p) return CS_OK;
+    for (size_t i = 0; i < p->n_kids; i++)
+        if ((rc = check_post_ids(t, p->kids[i])) < 0) return rc;
+    for (size_t i = 0; i < p->n_pieces; i++)
+        for (size_t k = 0; k < p->pieces[i].n_ids; k++)
+            if ((rc = check_post_id(t, p->pieces[i].ids[k])) < 0) return rc;
+    if ((p->type == PP_ROBERTA || p->type == PP_BERT) &&
+        ((rc = check_post_id(t, p->cls_id)) < 0 || (rc = check_post_id(t, p->sep_id)) < 0))
+        return rc;
+    return CS_OK;
+}
+
 static int build_id_tables(tokenizer_t *t) {
     size_t n = t->n_vocab_r;
     for (size_t i = 0; i < t->n_added; i++) n = CS_MAX(n, (size_t)t->added[i].id + 1);
@@ -2647,7 +2669,7 @@ int tokenizer_load_files(const char *json_path, const char *config_path, tokeniz
         goto err;
     if ((rc = load_model(t, json_object_get(root, "model"))) < 0) goto err;
     if ((rc = load_added(t, json_object_get(root, "added_tokens"))) < 0) goto err;
-    if ((rc = build_id_tables(t)) < 0) goto err;
+    if ((rc = build_id_tables(t)) < 0 || (rc = check_post_ids(t, t->post)) < 0) goto err;
     json_decref(root);
     root = NULL;
     if (config_path && (rc = load_config(t, config_path)) < 0) goto err;
