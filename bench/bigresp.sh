@@ -6,7 +6,8 @@
 # IDLE seconds; its peak is VmHWM. Writes bench/results/bigresp-*.json.
 #
 #   bench/bigresp.sh
-# Env: BUILD (build), THREADS (2), PROMPTS (16), LEN (2000), TOP (20), CONCURRENT (6), IDLE (3)
+# Env: BUILD (build), THREADS (2), PROMPTS (16), LEN (2000), TOP (20), CONCURRENT (6), IDLE (3),
+# COMMIT (recorded in the result; default: this checkout's, for a BUILD made from another)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD=${BUILD:-build} THREADS=${THREADS:-2} PROMPTS=${PROMPTS:-16} LEN=${LEN:-2000} TOP=${TOP:-20}
@@ -31,7 +32,7 @@ pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
 $PY - "$port" "$pid" "$PROMPTS" "$LEN" "$TOP" "$CONCURRENT" "$IDLE" "$BUILD" <<'PYEOF'
-import http.client, json, random, subprocess, sys, threading, time
+import http.client, json, os, random, subprocess, sys, threading, time
 port, pid, prompts, length, top, conc, idle, build = sys.argv[1:9]
 port, prompts, length, top, conc, idle = int(port), int(prompts), int(length), int(top), int(conc), float(idle)
 def status(key):
@@ -67,7 +68,8 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 def git(*a):
     try: return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
     except OSError: return ""
-commit = git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+commit = os.environ.get("COMMIT") or (git("rev-parse", "--short", "HEAD") +
+                                       ("+changes" if git("status", "--porcelain", "--untracked-files=no") else ""))
 res = {"benchmark": "bigresp", "cpu": cpu, "commit": commit, "prompts": prompts, "prompt_tokens": length,
        "logprobs": top, "response_bytes": max(sizes), "concurrent": conc, "idle_s": idle,
        "rss_bytes": rss, "rss_growth_one_per_response_byte": (rss["after_one"] - rss["before"]) / max(sizes)}
