@@ -10,6 +10,8 @@
 # leak, timeout, out of memory) is kept under $CS_FUZZ_BUILD/fuzz-work/T/ and the exit status
 # is 1: reproduce it with the make check binary, build/tests/fuzz/fuzz_T FILE, fix the bug,
 # and keep the input in tests/fuzz/regressions/T.
+# CS_FUZZ_RUNS=N: N inputs per target from seed 1 instead of SECONDS (the same inputs on every
+# run of the same build: what CI runs, so a finding there is no accident of timing).
 # Needs clang and libFuzzer (Debian: clang libclang-rt-14-dev; ./quickstart test installs them).
 set -euo pipefail
 secs=${1:?usage: tests/fuzz/run.sh SECONDS [TARGET...]}
@@ -43,7 +45,9 @@ fuzz_one() {
     cp "$src/tests/fuzz/corpus/$t/"* "$dir/corpus/" 2>/dev/null || true
     local extra=()
     [ -d "$src/tests/fuzz/regressions/$t" ] && extra=("$src/tests/fuzz/regressions/$t")
-    "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=60 -rss_limit_mb=4096 -max_len=65536 \
+    local budget=(-max_total_time="$secs")
+    [ -n "${CS_FUZZ_RUNS:-}" ] && budget=(-runs="$CS_FUZZ_RUNS" -seed=1)
+    "$build/tests/fuzz/fuzz_$t" "${budget[@]}" -timeout=60 -rss_limit_mb=4096 -max_len=65536 \
         -print_final_stats=1 -artifact_prefix="$dir/findings/" "$dir/corpus" "${extra[@]}" > "$dir/log" 2>&1 || true
 }
 
@@ -60,7 +64,7 @@ mkdir -p "$results"
 out=$results/fuzz-$stamp.json
 found=0
 {
-    printf '{\n  "kind": "fuzz",\n  "seconds_per_target": %s,\n' "$secs"
+    printf '{\n  "kind": "fuzz",\n  "seconds_per_target": %s,\n  "runs_per_target": %s,\n' "$secs" "${CS_FUZZ_RUNS:-null}"
     printf '  "cpu": "%s",\n' "$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
     printf '  "compiler": "%s",\n' "$(clang --version | head -1)"
     printf '  "sanitizers": "address,undefined (libFuzzer)",\n'
