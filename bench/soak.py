@@ -71,6 +71,9 @@ def free_port():
     return p
 
 
+COMMIT = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+DIRTY = subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                       text=True).stdout.strip()
 PORT = free_port()
 A = args.adapters
 os.makedirs(os.path.join(args.work, "uploads"), exist_ok=True)
@@ -297,10 +300,11 @@ def sampler():
         try:
             st = open(f"/proc/{PID}/status").read()
             rss = int(next(x for x in st.splitlines() if x.startswith("VmRSS:")).split()[1]) * 1024
+            anon = int(next(x for x in st.splitlines() if x.startswith("RssAnon:")).split()[1]) * 1024
             thr = int(next(x for x in st.splitlines() if x.startswith("Threads:")).split()[1])
             fds = len(os.listdir(f"/proc/{PID}/fd"))
             kv, run, wait = metrics()
-            samples.append({"t": round(t, 2), "rss": rss, "fds": fds, "threads": thr, "kv": kv, "running": run,
+            samples.append({"t": round(t, 2), "rss": rss, "rss_anon": anon, "fds": fds, "threads": thr, "kv": kv, "running": run,
                             "waiting": wait})
         except (OSError, StopIteration, http.client.HTTPException):
             pass
@@ -355,18 +359,31 @@ except (OSError, ValueError) as e:
 # ---- the report ----
 warm = args.minutes * 60 * args.warmup
 after = [s for s in samples if s["t"] >= warm]
-rss0 = after[0]["rss"] if after else 0
-rss_growth = (max(s["rss"] for s in after[-60:]) - rss0) / rss0 if rss0 else None
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else 0
+
+
+# growth: the median RSS of the last minute against the median of the first minute after the
+# warm-up (a single sample of either would measure the second's allocation, not a trend);
+# rss_growth_peak: the last minute's highest sample against the same start
+rss0 = median([s["rss"] for s in after[:60]])
+rss_growth = (median([s["rss"] for s in after[-60:]]) - rss0) / rss0 if rss0 else None
+rss_growth_peak = (max(s["rss"] for s in after[-60:]) - rss0) / rss0 if rss0 else None
+anon0 = median([s["rss_anon"] for s in after[:60]])
+anon_growth = (median([s["rss_anon"] for s in after[-60:]]) - anon0) / anon0 if anon0 else None
 rng_of = lambda key: [min(s[key] for s in after), max(s[key] for s in after)] if after else None  # noqa: E731
 cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
            platform.processor())
 http_5xx = sum(c["5xx"] for c in counts.values())
 report = {
     "kind": "soak", "minutes": args.minutes, "cpu": cpu, "threads": args.threads,
-    "commit": subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip(),
+    "commit": COMMIT + ("+changes" if DIRTY else ""),  # at the start: what the server was built from
     "http_5xx": http_5xx, "wrong_answers": len(wrong), "server_died": server_died,
-    "rss_growth": rss_growth, "rss_after_warmup_bytes": rss0, "warmup_s": warm,
+    "rss_growth": rss_growth, "rss_growth_peak": rss_growth_peak, "rss_anon_growth": anon_growth,
+    "rss_after_warmup_bytes": rss0, "warmup_s": warm,
     "fds_after_warmup": rng_of("fds"), "threads_after_warmup": rng_of("threads"),
     "unexpected_answers": sum(c["other"] for c in counts.values()),
     "counts": counts, "bench": bench_stats, "errors": errors, "wrong": wrong[:20],
@@ -415,7 +432,7 @@ def svg(path):
 
 
 svg(path[:-5] + ".svg")
-summary = {k: report[k] for k in ("minutes", "http_5xx", "wrong_answers", "server_died", "rss_growth",
+summary = {k: report[k] for k in ("minutes", "http_5xx", "wrong_answers", "server_died", "rss_growth", "rss_growth_peak",
                                   "fds_after_warmup", "threads_after_warmup", "unexpected_answers", "goal_met")}
 print(json.dumps(summary), file=sys.stderr)
 print(json.dumps(counts), file=sys.stderr)
