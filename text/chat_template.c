@@ -148,9 +148,10 @@ static void sb_init(sbuf *b, arena *a, size_t limit, bool heap) {
 }
 
 static void sb_reserve(sbuf *b, size_t extra) {
-    if (b->n + extra + 1 <= b->cap) return;
+    /* the limit before the room: a buffer that grew by doubling has room past it */
     if (b->n + extra > b->limit)
         throw_limit(b->a->ec, "rendered text is longer than %zu MiB", b->limit >> 20);
+    if (b->n + extra + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap : 64;
     while (cap < b->n + extra + 1) cap *= 2;
     if (b->heap) {
