@@ -76,13 +76,16 @@ found=0
         cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
         ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
         corpus=$(find "$work/$t/corpus" -type f | wc -l)
-        n_find=$(find "$work/$t/findings" -type f | wc -l)
-        names=$(find "$work/$t/findings" -type f -printf '"%f",' | sed 's/,$//')
+        # crashes, leaks, timeouts (-timeout), out of memory; slow units (over 10 s, libFuzzer's
+        # -report_slow_units) are listed apart: a hint, not a failure
+        n_find=$(find "$work/$t/findings" -type f ! -name 'slow-unit-*' | wc -l)
+        names=$(find "$work/$t/findings" -type f ! -name 'slow-unit-*' -printf '"%f",' | sed 's/,$//')
+        slow=$(find "$work/$t/findings" -type f -name 'slow-unit-*' -printf '"%f",' | sed 's/,$//')
         found=$((found + n_find))
         [ $first = 1 ] || printf ',\n'
         first=0
-        printf '    "%s": {"executions": %s, "coverage_edges": %s, "features": %s, "corpus": %s, "findings": [%s]}' \
-            "$t" "${execs:-0}" "${cov:-0}" "${ft:-0}" "$corpus" "$names"
+        printf '    "%s": {"executions": %s, "coverage_edges": %s, "features": %s, "corpus": %s, "findings": [%s], "slow_units": [%s]}' \
+            "$t" "${execs:-0}" "${cov:-0}" "${ft:-0}" "$corpus" "$names" "$slow"
     done
     printf '\n  },\n  "findings_total": %s\n}\n' "$found"
 } > "$out"
