@@ -21,7 +21,8 @@ for t in $targets; do
     bin=$build/tests/fuzz/fuzz_$t
     set -- "$src/tests/fuzz/corpus/$t"
     [ -d "$src/tests/fuzz/regressions/$t" ] && set -- "$@" "$src/tests/fuzz/regressions/$t"
-    if (cd "$work" && CS_FUZZ_BUILDDIR=$build "$bin" -mutations="$mutations" "$@") > "$work/$t.log" 2>&1; then
+    # (a hang is a finding too: no target takes a minute on its own)
+    if (cd "$work" && CS_FUZZ_BUILDDIR=$build timeout 600 "$bin" -mutations="$mutations" "$@") > "$work/$t.log" 2>&1; then
         tail -n 1 "$work/$t.log"
     else
         echo "FAIL: fuzz_$t"
