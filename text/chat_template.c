@@ -3594,12 +3594,18 @@ static val percent_format(rctx *r, val fmt, val args) {
         if (p < end && *p == '*') rfail(r, "'*' widths in format strings are not supported");
         if (p < end && *p >= '0' && *p <= '9') {
             width = 0;
-            while (p < end && *p >= '0' && *p <= '9') width = width * 10 + (*p++ - '0');
+            while (p < end && *p >= '0' && *p <= '9') {
+                width = width * 10 + (*p++ - '0');
+                if (width > (int)CHAT_TEMPLATE_MAX_OUTPUT) rfail(r, "format width is too large");
+            }
         }
         if (p < end && *p == '.') {
             p++;
             prec = 0;
-            while (p < end && *p >= '0' && *p <= '9') prec = prec * 10 + (*p++ - '0');
+            while (p < end && *p >= '0' && *p <= '9') {
+                prec = prec * 10 + (*p++ - '0');
+                if (prec > (int)CHAT_TEMPLATE_MAX_OUTPUT) rfail(r, "format precision is too large");
+            }
         }
         while (p < end && (*p == 'h' || *p == 'l' || *p == 'L')) p++;
         if (p >= end) rfail(r, "incomplete format");
@@ -4121,13 +4127,19 @@ static void format_spec(rctx *r, sbuf *b, val v, const char *spec, size_t sn) {
     }
     if (i < sn && spec[i] >= '0' && spec[i] <= '9') {
         width = 0;
-        while (i < sn && spec[i] >= '0' && spec[i] <= '9') width = width * 10 + (spec[i++] - '0');
+        while (i < sn && spec[i] >= '0' && spec[i] <= '9') {
+            width = width * 10 + (spec[i++] - '0');
+            if (width > (int)CHAT_TEMPLATE_MAX_OUTPUT) rfail(r, "format width is too large");
+        }
     }
     if (i < sn && (spec[i] == ',' || spec[i] == '_')) group = spec[i++];
     if (i < sn && spec[i] == '.') {
         i++;
         prec = 0;
-        while (i < sn && spec[i] >= '0' && spec[i] <= '9') prec = prec * 10 + (spec[i++] - '0');
+        while (i < sn && spec[i] >= '0' && spec[i] <= '9') {
+            prec = prec * 10 + (spec[i++] - '0');
+            if (prec > (int)CHAT_TEMPLATE_MAX_OUTPUT) rfail(r, "format precision is too large");
+        }
     }
     if (i < sn) type = spec[i++];
     if (i != sn || group) rfail(r, "format spec '%.*s' is not supported", (int)sn, spec);
