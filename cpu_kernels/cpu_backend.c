@@ -9,6 +9,7 @@
 #include <cblas.h>
 #include <immintrin.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,6 +48,11 @@ typedef struct cpu_ctx {
     float *lora_wide;     /* grouped LoRA, many rows: a BF16 segment's A and B widened */
     size_t lora_wide_len; /* floats */
     bool avx2;            /* AVX2 + FMA: the LoRA kernels' 8-lane path */
+    bool dpbf16;          /* AVX512-BF16 GEMMs usable (cs_cpu_has_avx512_bf16) */
+    bool prec_bf16;       /* --precision bf16: x rounded to BF16 before matmuls against BF16 weights */
+    float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
+    size_t xround_len;    /* floats */
+    char path[48];        /* cpu_raw_path */
     /* the kernels chosen for this CPU at start-up (NULL: none of that kind, the generic path) */
     cs_rows_fn gemv;      /* 1..GEMV_MAX_N rows streaming the weights */
     cs_rows_fn tile;      /* the batch-invariant dot tiles */
@@ -78,7 +84,10 @@ static void scratch_reserve(cpu_ctx_t *c, size_t n) {
  *   Otherwise n = 1 uses the GEMV, 2..TILE_MAX_N the 4x4 dot tiles of the batch-invariant
  *     kernel (weights read once per 4 rows of x, in their dtype), and larger n widens slabs
  *     of weight rows to F32 for OpenBLAS sgemm (F32 weights in place).
- *   --batch-invariant (c->invariant): the dot tiles at every n. */
+ *   --batch-invariant (c->invariant): the dot tiles at every n.
+ *   --precision bf16 (c->prec_bf16), BF16 weights: x is rounded to BF16 (round_input) and
+ *     multiplied exactly, so every path computes the same products: AMX with one term,
+ *     AVX512-BF16 (gemm_dpbf16.c) with one term for n ≥ 2, the others on the rounded x. */
 struct mm_job {
     cpu_ctx_t *c;
     float *y;
@@ -87,7 +96,7 @@ struct mm_job {
     const cs_weight_t *w;
     const float *bias;
     int rows_per_task;
-    int terms;            /* AMX: BF16 terms of x */
+    int terms;            /* AMX, AVX512-BF16: BF16 terms of x */
     int tiles_per_task;   /* AMX x packing: 16-row tiles per task */
 };
 
@@ -128,17 +137,61 @@ static void mm_amx_task(void *p, int task, int thread) {
     cs_gemm_bf16_amx(j->y, j->w->rows, j->c->xpack, j->n, j->terms, j->w, r0, r1, (uint16_t *)j->c->scratch[thread]);
 }
 
+/* x rounded to BF16 into the context's buffer (--precision bf16) */
+static const float *round_input(cpu_ctx_t *c, const float *x, size_t count) {
+    if (c->xround_len < count) {
+        free(c->xround);
+        c->xround = cs_aligned_alloc(64, count * sizeof(float));
+        CS_ASSERT(c->xround);
+        c->xround_len = count;
+    }
+    if (c->avx512 && !c->reference) cs_round_bf16_avx512(c->xround, x, count);
+    else cs_round_bf16_ref(c->xround, x, count);
+    return c->xround;
+}
+
+static void xpack_reserve(cpu_ctx_t *c, size_t need) {
+    if (c->xpack_len >= need) return;
+    free(c->xpack);
+    c->xpack = cs_aligned_alloc(64, need * sizeof(uint16_t));
+    CS_ASSERT(c->xpack);
+    c->xpack_len = need;
+}
+
+static void mm_dp_pack_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    (void)thread;
+    int rows = cs_dpbf16_padded_rows(j->n), r0 = task * j->tiles_per_task;
+    cs_dpbf16_pack_x(j->c->xpack, j->x, j->n, j->w->cols, j->terms, r0, CS_MIN(rows, r0 + j->tiles_per_task));
+}
+
+static void mm_dp_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
+    cs_gemm_dpbf16(j->y, j->w->rows, j->c->xpack, j->n, j->terms, j->w, r0, r1, (uint16_t *)j->c->scratch[thread]);
+}
+
+/* AVX512-BF16: x packed once (in parallel for many rows), then tasks over weight rows:
+ * 64 rows for prefill (their packed tiles, 128 B per column, stay in L2 while x streams
+ * past), 32 for a few rows (each task streams its rows' weights once) */
+static void mm_dpbf16(cpu_ctx_t *c, struct mm_job *j) {
+    const cs_weight_t *w = j->w;
+    int n = j->n, rows = cs_dpbf16_padded_rows(n);
+    xpack_reserve(c, cs_dpbf16_xp_len(n, w->cols, j->terms));
+    j->tiles_per_task = (rows + 2 * c->n_threads - 1) / (2 * c->n_threads); /* x rows per packing task */
+    if (n <= CS_DP_SMALL_N) cs_dpbf16_pack_x(c->xpack, j->x, n, w->cols, j->terms, 0, rows);
+    else threadpool_run(c->pool, (rows + j->tiles_per_task - 1) / j->tiles_per_task, mm_dp_pack_task, j);
+    j->rows_per_task = n <= CS_DP_SMALL_N ? 32 : 64;
+    scratch_reserve(c, (cs_dpbf16_wp_len(n, j->rows_per_task, w->cols) + 1) / 2 + 16);
+    threadpool_run(c->pool, (w->rows + j->rows_per_task - 1) / j->rows_per_task, mm_dp_task, j);
+}
+
 static void mm_amx(cpu_ctx_t *c, struct mm_job *j) {
     const cs_weight_t *w = j->w;
     int n = j->n;
-    j->terms = n <= CS_AMX_SMALL_N ? 3 : c->amx_terms; /* memory-bound there: exact always */
-    size_t need = cs_gemm_bf16_xp_len(n, w->cols, j->terms);
-    if (c->xpack_len < need) {
-        free(c->xpack);
-        c->xpack = cs_aligned_alloc(64, need * sizeof(uint16_t));
-        CS_ASSERT(c->xpack);
-        c->xpack_len = need;
-    }
+    /* memory-bound for few rows: exact always there (x in BF16 for --precision bf16) */
+    j->terms = c->prec_bf16 ? 1 : n <= CS_AMX_SMALL_N ? 3 : c->amx_terms;
+    xpack_reserve(c, cs_gemm_bf16_xp_len(n, w->cols, j->terms));
     int mt = (n + 31) / 32 * 2;
     j->tiles_per_task = CS_MAX(2, (mt + 2 * c->n_threads - 1) / (2 * c->n_threads));
     if (n <= CS_AMX_SMALL_N) cs_gemm_bf16_pack_x(c->xpack, j->x, n, w->cols, j->terms, 0, mt);
@@ -178,9 +231,16 @@ static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
 
 static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
+    bool bf16x = c->prec_bf16 && w->dtype == CS_DTYPE_BF16;
+    /* the BF16 kernels round x themselves as they pack it; the others take it rounded */
+    bool packs = bf16x && !c->reference && !c->invariant && n >= 2 && (c->amx || c->dpbf16);
+    if (bf16x && !packs) x = round_input(c, x, (size_t)n * w->cols);
     if (c->reference || (c->invariant && !c->tile)) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0};
-    if (use_tile(c, w, n)) {
+    if (packs && !c->amx) {
+        j.terms = 1;
+        mm_dpbf16(c, &j);
+    } else if (use_tile(c, w, n)) {
         j.rows_per_task = invariant_rows_per_task(c, w->rows);
         threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_invariant_task, &j);
     } else if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) {
@@ -230,6 +290,15 @@ static void mm_multi_task(void *p, int task, int thread) {
 static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
                              const float *const *biases, int count) {
     cpu_ctx_t *c = ctx_of(b);
+    if (c->prec_bf16) { /* rounded once for all (all BF16, n = 1), or one matmul at a time */
+        int nb = 0;
+        for (int k = 0; k < count; k++) nb += ws[k]->dtype == CS_DTYPE_BF16;
+        if (nb && (nb < count || n >= 2 || c->reference || c->invariant)) {
+            for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x, n, ws[k], biases[k]);
+            return;
+        }
+        if (nb) x = round_input(c, x, (size_t)n * ws[0]->cols);
+    }
     bool tile = count <= MM_MULTI_MAX;
     for (int k = 0; k < count && tile; k++) tile = use_tile(c, ws[k], n);
     bool gemv = !tile && !c->reference && c->gemv && n <= GEMV_MAX_N && count <= MM_MULTI_MAX;
@@ -838,6 +907,7 @@ static void cpu_free(cpu_raw_t *b) {
         free(c->lora_t);
         free(c->lora_wide);
         free(c->xpack);
+        free(c->xround);
         free(c);
     }
     free(b);
@@ -875,6 +945,16 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->avx512 = cs_cpu_has_avx512() && !(p && p->no_avx512);
     c->avx2 = cs_cpu_has_avx2() && !(p && p->no_avx2);
     c->amx = c->avx512 && !(p && p->no_amx) && cs_cpu_has_amx_bf16();
+    c->dpbf16 = c->avx512 && !(p && p->no_dpbf16) && cs_cpu_has_avx512_bf16();
+    c->prec_bf16 = p && p->precision_bf16;
+    const char *base = c->reference ? "reference"
+                       : c->invariant ? (c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas")
+                       : c->amx       ? "amx"
+                       : c->avx512    ? (c->dpbf16 && c->prec_bf16 ? "avx512bf16" : "avx512")
+                       : c->avx2      ? "avx2"
+                                      : "openblas";
+    snprintf(c->path, sizeof c->path, "%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
+             c->prec_bf16 ? "+bf16" : "");
     if (c->avx512) {
         c->gemv = cs_gemv_rows_avx512;
         c->tile = cs_gemm_invariant_avx512;
@@ -909,9 +989,4 @@ err:
     return NULL;
 }
 
-const char *cpu_raw_path(const cpu_raw_t *b) {
-    const cpu_ctx_t *c = b->ctx;
-    if (c->reference) return "reference";
-    if (c->invariant) return c->avx512 ? "avx512+invariant" : c->avx2 ? "avx2+invariant" : "openblas+invariant";
-    return c->amx ? "amx" : c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas";
-}
+const char *cpu_raw_path(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->path; }

@@ -20,13 +20,20 @@ typedef struct cpu_backend_params {
     bool no_amx;        /* no AMX GEMMs */
     bool no_tile;       /* 2-32 rows of a non-AMX matmul to the GEMV/sgemm, not the dot tiles */
     int amx_terms;      /* BF16 terms of the activations in AMX GEMMs: 3 (default, exact) or 2 */
+    bool no_dpbf16;     /* no AVX512-BF16 GEMMs (CS_NO_DPBF16): --precision bf16 on F32 FMAs */
+    /* --precision bf16: every matmul against BF16 weights takes x rounded to BF16 (round to
+     * nearest even), products exact and sums F32, as PyTorch and vLLM run a BF16 model's
+     * GEMMs; on AMX and AVX512-BF16 CPUs that is one BF16 term where the exact default needs
+     * three. Everything else (norms, attention, LoRA, F32/F16 weights) stays F32. */
+    bool precision_bf16;
 } cpu_backend_params_t;
 
 backend_t *cpu_backend_new(const cpu_backend_params_t *p);
 /* the kernel path the CPU backend chose at start-up: "amx" (AMX BF16 GEMMs, AVX-512 for the
- * rest), "avx512", "avx2" (AVX2+FMA GEMV, dot tiles, softmax and paged attention, OpenBLAS
- * sgemm for prefill), "openblas" (plain loops beside OpenBLAS), "reference", each with
- * "+invariant" in batch-invariant mode; "?" for another backend */
+ * rest), "avx512", "avx512bf16" (--precision bf16 on vdpbf16ps), "avx2" (AVX2+FMA GEMV, dot
+ * tiles, softmax and paged attention, OpenBLAS sgemm for prefill), "openblas" (plain loops
+ * beside OpenBLAS), "reference", each with "+invariant" in batch-invariant mode and "+bf16"
+ * with --precision bf16; "?" for another backend */
 const char *cpu_backend_path(const backend_t *b);
 
 /* The strict test device (tests only; the builder offers it when CS_TEST_DEVICE=strict is

@@ -13,13 +13,14 @@
 #include <sys/syscall.h>
 
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/vnni.h"
 
 #define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
 #define INLINE static inline __attribute__((always_inline))
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#define TILE_ELEMS 512 /* bf16 per 16×32 tile (1 KiB) */
+#define TILE_ELEMS VNNI_TILE_ELEMS
 
 int cs_cpu_has_amx_bf16(void) {
     static int cached = -1;
@@ -60,52 +61,11 @@ AMX static void tile_config(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* bf16 bits of f rounded to nearest even (finite inputs) */
-AMX INLINE __m512i round_bf16(__m512 f) {
-    __m512i u = _mm512_castps_si512(f);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-}
-
 /* 32 floats -> `terms` rows of 32 bf16 whose sum is x (to 2⁻¹⁶ relative, or exactly) */
 AMX INLINE void split_store(uint16_t *dst, __m512 x0, __m512 x1, int terms) {
-    /* packus interleaves the 128-bit lanes of its two inputs; this restores the order */
-    const __m512i fix = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
-    for (int t = 0; t < terms; t++) {
-        __m512i h0 = round_bf16(x0), h1 = round_bf16(x1);
-        _mm512_store_si512(dst + t * TILE_ELEMS, _mm512_permutexvar_epi64(fix, _mm512_packus_epi32(h0, h1)));
-        x0 = _mm512_sub_ps(x0, _mm512_castsi512_ps(_mm512_slli_epi32(h0, 16)));
-        x1 = _mm512_sub_ps(x1, _mm512_castsi512_ps(_mm512_slli_epi32(h1, 16)));
-    }
-}
-
-/* 16×16 transpose of 32-bit elements in r[0..15] */
-AMX INLINE void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* r[4q + j] now holds, in each 128-bit lane L, column (4L + j) entries of rows 4q..4q+3
-     * of the lane-L block; combine lanes across quads */
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
-    }
+    __m512i v[3];
+    vnni_split32(v, x0, x1, terms);
+    for (int t = 0; t < terms; t++) _mm512_store_si512(dst + t * TILE_ELEMS, v[t]);
 }
 
 AMX void cs_gemm_bf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, int mt0, int mt1) {
@@ -133,35 +93,9 @@ AMX void cs_gemm_bf16_pack_x(uint16_t *xp, const float *x, int n, int K, int ter
             uint16_t *tile = xp + t * TILE_ELEMS;
             __m512i r[16];
             for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(tile + i * 32);
-            transpose16(r);
+            vnni_transpose16(r);
             for (int i = 0; i < 16; i++) _mm512_store_si512(tile + i * 32, r[i]);
         }
-}
-
-#define PACK_PREFETCH_KB 8 /* weight rows are read this many 64-byte lines ahead */
-
-/* weight rows [r0, r0 + 16·nt) (zero past w->rows), k blocks [kb0, kb1) (zero past K), into
- * VNNI tiles [nt][kb1 - kb0]: tile row i holds the pairs (w[n][2i], w[n][2i+1]) of 16 rows n */
-AMX static void pack_w(uint16_t *wp, const cs_weight_t *w, int r0, int nt, int kb0, int kb1) {
-    int K = w->cols;
-    const uint16_t *base = w->data;
-    for (int j = 0; j < nt; j++) {
-        int n0 = r0 + j * 16;
-        int valid = CS_MAX(0, CS_MIN(16, w->rows - n0));
-        for (int kb = kb0; kb < kb1; kb++) {
-            int left = K - kb * 32;
-            __mmask32 mk = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
-            __m512i r[16];
-            for (int i = 0; i < 16; i++) {
-                const uint16_t *src = base + (size_t)(n0 + i) * K + kb * 32;
-                if (i < valid && (kb + PACK_PREFETCH_KB) * 32 < K) _mm_prefetch((const char *)(src + PACK_PREFETCH_KB * 32), _MM_HINT_T0);
-                r[i] = i < valid ? _mm512_maskz_loadu_epi16(mk, src) : _mm512_setzero_si512();
-            }
-            transpose16(r);
-            uint16_t *dst = wp + ((size_t)j * (kb1 - kb0) + kb - kb0) * TILE_ELEMS;
-            for (int i = 0; i < 16; i++) _mm512_store_si512(dst + i * 32, r[i]);
-        }
-    }
 }
 
 /* C tile (16 m × 16 n, F32 at tmp) into y rows [m0, m0+16) cols [n0, n0+16), clipped */
@@ -273,7 +207,7 @@ AMX void cs_gemm_bf16_amx(float *y, int ldy, const uint16_t *xp, int n, int term
     size_t xs = (size_t)terms * TILE_ELEMS; /* bf16 between k blocks of one x tile row */
     float *cbuf = (float *)(wp + (size_t)nt * kb_n * TILE_ELEMS); /* [mt/2][nt/2][4][256] */
     float tmp[4][256] __attribute__((aligned(64)));
-    pack_w(wp, w, r0, nt, 0, kb_n);
+    vnni_pack_w(wp, w, r0, nt, 0, kb_n);
     tile_config();
     for (int kb0 = 0; kb0 < kb_n; kb0 += kc) {
         int kb1 = CS_MIN(kb_n, kb0 + kc), nk = kb1 - kb0;

@@ -17,6 +17,7 @@ void cs_attention_ref(float *out, const float *q, const float *k, const float *v
                       int n_heads, int n_kv_heads, int head_dim, int window);
 void cs_silu_mul_ref(float *gate, const float *up, size_t n);
 void cs_softmax_ref(float *x, int n); /* in place, n >= 1 */
+void cs_round_bf16_ref(float *dst, const float *x, size_t count);
 void cs_lora_ref(float *y, const float *x, int n, const float *a, const float *b, int rank, int d_in,
                  int d_out, float scale);
 
@@ -40,6 +41,9 @@ void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weig
  * one horizontal sum), so it is bit-identical whatever n, i's place or [r0, r1). */
 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 /* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
+/* x rounded to BF16 (nearest even) and back to F32, count floats: the input of every matmul
+ * against BF16 weights under --precision bf16. The plain loop is cs_round_bf16_ref. */
+void cs_round_bf16_avx512(float *dst, const float *x, size_t count);
 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
 
 /* ---- AVX2+FMA kernels (kernels_avx2.c; call only when cs_cpu_has_avx2()): the AVX-512
@@ -75,5 +79,23 @@ void cs_gemm_bf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, 
  * K) bf16, 64-byte aligned */
 void cs_gemm_bf16_amx(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0,
                       int r1, uint16_t *wp);
+
+/* ---- AVX512-BF16 GEMM (gemm_dpbf16.c; call only when cs_cpu_has_avx512_bf16()) ----
+ * y = x · wᵀ for a BF16 w with x split into `terms` BF16 parts (1: x rounded to BF16, the
+ * --precision bf16 mode; 2; 3: exact), products accumulated in F32 by vdpbf16ps. */
+int cs_cpu_has_avx512_bf16(void);
+#define CS_DP_SMALL_N 32 /* up to here: W's pairs broadcast from the weights in place, x in the lanes */
+/* bf16 elements of packed x for n rows, and of the weight scratch a call over `rows` rows needs */
+size_t cs_dpbf16_xp_len(int n, int K, int terms);
+size_t cs_dpbf16_wp_len(int n, int rows, int K);
+/* pack rows [r0, r1) of x (n, K) into xp (64-byte aligned, zeroed past n where r1 reaches the
+ * padded end: (n + 15) / 16 * 16 rows for n ≤ CS_DP_SMALL_N, else (n + 11) / 12 * 12) */
+void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, int r0, int r1);
+/* y[i, r] for i < n, r in [r0, r1); ldy in floats; wp: scratch of cs_dpbf16_wp_len bf16,
+ * 64-byte aligned */
+void cs_gemm_dpbf16(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0, int r1,
+                    uint16_t *wp);
+/* rows of packed x, with the padding */
+static inline int cs_dpbf16_padded_rows(int n) { return n <= CS_DP_SMALL_N ? (n + 15) / 16 * 16 : (n + 11) / 12 * 12; }
 
 #endif

@@ -253,6 +253,18 @@ AVX512 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, c
     }
 }
 
+AVX512 void cs_round_bf16_avx512(float *dst, const float *x, size_t count) {
+    size_t c16 = count & ~(size_t)15;
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (size_t c = 0; c < c16; c += 16) {
+        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + c));
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        u = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, half)), hi);
+        _mm512_storeu_ps(dst + c, _mm512_castsi512_ps(u));
+    }
+    cs_round_bf16_ref(dst + c16, x + c16, count - c16);
+}
+
 AVX512 INLINE void convert_impl(float *dst, const void *w, size_t i0, size_t count, cs_dtype dt) {
     size_t c16 = count & ~(size_t)15;
     for (size_t c = 0; c < c16; c += 16) _mm512_storeu_ps(dst + c, load16(w, i0 + c, dt));

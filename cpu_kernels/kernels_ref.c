@@ -27,6 +27,10 @@ void cs_matmul_ref(float *y, const float *x, int n, const cs_weight_t *w, const 
         }
 }
 
+void cs_round_bf16_ref(float *dst, const float *x, size_t count) {
+    for (size_t i = 0; i < count; i++) dst[i] = cs_bf16_to_f32(cs_f32_to_bf16(x[i]));
+}
+
 void cs_rmsnorm_ref(float *y, const float *x, int n, int dim, const float *w, float eps) {
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;

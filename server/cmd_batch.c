@@ -46,6 +46,8 @@ static void usage_batch(FILE *f) {
             "  --sequential                run each request alone, one after the other\n"
             "  --stats                     print engine statistics (JSON) to stderr at the end\n"
             "  --batch-invariant           each sequence's results independent of the batch (bit-identical)\n"
+            "  --precision exact|bf16      CPU matmuls against BF16 weights: exact (default), or on activations\n"
+            "                              rounded to BF16 with F32 sums (faster on AVX512-BF16/AMX CPUs)\n"
             "  --reference-kernels         use the plain reference kernels\n"
             "  --device auto|cpu|cuda      where the model runs (default auto: cuda where a GPU is visible)\n"
             "  --gpu-memory-fraction F     of the GPU's memory caraserve may use (0 < F <= 1, default 0.9);\n"
@@ -379,6 +381,7 @@ int cmd_batch(int argc, char **argv) {
         {"stats", no_argument, 0, 'S'},
         {"reference-kernels", no_argument, 0, 'R'},
         {"batch-invariant", no_argument, 0, 'I'},
+        {"precision", required_argument, 0, 'q'},
         {"device", required_argument, 0, 'V'},
         {"gpu-memory-fraction", required_argument, 0, 'G'},
         {"cuda-graphs", no_argument, 0, 'g'},
@@ -397,6 +400,7 @@ int cmd_batch(int argc, char **argv) {
     bool kv_explicit = false, cuda_graphs = false;
     double gpu_fraction = 0;
     bool no_prefix = false, buffered_io = false, sequential = false, stats = false, reference = false, invariant = false, ok;
+    bool bf16 = false;
     bool preload = false;
     int c, status = 1, cold_mode = SCHED_COLD_DEFAULT, assist_threads = 0;
     optind = 1;
@@ -450,6 +454,12 @@ int cmd_batch(int argc, char **argv) {
         case 'S': stats = true; break;
         case 'R': reference = true; break;
         case 'I': invariant = true; break;
+        case 'q': {
+            int prec = setup_parse_precision(optarg);
+            if (prec < 0) { fprintf(stderr, "caraserve batch: --precision wants exact or bf16, got '%s'\n", optarg); goto usage_err; }
+            bf16 = prec == 1;
+            break;
+        }
         case 'V': device = optarg; break;
         case 'g': cuda_graphs = true; break;
         case 'W': preload = true; break;
@@ -490,7 +500,8 @@ int cmd_batch(int argc, char **argv) {
         goto out;
     }
     be = setup_backend(&(setup_backend_opts_t){.device = device, .threads = threads, .reference = reference,
-                                               .batch_invariant = invariant, .gpu_memory_fraction = gpu_fraction,
+                                               .batch_invariant = invariant, .precision_bf16 = bf16,
+                                               .gpu_memory_fraction = gpu_fraction,
                                                .cuda_graphs = cuda_graphs});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }

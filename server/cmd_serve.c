@@ -110,6 +110,10 @@ static void usage_serve(FILE *f) {
             "  --adapter-upload-dir DIR      where uploaded adapter versions are stored (default: a new /tmp dir)\n"
             "  --batch-invariant             every sequence's logits independent of the batch and the prefix\n"
             "                                cache (bit-identical repeats; slower prefill)\n"
+            "  --precision exact|bf16        CPU matmuls against BF16 weights: exact F32 products of the\n"
+            "                                activations (default), or activations rounded to BF16 with F32\n"
+            "                                sums, as PyTorch and vLLM run BF16 models (faster prefill and\n"
+            "                                batched decode on AVX512-BF16 and AMX CPUs)\n"
             "  --reference-kernels           use the plain reference kernels (slow; for checking)\n"
             "  --device auto|cpu|cuda        where the model runs (default auto: cuda where a CUDA build sees a GPU)\n"
             "  --gpu-memory-fraction F       of the GPU's memory caraserve may use (0 < F <= 1, default 0.9); on\n"
@@ -129,7 +133,7 @@ enum {
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
     O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
-    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO, O_SLO_HEADROOM
+    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO, O_SLO_HEADROOM, O_PRECISION
 };
 
 static const struct option OPTS[] = {
@@ -169,6 +173,7 @@ static const struct option OPTS[] = {
     {"max-adapter-bytes", required_argument, 0, O_ADAPTER_BYTES},
     {"adapter-upload-dir", required_argument, 0, O_UPLOAD_DIR},
     {"batch-invariant", no_argument, 0, O_INVARIANT},
+    {"precision", required_argument, 0, O_PRECISION},
     {"device", required_argument, 0, O_DEVICE},
     {"gpu-memory-fraction", required_argument, 0, O_GPU_FRACTION},
     {"cuda-graphs", no_argument, 0, O_CUDA_GRAPHS},
@@ -439,6 +444,15 @@ int cmd_serve(int argc, char **argv) {
         case O_METRICS_PREFIX: free(cfg.metrics_prefix); cfg.metrics_prefix = strdup(optarg); break;
         case O_REFERENCE: cfg.reference_kernels = true; break;
         case O_INVARIANT: cfg.batch_invariant = true; break;
+        case O_PRECISION: {
+            int prec = setup_parse_precision(optarg);
+            if (prec < 0) {
+                fprintf(stderr, "caraserve serve: --precision wants exact or bf16, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            cfg.precision_bf16 = prec == 1;
+            break;
+        }
         case O_DEVICE: free(cfg.device); cfg.device = strdup(optarg); break;
         case O_CUDA_GRAPHS: cfg.cuda_graphs = true; break;
         case O_COLD_START:
@@ -552,6 +566,7 @@ int cmd_serve(int argc, char **argv) {
     s->be = setup_backend(&(setup_backend_opts_t){.device = s->cfg.device, .threads = s->cfg.threads,
                                                   .reference = s->cfg.reference_kernels,
                                                   .batch_invariant = s->cfg.batch_invariant,
+                                                  .precision_bf16 = s->cfg.precision_bf16,
                                                   .gpu_memory_fraction = s->cfg.gpu_memory_fraction,
                                                   .cuda_graphs = s->cfg.cuda_graphs});
     if (!s->be) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }

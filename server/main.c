@@ -22,6 +22,7 @@ static void usage_generate(FILE *f) {
             "                          [--max-tokens N] [--temperature T] [--seed S] [--print-ids]\n"
             "                          [--threads N] [--no-special] [--ignore-eos] [--stats]\n"
             "                          [--dump-logits FILE] [--reference-kernels] [--device auto|cpu|cuda]\n"
+            "                          [--precision exact|bf16]\n"
             "\n"
             "  --model DIR          Hugging Face model directory (config.json, *.safetensors, tokenizer.json)\n"
             "  --lora DIR           PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)\n"
@@ -37,6 +38,8 @@ static void usage_generate(FILE *f) {
             "  --stats              print prefill and decode speed to stderr\n"
             "  --dump-logits FILE   write the logits of every position (binary, for tests)\n"
             "  --reference-kernels  use the plain reference kernels (slow; for checking)\n"
+            "  --precision P        exact (default) or bf16: CPU matmuls against BF16 weights on activations\n"
+            "                       rounded to BF16, F32 sums (as PyTorch runs a BF16 model; faster)\n"
             "  --device D           auto, cpu or cuda (default auto: cuda where a CUDA build sees a GPU)\n");
 }
 
@@ -99,11 +102,12 @@ static int cmd_generate(int argc, char **argv) {
         {"threads", required_argument, 0, 'T'},   {"no-special", no_argument, 0, 'N'},
         {"ignore-eos", no_argument, 0, 'E'},      {"stats", no_argument, 0, 'S'},
         {"dump-logits", required_argument, 0, 'D'}, {"reference-kernels", no_argument, 0, 'R'},
-        {"device", required_argument, 0, 'V'},    {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+        {"device", required_argument, 0, 'V'},    {"precision", required_argument, 0, 'Q'},
+        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *lora_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *dump = NULL, *device = NULL;
     int max_tokens = 64, threads = 0;
-    bool print_ids = false, no_special = false, ignore_eos = false, stats = false, reference = false;
+    bool print_ids = false, no_special = false, ignore_eos = false, stats = false, reference = false, bf16 = false;
     sampling_params_t sp;
     sampling_params_default(&sp);
     sp.temperature = 0;
@@ -139,6 +143,12 @@ static int cmd_generate(int argc, char **argv) {
         case 'D': dump = optarg; break;
         case 'R': reference = true; break;
         case 'V': device = optarg; break;
+        case 'Q': {
+            int prec = setup_parse_precision(optarg);
+            if (prec < 0) { fprintf(stderr, "caraserve generate: --precision wants exact or bf16, got '%s'\n", optarg); return 2; }
+            bf16 = prec == 1;
+            break;
+        }
         case 'h': usage_generate(stdout); return 0;
         default: usage_generate(stderr); return 2;
         }
@@ -164,7 +174,8 @@ static int cmd_generate(int argc, char **argv) {
     FILE *df = NULL;
     tokenizer_stream_t *ts = NULL;
 
-    be = setup_backend(&(setup_backend_opts_t){.device = device, .threads = threads, .reference = reference});
+    be = setup_backend(&(setup_backend_opts_t){.device = device, .threads = threads, .reference = reference,
+                                                .precision_bf16 = bf16});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     double t0 = cs_time_ms();
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }

@@ -56,6 +56,7 @@ typedef struct serve_config {
     bool no_prefix_caching;
     bool reference_kernels;
     bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
+    bool precision_bf16;    /* --precision bf16 */
     char *device;           /* --device: auto (NULL), cpu or cuda */
     int cold_start;         /* --cold-start: SCHED_COLD_* (0: auto) */
     int assist_threads;     /* --assist-threads (0: the default) */

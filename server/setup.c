@@ -73,6 +73,8 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         .no_amx = env_on("CS_NO_AMX"),
         .no_tile = env_on("CS_NO_TILE"),
         .amx_terms = (int)env_num("CS_AMX_TERMS", 3),
+        .no_dpbf16 = env_on("CS_NO_DPBF16"),
+        .precision_bf16 = o->precision_bf16,
     };
     if (test_dev && *test_dev) {
         if (strcmp(test_dev, "strict")) {
@@ -115,6 +117,12 @@ bool setup_parse_gpu_fraction(const char *s, double *out) {
     if (end == s || *end || !(f > 0 && f <= 1)) return false;
     *out = f;
     return true;
+}
+
+int setup_parse_precision(const char *s) {
+    if (!strcmp(s, "exact")) return 0;
+    if (!strcmp(s, "bf16")) return 1;
+    return -1;
 }
 
 int setup_parse_cold_start(const char *s) {

@@ -1,6 +1,6 @@
 /* setup.h: the one place that builds the backend for `generate`, `batch` and `serve`
  * (and names it for their messages). Flags come in the options; the environment switches
- * of the CPU kernels (CS_NO_AVX512, CS_NO_AVX2, CS_NO_AMX, CS_NO_TILE, CS_AMX_TERMS) and the tests'
+ * of the CPU kernels (CS_NO_AVX512, CS_NO_AVX2, CS_NO_AMX, CS_NO_DPBF16, CS_NO_TILE, CS_AMX_TERMS) and the tests'
  * CS_TEST_DEVICE=strict (CS_STRICT_GBPS, CS_STRICT_LATENCY_US,
  * CS_STRICT_LOCKSTEP, CS_STRICT_NO_STREAM) or =cuda-emu (the CUDA
  * backend's own code on the host emulator), and CS_AUTO_DEVICE (what --device auto means;
@@ -18,6 +18,7 @@ typedef struct setup_backend_opts {
     int threads;            /* 0: every online CPU */
     bool reference;         /* --reference-kernels */
     bool batch_invariant;   /* --batch-invariant */
+    bool precision_bf16;    /* --precision bf16 (CPU backend; cpu_backend_params_t.precision_bf16) */
 } setup_backend_opts_t;
 
 /* NULL with cs_error_last() set: an unknown device, cuda where it cannot run, no memory */
@@ -31,6 +32,9 @@ void setup_backend_describe(const backend_t *be, char *buf, size_t len);
 size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size);
 /* parses --gpu-memory-fraction's value: 0 < F <= 1 */
 bool setup_parse_gpu_fraction(const char *s, double *out);
+
+/* --precision's value: "exact" 0, "bf16" 1, anything else -1 */
+int setup_parse_precision(const char *s);
 
 /* --cold-start's value: "auto", "cpu-assist" or "wait" as SCHED_COLD_* (engine/sched.h);
  * -1 for anything else */

@@ -59,11 +59,20 @@ for name, args in [
     ("batch: bad --max-num-seqs", ["batch", "--model", model, "--max-num-seqs", "0"]),
     ("batch: bad --lora-io", ["batch", "--model", model, "--lora-io", "fast"]),
     ("serve: bad --lora-io", ["serve", "--model", model, "--lora-io", "mmap"]),
+    ("bad --precision", ["generate", "--model", model, "--prompt", "x", "--precision", "fp8"]),
+    ("batch: bad --precision", ["batch", "--model", model, "--precision", "half"]),
+    ("serve: bad --precision", ["serve", "--model", model, "--precision", "BF16"]),
     ("serve: --slo-headroom over 1", ["serve", "--model", model, "--slo-headroom", "1.5"]),
     ("serve: --slo-headroom not a number", ["serve", "--model", model, "--slo-headroom", "most"]),
 ]:
     p = cs(*args)
     expect(f"usage error: {name} -> exit 2", p.returncode == 2 and p.stderr.strip() != "", p)
+
+# --precision bf16 names itself in the kernel path (--stats), and exact is the default
+for prec, want in (("bf16", "+bf16 kernels"), ("exact", " kernels")):
+    p = cs("generate", "--model", model, "--prompt-ids", "1,2,3", "--max-tokens", "2", "--stats", "--precision", prec)
+    expect(f"generate --precision {prec}: the kernel path says so",
+           p.returncode == 0 and want in p.stderr and ("+bf16" in p.stderr) == (prec == "bf16"), p)
 
 p = cs("generate", "--help")
 expect("generate --help exits 0 and lists --lora", p.returncode == 0 and "--lora" in p.stdout, p)

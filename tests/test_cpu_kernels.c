@@ -138,6 +138,104 @@ START_TEST(test_gemm_bf16_amx) {
 }
 END_TEST
 
+/* the AVX512-BF16 kernel itself (skipped where the CPU lacks it): one term against the
+ * reference on x rounded to BF16, two and three against x itself, small n (x in the lanes)
+ * and large n (packed weights), every kind of tail, rows split into two calls at an odd row */
+START_TEST(test_gemm_dpbf16) {
+    if (!cs_cpu_has_avx512_bf16()) return;
+    static const int shapes[][3] = {{2, 16, 32}, {5, 9, 7}, {16, 33, 64}, {17, 40, 31}, {32, 64, 64}, {33, 100, 333},
+                                    {40, 31, 2}, {70, 100, 333}, {130, 96, 1000}};
+    for (size_t s = 0; s < CS_ARRAY_LEN(shapes); s++)
+        for (int terms = 1; terms <= 3; terms++) {
+            int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+            void *mem;
+            cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
+            float *x = randv((size_t)n * cols, 1.0f), *xr = malloc(sizeof(float) * n * cols);
+            float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+            uint16_t *xp = cs_aligned_alloc(64, 2 * cs_dpbf16_xp_len(n, cols, terms));
+            uint16_t *wp = cs_aligned_alloc(64, 2 * cs_dpbf16_wp_len(n, rows, cols) + 64);
+            int padded = cs_dpbf16_padded_rows(n), half = rows / 2 | 1;
+            /* packed in two calls, as two tasks would */
+            cs_dpbf16_pack_x(xp, x, n, cols, terms, 0, padded / 2);
+            cs_dpbf16_pack_x(xp, x, n, cols, terms, padded / 2, padded);
+            cs_gemm_dpbf16(y, rows, xp, n, terms, &w, 0, CS_MIN(half, rows), wp);
+            if (half < rows) cs_gemm_dpbf16(y, rows, xp, n, terms, &w, half, rows, wp);
+            if (terms == 1) cs_round_bf16_ref(xr, x, (size_t)n * cols);
+            else memcpy(xr, x, sizeof(float) * n * cols);
+            cs_matmul_ref(yr, xr, n, &w, NULL);
+            float e = max_rel_err(y, yr, (size_t)n * rows);
+            printf("dpbf16 n=%d %dx%d terms=%d: max rel err %.3g\n", n, rows, cols, terms, e);
+            /* each output sums K/2 pair products in one F32 accumulator (3 terms: 3K/2), so the
+             * exact terms' F32 rounding reaches test_matmul_sweep's 2e-6 at K = 1000 */
+            ck_assert_msg(e < (terms == 2 ? 5e-6f : 2e-6f), "dpbf16 n=%d %dx%d terms=%d: rel err %g", n, rows, cols,
+                          terms, e);
+            free(mem); free(x); free(xr); free(y); free(yr); free(xp); free(wp);
+        }
+}
+END_TEST
+
+/* --precision bf16: every backend variant (the kernels this CPU has, AVX512-BF16 switched
+ * off, AVX2, plain loops, batch-invariant, reference) against the reference on x rounded to
+ * BF16 for BF16 weights and on x itself for F32/F16 weights, n on both sides of every
+ * switch, through matmul and matmul_multi */
+START_TEST(test_matmul_precision_bf16) {
+    static const cpu_backend_params_t variants[] = {
+        {.n_threads = 3, .precision_bf16 = true},
+        {.n_threads = 2, .precision_bf16 = true, .no_dpbf16 = true},
+        {.n_threads = 2, .precision_bf16 = true, .no_amx = true},
+        {.n_threads = 2, .precision_bf16 = true, .no_avx512 = true},
+        {.n_threads = 2, .precision_bf16 = true, .no_avx512 = true, .no_avx2 = true},
+        {.n_threads = 2, .precision_bf16 = true, .batch_invariant = true},
+        {.n_threads = 1, .precision_bf16 = true, .reference = true},
+    };
+    static const cs_dtype dts[] = {CS_DTYPE_BF16, CS_DTYPE_F32, CS_DTYPE_F16};
+    static const int ns[] = {1, 2, 7, 16, 17, 32, 33, 45, 64, 100};
+    for (size_t v = 0; v < CS_ARRAY_LEN(variants); v++) {
+        cpu_raw_t *be = cpu_raw_new(&variants[v]);
+        float worst = 0;
+        for (size_t k = 0; k < CS_ARRAY_LEN(ns); k++)
+            for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++) {
+                int n = ns[k], rows = 40 + (int)(cs_rng_next(&rng) % 90), cols = 30 + (int)(cs_rng_next(&rng) % 300);
+                void *mem, *mem2;
+                cs_weight_t w = make_weight(rows, cols, dts[d], &mem), w2 = make_weight(rows / 2, cols, dts[d], &mem2);
+                float *x = randv((size_t)n * cols, 1.0f), *xr = malloc(sizeof(float) * n * cols);
+                float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+                float *y2 = malloc(sizeof(float) * n * rows), *yr2 = malloc(sizeof(float) * n * rows);
+                if (dts[d] == CS_DTYPE_BF16) cs_round_bf16_ref(xr, x, (size_t)n * cols);
+                else memcpy(xr, x, sizeof(float) * n * cols);
+                cpu_raw_matmul(be, y, x, n, &w, NULL);
+                cs_matmul_ref(yr, xr, n, &w, NULL);
+                float e = max_rel_err(y, yr, (size_t)n * rows);
+                const cs_weight_t *ws[2] = {&w, &w2};
+                float *ys[2] = {y, y2};
+                const float *bs[2] = {NULL, NULL};
+                cpu_raw_matmul_multi(be, ys, x, n, ws, bs, 2);
+                cs_matmul_ref(yr2, xr, n, &w2, NULL);
+                e = fmaxf(e, fmaxf(max_rel_err(y, yr, (size_t)n * rows), max_rel_err(y2, yr2, (size_t)n * (rows / 2))));
+                worst = fmaxf(worst, e);
+                ck_assert_msg(e < 2e-6f, "precision bf16 (%s) n=%d %dx%d %s: rel err %g", cpu_raw_path(be), n, rows,
+                              cols, cs_dtype_name(dts[d]), e);
+                free(mem); free(mem2); free(x); free(xr); free(y); free(yr); free(y2); free(yr2);
+            }
+        printf("precision bf16 %s: max rel err %.3g\n", cpu_raw_path(be), worst);
+        cpu_raw_free(be);
+    }
+    /* the rounding itself: the AVX-512 loop equals the plain one, ties to even included */
+    if (cs_cpu_has_avx512()) {
+        size_t count = 1000;
+        float *x = randv(count, 3.0f), *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
+        x[0] = cs_bf16_to_f32(0x3f81) + ldexpf(1, -8);   /* halfway (the ulp is 2^-7), odd below: rounds up */
+        x[1] = cs_bf16_to_f32(0x3f80) + ldexpf(1, -8);   /* halfway, even below: stays */
+        cs_round_bf16_avx512(a, x, count);
+        cs_round_bf16_ref(b, x, count);
+        ck_assert(!memcmp(a, b, count * sizeof(float)));
+        ck_assert_float_eq(a[0], cs_bf16_to_f32(0x3f82));
+        ck_assert_float_eq(a[1], cs_bf16_to_f32(0x3f80));
+        free(x); free(a); free(b);
+    }
+}
+END_TEST
+
 START_TEST(test_attention_vs_ref) {
     static const int cfg[][6] = {
         /* n, pos0, heads, kv heads, head_dim, window */
@@ -372,6 +470,8 @@ int main(void) {
     tcase_add_test(tc, test_matmul_vs_ref);
     tcase_add_test(tc, test_matmul_sweep);
     tcase_add_test(tc, test_gemm_bf16_amx);
+    tcase_add_test(tc, test_gemm_dpbf16);
+    tcase_add_test(tc, test_matmul_precision_bf16);
     tcase_add_test(tc, test_attention_vs_ref);
     tcase_add_test(tc, test_attention_ref_definition);
     tcase_add_test(tc, test_lora_vs_ref);

@@ -1,0 +1,227 @@
+/* gemm_dpbf16.c: y = x · Wᵀ for BF16 weights with AVX512-BF16's vdpbf16ps (AMD Zen 4 and
+ * later, Intel Cooper Lake and Sapphire Rapids): each of 16 F32 lanes adds two BF16
+ * products, 32 multiply-adds per instruction where an F32 FMA does 16. The F32 activations
+ * are split into `terms` BF16 parts (vnni.h): one term is x rounded to BF16 (--precision
+ * bf16), three are exact to the F32 rounding of x (1.5x the instructions of F32 FMAs on
+ * widened weights, so the exact default does not use it on these CPUs). Two shapes:
+ *
+ *   large n (prefill): each call packs its block of weight rows into VNNI tiles (vnni.h);
+ *     x is packed once per matmul in row tiles of DP_MR rows, pairs of one row adjacent;
+ *     a DP_MR × 32 register tile (24 accumulators) runs over all of K, broadcasting x's
+ *     pairs against two vectors of 16 weight rows' pairs.
+ *   small n (≤ CS_DP_SMALL_N, batched decode, memory-bound): Wᵀ runs the other way, x's
+ *     pairs in the lanes (16 rows of x per vector, VNNI order) and each weight row's pairs
+ *     broadcast straight from the row-major weights, DP_SR rows at once as separate
+ *     streams: the weights are read once, in place, with no packing.
+ *
+ * Products of BF16 values are exact in F32 and the sums are F32 (vdpbf16ps flushes
+ * denormal inputs and results to zero, as BF16 hardware does; x's lowest term is 2⁻¹⁶ of
+ * x, far above that range for any activation a model produces). The reference is
+ * cs_matmul_ref on x rounded to BF16 (one term) or on x itself (three). */
+#include <immintrin.h>
+#include <string.h>
+
+#include "cpu_kernels/kernels.h"
+#include "cpu_kernels/vnni.h"
+
+#define DPBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define INLINE static inline __attribute__((always_inline))
+
+#define DP_MR 12 /* x rows of the large kernel's register tile */
+#define DP_SR 8  /* weight rows (streams) of the small kernel */
+
+int cs_cpu_has_avx512_bf16(void) {
+    __builtin_cpu_init();
+    return cs_cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
+/* pairs per row of packed x (K padded to whole 32-column tiles, as the weight tiles are) */
+static int kpairs(int K) { return (K + 31) / 32 * 16; }
+
+size_t cs_dpbf16_xp_len(int n, int K, int terms) {
+    size_t kp = (size_t)kpairs(K);
+    if (n <= CS_DP_SMALL_N) return (size_t)(n + 15) / 16 * kp * (size_t)terms * 32; /* bf16 elements */
+    return (size_t)((n + DP_MR - 1) / DP_MR) * kp * DP_MR * (size_t)terms * 2;
+}
+
+size_t cs_dpbf16_wp_len(int n, int rows, int K) {
+    if (n <= CS_DP_SMALL_N) return 0;
+    return (size_t)(rows + 31) / 32 * 2 * (size_t)((K + 31) / 32) * VNNI_TILE_ELEMS;
+}
+
+/* Packed x, large n: row tiles of DP_MR rows; within one, for each pair p, the DP_MR rows'
+ * terms: uint32 at ((tile · KP + p) · DP_MR + m) · terms + t. Small n: groups of 16 rows;
+ * uint32 at ((t · G + g) · KP + p) · 16 + m for group g of G, row m of it. Rows past n and
+ * columns past K are zero. */
+DPBF16 void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, int r0, int r1) {
+    int kp_n = kpairs(K), kb_n = kp_n / 16;
+    uint32_t *xq = (uint32_t *)xp;
+    bool small = n <= CS_DP_SMALL_N;
+    int groups = (n + 15) / 16;
+    for (int m = r0; m < r1; m++)
+        for (int kb = 0; kb < kb_n; kb++) {
+            __m512i v[3];
+            if (m < n) {
+                const float *src = x + (size_t)m * K + kb * 32;
+                int left = K - kb * 32;
+                __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                vnni_split32(v, _mm512_maskz_loadu_ps(m0, src), _mm512_maskz_loadu_ps(m1, src + 16), terms);
+            } else {
+                for (int t = 0; t < terms; t++) v[t] = _mm512_setzero_si512();
+            }
+            for (int t = 0; t < terms; t++) {
+                uint32_t pairs[16] __attribute__((aligned(64)));
+                _mm512_store_si512(pairs, v[t]);
+                for (int p = 0; p < 16; p++) {
+                    size_t kp = (size_t)kb * 16 + p, at;
+                    if (small) at = (((size_t)t * groups + m / 16) * kp_n + kp) * 16 + m % 16;
+                    else at = (((size_t)(m / DP_MR) * kp_n + kp) * DP_MR + m % DP_MR) * terms + t;
+                    xq[at] = pairs[p];
+                }
+            }
+        }
+}
+
+DPBF16 INLINE __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+
+/* a pair of bf16 at any alignment */
+INLINE uint32_t pair_at(const uint16_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* the large kernel's register tile: rows [0, M) of an x tile against 32 weight rows (two
+ * 16-row groups w0, w1 of VNNI lines, one line per pair); y rows ldy apart, columns clipped
+ * to cols (≤ 32) */
+DPBF16 INLINE void tile_large(float *y, int ldy, const uint32_t *xt, const uint16_t *w0, const uint16_t *w1, int kp_n,
+                              const int M, const int T, int cols) {
+    __m512 acc[DP_MR][2];
+#pragma GCC unroll 12
+    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    for (int p = 0; p < kp_n; p++) {
+        __m512i b0 = _mm512_load_si512(w0 + (size_t)p * 32), b1 = _mm512_load_si512(w1 + (size_t)p * 32);
+        const uint32_t *xk = xt + (size_t)p * DP_MR * T;
+#pragma GCC unroll 12
+        for (int m = 0; m < M; m++)
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) {
+                __m512i a = _mm512_set1_epi32((int)xk[m * T + t]);
+                acc[m][0] = _mm512_dpbf16_ps(acc[m][0], as_bh(a), as_bh(b0));
+                acc[m][1] = _mm512_dpbf16_ps(acc[m][1], as_bh(a), as_bh(b1));
+            }
+    }
+    __mmask16 c0 = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
+    __mmask16 c1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+#pragma GCC unroll 12
+    for (int m = 0; m < M; m++) {
+        _mm512_mask_storeu_ps(y + (size_t)m * ldy, c0, acc[m][0]);
+        _mm512_mask_storeu_ps(y + (size_t)m * ldy + 16, c1, acc[m][1]);
+    }
+}
+
+#define LARGE_CASE(M, T) case M: tile_large(y, ldy, xt, w0, w1, kp_n, M, T, cols); break
+#define LARGE_ALL(T)                                                                                                 \
+    switch (m) {                                                                                                     \
+        LARGE_CASE(1, T); LARGE_CASE(2, T); LARGE_CASE(3, T); LARGE_CASE(4, T); LARGE_CASE(5, T); LARGE_CASE(6, T); \
+        LARGE_CASE(7, T); LARGE_CASE(8, T); LARGE_CASE(9, T); LARGE_CASE(10, T); LARGE_CASE(11, T);              \
+        default: LARGE_CASE(12, T);                                                                                \
+    }
+
+DPBF16 static void large_tile(float *y, int ldy, const uint32_t *xt, const uint16_t *w0, const uint16_t *w1, int kp_n,
+                              int m, int terms, int cols) {
+    if (terms == 1) { LARGE_ALL(1) }
+    else if (terms == 2) { LARGE_ALL(2) }
+    else { LARGE_ALL(3) }
+}
+
+/* the small kernel: R weight rows (pairs broadcast from the row-major weights at wr[r],
+ * uint32 per pair, kp_full whole pairs, then one half pair when K is odd) against G groups
+ * of 16 x rows; y[m][r] for m < n */
+DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups, int kp_n, const uint16_t *w, int K,
+                              const int R, const int G, const int T, int n) {
+    __m512 acc[DP_SR][2];
+    const uint16_t *wr[DP_SR];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) { acc[r][0] = acc[r][1] = _mm512_setzero_ps(); wr[r] = w + (size_t)r * K; }
+    int full = K / 2;
+    for (int p = 0; p < full; p++) {
+        __m512i xv[3][2];
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+            for (int g = 0; g < G; g++) xv[t][g] = _mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + p) * 16);
+        if ((p & 15) == 0)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(wr[r] + 2 * p) + 1024, _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512i a = _mm512_set1_epi32((int)pair_at(wr[r] + 2 * p));
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+                for (int g = 0; g < G; g++) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(a), as_bh(xv[t][g]));
+        }
+    }
+    if (K & 1) { /* the last column alone: its partner in x is zero, so pair it with 0 */
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512i a = _mm512_set1_epi32((int)(uint32_t)w[(size_t)r * K + K - 1]);
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+                for (int g = 0; g < G; g++)
+                    acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(a),
+                                                 as_bh(_mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + full) * 16)));
+        }
+    }
+    float tmp[16] __attribute__((aligned(64)));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++) {
+            _mm512_store_ps(tmp, acc[r][g]);
+            int mm = CS_MIN(16, n - g * 16);
+            for (int i = 0; i < mm; i++) y[(size_t)(g * 16 + i) * ldy + r] = tmp[i];
+        }
+}
+
+#define SMALL_CASE(R, G, T) case R: tile_small(y, ldy, xq, groups, kp_n, w, K, R, G, T, n); break
+#define SMALL_ALL(G, T)                                                                                      \
+    switch (rows) {                                                                                          \
+        SMALL_CASE(1, G, T); SMALL_CASE(2, G, T); SMALL_CASE(3, G, T); SMALL_CASE(4, G, T);                  \
+        SMALL_CASE(5, G, T); SMALL_CASE(6, G, T); SMALL_CASE(7, G, T); default: SMALL_CASE(8, G, T);        \
+    }
+
+DPBF16 static void small_rows(float *y, int ldy, const uint32_t *xq, int groups, int kp_n, const uint16_t *w, int K,
+                              int rows, int terms, int n) {
+    if (groups == 1) {
+        if (terms == 1) { SMALL_ALL(1, 1) } else if (terms == 2) { SMALL_ALL(1, 2) } else { SMALL_ALL(1, 3) }
+    } else {
+        if (terms == 1) { SMALL_ALL(2, 1) } else if (terms == 2) { SMALL_ALL(2, 2) } else { SMALL_ALL(2, 3) }
+    }
+}
+
+DPBF16 void cs_gemm_dpbf16(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0,
+                           int r1, uint16_t *wp) {
+    int K = w->cols, kp_n = kpairs(K);
+    if (n <= CS_DP_SMALL_N) {
+        int groups = (n + 15) / 16;
+        for (int r = r0; r < r1; r += DP_SR)
+            small_rows(y + r, ldy, (const uint32_t *)xp, groups, kp_n, (const uint16_t *)w->data + (size_t)r * K, K,
+                       CS_MIN(DP_SR, r1 - r), terms, n);
+        return;
+    }
+    int kb_n = kp_n / 16, nt = (r1 - r0 + 31) / 32 * 2;
+    vnni_pack_w(wp, w, r0, nt, 0, kb_n);
+    size_t group = (size_t)kb_n * VNNI_TILE_ELEMS; /* bf16 of one 16-row group's tiles */
+    const uint32_t *xq = (const uint32_t *)xp;
+    for (int j = 0; j < nt; j += 2) {
+        const uint16_t *w0 = wp + (size_t)j * group, *w1 = w0 + group;
+        int c = r0 + j * 16, cols = CS_MIN(32, r1 - c);
+        for (int m0 = 0; m0 < n; m0 += DP_MR)
+            large_tile(y + (size_t)m0 * ldy + c, ldy, xq + (size_t)(m0 / DP_MR) * kp_n * DP_MR * terms, w0, w1, kp_n,
+                       CS_MIN(DP_MR, n - m0), terms, cols);
+    }
+}
