@@ -16,12 +16,13 @@
 #
 #   bench/engine.sh
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/engine.sh
-# Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (2), CACHE, LLAMA_PY, DTYPE (bf16)
+# Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (2), CACHE, LLAMA_PY, DTYPE (bf16),
+#      PRECISION (exact; bf16 runs caraserve with --precision bf16)
 # From a llama.cpp you built yourself, LLAMA_CPP_DIR needs: build/bin/llama-bench,
 # build/bin/llama-batched-bench, convert_hf_to_gguf.py and gguf-py/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-2}
+GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-2} PRECISION=${PRECISION:-exact}
 . bench/common.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -63,7 +64,7 @@ for r in $(seq "$REPS"); do
     for c in $configs; do
         b=${c%%:*} a=${c##*:}
         st=$("$BUILD/caraserve" batch --model "$model" "${lora_args[@]}" --requests "$work/req-$b-$a.jsonl" \
-            --threads "$THREADS" --stats --max-num-seqs 64 --kv-cache-bytes 2G 2>&1 >/dev/null | grep '^{')
+            --precision "$PRECISION" --threads "$THREADS" --stats --max-num-seqs 64 --kv-cache-bytes 2G 2>&1 >/dev/null | grep '^{')
         echo "{\"kind\": \"decode\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
         echo "rep $r batch $b adapters $a: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
         if [ "$c" = "1:0" ] && [ -x "$BUILD/bench/membw" ]; then # the bandwidth right after batch 1, too
@@ -72,6 +73,7 @@ for r in $(seq "$REPS"); do
         fi
     done
     st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/prefill.jsonl" --threads "$THREADS" --stats \
+        --precision "$PRECISION" \
         --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
     echo "{\"kind\": \"prefill\", \"rep\": $r, \"stats\": $st}" >> "$results"
     if [ -n "$gguf" ]; then
@@ -88,9 +90,9 @@ for r in $(seq "$REPS"); do
 done
 
 out="bench/results/engine-$(date -u +%Y%m%dT%H%M%SZ).json"
-$PY - "$results" "$out" "$model" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" <<'PYEOF'
+$PY - "$results" "$out" "$model" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" "$PRECISION" <<'PYEOF'
 import json, os, statistics, subprocess, sys
-runs_path, out, model, threads, gen, prompt, dtype = sys.argv[1:8]
+runs_path, out, model, threads, gen, prompt, dtype, precision = sys.argv[1:9]
 runs = [json.loads(l) for l in open(runs_path)]
 med = statistics.median
 dec = {}
@@ -109,11 +111,11 @@ per_layer = h * h * 2 + h * kvd * 2 + 3 * h * inter
 wbytes = (L * per_layer + V * h) * (2 if dtype in ("bf16", "f16") else 4)
 bws = [r["out"]["read_gb_s_best"] for r in runs if r["kind"] == "membw" and "read_gb_s_best" in r.get("out", {})]
 res = {"benchmark": "engine", "model": f"llama ~200M ({h} hidden, {L} layers, inter {inter}, vocab {V}), {dtype.upper()}",
-       "threads": int(threads), "gen_tokens": int(gen), "adapter_rank": 16,
+       "threads": int(threads), "gen_tokens": int(gen), "adapter_rank": 16, "precision": precision,
        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
        "isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
                if f in next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])],
-       "kernel_path": kernels, "switches": {k: os.environ[k] for k in ("CS_NO_AVX512", "CS_NO_AMX") if k in os.environ},
+       "kernel_path": kernels, "switches": {k: os.environ[k] for k in ("CS_NO_AVX512", "CS_NO_AMX", "CS_NO_DPBF16", "CS_NO_PACKED") if k in os.environ},
        "decode_tok_s": {f"batch{b}_adapters{a}": {"runs": v, "median": med(v)} for (b, a), v in sorted(dec.items())},
        "prefill_tok_s": {"prompt": int(prompt), "runs": pre, "median": med(pre) if pre else None},
        "weight_bytes_per_token": wbytes}

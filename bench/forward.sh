@@ -8,8 +8,10 @@
 # whole time (llama-bench -pg 512,128), where decode attends to the prompt. The JSON names the
 # CPU, its ISA features and the kernel path caraserve chose; CS_NO_AVX512=1 (and CS_NO_AMX=1)
 # in the environment runs caraserve's AVX2 path on an AVX-512 CPU (llama.cpp keeps what it
-# was built for). Runs alternate between the two so machine noise hits both
-# alike; the JSON lands in bench/results/. Quiet the machine first: numbers from a busy one
+# was built for). Beside the exact default, each repetition also times the prefill with
+# `--precision bf16` (activations rounded to BF16, F32 sums: vdpbf16ps or AMX with one term).
+# Runs alternate between the two so machine noise hits both alike; the JSON lands in
+# bench/results/. Quiet the machine first: numbers from a busy one
 # are meaningless.
 #
 #   bench/forward.sh                       # caraserve only
@@ -30,7 +32,7 @@ if [ -n "$gguf" ]; then
     [ -x "$bench_bin" ] || { echo "forward.sh: $bench_bin not found (build llama.cpp first)" >&2; exit 1; }
 fi
 
-cs_runs=() ll_runs=() kernels=""
+cs_runs=() ll_runs=() bf_runs=() kernels="" kernels_bf16=""
 for r in $(seq "$REPS"); do
     line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens 1 \
         --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
@@ -45,6 +47,12 @@ for r in $(seq "$REPS"); do
         --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
     pg=$($PY -c "import re,sys; ms=[float(x) for x in re.findall(r'in ([0-9.]+) ms', sys.argv[1])]; print(round(($PROMPT + $GEN) / (ms[0] + ms[1]) * 1e3, 2))" "$line")
     cs_runs+=("$pp:$tg:$pg")
+    line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens 1 --precision bf16 \
+        --stats --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
+    bpp=$(sed -E 's/.*prefill [0-9]+ tokens in [0-9.]+ ms \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
+    kernels_bf16=$(sed -E 's/.*cpu \(([^ ]+) kernels.*/\1/' <<<"$line")
+    bf_runs+=("$bpp")
+    echo "caraserve rep $r: prefill with --precision bf16 $bpp tok/s" >&2
     echo "caraserve rep $r: prefill $pp tok/s, decode $tg tok/s, pp${PROMPT}+tg${GEN} $pg tok/s" >&2
     if [ -n "$gguf" ]; then
         js=$("$bench_bin" -m "$gguf" -p "$PROMPT" -n "$GEN" -pg "$PROMPT,$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null)
@@ -57,9 +65,10 @@ for r in $(seq "$REPS"); do
 done
 
 out="bench/results/forward-$(date -u +%Y%m%dT%H%M%SZ).json"
-$PY - "$out" "$PROMPT" "$GEN" "$THREADS" "$DTYPE" "${LLAMA_CPP_DIR:-}" "${cs_runs[*]}" "${ll_runs[*]:-}" "$kernels" <<'PYEOF'
+$PY - "$out" "$PROMPT" "$GEN" "$THREADS" "$DTYPE" "${LLAMA_CPP_DIR:-}" "${cs_runs[*]}" "${ll_runs[*]:-}" "$kernels" \
+    "${bf_runs[*]}" "$kernels_bf16" <<'PYEOF'
 import json, os, platform, statistics, subprocess, sys
-out, prompt, gen, threads, dtype, llama_dir, cs, ll, kernels = sys.argv[1:10]
+out, prompt, gen, threads, dtype, llama_dir, cs, ll, kernels, bf, kernels_bf16 = sys.argv[1:12]
 def parse(s):
     runs = [tuple(float(v) for v in r.split(":")) for r in s.split()] if s.strip() else []
     med = lambda k: statistics.median(r[k] for r in runs) if runs else None  # noqa: E731
@@ -72,23 +81,31 @@ res = {"benchmark": "forward", "model": "llama 200M (hidden 1024, 12 layers, 16 
        "cpu": cpu, "nproc": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
        "isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
                if f in next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])],
-       "kernel_path": kernels, "switches": {k: os.environ[k] for k in ("CS_NO_AVX512", "CS_NO_AMX") if k in os.environ},
+       "kernel_path": kernels, "switches": {k: os.environ[k] for k in ("CS_NO_AVX512", "CS_NO_AMX", "CS_NO_DPBF16", "CS_NO_PACKED") if k in os.environ},
        "caraserve": parse(cs)}
+bfr = [float(v) for v in bf.split()]
+res["caraserve_precision_bf16"] = {"kernel_path": kernels_bf16, "prefill_tok_s": bfr,
+                                   "prefill_median": statistics.median(bfr) if bfr else None}
 if llama_dir:
     res["llama_cpp"] = dict(parse(ll), weights="F16", dir=llama_dir)
     res["ratio_prefill"] = res["caraserve"]["prefill_median"] / res["llama_cpp"]["prefill_median"]
     res["ratio_decode"] = res["caraserve"]["decode_median"] / res["llama_cpp"]["decode_median"]
     res["ratio_prompt_then_gen"] = res["caraserve"]["prompt_then_gen_median"] / res["llama_cpp"]["prompt_then_gen_median"]
+    if bfr:
+        res["ratio_prefill_bf16"] = res["caraserve_precision_bf16"]["prefill_median"] / res["llama_cpp"]["prefill_median"]
 json.dump(res, open(out, "w"), indent=2)
 c = res["caraserve"]
 print(f"cpu: {cpu} ({', '.join(res['isa'])}), kernels {kernels}")
 print(f"caraserve ({dtype}, {threads} threads): prefill {c['prefill_median']:.1f} tok/s, decode {c['decode_median']:.2f} tok/s, "
       f"prompt+gen {c['prompt_then_gen_median']:.2f} tok/s")
+if bfr:
+    print(f"caraserve --precision bf16 ({kernels_bf16}): prefill {res['caraserve_precision_bf16']['prefill_median']:.1f} tok/s")
 if llama_dir:
     l = res["llama_cpp"]
     print(f"llama.cpp (F16, {threads} threads):  prefill {l['prefill_median']:.1f} tok/s, decode {l['decode_median']:.2f} tok/s, "
           f"prompt+gen {l['prompt_then_gen_median']:.2f} tok/s")
     print(f"ratio caraserve/llama.cpp: prefill {res['ratio_prefill']:.2f}x, decode {res['ratio_decode']:.2f}x, "
-          f"prompt+gen {res['ratio_prompt_then_gen']:.2f}x")
+          f"prompt+gen {res['ratio_prompt_then_gen']:.2f}x" +
+          (f", prefill with --precision bf16 {res['ratio_prefill_bf16']:.2f}x" if bfr else ""))
 print(f"wrote {out}")
 PYEOF

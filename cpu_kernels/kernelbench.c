@@ -119,6 +119,8 @@ int main(int argc, char **argv) {
     struct { const char *name; cpu_backend_params_t p; } variants[] = {
         {"default", {.n_threads = threads}},
         {"no_tile", {.n_threads = threads, .no_tile = true}},
+        {"no_packed", {.n_threads = threads, .no_packed = true}},
+        {"bf16", {.n_threads = threads, .precision_bf16 = true}},
         {"no_avx512", {.n_threads = threads, .no_avx512 = true}},
         {"invariant", {.n_threads = threads, .batch_invariant = true}},
     };

@@ -40,6 +40,15 @@ void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weig
  * fixed sequence of operations (16-lane FMAs over the columns in order, the tail masked,
  * one horizontal sum), so it is bit-identical whatever n, i's place or [r0, r1). */
 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+/* y[i, r] for i < n, r in [r0, r1), many rows of x (prefill): x packed by
+ * cs_gemm_packed_pack_x (tiles [t0, t1) of 12 rows, zero past n) into xp
+ * (cs_gemm_packed_xp_len floats), w's rows widened into F32 panels in wp
+ * (cs_gemm_packed_wp_len(r1 - r0, cols) floats, 64-byte aligned), then a 12 × 32 FMA register
+ * tile over all of K; any weight dtype */
+size_t cs_gemm_packed_xp_len(int n, int K);
+size_t cs_gemm_packed_wp_len(int rows, int K);
+void cs_gemm_packed_pack_x(float *xp, const float *x, int n, int K, int t0, int t1);
+void cs_gemm_packed_avx512(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1, float *wp);
 /* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 /* x rounded to BF16 (nearest even) and back to F32, count floats: the input of every matmul
  * against BF16 weights under --precision bf16. The plain loop is cs_round_bf16_ref. */

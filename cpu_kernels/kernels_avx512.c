@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/vnni.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -250,6 +251,100 @@ AVX512 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, c
     case CS_DTYPE_BF16: gemm_invariant_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_BF16); break;
     case CS_DTYPE_F16: gemm_invariant_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_F16); break;
     default: gemm_invariant_impl(y, ldy, x, n, w->data, w->cols, r0, r1, CS_DTYPE_F32); break;
+    }
+}
+
+/* ---- packed GEMM (prefill) ----
+ * y = x · Wᵀ in F32 FMAs for many rows of x: the task's weight rows are widened once into
+ * panels of 32 rows, k-major (panel[k][0..32), 128 bytes per k, zero past the last row), then
+ * a 12 × 32 register tile (24 accumulators) runs over all of K for each 12 rows of x,
+ * broadcasting x from its packed copy (12 rows interleaved: xp[tile][k][12], packed once
+ * per matmul) and loading two vectors of the panel per k. Every
+ * y[i, r] is one F32 FMA chain over k in order (as a BLAS microkernel computes it). */
+#define PK_MR 12
+#define PK_NR 32
+
+size_t cs_gemm_packed_wp_len(int rows, int K) { return (size_t)(rows + PK_NR - 1) / PK_NR * PK_NR * (size_t)K; }
+size_t cs_gemm_packed_xp_len(int n, int K) { return (size_t)(n + PK_MR - 1) / PK_MR * PK_MR * (size_t)K; }
+
+void cs_gemm_packed_pack_x(float *xp, const float *x, int n, int K, int t0, int t1) {
+    for (int t = t0; t < t1; t++) {
+        float *dst = xp + (size_t)t * PK_MR * K;
+        for (int m = 0; m < PK_MR; m++) {
+            int row = t * PK_MR + m;
+            if (row >= n) {
+                for (int k = 0; k < K; k++) dst[(size_t)k * PK_MR + m] = 0;
+                continue;
+            }
+            const float *src = x + (size_t)row * K;
+            for (int k = 0; k < K; k++) dst[(size_t)k * PK_MR + m] = src[k];
+        }
+    }
+}
+
+AVX512 INLINE void pack_panel(float *dst, const void *w, int cols, int r0, int nrows, cs_dtype dt) {
+    /* 16 rows × 16 columns at a time, transposed in registers */
+    for (int h = 0; h < 2; h++) {
+        int rb = h * 16, valid = nrows - rb;
+        if (valid > 16) valid = 16;
+        for (int c = 0; c < cols; c += 16) {
+            int cc = cols - c < 16 ? cols - c : 16;
+            __mmask16 m = (__mmask16)((1u << cc) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < valid ? _mm512_castps_si512(load16_masked(w, (size_t)(r0 + rb + i) * cols + c, m, dt))
+                                 : _mm512_setzero_si512();
+            vnni_transpose16(r);
+            for (int k = 0; k < cc; k++) _mm512_store_si512(dst + (size_t)(c + k) * PK_NR + rb, r[k]);
+        }
+    }
+}
+
+AVX512 INLINE void packed_tile(float *y, int ldy, const float *xt, int K, const float *panel, const int M, int cols) {
+    __m512 acc[PK_MR][2];
+#pragma GCC unroll 12
+    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 b0 = _mm512_load_ps(panel + (size_t)k * PK_NR), b1 = _mm512_load_ps(panel + (size_t)k * PK_NR + 16);
+#pragma GCC unroll 12
+        for (int m = 0; m < M; m++) {
+            __m512 a = _mm512_set1_ps(xt[(size_t)k * PK_MR + m]);
+            acc[m][0] = _mm512_fmadd_ps(a, b0, acc[m][0]);
+            acc[m][1] = _mm512_fmadd_ps(a, b1, acc[m][1]);
+        }
+    }
+    __mmask16 c0 = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
+    __mmask16 c1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+#pragma GCC unroll 12
+    for (int m = 0; m < M; m++) {
+        _mm512_mask_storeu_ps(y + (size_t)m * ldy, c0, acc[m][0]);
+        _mm512_mask_storeu_ps(y + (size_t)m * ldy + 16, c1, acc[m][1]);
+    }
+}
+
+#define PK_CASE(M) case M: packed_tile(y, ldy, xt, K, panel, M, cols); break
+
+AVX512 static void packed_rows(float *y, int ldy, const float *xt, int K, const float *panel, int m, int cols) {
+    switch (m) {
+        PK_CASE(1); PK_CASE(2); PK_CASE(3); PK_CASE(4); PK_CASE(5); PK_CASE(6);
+        PK_CASE(7); PK_CASE(8); PK_CASE(9); PK_CASE(10); PK_CASE(11);
+        default: PK_CASE(12);
+    }
+}
+
+AVX512 void cs_gemm_packed_avx512(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1,
+                                  float *wp) {
+    int K = w->cols;
+    for (int c = r0; c < r1; c += PK_NR) {
+        int cols = r1 - c < PK_NR ? r1 - c : PK_NR;
+        float *panel = wp + (size_t)(c - r0) * K;
+        switch (w->dtype) {
+        case CS_DTYPE_BF16: pack_panel(panel, w->data, K, c, cols, CS_DTYPE_BF16); break;
+        case CS_DTYPE_F16: pack_panel(panel, w->data, K, c, cols, CS_DTYPE_F16); break;
+        default: pack_panel(panel, w->data, K, c, cols, CS_DTYPE_F32); break;
+        }
+        for (int m0 = 0; m0 < n; m0 += PK_MR)
+            packed_rows(y + (size_t)m0 * ldy + c, ldy, xp + (size_t)m0 * K, K, panel, n - m0 < PK_MR ? n - m0 : PK_MR, cols);
     }
 }
 
