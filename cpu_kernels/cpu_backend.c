@@ -24,7 +24,7 @@
                                * the GEMV/sgemm there (F32, F16, BF16 without AMX; 2 threads) */
 #define AMX_MIN_N 2           /* BF16 weights: from this many rows on, the AMX GEMM */
 #define SLAB_BYTES (8u << 20) /* widened weight rows per GEMM task, per thread */
-#define PACKED_ROWS 32        /* weight rows per task of the AVX-512 packed GEMM */
+#define PACKED_ROWS 32        /* weight rows per task of the packed GEMM (AVX-512, AVX2) */
 #define ATTN_QBLOCK 64        /* queries per attention GEMM task */
 
 typedef void (*cs_rows_fn)(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
@@ -50,7 +50,7 @@ typedef struct cpu_ctx {
     size_t lora_wide_len; /* floats */
     bool avx2;            /* AVX2 + FMA: the LoRA kernels' 8-lane path */
     bool dpbf16;          /* AVX512-BF16 GEMMs usable (cs_cpu_has_avx512_bf16) */
-    bool packed;          /* large n on AVX-512: cs_gemm_packed_avx512, not OpenBLAS */
+    bool packed;          /* large n: cs_gemm_packed_avx512/avx2, not OpenBLAS */
     bool prec_bf16;       /* --precision bf16: x rounded to BF16 before matmuls against BF16 weights */
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
@@ -126,17 +126,22 @@ static void mm_gemm_task(void *p, int task, int thread) {
                 0.0f, j->y + r0, w->rows);
 }
 
+static int packed_mr(const cpu_ctx_t *c) { return c->avx512 ? CS_PACKED_MR : CS_PACKED_MR_AVX2; }
+
 static void mm_packed_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    cs_gemm_packed_avx512(j->y, j->w->rows, (const float *)j->c->xpack, j->n, j->w, r0, r1, j->c->scratch[thread]);
+    if (j->c->avx512)
+        cs_gemm_packed_avx512(j->y, j->w->rows, (const float *)j->c->xpack, j->n, j->w, r0, r1, j->c->scratch[thread]);
+    else
+        cs_gemm_packed_avx2(j->y, j->w->rows, (const float *)j->c->xpack, j->n, j->w, r0, r1, j->c->scratch[thread]);
 }
 
 static void mm_packed_x_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     (void)thread;
-    int tiles = (j->n + 11) / 12, t0 = task * j->tiles_per_task;
-    cs_gemm_packed_pack_x((float *)j->c->xpack, j->x, j->n, j->w->cols, t0, CS_MIN(tiles, t0 + j->tiles_per_task));
+    int mr = packed_mr(j->c), tiles = (j->n + mr - 1) / mr, t0 = task * j->tiles_per_task;
+    cs_gemm_packed_pack_x((float *)j->c->xpack, j->x, j->n, j->w->cols, mr, t0, CS_MIN(tiles, t0 + j->tiles_per_task));
 }
 
 static void mm_pack_x_task(void *p, int task, int thread) {
@@ -266,8 +271,8 @@ static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_w
         j.rows_per_task = (j.rows_per_task + 3) & ~3;
         threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_gemv_task, &j);
     } else if (c->packed) {
-        int tiles = (n + 11) / 12;
-        xpack_reserve(c, 2 * cs_gemm_packed_xp_len(n, w->cols)); /* in bf16 units */
+        int tiles = (n + packed_mr(c) - 1) / packed_mr(c);
+        xpack_reserve(c, 2 * cs_gemm_packed_xp_len(n, w->cols, packed_mr(c))); /* in bf16 units */
         j.tiles_per_task = (tiles + c->n_threads - 1) / c->n_threads;
         threadpool_run(c->pool, (tiles + j.tiles_per_task - 1) / j.tiles_per_task, mm_packed_x_task, &j);
         j.rows_per_task = PACKED_ROWS;
@@ -970,7 +975,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->amx = c->avx512 && !(p && p->no_amx) && cs_cpu_has_amx_bf16();
     c->dpbf16 = c->avx512 && !(p && p->no_dpbf16) && cs_cpu_has_avx512_bf16();
     c->prec_bf16 = p && p->precision_bf16;
-    c->packed = c->avx512 && !(p && p->no_packed);
+    c->packed = (c->avx512 || c->avx2) && !(p && p->no_packed);
     const char *base = c->reference ? "reference"
                        : c->invariant ? (c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas")
                        : c->amx       ? "amx"

@@ -21,8 +21,8 @@ typedef struct cpu_backend_params {
     bool no_tile;       /* 2-32 rows of a non-AMX matmul to the GEMV/sgemm, not the dot tiles */
     int amx_terms;      /* BF16 terms of the activations in AMX GEMMs: 3 (default, exact) or 2 */
     bool no_dpbf16;     /* no AVX512-BF16 GEMMs (CS_NO_DPBF16): --precision bf16 on F32 FMAs */
-    bool no_packed;     /* prefill GEMMs on AVX-512 through OpenBLAS sgemm (CS_NO_PACKED), not the
-                         * packed FMA kernel */
+    bool no_packed;     /* prefill GEMMs through OpenBLAS sgemm (CS_NO_PACKED), not the packed FMA
+                         * kernels (AVX-512, AVX2) */
     /* --precision bf16: every matmul against BF16 weights takes x rounded to BF16 (round to
      * nearest even), products exact and sums F32, as PyTorch and vLLM run a BF16 model's
      * GEMMs; on AMX and AVX512-BF16 CPUs that is one BF16 term where the exact default needs

@@ -41,13 +41,14 @@ void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weig
  * one horizontal sum), so it is bit-identical whatever n, i's place or [r0, r1). */
 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 /* y[i, r] for i < n, r in [r0, r1), many rows of x (prefill): x packed by
- * cs_gemm_packed_pack_x (tiles [t0, t1) of 12 rows, zero past n) into xp
+ * cs_gemm_packed_pack_x (tiles [t0, t1) of CS_PACKED_MR rows, zero past n) into xp
  * (cs_gemm_packed_xp_len floats), w's rows widened into F32 panels in wp
  * (cs_gemm_packed_wp_len(r1 - r0, cols) floats, 64-byte aligned), then a 12 × 32 FMA register
  * tile over all of K; any weight dtype */
-size_t cs_gemm_packed_xp_len(int n, int K);
+#define CS_PACKED_MR 12
+size_t cs_gemm_packed_xp_len(int n, int K, int mr);
 size_t cs_gemm_packed_wp_len(int rows, int K);
-void cs_gemm_packed_pack_x(float *xp, const float *x, int n, int K, int t0, int t1);
+void cs_gemm_packed_pack_x(float *xp, const float *x, int n, int K, int mr, int t0, int t1);
 void cs_gemm_packed_avx512(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1, float *wp);
 /* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 /* x rounded to BF16 (nearest even) and back to F32, count floats: the input of every matmul
@@ -60,6 +61,10 @@ void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
 void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 void cs_convert_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
+/* cs_gemm_packed_avx512's contract in 8 lanes: x in tiles of CS_PACKED_MR_AVX2 rows, a 6 × 16
+ * register tile, panels of 16 weight rows (wp: cs_gemm_packed_wp_len floats) */
+#define CS_PACKED_MR_AVX2 6
+void cs_gemm_packed_avx2(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1, float *wp);
 void cs_softmax_avx2(float *x, int n);
 void cs_silu_mul_avx2(float *gate, const float *up, size_t n);
 /* one (query, head) of paged attention: scores over keys [first, last] into s, softmax,

@@ -221,6 +221,87 @@ AVX2 void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_w
 }
 
 /* ---- widening for the sgemm path ---- */
+/* ---- packed GEMM (prefill): kernels_avx512.c's in 8 lanes: panels of 16 weight rows
+ * (panel[k][0..16), widened once per task), x in tiles of 6 rows (xp[tile][k][6]), a 6 × 16
+ * register tile (12 accumulators, two weight vectors, one broadcast) over all of K ---- */
+#define P2_MR CS_PACKED_MR_AVX2
+#define P2_NR 16
+
+AVX2 INLINE void packed2_tile(float *y, int ldy, const float *xt, int K, const float *panel, const int M, int cols) {
+    __m256 acc[P2_MR][2];
+#pragma GCC unroll 6
+    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m256 b0 = _mm256_load_ps(panel + (size_t)k * P2_NR), b1 = _mm256_load_ps(panel + (size_t)k * P2_NR + 8);
+#pragma GCC unroll 6
+        for (int m = 0; m < M; m++) {
+            __m256 a = _mm256_broadcast_ss(xt + (size_t)k * P2_MR + m);
+            acc[m][0] = _mm256_fmadd_ps(a, b0, acc[m][0]);
+            acc[m][1] = _mm256_fmadd_ps(a, b1, acc[m][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int m = 0; m < M; m++) {
+        float *yr = y + (size_t)m * ldy;
+        if (cols == P2_NR) {
+            _mm256_storeu_ps(yr, acc[m][0]);
+            _mm256_storeu_ps(yr + 8, acc[m][1]);
+        } else {
+            float t[P2_NR];
+            _mm256_storeu_ps(t, acc[m][0]);
+            _mm256_storeu_ps(t + 8, acc[m][1]);
+            memcpy(yr, t, sizeof(float) * (size_t)cols);
+        }
+    }
+}
+
+/* rows [r0, r0 + cols) widened and laid down the panel, 8 columns at a time; zero past cols */
+AVX2 INLINE void packed2_panel(float *panel, const void *w, int K, int r0, int cols, cs_dtype dt) {
+    for (int i = 0; i < P2_NR; i++) {
+        if (i >= cols) {
+            for (int k = 0; k < K; k++) panel[(size_t)k * P2_NR + i] = 0;
+            continue;
+        }
+        size_t base = (size_t)(r0 + i) * K;
+        int k = 0;
+        for (; k + 8 <= K; k += 8) {
+            float t[8];
+            _mm256_storeu_ps(t, load8(w, base + k, dt));
+            for (int j = 0; j < 8; j++) panel[(size_t)(k + j) * P2_NR + i] = t[j];
+        }
+        if (k < K) {
+            float t[8];
+            _mm256_storeu_ps(t, load8_tail(w, base + k, K - k, dt));
+            for (int j = 0; j < K - k; j++) panel[(size_t)(k + j) * P2_NR + i] = t[j];
+        }
+    }
+}
+
+#define P2_CASE(M) case M: packed2_tile(y, ldy, xt, K, panel, M, cols); break
+
+AVX2 static void packed2_rows(float *y, int ldy, const float *xt, int K, const float *panel, int m, int cols) {
+    switch (m) {
+        P2_CASE(1); P2_CASE(2); P2_CASE(3); P2_CASE(4); P2_CASE(5);
+        default: P2_CASE(6);
+    }
+}
+
+AVX2 void cs_gemm_packed_avx2(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1, float *wp) {
+    int K = w->cols;
+    for (int c = r0; c < r1; c += P2_NR) {
+        int cols = r1 - c < P2_NR ? r1 - c : P2_NR;
+        float *panel = wp + (size_t)(c - r0) * K;
+        switch (w->dtype) {
+        case CS_DTYPE_BF16: packed2_panel(panel, w->data, K, c, cols, CS_DTYPE_BF16); break;
+        case CS_DTYPE_F16: packed2_panel(panel, w->data, K, c, cols, CS_DTYPE_F16); break;
+        default: packed2_panel(panel, w->data, K, c, cols, CS_DTYPE_F32); break;
+        }
+        for (int m0 = 0; m0 < n; m0 += P2_MR)
+            packed2_rows(y + (size_t)m0 * ldy + c, ldy, xp + (size_t)m0 * K, K, panel, n - m0 < P2_MR ? n - m0 : P2_MR,
+                         cols);
+    }
+}
+
 AVX2 INLINE void convert_impl(float *dst, const void *w, size_t i0, size_t count, cs_dtype dt) {
     size_t c = 0;
     for (; c + 16 <= count; c += 16) {

@@ -265,19 +265,19 @@ AVX512 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, c
 #define PK_NR 32
 
 size_t cs_gemm_packed_wp_len(int rows, int K) { return (size_t)(rows + PK_NR - 1) / PK_NR * PK_NR * (size_t)K; }
-size_t cs_gemm_packed_xp_len(int n, int K) { return (size_t)(n + PK_MR - 1) / PK_MR * PK_MR * (size_t)K; }
+size_t cs_gemm_packed_xp_len(int n, int K, int mr) { return (size_t)(n + mr - 1) / mr * mr * (size_t)K; }
 
-void cs_gemm_packed_pack_x(float *xp, const float *x, int n, int K, int t0, int t1) {
+void cs_gemm_packed_pack_x(float *xp, const float *x, int n, int K, int mr, int t0, int t1) {
     for (int t = t0; t < t1; t++) {
-        float *dst = xp + (size_t)t * PK_MR * K;
-        for (int m = 0; m < PK_MR; m++) {
-            int row = t * PK_MR + m;
+        float *dst = xp + (size_t)t * mr * K;
+        for (int m = 0; m < mr; m++) {
+            int row = t * mr + m;
             if (row >= n) {
-                for (int k = 0; k < K; k++) dst[(size_t)k * PK_MR + m] = 0;
+                for (int k = 0; k < K; k++) dst[(size_t)k * mr + m] = 0;
                 continue;
             }
             const float *src = x + (size_t)row * K;
-            for (int k = 0; k < K; k++) dst[(size_t)k * PK_MR + m] = src[k];
+            for (int k = 0; k < K; k++) dst[(size_t)k * mr + m] = src[k];
         }
     }
 }

@@ -83,30 +83,35 @@ END_TEST
 START_TEST(test_matmul_sweep) {
     static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
     static const int dims[] = {1, 5, 16, 31, 32, 33, 48, 64, 67, 100, 128, 131};
-    float worst[3][2] = {{0}};  /* [dtype][n <= CS_AMX_SMALL_N, n > CS_AMX_SMALL_N] */
-    cpu_raw_t *be = be_for(3);
-    for (int n = 1; n <= 70; n++)
-        for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++) {
-            int rows = dims[cs_rng_next(&rng) % CS_ARRAY_LEN(dims)] + (int)(cs_rng_next(&rng) % 3);
-            int cols = dims[cs_rng_next(&rng) % CS_ARRAY_LEN(dims)] + (int)(cs_rng_next(&rng) % 40);
-            void *mem;
-            cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
-            float *x = randv((size_t)n * cols, 1.0f), *bias = n % 2 ? randv((size_t)rows, 0.1f) : NULL;
-            float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
-            cpu_raw_matmul(be, y, x, n, &w, bias);
-            cs_matmul_ref(yr, x, n, &w, bias);
-            float e = max_rel_err(y, yr, (size_t)n * rows);
-            bool big = n > CS_AMX_SMALL_N;
-            worst[d][big] = fmaxf(worst[d][big], e);
-            /* BF16 with two terms of x (CS_AMX_TERMS=2): ~2^-17 relative per element, 3e-6 seen */
-            ck_assert_msg(e < (dts[d] == CS_DTYPE_BF16 && big && getenv("CS_AMX_TERMS") ? 5e-6f : 2e-6f), "matmul n=%d %dx%d %s: rel err %g", n,
-                          rows, cols, cs_dtype_name(dts[d]), e);
-            free(mem); free(x); free(bias); free(y); free(yr);
-        }
-    for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++)
-        printf("matmul sweep %s: max rel err %.3g (n <= %d), %.3g (n > %d)\n", cs_dtype_name(dts[d]), worst[d][0],
-               CS_AMX_SMALL_N, worst[d][1], CS_AMX_SMALL_N);
-    cpu_raw_free(be);
+    /* the kernels this CPU has, the AVX2 ones (packed GEMM in 8 lanes), OpenBLAS for prefill */
+    static const cpu_backend_params_t variants[] = {{.n_threads = 3}, {.n_threads = 3, .no_avx512 = true},
+                                                    {.n_threads = 3, .no_packed = true}};
+    for (size_t v = 0; v < CS_ARRAY_LEN(variants); v++) {
+        float worst[3][2] = {{0}};  /* [dtype][n <= CS_AMX_SMALL_N, n > CS_AMX_SMALL_N] */
+        cpu_raw_t *be = cpu_raw_new(&variants[v]);
+        for (int n = 1; n <= 70; n++)
+            for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++) {
+                int rows = dims[cs_rng_next(&rng) % CS_ARRAY_LEN(dims)] + (int)(cs_rng_next(&rng) % 3);
+                int cols = dims[cs_rng_next(&rng) % CS_ARRAY_LEN(dims)] + (int)(cs_rng_next(&rng) % 40);
+                void *mem;
+                cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
+                float *x = randv((size_t)n * cols, 1.0f), *bias = n % 2 ? randv((size_t)rows, 0.1f) : NULL;
+                float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+                cpu_raw_matmul(be, y, x, n, &w, bias);
+                cs_matmul_ref(yr, x, n, &w, bias);
+                float e = max_rel_err(y, yr, (size_t)n * rows);
+                bool big = n > CS_AMX_SMALL_N;
+                worst[d][big] = fmaxf(worst[d][big], e);
+                /* BF16 with two terms of x (CS_AMX_TERMS=2): ~2^-17 relative per element, 3e-6 seen */
+                ck_assert_msg(e < (dts[d] == CS_DTYPE_BF16 && big && getenv("CS_AMX_TERMS") ? 5e-6f : 2e-6f), "matmul n=%d %dx%d %s: rel err %g", n,
+                              rows, cols, cs_dtype_name(dts[d]), e);
+                free(mem); free(x); free(bias); free(y); free(yr);
+            }
+        for (size_t d = 0; d < CS_ARRAY_LEN(dts); d++)
+            printf("matmul sweep %s %s: max rel err %.3g (n <= %d), %.3g (n > %d)\n", cpu_raw_path(be), cs_dtype_name(dts[d]),
+                   worst[d][0], CS_AMX_SMALL_N, worst[d][1], CS_AMX_SMALL_N);
+        cpu_raw_free(be);
+    }
 }
 END_TEST
 
