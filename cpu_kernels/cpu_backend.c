@@ -595,27 +595,50 @@ struct pattn_job {
 };
 
 /* scores s[t - first] = scale · q·k_t and out = Σ p_t v_t over the keys [first, last] of a
- * paged sequence, with q and the output accumulator held in NV registers (head_dim 16·NV) */
+ * paged sequence, with q and the output accumulator held in NV registers (head_dim 16·NV).
+ * Four keys' dot products run side by side (one FMA chain each would wait on the last), and
+ * the value pass keeps two accumulator sets, even and odd keys, added at the end. */
 __attribute__((target("avx512f"))) static inline void pattn_head_nv(float *oh, float *s, const float *qh, const float *k,
                                                                    const float *v, const int32_t *blocks, int bs,
                                                                    int first, int last, size_t kv_dim, size_t off,
                                                                    float scale, const int NV) {
-    __m512 q[8], acc[8];
+    __m512 q[8], acc[2][8];
     for (int c = 0; c < NV; c++) q[c] = _mm512_loadu_ps(qh + 16 * c);
-    for (int t = first; t <= last; t++) {
+    int t = first;
+    for (; t + 4 <= last + 1; t += 4) {
+        const float *kr[4];
+        __m512 d[4];
+        for (int u = 0; u < 4; u++) {
+            kr[u] = k + cs_paged_row(blocks, bs, t + u) * kv_dim + off;
+            d[u] = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr[u]));
+            if (t + u + 8 <= last) { /* the key rows two steps on (scattered rows: no hardware prefetch) */
+                const char *nx = (const char *)(k + cs_paged_row(blocks, bs, t + u + 8) * kv_dim + off);
+                for (int c = 0; c < NV; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+            }
+        }
+        for (int c = 1; c < NV; c++)
+            for (int u = 0; u < 4; u++) d[u] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr[u] + 16 * c), d[u]);
+        for (int u = 0; u < 4; u++) s[t + u - first] = _mm512_reduce_add_ps(d[u]) * scale;
+    }
+    for (; t <= last; t++) {
         const float *kr = k + cs_paged_row(blocks, bs, t) * kv_dim + off;
         __m512 d = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr));
         for (int c = 1; c < NV; c++) d = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr + 16 * c), d);
         s[t - first] = _mm512_reduce_add_ps(d) * scale;
     }
     softmax_avx512(s, last - first + 1);
-    for (int c = 0; c < NV; c++) acc[c] = _mm512_setzero_ps();
-    for (int t = first; t <= last; t++) {
+    for (int c = 0; c < NV; c++) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
+    for (t = first; t <= last; t++) {
         const float *vr = v + cs_paged_row(blocks, bs, t) * kv_dim + off;
+        if (t + 4 <= last) {
+            const char *nx = (const char *)(v + cs_paged_row(blocks, bs, t + 4) * kv_dim + off);
+            for (int c = 0; c < NV; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+        }
         __m512 w = _mm512_set1_ps(s[t - first]);
-        for (int c = 0; c < NV; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+        int e = (t - first) & 1;
+        for (int c = 0; c < NV; c++) acc[e][c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * c), acc[e][c]);
     }
-    for (int c = 0; c < NV; c++) _mm512_storeu_ps(oh + 16 * c, acc[c]);
+    for (int c = 0; c < NV; c++) _mm512_storeu_ps(oh + 16 * c, _mm512_add_ps(acc[0][c], acc[1][c]));
 }
 
 /* one task per (sequence, query, head) */
