@@ -29,6 +29,9 @@
 
 #define DP_MR 12 /* x rows of the large kernel's register tile */
 #define DP_SR 8  /* weight rows (streams) of the small kernel */
+#ifndef DP_KC
+#define DP_KC 64 /* pairs of K per pass of the small kernel (x: 4 KiB a group of 16 rows) */
+#endif
 
 int cs_cpu_has_avx512_bf16(void) {
     __builtin_cpu_init();
@@ -45,7 +48,7 @@ size_t cs_dpbf16_xp_len(int n, int K, int terms) {
 }
 
 size_t cs_dpbf16_wp_len(int n, int rows, int K) {
-    if (n <= CS_DP_SMALL_N) return 0;
+    if (n <= CS_DP_SMALL_N) return (size_t)(rows + DP_SR - 1) / DP_SR * DP_SR * 2 * 16 * 2; /* F32 partial sums */
     return (size_t)(rows + 31) / 32 * 2 * (size_t)((K + 31) / 32) * VNNI_TILE_ELEMS;
 }
 
@@ -140,13 +143,17 @@ DPBF16 static void large_tile(float *y, int ldy, const uint32_t *xt, const uint1
  * uint32 per pair, kp_full whole pairs, then one half pair when K is odd) against G groups
  * of 16 x rows; y[m][r] for m < n */
 DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups, int kp_n, const uint16_t *w, int K,
-                              const int R, const int G, const int T, int n) {
+                              const int R, const int G, const int T, int n, int p0, int p1, float *sums) {
     __m512 acc[DP_SR][2];
     const uint16_t *wr[DP_SR];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) { acc[r][0] = acc[r][1] = _mm512_setzero_ps(); wr[r] = w + (size_t)r * K; }
     int full = K / 2;
-    for (int p = 0; p < full; p++) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        wr[r] = w + (size_t)r * K;
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++) acc[r][g] = p0 ? _mm512_load_ps(sums + (r * 2 + g) * 16) : _mm512_setzero_ps();
+    }
+    for (int p = p0; p < p1; p++) {
         __m512i xv[3][2];
 #pragma GCC unroll 3
         for (int t = 0; t < T; t++)
@@ -163,6 +170,13 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
 #pragma GCC unroll 2
                 for (int g = 0; g < G; g++) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(a), as_bh(xv[t][g]));
         }
+    }
+    if (p1 < full) { /* more chunks to come */
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int g = 0; g < G; g++) _mm512_store_ps(sums + (r * 2 + g) * 16, acc[r][g]);
+        return;
     }
     if (K & 1) { /* the last column alone: its partner in x is zero, so pair it with 0 */
 #pragma GCC unroll 8
@@ -187,7 +201,7 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
         }
 }
 
-#define SMALL_CASE(R, G, T) case R: tile_small(y, ldy, xq, groups, kp_n, w, K, R, G, T, n); break
+#define SMALL_CASE(R, G, T) case R: tile_small(y, ldy, xq, groups, kp_n, w, K, R, G, T, n, p0, p1, sums); break
 #define SMALL_ALL(G, T)                                                                                      \
     switch (rows) {                                                                                          \
         SMALL_CASE(1, G, T); SMALL_CASE(2, G, T); SMALL_CASE(3, G, T); SMALL_CASE(4, G, T);                  \
@@ -195,7 +209,7 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
     }
 
 DPBF16 static void small_rows(float *y, int ldy, const uint32_t *xq, int groups, int kp_n, const uint16_t *w, int K,
-                              int rows, int terms, int n) {
+                              int rows, int terms, int n, int p0, int p1, float *sums) {
     if (groups == 1) {
         if (terms == 1) { SMALL_ALL(1, 1) } else if (terms == 2) { SMALL_ALL(1, 2) } else { SMALL_ALL(1, 3) }
     } else {
@@ -207,10 +221,17 @@ DPBF16 void cs_gemm_dpbf16(float *y, int ldy, const uint16_t *xp, int n, int ter
                            int r1, uint16_t *wp) {
     int K = w->cols, kp_n = kpairs(K);
     if (n <= CS_DP_SMALL_N) {
-        int groups = (n + 15) / 16;
-        for (int r = r0; r < r1; r += DP_SR)
-            small_rows(y + r, ldy, (const uint32_t *)xp, groups, kp_n, (const uint16_t *)w->data + (size_t)r * K, K,
-                       CS_MIN(DP_SR, r1 - r), terms, n);
+        /* K in chunks of DP_KC pairs, so the chunk of x (64 B a pair and group) stays in L1
+         * while every tile of the call's rows passes over it; partial sums wait in wp */
+        int groups = (n + 15) / 16, full = K / 2;
+        float *sums = (float *)wp;
+        for (int p0 = 0; p0 < full || p0 == 0; p0 += DP_KC) {
+            int p1 = CS_MIN(full, p0 + DP_KC);
+            for (int r = r0; r < r1; r += DP_SR)
+                small_rows(y + r, ldy, (const uint32_t *)xp, groups, kp_n, (const uint16_t *)w->data + (size_t)r * K, K,
+                           CS_MIN(DP_SR, r1 - r), terms, n, p0, p1, sums + (size_t)(r - r0) / DP_SR * DP_SR * 2 * 16);
+            if (p1 >= full) break;
+        }
         return;
     }
     int kb_n = kp_n / 16, nt = (r1 - r0 + 31) / 32 * 2;
