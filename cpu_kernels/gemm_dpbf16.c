@@ -29,6 +29,9 @@
 
 #define DP_MR 12 /* x rows of the large kernel's register tile */
 #define DP_SR 8  /* weight rows (streams) of the small kernel */
+#ifndef DP_PF
+#define DP_PF 1024
+#endif
 #ifndef DP_KC
 #define DP_KC 64 /* pairs of K per pass of the small kernel (x: 4 KiB a group of 16 rows) */
 #endif
@@ -161,7 +164,7 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
             for (int g = 0; g < G; g++) xv[t][g] = _mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + p) * 16);
         if ((p & 15) == 0)
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(wr[r] + 2 * p) + 1024, _MM_HINT_T0);
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(wr[r] + 2 * p) + DP_PF, _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512i a = _mm512_set1_epi32((int)pair_at(wr[r] + 2 * p));
