@@ -318,6 +318,7 @@ static void mm_multi_task(void *p, int task, int thread) {
 static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
                              const float *const *biases, int count) {
     cpu_ctx_t *c = ctx_of(b);
+    const float *x_in = x; /* the caller's x: cpu_matmul rounds it again into c->xround */
     if (c->prec_bf16) { /* rounded once for all (all BF16, n = 1), or one matmul at a time */
         int nb = 0;
         for (int k = 0; k < count; k++) nb += ws[k]->dtype == CS_DTYPE_BF16;
@@ -332,7 +333,7 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
     bool gemv = !tile && !c->reference && c->gemv && n <= GEMV_MAX_N && count <= MM_MULTI_MAX;
     for (int k = 0; k < count && gemv; k++) gemv = !(ws[k]->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N);
     if (!gemv && !tile) {
-        for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x, n, ws[k], biases[k]);
+        for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x_in, n, ws[k], biases[k]);
         return;
     }
     struct mm_multi_job j = {tile ? c->tile : c->gemv, ys, x, n, count, ws, {0}, {0}};
@@ -628,15 +629,21 @@ __attribute__((target("avx512f"))) static inline void pattn_head_nv(float *oh, f
     }
     softmax_avx512(s, last - first + 1);
     for (int c = 0; c < NV; c++) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
-    for (t = first; t <= last; t++) {
-        const float *vr = v + cs_paged_row(blocks, bs, t) * kv_dim + off;
-        if (t + 4 <= last) {
-            const char *nx = (const char *)(v + cs_paged_row(blocks, bs, t + 4) * kv_dim + off);
-            for (int c = 0; c < NV; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+    for (t = first; t <= last; t += 2) {
+        bool two = t + 1 <= last;
+        for (int u = 0; u < 2; u++)
+            if (t + u + 4 <= last) {
+                const char *nx = (const char *)(v + cs_paged_row(blocks, bs, t + u + 4) * kv_dim + off);
+                for (int c = 0; c < NV; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+            }
+        const float *v0 = v + cs_paged_row(blocks, bs, t) * kv_dim + off;
+        __m512 w0 = _mm512_set1_ps(s[t - first]);
+        for (int c = 0; c < NV; c++) acc[0][c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * c), acc[0][c]);
+        if (two) {
+            const float *v1 = v + cs_paged_row(blocks, bs, t + 1) * kv_dim + off;
+            __m512 w1 = _mm512_set1_ps(s[t + 1 - first]);
+            for (int c = 0; c < NV; c++) acc[1][c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 16 * c), acc[1][c]);
         }
-        __m512 w = _mm512_set1_ps(s[t - first]);
-        int e = (t - first) & 1;
-        for (int c = 0; c < NV; c++) acc[e][c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * c), acc[e][c]);
     }
     for (int c = 0; c < NV; c++) _mm512_storeu_ps(oh + 16 * c, _mm512_add_ps(acc[0][c], acc[1][c]));
 }

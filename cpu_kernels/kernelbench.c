@@ -138,9 +138,9 @@ int main(int argc, char **argv) {
         fclose(f);
     }
     printf("{\"benchmark\": \"kernels\", \"cpu\": \"%s\", \"threads\": %d, \"hidden\": %d, \"inter\": %d, \"layers\": %d, "
-           "\"weights\": \"BF16\", \"avx2\": %s, \"avx512\": %s, \"amx\": %s,\n",
+           "\"weights\": \"BF16\", \"avx2\": %s, \"avx512\": %s, \"avx512_bf16\": %s, \"amx\": %s,\n",
            cpu, threads, hidden, inter, layers, cs_cpu_has_avx2() ? "true" : "false", avx512 ? "true" : "false",
-           cs_cpu_has_amx_bf16() ? "true" : "false");
+           cs_cpu_has_avx512_bf16() ? "true" : "false", cs_cpu_has_amx_bf16() ? "true" : "false");
     double pk = cs_cpu_has_avx2() ? fma_peak(threads, false) : 0, pk512 = avx512 ? fma_peak(threads, true) : 0;
     printf(" \"fma_peak_gflops_avx2\": %.1f, \"fma_peak_gflops_avx512\": %.1f,\n \"runs\": [\n", pk, pk512);
     bool first = true;

@@ -50,10 +50,10 @@ size_t cs_gemm_packed_xp_len(int n, int K, int mr);
 size_t cs_gemm_packed_wp_len(int rows, int K);
 void cs_gemm_packed_pack_x(float *xp, const float *x, int n, int K, int mr, int t0, int t1);
 void cs_gemm_packed_avx512(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1, float *wp);
-/* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 /* x rounded to BF16 (nearest even) and back to F32, count floats: the input of every matmul
  * against BF16 weights under --precision bf16. The plain loop is cs_round_bf16_ref. */
 void cs_round_bf16_avx512(float *dst, const float *x, size_t count);
+/* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
 
 /* ---- AVX2+FMA kernels (kernels_avx2.c; call only when cs_cpu_has_avx2()): the AVX-512

@@ -352,10 +352,14 @@ AVX512 void cs_round_bf16_avx512(float *dst, const float *x, size_t count) {
     size_t c16 = count & ~(size_t)15;
     const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), hi = _mm512_set1_epi32((int)0xffff0000u);
     for (size_t c = 0; c < c16; c += 16) {
-        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + c));
+        __m512 v = _mm512_loadu_ps(x + c);
+        __m512i u = _mm512_castps_si512(v);
         __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-        u = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, half)), hi);
-        _mm512_storeu_ps(dst + c, _mm512_castsi512_ps(u));
+        __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, half)), hi);
+        /* a NaN stays a (quiet) NaN, as cs_f32_to_bf16 keeps it */
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        r = _mm512_mask_or_epi32(r, nan, _mm512_and_si512(u, hi), _mm512_set1_epi32(0x00400000));
+        _mm512_storeu_ps(dst + c, _mm512_castsi512_ps(r));
     }
     cs_round_bf16_ref(dst + c16, x + c16, count - c16);
 }

@@ -18,11 +18,14 @@
 #define VNNI_INLINE static inline __attribute__((always_inline))
 #define VNNI_TILE_ELEMS 512 /* bf16 in one 16×32 tile (1 KiB) */
 
-/* bf16 bits of f rounded to nearest even (finite inputs), in the low half of each lane */
+/* bf16 bits of f rounded to nearest even, in the low half of each lane; a NaN stays a quiet
+ * NaN (as cs_f32_to_bf16) */
 VNNI_TARGET VNNI_INLINE __m512i vnni_round_bf16(__m512 f) {
     __m512i u = _mm512_castps_si512(f);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
 }
 
 /* 32 floats -> `terms` vectors of 32 bf16 in order whose sum is x (see above); dst[t]

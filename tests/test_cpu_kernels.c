@@ -231,11 +231,14 @@ START_TEST(test_matmul_precision_bf16) {
         float *x = randv(count, 3.0f), *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
         x[0] = cs_bf16_to_f32(0x3f81) + ldexpf(1, -8);   /* halfway (the ulp is 2^-7), odd below: rounds up */
         x[1] = cs_bf16_to_f32(0x3f80) + ldexpf(1, -8);   /* halfway, even below: stays */
+        uint32_t nans[3] = {0x7fffffffu, 0xffffffffu, 0x7f800001u};     /* NaNs that a carry would wreck */
+        for (int k = 0; k < 3; k++) memcpy(&x[2 + k], &nans[k], 4);
         cs_round_bf16_avx512(a, x, count);
         cs_round_bf16_ref(b, x, count);
         ck_assert(!memcmp(a, b, count * sizeof(float)));
         ck_assert_float_eq(a[0], cs_bf16_to_f32(0x3f82));
         ck_assert_float_eq(a[1], cs_bf16_to_f32(0x3f80));
+        for (int k = 0; k < 3; k++) ck_assert(isnan(a[2 + k]));
         free(x); free(a); free(b);
     }
 }
