@@ -7,8 +7,8 @@
  *
  *   large n (prefill): each call packs its block of weight rows into VNNI tiles (vnni.h);
  *     x is packed once per matmul in row tiles of DP_MR rows, pairs of one row adjacent;
- *     a DP_MR × 32 register tile (24 accumulators) runs over all of K, broadcasting x's
- *     pairs against two vectors of 16 weight rows' pairs.
+ *     a DP_MR × 32 register tile (24 accumulators) runs over K in chunks of DP_KC pairs,
+ *     broadcasting x's pairs against two vectors of 16 weight rows' pairs.
  *   small n (≤ CS_DP_SMALL_N, batched decode, memory-bound): Wᵀ runs the other way, x's
  *     pairs in the lanes (16 rows of x per vector, VNNI order) and each weight row's pairs
  *     broadcast straight from the row-major weights, DP_SR rows at once as separate
@@ -33,7 +33,10 @@
 #define DP_PF 1024
 #endif
 #ifndef DP_KC
-#define DP_KC 64 /* pairs of K per pass of the small kernel (x: 4 KiB a group of 16 rows) */
+#define DP_KC 64 /* pairs of K per pass: the small kernel's chunk of x (4 KiB a group of 16
+                  * rows) stays in L1; the large kernel's sums are chains of at most 64 pairs
+                  * (x terms) added into y chunk by chunk, as a blocked BLAS sums (one chain
+                  * over all of K loses accuracy as K grows) */
 #endif
 
 int cs_cpu_has_avx512_bf16(void) {
@@ -101,12 +104,12 @@ INLINE uint32_t pair_at(const uint16_t *p) {
 /* the large kernel's register tile: rows [0, M) of an x tile against 32 weight rows (two
  * 16-row groups w0, w1 of VNNI lines, one line per pair); y rows ldy apart, columns clipped
  * to cols (≤ 32) */
-DPBF16 INLINE void tile_large(float *y, int ldy, const uint32_t *xt, const uint16_t *w0, const uint16_t *w1, int kp_n,
-                              const int M, const int T, int cols) {
+DPBF16 INLINE void tile_large(float *y, int ldy, const uint32_t *xt, const uint16_t *w0, const uint16_t *w1, int p0,
+                              int p1, const int M, const int T, int cols) {
     __m512 acc[DP_MR][2];
 #pragma GCC unroll 12
     for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-    for (int p = 0; p < kp_n; p++) {
+    for (int p = p0; p < p1; p++) {
         __m512i b0 = _mm512_load_si512(w0 + (size_t)p * 32), b1 = _mm512_load_si512(w1 + (size_t)p * 32);
         const uint32_t *xk = xt + (size_t)p * DP_MR * T;
 #pragma GCC unroll 12
@@ -122,12 +125,17 @@ DPBF16 INLINE void tile_large(float *y, int ldy, const uint32_t *xt, const uint1
     __mmask16 c1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
 #pragma GCC unroll 12
     for (int m = 0; m < M; m++) {
-        _mm512_mask_storeu_ps(y + (size_t)m * ldy, c0, acc[m][0]);
-        _mm512_mask_storeu_ps(y + (size_t)m * ldy + 16, c1, acc[m][1]);
+        float *yr = y + (size_t)m * ldy;
+        if (p0) { /* a later chunk of K: add to the sums so far */
+            acc[m][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(c0, yr), acc[m][0]);
+            acc[m][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(c1, yr + 16), acc[m][1]);
+        }
+        _mm512_mask_storeu_ps(yr, c0, acc[m][0]);
+        _mm512_mask_storeu_ps(yr + 16, c1, acc[m][1]);
     }
 }
 
-#define LARGE_CASE(M, T) case M: tile_large(y, ldy, xt, w0, w1, kp_n, M, T, cols); break
+#define LARGE_CASE(M, T) case M: tile_large(y, ldy, xt, w0, w1, p0, p1, M, T, cols); break
 #define LARGE_ALL(T)                                                                                                 \
     switch (m) {                                                                                                     \
         LARGE_CASE(1, T); LARGE_CASE(2, T); LARGE_CASE(3, T); LARGE_CASE(4, T); LARGE_CASE(5, T); LARGE_CASE(6, T); \
@@ -135,8 +143,8 @@ DPBF16 INLINE void tile_large(float *y, int ldy, const uint32_t *xt, const uint1
         default: LARGE_CASE(12, T);                                                                                \
     }
 
-DPBF16 static void large_tile(float *y, int ldy, const uint32_t *xt, const uint16_t *w0, const uint16_t *w1, int kp_n,
-                              int m, int terms, int cols) {
+DPBF16 static void large_tile(float *y, int ldy, const uint32_t *xt, const uint16_t *w0, const uint16_t *w1, int p0,
+                              int p1, int m, int terms, int cols) {
     if (terms == 1) { LARGE_ALL(1) }
     else if (terms == 2) { LARGE_ALL(2) }
     else { LARGE_ALL(3) }
@@ -154,7 +162,7 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
     for (int r = 0; r < R; r++) {
         wr[r] = w + (size_t)r * K;
 #pragma GCC unroll 2
-        for (int g = 0; g < G; g++) acc[r][g] = p0 ? _mm512_load_ps(sums + (r * 2 + g) * 16) : _mm512_setzero_ps();
+        for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
     }
     for (int p = p0; p < p1; p++) {
         __m512i xv[3][2];
@@ -174,6 +182,11 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
                 for (int g = 0; g < G; g++) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(a), as_bh(xv[t][g]));
         }
     }
+    if (p0) /* this chunk's chain added to the sums of the chunks before */
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int g = 0; g < G; g++) acc[r][g] = _mm512_add_ps(_mm512_load_ps(sums + (r * 2 + g) * 16), acc[r][g]);
     if (p1 < full) { /* more chunks to come */
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
@@ -244,8 +257,9 @@ DPBF16 void cs_gemm_dpbf16(float *y, int ldy, const uint16_t *xp, int n, int ter
     for (int j = 0; j < nt; j += 2) {
         const uint16_t *w0 = wp + (size_t)j * group, *w1 = w0 + group;
         int c = r0 + j * 16, cols = CS_MIN(32, r1 - c);
-        for (int m0 = 0; m0 < n; m0 += DP_MR)
-            large_tile(y + (size_t)m0 * ldy + c, ldy, xq + (size_t)(m0 / DP_MR) * kp_n * DP_MR * terms, w0, w1, kp_n,
-                       CS_MIN(DP_MR, n - m0), terms, cols);
+        for (int p0 = 0; p0 < kp_n; p0 += DP_KC)
+            for (int m0 = 0; m0 < n; m0 += DP_MR)
+                large_tile(y + (size_t)m0 * ldy + c, ldy, xq + (size_t)(m0 / DP_MR) * kp_n * DP_MR * terms, w0, w1, p0,
+                           CS_MIN(kp_n, p0 + DP_KC), CS_MIN(DP_MR, n - m0), terms, cols);
     }
 }

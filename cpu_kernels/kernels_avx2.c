@@ -223,15 +223,17 @@ AVX2 void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_w
 /* ---- widening for the sgemm path ---- */
 /* ---- packed GEMM (prefill): kernels_avx512.c's in 8 lanes: panels of 16 weight rows
  * (panel[k][0..16), widened once per task), x in tiles of 6 rows (xp[tile][k][6]), a 6 × 16
- * register tile (12 accumulators, two weight vectors, one broadcast) over all of K ---- */
+ * register tile (12 accumulators, two weight vectors, one broadcast) over K in chunks ---- */
 #define P2_MR CS_PACKED_MR_AVX2
 #define P2_NR 16
+#define P2_KC 128 /* K in chunks, as kernels_avx512.c's PK_KC: accuracy and L1 */
 
-AVX2 INLINE void packed2_tile(float *y, int ldy, const float *xt, int K, const float *panel, const int M, int cols) {
+AVX2 INLINE void packed2_tile(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, const int M,
+                              int cols) {
     __m256 acc[P2_MR][2];
 #pragma GCC unroll 6
     for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    for (int k = 0; k < K; k++) {
+    for (int k = k0; k < k1; k++) {
         __m256 b0 = _mm256_load_ps(panel + (size_t)k * P2_NR), b1 = _mm256_load_ps(panel + (size_t)k * P2_NR + 8);
 #pragma GCC unroll 6
         for (int m = 0; m < M; m++) {
@@ -244,13 +246,17 @@ AVX2 INLINE void packed2_tile(float *y, int ldy, const float *xt, int K, const f
     for (int m = 0; m < M; m++) {
         float *yr = y + (size_t)m * ldy;
         if (cols == P2_NR) {
+            if (k0) {
+                acc[m][0] = _mm256_add_ps(_mm256_loadu_ps(yr), acc[m][0]);
+                acc[m][1] = _mm256_add_ps(_mm256_loadu_ps(yr + 8), acc[m][1]);
+            }
             _mm256_storeu_ps(yr, acc[m][0]);
             _mm256_storeu_ps(yr + 8, acc[m][1]);
         } else {
             float t[P2_NR];
             _mm256_storeu_ps(t, acc[m][0]);
             _mm256_storeu_ps(t + 8, acc[m][1]);
-            memcpy(yr, t, sizeof(float) * (size_t)cols);
+            for (int i = 0; i < cols; i++) yr[i] = k0 ? yr[i] + t[i] : t[i];
         }
     }
 }
@@ -277,9 +283,9 @@ AVX2 INLINE void packed2_panel(float *panel, const void *w, int K, int r0, int c
     }
 }
 
-#define P2_CASE(M) case M: packed2_tile(y, ldy, xt, K, panel, M, cols); break
+#define P2_CASE(M) case M: packed2_tile(y, ldy, xt, k0, k1, panel, M, cols); break
 
-AVX2 static void packed2_rows(float *y, int ldy, const float *xt, int K, const float *panel, int m, int cols) {
+AVX2 static void packed2_rows(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, int m, int cols) {
     switch (m) {
         P2_CASE(1); P2_CASE(2); P2_CASE(3); P2_CASE(4); P2_CASE(5);
         default: P2_CASE(6);
@@ -296,9 +302,12 @@ AVX2 void cs_gemm_packed_avx2(float *y, int ldy, const float *xp, int n, const c
         case CS_DTYPE_F16: packed2_panel(panel, w->data, K, c, cols, CS_DTYPE_F16); break;
         default: packed2_panel(panel, w->data, K, c, cols, CS_DTYPE_F32); break;
         }
-        for (int m0 = 0; m0 < n; m0 += P2_MR)
-            packed2_rows(y + (size_t)m0 * ldy + c, ldy, xp + (size_t)m0 * K, K, panel, n - m0 < P2_MR ? n - m0 : P2_MR,
-                         cols);
+        for (int k0 = 0; k0 < K; k0 += P2_KC) {
+            int k1 = K - k0 < P2_KC ? K : k0 + P2_KC;
+            for (int m0 = 0; m0 < n; m0 += P2_MR)
+                packed2_rows(y + (size_t)m0 * ldy + c, ldy, xp + (size_t)m0 * K, k0, k1, panel,
+                             n - m0 < P2_MR ? n - m0 : P2_MR, cols);
+        }
     }
 }
 
