@@ -1012,15 +1012,20 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
                        : c->avx512    ? (c->dpbf16 && c->prec_bf16 ? "avx512bf16" : "avx512")
                        : c->avx2      ? "avx2"
                                       : "openblas";
-    snprintf(c->path, sizeof c->path, "%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
-             c->prec_bf16 ? "+bf16" : "");
+    /* the batch-1 GEMV's streams: few on AMD (Zen 4 reads 4 prefetched streams per core at
+     * the bandwidth of a plain read, 8 at 0.76-0.85 of it), many elsewhere */
+    __builtin_cpu_init();
+    int streams = p && p->gemv_streams ? p->gemv_streams : __builtin_cpu_is("amd") ? 4 : 0;
+    bool s4 = streams == 4 && (c->avx512 || c->avx2) && !c->reference && !c->invariant;
+    snprintf(c->path, sizeof c->path, "%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
+             c->prec_bf16 ? "+bf16" : "", s4 ? "+gemv4" : "");
     if (c->avx512) {
-        c->gemv = cs_gemv_rows_avx512;
+        c->gemv = s4 ? cs_gemv_rows_avx512_s4 : cs_gemv_rows_avx512;
         c->tile = cs_gemm_invariant_avx512;
         c->convert = cs_convert_rows_avx512;
         c->softmax = softmax_avx512;
     } else if (c->avx2) {
-        c->gemv = cs_gemv_rows_avx2;
+        c->gemv = s4 ? cs_gemv_rows_avx2_s4 : cs_gemv_rows_avx2;
         c->tile = cs_gemm_invariant_avx2;
         c->convert = cs_convert_rows_avx2;
         c->softmax = cs_softmax_avx2;

@@ -23,6 +23,9 @@ typedef struct cpu_backend_params {
     bool no_dpbf16;     /* no AVX512-BF16 GEMMs (CS_NO_DPBF16): --precision bf16 on F32 FMAs */
     bool no_packed;     /* prefill GEMMs through OpenBLAS sgemm (CS_NO_PACKED), not the packed FMA
                          * kernels (AVX-512, AVX2) */
+    int gemv_streams;   /* the batch-1 BF16 GEMV's interleaved row streams (CS_GEMV_STREAMS): 0
+                         * picks by CPU (4 on AMD, where they read 1.2-1.3x faster; 8 with
+                         * AVX-512 and 6 with AVX2 elsewhere), 4 or the ISA's wide count forces */
     /* --precision bf16: every matmul against BF16 weights takes x rounded to BF16 (round to
      * nearest even), products exact and sums F32, as PyTorch and vLLM run a BF16 model's
      * GEMMs; on AMX and AVX512-BF16 CPUs that is one BF16 term where the exact default needs
@@ -35,7 +38,8 @@ backend_t *cpu_backend_new(const cpu_backend_params_t *p);
  * rest), "avx512", "avx512bf16" (--precision bf16 on vdpbf16ps), "avx2" (AVX2+FMA GEMV, dot
  * tiles, softmax and paged attention, OpenBLAS sgemm for prefill), "openblas" (plain loops
  * beside OpenBLAS), "reference", each with "+invariant" in batch-invariant mode and "+bf16"
- * with --precision bf16; "?" for another backend */
+ * with --precision bf16 and "+gemv4" where the decode GEMV reads 4 row streams (AMD CPUs);
+ * "?" for another backend */
 const char *cpu_backend_path(const backend_t *b);
 
 /* The strict test device (tests only; the builder offers it when CS_TEST_DEVICE=strict is

@@ -9,7 +9,10 @@
  * registers (8 lanes with AVX2, 16 with AVX-512). And the LoRA of a decode batch of 8 rows,
  * each on its own rank-16 BF16 adapter (all seven projections), against the base matmuls
  * of the same rows: lora_ms / base_ms is the adapters' cost at the kernel level. Prints one
- * JSON object.
+ * JSON object. Last, the batch-1 GEMV's two tunings (8 or 6 interleaved row streams, and 4:
+ * cpu_backend_params_t.gemv_streams) in alternation, round by round, so the machine's
+ * swings in bandwidth hit both alike: median GB/s of each and the median of the per-round
+ * ratios.
  *
  *   bench/kernelbench [--threads N] [--reps R] [--hidden H] [--inter I] [--layers L]
  *                                                            (2, 30, 1024, 2816, 4) */
@@ -68,6 +71,11 @@ static double fma_peak(int threads, bool avx512) {
     free(tid);
     free(sink);
     return (double)threads * PEAK_ITERS * 10 * (avx512 ? 16 : 8) * 2 / secs * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 /* ---- the matmuls ---- */
@@ -167,6 +175,46 @@ int main(int argc, char **argv) {
         }
         cpu_raw_free(be);
     }
+    printf("\n ]");
+    /* the GEMV tunings, paired: each round runs every variant once, in turn */
+    {
+        struct { const char *name; cpu_backend_params_t p; bool ok; } gv[] = {
+            {"avx512_streams8", {.n_threads = threads, .gemv_streams = 8}, avx512},
+            {"avx512_streams4", {.n_threads = threads, .gemv_streams = 4}, avx512},
+            {"avx2_streams6", {.n_threads = threads, .no_avx512 = true, .gemv_streams = 6}, cs_cpu_has_avx2()},
+            {"avx2_streams4", {.n_threads = threads, .no_avx512 = true, .gemv_streams = 4}, cs_cpu_has_avx2()},
+        };
+        enum { NG = 4 };
+        int rounds = reps < 5 ? 5 : reps;
+        double *t = calloc((size_t)NG * rounds, sizeof *t);
+        cpu_raw_t *gb[NG];
+        for (int g = 0; g < NG; g++) gb[g] = gv[g].ok ? cpu_raw_new(&gv[g].p) : NULL;
+        for (int it = 0; it <= rounds; it++)
+            for (int g = 0; g < NG; g++) {
+                if (!gb[g]) continue;
+                double t0 = now();
+                for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(gb[g], y, x, 1, &w[p], NULL);
+                if (it) t[g * rounds + it - 1] = now() - t0; /* round 0 warms up */
+            }
+        printf(",\n  \"gemv_paired\": [");
+        for (int g = 0; g < NG; g++) {
+            if (!gb[g]) continue;
+            int base = g & ~1; /* each ISA's wide tuning is its baseline */
+            double *ratio = malloc(sizeof(double) * rounds), *tt = malloc(sizeof(double) * rounds);
+            for (int r = 0; r < rounds; r++) { ratio[r] = t[base * rounds + r] / t[g * rounds + r]; tt[r] = t[g * rounds + r]; }
+            qsort(ratio, (size_t)rounds, sizeof *ratio, cmp_double);
+            qsort(tt, (size_t)rounds, sizeof *tt, cmp_double);
+            printf("%s\n   {\"variant\": \"%s\", \"path\": \"%s\", \"rounds\": %d, \"weight_gb_s_median\": %.1f, "
+                   "\"weight_gb_s_best\": %.1f, \"speed_vs_%s_median\": %.3f}",
+                   g ? "," : "", gv[g].name, cpu_raw_path(gb[g]), rounds, (double)wbytes / tt[rounds / 2] * 1e-9,
+                   (double)wbytes / tt[0] * 1e-9, gv[base].name, ratio[rounds / 2]);
+            free(ratio);
+            free(tt);
+        }
+        printf("]");
+        for (int g = 0; g < NG; g++) cpu_raw_free(gb[g]);
+        free(t);
+    }
     /* LoRA: 8 rows, 8 adapters (distinct weights per adapter, layer and projection) */
     enum { LN = 8, RANK = 16 };
     size_t nseg = (size_t)NP * layers * LN;
@@ -197,7 +245,7 @@ int main(int argc, char **argv) {
         if (it && t1 - t0 < base) base = t1 - t0;
         if (it && t2 - t1 < lora) lora = t2 - t1;
     }
-    printf("\n ],\n \"lora_batch8_8_adapters\": {\"rank\": %d, \"dtype\": \"BF16\", \"base_ms\": %.3f, \"lora_ms\": %.3f, "
+    printf(",\n \"lora_batch8_8_adapters\": {\"rank\": %d, \"dtype\": \"BF16\", \"base_ms\": %.3f, \"lora_ms\": %.3f, "
            "\"cost\": %.3f}\n}\n", RANK, base * 1e3, lora * 1e3, lora / base);
     cpu_raw_free(be);
     for (size_t k = 0; k < nseg; k++) { free((void *)segs[k].a); free((void *)segs[k].b); free((void *)segs[k].bt); }

@@ -34,8 +34,11 @@ void cs_lora_expand_bt(float *y, int ld_y, const float *t, int ld_t, int n, cons
 
 /* ---- AVX-512 kernels (call only when cs_cpu_has_avx512()) ---- */
 int cs_cpu_has_avx512(void);
-/* y[i, r] = dot(x[i, :], w[r, :]) for rows r in [r0, r1), i < n; w of dtype BF16/F16/F32 */
+/* y[i, r] = dot(x[i, :], w[r, :]) for rows r in [r0, r1), i < n; w of dtype BF16/F16/F32.
+ * One BF16 row of x reads 8 interleaved row streams each prefetched 1 KiB ahead; the _s4
+ * variant reads 4 streams 512 bytes ahead (AMD's choice, see cs_gemv_streams_for_cpu) */
 void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+void cs_gemv_rows_avx512_s4(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 /* Batch-invariant GEMM, same contract as cs_gemv_rows_avx512: each y[i, r] comes from one
  * fixed sequence of operations (16-lane FMAs over the columns in order, the tail masked,
  * one horizontal sum), so it is bit-identical whatever n, i's place or [r0, r1). */
@@ -59,6 +62,7 @@ void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
 /* ---- AVX2+FMA kernels (kernels_avx2.c; call only when cs_cpu_has_avx2()): the AVX-512
  * kernels' contracts in 8 lanes ---- */
 void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+void cs_gemv_rows_avx2_s4(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 void cs_convert_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
 /* cs_gemm_packed_avx512's contract in 8 lanes: x in tiles of CS_PACKED_MR_AVX2 rows, a 6 × 16

@@ -2,8 +2,10 @@
 transformers' and peft's own save_pretrained (random weights, real formats), the C engine
 runs through `caraserve generate --dump-logits`, and transformers + peft on CPU torch in
 float32 are the truth it is compared against."""
+import atexit
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -19,8 +21,38 @@ MKMODEL = os.path.join(BUILDDIR, "caraserve-mkmodel")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+# Every temporary file of a test, its own and its children's (TMPDIR: a server killed with
+# SIGKILL cannot remove its upload directory), lives under one directory that is removed when
+# the test passes and kept, with its path printed, when it fails (CS_KEEP_TMP=1 keeps it always).
+_TMPROOT = tempfile.mkdtemp(prefix="cs_test_")
+tempfile.tempdir = _TMPROOT
+os.environ["TMPDIR"] = _TMPROOT
+_keep_tmp = bool(os.environ.get("CS_KEEP_TMP"))
+
+
+def _cleanup_tmp():
+    if _keep_tmp:
+        print(f"(temporary files kept in {_TMPROOT})")
+    else:
+        shutil.rmtree(_TMPROOT, ignore_errors=True)
+
+
+atexit.register(_cleanup_tmp)
+_excepthook = sys.excepthook
+
+
+def _on_uncaught(*exc):
+    global _keep_tmp
+    _keep_tmp = True
+    _excepthook(*exc)
+
+
+sys.excepthook = _on_uncaught
+
 
 def fail(msg):
+    global _keep_tmp
+    _keep_tmp = True
     print("FAIL:", msg)
     sys.exit(1)
 

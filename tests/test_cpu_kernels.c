@@ -85,7 +85,10 @@ START_TEST(test_matmul_sweep) {
     static const int dims[] = {1, 5, 16, 31, 32, 33, 48, 64, 67, 100, 128, 131};
     /* the kernels this CPU has, the AVX2 ones (packed GEMM in 8 lanes), OpenBLAS for prefill */
     static const cpu_backend_params_t variants[] = {{.n_threads = 3}, {.n_threads = 3, .no_avx512 = true},
-                                                    {.n_threads = 3, .no_packed = true}};
+                                                    {.n_threads = 3, .no_packed = true},
+                                                    {.n_threads = 3, .gemv_streams = 4},
+                                                    {.n_threads = 3, .gemv_streams = 8},
+                                                    {.n_threads = 3, .no_avx512 = true, .gemv_streams = 4}};
     for (size_t v = 0; v < CS_ARRAY_LEN(variants); v++) {
         float worst[3][2] = {{0}};  /* [dtype][n <= CS_AMX_SMALL_N, n > CS_AMX_SMALL_N] */
         cpu_raw_t *be = cpu_raw_new(&variants[v]);
@@ -378,6 +381,48 @@ START_TEST(test_threadpool_exactly_once) {
 }
 END_TEST
 
+/* the batch-1 BF16 GEMV in both tunings (8 or 6 row streams, and 4), called directly on row
+ * ranges that leave 0 to S-1 rows over for the one-row loop, with every column tail, against
+ * the plain reference. Skipped for an ISA the CPU lacks. */
+START_TEST(test_gemv_streams) {
+    static const int rowss[] = {1, 3, 4, 5, 7, 8, 9, 13, 31, 33, 100, 257};
+    static const int colss[] = {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1031};
+    typedef void (*rows_fn)(float *, int, const float *, int, const cs_weight_t *, int, int);
+    struct { const char *name; rows_fn fn; bool ok; } fns[] = {
+        {"avx512", cs_gemv_rows_avx512, cs_cpu_has_avx512()}, {"avx512_s4", cs_gemv_rows_avx512_s4, cs_cpu_has_avx512()},
+        {"avx2", cs_gemv_rows_avx2, cs_cpu_has_avx2()}, {"avx2_s4", cs_gemv_rows_avx2_s4, cs_cpu_has_avx2()}};
+    for (size_t f = 0; f < CS_ARRAY_LEN(fns); f++) {
+        if (!fns[f].ok) continue;
+        float worst = 0;
+        for (size_t ri = 0; ri < CS_ARRAY_LEN(rowss); ri++)
+            for (size_t ci = 0; ci < CS_ARRAY_LEN(colss); ci++) {
+                int rows = rowss[ri], cols = colss[ci];
+                void *mem;
+                cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
+                float *x = randv((size_t)cols, 1.0f), *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
+                int a = (int)(cs_rng_next(&rng) % (unsigned)(rows + 1)), b = a + (int)(cs_rng_next(&rng) % (unsigned)(rows - a + 1));
+                fns[f].fn(y, rows, x, 1, &w, 0, a); /* three ranges, as three tasks would take them */
+                fns[f].fn(y, rows, x, 1, &w, a, b);
+                fns[f].fn(y, rows, x, 1, &w, b, rows);
+                cs_matmul_ref(yr, x, 1, &w, NULL);
+                /* against the sum of |terms| (a lone row's sum may cancel to near 0) */
+                float scale = 1e-30f, e = 0;
+                for (int r = 0; r < rows; r++) {
+                    float t = 0;
+                    for (int c = 0; c < cols; c++) t += fabsf(cs_bf16_to_f32(((const uint16_t *)w.data)[(size_t)r * cols + c]) * x[c]);
+                    scale = fmaxf(scale, t);
+                }
+                for (int r = 0; r < rows; r++) e = fmaxf(e, fabsf(y[r] - yr[r]) / scale);
+                worst = fmaxf(worst, e);
+                ck_assert_msg(e < 1e-6f, "gemv %s %dx%d (ranges 0-%d-%d-%d): error %g of the sum of |terms|", fns[f].name,
+                              rows, cols, a, b, rows, e);
+                free(mem); free(x); free(y); free(yr);
+            }
+        printf("gemv %s: max error %.3g of the sum of |terms|\n", fns[f].name, worst);
+    }
+}
+END_TEST
+
 /* the AVX2 kernels called directly (an AVX-512 CPU runs them too): GEMV and dot tiles for
  * every n up to 40 over row ranges that split the 6-stream GEMV into leftovers, columns with
  * every tail; widening; softmax against the plain one (values down to exp underflow);
@@ -482,6 +527,7 @@ int main(void) {
     tcase_add_test(tc, test_attention_ref_definition);
     tcase_add_test(tc, test_lora_vs_ref);
     tcase_add_test(tc, test_norm_rope_silu);
+    tcase_add_test(tc, test_gemv_streams);
     tcase_add_test(tc, test_avx2_kernels);
     tcase_add_test(tc, test_half_conversions);
     tcase_add_test(tc, test_threadpool_exactly_once);
