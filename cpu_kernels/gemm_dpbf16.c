@@ -170,9 +170,14 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
         for (int t = 0; t < T; t++)
 #pragma GCC unroll 2
             for (int g = 0; g < G; g++) xv[t][g] = _mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + p) * 16);
-        if ((p & 15) == 0)
+        if ((p & 15) == 0) {
+            /* DP_PF bytes on in each row; past a row's end, the same place in the row DP_SR
+             * on (the next tile's), so a tile starts with its rows' first lines on their way */
+            size_t off = (size_t)p * 4 + DP_PF;
+            if (off >= (size_t)K * 2) off += (size_t)(DP_SR - 1) * K * 2;
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(wr[r] + 2 * p) + DP_PF, _MM_HINT_T0);
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)wr[r] + off, _MM_HINT_T0);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512i a = _mm512_set1_epi32((int)pair_at(wr[r] + 2 * p));
