@@ -79,9 +79,18 @@ AVX512 INLINE __m512 load16_masked(const void *w, cs_dtype dt, size_t i, __mmask
     return _mm512_maskz_loadu_ps(m, (const float *)w + i);
 }
 
+/* four accumulators (one FMA chain over a 1024-column row waited on each FMA's latency),
+ * added in a fixed order: a row's dot does not depend on anything beside it */
 AVX512 static float dot_avx512(const float *x, const void *w, cs_dtype dt, int n) {
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc = _mm512_setzero_ps(), a1 = acc, a2 = acc, a3 = acc;
     int e = 0;
+    for (; e + 64 <= n; e += 64) {
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + e), load16(w, dt, (size_t)e), acc);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + e + 16), load16(w, dt, (size_t)e + 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + e + 32), load16(w, dt, (size_t)e + 32), a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + e + 48), load16(w, dt, (size_t)e + 48), a3);
+    }
+    acc = _mm512_add_ps(_mm512_add_ps(acc, a1), _mm512_add_ps(a2, a3));
     for (; e + 16 <= n; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + e), load16(w, dt, (size_t)e), acc);
     if (e < n) {
         __mmask16 m = (__mmask16)((1u << (n - e)) - 1);
@@ -153,7 +162,26 @@ AVX2 static void expand_avx2(float *y, int ld_y, const float *t, int ld_t, int n
 AVX512 static void expand_avx512(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt,
                                  int rank, int c0, int c1, float scale) {
     __m512 vs = _mm512_set1_ps(scale);
-    for (int c = c0; c < c1; c += 16) {
+    int c = c0;
+    if (n == 1) { /* decode: four column groups at once, four independent FMA chains (each
+                   * column's sum is the same chain as below) */
+        for (; c + 64 <= c1; c += 64) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int r = 0; r < rank; r++) {
+                __m512 tr = _mm512_set1_ps(t[r]);
+                size_t o = (size_t)r * ld_y + c;
+                a0 = _mm512_fmadd_ps(tr, load16(bt, dt, o), a0);
+                a1 = _mm512_fmadd_ps(tr, load16(bt, dt, o + 16), a1);
+                a2 = _mm512_fmadd_ps(tr, load16(bt, dt, o + 32), a2);
+                a3 = _mm512_fmadd_ps(tr, load16(bt, dt, o + 48), a3);
+            }
+            _mm512_storeu_ps(y + c, _mm512_fmadd_ps(vs, a0, _mm512_loadu_ps(y + c)));
+            _mm512_storeu_ps(y + c + 16, _mm512_fmadd_ps(vs, a1, _mm512_loadu_ps(y + c + 16)));
+            _mm512_storeu_ps(y + c + 32, _mm512_fmadd_ps(vs, a2, _mm512_loadu_ps(y + c + 32)));
+            _mm512_storeu_ps(y + c + 48, _mm512_fmadd_ps(vs, a3, _mm512_loadu_ps(y + c + 48)));
+        }
+    }
+    for (; c < c1; c += 16) {
         __mmask16 m = c + 16 <= c1 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - c)) - 1);
         __m512 acc[CS_LORA_SMALL_M];
         for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
