@@ -169,3 +169,4 @@ for k, v in res["figures"].items():
     print(f"{k:44s} {v['new_median']:10.5g} {v['base_median']:10.5g} {v['ratio']:7.4f}{note}")
 print(f"cpu: {res['cpu']} ({', '.join(res['isa'])}), kernels {kernels}; JSON: {out}")
 PYEOF
+bench_stamp "$out"

@@ -80,3 +80,4 @@ for k, v in rss.items():
     print(f"{k:24s} {v / 2**20:8.1f} MiB")
 print(f"response {max(sizes) / 2**20:.1f} MiB; {out}")
 PYEOF
+"$PY" bench/machine.py "$(ls -t bench/results/bigresp-*.json | head -1)" "$BUILD/caraserve" || true   # the CPU, its ISA, the kernel paths

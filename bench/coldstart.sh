@@ -120,3 +120,4 @@ for r in rows:
           f"{r['wait_over_cpu_assist']:.3f})")
 print(out)
 PYEOF
+bench_stamp "$out"

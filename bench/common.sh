@@ -9,6 +9,8 @@ PY=python3
 [ -x .venv/bin/python ] && PY=.venv/bin/python
 LLAMA_PY=${LLAMA_PY:-$PY}
 model="$CACHE/llama-200m-$DTYPE"
+# the machine into a result's JSON: the CPU, its ISA features, the kernel paths (bench/machine.py)
+bench_stamp() { if [ -f "$1" ]; then "$PY" bench/machine.py "$1" "$BUILD/caraserve" || echo "bench_stamp: $1 not stamped" >&2; fi; }
 mkdir -p "$CACHE" bench/results
 
 if [ ! -f "$model/config.json" ]; then

@@ -102,3 +102,4 @@ json.dump(res, open(out, "w"), indent=1)
 print(json.dumps(summary, indent=1))
 print("wrote", out)
 PYEOF
+bench_stamp "$out"

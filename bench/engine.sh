@@ -166,3 +166,4 @@ for k in sorted(res):
 print(f"prefill {prompt}: {res['prefill_tok_s']['median']:.1f} tok/s")
 print(f"wrote {out}")
 PYEOF
+bench_stamp "$out"

@@ -109,3 +109,4 @@ if llama_dir:
           (f", prefill with --precision bf16 {res['ratio_prefill_bf16']:.2f}x" if bfr else ""))
 print(f"wrote {out}")
 PYEOF
+bench_stamp "$out"

@@ -149,5 +149,6 @@ print(json.dumps({
                    "grouped LoRA shrink/expand",
 }, indent=1))
 EOF
+"$PY" bench/machine.py "$out" "$BUILD/caraserve" || true   # the CPU, its ISA, the kernel paths
 echo "wrote $out" >&2
 cat "$out"

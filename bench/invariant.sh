@@ -75,3 +75,4 @@ for (m, k, mode), v in sorted(vals.items()):
 json.dump(res, open(out, "w"), indent=2)
 print(f"wrote {out}")
 PYEOF
+bench_stamp "$out"

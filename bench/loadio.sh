@@ -47,3 +47,4 @@ for m in ("direct", "direct_fresh", "buffered_cold", "buffered_warm"):
     print(f"{m:14s} {r[m]['gb_s_median']:7.3f} GB/s  {r[m]['cpu_s_per_gb_median']:.3f} CPU s/GB")
 print(f"wrote {out}")
 PYEOF
+"$PY" bench/machine.py "$out" "$BUILD/caraserve" || true   # the CPU, its ISA, the kernel paths

@@ -92,3 +92,4 @@ for k, v in sorted(res.items()):
         print(f"{k}: +{100 * v['median']:.1f}% (median of per-repetition ratios)")
 print(out)
 PYEOF
+bench_stamp "$out"

@@ -96,3 +96,4 @@ json.dump({"bench": "rollout", "device": "cpu", "threads": threads, "gen": gen, 
 print(json.dumps(summary, indent=1))
 print("wrote", out)
 PYEOF
+"$PY" bench/machine.py "bench/results/rollout-$ts.json" "$BUILD/caraserve" || true   # the CPU, its ISA, the kernel paths

@@ -144,3 +144,4 @@ for r in rows:
 print("overhead", res["overhead"])
 print(out)
 PYEOF
+bench_stamp "$out"

@@ -129,3 +129,4 @@ json.dump(res, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(summary, indent=1))
 print("wrote", sys.argv[2])
 PYEOF
+"$PY" bench/machine.py "bench/results/serve-$ts.json" "$BUILD/caraserve" || true   # the CPU, its ISA, the kernel paths

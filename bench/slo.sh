@@ -157,3 +157,4 @@ for r in rows:
           f"p99 TPOT {r['p99_tpot_ms']} ms")
 print(out)
 PYEOF
+bench_stamp "$out"

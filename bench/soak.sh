@@ -33,3 +33,4 @@ mkdir -p "$work"
 "$PY" bench/soak.py --minutes "$minutes" --build "$BUILD" --model "$model" --adapters "$adapters" \
     --chat-template tests/data/chat_templates/llama-2-chat.jinja --work "$work" --results bench/results \
     --threads "${THREADS:-2}" --rate "${RATE:-2}"
+"$PY" bench/machine.py "$(ls -t bench/results/soak-*.json | head -1)" "$BUILD/caraserve" || true   # the CPU, its ISA, the kernel paths

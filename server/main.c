@@ -15,6 +15,8 @@
 #include "text/tokenizer.h"
 #include "lora/peft.h"
 #include "server/commands.h"
+#include "cpu_kernels/cpu_backend.h"
+#include "cpu_kernels/kernels.h"
 
 static void usage_generate(FILE *f) {
     fprintf(f,
@@ -54,7 +56,7 @@ static void usage(FILE *f) {
             "  router     an HTTP front for several serve replicas (see caraserve router --help)\n"
             "  generate   one-shot generation on the CPU (see caraserve generate --help)\n"
             "  batch      run JSON-lines requests through the batching engine (caraserve batch --help)\n"
-            "  version    print the version\n",
+            "  version    print the version, the CPU and the kernel paths picked for it\n",
             PACKAGE_VERSION);
 }
 
@@ -305,6 +307,39 @@ out:
     return status;
 }
 
+/* `caraserve version`: the version, the CPU (its model name and the ISA extensions the
+ * kernels use) and the kernel paths the CPU backend picks here, exact and --precision bf16,
+ * with the CS_NO_* switches of the environment applied: what a benchmark records */
+static int cmd_version(void) {
+    printf("caraserve %s\n", PACKAGE_VERSION);
+    char model[256] = "?", line[1024];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
+            model[strcspn(model, "\n")] = 0;
+            break;
+        }
+    if (f) fclose(f);
+    printf("cpu: %s (%s%s%s%s)\n", model, cs_cpu_has_avx2() ? "avx2 fma" : "no avx2",
+           cs_cpu_has_avx512() ? " avx512f avx512bw avx512vl avx512dq" : "", cs_cpu_has_avx512_bf16() ? " avx512_bf16" : "",
+           cs_cpu_has_amx_bf16() ? " amx_bf16" : "");
+    const char *path[2] = {"?", "?"};
+    backend_t *be[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        be[i] = setup_backend(&(setup_backend_opts_t){.device = "cpu", .threads = 1, .precision_bf16 = i == 1});
+        if (be[i]) path[i] = cpu_backend_path(be[i]);
+    }
+    printf("kernels: %s (exact), %s (--precision bf16)\n", path[0], path[1]);
+#ifdef CS_HAVE_CUDA
+    printf("cuda: built in (--device cuda)\n");
+#else
+    printf("cuda: not built\n");
+#endif
+    for (int i = 0; i < 2; i++) backend_free(be[i]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     const char *cmd = argv[1];
@@ -312,7 +347,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "batch")) return cmd_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "router")) return cmd_router(argc - 1, argv + 1);
-    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { printf("caraserve %s\n", PACKAGE_VERSION); return 0; }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version();
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { usage(stdout); return 0; }
     fprintf(stderr, "caraserve: unknown command '%s'\n", cmd);
     usage(stderr);

@@ -80,6 +80,18 @@ p = cs("generate", "--help")
 expect("generate --help exits 0 and lists --lora", p.returncode == 0 and "--lora" in p.stdout, p)
 p = cs("--version")
 expect("--version", p.returncode == 0 and p.stdout.startswith("caraserve "), p)
+# the CPU and the kernel paths the backend picks (what bench/machine.py stamps results with),
+# the environment's switches applied
+kern = re.search(r"^kernels: (\S+) \(exact\), (\S+) \(--precision bf16\)$", p.stdout, re.M)
+expect("--version names the CPU and both kernel paths",
+       re.search(r"^cpu: .+ \(.*\)$", p.stdout, re.M) is not None and kern is not None
+       and "bf16" in kern.group(2).split("+") and "bf16" not in kern.group(1).split("+"), p)
+flags = open("/proc/cpuinfo").read()
+if " avx2" in flags:
+    p2 = subprocess.run([reflib.CARASERVE, "version"], capture_output=True, text=True,
+                        env=dict(os.environ, CS_NO_AVX512="1"))
+    expect("version with CS_NO_AVX512=1 names the AVX2 path",
+           p2.returncode == 0 and re.search(r"^kernels: avx2\S* \(exact\)", p2.stdout, re.M) is not None, p2)
 p = cs("generate", "--model", model, "--prompt-ids", "", "--max-tokens", "1")
 expect("empty prompt -> exit 1", p.returncode == 1 and "empty" in p.stderr, p)
 
