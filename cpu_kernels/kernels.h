@@ -36,7 +36,7 @@ void cs_lora_expand_bt(float *y, int ld_y, const float *t, int ld_t, int n, cons
 int cs_cpu_has_avx512(void);
 /* y[i, r] = dot(x[i, :], w[r, :]) for rows r in [r0, r1), i < n; w of dtype BF16/F16/F32.
  * One BF16 row of x reads 8 interleaved row streams each prefetched 1 KiB ahead; the _s4
- * variant reads 4 streams 512 bytes ahead (AMD's choice, see cs_gemv_streams_for_cpu) */
+ * variant reads 4 streams 512 bytes ahead (picked on AMD CPUs: cpu_backend_params_t.gemv_streams) */
 void cs_gemv_rows_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 void cs_gemv_rows_avx512_s4(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 /* Batch-invariant GEMM, same contract as cs_gemv_rows_avx512: each y[i, r] comes from one
