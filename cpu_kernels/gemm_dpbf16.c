@@ -54,7 +54,7 @@ size_t cs_dpbf16_xp_len(int n, int K, int terms) {
 }
 
 size_t cs_dpbf16_wp_len(int n, int rows, int K) {
-    if (n <= CS_DP_SMALL_N) return (size_t)(rows + DP_SR - 1) / DP_SR * DP_SR * 2 * 16 * 2; /* F32 partial sums */
+    if (n <= CS_DP_SMALL_N) return (size_t)DP_SR * 2 * 16 * 2; /* F32 partial sums of the one tile in flight */
     return (size_t)(rows + 31) / 32 * 2 * (size_t)((K + 31) / 32) * VNNI_TILE_ELEMS;
 }
 
@@ -253,7 +253,7 @@ DPBF16 void cs_gemm_dpbf16(float *y, int ldy, const uint16_t *xp, int n, int ter
             for (int p0 = 0; p0 < full || p0 == 0; p0 += DP_KC) {
                 int p1 = CS_MIN(full, p0 + DP_KC);
                 small_rows(y + r, ldy, (const uint32_t *)xp, groups, kp_n, (const uint16_t *)w->data + (size_t)r * K, K,
-                           CS_MIN(DP_SR, r1 - r), terms, n, p0, p1, sums + (size_t)(r - r0) / DP_SR * DP_SR * 2 * 16);
+                           CS_MIN(DP_SR, r1 - r), terms, n, p0, p1, sums);
                 if (p1 >= full) break;
             }
         return;

@@ -133,18 +133,8 @@ int main(int argc, char **argv) {
         {"invariant", {.n_threads = threads, .batch_invariant = true}},
     };
     bool avx512 = cs_cpu_has_avx512();
-    char cpu[128] = "?";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f))
-            if (!strncmp(line, "model name", 10)) {
-                char *c = strchr(line, ':');
-                if (c) { snprintf(cpu, sizeof cpu, "%s", c + 2); cpu[strcspn(cpu, "\n")] = 0; }
-                break;
-            }
-        fclose(f);
-    }
+    char cpu[128];
+    cs_cpu_name(cpu, sizeof cpu);
     printf("{\"benchmark\": \"kernels\", \"cpu\": \"%s\", \"threads\": %d, \"hidden\": %d, \"inter\": %d, \"layers\": %d, "
            "\"weights\": \"BF16\", \"avx2\": %s, \"avx512\": %s, \"avx512_bf16\": %s, \"amx\": %s,\n",
            cpu, threads, hidden, inter, layers, cs_cpu_has_avx2() ? "true" : "false", avx512 ? "true" : "false",

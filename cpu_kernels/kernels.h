@@ -24,6 +24,7 @@ void cs_lora_ref(float *y, const float *x, int n, const float *a, const float *b
 /* ---- few-row LoRA kernels (kernels_lora.c), F32 or BF16 weights ---- */
 typedef enum cs_isa { CS_ISA_PLAIN = 0, CS_ISA_AVX2, CS_ISA_AVX512 } cs_isa;
 int cs_cpu_has_avx2(void);   /* AVX2 and FMA */
+void cs_cpu_name(char *buf, size_t len); /* /proc/cpuinfo's model name, "?" where there is none */
 #define CS_LORA_SMALL_M 8    /* rows cs_lora_expand_bt takes at once */
 /* dot(x[0 .. n), w[0 .. n)), w F32 or BF16 */
 float cs_lora_dot(const float *x, const void *w, cs_dtype dt, int n, cs_isa isa);

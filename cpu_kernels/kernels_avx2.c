@@ -170,7 +170,7 @@ AVX2 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const
  * shift makes the even elements F32, a mask the odd ones, and they meet x's even and odd
  * elements, deinterleaved once per 16 columns for all the streams. Two tunings, picked per
  * CPU at start-up: 6 streams 768 bytes ahead (the Intel Xeon it was measured on) and 4
- * streams 512 ahead (1.2-1.27x faster on an AMD EPYC, Zen 4; see kernels_avx512.c). */
+ * streams 512 ahead (1.16-1.27x faster on an AMD EPYC, Zen 4; see kernels_avx512.c). */
 AVX2 INLINE void gemv_bf16_streams(float *y, const float *x, const uint16_t *w, int cols, int r0, int r1, const int S,
                                    const int PF) {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
@@ -212,19 +212,16 @@ AVX2 INLINE void gemv_bf16_streams(float *y, const float *x, const uint16_t *w, 
 
 /* y[i, r] = dot(x[i, :], w[r, :]) for r in [r0, r1), i < n: one BF16 row streams, the rest
  * go through the dot tiles (each weight row read once per 4 rows of x) */
+AVX2 INLINE void gemv_rows(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1, const int S,
+                           const int PF) {
+    if (n == 1 && w->dtype == CS_DTYPE_BF16) gemv_bf16_streams(y, x, w->data, w->cols, r0, r1, S, PF);
+    else cs_gemm_invariant_avx2(y, ldy, x, n, w, r0, r1);
+}
 AVX2 void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
-    if (n == 1 && w->dtype == CS_DTYPE_BF16) {
-        gemv_bf16_streams(y, x, w->data, w->cols, r0, r1, 6, 768);
-        return;
-    }
-    cs_gemm_invariant_avx2(y, ldy, x, n, w, r0, r1);
+    gemv_rows(y, ldy, x, n, w, r0, r1, 6, 768);
 }
 AVX2 void cs_gemv_rows_avx2_s4(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
-    if (n == 1 && w->dtype == CS_DTYPE_BF16) {
-        gemv_bf16_streams(y, x, w->data, w->cols, r0, r1, 4, 512);
-        return;
-    }
-    cs_gemm_invariant_avx2(y, ldy, x, n, w, r0, r1);
+    gemv_rows(y, ldy, x, n, w, r0, r1, 4, 512);
 }
 
 /* ---- widening for the sgemm path ---- */

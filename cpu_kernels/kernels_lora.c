@@ -8,6 +8,9 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include <stdio.h>
+#include <string.h>
+
 #include "cpu_kernels/kernels.h"
 
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -17,6 +20,20 @@
 int cs_cpu_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+void cs_cpu_name(char *buf, size_t len) {
+    snprintf(buf, len, "?");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[1024];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(buf, len, "%s", strchr(line, ':') + 2);
+            buf[strcspn(buf, "\n")] = 0;
+            break;
+        }
+    fclose(f);
 }
 
 static inline float w_at(const void *w, cs_dtype dt, size_t i) {

@@ -312,15 +312,8 @@ out:
  * with the CS_NO_* switches of the environment applied: what a benchmark records */
 static int cmd_version(void) {
     printf("caraserve %s\n", PACKAGE_VERSION);
-    char model[256] = "?", line[1024];
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
-            model[strcspn(model, "\n")] = 0;
-            break;
-        }
-    if (f) fclose(f);
+    char model[256];
+    cs_cpu_name(model, sizeof model);
     printf("cpu: %s (%s%s%s%s)\n", model, cs_cpu_has_avx2() ? "avx2 fma" : "no avx2",
            cs_cpu_has_avx512() ? " avx512f avx512bw avx512vl avx512dq" : "", cs_cpu_has_avx512_bf16() ? " avx512_bf16" : "",
            cs_cpu_has_amx_bf16() ? " amx_bf16" : "");
