@@ -52,9 +52,12 @@ struct backend_adapter {
     struct backend_event *done; /* streaming: recorded after its last group (adapter_free waits) */
     void (*on_group)(void *);
     void *user;
-    /* lockstep: the groups not sent yet (the host weights stay valid: host_stays) */
+    /* lockstep, or a host copy still coming in (host_partial): the groups not sent yet (the
+     * host weights stay valid: host_stays) */
     backend_lora_module_desc_t *held;
     int group, next_layer;
+    int fed;                /* layers in host memory (adapter_feed; atomic); n_layers when whole */
+    bool lockstep;
 };
 
 struct backend_batch {
@@ -593,12 +596,18 @@ static int slot_make(backend_t *b, const backend_adapter_desc_t *ad, int group, 
     s->on_group = on_group;
     s->user = user;
     s->group = group;
-    if (group > 0 && d->lockstep) { /* sent by adapter_arrived, a group a call */
+    s->fed = ad->host_partial ? CS_MAX(0, CS_MIN(ad->host_ready, s->n_layers)) : s->n_layers;
+    s->lockstep = group > 0 && d->lockstep;
+    if (group > 0 && (d->lockstep || ad->host_partial)) { /* sent a group a call (lockstep) or as fed */
         if (!(s->held = malloc(sizeof *s->held * (size_t)(nm ? nm : 1)))) {
             backend_adapter_free(b, s);
             return cs_error_set(CS_ENOMEM, "out of memory");
         }
         memcpy(s->held, ad->mods, sizeof *s->held * (size_t)nm);
+        if (!s->lockstep) {
+            send_layers(b, s, s->held, 0, s->fed);
+            s->next_layer = s->fed;
+        }
         *out = s;
         return CS_OK;
     }
@@ -612,6 +621,20 @@ static int slot_make(backend_t *b, const backend_adapter_desc_t *ad, int group, 
     }
     *out = s;
     return CS_OK;
+}
+
+static void check_slot(backend_t *b, const backend_adapter_t *s, const char *what);
+
+/* more of a streaming slot's host copy is in: queue its copies (lockstep: adapter_arrived
+ * sends them, as far as they are fed) */
+static void dev_adapter_feed(backend_t *b, backend_adapter_t *s, int n) {
+    check_slot(b, s, "adapter_feed");
+    n = CS_MIN(n, s->n_layers);
+    if (!s->held || n <= __atomic_load_n(&s->fed, __ATOMIC_ACQUIRE)) return;
+    __atomic_store_n(&s->fed, n, __ATOMIC_RELEASE);
+    if (s->lockstep) return;
+    send_layers(b, s, s->held, s->next_layer, n);
+    s->next_layer = n;
 }
 
 static int dev_adapter_upload(backend_t *b, const backend_adapter_desc_t *ad, backend_adapter_t **out) {
@@ -633,7 +656,10 @@ static void check_slot(backend_t *b, const backend_adapter_t *s, const char *wha
 
 static void dev_adapter_free(backend_t *b, backend_adapter_t *s) {
     check_slot(b, s, "adapter_free");
-    if (s->done) dev_event_free(b, s->done); /* waits for the copies still streaming into it */
+    if (s->done) {
+        if (s->next_layer < s->n_layers && s->held) dev_event_record(b, s->done); /* sent part way */
+        dev_event_free(b, s->done); /* waits for the copies still streaming into it */
+    }
     free(s->held);
     for (int i = 0; i < s->n_layers * BACKEND_LORA_TARGETS; i++) {
         backend_buf_free(b, s->mods[i].a);
@@ -653,8 +679,9 @@ static size_t dev_adapter_bytes(backend_t *b, const backend_adapter_t *s) {
 static int dev_adapter_arrived(backend_t *b, const backend_adapter_t *cs) {
     check_slot(b, cs, "adapter_arrived");
     backend_adapter_t *s = (backend_adapter_t *)cs;
-    if (s->held && s->next_layer < s->n_layers) { /* lockstep: one more group, landed before the answer */
-        int l1 = CS_MIN(s->n_layers, s->next_layer + s->group);
+    int fed = __atomic_load_n(&s->fed, __ATOMIC_ACQUIRE);
+    if (s->lockstep && s->next_layer < fed) { /* one more group (as far as fed), landed before the answer */
+        int l1 = CS_MIN(fed, s->next_layer + s->group);
         send_layers(b, s, s->held, s->next_layer, l1);
         s->next_layer = l1;
         backend_event_t *ev = dev_event_new(b);
@@ -874,6 +901,7 @@ static const struct backend_i strict_iface = {
     .name = "strict",
     .adapter_stream = dev_adapter_stream,
     .adapter_arrived = dev_adapter_arrived,
+    .adapter_feed = dev_adapter_feed,
     .get_signal = dev_get_signal,
     .wait_add = dev_wait_add,
     STRICT_OPS,

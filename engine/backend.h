@@ -91,6 +91,11 @@ typedef struct backend_adapter_desc {
     /* The host memory of mods stays valid and unchanged for the slot's life (a backend
      * that reads host memory may use it in place instead of copying). */
     bool host_stays;
+    /* A host copy still coming in (an adapter streaming from disk): only layers below
+     * host_ready are in host memory now; adapter_feed says when more are. Only for
+     * adapter_stream, and only on a backend with adapter_feed. */
+    bool host_partial;
+    int host_ready;
 } backend_adapter_desc_t;
 
 typedef struct backend_stats {
@@ -156,6 +161,12 @@ struct backend_i {
     int (*adapter_stream)(backend_t *b, const backend_adapter_desc_t *d, int group, void (*on_group)(void *user),
                           void *user, backend_adapter_t **slot);
     int (*adapter_arrived)(backend_t *b, const backend_adapter_t *slot);
+    /* optional (with adapter_stream): the host memory of a slot streamed with host_partial
+     * now holds layers [0, N) (N only grows; N = n_layers: all of it): their copies may be
+     * queued. Never waits (it may be called from a thread the copies must not block: the
+     * adapter loader's); callable from any one thread at a time per slot, while the slot
+     * lives. */
+    void (*adapter_feed)(backend_t *b, backend_adapter_t *slot, int n);
 
     /* ---- compute ---- */
     /* y[batch rows, table.cols] = rows ids[i] of table */
@@ -302,6 +313,11 @@ static inline int backend_adapter_arrived(backend_t *b, const backend_adapter_t 
     return b->iface->adapter_arrived ? b->iface->adapter_arrived(b, slot) : INT_MAX;
 }
 static inline bool backend_can_stream(const backend_t *b) { return b->iface->adapter_stream != NULL; }
+/* slots can stream from a host copy still coming in (backend_adapter_desc_t.host_partial) */
+static inline bool backend_can_feed(const backend_t *b) { return b->iface->adapter_feed != NULL; }
+static inline void backend_adapter_feed(backend_t *b, backend_adapter_t *slot, int n) {
+    b->iface->adapter_feed(b, slot, n);
+}
 static inline bool backend_has_host_assist(const backend_t *b) { return b->iface->get_signal && b->iface->wait_add; }
 static inline void backend_get_signal(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n,
                                       uint32_t *flag, uint32_t value) {

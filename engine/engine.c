@@ -396,6 +396,16 @@ static void req_fail(engine_t *e, req_t *r, engine_finish fin, int err, const ch
     }
 }
 
+/* R's adapter failed part way in from disk (lora_adapter_failed): R fails with the load's
+ * error; the adapter's other requests find it too, and the rest go on */
+static void req_fail_adapter(engine_t *e, req_t *r) {
+    char msg[1024];
+    int rc = lora_registry_ref_failed(e->p.loras, r->lora);
+    if (!rc) rc = cs_error_set(CS_EIO, "adapter '%s': its weights failed to load", r->adapter);
+    snprintf(msg, sizeof msg, "%s", cs_error_last());
+    req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
+}
+
 /* ---- inbox ---- */
 static void take_inbox(engine_t *e) {
     pthread_mutex_lock(&e->mu);
@@ -448,6 +458,11 @@ static int cold_mode(engine_t *e, seq_t *s) {
 static bool seq_device(engine_t *e, seq_t *s, bool *failed) {
     req_t *r = s->req;
     *failed = false;
+    if (r->lora && e->p.loras && lora_adapter_failed(r->lora->adapter)) { /* failed part way in from disk */
+        req_fail_adapter(e, r);
+        *failed = true;
+        return false;
+    }
     if (!r->lora || s->dref == r->lora || !e->p.loras) return true;
     CS_ASSERT(!s->dref);
     int rc = lora_registry_device_acquire(e->p.loras, r->lora, &s->dslot);
@@ -1111,12 +1126,30 @@ static int step(engine_t *e) {
         return nb;
     }
 
+    /* a row whose adapter failed part way in from disk ran with zeros for the layers that
+     * never came: its request fails, nothing of it is kept (blocks, tokens) */
+    int n_bad = 0;
+    for (int i = 0; i < nb; i++)
+        if (e->batch[i].lora && lora_adapter_failed(e->batch[i].lora)) n_bad++;
+    uint64_t *bad = NULL;
+    if (n_bad) {
+        bad = malloc(sizeof *bad * (size_t)n_bad);
+        CS_ASSERT(bad); /* a few ids: out of memory here is fatal */
+        n_bad = 0;
+        for (int i = 0; i < nb; i++)
+            if (e->batch[i].lora && lora_adapter_failed(e->batch[i].lora)) bad[n_bad++] = e->batch_seq[i]->req->id;
+    }
+
     /* 4. bookkeeping and sampling */
     int row = 0;
     for (int i = 0; i < nb; i++) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i];
         int nl = e->batch[i].n_logits;
+        if (n_bad && e->batch[i].lora && lora_adapter_failed(e->batch[i].lora)) {
+            row += nl;
+            continue;
+        }
         bool last = s->n_computed + c == s->n_tokens;
         if (c == 1 && last && s->n_generated > 0) e->st.decode_tokens++;
         else e->st.prefill_tokens += (uint64_t)c;
@@ -1173,6 +1206,11 @@ static int step(engine_t *e) {
         e->st.decode_only_ms += dt;
         e->st.decode_only_tokens += (uint64_t)n_tok;
     }
+    for (int i = 0; i < n_bad; i++) {
+        req_t *r = req_table_find(e, bad[i]);
+        if (r) req_fail_adapter(e, r);
+    }
+    free(bad);
     return nb;
 }
 

@@ -462,7 +462,7 @@ static int lora_segments(model_t *m, const model_batch_seq_t *seqs, int n_seqs, 
             int arrived = backend_adapter_arrived(m->be, slot);
             if (arrived < a->n_layers && !(m->assist && backend_has_host_assist(m->be))) {
                 m->cold_st.waits++; /* nobody to assist: wait for the slot (the engine's wait mode keeps this rare) */
-                while ((arrived = backend_adapter_arrived(m->be, slot)) < a->n_layers) {
+                while ((arrived = backend_adapter_arrived(m->be, slot)) < a->n_layers && !lora_adapter_failed(a)) {
                     struct timespec ts = {0, 100000};
                     nanosleep(&ts, NULL);
                 }
@@ -536,6 +536,10 @@ static bool cold_start_job(model_t *m, cold_seg_t *cs, int l, const lora_target 
     if (l < cs->device_layers) return false;
     lora_assist_job_t j = {.x = cs->hx, .n = cs->n, .ld_x = din, .x_flag = cs->xflag, .x_value = cs->xval + 1,
                            .done = cs->done};
+    if (cs_flag_load(&cs->ad->host_layers) <= (uint32_t)l) { /* still streaming in from disk */
+        j.w_flag = &cs->ad->host_layers;
+        j.w_value = (uint32_t)l + 1;
+    }
     size_t yo = 0;
     for (int k = 0; k < nt; k++) {
         const lora_module_t *md = lora_adapter_module(cs->ad, l, ts[k]);

@@ -139,6 +139,9 @@ struct backend_adapter {
     backend_lora_module_desc_t *src; /* the description (the host memory it names is the caller's) */
     int load_state;                 /* LOAD_*, under ctx.load_mu */
     int cancel;                     /* adapter_free: the loader stops queueing copies */
+    int fed;                        /* layers in host memory (adapter_feed), under ctx.load_mu */
+    int next_l0;                    /* the loader's next layer to queue; table_sent: the table went */
+    bool table_sent;
     bool done_recorded;             /* done was recorded (the loader, before LOAD_DONE) */
     cudaEvent_t done;               /* after the slot's last copy and host function */
     backend_adapter_t *load_next;   /* the loader's queue */
@@ -546,7 +549,7 @@ static int dt_of(cs_dtype t) { return t == CS_DTYPE_F32 ? DT_F32 : t == CS_DTYPE
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-enum { LOAD_QUEUED = 1, LOAD_RUNNING, LOAD_DONE };
+enum { LOAD_QUEUED = 1, LOAD_RUNNING, LOAD_WAITING, LOAD_DONE }; /* WAITING: for adapter_feed */
 
 static void slot_delete(ctx *c, backend_adapter_t *s) {
     dfree(c, s->mem, s->bytes);
@@ -745,15 +748,20 @@ static void group_landed(void *p) {
     if (s->on_group) s->on_group(s->user);
 }
 
-/* every copy of slot S queued on the load stream (the loader thread) */
-static void load_slot(ctx *c, backend_adapter_t *s) {
+/* the copies of slot S queued on the load stream (the loader thread), as far as its host
+ * copy is fed (FED layers); true when every layer's are */
+static bool load_slot(ctx *c, backend_adapter_t *s, int fed) {
     int nl = s->n_layers;
     stager w = {c, (char *)s->mem, false, 0, 0};
-    /* the table first: the LoRA kernels read it for any layer that arrived */
-    stage_put(&w, s->table_off, s->host_table, sizeof(lora_mod) * (size_t)nl * BACKEND_LORA_TARGETS);
-    stage_flush(&w);
-    for (int l0 = 0; l0 < nl && !load_cancelled(s); l0 += s->group) {
+    if (!s->table_sent) { /* the table first: the LoRA kernels read it for any layer that arrived */
+        stage_put(&w, s->table_off, s->host_table, sizeof(lora_mod) * (size_t)nl * BACKEND_LORA_TARGETS);
+        stage_flush(&w);
+        s->table_sent = true;
+    }
+    for (int l0 = s->next_l0; l0 < nl && !load_cancelled(s); l0 += s->group) {
         int l1 = CS_MIN(nl, l0 + s->group);
+        if (l1 > fed) return false; /* the group's host memory is not all there yet */
+        s->next_l0 = l1;
         for (int i = l0 * BACKEND_LORA_TARGETS; i < l1 * BACKEND_LORA_TARGETS && !load_cancelled(s); i++) {
             const backend_lora_module_desc_t *m = &s->src[i];
             if (m->rank <= 0) continue;
@@ -767,6 +775,7 @@ static void load_slot(ctx *c, backend_adapter_t *s) {
         stage_flush(&w);
         if (!load_cancelled(s)) CUDA_CHECK(cudaLaunchHostFunc(c->load, group_landed, s));
     }
+    return true;
 }
 
 static void *loader_main(void *p) {
@@ -781,12 +790,23 @@ static void *loader_main(void *p) {
         if (!c->load_head) c->load_tail = NULL;
         s->load_next = NULL;
         s->load_state = LOAD_RUNNING;
+        int fed = s->fed;
         pthread_mutex_unlock(&c->load_mu);
-        load_slot(c, s);
-        CUDA_CHECK(cudaEventRecord(s->done, c->load)); /* after every copy and host function of the slot */
+        bool all = load_slot(c, s, fed);
+        if (all || load_cancelled(s))
+            CUDA_CHECK(cudaEventRecord(s->done, c->load)); /* after every copy and host function of the slot */
         pthread_mutex_lock(&c->load_mu);
-        s->done_recorded = true;
-        s->load_state = LOAD_DONE;
+        if (all || load_cancelled(s)) {
+            s->done_recorded = true;
+            s->load_state = LOAD_DONE;
+        } else if (s->fed > fed) { /* fed meanwhile: again, after the others */
+            s->load_state = LOAD_QUEUED;
+            if (c->load_tail) c->load_tail->load_next = s;
+            else c->load_head = s;
+            c->load_tail = s;
+        } else {
+            s->load_state = LOAD_WAITING;   /* adapter_feed queues it again */
+        }
         pthread_cond_broadcast(&c->load_cv);
     }
     pthread_mutex_unlock(&c->load_mu);
@@ -841,6 +861,9 @@ static int be_adapter_stream(backend_t *b, const backend_adapter_desc_t *ad, int
         return cs_error_set(CS_ENOMEM, "adapter slot: out of memory");
     }
     memcpy(s->src, ad->mods, sizeof *s->src * (size_t)nm); /* the caller's array may go; the weights stay */
+    s->fed = ad->host_partial ? CS_MAX(0, CS_MIN(ad->host_ready, ad->n_layers)) : ad->n_layers;
+    s->next_l0 = 0;
+    s->table_sent = false;
     pthread_mutex_lock(&c->load_mu);
     s->load_state = LOAD_QUEUED;
     if (c->load_tail) c->load_tail->load_next = s;
@@ -850,6 +873,23 @@ static int be_adapter_stream(backend_t *b, const backend_adapter_desc_t *ad, int
     pthread_mutex_unlock(&c->load_mu);
     *out = s;
     return CS_OK;
+}
+
+static void be_adapter_feed(backend_t *b, backend_adapter_t *s, int n) {
+    ctx *c = C(b);
+    if (!s->streamed) return;
+    pthread_mutex_lock(&c->load_mu);
+    if (n > s->fed) {
+        s->fed = CS_MIN(n, s->n_layers);
+        if (s->load_state == LOAD_WAITING) {
+            s->load_state = LOAD_QUEUED;
+            if (c->load_tail) c->load_tail->load_next = s;
+            else c->load_head = s;
+            c->load_tail = s;
+            pthread_cond_broadcast(&c->load_cv);
+        }
+    }
+    pthread_mutex_unlock(&c->load_mu);
 }
 
 static int be_adapter_arrived(backend_t *b, const backend_adapter_t *s) {
@@ -866,6 +906,14 @@ static void be_adapter_free(backend_t *b, backend_adapter_t *s) {
             while (*pp != s) prev = *pp, pp = &(*pp)->load_next;
             *pp = s->load_next;
             if (c->load_tail == s) c->load_tail = prev;
+            if (s->table_sent) { /* queued again after a part (adapter_feed): its copies so far */
+                CUDA_CHECK(cudaEventRecord(s->done, c->load));
+                s->done_recorded = true;
+            }
+            s->load_state = LOAD_DONE;
+        } else if (s->load_state == LOAD_WAITING) { /* fed part way: after the copies queued so far */
+            CUDA_CHECK(cudaEventRecord(s->done, c->load));
+            s->done_recorded = true;
             s->load_state = LOAD_DONE;
         }
         __atomic_store_n(&s->cancel, 1, __ATOMIC_RELAXED);
@@ -1139,6 +1187,7 @@ static backend_i make_iface() {
     i.adapter_free = be_adapter_free;
     i.adapter_bytes = be_adapter_bytes;
     i.adapter_stream = be_adapter_stream;
+    i.adapter_feed = be_adapter_feed;
     i.adapter_arrived = be_adapter_arrived;
     i.embed = be_embed;
     i.matmul = be_matmul;

@@ -32,6 +32,10 @@ typedef struct lora_assist_job {
     float *y[LORA_ASSIST_MODS];   /* n rows of mods[k]->d_out floats (host): := the LoRA term */
     const uint32_t *x_flag;
     uint32_t x_value;
+    const uint32_t *w_flag; /* optional: the modules' weights are in host memory once *w_flag >=
+                             * w_value (an adapter streaming in from disk: &host_layers, layer
+                             * + 1); LORA_HOST_FAILED there makes the terms zeros */
+    uint32_t w_value;
     uint32_t *done;         /* each part adds 1 when its rows are written */
 } lora_assist_job_t;
 

@@ -80,10 +80,17 @@ typedef struct ld_file {
     size_t next_off;        /* next offset to issue a read at */
     size_t done_bytes;      /* bytes read so far */
     int reads;              /* reads in flight or waiting to resubmit */
+    /* a streamed file (lora_loader_submit_stream): chunks in the order asked, each reported */
+    size_t n_chunks;
+    uint8_t *issued;        /* [n_chunks]: a read of the chunk was issued */
+    size_t *order;          /* lora_loader_reorder: chunks to read first, in this order */
+    size_t n_order, order_at;
+    size_t chunks_issued;
 } ld_file_t;
 
 struct ld_job {
     ld_job_t *next;
+    lora_loader_chunk_fn chunk; /* a streamed job (one file): called per chunk read */
     lora_loader_done_fn done;
     void *user;
     size_t n_files, n_done;
@@ -96,6 +103,7 @@ typedef struct ld_op {
     ld_file_t *f;
     size_t off, len;
     bool direct;            /* a read issued on an O_DIRECT descriptor */
+    size_t chunk;           /* a streamed file's chunk this read is */
     struct ld_op *next;     /* free list, or the resubmit list */
 } ld_op_t;
 
@@ -119,6 +127,10 @@ struct lora_loader {
     int refuse;             /* test_refuse_direct */
     const char *fault_eio;  /* CS_FAULT_EIO_PATH: reads of paths containing it fail with EIO */
     const char *fault_while;/* CS_FAULT_EIO_WHILE: ... while this file exists (NULL: always) */
+    const char *hold_path;  /* CS_FAULT_HOLD_PATH: a streamed file whose path contains it ... */
+    size_t hold_chunks;     /* CS_FAULT_HOLD_CHUNKS: ... issues no read past this many chunks ... */
+    const char *hold_while; /* CS_FAULT_HOLD_WHILE: ... while this file exists */
+    bool hold_armed;        /* a timer looks at the hold again */
     bool fixed;             /* a sparse table of POOL_MAX registered buffers is set up */
     size_t pool_limit;      /* bytes of pooled buffers at most (0: no pool) */
     size_t pool_used;
@@ -143,6 +155,8 @@ static void job_free(lora_loader_t *l, ld_job_t *j) {
     if (!j) return;
     for (size_t i = 0; i < j->n_files; i++) {
         put_data(l, &j->files[i]);
+        free(j->files[i].issued);
+        free(j->files[i].order);
         free((char *)j->pub[i].path);
     }
     free(j->files);
@@ -221,6 +235,44 @@ static void prep(lora_loader_t *l, ld_op_t *op) {
     io_uring_sqe_set_data(sqe, op);
 }
 
+static void hold_tick(void *user) { ((lora_loader_t *)user)->hold_armed = false; }
+
+/* the test hold (CS_FAULT_HOLD_*): F may issue no more reads now */
+static bool held(lora_loader_t *l, ld_file_t *f) {
+    if (!l->hold_path || f->chunks_issued < l->hold_chunks || !strstr(f->pub->path, l->hold_path) ||
+        (l->hold_while && access(l->hold_while, F_OK) != 0))
+        return false;
+    if (!l->hold_armed) /* look again in 2 ms (the timer's completion runs the loop) */
+        l->hold_armed = lora_loader_timer(l, 2, hold_tick, l) == CS_OK;
+    return true;
+}
+
+/* a streamed file's reads: the chunks asked for first (lora_loader_reorder), then the rest
+ * in file order */
+static void issue_stream(lora_loader_t *l, ld_file_t *f, bool stopping) {
+    while (!stopping && f->pub->status == CS_OK && l->ops_used < l->qd && !held(l, f)) {
+        size_t c = SIZE_MAX;
+        while (c == SIZE_MAX && f->order_at < f->n_order) {
+            size_t k = f->order[f->order_at++];
+            if (k < f->n_chunks && !f->issued[k]) c = k;
+        }
+        while (c == SIZE_MAX && f->next_off < f->pub->len) {
+            size_t k = f->next_off / l->chunk;
+            f->next_off += l->chunk;
+            if (!f->issued[k]) c = k;
+        }
+        if (c == SIZE_MAX) return;
+        f->issued[c] = 1;
+        f->chunks_issued++;
+        ld_op_t *op = op_get(l, OP_READ, f);
+        op->chunk = c;
+        op->off = c * l->chunk;
+        op->len = CS_MIN(l->chunk, f->pub->len - op->off);
+        f->reads++;
+        prep(l, op);
+    }
+}
+
 /* Prepare what can go now: resubmits, then per file in job order its next step. */
 static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
     while (timers) {
@@ -254,6 +306,10 @@ static void issue(lora_loader_t *l, ld_timer_t *timers, bool stopping) {
                 prep(l, op_get(l, OP_STATX, f));
                 break;
             case F_READING:
+                if (j->chunk) {
+                    issue_stream(l, f, stopping);
+                    break;
+                }
                 while (!stopping && f->pub->status == CS_OK && f->next_off < f->pub->len && l->ops_used < l->qd) {
                     ld_op_t *op = op_get(l, OP_READ, f);
                     op->off = f->next_off;
@@ -475,6 +531,15 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
             f->state = F_NEED_CLOSE;
             return;
         }
+        if (f->job->chunk) {
+            f->n_chunks = (f->pub->len + l->chunk - 1) / l->chunk;
+            if (!(f->issued = calloc(f->n_chunks ? f->n_chunks : 1, 1))) {
+                drop_data(l, f);
+                file_fail(f, -ENOMEM, "buffer", __LINE__);
+                f->state = F_NEED_CLOSE;
+                return;
+            }
+        }
         f->state = F_READING;
         f->pub->direct = f->direct;
         read_settled(l, f);    /* an empty file is read already */
@@ -512,6 +577,8 @@ static void complete(lora_loader_t *l, ld_op_t *op, int res) {
         if (res < 0) file_fail(f, res, "read", __LINE__);
         else if (res == 0 && op->len > 0) file_fail(f, 0, "read", __LINE__); /* file shrank */
         else f->done_bytes += (size_t)res;
+        if (f->job->chunk && f->pub->status == CS_OK) /* a streamed file's chunk is complete */
+            f->job->chunk(f->job->user, f->pub, op->chunk, l->chunk);
         op_put(l, op);
         read_settled(l, f);
         return;
@@ -642,6 +709,13 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
     l->fault_eio = getenv("CS_FAULT_EIO_PATH");
     if (l->fault_eio && !*l->fault_eio) l->fault_eio = NULL;
     l->fault_while = getenv("CS_FAULT_EIO_WHILE");
+    /* and a disk that stops a streamed file part way until told to go on (test_cold_start.py)
+     * in chunks of CS_FAULT_LOAD_CHUNK bytes */
+    l->hold_path = getenv("CS_FAULT_HOLD_PATH");
+    if (l->hold_path && !*l->hold_path) l->hold_path = NULL;
+    l->hold_chunks = getenv("CS_FAULT_HOLD_CHUNKS") ? strtoull(getenv("CS_FAULT_HOLD_CHUNKS"), NULL, 10) : 0;
+    l->hold_while = getenv("CS_FAULT_HOLD_WHILE");
+    if (getenv("CS_FAULT_LOAD_CHUNK")) l->chunk = strtoull(getenv("CS_FAULT_LOAD_CHUNK"), NULL, 10);
     l->pool_limit = p && p->no_pool ? 0 : p && p->pool_bytes ? p->pool_bytes : POOL_BYTES_DEFAULT;
     if (l->qd < 1 || l->qd > 256 || l->chunk % LORA_LOADER_ALIGN != 0 || l->chunk > (1u << 30)) {
         rc = cs_error_set(CS_EINVAL, "loader: queue_depth %d (1..256) or chunk_bytes %zu (a multiple of %d) out of range",
@@ -712,8 +786,8 @@ void lora_loader_free(lora_loader_t *l) {
     free(l);
 }
 
-int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n, lora_loader_done_fn done,
-                       void *user) {
+static int submit(lora_loader_t *l, const char *const *paths, size_t n, lora_loader_chunk_fn chunk,
+                  lora_loader_done_fn done, void *user) {
     CS_ASSERT(done && (paths || n == 0));
     ld_job_t *j = calloc(1, sizeof *j);
     if (!j || !(j->files = calloc(n ? n : 1, sizeof *j->files)) || !(j->pub = calloc(n ? n : 1, sizeof *j->pub))) {
@@ -721,10 +795,13 @@ int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n, lor
         return cs_error_set(CS_ENOMEM, "loader: out of memory");
     }
     j->n_files = n;
+    j->chunk = chunk;
     j->done = done;
     j->user = user;
-    for (size_t i = 0; i < n; i++) /* all of them first: job_free may see any */
+    for (size_t i = 0; i < n; i++) { /* all of them first: job_free may see any */
         j->files[i] = (ld_file_t){ .job = j, .pub = &j->pub[i], .state = F_QUEUED, .fd = -1, .buf = -1 };
+        j->pub[i].priv = &j->files[i];
+    }
     for (size_t i = 0; i < n; i++) {
         if (!(j->pub[i].path = strdup(paths[i]))) {
             job_free(l, j);
@@ -743,6 +820,29 @@ int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n, lor
     pthread_mutex_unlock(&l->mu);
     uint64_t one = 1;
     if (write(l->efd, &one, sizeof one) < 0) { /* EAGAIN: the counter is already non-zero */ }
+    return CS_OK;
+}
+
+int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n, lora_loader_done_fn done,
+                       void *user) {
+    return submit(l, paths, n, NULL, done, user);
+}
+
+int lora_loader_submit_stream(lora_loader_t *l, const char *path, lora_loader_chunk_fn chunk,
+                              lora_loader_done_fn done, void *user) {
+    CS_ASSERT(chunk);
+    return submit(l, &path, 1, chunk, done, user);
+}
+
+int lora_loader_reorder(lora_file_t *file, const size_t *order, size_t n) {
+    ld_file_t *f = file->priv;
+    size_t *o = malloc(sizeof *o * (n ? n : 1));
+    if (!o) return cs_error_set(CS_ENOMEM, "loader: out of memory");
+    memcpy(o, order, sizeof *o * n);
+    free(f->order);
+    f->order = o;
+    f->n_order = n;
+    f->order_at = 0;
     return CS_OK;
 }
 

@@ -50,6 +50,7 @@ typedef struct lora_file {
     bool registered;        /* its reads went into a pooled buffer registered with the ring */
     int status;             /* CS_OK, or CS_ENOTFOUND (no such file), CS_EIO, CS_ENOMEM */
     char error[384];        /* with status != CS_OK: what failed, naming the file */
+    void *priv;             /* the loader's */
 } lora_file_t;
 
 /* Called exactly once per submitted job: from the loader thread when all its files are
@@ -70,6 +71,20 @@ void lora_loader_free(lora_loader_t *l);
  * from a done callback. CS_ENOMEM, or CS_EINVAL after lora_loader_free has begun. */
 int lora_loader_submit(lora_loader_t *l, const char *const *paths, size_t n,
                        lora_loader_done_fn done, void *user);
+
+/* A file streamed as it is read (the cold start: an adapter's layers are used as they
+ * arrive): one file, read in chunks of chunk_bytes; after each chunk is in, CHUNK(USER, FILE,
+ * INDEX, CHUNK_BYTES) runs on the loader thread, and from then on FILE->data holds bytes
+ * [INDEX * CHUNK_BYTES, min(len, (INDEX + 1) * CHUNK_BYTES)) (other chunks may still be in
+ * flight; FILE->len is the file's size from statx). Chunks go in file order unless a CHUNK
+ * callback asks for another (lora_loader_reorder). DONE reports the whole file as for
+ * lora_loader_submit; a chunk is reported only while the file has not failed. */
+typedef void (*lora_loader_chunk_fn)(void *user, lora_file_t *file, size_t index, size_t chunk_bytes);
+int lora_loader_submit_stream(lora_loader_t *l, const char *path, lora_loader_chunk_fn chunk,
+                              lora_loader_done_fn done, void *user);
+/* From a CHUNK callback of FILE: read the chunks ORDER[0..n) first, in that order (those
+ * issued already are skipped), then what is left in file order. CS_ENOMEM. */
+int lora_loader_reorder(lora_file_t *file, const size_t *order, size_t n);
 
 /* Call FN(USER) from the loader thread after MS milliseconds (an io_uring timeout, so the
  * thread keeps serving files meanwhile). Timers still pending at lora_loader_free are

@@ -499,9 +499,42 @@ err:
     return rc;
 }
 
+/* the names of layer L's target T tensors */
+static void tensor_names(int l, int t, char *na, char *nb, size_t cap) {
+    snprintf(na, cap, PREFIX "model.layers.%d.%s.%s.lora_A.weight", l, target_parent[t], lora_target_names[t]);
+    snprintf(nb, cap, PREFIX "model.layers.%d.%s.%s.lora_B.weight", l, target_parent[t], lora_target_names[t]);
+}
+
+/* MOD's A, B and Bᵀ from tensors TA and TB (checked; MOD's memory allocated) */
+static int copy_module(const char *dir, lora_module_t *mod, const st_tensor_t *ta, const st_tensor_t *tb) {
+    int rc;
+    size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank, es = cs_dtype_size(mod->dtype);
+    if (mod->dtype == CS_DTYPE_BF16) {
+        memcpy(mod->a, ta->data, n_a * es); /* memcpy: the file's data may be unaligned */
+        memcpy(mod->b, tb->data, n_b * es);
+        uint16_t *b16 = mod->b, *bt16 = mod->bt;
+        for (int o = 0; o < mod->d_out; o++)
+            for (int r = 0; r < mod->rank; r++) bt16[(size_t)r * mod->d_out + o] = b16[(size_t)o * mod->rank + r];
+    } else {
+        if ((rc = convert(dir, ta, mod->a, n_a)) || (rc = convert(dir, tb, mod->b, n_b))) return rc;
+        float *b32 = mod->b, *bt32 = mod->bt;
+        for (int o = 0; o < mod->d_out; o++)
+            for (int r = 0; r < mod->rank; r++) bt32[(size_t)r * mod->d_out + o] = b32[(size_t)o * mod->rank + r];
+    }
+    return CS_OK;
+}
+
+static int alloc_module(const char *dir, lora_module_t *mod) {
+    size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank, es = cs_dtype_size(mod->dtype);
+    if (!(mod->a = cs_aligned_alloc(64, n_a * es)) || !(mod->b = cs_aligned_alloc(64, n_b * es)) ||
+        !(mod->bt = cs_aligned_alloc(64, n_b * es)))
+        return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
+    return CS_OK;
+}
+
 /* Check every tensor of ST against the plan in A and set each module's dtype (BF16 kept,
  * the rest F32) and a->nbytes, the bytes the weights take; with COPY, copy them too (else
- * only the header of ST is read: lora_adapter_probe). */
+ * only the header of ST is read: lora_adapter_probe, lora_adapter_begin). */
 static int fill(const char *dir, const safetensors_t *st, const model_config_t *cfg, lora_adapter_t *a, bool copy) {
     int rc;
     a->nbytes = 0;
@@ -529,8 +562,7 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
             lora_module_t *mod = lora_adapter_module(a, l, (lora_target)t);
             if (mod->rank == 0) continue;
             char na[256], nb[256], why[200];
-            snprintf(na, sizeof na, PREFIX "model.layers.%d.%s.%s.lora_A.weight", l, target_parent[t], lora_target_names[t]);
-            snprintf(nb, sizeof nb, PREFIX "model.layers.%d.%s.%s.lora_B.weight", l, target_parent[t], lora_target_names[t]);
+            tensor_names(l, t, na, nb, sizeof na);
             snprintf(why, sizeof why, "rank %d from adapter_config.json, %s %d -> %d", mod->rank, lora_target_names[t],
                      mod->d_in, mod->d_out);
             const st_tensor_t *ta, *tb;
@@ -543,25 +575,68 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
             size_t es = cs_dtype_size(mod->dtype);
             a->nbytes += (n_a + 2 * n_b) * es;
             if (!copy) continue;
-            if (!(mod->a = cs_aligned_alloc(64, n_a * es)) || !(mod->b = cs_aligned_alloc(64, n_b * es)) ||
-                !(mod->bt = cs_aligned_alloc(64, n_b * es)))
-                return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
-            if (mod->dtype == CS_DTYPE_BF16) {
-                memcpy(mod->a, ta->data, n_a * es); /* memcpy: the file's data may be unaligned */
-                memcpy(mod->b, tb->data, n_b * es);
-                uint16_t *b16 = mod->b, *bt16 = mod->bt;
-                for (int o = 0; o < mod->d_out; o++)
-                    for (int r = 0; r < mod->rank; r++) bt16[(size_t)r * mod->d_out + o] = b16[(size_t)o * mod->rank + r];
-            } else {
-                if ((rc = convert(dir, ta, mod->a, n_a)) || (rc = convert(dir, tb, mod->b, n_b))) return rc;
-                float *b32 = mod->b, *bt32 = mod->bt;
-                for (int o = 0; o < mod->d_out; o++)
-                    for (int r = 0; r < mod->rank; r++) bt32[(size_t)r * mod->d_out + o] = b32[(size_t)o * mod->rank + r];
-            }
+            if ((rc = alloc_module(dir, mod)) || (rc = copy_module(dir, mod, ta, tb))) return rc;
         }
+    }
+    if (copy) a->host_layers = (uint32_t)a->n_layers;
+    return CS_OK;
+}
+
+int lora_adapter_begin(const char *name, const char *dir, const char *config_json, size_t config_len,
+                       const safetensors_t *st, const model_config_t *cfg, lora_adapter_t **out) {
+    lora_adapter_t *a;
+    int rc;
+    *out = NULL;
+    if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
+    if ((rc = fill(dir, st, cfg, a, false)) != CS_OK) goto err;
+    for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++)
+        if (a->mods[i].rank > 0 && (rc = alloc_module(dir, &a->mods[i])) != CS_OK) goto err;
+    a->host_layers = 0;
+    *out = a;
+    return CS_OK;
+err:
+    lora_adapter_free(a);
+    return rc;
+}
+
+void lora_adapter_layer_span(const lora_adapter_t *a, const safetensors_t *st, const void *base, int l,
+                             size_t *begin, size_t *end) {
+    size_t b = SIZE_MAX, e = 0;
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
+        if (lora_adapter_module(a, l, (lora_target)t)->rank == 0) continue;
+        char na[256], nb[256];
+        tensor_names(l, t, na, nb, sizeof na);
+        const st_tensor_t *ts[2] = {safetensors_find(st, na), safetensors_find(st, nb)};
+        for (int k = 0; k < 2; k++) {
+            if (!ts[k]) continue; /* lora_adapter_begin checked them all */
+            size_t off = (size_t)((const char *)ts[k]->data - (const char *)base);
+            b = CS_MIN(b, off);
+            e = CS_MAX(e, off + ts[k]->nbytes);
+        }
+    }
+    *begin = b == SIZE_MAX ? 0 : b;
+    *end = e;
+}
+
+int lora_adapter_fill_layers(lora_adapter_t *a, const safetensors_t *st, int l0, int l1) {
+    CS_ASSERT(l0 == (int)a->host_layers && l1 <= a->n_layers);
+    for (int l = l0; l < l1; l++) {
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            lora_module_t *mod = lora_adapter_module(a, l, (lora_target)t);
+            if (mod->rank == 0) continue;
+            char na[256], nb[256];
+            tensor_names(l, t, na, nb, sizeof na);
+            const st_tensor_t *ta = safetensors_find(st, na), *tb = safetensors_find(st, nb);
+            CS_ASSERT(ta && tb); /* lora_adapter_begin checked them against the same header */
+            int rc = copy_module(a->path, mod, ta, tb);
+            if (rc) return rc;
+        }
+        cs_flag_store(&a->host_layers, (uint32_t)(l + 1)); /* release: the layer's weights before */
     }
     return CS_OK;
 }
+
+void lora_adapter_host_fail(lora_adapter_t *a) { cs_flag_store(&a->host_layers, LORA_HOST_FAILED); }
 
 int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t **out) {
     int rc = CS_OK;
@@ -681,7 +756,12 @@ static int upload(const lora_adapter_t *a, backend_t *be, int group, void (*on_g
         const lora_module_t *m = &a->mods[i];
         md[i] = (backend_lora_module_desc_t){m->rank, m->d_in, m->d_out, m->scale, m->dtype, m->a, m->b, m->bt};
     }
-    backend_adapter_desc_t d = {a->n_layers, md, true};
+    backend_adapter_desc_t d = {a->n_layers, md, true, false, 0};
+    uint32_t host = cs_flag_load(&a->host_layers);
+    if (group > 0 && host < (uint32_t)a->n_layers) { /* still streaming in from disk: fed as it comes */
+        d.host_partial = true;
+        d.host_ready = (int)host;
+    }
     int rc = group > 0 ? backend_adapter_stream(be, &d, group, on_group, user, out) : backend_adapter_upload(be, &d, out);
     free(md);
     return rc;

@@ -36,9 +36,23 @@ typedef struct lora_adapter {
     int n_layers;
     int max_rank;
     size_t nbytes;          /* bytes of A, B and Bᵀ held (in their dtype) */
+    uint32_t host_layers;   /* layers whose weights are in (a cs_flag, read with cs_flag_load):
+                             * n_layers once loaded; a load streaming in (lora_adapter_begin)
+                             * raises it layer by layer, and sets LORA_HOST_FAILED (above any
+                             * count) when it fails part way: what is not there stays zero */
     lora_module_t *mods;    /* [n_layers * LORA_N_TARGETS] */
     struct lora_slot *slots; /* its backend adapter slots (lora_adapter_slot), freed with it */
 } lora_adapter_t;
+
+#define LORA_HOST_FAILED 0x40000000u
+
+/* every layer's weights are in host memory (a load streaming in has finished) */
+static inline bool lora_adapter_complete(const lora_adapter_t *a) {
+    return cs_flag_load(&a->host_layers) == (uint32_t)a->n_layers;
+}
+static inline bool lora_adapter_failed(const lora_adapter_t *a) {
+    return cs_flag_load(&a->host_layers) == LORA_HOST_FAILED;
+}
 
 static inline lora_module_t *lora_adapter_module(const lora_adapter_t *a, int layer, lora_target t) {
     return &a->mods[layer * LORA_N_TARGETS + t];
@@ -56,6 +70,21 @@ int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t
 int lora_adapter_load_buffers(const char *name, const char *dir, const char *config_json,
                               size_t config_len, const struct safetensors *st,
                               const model_config_t *cfg, lora_adapter_t **out);
+
+/* A load that streams in (the cold start: the io_uring loader's chunks, read in layer
+ * order). lora_adapter_begin plans and checks the adapter from CONFIG_JSON and ST, of which
+ * only the header is read, and allocates every module (host_layers = 0);
+ * lora_adapter_layer_span gives the bytes of the file (offsets from BASE, the buffer ST was
+ * opened on) that layer L's tensors take; lora_adapter_fill_layers copies layers [L0, L1)
+ * from ST, whose bytes must be in by then, raising host_layers after each (L0 must be
+ * host_layers: layers come in order); lora_adapter_host_fail marks a load that failed part
+ * way. One thread fills; any may read host_layers. */
+int lora_adapter_begin(const char *name, const char *dir, const char *config_json, size_t config_len,
+                       const struct safetensors *st, const model_config_t *cfg, lora_adapter_t **out);
+void lora_adapter_layer_span(const lora_adapter_t *a, const struct safetensors *st, const void *base, int l,
+                             size_t *begin, size_t *end);
+int lora_adapter_fill_layers(lora_adapter_t *a, const struct safetensors *st, int l0, int l1);
+void lora_adapter_host_fail(lora_adapter_t *a);
 
 /* Bytes of F32 A, B and Bᵀ that adapter_config.json CONFIG_JSON implies for this base model,
  * with the same checks of the config as a load: a bound on the nbytes of the adapter it

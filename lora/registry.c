@@ -56,6 +56,8 @@ struct lora_entry {
     elink_t dq;             /* r->dlru */
     lora_adapter_info_t info; /* rank, targets, bytes: probed at registration, or at the load */
     bool info_known;
+    struct hstream *hs;     /* a load streaming in (stream_host): the loader thread's while in_io */
+    backend_adapter_t *feed_slot; /* the slot that takes the host layers as they come (under r->smu) */
     void *config;           /* adapter_config.json text between the two reads */
     size_t config_len;
     lora_adapter_t *adapter;
@@ -98,6 +100,7 @@ struct lora_registry {
     uint64_t streams;
     double stream_ms;
     struct streamed *sq;    /* slots complete, for on_streamed on the loader thread */
+    bool stream_host;       /* p.stream_host, and the device can take a host copy still coming in */
     bool flush_pending;     /* a loader timer will call flush_streamed */
     bool no_loader;         /* the loader is going: no more timers */
 };
@@ -287,6 +290,9 @@ static void device_drop(lora_registry_t *r, lora_entry_t *e) {
         list_del(&r->dlru, e, dlink);
         e->on_dlru = false;
     }
+    pthread_mutex_lock(&r->smu);
+    e->feed_slot = NULL;            /* the loader feeds it no more */
+    pthread_mutex_unlock(&r->smu);
     backend_adapter_free(r->p.device, e->dslot); /* waits for copies still streaming into it */
     e->dslot = NULL;
     free(e->ds);
@@ -391,13 +397,46 @@ static bool try_reserve(lora_registry_t *r, lora_entry_t *e) {
 }
 
 static void weights_done(void *user, lora_file_t *files, size_t n);
+static void weights_chunk(void *user, lora_file_t *file, size_t index, size_t chunk);
+
+/* A load streaming in (stream_host): the loader thread's state, chunk by chunk. */
+typedef struct hstream {
+    size_t chunk, n_chunks;
+    uint8_t *got;           /* [n_chunks]: in */
+    safetensors_t *st;      /* the header, over the file's buffer, once its chunks are in */
+    lora_adapter_t *a;      /* begun from it (e->adapter once published) */
+    size_t *first, *last;   /* [n_layers]: the chunks each layer's tensors take */
+    int filled;             /* layers copied into a */
+    int rc;                 /* a failure found on the way (the header, a changed file, memory) */
+    char msg[1024];
+} hstream_t;
+
+static void hstream_free(hstream_t *hs) {
+    if (!hs) return;
+    safetensors_free(hs->st);
+    free(hs->got);
+    free(hs->first);
+    free(hs->last);
+    free(hs);
+}
 
 /* Room is reserved: queue the read of the weights. */
 static void start_weights(lora_registry_t *r, lora_entry_t *e) {
     char *path = cs_path_join(e->dir, "adapter_model.safetensors");
     const char *paths[1] = { path };
-    int rc = path ? lora_loader_submit(r->loader, paths, 1, weights_done, e)
-                  : cs_error_set(CS_ENOMEM, "out of memory");
+    int rc;
+    if (!path) {
+        rc = cs_error_set(CS_ENOMEM, "out of memory");
+    } else if (r->stream_host) {
+        rc = (e->hs = calloc(1, sizeof *e->hs)) ? lora_loader_submit_stream(r->loader, path, weights_chunk, weights_done, e)
+                                                : cs_error_set(CS_ENOMEM, "out of memory");
+        if (rc) {
+            hstream_free(e->hs);
+            e->hs = NULL;
+        }
+    } else {
+        rc = lora_loader_submit(r->loader, paths, 1, weights_done, e);
+    }
     free(path);
     if (rc != CS_OK) {
         fail(r, e, rc, cs_error_last());
@@ -470,6 +509,112 @@ static void config_done(void *user, lora_file_t *files, size_t n) {
     if (finished) notify(r, closing);
 }
 
+/* Publish the adapter begun from the header (loader thread): acquire may hand it out from
+ * now on (stream_host), its layers arriving behind. */
+static void publish_begun(lora_registry_t *r, lora_entry_t *e, lora_adapter_t *a) {
+    pthread_mutex_lock(&r->mu);
+    bool closing = r->closing;
+    r->used_bytes -= e->nbytes - a->nbytes; /* without a probe the room reserved was the F32 bound */
+    e->nbytes = a->nbytes;
+    e->adapter = a;
+    e->ref.adapter = a;
+    if (!e->info_known) lora_adapter_info(a, &e->info);
+    e->info_known = true;
+    r->stats.host_streams++;
+    pthread_mutex_unlock(&r->mu);
+    notify(r, closing); /* waiting requests may start on it */
+}
+
+/* As far as the chunks in allow: the header parsed and the adapter begun (its layers' chunks
+ * asked for in layer order), then every layer whose chunks are all in copied, and fed to
+ * the slot streaming it to the device. Loader thread; takes r->mu only to publish. */
+static void stream_advance(lora_registry_t *r, lora_entry_t *e, lora_file_t *f) {
+    hstream_t *hs = e->hs;
+    if (hs->rc) return;
+    const unsigned char *p = f->data;
+    if (!hs->st) {
+        if (!hs->n_chunks || !hs->got[0] || f->len < 8) return;
+        uint64_t hlen = 0;
+        for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
+        size_t need = hlen > f->len - 8 ? f->len : (size_t)hlen + 8; /* too long: the parse says so */
+        for (size_t c = 0; c * hs->chunk < need; c++)
+            if (!hs->got[c]) return;
+        lora_adapter_t *a = NULL;
+        int rc = safetensors_open_buffer(f->path, f->data, f->len, false, &hs->st);
+        if (rc == CS_OK) rc = lora_adapter_begin(e->name, e->dir, e->config, e->config_len, hs->st, r->p.cfg, &a);
+        if (rc != CS_OK) {
+            hs->rc = rc;
+            snprintf(hs->msg, sizeof hs->msg, "%s", cs_error_last());
+            return;
+        }
+        if (a->nbytes > e->nbytes) { /* e->nbytes: only the load's thread writes it now */
+            hs->rc = CS_EFORMAT;
+            snprintf(hs->msg, sizeof hs->msg, "%s: the adapter's files changed since it was registered (%zu bytes of "
+                     "weights now, %zu then): add it again", e->dir, a->nbytes, e->nbytes);
+            lora_adapter_free(a);
+            return;
+        }
+        int nl = a->n_layers;
+        size_t *order = malloc(sizeof *order * hs->n_chunks);
+        if (!(hs->first = malloc(sizeof *hs->first * (size_t)(nl ? nl : 1))) ||
+            !(hs->last = malloc(sizeof *hs->last * (size_t)(nl ? nl : 1))) || !order) {
+            free(order);
+            lora_adapter_free(a);
+            hs->rc = CS_ENOMEM;
+            snprintf(hs->msg, sizeof hs->msg, "%s: out of memory", e->dir);
+            return;
+        }
+        /* PEFT files hold the layers in name order (0, 1, 10, 11, ..., 2, 20, ...): the reads
+         * go layer by layer instead, so layer l is in after about (l + 1) / n of the file */
+        size_t n_order = 0;
+        for (int l = 0; l < nl; l++) {
+            size_t b, en;
+            lora_adapter_layer_span(a, hs->st, f->data, l, &b, &en);
+            hs->first[l] = b / hs->chunk;
+            hs->last[l] = en > b ? (en - 1) / hs->chunk : hs->first[l];
+            for (size_t c = hs->first[l]; c <= hs->last[l] && c < hs->n_chunks && n_order < hs->n_chunks; c++)
+                if (!n_order || order[n_order - 1] != c) order[n_order++] = c; /* a chunk two layers share: once */
+        }
+        lora_loader_reorder(f, order, n_order); /* out of memory: file order, no harm */
+        free(order);
+        hs->a = a;
+        publish_begun(r, e, a);
+    }
+    int nl = hs->a->n_layers;
+    while (hs->filled < nl) {
+        bool in = true;
+        for (size_t c = hs->first[hs->filled]; in && c <= hs->last[hs->filled] && c < hs->n_chunks; c++) in = hs->got[c];
+        if (!in) break;
+        int rc = lora_adapter_fill_layers(hs->a, hs->st, hs->filled, hs->filled + 1);
+        if (rc != CS_OK) {
+            hs->rc = rc;
+            snprintf(hs->msg, sizeof hs->msg, "%s", cs_error_last());
+            return;
+        }
+        hs->filled++;
+        pthread_mutex_lock(&r->smu); /* the device slot takes it at once */
+        if (e->feed_slot) backend_adapter_feed(r->p.device, e->feed_slot, hs->filled);
+        if (hs->filled == nl) e->feed_slot = NULL;
+        pthread_mutex_unlock(&r->smu);
+    }
+}
+
+static void weights_chunk(void *user, lora_file_t *f, size_t index, size_t chunk) {
+    lora_entry_t *e = user;
+    hstream_t *hs = e->hs;
+    if (!hs->got) {
+        hs->chunk = chunk;
+        hs->n_chunks = (f->len + chunk - 1) / chunk;
+        if (!(hs->got = calloc(hs->n_chunks ? hs->n_chunks : 1, 1))) {
+            hs->rc = CS_ENOMEM;
+            snprintf(hs->msg, sizeof hs->msg, "%s: out of memory", e->dir);
+            return;
+        }
+    }
+    hs->got[index] = 1;
+    stream_advance(e->r, e, f);
+}
+
 static void weights_done(void *user, lora_file_t *files, size_t n) {
     lora_entry_t *e = user;
     lora_registry_t *r = e->r;
@@ -480,8 +625,29 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
     CS_ASSERT(n == 1);
     int rc = files[0].status;
     bool direct = files[0].direct;
+    hstream_t *hs = e->hs;
+    bool published = hs && hs->a;   /* requests may hold it already */
     if (rc != CS_OK) {
         snprintf(msg, sizeof msg, "%s", files[0].error);
+    } else if (hs) {
+        /* every chunk is in: what the chunks left (an empty file, a header never complete) */
+        if (!hs->got && files[0].len) {
+            hs->chunk = files[0].len;
+            hs->n_chunks = 1;
+            hs->got = calloc(1, 1);
+        }
+        if (hs->got) memset(hs->got, 1, hs->n_chunks);
+        if (hs->got || !files[0].len) stream_advance(r, e, &files[0]);
+        published = hs->a != NULL;
+        if (!hs->rc && !hs->a) { /* a file too short for a header: the parse's message */
+            safetensors_t *st = NULL;
+            hs->rc = safetensors_open_buffer(files[0].path, files[0].data, files[0].len, false, &st);
+            if (!hs->rc) hs->rc = cs_error_set(CS_EFORMAT, "%s: no header", files[0].path);
+            snprintf(hs->msg, sizeof hs->msg, "%s", cs_error_last());
+            safetensors_free(st);
+        }
+        if ((rc = hs->rc) != CS_OK) snprintf(msg, sizeof msg, "%s", hs->msg);
+        else a = hs->a;
     } else {
         /* e->config, name and dir are this load's alone until in_io is cleared */
         safetensors_t *st = NULL;
@@ -492,17 +658,26 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         if (rc != CS_OK) snprintf(msg, sizeof msg, "%s", cs_error_last());
         safetensors_free(st);
     }
+    if (hs && hs->a && hs->filled == hs->a->n_layers && rc != CS_OK && !hs->rc) {
+        rc = CS_OK; /* every byte was in and used: a later error (the close) changes nothing */
+        a = hs->a;
+    }
+    lora_adapter_t *pa = published ? hs->a : NULL;
+    if (hs) {
+        hstream_free(hs);
+        e->hs = NULL;
+    }
 
     pthread_mutex_lock(&r->mu);
     bool closing = r->closing;
     e->in_io = false;
     free(e->config);
     e->config = NULL;
-    if (!wanted(e)) {
+    if (!published && !wanted(e)) {
         lora_adapter_free(a);
         maybe_free(r, e);
         pump(r);
-    } else if (rc == CS_OK && a->nbytes > e->nbytes) { /* changed on disk since registration */
+    } else if (!published && rc == CS_OK && a->nbytes > e->nbytes) { /* changed on disk since registration */
         snprintf(msg, sizeof msg, "%s: the adapter's files changed since it was registered (%zu bytes of weights "
                  "now, %zu then): add it again", e->dir, a->nbytes, e->nbytes);
         lora_adapter_free(a);
@@ -510,23 +685,34 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         pump(r);
     } else if (rc != CS_OK) {
         fail(r, e, rc, msg);
+        if (pa) lora_adapter_host_fail(pa); /* its holders' waits end; they fail, with msg */
+        if (pa && e->refs == 0) { /* nobody holds the part that came: it goes */
+            device_drop(r, e);
+            lora_adapter_free(e->adapter);
+            e->adapter = NULL;
+            e->ref.adapter = NULL;
+        }
+        if (!wanted(e)) maybe_free(r, e);
         pump(r);
     } else {
-        /* without a probe the room reserved was the F32 bound: BF16 weights give half back */
-        CS_ASSERT(e->refs == 0);
-        r->used_bytes -= e->nbytes - a->nbytes;
-        e->nbytes = a->nbytes;
-        e->adapter = a;
-        e->ref.adapter = a;
-        if (!e->info_known) lora_adapter_info(a, &e->info);
-        e->info_known = true;
+        if (!published) {
+            /* without a probe the room reserved was the F32 bound: BF16 weights give half back */
+            CS_ASSERT(e->refs == 0);
+            r->used_bytes -= e->nbytes - a->nbytes;
+            e->nbytes = a->nbytes;
+            e->adapter = a;
+            e->ref.adapter = a;
+            if (!e->info_known) lora_adapter_info(a, &e->info);
+            e->info_known = true;
+        }
         set_state(r, e, LORA_RESIDENT);
         e->fresh_until = cs_time_ms() + (r->p.fresh_ms > 0 ? r->p.fresh_ms : LORA_FRESH_MS_DEFAULT);
-        if (e->kept) lru_add(r, e); /* a dropped, pinned one waits for its pinners, unevictable */
+        if (e->kept && e->refs == 0) lru_add(r, e); /* a dropped, pinned one waits for its pinners, unevictable */
         r->stats.loads++;
         r->stats.loads_direct += direct;
         load_s = (cs_time_ms() - e->load_started) / 1000.0;
         snprintf(lname, sizeof lname, "%s", e->name);
+        if (!wanted(e)) maybe_free(r, e);
         pump(r);    /* at worst, arms the timer for when its grace ends */
     }
     pthread_mutex_unlock(&r->mu);
@@ -543,6 +729,7 @@ int lora_registry_new(const lora_registry_params_t *p, lora_registry_t **out) {
     lora_registry_t *r = calloc(1, sizeof *r);
     if (!r) return cs_error_set(CS_ENOMEM, "lora registry: out of memory");
     r->p = *p;
+    r->stream_host = p->stream_host && p->stream_group > 0 && p->device && backend_can_feed(p->device);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->smu, NULL);
     r->n_buckets = 64;
@@ -773,6 +960,12 @@ static int acquire_entry(lora_registry_t *r, lora_entry_t *e, lora_ref_t **out) 
         *out = &e->ref;
         break;
     case LORA_LOADING:
+        if (e->adapter) { /* streaming in from disk (stream_host): its layers follow */
+            e->refs++;
+            r->stats.partial_acquires++;
+            *out = &e->ref;
+            break;
+        }
         rc = cs_error_set(CS_EAGAIN, e->waiting ? "adapter '%s' version %d waits for room in the host cache "
                                                   "(every cached adapter is in use)"
                                                 : "adapter '%s' version %d is loading", name, e->version);
@@ -782,8 +975,8 @@ static int acquire_entry(lora_registry_t *r, lora_entry_t *e, lora_ref_t **out) 
          * tried again by the first request LORA_RETRY_MS after it failed; the requests in
          * between fail at once with its error. A file whose content is wrong stays failed
          * (its version is what it is: push or load a new one). */
-        if ((e->err == CS_EIO || e->err == CS_ENOTFOUND || e->err == CS_ENOMEM) &&
-            cs_time_ms() - e->failed_at >= LORA_RETRY_MS) {
+        if ((e->err == CS_EIO || e->err == CS_ENOTFOUND || e->err == CS_ENOMEM) && !e->adapter &&
+            cs_time_ms() - e->failed_at >= LORA_RETRY_MS) { /* (not while the part that came is held) */
             set_state(r, e, LORA_ON_DISK);
             r->stats.load_retries++;
             goto on_disk;
@@ -880,11 +1073,20 @@ void lora_registry_release(lora_registry_t *r, lora_ref_t *ref) {
     if (!ref) return;
     lora_entry_t *e = (lora_entry_t *)((char *)ref - offsetof(lora_entry_t, ref));
     pthread_mutex_lock(&r->mu);
-    CS_ASSERT(e->r == r && e->refs > 0 && e->state == LORA_RESIDENT);
+    CS_ASSERT(e->r == r && e->refs > 0 && e->adapter);
     CS_ASSERT(e->refs > 1 || e->drefs == 0); /* device references end before the last host one */
     if (--e->refs == 0) {
-        if (e->kept) lru_add(r, e);
-        else maybe_free(r, e);
+        if (e->state == LORA_FAILED) { /* failed part way in: what came goes */
+            device_drop(r, e);
+            lora_adapter_free(e->adapter);
+            e->adapter = NULL;
+            e->ref.adapter = NULL;
+            maybe_free(r, e);
+        } else if (e->state == LORA_RESIDENT && e->kept) {
+            lru_add(r, e);
+        } else {
+            maybe_free(r, e); /* streaming in (in_io): later */
+        }
         pump(r);
     }
     pthread_mutex_unlock(&r->mu);
@@ -908,7 +1110,7 @@ int lora_registry_state(lora_registry_t *r, const char *name, lora_state *st, in
 
 static lora_entry_t *entry_of(lora_registry_t *r, lora_ref_t *ref) {
     lora_entry_t *e = (lora_entry_t *)((char *)ref - offsetof(lora_entry_t, ref));
-    CS_ASSERT(e->r == r && e->refs > 0 && e->state == LORA_RESIDENT);
+    CS_ASSERT(e->r == r && e->refs > 0 && e->adapter);
     return e;
 }
 
@@ -936,6 +1138,12 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
     pthread_mutex_lock(&r->mu);
     lora_entry_t *e = entry_of(r, ref);
     CS_ASSERT(!e->dbusy); /* one caller (the engine thread) */
+    if (e->state == LORA_FAILED) { /* it failed part way in from disk */
+        int rc = cs_error_set(e->err, "adapter '%s' version %d: %s", e->name, e->version,
+                              e->errmsg ? e->errmsg : cs_strerror(e->err));
+        pthread_mutex_unlock(&r->mu);
+        return rc;
+    }
     if (e->dslot) {
         if (e->on_dlru) {
             list_del(&r->dlru, e, dlink);
@@ -981,6 +1189,16 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
         rc = lora_adapter_upload(e->adapter, r->p.device, &s);
     }
     size_t got = rc == CS_OK ? backend_adapter_bytes(r->p.device, s) : 0;
+    if (rc == CS_OK && ds && r->stream_host) {
+        /* a host copy still streaming in from disk when the slot was made took what was
+         * there then: the loader feeds it the rest as layers come, and this what came since
+         * (feeding what a slot has is nothing) */
+        pthread_mutex_lock(&r->smu);
+        uint32_t h = cs_flag_load(&e->adapter->host_layers);
+        if (h != LORA_HOST_FAILED) backend_adapter_feed(r->p.device, s, (int)h);
+        if (h < (uint32_t)e->adapter->n_layers) e->feed_slot = s;
+        pthread_mutex_unlock(&r->smu);
+    }
 
     pthread_mutex_lock(&r->mu);
     e->dbusy = false;
@@ -1021,6 +1239,16 @@ void lora_registry_device_release(lora_registry_t *r, lora_ref_t *ref) {
         e->on_dlru = true;
     }
     pthread_mutex_unlock(&r->mu);
+}
+
+int lora_registry_ref_failed(lora_registry_t *r, lora_ref_t *ref) {
+    pthread_mutex_lock(&r->mu);
+    lora_entry_t *e = entry_of(r, ref);
+    int rc = e->state != LORA_FAILED ? CS_OK
+                                     : cs_error_set(e->err, "adapter '%s' version %d: %s", e->name, e->version,
+                                                    e->errmsg ? e->errmsg : cs_strerror(e->err));
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 bool lora_registry_on_device(lora_registry_t *r, lora_ref_t *ref) {

@@ -61,6 +61,14 @@ typedef struct lora_registry_params {
     int stream_group;                /* > 0: a slot streams in, this many layers at a time
                                       * (backend_adapter_stream), usable from its first group
                                       * on (the cold start); 0: uploaded whole before use */
+    bool stream_host;                /* with stream_group, on a device that can take it
+                                      * (backend_can_feed): an adapter file is read chunk by
+                                      * chunk in layer order, and acquire hands the adapter out
+                                      * (CS_OK, state still LOADING) once its header is read:
+                                      * its layers come in behind (lora_adapter_t.host_layers,
+                                      * fed to its device slot as they come). The holder must
+                                      * check that count, and lora_adapter_failed: a load that
+                                      * fails part way fails only the requests holding it */
     void (*on_streamed)(void *user, const char *name, double seconds); /* optional: a slot finished
                                       * streaming in: upload to last layer's arrival (called on
                                       * the loader thread, no lock held, NAME valid during the
@@ -181,8 +189,14 @@ int lora_registry_info(lora_registry_t *r, const char *name, int version, lora_a
  * reference is released. Engine thread only (the upload runs without the registry lock). */
 int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_adapter_t **slot);
 void lora_registry_device_release(lora_registry_t *r, lora_ref_t *ref);
+/* CS_OK, or the load's error (cs_error_last names adapter, version and file) when REF's
+ * adapter failed part way in from disk (stream_host; lora_adapter_failed says so first). */
+int lora_registry_ref_failed(lora_registry_t *r, lora_ref_t *ref);
 /* Whether REF's adapter holds a device slot now. */
 bool lora_registry_on_device(lora_registry_t *r, lora_ref_t *ref);
+/* A device reference to an adapter still streaming in from disk (stream_host) makes a
+ * slot that the loader feeds as its layers come; an adapter that failed part way answers
+ * its load's error. */
 /* Layers of SLOT (from device_acquire of REF) in place: REF's n_layers once it is complete
  * (always, without streaming). Engine thread; no lock. */
 int lora_registry_device_arrived(lora_registry_t *r, lora_ref_t *ref, backend_adapter_t *slot);
@@ -208,6 +222,9 @@ typedef struct lora_registry_stats {
     uint64_t device_waits;   /* device acquires answered CS_EAGAIN (every slot running) */
     uint64_t device_streams; /* slots that streamed in completely (stream_group > 0) */
     double device_stream_ms; /* their upload-to-last-layer times, summed */
+    uint64_t host_streams;   /* loads whose adapter was handed out while still streaming in
+                              * from disk (stream_host: its header read) */
+    uint64_t partial_acquires; /* acquires answered CS_OK for an adapter still streaming in */
 } lora_registry_stats_t;
 
 /* A consistent snapshot of the counters. */

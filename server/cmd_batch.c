@@ -516,7 +516,7 @@ int cmd_batch(int argc, char **argv) {
     model_set_assist(model, assist);
     lora_registry_params_t lp = {.cfg = cfg, .buffered_io = buffered_io, .cache_bytes = (size_t)lora_bytes, .max_loras = max_cpu_loras,
                                  .device = be, .device_slots = max_loras, .on_loaded = wake_engine, .user = &engine,
-                                 .stream_group = 1};
+                                 .stream_group = 1, .stream_host = true};
     if (lora_registry_new(&lp, &reg)) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     for (int i = 0; i < n_loras; i++) {
         char *name = strdup(lora_specs[i]);
@@ -529,6 +529,11 @@ int cmd_batch(int argc, char **argv) {
          * iteration does not depend on how fast the loads were (a reproducible batch) */
         for (lora_ref_t *ref = NULL; !rc && preload;) {
             rc = lora_registry_acquire(reg, name, &ref);
+            if (rc == CS_OK && !lora_adapter_complete(ref->adapter)) {
+                lora_registry_release(reg, ref); /* still streaming in from disk (or failed: said next) */
+                ref = NULL;
+                rc = CS_EAGAIN;
+            }
             if (rc == CS_EAGAIN) { rc = 0; usleep(1000); continue; }
             if (rc) fprintf(stderr, "caraserve: adapter %s: %s\n", name, cs_error_last());
             else lora_registry_release(reg, ref);

@@ -598,7 +598,7 @@ int cmd_serve(int argc, char **argv) {
     s->vocab_size = mc->vocab_size;
     lora_registry_params_t lp = {.cfg = mc, .buffered_io = s->cfg.lora_buffered_io, .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
                                  .device = s->be, .device_slots = s->cfg.max_loras, .on_loaded = NULL, .on_load_time = server_on_load_time,
-                                 .stream_group = 1, .on_streamed = server_on_streamed,
+                                 .stream_group = 1, .stream_host = true, .on_streamed = server_on_streamed,
                                  .on_dropped = server_on_dropped, .user = s};
     size_t kv_bytes = (size_t)s->cfg.kv_cache_bytes;
     if (s->cfg.kv_cache_fraction > 0) {

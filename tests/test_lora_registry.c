@@ -395,6 +395,84 @@ START_TEST(test_loader_files) {
 }
 END_TEST
 
+/* A streamed file (lora_loader_submit_stream): each chunk reported once, its bytes in when
+ * reported; the order a first callback asks for is the order of the rest (one read in
+ * flight: deterministic); a file that shrinks part way fails after the chunks that came. */
+typedef struct streamed_got {
+    size_t order[64];
+    int n;
+    bool reorder;           /* the first callback asks for odd chunks from the top down */
+    bool bytes_ok;
+    int done;
+    int status;
+    char error[400];
+    const char *shrink;     /* truncate this file to 0 at the first callback */
+} streamed_got_t;
+
+static void sg_chunk(void *user, lora_file_t *f, size_t index, size_t chunk) {
+    streamed_got_t *g = user;
+    ck_assert_int_lt(g->n, 64);
+    g->order[g->n++] = index;
+    const unsigned char *d = f->data;
+    for (size_t i = index * chunk; i < f->len && i < (index + 1) * chunk; i++)
+        if (d[i] != pattern(7, i)) g->bytes_ok = false;
+    if (g->n == 1 && g->reorder) {
+        size_t want[8], k = 0;
+        size_t nc = (f->len + chunk - 1) / chunk;
+        for (size_t c = nc - 1; c > 0 && k < 8; c--)
+            if (c % 2) want[k++] = c;
+        ck_assert_int_eq(lora_loader_reorder(f, want, k), CS_OK);
+    }
+    if (g->n == 1 && g->shrink) ck_assert_int_eq(truncate(g->shrink, 0), 0);
+}
+
+static void sg_done(void *user, lora_file_t *files, size_t n) {
+    streamed_got_t *g = user;
+    ck_assert_uint_eq(n, 1);
+    g->status = files[0].status;
+    snprintf(g->error, sizeof g->error, "%s", files[0].error);
+    __atomic_store_n(&g->done, 1, __ATOMIC_RELEASE);
+}
+
+START_TEST(test_loader_stream) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/streamed", root);
+    size_t len = 10 * 4096 + 123; /* 11 chunks */
+    write_pattern(path, 7, len);
+    lora_loader_params_t lp = { .queue_depth = 1, .chunk_bytes = 4096 };
+    lora_loader_t *l;
+    ck_assert_int_eq(lora_loader_init(&lp, &l), CS_OK);
+    for (int mode = 0; mode < 2; mode++) {
+        streamed_got_t g = { .reorder = mode == 1, .bytes_ok = true };
+        ck_assert_int_eq(lora_loader_submit_stream(l, path, sg_chunk, sg_done, &g), CS_OK);
+        double t0 = cs_time_ms();
+        while (!__atomic_load_n(&g.done, __ATOMIC_ACQUIRE)) {
+            ck_assert_msg(cs_time_ms() - t0 < 120000, "streamed load not done after 120 s");
+            usleep(1000);
+        }
+        ck_assert_msg(g.status == CS_OK, "%s", g.error);
+        ck_assert(g.bytes_ok);
+        ck_assert_int_eq(g.n, 11);
+        static const size_t in_order[11] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+        static const size_t asked[11] = {0, 9, 7, 5, 3, 1, 2, 4, 6, 8, 10};
+        for (int i = 0; i < 11; i++) ck_assert_uint_eq(g.order[i], mode ? asked[i] : in_order[i]);
+    }
+    /* the file shrinks after its first chunk: the load fails, naming it; no chunk past the
+     * end is reported */
+    streamed_got_t g = { .bytes_ok = true, .shrink = path };
+    ck_assert_int_eq(lora_loader_submit_stream(l, path, sg_chunk, sg_done, &g), CS_OK);
+    double t0 = cs_time_ms();
+    while (!__atomic_load_n(&g.done, __ATOMIC_ACQUIRE)) {
+        ck_assert_msg(cs_time_ms() - t0 < 120000, "streamed load not done after 120 s");
+        usleep(1000);
+    }
+    ck_assert_int_eq(g.status, CS_EIO);
+    ck_assert_msg(strstr(g.error, "streamed"), "message: %s", g.error);
+    ck_assert_int_eq(g.n, 1);
+    lora_loader_free(l);
+}
+END_TEST
+
 /* The pool: files from 2 MiB up are read into registered buffers the loader reuses once a
  * callback has returned without taking them; a taken one leaves the pool (the taker frees it);
  * a file larger than the pool gets a buffer of its own. Every load checked byte for byte. */
@@ -1373,6 +1451,115 @@ START_TEST(test_device_tier) {
 }
 END_TEST
 
+/* stream_host: an adapter file read chunk by chunk (4 KiB, CS_FAULT_LOAD_CHUNK) is handed
+ * out once its header is in, its layers following; the test hold (CS_FAULT_HOLD_*) stops the
+ * reads after 5 chunks (layer 0 of 3 complete) until a gate file goes, so the states below
+ * are the loader's and not thread timing's. The device slot (lockstep) takes layers as they
+ * are fed; every byte ends equal to lora_adapter_load's. A file truncated while held fails
+ * its holder (lora_adapter_failed, lora_registry_ref_failed naming the file) and nobody else. */
+static bool modules_equal_upto(const lora_adapter_t *x, const lora_adapter_t *y, int layers) {
+    for (int l = 0; l < layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            const lora_module_t *a = lora_adapter_module(x, l, (lora_target)t), *b = lora_adapter_module(y, l, (lora_target)t);
+            if (a->rank != b->rank || a->dtype != b->dtype) return false;
+            if (!a->rank) continue;
+            size_t es = cs_dtype_size(a->dtype), na = (size_t)a->rank * a->d_in * es, nb = (size_t)a->rank * a->d_out * es;
+            if (memcmp(a->a, b->a, na) || memcmp(a->b, b->b, nb) || memcmp(a->bt, b->bt, nb)) return false;
+        }
+    return true;
+}
+
+START_TEST(test_stream_host) {
+    char gate[300];
+    snprintf(gate, sizeof gate, "%s/gate", root);
+    setenv("CS_FAULT_LOAD_CHUNK", "4096", 1);
+    setenv("CS_FAULT_HOLD_PATH", "/hold_", 1);
+    setenv("CS_FAULT_HOLD_CHUNKS", "5", 1);
+    setenv("CS_FAULT_HOLD_WHILE", gate, 1);
+    backend_t *dev = strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 1}, .lockstep = true});
+    ck_assert_ptr_nonnull(dev);
+    lora_registry_params_t p = { .cfg = &base, .on_loaded = on_loaded, .device = dev, .stream_group = 1,
+                                 .stream_host = true };
+    lora_registry_t *r = NULL;
+    ck_assert_int_eq(lora_registry_new(&p, &r), CS_OK);
+    pthread_mutex_lock(&ev_mu);
+    ev_reg = r;
+    pthread_mutex_unlock(&ev_mu);
+    unsetenv("CS_FAULT_LOAD_CHUNK");
+    unsetenv("CS_FAULT_HOLD_PATH");
+    unsetenv("CS_FAULT_HOLD_CHUNKS");
+    unsetenv("CS_FAULT_HOLD_WHILE");
+
+    lora_adapter_t *want = load_ref(write_adapter("hold_a", 8, 402)); /* F32: 12 KiB a layer */
+    FILE *gf = fopen(gate, "w");
+    ck_assert_ptr_nonnull(gf);
+    fclose(gf);
+    ck_assert_int_eq(lora_registry_add(r, "hold_a", want->path, NULL), CS_OK);
+    lora_ref_t *h = acquire_ok(r, "hold_a");          /* its header is in: handed out loading */
+    ck_assert_int_eq(state_of(r, "hold_a"), LORA_LOADING);
+    cs_flag_wait_geq(&h->adapter->host_layers, 1);
+    ck_assert_uint_eq(cs_flag_load(&h->adapter->host_layers), 1); /* held: layer 1 is not all in */
+    ck_assert(!lora_adapter_complete(h->adapter) && !lora_adapter_failed(h->adapter));
+    ck_assert(modules_equal_upto(h->adapter, want, 1));
+    backend_adapter_t *slot;
+    ck_assert_int_eq(lora_registry_device_acquire(r, h, &slot), CS_OK);
+    ck_assert_int_eq(lora_registry_device_arrived(r, h, slot), 1); /* lockstep: a group a call, as fed */
+    ck_assert_int_eq(lora_registry_device_arrived(r, h, slot), 1);
+    lora_registry_stats_t st = stats(r);
+    ck_assert_uint_eq(st.partial_acquires, 1);
+    ck_assert_uint_eq(st.host_streams, 1);
+    ck_assert_int_eq(st.n_loading, 1);
+
+    ck_assert_int_eq(unlink(gate), 0);                 /* the disk goes on */
+    cs_flag_wait_geq(&h->adapter->host_layers, N_LAYERS);
+    ck_assert(lora_adapter_complete(h->adapter));
+    ck_assert(modules_equal_upto(h->adapter, want, N_LAYERS));
+    settle(r); /* the load's end: every layer was fed to the slot before it */
+    ck_assert_int_eq(lora_registry_device_arrived(r, h, slot), 2);
+    ck_assert_int_eq(lora_registry_device_arrived(r, h, slot), 3);
+    ck_assert_int_eq(state_of(r, "hold_a"), LORA_RESIDENT);
+    ck_assert_uint_eq(stats(r).loads, 1);
+    ck_assert_int_eq(lora_registry_ref_failed(r, h), CS_OK);
+    lora_registry_device_release(r, h);
+    lora_registry_release(r, h);
+    lora_ref_t *again = acquire_ok(r, "hold_a");       /* a hit now */
+    ck_assert(lora_adapter_complete(again->adapter));
+    lora_registry_release(r, again);
+
+    /* truncated while held: its holder fails with the load's error, the registry goes on */
+    const char *bdir = write_adapter("hold_b", 8, 404);
+    gf = fopen(gate, "w");
+    ck_assert_ptr_nonnull(gf);
+    fclose(gf);
+    ck_assert_int_eq(lora_registry_add(r, "hold_b", bdir, NULL), CS_OK);
+    h = acquire_ok(r, "hold_b");
+    cs_flag_wait_geq(&h->adapter->host_layers, 1);
+    ck_assert_int_eq(lora_registry_device_acquire(r, h, &slot), CS_OK);
+    char st_path[600];
+    snprintf(st_path, sizeof st_path, "%s/adapter_model.safetensors", bdir);
+    ck_assert_int_eq(truncate(st_path, 5 * 4096 + 100), 0); /* inside layer 1 */
+    ck_assert_int_eq(unlink(gate), 0);
+    cs_flag_wait_geq(&h->adapter->host_layers, LORA_HOST_FAILED);
+    ck_assert(lora_adapter_failed(h->adapter));
+    settle(r);
+    ck_assert_int_eq(state_of(r, "hold_b"), LORA_FAILED);
+    ck_assert_int_eq(lora_registry_ref_failed(r, h), CS_EIO);
+    ck_assert_msg(strstr(cs_error_last(), "hold_b") && strstr(cs_error_last(), "adapter_model.safetensors"),
+                  "message: %s", cs_error_last());
+    lora_registry_device_release(r, h);
+    lora_registry_release(r, h);                       /* the part that came goes */
+    st = stats(r);
+    ck_assert_uint_eq(st.load_failures, 1);
+    ck_assert_int_eq(st.n_device, 1);                  /* hold_a's slot only */
+    h = acquire_ok(r, "hold_a");                       /* the other adapter is unharmed */
+    ck_assert(modules_equal_upto(h->adapter, want, N_LAYERS));
+    lora_registry_release(r, h);
+    reg_free(r);
+    backend_free(dev);
+    lora_adapter_free(want);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("lora_registry");
     TCase *tc = tcase_create("loader");
@@ -1381,6 +1568,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_loader_files);
     tcase_add_test(tc, test_loader_many_jobs);
     tcase_add_test(tc, test_loader_pool);
+    tcase_add_test(tc, test_loader_stream);
     suite_add_tcase(s, tc);
     tc = tcase_create("registry");
     tcase_add_checked_fixture(tc, setup, teardown);
@@ -1390,6 +1578,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_many_by_bytes);
     tcase_add_test(tc, test_bytes_by_dtype);
     tcase_add_test(tc, test_device_tier);
+    tcase_add_test(tc, test_stream_host);
     tcase_add_test(tc, test_pinned_by_count);
     tcase_add_test(tc, test_pinned_by_bytes);
     tcase_add_test(tc, test_corrupt);
