@@ -78,6 +78,11 @@ int server_metrics_init(server_t *s) {
     m->lora_loads = metrics_counter(m->reg, NAME("lora_loads_total"),
                                     "Adapter loads from disk that finished, by how the weights were read (direct: O_DIRECT; buffered: the page cache).",
                                     io);
+    m->lora_streamed = metrics_counter(m->reg, NAME("lora_streamed_loads_total"),
+                                       "Adapter loads handed out while their file still streamed in from disk (the header read; layers followed).",
+                                       NULL);
+    m->lora_partial = metrics_counter(m->reg, NAME("lora_partial_acquires_total"),
+                                      "Requests that started on an adapter whose file still streamed in from disk.", NULL);
     const char *const term[] = {"term", NULL};
     m->cost_r2 = metrics_gauge(m->reg, NAME("cost_model_r2"),
                                "The iteration cost model's R² on the steps it was fitted on (0 before a fit).", NULL);
@@ -99,7 +104,7 @@ int server_metrics_init(server_t *s) {
     if (!m->ttft || !m->itl || !m->e2e || !m->queue || !m->prompt_tokens || !m->gen_tokens || !m->success ||
         !m->running || !m->waiting || !m->kv_usage || !m->prefix_queries || !m->prefix_hits || !m->preemptions ||
         !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->lora_loads || !m->prefill_tokens ||
-        !m->lora_transfer || !m->cold_starts || !m->cold_layers)
+        !m->lora_transfer || !m->cold_starts || !m->cold_layers || !m->lora_streamed || !m->lora_partial)
         return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
     return CS_OK;
 }
@@ -144,6 +149,10 @@ enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
         metric_inc(m->lora_loads, (const char *[]){"buffered"},
                    (double)((ls.loads - ls.loads_direct) - m->last_lora_loads_buffered));
         m->last_lora_loads_direct = ls.loads_direct;
+        metric_inc(m->lora_streamed, NULL, (double)(ls.host_streams - m->last_lora_streamed));
+        metric_inc(m->lora_partial, NULL, (double)(ls.partial_acquires - m->last_lora_partial));
+        m->last_lora_streamed = ls.host_streams;
+        m->last_lora_partial = ls.partial_acquires;
         m->last_lora_loads_buffered = ls.loads - ls.loads_direct;
         metric_inc(m->cold_starts, (const char *[]){"cpu_assist"}, (double)(st.cold_assisted - m->last_cold_assisted));
         metric_inc(m->cold_starts, (const char *[]){"wait"}, (double)(st.cold_waited - m->last_cold_waited));

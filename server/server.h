@@ -78,6 +78,7 @@ typedef struct server_metrics {
     metric_t *ttft, *itl, *e2e, *queue, *prompt_tokens, *gen_tokens, *success;
     metric_t *running, *waiting, *kv_usage, *prefix_queries, *prefix_hits, *preemptions;
     metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses, *lora_loads, *prefill_tokens;
+    metric_t *lora_streamed, *lora_partial;
     metric_t *lora_transfer, *cold_starts, *cold_layers; /* the cold start */
     metric_t *cost_r2, *cost_err, *cost_coef, *cost_steps; /* the iteration cost model's fit */
     metric_t *slo_requests, *slo_met; /* requests with SLOs (own or --adapter-slos), and those that met them */
@@ -86,6 +87,7 @@ typedef struct server_metrics {
     uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;
     uint64_t last_cold_assisted, last_cold_waited, last_cold_host_layers, last_cold_device_layers;
     uint64_t last_prefill_tokens, last_lora_loads_direct, last_lora_loads_buffered;
+    uint64_t last_lora_streamed, last_lora_partial;
 } server_metrics_t;
 
 typedef struct server {

@@ -182,6 +182,112 @@ compare("truncated neighbour", [w for w in warm if w["id"] not in broken_ids],
 print(f"ok  a truncated adapter file: its {len(broken_ids)} requests fail naming it; the other "
       f"{len(out5) - len(broken_ids)} match the warm run")
 
+# 5b. a cold adapter streaming in from disk (serve, 4 KiB chunks): its request starts once the
+# file's header is read, and each layer's LoRA waits only for that layer's bytes. The test
+# hold (CS_FAULT_HOLD_*) stops the adapter's reads after K chunks (its first layers complete,
+# the rest not) until a gate file goes: the request is then running on a half-read adapter,
+# a state the loader makes and this test only observes. Then the same with the file
+# truncated while held: that request fails naming the file, the others go on.
+def layer_chunks(path, chunk=4096):
+    """the chunks [first, last] each layer's tensors take in a safetensors file"""
+    with open(path, "rb") as f:
+        hlen = int.from_bytes(f.read(8), "little")
+        hdr = json.loads(f.read(hlen))
+    spans = {}
+    for name, t in hdr.items():
+        if name == "__metadata__":
+            continue
+        layer = int(name.split(".layers.")[1].split(".")[0])
+        b, e = t["data_offsets"]
+        lo, hi = spans.get(layer, (1 << 62, 0))
+        spans[layer] = (min(lo, 8 + hlen + b), max(hi, 8 + hlen + e))
+    return [(spans[l][0] // chunk, (spans[l][1] - 1) // chunk) for l in sorted(spans)]
+
+
+def held_copy(src, tag):
+    d = reflib.tmpdir(f"cs_held_{tag}_")
+    for f in os.listdir(src):
+        shutil.copy(os.path.join(src, f), d)
+    return d
+
+
+held = held_copy(loras[2][1], "a")    # rank 16, F32: many chunks a layer
+held2 = held_copy(loras[2][1], "b")   # the one truncated while held
+chunks = layer_chunks(os.path.join(held, "adapter_model.safetensors"))
+K = chunks[1][1] + 1                  # layers 0 and 1 in (8 layers: file order is layer order)
+done_layers = sum(1 for _, last in chunks if last < K)
+if not 1 <= done_layers < len(chunks):
+    reflib.fail(f"held adapter: {K} chunks leave {done_layers} of {len(chunks)} layers in: pick another")
+gate = os.path.join(reflib.tmpdir("cs_gate_"), "gate")
+open(gate, "w").close()
+prompt = [1] + list(range(7, 47))
+want, _ = run(model_dir, [{"id": 0, "prompt_ids": prompt, "max_tokens": 6, "logprobs": 1, "ignore_eos": True,
+                           "temperature": 0, "adapter": "a2"}], loras, strict=False, extra=("--preload-adapters",))
+srv = serverlib.Server(["--model", model_dir, "--lora-modules", f"held={held}", f"held2={held2}", f"a1={loras[1][1]}",
+                        "--threads", "2", "--kv-cache-bytes", "16M", "--cold-start", "cpu-assist"],
+                       env={"CS_TEST_DEVICE": "strict", "CS_STRICT_LOCKSTEP": "1", "CS_FAULT_LOAD_CHUNK": "4096",
+                            "CS_FAULT_HOLD_PATH": "/cs_held_", "CS_FAULT_HOLD_CHUNKS": str(K),
+                            "CS_FAULT_HOLD_WHILE": gate})
+try:
+    import threading
+    res = {}
+
+    def ask(key, model):
+        res[key] = srv.request("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 6,
+                                                           "logprobs": 1, "ignore_eos": True, "temperature": 0})
+    t = threading.Thread(target=ask, args=("held", "held"))
+    t.start()
+
+    def started():
+        _, v = srv.metrics()
+        return v.get("caraserve_lora_partial_acquires_total", 0) >= 1
+    serverlib.wait_for(started, timeout=60, what="the request to start on the half-read adapter")
+    _, v = srv.metrics()
+    if v.get('caraserve_lora_adapters{tier="loading"}') != 1 or v.get("caraserve_lora_streamed_loads_total") != 1:
+        reflib.fail(f"held adapter: not loading while its request runs: {v}")
+    if not t.is_alive():
+        reflib.fail(f"held adapter: the request ended before its layers were read: {res.get('held')}")
+    os.unlink(gate)                   # the disk goes on
+    t.join(300)
+    code, body, _ = res["held"]
+    if code != 200:
+        reflib.fail(f"held adapter: {code} {body}")
+    got = body["choices"][0]["logprobs"]["token_logprobs"]
+    ref_lp = want[0]["samples"][0]["logprobs"]
+    diff = max(abs(x - y) for x, y in zip(got, ref_lp)) if len(got) == len(ref_lp) else float("inf")
+    if diff > TOL:
+        reflib.fail(f"held adapter: logprobs {got} vs warm {ref_lp} (max diff {diff:.3g})")
+    _, v = srv.metrics()
+    if v.get('caraserve_cold_start_layers_total{path="host"}', 0) < 1:
+        reflib.fail(f"held adapter: no layer ran on the host: {v}")
+    print(f"ok  streaming from disk: the request started with {done_layers} of {len(chunks)} layers read (reads held "
+          f"after {K} of {chunks[-1][1] + 1} 4 KiB chunks), finished once the rest came; logprobs within "
+          f"{diff:.2g} of warm")
+
+    # the same, truncated while held
+    open(gate, "w").close()
+    t = threading.Thread(target=ask, args=("held2", "held2"))
+    t.start()
+
+    def started2():
+        _, v = srv.metrics()
+        return v.get("caraserve_lora_partial_acquires_total", 0) >= 2
+    serverlib.wait_for(started2, timeout=60, what="the second request to start on its half-read adapter")
+    with open(os.path.join(held2, "adapter_model.safetensors"), "r+b") as f:
+        f.truncate((chunks[-1][0]) * 4096)    # inside the last layer
+    os.unlink(gate)
+    t.join(300)
+    code, body, _ = res["held2"]
+    if code == 200 or "held2" not in str(body) or "adapter_model.safetensors" not in str(body):
+        reflib.fail(f"truncated while streaming: want an error naming the adapter and file, got {code} {str(body)[:400]}")
+    for m in ("a1", "held"):
+        ask(m, m)
+        if res[m][0] != 200:
+            reflib.fail(f"truncated while streaming: {m} after it: {res[m][0]} {str(res[m][1])[:300]}")
+    print(f"ok  truncated while streaming: its request failed ({code}: {str(body)[:160]}); the other adapters serve on")
+finally:
+    srv.stop()
+
 # 6. serve: the metrics
 srv = serverlib.Server(["--model", model_dir, "--lora-modules", *[f"{n}={d}" for n, d in loras], "--threads", "2",
                         "--kv-cache-bytes", "16M", "--cold-start", "cpu-assist", "--max-num-batched-tokens", "16"],
