@@ -43,11 +43,11 @@ r = {"what": "an adapter on disk only: handed out / layers in host memory / comp
      "kernel": platform.release(), "filesystem": fs, "device": dev, "rows": rows}
 json.dump(r, open(out, "w"), indent=2)
 print(f"{fs} on {dev}")
-print(f"{'rank':>4} {'MiB':>6} | {'mode':6} {'handed':>8} {'layer 0':>8} {'layer 16':>8} {'layer 31':>8} {'complete':>9}")
+print(f"{'rank':>4} {'MiB held':>8} | {'mode':6} {'handed':>8} {'layer 0':>8} {'layer 16':>8} {'layer 31':>8} {'complete':>9}")
 for x in rows:
     for m in ("whole", "stream"):
         t = x[m]
-        print(f"{x['max_rank']:>4} {x['adapter_bytes'] / 2**20:6.0f} | {m:6} {t['handed_ms']:8.1f} {t['layer_first_ms']:8.1f} "
+        print(f"{x['max_rank']:>4} {x['adapter_bytes'] / 2**20:8.0f} | {m:6} {t['handed_ms']:8.1f} {t['layer_first_ms']:8.1f} "
               f"{t['layer_middle_ms']:8.1f} {t['layer_last_ms']:8.1f} {t['complete_ms']:9.1f}")
 print(f"wrote {out}")
 PYEOF

@@ -524,10 +524,13 @@ static int copy_module(const char *dir, lora_module_t *mod, const st_tensor_t *t
     return CS_OK;
 }
 
+/* 64-byte aligned, not zeroed: copy_module writes every byte (zeroing hundreds of MB first
+ * cost as much as reading them from disk) */
+static void *alloc_raw(size_t n) { return aligned_alloc(64, n ? (n + 63) / 64 * 64 : 64); }
+
 static int alloc_module(const char *dir, lora_module_t *mod) {
     size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank, es = cs_dtype_size(mod->dtype);
-    if (!(mod->a = cs_aligned_alloc(64, n_a * es)) || !(mod->b = cs_aligned_alloc(64, n_b * es)) ||
-        !(mod->bt = cs_aligned_alloc(64, n_b * es)))
+    if (!(mod->a = alloc_raw(n_a * es)) || !(mod->b = alloc_raw(n_b * es)) || !(mod->bt = alloc_raw(n_b * es)))
         return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
     return CS_OK;
 }
@@ -589,6 +592,8 @@ int lora_adapter_begin(const char *name, const char *dir, const char *config_jso
     *out = NULL;
     if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
     if ((rc = fill(dir, st, cfg, a, false)) != CS_OK) goto err;
+    /* every module's memory now (a slot made before its layers came keeps these pointers),
+     * not zeroed: its pages are touched only as the layers are copied in */
     for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++)
         if (a->mods[i].rank > 0 && (rc = alloc_module(dir, &a->mods[i])) != CS_OK) goto err;
     a->host_layers = 0;

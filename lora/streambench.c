@@ -1,9 +1,11 @@
 /* streambench.c (bench/streambench): how soon a request may start on an adapter that is on
  * disk only, with the registry streaming the file in layer by layer (stream_host, what
  * `serve` does on a GPU or the strict device) against reading it whole first (what it did
- * before, and what the CPU backend still does). Per repetition, modes alternating, a fresh
- * registry (nothing in host memory) on the strict test device, the file's cached pages
- * dropped first (posix_fadvise DONTNEED; the loader reads O_DIRECT where it can anyway):
+ * before, and what the CPU backend still does). One registry per mode on the strict test
+ * device, living across the loads as a server's does (its loader's pool of read buffers
+ * too); each load is a new version of the adapter (as a trainer pushes them), modes
+ * alternating, the file's cached pages dropped first (posix_fadvise DONTNEED; the loader
+ * reads O_DIRECT where it can anyway):
  *   handed_ms          first acquire (the load starts) -> acquire answers CS_OK;
  *   layer_ms[k]        -> layer k's weights are in host memory (first, middle, last layer);
  *   complete_ms        -> the load finished (state resident).
@@ -49,17 +51,17 @@ static double median(double *v, int n) {
 
 typedef struct run_times { double handed, layer[3], complete; } run_times_t;
 
-static int one(const model_config_t *cfg, backend_t *dev, const char *adapter, bool stream, run_times_t *t) {
-    lora_registry_params_t p = {.cfg = cfg, .device = dev, .stream_group = 1, .stream_host = stream};
-    lora_registry_t *r;
-    if (lora_registry_new(&p, &r)) return -1;
+/* one load of ADAPTER as a new version of "a" in R (whose loader, and its pool of read
+ * buffers, lives across loads as a server's does) */
+static int one(lora_registry_t *r, const char *adapter, run_times_t *t) {
+    drop_cache(adapter);
     int rc = lora_registry_add(r, "a", adapter, NULL);
     lora_ref_t *ref = NULL;
     double t0 = cs_time_ms();
-    while (rc == CS_OK && (rc = lora_registry_acquire(r, "a", &ref)) == CS_EAGAIN) usleep(50);
+    if (rc == CS_OK)
+        while ((rc = lora_registry_acquire(r, "a", &ref)) == CS_EAGAIN) usleep(50);
     if (rc) {
         fprintf(stderr, "streambench: %s\n", cs_error_last());
-        lora_registry_free(r);
         return -1;
     }
     t->handed = cs_time_ms() - t0;
@@ -71,7 +73,6 @@ static int one(const model_config_t *cfg, backend_t *dev, const char *adapter, b
             fprintf(stderr, "streambench: the load failed: %s\n",
                     lora_registry_ref_failed(r, ref) ? cs_error_last() : "?");
             lora_registry_release(r, ref);
-            lora_registry_free(r);
             return -1;
         }
         t->layer[k] = cs_time_ms() - t0;
@@ -79,8 +80,7 @@ static int one(const model_config_t *cfg, backend_t *dev, const char *adapter, b
     lora_state st = LORA_LOADING;
     while (lora_registry_state(r, "a", &st, NULL) == CS_OK && st == LORA_LOADING) usleep(20);
     t->complete = cs_time_ms() - t0;
-    lora_registry_release(r, ref);
-    lora_registry_free(r);
+    lora_registry_release(r, ref); /* an older version: freed */
     return st == LORA_RESIDENT ? 0 : -1;
 }
 
@@ -108,15 +108,23 @@ int main(int argc, char **argv) {
     backend_t *dev = strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 1}});
     if (!dev) return 1;
     run_times_t t[2][MAX_REPS];
-    for (int i = -1; i < reps; i++) { /* one untimed round first */
-        for (int m = 0; m < 2; m++) {
-            bool stream = (i + m) % 2 == 0; /* alternating which goes first */
-            run_times_t x;
-            drop_cache(adapter);
-            if (one(&cfg, dev, adapter, stream, &x)) return 1;
-            if (i >= 0) t[stream][i] = x;
+    lora_registry_t *reg[2];
+    for (int m = 0; m < 2; m++) {
+        lora_registry_params_t p = {.cfg = &cfg, .device = dev, .stream_group = 1, .stream_host = m == 1};
+        if (lora_registry_new(&p, &reg[m])) {
+            fprintf(stderr, "streambench: %s\n", cs_error_last());
+            return 1;
         }
     }
+    for (int i = -1; i < reps; i++) { /* one untimed round first */
+        for (int k = 0; k < 2; k++) {
+            int m = (i + k + 2) % 2; /* alternating which goes first */
+            run_times_t x;
+            if (one(reg[m], adapter, &x)) return 1;
+            if (i >= 0) t[m][i] = x;
+        }
+    }
+    for (int m = 0; m < 2; m++) lora_registry_free(reg[m]);
     lora_adapter_info_t info;
     {
         lora_registry_params_t p = {.cfg = &cfg};
