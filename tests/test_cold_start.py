@@ -26,6 +26,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
@@ -211,82 +212,91 @@ def held_copy(src, tag):
     return d
 
 
-held = held_copy(loras[2][1], "a")    # rank 16, F32: many chunks a layer
-held2 = held_copy(loras[2][1], "b")   # the one truncated while held
-chunks = layer_chunks(os.path.join(held, "adapter_model.safetensors"))
-K = chunks[1][1] + 1                  # layers 0 and 1 in (8 layers: file order is layer order)
-done_layers = sum(1 for _, last in chunks if last < K)
-if not 1 <= done_layers < len(chunks):
-    reflib.fail(f"held adapter: {K} chunks leave {done_layers} of {len(chunks)} layers in: pick another")
-gate = os.path.join(reflib.tmpdir("cs_gate_"), "gate")
-open(gate, "w").close()
 prompt = [1] + list(range(7, 47))
 want, _ = run(model_dir, [{"id": 0, "prompt_ids": prompt, "max_tokens": 6, "logprobs": 1, "ignore_eos": True,
                            "temperature": 0, "adapter": "a2"}], loras, strict=False, extra=("--preload-adapters",))
-srv = serverlib.Server(["--model", model_dir, "--lora-modules", f"held={held}", f"held2={held2}", f"a1={loras[1][1]}",
-                        "--threads", "2", "--kv-cache-bytes", "16M", "--cold-start", "cpu-assist"],
-                       env={"CS_TEST_DEVICE": "strict", "CS_STRICT_LOCKSTEP": "1", "CS_FAULT_LOAD_CHUNK": "4096",
-                            "CS_FAULT_HOLD_PATH": "/cs_held_", "CS_FAULT_HOLD_CHUNKS": str(K),
-                            "CS_FAULT_HOLD_WHILE": gate})
-try:
-    import threading
-    res = {}
 
-    def ask(key, model):
-        res[key] = srv.request("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 6,
-                                                           "logprobs": 1, "ignore_eos": True, "temperature": 0})
-    t = threading.Thread(target=ask, args=("held", "held"))
-    t.start()
 
-    def started():
-        _, v = srv.metrics()
-        return v.get("caraserve_lora_partial_acquires_total", 0) >= 1
-    serverlib.wait_for(started, timeout=60, what="the request to start on the half-read adapter")
-    _, v = srv.metrics()
-    if v.get('caraserve_lora_adapters{tier="loading"}') != 1 or v.get("caraserve_lora_streamed_loads_total") != 1:
-        reflib.fail(f"held adapter: not loading while its request runs: {v}")
-    if not t.is_alive():
-        reflib.fail(f"held adapter: the request ended before its layers were read: {res.get('held')}")
-    os.unlink(gate)                   # the disk goes on
-    t.join(300)
-    code, body, _ = res["held"]
-    if code != 200:
-        reflib.fail(f"held adapter: {code} {body}")
-    got = body["choices"][0]["logprobs"]["token_logprobs"]
-    ref_lp = want[0]["samples"][0]["logprobs"]
-    diff = max(abs(x - y) for x, y in zip(got, ref_lp)) if len(got) == len(ref_lp) else float("inf")
-    if diff > TOL:
-        reflib.fail(f"held adapter: logprobs {got} vs warm {ref_lp} (max diff {diff:.3g})")
-    _, v = srv.metrics()
-    if v.get('caraserve_cold_start_layers_total{path="host"}', 0) < 1:
-        reflib.fail(f"held adapter: no layer ran on the host: {v}")
-    print(f"ok  streaming from disk: the request started with {done_layers} of {len(chunks)} layers read (reads held "
-          f"after {K} of {chunks[-1][1] + 1} 4 KiB chunks), finished once the rest came; logprobs within "
-          f"{diff:.2g} of warm")
-
-    # the same, truncated while held
+def held_run(device, device_env):
+    held = held_copy(loras[2][1], "a")    # rank 16, F32: many chunks a layer
+    held2 = held_copy(loras[2][1], "b")   # the one truncated while held
+    chunks = layer_chunks(os.path.join(held, "adapter_model.safetensors"))
+    K = chunks[1][1] + 1                  # layers 0 and 1 in (8 layers: file order is layer order)
+    done_layers = sum(1 for _, last in chunks if last < K)
+    if not 1 <= done_layers < len(chunks):
+        reflib.fail(f"held adapter: {K} chunks leave {done_layers} of {len(chunks)} layers in: pick another")
+    gate = os.path.join(reflib.tmpdir("cs_gate_"), "gate")
     open(gate, "w").close()
-    t = threading.Thread(target=ask, args=("held2", "held2"))
-    t.start()
+    srv = serverlib.Server(["--model", model_dir, "--lora-modules", f"held={held}", f"held2={held2}", f"a1={loras[1][1]}",
+                            "--threads", "2", "--kv-cache-bytes", "16M", "--cold-start", "cpu-assist"],
+                           env={**device_env, "CS_FAULT_LOAD_CHUNK": "4096",
+                                "CS_FAULT_HOLD_PATH": "/cs_held_", "CS_FAULT_HOLD_CHUNKS": str(K),
+                                "CS_FAULT_HOLD_WHILE": gate})
+    try:
+        res = {}
 
-    def started2():
+        def ask(key, model):
+            res[key] = srv.request("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 6,
+                                                               "logprobs": 1, "ignore_eos": True, "temperature": 0})
+        t = threading.Thread(target=ask, args=("held", "held"))
+        t.start()
+
+        def started():
+            _, v = srv.metrics()
+            return v.get("caraserve_lora_partial_acquires_total", 0) >= 1
+        serverlib.wait_for(started, timeout=60, what="the request to start on the half-read adapter")
         _, v = srv.metrics()
-        return v.get("caraserve_lora_partial_acquires_total", 0) >= 2
-    serverlib.wait_for(started2, timeout=60, what="the second request to start on its half-read adapter")
-    with open(os.path.join(held2, "adapter_model.safetensors"), "r+b") as f:
-        f.truncate((chunks[-1][0]) * 4096)    # inside the last layer
-    os.unlink(gate)
-    t.join(300)
-    code, body, _ = res["held2"]
-    if code == 200 or "held2" not in str(body) or "adapter_model.safetensors" not in str(body):
-        reflib.fail(f"truncated while streaming: want an error naming the adapter and file, got {code} {str(body)[:400]}")
-    for m in ("a1", "held"):
-        ask(m, m)
-        if res[m][0] != 200:
-            reflib.fail(f"truncated while streaming: {m} after it: {res[m][0]} {str(res[m][1])[:300]}")
-    print(f"ok  truncated while streaming: its request failed ({code}: {str(body)[:160]}); the other adapters serve on")
-finally:
-    srv.stop()
+        if v.get('caraserve_lora_adapters{tier="loading"}') != 1 or v.get("caraserve_lora_streamed_loads_total") != 1:
+            reflib.fail(f"held adapter: not loading while its request runs: {v}")
+        if not t.is_alive():
+            reflib.fail(f"held adapter: the request ended before its layers were read: {res.get('held')}")
+        os.unlink(gate)                   # the disk goes on
+        t.join(300)
+        code, body, _ = res["held"]
+        if code != 200:
+            reflib.fail(f"held adapter: {code} {body}")
+        got = body["choices"][0]["logprobs"]["token_logprobs"]
+        ref_lp = want[0]["samples"][0]["logprobs"]
+        diff = max(abs(x - y) for x, y in zip(got, ref_lp)) if len(got) == len(ref_lp) else float("inf")
+        if diff > TOL:
+            reflib.fail(f"held adapter: logprobs {got} vs warm {ref_lp} (max diff {diff:.3g})")
+        _, v = srv.metrics()
+        if v.get('caraserve_cold_start_layers_total{path="host"}', 0) < 1:
+            reflib.fail(f"held adapter: no layer ran on the host: {v}")
+        print(f"ok  {device}, streaming from disk: the request started with {done_layers} of {len(chunks)} layers read (reads held "
+              f"after {K} of {chunks[-1][1] + 1} 4 KiB chunks), finished once the rest came; logprobs within "
+              f"{diff:.2g} of warm")
+
+        # the same, truncated while held
+        open(gate, "w").close()
+        t = threading.Thread(target=ask, args=("held2", "held2"))
+        t.start()
+
+        def started2():
+            _, v = srv.metrics()
+            return v.get("caraserve_lora_partial_acquires_total", 0) >= 2
+        serverlib.wait_for(started2, timeout=60, what="the second request to start on its half-read adapter")
+        with open(os.path.join(held2, "adapter_model.safetensors"), "r+b") as f:
+            f.truncate((chunks[-1][0]) * 4096)    # inside the last layer
+        os.unlink(gate)
+        t.join(300)
+        code, body, _ = res["held2"]
+        if code == 200 or "held2" not in str(body) or "adapter_model.safetensors" not in str(body):
+            reflib.fail(f"truncated while streaming: want an error naming the adapter and file, got {code} {str(body)[:400]}")
+        for m in ("a1", "held"):
+            ask(m, m)
+            if res[m][0] != 200:
+                reflib.fail(f"truncated while streaming: {m} after it: {res[m][0]} {str(res[m][1])[:300]}")
+        print(f"ok  {device}, truncated while streaming: its request failed ({code}: {str(body)[:160]}); the other adapters serve on")
+    finally:
+        srv.stop()
+
+
+held_run("strict", {"CS_TEST_DEVICE": "strict", "CS_STRICT_LOCKSTEP": "1"})
+# the CUDA backend's feed (its loader thread queues a slot's layers as they are fed) on the
+# host emulator, free-running (not under ThreadSanitizer: the emulator's fibers)
+if os.environ.get("CS_COLD_SKIP_EMU") != "1":
+    held_run("cuda-emu", {"CS_TEST_DEVICE": "cuda-emu"})
 
 # 6. serve: the metrics
 srv = serverlib.Server(["--model", model_dir, "--lora-modules", *[f"{n}={d}" for n, d in loras], "--threads", "2",
