@@ -61,6 +61,7 @@ struct req {
     bool adapter_ready;
     bool lora_known;            /* lora_info holds the adapter's shape (lora_registry_info) */
     bool cold_counted, cold_assisted, cold_waited; /* the cold start (engine_stats_t), once each */
+    bool disk_waited;           /* waited for its adapter's file (engine_stats_t.cold_disk_waits) */
     lora_adapter_info_t lora_info;
     bool no_publish;            /* moved to a newer version mid-way (engine_follow_active): its
                                  * blocks mix versions, so none more go to the prefix cache */
@@ -461,6 +462,18 @@ static bool seq_device(engine_t *e, seq_t *s, bool *failed) {
     if (r->lora && e->p.loras && lora_adapter_failed(r->lora->adapter)) { /* failed part way in from disk */
         req_fail_adapter(e, r);
         *failed = true;
+        return false;
+    }
+    if (r->lora && e->p.loras && !lora_adapter_complete(r->lora->adapter) &&
+        e->running.n > (s->state == SEQ_RUNNING)) {
+        /* its adapter still streams in from disk: a forward with it would run its missing
+         * layers at the disk's pace, and everyone in the batch would wait with it. It starts
+         * early only on an otherwise idle engine; else it waits for the whole file, as before
+         * (the load's end wakes the engine) */
+        if (!r->disk_waited) {
+            r->disk_waited = true;
+            e->st.cold_disk_waits++;
+        }
         return false;
     }
     if (!r->lora || s->dref == r->lora || !e->p.loras) return true;
@@ -873,6 +886,13 @@ static int follow_active(engine_t *e, const char *name) {
     lora_ref_t *cur = NULL;
     int rc = lora_registry_acquire(e->p.loras, name, &cur);
     if (rc) return rc;
+    if (!lora_adapter_complete(cur->adapter)) { /* still streaming in from disk: running requests
+                                                  * move only onto a whole one (decode must not
+                                                  * wait for the disk); its load's end wakes us */
+        rc = cs_error_set(CS_EAGAIN, "adapter '%s' version %d is loading", name, cur->version);
+        lora_registry_release(e->p.loras, cur);
+        return rc;
+    }
     int moved = 0;
     for (int b = 0; b < REQ_BUCKETS; b++)
         for (req_t *r = e->reqs[b]; r; r = r->hnext) {

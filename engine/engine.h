@@ -130,6 +130,8 @@ typedef struct engine_stats {
      * those that ran host-assisted and those that waited for it; the model's per-layer counts */
     uint64_t cold_starts, cold_assisted, cold_waited;
     uint64_t cold_forwards, cold_host_layers, cold_device_layers, cold_host_rows;
+    uint64_t cold_disk_waits;       /* requests whose adapter still streamed in from disk while
+                                     * others ran: they waited for the whole file */
     uint64_t logits_releases;       /* steps whose logits buffers were given back (many rows) */
 } engine_stats_t;
 

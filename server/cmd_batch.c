@@ -654,7 +654,7 @@ int cmd_batch(int argc, char **argv) {
                 "\"graph_captures\": %llu, \"graph_replays\": %llu}, "
                 "\"cold_start\": {\"requests\": %llu, \"assisted\": %llu, \"waited\": %llu, \"forwards\": %llu, "
                 "\"host_layers\": %llu, \"device_layers\": %llu, \"host_rows\": %llu, \"streams\": %llu, "
-                "\"stream_ms\": %.3f, \"assist_threads\": %d, \"host_streams\": %llu, \"partial_acquires\": %llu}, "
+                "\"stream_ms\": %.3f, \"assist_threads\": %d, \"host_streams\": %llu, \"partial_acquires\": %llu, \"disk_waits\": %llu}, "
                 "\"scheduler\": \"%s\", \"cost_model\": %s}\n",
                 wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
                 (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
@@ -672,7 +672,7 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)st.cold_host_layers, (unsigned long long)st.cold_device_layers,
                 (unsigned long long)st.cold_host_rows, (unsigned long long)ls.device_streams, ls.device_stream_ms,
                 assist ? lora_assist_threads(assist) : 0, (unsigned long long)ls.host_streams,
-                (unsigned long long)ls.partial_acquires, sched_name(sched), cm);
+                (unsigned long long)ls.partial_acquires, (unsigned long long)st.cold_disk_waits, sched_name(sched), cm);
     }
     status = 0;
     for (int i = 0; i < n_jobs; i++)

@@ -220,6 +220,7 @@ want, _ = run(model_dir, [{"id": 0, "prompt_ids": prompt, "max_tokens": 6, "logp
 def held_run(device, device_env):
     held = held_copy(loras[2][1], "a")    # rank 16, F32: many chunks a layer
     held2 = held_copy(loras[2][1], "b")   # the one truncated while held
+    held3 = held_copy(loras[2][1], "c")   # the one asked for while another request runs
     chunks = layer_chunks(os.path.join(held, "adapter_model.safetensors"))
     K = chunks[1][1] + 1                  # layers 0 and 1 in (8 layers: file order is layer order)
     done_layers = sum(1 for _, last in chunks if last < K)
@@ -227,7 +228,8 @@ def held_run(device, device_env):
         reflib.fail(f"held adapter: {K} chunks leave {done_layers} of {len(chunks)} layers in: pick another")
     gate = os.path.join(reflib.tmpdir("cs_gate_"), "gate")
     open(gate, "w").close()
-    srv = serverlib.Server(["--model", model_dir, "--lora-modules", f"held={held}", f"held2={held2}", f"a1={loras[1][1]}",
+    srv = serverlib.Server(["--model", model_dir, "--lora-modules", f"held={held}", f"held2={held2}",
+                                f"held3={held3}", f"a1={loras[1][1]}",
                             "--threads", "2", "--kv-cache-bytes", "16M", "--cold-start", "cpu-assist"],
                            env={**device_env, "CS_FAULT_LOAD_CHUNK": "4096",
                                 "CS_FAULT_HOLD_PATH": "/cs_held_", "CS_FAULT_HOLD_CHUNKS": str(K),
@@ -267,21 +269,52 @@ def held_run(device, device_env):
               f"after {K} of {chunks[-1][1] + 1} 4 KiB chunks), finished once the rest came; logprobs within "
               f"{diff:.2g} of warm")
 
+        # asked for while another request runs: starting it would make that request wait for
+        # the disk with it, so it waits for the whole file instead; the other one finishes
+        # while the file is still held (and could not, were they in one batch)
+        open(gate, "w").close()
+        res.pop("held3", None)
+
+        def start_long():
+            th = threading.Thread(target=lambda: res.__setitem__("long", srv.request(
+                "POST", "/v1/completions", {"model": "a1", "prompt": prompt, "max_tokens": 200, "ignore_eos": True,
+                                            "temperature": 0})))
+            th.start()
+            return [th]
+        long_threads = srv.hold_running(start_long, "a long request")
+        t = threading.Thread(target=ask, args=("held3", "held3"))
+        t.start()
+        srv.resume()
+        for th in long_threads:
+            th.join(300)
+        if res["long"][0] != 200 or not t.is_alive() or not os.path.exists(gate):
+            reflib.fail(f"a half-read adapter beside a running request: the running one should finish first "
+                        f"({res['long'][0]}), the other wait ({t.is_alive()})")
+        os.unlink(gate)
+        t.join(300)
+        code, body, _ = res["held3"]
+        got3 = body["choices"][0]["logprobs"]["token_logprobs"] if code == 200 else None
+        if got3 is None or max(abs(x - y) for x, y in zip(got3, ref_lp)) > TOL or len(got3) != len(ref_lp):
+            reflib.fail(f"held3: {code} {str(body)[:300]}")
+        print(f"ok  {device}, a half-read adapter beside a running request: that one finished while the file was "
+              f"held, the new one waited for the whole file, then matched warm")
+
         # the same, truncated while held
         open(gate, "w").close()
+        n_partial = srv.metrics()[1].get("caraserve_lora_partial_acquires_total", 0)
         t = threading.Thread(target=ask, args=("held2", "held2"))
         t.start()
 
         def started2():
             _, v = srv.metrics()
-            return v.get("caraserve_lora_partial_acquires_total", 0) >= 2
+            return v.get("caraserve_lora_partial_acquires_total", 0) > n_partial
         serverlib.wait_for(started2, timeout=60, what="the second request to start on its half-read adapter")
         with open(os.path.join(held2, "adapter_model.safetensors"), "r+b") as f:
             f.truncate((chunks[-1][0]) * 4096)    # inside the last layer
         os.unlink(gate)
         t.join(300)
         code, body, _ = res["held2"]
-        if code == 200 or "held2" not in str(body) or "adapter_model.safetensors" not in str(body):
+        if code == 200 or "held2" not in str(body) or "adapter_model.safetensors: read: unexpected end" not in str(body):
             reflib.fail(f"truncated while streaming: want an error naming the adapter and file, got {code} {str(body)[:400]}")
         for m in ("a1", "held"):
             ask(m, m)
