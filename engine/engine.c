@@ -95,6 +95,8 @@ typedef struct follow {
 #define REQ_BUCKETS 1024
 
 struct engine {
+    bool step_partial;          /* this step runs a request on an adapter still streaming in from disk */
+    bool step_others;           /* ... or others (seq_device: never both) */
     engine_params_t p;
     model_t *model;
     const model_config_t *cfg;
@@ -456,6 +458,8 @@ static int cold_mode(engine_t *e, seq_t *s) {
 /* S's adapter in a device slot for this iteration: true when it has it (or needs none);
  * false when every slot is in use by running sequences (it waits) or on an error (the
  * request has failed: *failed). */
+static bool seq_slot(engine_t *e, seq_t *s, bool *failed);
+
 static bool seq_device(engine_t *e, seq_t *s, bool *failed) {
     req_t *r = s->req;
     *failed = false;
@@ -464,18 +468,28 @@ static bool seq_device(engine_t *e, seq_t *s, bool *failed) {
         *failed = true;
         return false;
     }
-    if (r->lora && e->p.loras && !lora_adapter_complete(r->lora->adapter) &&
-        e->running.n > (s->state == SEQ_RUNNING)) {
+    bool partial = r->lora && e->p.loras && !lora_adapter_complete(r->lora->adapter);
+    if (partial && (e->running.n > (s->state == SEQ_RUNNING) || e->step_others)) {
         /* its adapter still streams in from disk: a forward with it would run its missing
          * layers at the disk's pace, and everyone in the batch would wait with it. It starts
-         * early only on an otherwise idle engine; else it waits for the whole file, as before
-         * (the load's end wakes the engine) */
+         * early only on an otherwise idle engine, alone in its forwards; else it waits for
+         * the whole file, as before (the load's end wakes the engine) */
         if (!r->disk_waited) {
             r->disk_waited = true;
             e->st.cold_disk_waits++;
         }
         return false;
     }
+    if (!partial && e->step_partial) return false; /* this step runs a half-read adapter alone */
+    if (!seq_slot(e, s, failed)) return false;
+    if (partial) e->step_partial = true;
+    else e->step_others = true;
+    return true;
+}
+
+/* the slot part of seq_device */
+static bool seq_slot(engine_t *e, seq_t *s, bool *failed) {
+    req_t *r = s->req;
     if (!r->lora || s->dref == r->lora || !e->p.loras) return true;
     CS_ASSERT(!s->dref);
     int rc = lora_registry_device_acquire(e->p.loras, r->lora, &s->dslot);
@@ -965,6 +979,7 @@ static int step(engine_t *e) {
 
     /* 0. running sequences without their adapter's device slot (a fork's new samples, a
      * move to another version) take it now; with every slot in use they sit this one out */
+    e->step_partial = e->step_others = false;
     for (seq_t *s = e->running.head; s;) {
         bool failed;
         s->dwait = !seq_device(e, s, &failed);
@@ -1147,18 +1162,9 @@ static int step(engine_t *e) {
     }
 
     /* a row whose adapter failed part way in from disk ran with zeros for the layers that
-     * never came: its request fails, nothing of it is kept (blocks, tokens) */
+     * never came: its request fails after the loop, nothing of it is kept (blocks, tokens) */
     int n_bad = 0;
-    for (int i = 0; i < nb; i++)
-        if (e->batch[i].lora && lora_adapter_failed(e->batch[i].lora)) n_bad++;
     uint64_t *bad = NULL;
-    if (n_bad) {
-        bad = malloc(sizeof *bad * (size_t)n_bad);
-        CS_ASSERT(bad); /* a few ids: out of memory here is fatal */
-        n_bad = 0;
-        for (int i = 0; i < nb; i++)
-            if (e->batch[i].lora && lora_adapter_failed(e->batch[i].lora)) bad[n_bad++] = e->batch_seq[i]->req->id;
-    }
 
     /* 4. bookkeeping and sampling */
     int row = 0;
@@ -1166,7 +1172,11 @@ static int step(engine_t *e) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i];
         int nl = e->batch[i].n_logits;
-        if (n_bad && e->batch[i].lora && lora_adapter_failed(e->batch[i].lora)) {
+        if (e->batch[i].lora && lora_adapter_failed(e->batch[i].lora)) {
+            uint64_t *nbad = realloc(bad, sizeof *bad * (size_t)(n_bad + 1));
+            CS_ASSERT(nbad); /* a few ids: out of memory here is fatal */
+            bad = nbad;
+            bad[n_bad++] = s->req->id;
             row += nl;
             continue;
         }

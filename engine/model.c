@@ -462,7 +462,9 @@ static int lora_segments(model_t *m, const model_batch_seq_t *seqs, int n_seqs, 
             int arrived = backend_adapter_arrived(m->be, slot);
             if (arrived < a->n_layers && !(m->assist && backend_has_host_assist(m->be))) {
                 m->cold_st.waits++; /* nobody to assist: wait for the slot (the engine's wait mode keeps this rare) */
-                while ((arrived = backend_adapter_arrived(m->be, slot)) < a->n_layers && !lora_adapter_failed(a)) {
+                while ((arrived = backend_adapter_arrived(m->be, slot)) < a->n_layers) {
+                    if (lora_adapter_failed(a)) /* it will not come */
+                        return cs_error_set(CS_EIO, "adapter '%s': its weights failed to load", a->name);
                     struct timespec ts = {0, 100000};
                     nanosleep(&ts, NULL);
                 }
@@ -536,7 +538,9 @@ static bool cold_start_job(model_t *m, cold_seg_t *cs, int l, const lora_target 
     if (l < cs->device_layers) return false;
     lora_assist_job_t j = {.x = cs->hx, .n = cs->n, .ld_x = din, .x_flag = cs->xflag, .x_value = cs->xval + 1,
                            .done = cs->done};
-    if (cs_flag_load(&cs->ad->host_layers) <= (uint32_t)l) { /* still streaming in from disk */
+    uint32_t host = cs_flag_load(&cs->ad->host_layers);
+    if (host <= (uint32_t)l || host == LORA_HOST_FAILED) { /* still streaming in from disk (or failed:
+                                                            * the workers write zeros) */
         j.w_flag = &cs->ad->host_layers;
         j.w_value = (uint32_t)l + 1;
     }

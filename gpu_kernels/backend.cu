@@ -793,10 +793,9 @@ static void *loader_main(void *p) {
         int fed = s->fed;
         pthread_mutex_unlock(&c->load_mu);
         bool all = load_slot(c, s, fed);
-        if (all || load_cancelled(s))
-            CUDA_CHECK(cudaEventRecord(s->done, c->load)); /* after every copy and host function of the slot */
-        pthread_mutex_lock(&c->load_mu);
+        pthread_mutex_lock(&c->load_mu); /* cancel is set under it: one reading decides */
         if (all || load_cancelled(s)) {
+            CUDA_CHECK(cudaEventRecord(s->done, c->load)); /* after every copy and host function of the slot */
             s->done_recorded = true;
             s->load_state = LOAD_DONE;
         } else if (s->fed > fed) { /* fed meanwhile: again, after the others */

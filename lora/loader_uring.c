@@ -715,7 +715,8 @@ int lora_loader_init(const lora_loader_params_t *p, lora_loader_t **out) {
     if (l->hold_path && !*l->hold_path) l->hold_path = NULL;
     l->hold_chunks = getenv("CS_FAULT_HOLD_CHUNKS") ? strtoull(getenv("CS_FAULT_HOLD_CHUNKS"), NULL, 10) : 0;
     l->hold_while = getenv("CS_FAULT_HOLD_WHILE");
-    if (getenv("CS_FAULT_LOAD_CHUNK")) l->chunk = strtoull(getenv("CS_FAULT_LOAD_CHUNK"), NULL, 10);
+    if (getenv("CS_FAULT_LOAD_CHUNK") && strtoull(getenv("CS_FAULT_LOAD_CHUNK"), NULL, 10) > 0)
+        l->chunk = strtoull(getenv("CS_FAULT_LOAD_CHUNK"), NULL, 10);
     l->pool_limit = p && p->no_pool ? 0 : p && p->pool_bytes ? p->pool_bytes : POOL_BYTES_DEFAULT;
     if (l->qd < 1 || l->qd > 256 || l->chunk % LORA_LOADER_ALIGN != 0 || l->chunk > (1u << 30)) {
         rc = cs_error_set(CS_EINVAL, "loader: queue_depth %d (1..256) or chunk_bytes %zu (a multiple of %d) out of range",

@@ -101,6 +101,7 @@ struct lora_registry {
     double stream_ms;
     struct streamed *sq;    /* slots complete, for on_streamed on the loader thread */
     bool stream_host;       /* p.stream_host, and the device can take a host copy still coming in */
+    struct dead_slot *dead; /* slots detached off the engine thread, freed by its next device call */
     bool flush_pending;     /* a loader timer will call flush_streamed */
     bool no_loader;         /* the loader is going: no more timers */
 };
@@ -283,7 +284,51 @@ static void on_group(void *user) {
 
 /* Free E's device slot (drefs == 0; r->mu held). Before its host copy goes: a host-memory
  * backend's slot uses that memory in place. */
-static void device_drop(lora_registry_t *r, lora_entry_t *e) {
+static void device_drop_now(lora_registry_t *r, lora_entry_t *e);
+
+/* Free E's device slot (drefs == 0; r->mu held). Before its host copy goes: a host-memory
+ * backend's slot uses that memory in place, and a slot streaming in reads from it.
+ * Freeing a slot may wait for the device's compute (a forward may still read it), and a
+ * forward may wait for the disk (a layer of an adapter streaming in: the host workers wait
+ * for it, on the loader thread): so only the engine thread, between forwards, frees slots
+ * (device_room, reap). Anywhere else the slot is detached now and freed by the engine
+ * thread's next device call; the returned record then takes the host copy along (host_drop). */
+typedef struct dead_slot {
+    struct dead_slot *next;
+    backend_adapter_t *slot;
+    struct dstream *ds;             /* its on_group's user: freed after the slot */
+    lora_adapter_t *adapter;        /* the host copy it reads, when that goes too */
+} dead_slot_t;
+
+static dead_slot_t *device_drop(lora_registry_t *r, lora_entry_t *e) {
+    if (!e->dslot) return NULL;
+    CS_ASSERT(e->drefs == 0 && !e->dbusy);
+    dead_slot_t *d = malloc(sizeof *d);
+    if (!d) { /* out of memory for a few bytes: free it here, as before */
+        device_drop_now(r, e);
+        return NULL;
+    }
+    if (e->on_dlru) {
+        list_del(&r->dlru, e, dlink);
+        e->on_dlru = false;
+    }
+    pthread_mutex_lock(&r->smu);
+    e->feed_slot = NULL;            /* the loader feeds it no more */
+    pthread_mutex_unlock(&r->smu);
+    *d = (dead_slot_t){r->dead, e->dslot, e->ds, NULL};
+    r->dead = d;
+    e->dslot = NULL;
+    e->ds = NULL;
+    r->dused_bytes -= e->dbytes;
+    r->dused_count--;
+    r->stats.n_device--;
+    r->stats.device_bytes -= e->dbytes;
+    e->dbytes = 0;
+    return d;
+}
+
+/* the same, freed here: the engine thread between forwards, or out of memory */
+static void device_drop_now(lora_registry_t *r, lora_entry_t *e) {
     if (!e->dslot) return;
     CS_ASSERT(e->drefs == 0 && !e->dbusy);
     if (e->on_dlru) {
@@ -291,7 +336,7 @@ static void device_drop(lora_registry_t *r, lora_entry_t *e) {
         e->on_dlru = false;
     }
     pthread_mutex_lock(&r->smu);
-    e->feed_slot = NULL;            /* the loader feeds it no more */
+    e->feed_slot = NULL;
     pthread_mutex_unlock(&r->smu);
     backend_adapter_free(r->p.device, e->dslot); /* waits for copies still streaming into it */
     e->dslot = NULL;
@@ -304,10 +349,31 @@ static void device_drop(lora_registry_t *r, lora_entry_t *e) {
     e->dbytes = 0;
 }
 
+/* Free the slots detached elsewhere, and the host copies they read (r->mu held; the engine
+ * thread between forwards, or lora_registry_free). */
+static void reap(lora_registry_t *r) {
+    while (r->dead) {
+        dead_slot_t *d = r->dead;
+        r->dead = d->next;
+        backend_adapter_free(r->p.device, d->slot); /* its copies, then the device's last use */
+        free(d->ds);
+        lora_adapter_free(d->adapter);
+        free(d);
+    }
+}
+
+/* E's host copy goes (r->mu held): its slot first; a detached slot takes it along */
+static void host_drop(lora_registry_t *r, lora_entry_t *e) {
+    dead_slot_t *d = device_drop(r, e);
+    if (d) d->adapter = e->adapter;
+    else lora_adapter_free(e->adapter);
+    e->adapter = NULL;
+    e->ref.adapter = NULL;
+}
+
 static void entry_free(lora_registry_t *r, lora_entry_t *e) {
     list_del(&r->all, e, alllink);
-    device_drop(r, e);
-    lora_adapter_free(e->adapter);
+    host_drop(r, e);
     free(e->config);
     free(e->errmsg);
     free(e->name);
@@ -384,10 +450,7 @@ static bool try_reserve(lora_registry_t *r, lora_entry_t *e) {
         lru_del(r, v);
         unreserve(r, v);
         set_state(r, v, LORA_ON_DISK);
-        device_drop(r, v);
-        lora_adapter_free(v->adapter);
-        v->adapter = NULL;
-        v->ref.adapter = NULL;
+        host_drop(r, v);
         r->stats.evictions++;
     }
     r->used_bytes += e->nbytes;
@@ -686,12 +749,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
     } else if (rc != CS_OK) {
         fail(r, e, rc, msg);
         if (pa) lora_adapter_host_fail(pa); /* its holders' waits end; they fail, with msg */
-        if (pa && e->refs == 0) { /* nobody holds the part that came: it goes */
-            device_drop(r, e);
-            lora_adapter_free(e->adapter);
-            e->adapter = NULL;
-            e->ref.adapter = NULL;
-        }
+        if (pa && e->refs == 0) host_drop(r, e); /* nobody holds the part that came: it goes */
         if (!wanted(e)) maybe_free(r, e);
         pump(r);
     } else {
@@ -760,6 +818,7 @@ void lora_registry_free(lora_registry_t *r) {
         CS_ASSERT(e->refs == 0 && e->drefs == 0 && !e->in_io);
         entry_free(r, e);
     }
+    reap(r);
     for (size_t i = 0; r->buckets && i < r->n_buckets; i++)
         for (lora_name_t *n = r->buckets[i], *nx; n; n = nx) {
             nx = n->next;
@@ -1077,10 +1136,7 @@ void lora_registry_release(lora_registry_t *r, lora_ref_t *ref) {
     CS_ASSERT(e->refs > 1 || e->drefs == 0); /* device references end before the last host one */
     if (--e->refs == 0) {
         if (e->state == LORA_FAILED) { /* failed part way in: what came goes */
-            device_drop(r, e);
-            lora_adapter_free(e->adapter);
-            e->adapter = NULL;
-            e->ref.adapter = NULL;
+            host_drop(r, e);
             maybe_free(r, e);
         } else if (e->state == LORA_RESIDENT && e->kept) {
             lru_add(r, e);
@@ -1126,7 +1182,7 @@ static bool device_room(lora_registry_t *r, size_t nbytes) {
     if ((cap && r->dused_bytes - free_bytes + nbytes > cap) || (max && r->dused_count - free_count + 1 > max))
         return false;
     while (r->dlru.head && ((cap && r->dused_bytes + nbytes > cap) || (max && r->dused_count + 1 > max))) {
-        device_drop(r, r->dlru.head);
+        device_drop_now(r, r->dlru.head); /* the engine thread: its memory before the new slot's */
         r->stats.device_evictions++;
     }
     return true;
@@ -1136,6 +1192,7 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
     *slot = NULL;
     if (!r->p.device) return CS_OK;
     pthread_mutex_lock(&r->mu);
+    reap(r);
     lora_entry_t *e = entry_of(r, ref);
     CS_ASSERT(!e->dbusy); /* one caller (the engine thread) */
     if (e->state == LORA_FAILED) { /* it failed part way in from disk */
@@ -1232,6 +1289,7 @@ int lora_registry_device_arrived(lora_registry_t *r, lora_ref_t *ref, backend_ad
 void lora_registry_device_release(lora_registry_t *r, lora_ref_t *ref) {
     if (!r->p.device) return;
     pthread_mutex_lock(&r->mu);
+    reap(r);
     lora_entry_t *e = entry_of(r, ref);
     CS_ASSERT(e->dslot && e->drefs > 0);
     if (--e->drefs == 0) {
