@@ -453,7 +453,7 @@ START_TEST(test_lora) {
             md[a][m] = bf16 ? (backend_lora_module_desc_t){r, d_in, d_out, 0.5f + a, dt, A16, B16, a == 2 ? NULL : Bt16}
                             : (backend_lora_module_desc_t){r, d_in, d_out, 0.5f + a, dt, A, B, a == 2 ? NULL : Bt};
         }
-        backend_adapter_desc_t d = {NL, md[a], true};
+        backend_adapter_desc_t d = {.n_layers = NL, .mods = md[a], .host_stays = true};
         ck_assert_int_eq(backend_adapter_upload(b, &d, &slot[a]), CS_OK);
     }
     if (backend_is_strict_device(b)) { /* a BF16 slot holds half the bytes */
@@ -625,7 +625,7 @@ START_TEST(test_cold_start) {
             /* odd targets leave B transposed to the backend */
             md[m] = (backend_lora_module_desc_t){r, d_in, d_out, 0.75f, dt, a, bb, t % 2 ? NULL : bt};
         }
-        backend_adapter_desc_t d = {NL, md, true};
+        backend_adapter_desc_t d = {.n_layers = NL, .mods = md, .host_stays = true};
         backend_adapter_t *su = NULL, *ss = NULL;
         ck_assert_int_eq(backend_adapter_upload(b, &d, &su), CS_OK);
         if (backend_can_stream(b)) {
@@ -828,7 +828,7 @@ START_TEST(test_graphs) {
         B[a] = randv((size_t)d_out * ranks[a], 0.3f);
         for (int t = 0; t < BACKEND_LORA_TARGETS; t++)
             md[a][t] = (backend_lora_module_desc_t){t == 0 ? ranks[a] : 0, d_in, d_out, 0.5f, CS_DTYPE_F32, A[a], B[a], NULL};
-        backend_adapter_desc_t d = {1, md[a], true};
+        backend_adapter_desc_t d = {.n_layers = 1, .mods = md[a], .host_stays = true};
         ck_assert_int_eq(backend_adapter_upload(b, &d, &slot[a]), CS_OK);
     }
     size_t pool_n = (size_t)pool_blocks * BS * kvd;
