@@ -778,6 +778,15 @@ static bool load_slot(ctx *c, backend_adapter_t *s, int fed) {
     return true;
 }
 
+/* S to the back of the loader's queue (load_mu held) */
+static void load_queue(ctx *c, backend_adapter_t *s) {
+    s->load_state = LOAD_QUEUED;
+    if (c->load_tail) c->load_tail->load_next = s;
+    else c->load_head = s;
+    c->load_tail = s;
+    pthread_cond_broadcast(&c->load_cv);
+}
+
 static void *loader_main(void *p) {
     ctx *c = (ctx *)p;
     CUDA_CHECK(cudaSetDevice(c->device));
@@ -799,10 +808,7 @@ static void *loader_main(void *p) {
             s->done_recorded = true;
             s->load_state = LOAD_DONE;
         } else if (s->fed > fed) { /* fed meanwhile: again, after the others */
-            s->load_state = LOAD_QUEUED;
-            if (c->load_tail) c->load_tail->load_next = s;
-            else c->load_head = s;
-            c->load_tail = s;
+            load_queue(c, s);
         } else {
             s->load_state = LOAD_WAITING;   /* adapter_feed queues it again */
         }
@@ -864,11 +870,7 @@ static int be_adapter_stream(backend_t *b, const backend_adapter_desc_t *ad, int
     s->next_l0 = 0;
     s->table_sent = false;
     pthread_mutex_lock(&c->load_mu);
-    s->load_state = LOAD_QUEUED;
-    if (c->load_tail) c->load_tail->load_next = s;
-    else c->load_head = s;
-    c->load_tail = s;
-    pthread_cond_broadcast(&c->load_cv);
+    load_queue(c, s);
     pthread_mutex_unlock(&c->load_mu);
     *out = s;
     return CS_OK;
@@ -880,13 +882,7 @@ static void be_adapter_feed(backend_t *b, backend_adapter_t *s, int n) {
     pthread_mutex_lock(&c->load_mu);
     if (n > s->fed) {
         s->fed = CS_MIN(n, s->n_layers);
-        if (s->load_state == LOAD_WAITING) {
-            s->load_state = LOAD_QUEUED;
-            if (c->load_tail) c->load_tail->load_next = s;
-            else c->load_head = s;
-            c->load_tail = s;
-            pthread_cond_broadcast(&c->load_cv);
-        }
+        if (s->load_state == LOAD_WAITING) load_queue(c, s);
     }
     pthread_mutex_unlock(&c->load_mu);
 }

@@ -283,10 +283,6 @@ static void on_group(void *user) {
 }
 
 /* Free E's device slot (drefs == 0; r->mu held). Before its host copy goes: a host-memory
- * backend's slot uses that memory in place. */
-static void device_drop_now(lora_registry_t *r, lora_entry_t *e);
-
-/* Free E's device slot (drefs == 0; r->mu held). Before its host copy goes: a host-memory
  * backend's slot uses that memory in place, and a slot streaming in reads from it.
  * Freeing a slot may wait for the device's compute (a forward may still read it), and a
  * forward may wait for the disk (a layer of an adapter streaming in: the host workers wait
@@ -300,14 +296,10 @@ typedef struct dead_slot {
     lora_adapter_t *adapter;        /* the host copy it reads, when that goes too */
 } dead_slot_t;
 
-static dead_slot_t *device_drop(lora_registry_t *r, lora_entry_t *e) {
-    if (!e->dslot) return NULL;
+/* E's slot out of the registry's books (r->mu held): no longer on the device LRU, fed or
+ * counted; the caller frees it (and its stream state) or defers that */
+static void detach(lora_registry_t *r, lora_entry_t *e) {
     CS_ASSERT(e->drefs == 0 && !e->dbusy);
-    dead_slot_t *d = malloc(sizeof *d);
-    if (!d) { /* out of memory for a few bytes: free it here, as before */
-        device_drop_now(r, e);
-        return NULL;
-    }
     if (e->on_dlru) {
         list_del(&r->dlru, e, dlink);
         e->on_dlru = false;
@@ -315,8 +307,6 @@ static dead_slot_t *device_drop(lora_registry_t *r, lora_entry_t *e) {
     pthread_mutex_lock(&r->smu);
     e->feed_slot = NULL;            /* the loader feeds it no more */
     pthread_mutex_unlock(&r->smu);
-    *d = (dead_slot_t){r->dead, e->dslot, e->ds, NULL};
-    r->dead = d;
     e->dslot = NULL;
     e->ds = NULL;
     r->dused_bytes -= e->dbytes;
@@ -324,29 +314,29 @@ static dead_slot_t *device_drop(lora_registry_t *r, lora_entry_t *e) {
     r->stats.n_device--;
     r->stats.device_bytes -= e->dbytes;
     e->dbytes = 0;
-    return d;
 }
 
-/* the same, freed here: the engine thread between forwards, or out of memory */
+/* E's slot freed here: the engine thread between forwards (or out of memory) */
 static void device_drop_now(lora_registry_t *r, lora_entry_t *e) {
     if (!e->dslot) return;
-    CS_ASSERT(e->drefs == 0 && !e->dbusy);
-    if (e->on_dlru) {
-        list_del(&r->dlru, e, dlink);
-        e->on_dlru = false;
+    backend_adapter_t *slot = e->dslot;
+    struct dstream *ds = e->ds;
+    detach(r, e);
+    backend_adapter_free(r->p.device, slot); /* waits for copies still streaming into it */
+    free(ds);
+}
+
+static dead_slot_t *device_drop(lora_registry_t *r, lora_entry_t *e) {
+    if (!e->dslot) return NULL;
+    dead_slot_t *d = malloc(sizeof *d);
+    if (!d) { /* out of memory for a few bytes: free it here, as before */
+        device_drop_now(r, e);
+        return NULL;
     }
-    pthread_mutex_lock(&r->smu);
-    e->feed_slot = NULL;
-    pthread_mutex_unlock(&r->smu);
-    backend_adapter_free(r->p.device, e->dslot); /* waits for copies still streaming into it */
-    e->dslot = NULL;
-    free(e->ds);
-    e->ds = NULL;
-    r->dused_bytes -= e->dbytes;
-    r->dused_count--;
-    r->stats.n_device--;
-    r->stats.device_bytes -= e->dbytes;
-    e->dbytes = 0;
+    *d = (dead_slot_t){r->dead, e->dslot, e->ds, NULL};
+    r->dead = d;
+    detach(r, e);
+    return d;
 }
 
 /* Free the slots detached elsewhere, and the host copies they read (r->mu held; the engine
