@@ -574,21 +574,37 @@ static void cpu_lora(cpu_raw_t *b, float *y, const float *x, int n, const float 
 }
 
 /* ---- paged attention (engine/kv_cache.h layout) ---- */
+/* The pools hold F32 or BF16 (a BF16 KV cache halves the bytes every decode step reads);
+ * a BF16 element widens to F32 exactly (a 16-bit shift), so both run the same F32 math. */
+static inline float kv_at(const void *pool, bool bf16, size_t i) {
+    return bf16 ? cs_bf16_to_f32(((const uint16_t *)pool)[i]) : ((const float *)pool)[i];
+}
+/* 16 elements of a pool from element i on, as F32 */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 kv_load16(const void *pool, size_t i, bool bf16) {
+    if (bf16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + i))), 16));
+    return _mm512_loadu_ps((const float *)pool + i);
+}
+
 /* dot and axpy over one head's row, AVX-512 when head_dim is a multiple of 16 */
-__attribute__((target("avx512f"))) static float dot16(const float *a, const float *b, int n) {
+__attribute__((target("avx512f"))) static float dot16(const float *a, const void *pool, size_t i, int n, bool bf16) {
     __m512 acc = _mm512_setzero_ps();
-    for (int e = 0; e < n; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), _mm512_loadu_ps(b + e), acc);
+    for (int e = 0; e < n; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), kv_load16(pool, i + (size_t)e, bf16), acc);
     return _mm512_reduce_add_ps(acc);
 }
-__attribute__((target("avx512f"))) static void axpy16(float *y, float w, const float *x, int n) {
+__attribute__((target("avx512f"))) static void axpy16(float *y, float w, const void *pool, size_t i, int n, bool bf16) {
     __m512 vw = _mm512_set1_ps(w);
-    for (int e = 0; e < n; e += 16) _mm512_storeu_ps(y + e, _mm512_fmadd_ps(vw, _mm512_loadu_ps(x + e), _mm512_loadu_ps(y + e)));
+    for (int e = 0; e < n; e += 16)
+        _mm512_storeu_ps(y + e, _mm512_fmadd_ps(vw, kv_load16(pool, i + (size_t)e, bf16), _mm512_loadu_ps(y + e)));
 }
 
 struct pattn_job {
     cpu_ctx_t *c;
     float *out;
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v;  /* pools of F32, or BF16 when bf16 */
+    bool bf16;
     const cpu_attn_seq_t *seqs;
     const int *task0;   /* [n_dec + 1] first task of each decode sequence */
     const int *dec;     /* indices into seqs of the decode sequences */
@@ -598,33 +614,35 @@ struct pattn_job {
 /* scores s[t - first] = scale · q·k_t and out = Σ p_t v_t over the keys [first, last] of a
  * paged sequence, with q and the output accumulator held in NV registers (head_dim 16·NV).
  * Four keys' dot products run side by side (one FMA chain each would wait on the last), and
- * the value pass keeps two accumulator sets, even and odd keys, added at the end. */
-__attribute__((target("avx512f"))) static inline void pattn_head_nv(float *oh, float *s, const float *qh, const float *k,
-                                                                   const float *v, const int32_t *blocks, int bs,
-                                                                   int first, int last, size_t kv_dim, size_t off,
-                                                                   float scale, const int NV) {
+ * the value pass keeps two accumulator sets, even and odd keys, added at the end. BF16
+ * pools: the same with each row widened as it is loaded (half the cache lines). */
+__attribute__((target("avx512f"), always_inline)) static inline void
+pattn_head_nv(float *oh, float *s, const float *qh, const void *k, const void *v, const int32_t *blocks, int bs,
+              int first, int last, size_t kv_dim, size_t off, float scale, const int NV, const bool bf16) {
     __m512 q[8], acc[2][8];
+    const size_t esz = bf16 ? 2 : 4;
+    const int lines = bf16 ? (NV + 1) / 2 : NV; /* cache lines of one head's row */
     for (int c = 0; c < NV; c++) q[c] = _mm512_loadu_ps(qh + 16 * c);
     int t = first;
     for (; t + 4 <= last + 1; t += 4) {
-        const float *kr[4];
+        size_t kr[4];
         __m512 d[4];
         for (int u = 0; u < 4; u++) {
-            kr[u] = k + cs_paged_row(blocks, bs, t + u) * kv_dim + off;
-            d[u] = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr[u]));
+            kr[u] = cs_paged_row(blocks, bs, t + u) * kv_dim + off;
+            d[u] = _mm512_mul_ps(q[0], kv_load16(k, kr[u], bf16));
             if (t + u + 8 <= last) { /* the key rows two steps on (scattered rows: no hardware prefetch) */
-                const char *nx = (const char *)(k + cs_paged_row(blocks, bs, t + u + 8) * kv_dim + off);
-                for (int c = 0; c < NV; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+                const char *nx = (const char *)k + (cs_paged_row(blocks, bs, t + u + 8) * kv_dim + off) * esz;
+                for (int c = 0; c < lines; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
             }
         }
         for (int c = 1; c < NV; c++)
-            for (int u = 0; u < 4; u++) d[u] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr[u] + 16 * c), d[u]);
+            for (int u = 0; u < 4; u++) d[u] = _mm512_fmadd_ps(q[c], kv_load16(k, kr[u] + 16 * (size_t)c, bf16), d[u]);
         for (int u = 0; u < 4; u++) s[t + u - first] = _mm512_reduce_add_ps(d[u]) * scale;
     }
     for (; t <= last; t++) {
-        const float *kr = k + cs_paged_row(blocks, bs, t) * kv_dim + off;
-        __m512 d = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr));
-        for (int c = 1; c < NV; c++) d = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr + 16 * c), d);
+        size_t kr = cs_paged_row(blocks, bs, t) * kv_dim + off;
+        __m512 d = _mm512_mul_ps(q[0], kv_load16(k, kr, bf16));
+        for (int c = 1; c < NV; c++) d = _mm512_fmadd_ps(q[c], kv_load16(k, kr + 16 * (size_t)c, bf16), d);
         s[t - first] = _mm512_reduce_add_ps(d) * scale;
     }
     softmax_avx512(s, last - first + 1);
@@ -633,19 +651,40 @@ __attribute__((target("avx512f"))) static inline void pattn_head_nv(float *oh, f
         bool two = t + 1 <= last;
         for (int u = 0; u < 2; u++)
             if (t + u + 4 <= last) {
-                const char *nx = (const char *)(v + cs_paged_row(blocks, bs, t + u + 4) * kv_dim + off);
-                for (int c = 0; c < NV; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+                const char *nx = (const char *)v + (cs_paged_row(blocks, bs, t + u + 4) * kv_dim + off) * esz;
+                for (int c = 0; c < lines; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
             }
-        const float *v0 = v + cs_paged_row(blocks, bs, t) * kv_dim + off;
+        size_t v0 = cs_paged_row(blocks, bs, t) * kv_dim + off;
         __m512 w0 = _mm512_set1_ps(s[t - first]);
-        for (int c = 0; c < NV; c++) acc[0][c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * c), acc[0][c]);
+        for (int c = 0; c < NV; c++) acc[0][c] = _mm512_fmadd_ps(w0, kv_load16(v, v0 + 16 * (size_t)c, bf16), acc[0][c]);
         if (two) {
-            const float *v1 = v + cs_paged_row(blocks, bs, t + 1) * kv_dim + off;
+            size_t v1 = cs_paged_row(blocks, bs, t + 1) * kv_dim + off;
             __m512 w1 = _mm512_set1_ps(s[t + 1 - first]);
-            for (int c = 0; c < NV; c++) acc[1][c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 16 * c), acc[1][c]);
+            for (int c = 0; c < NV; c++) acc[1][c] = _mm512_fmadd_ps(w1, kv_load16(v, v1 + 16 * (size_t)c, bf16), acc[1][c]);
         }
     }
     for (int c = 0; c < NV; c++) _mm512_storeu_ps(oh + 16 * c, _mm512_add_ps(acc[0][c], acc[1][c]));
+}
+
+/* the register paths, one instance per (head size, pool dtype); false: not a common head size */
+__attribute__((target("avx512f"))) static bool pattn_head_fixed(float *oh, float *s, const float *qh, const void *k,
+                                                                const void *v, bool bf16, const int32_t *blocks, int bs,
+                                                                int first, int last, size_t kv_dim, size_t off,
+                                                                float scale, int hd) {
+#define PATTN_NV(NV)                                                                                    \
+    do {                                                                                                \
+        if (bf16) pattn_head_nv(oh, s, qh, k, v, blocks, bs, first, last, kv_dim, off, scale, NV, true); \
+        else pattn_head_nv(oh, s, qh, k, v, blocks, bs, first, last, kv_dim, off, scale, NV, false);     \
+        return true;                                                                                    \
+    } while (0)
+    switch (hd) {
+    case 64: PATTN_NV(4);
+    case 128: PATTN_NV(8);
+    case 32: PATTN_NV(2);
+    case 16: PATTN_NV(1);
+    default: return false;
+    }
+#undef PATTN_NV
 }
 
 /* one task per (sequence, query, head) */
@@ -664,62 +703,61 @@ static void pattn_task(void *p, int task, int thread) {
     float scale = 1.0f / sqrtf((float)hd), *s = j->c->scratch[thread];
     const float *qh = j->q + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
     float *oh = j->out + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
+    bool bf16 = j->bf16;
     if (!j->c->avx512) { /* AVX2 */
         if (hd % 8 == 0) {
-            cs_attn_head_paged_avx2(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, hd);
+            cs_attn_head_paged_avx2(oh, s, qh, j->k, j->v, bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32, sq->blocks, j->bs, first,
+                                    qpos, kv_dim, off, scale, hd);
             return;
         }
         for (int t = first; t <= qpos; t++) {
-            const float *kr = j->k + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
+            size_t kr = cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
             float d = 0;
-            for (int e = 0; e < hd; e++) d += qh[e] * kr[e];
+            for (int e = 0; e < hd; e++) d += qh[e] * kv_at(j->k, bf16, kr + (size_t)e);
             s[t - first] = d * scale;
         }
         cs_softmax_avx2(s, qpos - first + 1);
         memset(oh, 0, sizeof(float) * (size_t)hd);
         for (int t = first; t <= qpos; t++) {
-            const float *vr = j->v + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
-            for (int e = 0; e < hd; e++) oh[e] += s[t - first] * vr[e];
+            size_t vr = cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
+            for (int e = 0; e < hd; e++) oh[e] += s[t - first] * kv_at(j->v, bf16, vr + (size_t)e);
         }
         return;
     }
-    switch (hd) { /* the common head sizes keep everything in registers */
-    case 64: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 4); return;
-    case 128: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 8); return;
-    case 32: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 2); return;
-    case 16: pattn_head_nv(oh, s, qh, j->k, j->v, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, 1); return;
-    default: break;
-    }
+    /* the common head sizes keep everything in registers */
+    if (pattn_head_fixed(oh, s, qh, j->k, j->v, bf16, sq->blocks, j->bs, first, qpos, kv_dim, off, scale, hd)) return;
     bool vec = hd % 16 == 0;
     for (int t = first; t <= qpos; t++) {
-        const float *kr = j->k + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
+        size_t kr = cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
         float d;
-        if (vec) d = dot16(qh, kr, hd);
-        else { d = 0; for (int e = 0; e < hd; e++) d += qh[e] * kr[e]; }
+        if (vec) d = dot16(qh, j->k, kr, hd, bf16);
+        else { d = 0; for (int e = 0; e < hd; e++) d += qh[e] * kv_at(j->k, bf16, kr + (size_t)e); }
         s[t - first] = d * scale;
     }
     softmax_avx512(s, qpos - first + 1);
     memset(oh, 0, sizeof(float) * (size_t)hd);
     for (int t = first; t <= qpos; t++) {
-        const float *vr = j->v + cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
+        size_t vr = cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
         float w = s[t - first];
-        if (vec) axpy16(oh, w, vr, hd);
-        else for (int e = 0; e < hd; e++) oh[e] += w * vr[e];
+        if (vec) axpy16(oh, w, j->v, vr, hd, bf16);
+        else for (int e = 0; e < hd; e++) oh[e] += w * kv_at(j->v, bf16, vr + (size_t)e);
     }
 }
 
 /* Prefill chunks (16+ queries) go through the GEMM attention: in place when the block table
- * is contiguous, else after gathering the sequence's keys and values; decode rows of all
- * sequences run in one pool dispatch. */
-static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v,
-                                const cpu_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
-                                int window) {
+ * is contiguous and the pools F32, else after gathering the sequence's keys and values (BF16
+ * widened to F32 on the way); decode rows of all sequences run in one pool dispatch. */
+static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const void *k, const void *v,
+                                cs_dtype kv_dtype, const cpu_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv,
+                                int hd, int window) {
     cpu_ctx_t *c = ctx_of(b);
+    CS_ASSERT(kv_dtype == CS_DTYPE_F32 || kv_dtype == CS_DTYPE_BF16);
     if (c->reference || (!c->avx512 && !c->avx2)) {
-        cs_attention_paged_ref(out, q, k, v, seqs, n_seqs, bs, nh, nkv, hd, window);
+        cs_attention_paged_kv_ref(out, q, k, v, kv_dtype, seqs, n_seqs, bs, nh, nkv, hd, window);
         return;
     }
-    size_t kv_dim = (size_t)nkv * hd, q_dim = (size_t)nh * hd;
+    bool bf16 = kv_dtype == CS_DTYPE_BF16;
+    size_t kv_dim = (size_t)nkv * hd, q_dim = (size_t)nh * hd, esz = cs_dtype_size(kv_dtype);
     int *dec = malloc(sizeof(int) * (size_t)(2 * n_seqs + 1)), *task0 = dec + n_seqs, n_dec = 0, max_len = 0;
     CS_ASSERT(dec);
     for (int s = 0; s < n_seqs; s++) {
@@ -731,12 +769,12 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
             max_len = CS_MAX(max_len, len);
             continue;
         }
-        bool contiguous = true;
+        bool contiguous = !bf16;
         for (int i = 1; i < nb && contiguous; i++) contiguous = sq->blocks[i] == sq->blocks[0] + i;
         const float *ks, *vs;
         if (contiguous) {
-            ks = k + (size_t)sq->blocks[0] * bs * kv_dim;
-            vs = v + (size_t)sq->blocks[0] * bs * kv_dim;
+            ks = (const float *)k + (size_t)sq->blocks[0] * bs * kv_dim;
+            vs = (const float *)v + (size_t)sq->blocks[0] * bs * kv_dim;
         } else {
             size_t need = (size_t)len * kv_dim * 2;
             if (c->gather_len < need) {
@@ -747,9 +785,9 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
             }
             float *kg = c->gather, *vg = c->gather + (size_t)len * kv_dim;
             for (int i = 0; i < nb; i++) {
-                int rows = CS_MIN(bs, len - i * bs);
-                memcpy(kg + (size_t)i * bs * kv_dim, k + (size_t)sq->blocks[i] * bs * kv_dim, sizeof(float) * rows * kv_dim);
-                memcpy(vg + (size_t)i * bs * kv_dim, v + (size_t)sq->blocks[i] * bs * kv_dim, sizeof(float) * rows * kv_dim);
+                size_t rows = (size_t)CS_MIN(bs, len - i * bs), at = (size_t)sq->blocks[i] * bs * kv_dim;
+                cs_to_f32(kg + (size_t)i * bs * kv_dim, (const char *)k + at * esz, kv_dtype, rows * kv_dim);
+                cs_to_f32(vg + (size_t)i * bs * kv_dim, (const char *)v + at * esz, kv_dtype, rows * kv_dim);
             }
             ks = kg;
             vs = vg;
@@ -760,10 +798,21 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
     if (n_dec) {
         task0[n_dec] = task0[n_dec - 1] + seqs[dec[n_dec - 1]].n * nh;
         scratch_reserve(c, (size_t)max_len);
-        struct pattn_job j = {c, out, q, k, v, seqs, task0, dec, n_dec, bs, nh, nkv, hd, window};
+        struct pattn_job j = {c, out, q, k, v, bf16, seqs, task0, dec, n_dec, bs, nh, nkv, hd, window};
         threadpool_run(c->pool, task0[n_dec], pattn_task, &j);
     }
     free(dec);
+}
+
+static void cpu_kv_store(cpu_raw_t *b, void *pool, cs_dtype kv_dtype, const float *src, const int32_t *slots, int n,
+                         int len) {
+    (void)b;
+    if (kv_dtype != CS_DTYPE_F32) { /* a few rows per layer: the plain rounding is cheap */
+        cs_kv_store_ref(pool, kv_dtype, src, slots, n, len);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        memcpy((float *)pool + (size_t)slots[i] * len, src + (size_t)i * len, sizeof(float) * (size_t)len);
 }
 
 static void cpu_set_rows(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
@@ -978,6 +1027,7 @@ static const struct cpu_raw_i cpu_iface = {
     .rope = cpu_rope,
     .attention = cpu_attention,
     .attention_paged = cpu_attention_paged,
+    .kv_store = cpu_kv_store,
     .set_rows = cpu_set_rows,
     .get_rows = cpu_get_rows,
     .silu_mul = cpu_silu_mul,

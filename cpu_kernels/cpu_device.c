@@ -766,30 +766,34 @@ static void dev_rope(backend_t *b, backend_buf_t *x, int nh, int hd, const backe
                  F(b, inv_freq, hd / 2, "rope inv_freq"));
 }
 
-static void check_rows(backend_t *b, const backend_buf_t *buf, const int32_t *idx, int n, int row_len, const char *what) {
+static void check_rows(backend_t *b, const backend_buf_t *buf, size_t elem, const int32_t *idx, int n, int row_len,
+                       const char *what) {
     if (!dev(b)->strict) return;
-    size_t rows = buf->n / (sizeof(float) * (size_t)row_len);
+    size_t rows = buf->n / (elem * (size_t)row_len);
     for (int i = 0; i < n; i++)
         if (idx[i] < 0 || (size_t)idx[i] >= rows) strict_fail(what);
 }
 
-static void dev_kv_store(backend_t *b, backend_buf_t *pool, const backend_buf_t *src, const backend_batch_t *bt,
-                         int row_len) {
+static bool kv_dtype_ok(cs_dtype t) { return t == CS_DTYPE_F32 || t == CS_DTYPE_BF16; }
+
+static void dev_kv_store(backend_t *b, backend_buf_t *pool, cs_dtype kv_dtype, const backend_buf_t *src,
+                         const backend_batch_t *bt, int row_len) {
     check_batch(b, bt, "kv_store");
-    float *p = F(b, pool, 0, "kv_store pool");
-    check_rows(b, pool, bt->slots, bt->n_tokens, row_len, "kv_store: a slot outside the pool");
-    cpu_raw_set_rows(dev(b)->raw, p, F(b, src, (size_t)bt->n_tokens * row_len, "kv_store src"), bt->slots, bt->n_tokens,
-                     row_len);
+    if (!kv_dtype_ok(kv_dtype)) strict_fail("kv_store: KV pools are F32 or BF16");
+    void *p = resolve(b, pool, 0, 0, "kv_store pool");
+    check_rows(b, pool, cs_dtype_size(kv_dtype), bt->slots, bt->n_tokens, row_len, "kv_store: a slot outside the pool");
+    cpu_raw_kv_store(dev(b)->raw, p, kv_dtype, F(b, src, (size_t)bt->n_tokens * row_len, "kv_store src"), bt->slots,
+                     bt->n_tokens, row_len);
 }
 
 static void dev_attention(backend_t *b, backend_buf_t *out, const backend_buf_t *q, const backend_buf_t *k,
                           const backend_buf_t *v, cs_dtype kv_dtype, const backend_batch_t *bt, int bs, int nh, int nkv,
                           int hd, int window) {
     check_batch(b, bt, "attention");
-    if (kv_dtype != CS_DTYPE_F32) strict_fail("attention: this backend reads F32 KV pools only");
-    const float *pk = F(b, k, 0, "attention k"), *pv = F(b, v, 0, "attention v");
+    if (!kv_dtype_ok(kv_dtype)) strict_fail("attention: KV pools are F32 or BF16");
+    const void *pk = resolve(b, k, 0, 0, "attention k"), *pv = resolve(b, v, 0, 0, "attention v");
     if (dev(b)->strict) { /* every block a table names lies in the pools */
-        size_t nblk = k->n / (sizeof(float) * (size_t)bs * nkv * hd);
+        size_t nblk = k->n / (cs_dtype_size(kv_dtype) * (size_t)bs * nkv * hd);
         for (int s = 0; s < bt->n_seqs; s++) {
             int need = (bt->seqs[s].pos0 + bt->seqs[s].n + bs - 1) / bs;
             if (bt->seqs[s].blocks + need > bt->blocks + bt->n_blocks) strict_fail("attention: a block table runs past the batch's");
@@ -799,14 +803,15 @@ static void dev_attention(backend_t *b, backend_buf_t *out, const backend_buf_t 
         if (v->n != k->n) strict_fail("attention: k and v pools differ");
     }
     size_t rows = (size_t)bt->n_tokens;
-    cpu_raw_attention_paged(dev(b)->raw, F(b, out, rows * nh * hd, "attention out"), F(b, q, rows * nh * hd, "attention q"),
-                            pk, pv, bt->seqs, bt->n_seqs, bs, nh, nkv, hd, window);
+    cpu_raw_attention_paged_kv(dev(b)->raw, F(b, out, rows * nh * hd, "attention out"),
+                               F(b, q, rows * nh * hd, "attention q"), pk, pv, kv_dtype, bt->seqs, bt->n_seqs, bs, nh, nkv,
+                               hd, window);
 }
 
 static void dev_get_out_rows(backend_t *b, backend_buf_t *dst, const backend_buf_t *src, const backend_batch_t *bt,
                              int row_len) {
     check_batch(b, bt, "get_out_rows");
-    check_rows(b, src, bt->out_rows, bt->n_out, row_len, "get_out_rows: a row outside the source");
+    check_rows(b, src, sizeof(float), bt->out_rows, bt->n_out, row_len, "get_out_rows: a row outside the source");
     cpu_raw_get_rows(dev(b)->raw, F(b, dst, (size_t)bt->n_out * row_len, "get_out_rows dst"), F(b, src, 0, "get_out_rows src"),
                      bt->out_rows, bt->n_out, row_len);
 }
@@ -881,7 +886,8 @@ static void dev_free(backend_t *b) {
     .adapter_bytes = dev_adapter_bytes, .embed = dev_embed, .matmul = dev_matmul,                           \
     .matmul_multi = dev_matmul_multi, .rmsnorm = dev_rmsnorm, .rope = dev_rope, .kv_store = dev_kv_store,   \
     .attention = dev_attention, .get_out_rows = dev_get_out_rows, .silu_mul = dev_silu_mul, .add = dev_add, \
-    .lora = dev_lora, .kv_dtypes = 1u << CS_DTYPE_F32, .synchronize = dev_synchronize,                      \
+    .lora = dev_lora, .kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16,     \
+    .synchronize = dev_synchronize,                      \
     .get_stats = dev_get_stats, .free = dev_free
 
 static const struct backend_i cpu_iface = {

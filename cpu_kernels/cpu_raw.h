@@ -42,9 +42,13 @@ struct cpu_raw_i {
     /* contiguous causal attention over k/v[0 .. pos0 + n) */
     void (*attention)(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v, int n, int pos0,
                       int n_heads, int n_kv_heads, int head_dim, int window);
-    void (*attention_paged)(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v,
+    /* over paged pools of kv_dtype (F32 or BF16) */
+    void (*attention_paged)(cpu_raw_t *b, float *out, const float *q, const void *k, const void *v, cs_dtype kv_dtype,
                             const cpu_attn_seq_t *seqs, int n_seqs, int block_size, int n_heads, int n_kv_heads,
                             int head_dim, int window);
+    /* pool row slots[i] = src row i, stored as kv_dtype (BF16: rounded to nearest even) */
+    void (*kv_store)(cpu_raw_t *b, void *pool, cs_dtype kv_dtype, const float *src, const int32_t *slots, int n,
+                     int row_len);
     void (*set_rows)(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int row_len);
     void (*get_rows)(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int row_len);
     void (*silu_mul)(cpu_raw_t *b, float *gate, const float *up, size_t n);
@@ -89,7 +93,16 @@ static inline void cpu_raw_attention(cpu_raw_t *b, float *out, const float *q, c
 static inline void cpu_raw_attention_paged(cpu_raw_t *b, float *out, const float *q, const float *k, const float *v,
                                            const cpu_attn_seq_t *seqs, int n_seqs, int bs, int nh, int nkv, int hd,
                                            int window) {
-    b->iface->attention_paged(b, out, q, k, v, seqs, n_seqs, bs, nh, nkv, hd, window);
+    b->iface->attention_paged(b, out, q, k, v, CS_DTYPE_F32, seqs, n_seqs, bs, nh, nkv, hd, window);
+}
+static inline void cpu_raw_attention_paged_kv(cpu_raw_t *b, float *out, const float *q, const void *k, const void *v,
+                                              cs_dtype kv_dtype, const cpu_attn_seq_t *seqs, int n_seqs, int bs, int nh,
+                                              int nkv, int hd, int window) {
+    b->iface->attention_paged(b, out, q, k, v, kv_dtype, seqs, n_seqs, bs, nh, nkv, hd, window);
+}
+static inline void cpu_raw_kv_store(cpu_raw_t *b, void *pool, cs_dtype kv_dtype, const float *src, const int32_t *slots,
+                                    int n, int row_len) {
+    b->iface->kv_store(b, pool, kv_dtype, src, slots, n, row_len);
 }
 static inline void cpu_raw_set_rows(cpu_raw_t *b, float *dst, const float *src, const int32_t *idx, int n, int len) {
     b->iface->set_rows(b, dst, src, idx, n, len);

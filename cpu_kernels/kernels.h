@@ -73,8 +73,9 @@ void cs_gemm_packed_avx2(float *y, int ldy, const float *xp, int n, const cs_wei
 void cs_softmax_avx2(float *x, int n);
 void cs_silu_mul_avx2(float *gate, const float *up, size_t n);
 /* one (query, head) of paged attention: scores over keys [first, last] into s, softmax,
- * oh = Σ p_t v_t (head_dim hd a multiple of 8; rows through the block table) */
-void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const float *k, const float *v,
+ * oh = Σ p_t v_t (head_dim hd a multiple of 8; rows through the block table; pools of
+ * kv_dtype, F32 or BF16) */
+void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const void *k, const void *v, cs_dtype kv_dtype,
                              const int32_t *blocks, int bs, int first, int last, size_t kv_dim, size_t off,
                              float scale, int hd);
 

@@ -405,19 +405,27 @@ AVX2 void cs_softmax_avx2(float *x, int n) {
 
 /* ---- one (query, head) of paged attention ----
  * s[t - first] = scale · q·k_t over the keys [first, last], softmax, oh = Σ p_t v_t; key
- * and value rows found through the block table. head_dim a multiple of 8. */
-AVX2 void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const float *k, const float *v,
-                                  const int32_t *blocks, int bs, int first, int last, size_t kv_dim, size_t off,
-                                  float scale, int hd) {
+ * and value rows found through the block table. head_dim a multiple of 8. BF16 pools: each
+ * row widened to F32 as it is loaded. */
+AVX2 INLINE __m256 kv_load8(const void *pool, size_t i, bool bf16) {
+    if (bf16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)pool + i))), 16));
+    return _mm256_loadu_ps((const float *)pool + i);
+}
+
+AVX2 INLINE void
+attn_head_paged(float *oh, float *s, const float *qh, const void *k, const void *v, const bool bf16, const int32_t *blocks,
+                int bs, int first, int last, size_t kv_dim, size_t off, float scale, int hd) {
     for (int t = first; t <= last; t++) {
-        const float *kr = k + ((size_t)blocks[t / bs] * (size_t)bs + (size_t)(t % bs)) * kv_dim + off;
+        size_t kr = ((size_t)blocks[t / bs] * (size_t)bs + (size_t)(t % bs)) * kv_dim + off;
         __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
         int e = 0;
         for (; e + 16 <= hd; e += 16) {
-            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_loadu_ps(kr + e), d0);
-            d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), _mm256_loadu_ps(kr + e + 8), d1);
+            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), kv_load8(k, kr + (size_t)e, bf16), d0);
+            d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), kv_load8(k, kr + (size_t)e + 8, bf16), d1);
         }
-        if (e < hd) d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_loadu_ps(kr + e), d0);
+        if (e < hd) d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), kv_load8(k, kr + (size_t)e, bf16), d0);
         s[t - first] = hsum8(_mm256_add_ps(d0, d1)) * scale;
     }
     cs_softmax_avx2(s, last - first + 1);
@@ -427,15 +435,22 @@ AVX2 void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const fl
         __m256 acc[8];
         for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
         for (int t = first; t <= last; t++) {
-            const float *vr = v + ((size_t)blocks[t / bs] * (size_t)bs + (size_t)(t % bs)) * kv_dim + off + c0;
+            size_t vr = ((size_t)blocks[t / bs] * (size_t)bs + (size_t)(t % bs)) * kv_dim + off + (size_t)c0;
             __m256 wt = _mm256_set1_ps(s[t - first]);
             if (nv == 8) {
 #pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(wt, kv_load8(v, vr + 8 * (size_t)c, bf16), acc[c]);
             } else {
-                for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+                for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(wt, kv_load8(v, vr + 8 * (size_t)c, bf16), acc[c]);
             }
         }
         for (int c = 0; c < nv; c++) _mm256_storeu_ps(oh + c0 + 8 * c, acc[c]);
     }
+}
+
+AVX2 void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const void *k, const void *v, cs_dtype kv_dtype,
+                                  const int32_t *blocks, int bs, int first, int last, size_t kv_dim, size_t off,
+                                  float scale, int hd) {
+    if (kv_dtype == CS_DTYPE_BF16) attn_head_paged(oh, s, qh, k, v, true, blocks, bs, first, last, kv_dim, off, scale, hd);
+    else attn_head_paged(oh, s, qh, k, v, false, blocks, bs, first, last, kv_dim, off, scale, hd);
 }

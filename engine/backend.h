@@ -184,9 +184,10 @@ struct backend_i {
      * position i; inv_freq: head_dim/2 F32 values */
     void (*rope)(backend_t *b, backend_buf_t *x, int n_heads, int head_dim, const backend_batch_t *batch,
                  const backend_buf_t *inv_freq);
-    /* pool row slots[i] = src row i, rows of row_len floats (the new keys or values) */
-    void (*kv_store)(backend_t *b, backend_buf_t *pool, const backend_buf_t *src, const backend_batch_t *batch,
-                     int row_len);
+    /* pool row slots[i] = src row i, rows of row_len floats (the new keys or values), stored
+     * as kv_dtype (one attention reads: BF16 rounded to nearest even) */
+    void (*kv_store)(backend_t *b, backend_buf_t *pool, cs_dtype kv_dtype, const backend_buf_t *src,
+                     const backend_batch_t *batch, int row_len);
     /* Paged attention over the batch's sequences: sequence s owns query rows [row0, row0 +
      * n) of q/out; its keys and values for positions [0, pos0 + n) live in the pools k/v as
      * [block][block_size][n_kv_heads * head_dim], position p at its table's block p /
@@ -351,9 +352,9 @@ static inline void backend_rope(backend_t *b, backend_buf_t *x, int nh, int hd, 
                                 const backend_buf_t *inv_freq) {
     b->iface->rope(b, x, nh, hd, bt, inv_freq);
 }
-static inline void backend_kv_store(backend_t *b, backend_buf_t *pool, const backend_buf_t *src,
+static inline void backend_kv_store(backend_t *b, backend_buf_t *pool, cs_dtype kv_dtype, const backend_buf_t *src,
                                     const backend_batch_t *bt, int row_len) {
-    b->iface->kv_store(b, pool, src, bt, row_len);
+    b->iface->kv_store(b, pool, kv_dtype, src, bt, row_len);
 }
 static inline void backend_attention(backend_t *b, backend_buf_t *out, const backend_buf_t *q, const backend_buf_t *k,
                                      const backend_buf_t *v, cs_dtype kv_dtype, const backend_batch_t *bt, int bs,

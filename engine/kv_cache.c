@@ -31,17 +31,22 @@ struct kv_cache {
     uint64_t lookups, hits, evictions;
 };
 
-size_t kv_cache_block_bytes(int n_layers, int kv_dim) {
-    return (size_t)2 * n_layers * KV_BLOCK_SIZE * (size_t)kv_dim * sizeof(float);
+size_t kv_cache_block_bytes(int n_layers, int kv_dim, cs_dtype dtype) {
+    return (size_t)2 * n_layers * KV_BLOCK_SIZE * (size_t)kv_dim * cs_dtype_size(dtype);
 }
 
 int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     *out = NULL;
     if (p->n_layers <= 0 || p->kv_dim <= 0) return cs_error_set(CS_EINVAL, "kv cache: bad shape");
-    if (p->dtype != CS_DTYPE_F32)
-        return cs_error_set(CS_EUNSUPPORTED, "a %s KV cache: the %s backend's attention reads F32 pools only",
-                            cs_dtype_name(p->dtype), backend_name(be));
-    size_t bb = kv_cache_block_bytes(p->n_layers, p->kv_dim);
+    if (!backend_supports_kv_dtype(be, p->dtype)) {
+        char can[64] = "";
+        for (int t = 0; t < CS_DTYPE_COUNT; t++)
+            if (backend_supports_kv_dtype(be, (cs_dtype)t))
+                snprintf(can + strlen(can), sizeof can - strlen(can), "%s%s", can[0] ? ", " : "", cs_dtype_name((cs_dtype)t));
+        return cs_error_set(CS_EUNSUPPORTED, "a %s KV cache: the %s backend's attention reads %s pools only",
+                            cs_dtype_name(p->dtype), backend_name(be), can);
+    }
+    size_t bb = kv_cache_block_bytes(p->n_layers, p->kv_dim, p->dtype);
     size_t nb = p->bytes / bb;
     if (nb < 1)
         return cs_error_set(CS_EINVAL, "KV cache budget of %zu bytes holds no block (one block of %d tokens takes %zu bytes)",
@@ -63,7 +68,7 @@ int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     kv->buckets = malloc(nbk * sizeof *kv->buckets);
     kv->bucket_mask = nbk - 1;
     if (!kv->k || !kv->v || !kv->meta || !kv->free_stack || !kv->buckets) goto oom;
-    size_t pool = nb * KV_BLOCK_SIZE * (size_t)p->kv_dim * sizeof(float);
+    size_t pool = nb * KV_BLOCK_SIZE * (size_t)p->kv_dim * cs_dtype_size(p->dtype);
     cs_error_clear(); /* a failed allocation below says why, or nothing (host memory) */
     for (int l = 0; l < p->n_layers; l++) {
         kv->k[l] = backend_buf_alloc(be, pool);
@@ -114,6 +119,7 @@ void kv_cache_get_stats(const kv_cache_t *kv, kv_cache_stats_t *st) {
     st->lookups = kv->lookups;
     st->hits = kv->hits;
     st->evictions = kv->evictions;
+    st->dtype = kv->dtype;
 }
 
 /* ---- LRU of evictable blocks ---- */
@@ -206,9 +212,9 @@ int kv_block_refcount(const kv_cache_t *kv, int32_t b) { return kv->meta[b].ref;
 
 void kv_block_copy(kv_cache_t *kv, int32_t dst, int32_t src, int n_tokens) {
     CS_ASSERT(n_tokens >= 0 && n_tokens <= KV_BLOCK_SIZE);
-    size_t row = (size_t)kv->kv_dim, bytes = sizeof(float) * row * (size_t)n_tokens;
+    size_t row = (size_t)kv->kv_dim * cs_dtype_size(kv->dtype), bytes = row * (size_t)n_tokens;
     if (!bytes || dst == src) return;
-    size_t d = sizeof(float) * (size_t)dst * KV_BLOCK_SIZE * row, s = sizeof(float) * (size_t)src * KV_BLOCK_SIZE * row;
+    size_t d = (size_t)dst * KV_BLOCK_SIZE * row, s = (size_t)src * KV_BLOCK_SIZE * row;
     for (int l = 0; l < kv->n_layers; l++) {
         backend_buf_copy(kv->be, kv->k[l], d, kv->k[l], s, bytes);
         backend_buf_copy(kv->be, kv->v[l], d, kv->v[l], s, bytes);

@@ -18,8 +18,9 @@ typedef struct kv_cache_params {
     int n_layers;
     int kv_dim;          /* n_kv_heads * head_dim */
     size_t bytes;        /* budget for K and V of all layers; rounded down to whole blocks */
-    cs_dtype dtype;      /* of the pools: F32 (the default, 0); others where the backend
-                          * reads them (backend_supports_kv_dtype), else CS_EUNSUPPORTED */
+    cs_dtype dtype;      /* of the pools: F32 (the default, 0), or BF16 (half the bytes; K and V
+                          * rounded as a BF16 model's are) where the backend reads it
+                          * (backend_supports_kv_dtype), else CS_EUNSUPPORTED */
 } kv_cache_params_t;
 
 typedef struct kv_cache_stats {
@@ -29,10 +30,11 @@ typedef struct kv_cache_stats {
     uint64_t lookups;    /* full-block prefix lookups */
     uint64_t hits;       /* ... that found a block */
     uint64_t evictions;  /* cached blocks reused for new data */
+    cs_dtype dtype;      /* of the pools */
 } kv_cache_stats_t;
 
-/* bytes of K + V one block takes over all layers (F32 pools) */
-size_t kv_cache_block_bytes(int n_layers, int kv_dim);
+/* bytes of K + V one block takes over all layers, in pools of dtype */
+size_t kv_cache_block_bytes(int n_layers, int kv_dim, cs_dtype dtype);
 /* Fails with CS_EINVAL when the budget holds fewer than 1 block, CS_ENOMEM when the backend
  * cannot allocate it. */
 int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out);

@@ -403,21 +403,22 @@ static int ensure_acts(model_t *m, int n, int n_seqs) {
 }
 
 /* ---- single sequence (generate, tests): a private paged cache with an identity table ---- */
-model_seq_t *model_seq_new(model_t *m, int capacity) {
+model_seq_t *model_seq_new(model_t *m, int capacity, cs_dtype kv_dtype) {
     model_seq_t *s = calloc(1, sizeof *s);
     if (!s) { cs_error_set(CS_ENOMEM, "out of memory"); return NULL; }
     s->m = m;
     s->capacity = capacity;
     int nb = (capacity + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
     kv_cache_params_t kp = {m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim,
-                            (size_t)nb * kv_cache_block_bytes(m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim),
-                            CS_DTYPE_F32};
+                            (size_t)nb * kv_cache_block_bytes(m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim, kv_dtype),
+                            kv_dtype};
     s->blocks = malloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
-    if (!s->blocks || kv_cache_new(m->be, &kp, &s->kv)) {
+    int rc = s->blocks ? kv_cache_new(m->be, &kp, &s->kv) : CS_ENOMEM;
+    if (rc) {
         char msg[400]; /* cs_error_set may not read the buffer it writes */
         snprintf(msg, sizeof msg, "%s", s->blocks ? cs_error_last() : "out of memory");
         model_seq_free(s);
-        cs_error_set(CS_ENOMEM, "KV cache of %d tokens: %s", capacity, msg);
+        cs_error_set(rc, "KV cache of %d tokens: %s", capacity, msg);
         return NULL;
     }
     for (int i = 0; i < nb; i++) s->blocks[i] = kv_block_alloc(s->kv);
@@ -637,8 +638,8 @@ static void forward_ops(model_t *m, kv_cache_t *kv, int T, int n_out, int n_segs
         }
         backend_rope(be, m->q, nh, hd, bt, m->inv_freq_buf);
         backend_rope(be, m->kb, nkv, hd, bt, m->inv_freq_buf);
-        backend_kv_store(be, kc, m->kb, bt, kvd);
-        backend_kv_store(be, vc, m->vb, bt, kvd);
+        backend_kv_store(be, kc, kvt, m->kb, bt, kvd);
+        backend_kv_store(be, vc, kvt, m->vb, bt, kvd);
         backend_attention(be, m->att, m->q, kc, vc, kvt, bt, KV_BLOCK_SIZE, nh, nkv, hd, c->sliding_window);
         {
             static const lora_target o[1] = {LORA_O};

@@ -21,7 +21,7 @@ cs_dtype model_weight_dtype(const model_t *m);
 backend_t *model_backend(const model_t *m);
 
 /* A sequence's KV cache with room for `capacity` tokens. */
-model_seq_t *model_seq_new(model_t *m, int capacity);
+model_seq_t *model_seq_new(model_t *m, int capacity, cs_dtype kv_dtype);
 void model_seq_free(model_seq_t *s);
 int model_seq_len(const model_seq_t *s);
 void model_seq_reset(model_seq_t *s);

@@ -1050,7 +1050,9 @@ static void be_rope(backend_t *b, backend_buf_t *x, int nh, int hd, const backen
     op_rope(C(b)->compute, F(x), bt->n_tokens, nh, hd, bt->pos, CF(inv_freq));
 }
 
-static void be_kv_store(backend_t *b, backend_buf_t *pool, const backend_buf_t *src, const backend_batch_t *bt, int row_len) {
+static void be_kv_store(backend_t *b, backend_buf_t *pool, cs_dtype kv_dtype, const backend_buf_t *src,
+                        const backend_batch_t *bt, int row_len) {
+    CS_ASSERT(kv_dtype == CS_DTYPE_F32);
     op_set_rows(C(b)->compute, F(pool), CF(src), bt->slots, bt->n_tokens, row_len);
 }
 

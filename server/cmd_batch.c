@@ -32,6 +32,8 @@ static void usage_batch(FILE *f) {
             "  --requests FILE             JSON lines, one request each (default: stdin)\n"
             "  --threads N                 CPU threads (default: all online CPUs)\n"
             "  --kv-cache-bytes N          KV cache budget, suffixes K M G (default 1G)\n"
+            "  --kv-cache-dtype auto|f32|bf16  the KV cache's element type (default auto: bf16 under\n"
+            "                              --precision bf16 where the backend reads it, else f32)\n"
             "  --kv-cache-fraction F       KV cache budget as a fraction of available memory (0 < F <= 0.9)\n"
             "  --max-num-seqs N            running sequences per iteration (default 256)\n"
             "  --max-num-batched-tokens N  tokens per iteration (default 2048)\n"
@@ -366,6 +368,7 @@ int cmd_batch(int argc, char **argv) {
         {"requests", required_argument, 0, 'r'},
         {"threads", required_argument, 0, 'T'},
         {"kv-cache-bytes", required_argument, 0, 'k'},
+        {"kv-cache-dtype", required_argument, 0, 'K'},
         {"kv-cache-fraction", required_argument, 0, 'f'},
         {"max-num-seqs", required_argument, 0, 's'},
         {"max-num-batched-tokens", required_argument, 0, 'b'},
@@ -402,7 +405,7 @@ int cmd_batch(int argc, char **argv) {
     bool no_prefix = false, buffered_io = false, sequential = false, stats = false, reference = false, invariant = false, ok;
     bool bf16 = false;
     bool preload = false;
-    int c, status = 1, cold_mode = SCHED_COLD_DEFAULT, assist_threads = 0;
+    int c, status = 1, cold_mode = SCHED_COLD_DEFAULT, assist_threads = 0, kv_choice = SETUP_KV_AUTO;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -421,6 +424,12 @@ int cmd_batch(int argc, char **argv) {
             kv_bytes = cs_parse_size(optarg, &ok);
             if (!ok || kv_bytes <= 0) { fprintf(stderr, "caraserve batch: --kv-cache-bytes: bad size '%s'\n", optarg); goto usage_err; }
             kv_explicit = true;
+            break;
+        case 'K':
+            if ((kv_choice = setup_parse_kv_dtype(optarg)) == -2) {
+                fprintf(stderr, "caraserve batch: --kv-cache-dtype wants auto, f32 or bf16, got '%s'\n", optarg);
+                goto usage_err;
+            }
             break;
         case 'f': {
             char *end;
@@ -547,7 +556,8 @@ int cmd_batch(int argc, char **argv) {
     engine_params_t ep = {.model = model, .tokenizer = tok, .loras = reg,
                           .kv_cache_bytes = setup_kv_bytes(be, (size_t)kv_bytes, kv_explicit), .sched = sched,
                           .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,
-                          .max_model_len = max_model_len, .no_prefix_caching = no_prefix, .cold_start = cold_mode};
+                          .max_model_len = max_model_len, .no_prefix_caching = no_prefix, .cold_start = cold_mode,
+                          .kv_cache_dtype = setup_kv_dtype(be, kv_choice, bf16)};
     if (!tok && eos) { ep.eos_ids = eos; ep.n_eos = cfg->n_eos; }
     {
         engine_t *made = NULL;
@@ -646,7 +656,7 @@ int cmd_batch(int argc, char **argv) {
                 "{\"wall_ms\": %.3f, \"steps\": %llu, \"prefill_tokens\": %llu, \"decode_tokens\": %llu, "
                 "\"busy_ms\": %.3f, \"decode_only_ms\": %.3f, \"decode_only_tokens\": %llu, \"preemptions\": %llu, "
                 "\"prompt_tokens\": %llu, \"cached_prompt_tokens\": %llu, \"kv_blocks\": %d, \"kv_free\": %d, "
-                "\"kv_cached\": %d, \"prefix_lookups\": %llu, \"prefix_hits\": %llu, \"lora_loads\": %llu, \"lora_loads_direct\": %llu, "
+                "\"kv_cached\": %d, \"kv_dtype\": \"%s\", \"prefix_lookups\": %llu, \"prefix_hits\": %llu, \"lora_loads\": %llu, \"lora_loads_direct\": %llu, "
                 "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"lora_device_uploads\": %llu, "
                 "\"lora_device_evictions\": %llu, \"lora_device_waits\": %llu, \"threads\": %d, \"backend\": {\"name\": \"%s\", "
                 "\"kernels\": \"%s\", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"d2d_bytes\": %llu, \"h2d_copies\": %llu, "
@@ -660,7 +670,7 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
                 (unsigned long long)st.decode_only_tokens, (unsigned long long)st.preemptions,
                 (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_prompt_tokens, st.kv.n_blocks,
-                st.kv.n_free, st.kv.n_cached, (unsigned long long)st.kv.lookups, (unsigned long long)st.kv.hits,
+                st.kv.n_free, st.kv.n_cached, cs_dtype_name(st.kv.dtype), (unsigned long long)st.kv.lookups, (unsigned long long)st.kv.hits,
                 (unsigned long long)ls.loads, (unsigned long long)ls.loads_direct, (unsigned long long)ls.evictions, (unsigned long long)ls.load_failures,
                 (unsigned long long)ls.device_uploads, (unsigned long long)ls.device_evictions,
                 (unsigned long long)ls.device_waits, be->n_threads, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,

@@ -79,6 +79,8 @@ static void usage_serve(FILE *f) {
             "  --http-threads N              HTTP worker threads (default 4)\n"
             "  --kv-cache-bytes N            KV cache budget, suffixes K M G (default 1G)\n"
             "  --kv-cache-fraction F         KV cache budget as a fraction of available memory (0 < F <= 0.9)\n"
+            "  --kv-cache-dtype auto|f32|bf16  the KV cache's element type (default auto: bf16 under\n"
+            "                                --precision bf16 where the backend reads it, else f32)\n"
             "  --max-num-seqs N              running sequences per iteration (default 256)\n"
             "  --max-num-batched-tokens N    tokens per iteration (default 2048)\n"
             "  --max-model-len N             context length (default: the model's, capped by the KV cache)\n"
@@ -133,7 +135,8 @@ enum {
     O_KV_BYTES, O_KV_FRAC, O_SEQS, O_BATCHED, O_MODEL_LEN, O_CPU_LORAS, O_LORA_BYTES, O_NO_PREFIX, O_BODY, O_MAX_N,
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
     O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
-    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO, O_SLO_HEADROOM, O_PRECISION
+    O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO, O_SLO_HEADROOM, O_PRECISION,
+    O_KV_DTYPE
 };
 
 static const struct option OPTS[] = {
@@ -174,6 +177,7 @@ static const struct option OPTS[] = {
     {"adapter-upload-dir", required_argument, 0, O_UPLOAD_DIR},
     {"batch-invariant", no_argument, 0, O_INVARIANT},
     {"precision", required_argument, 0, O_PRECISION},
+    {"kv-cache-dtype", required_argument, 0, O_KV_DTYPE},
     {"device", required_argument, 0, O_DEVICE},
     {"gpu-memory-fraction", required_argument, 0, O_GPU_FRACTION},
     {"cuda-graphs", no_argument, 0, O_CUDA_GRAPHS},
@@ -346,6 +350,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.port = 8000;
     cfg.http_threads = 4;
     cfg.kv_cache_bytes = 1LL << 30;
+    cfg.kv_cache_dtype = SETUP_KV_AUTO;
     cfg.max_body_bytes = 32LL << 20;
     cfg.max_adapter_bytes = 2LL << 30;
     cfg.max_logprobs = 20;
@@ -453,6 +458,12 @@ int cmd_serve(int argc, char **argv) {
             cfg.precision_bf16 = prec == 1;
             break;
         }
+        case O_KV_DTYPE:
+            if ((cfg.kv_cache_dtype = setup_parse_kv_dtype(optarg)) == -2) {
+                fprintf(stderr, "caraserve serve: --kv-cache-dtype wants auto, f32 or bf16, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            break;
         case O_DEVICE: free(cfg.device); cfg.device = strdup(optarg); break;
         case O_CUDA_GRAPHS: cfg.cuda_graphs = true; break;
         case O_COLD_START:
@@ -616,7 +627,8 @@ int cmd_serve(int argc, char **argv) {
     engine_params_t ep = {.model = s->model, .tokenizer = s->tok, .kv_cache_bytes = kv_bytes, .sched = s->sched,
                           .max_num_seqs = s->cfg.max_num_seqs, .max_num_batched_tokens = s->cfg.max_num_batched_tokens,
                           .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching,
-                          .cold_start = s->cfg.cold_start};
+                          .cold_start = s->cfg.cold_start,
+                          .kv_cache_dtype = setup_kv_dtype(s->be, s->cfg.kv_cache_dtype, s->cfg.precision_bf16)};
     if (!s->tok && mc->n_eos) { ep.eos_ids = mc->eos_token_ids; ep.n_eos = mc->n_eos; }
     /* a finished load wakes the engine at once (else it would notice at its next 20 ms poll):
      * the registry comes first, and finds the engine through s */
@@ -656,8 +668,9 @@ int cmd_serve(int argc, char **argv) {
     s->ready = true;
     pthread_mutex_unlock(&s->mu);
     loading = 0;
-    fprintf(stderr, "caraserve: ready: %s (%d adapters, context %d, %s chat template) on http://%s:%d\n", s->model_name,
-            s->cfg.n_lora_modules, s->max_model_len, s->tmpl ? "with a" : "no", s->cfg.host, s->bound_port);
+    fprintf(stderr, "caraserve: ready: %s (%d adapters, context %d, %s KV cache, %s chat template) on http://%s:%d\n",
+            s->model_name, s->cfg.n_lora_modules, s->max_model_len, cs_dtype_name(ep.kv_cache_dtype),
+            s->tmpl ? "with a" : "no", s->cfg.host, s->bound_port);
 
     /* until SIGTERM or SIGINT */
     int sig = next_signal(-1);

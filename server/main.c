@@ -24,7 +24,7 @@ static void usage_generate(FILE *f) {
             "                          [--max-tokens N] [--temperature T] [--seed S] [--print-ids]\n"
             "                          [--threads N] [--no-special] [--ignore-eos] [--stats]\n"
             "                          [--dump-logits FILE] [--reference-kernels] [--device auto|cpu|cuda]\n"
-            "                          [--precision exact|bf16]\n"
+            "                          [--precision exact|bf16] [--kv-cache-dtype auto|f32|bf16]\n"
             "\n"
             "  --model DIR          Hugging Face model directory (config.json, *.safetensors, tokenizer.json)\n"
             "  --lora DIR           PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)\n"
@@ -42,6 +42,8 @@ static void usage_generate(FILE *f) {
             "  --reference-kernels  use the plain reference kernels (slow; for checking)\n"
             "  --precision P        exact (default) or bf16: CPU matmuls against BF16 weights on activations\n"
             "                       rounded to BF16, F32 sums (as PyTorch runs a BF16 model; faster)\n"
+            "  --kv-cache-dtype K   auto (default: bf16 under --precision bf16 where the backend reads it,\n"
+            "                       else f32), f32 or bf16\n"
             "  --device D           auto, cpu or cuda (default auto: cuda where a CUDA build sees a GPU)\n");
 }
 
@@ -105,10 +107,11 @@ static int cmd_generate(int argc, char **argv) {
         {"ignore-eos", no_argument, 0, 'E'},      {"stats", no_argument, 0, 'S'},
         {"dump-logits", required_argument, 0, 'D'}, {"reference-kernels", no_argument, 0, 'R'},
         {"device", required_argument, 0, 'V'},    {"precision", required_argument, 0, 'Q'},
+        {"kv-cache-dtype", required_argument, 0, 'K'},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *lora_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *dump = NULL, *device = NULL;
-    int max_tokens = 64, threads = 0;
+    int max_tokens = 64, threads = 0, kv_choice = SETUP_KV_AUTO;
     bool print_ids = false, no_special = false, ignore_eos = false, stats = false, reference = false, bf16 = false;
     sampling_params_t sp;
     sampling_params_default(&sp);
@@ -151,6 +154,12 @@ static int cmd_generate(int argc, char **argv) {
             bf16 = prec == 1;
             break;
         }
+        case 'K':
+            if ((kv_choice = setup_parse_kv_dtype(optarg)) == -2) {
+                fprintf(stderr, "caraserve generate: --kv-cache-dtype wants auto, f32 or bf16, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'h': usage_generate(stdout); return 0;
         default: usage_generate(stderr); return 2;
         }
@@ -210,7 +219,7 @@ static int cmd_generate(int argc, char **argv) {
             goto out;
         }
     int capacity = n_prompt + max_tokens;
-    seq = model_seq_new(model, capacity);
+    seq = model_seq_new(model, capacity, setup_kv_dtype(be, kv_choice, bf16));
     logits = malloc(sizeof(float) * (size_t)n_prompt * cfg->vocab_size);
     int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(capacity + 1));
     if (!seq) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
@@ -285,10 +294,11 @@ static int cmd_generate(int argc, char **argv) {
         setup_backend_describe(be, bdesc, sizeof bdesc);
         fprintf(stderr,
                 "stats: load %.1f ms | prefill %d tokens in %.1f ms (%.1f tok/s) | decode %d tokens in %.1f ms "
-                "(%.2f tok/s) | %s | weights %s | params %.1fM\n",
+                "(%.2f tok/s) | %s | weights %s | KV %s | params %.1fM\n",
                 t_load, n_prompt, t_prefill, n_prompt / (t_prefill / 1e3), n_gen > 1 ? n_gen - 1 : 0, t_decode,
                 n_gen > 1 ? (n_gen - 1) / (t_decode / 1e3) : 0.0, bdesc,
-                cs_dtype_name(model_weight_dtype(model)), model_n_params(model) / 1e6);
+                cs_dtype_name(model_weight_dtype(model)), cs_dtype_name(setup_kv_dtype(be, kv_choice, bf16)),
+                model_n_params(model) / 1e6);
     }
     status = 0;
     goto out;

@@ -127,6 +127,18 @@ int setup_parse_precision(const char *s) {
     return -1;
 }
 
+int setup_parse_kv_dtype(const char *s) {
+    if (!strcmp(s, "auto")) return SETUP_KV_AUTO;
+    if (!strcmp(s, "f32") || !strcmp(s, "float32")) return CS_DTYPE_F32;
+    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) return CS_DTYPE_BF16;
+    return -2;
+}
+
+cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16) {
+    if (choice != SETUP_KV_AUTO) return (cs_dtype)choice;
+    return precision_bf16 && backend_supports_kv_dtype(be, CS_DTYPE_BF16) ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+}
+
 int setup_parse_cold_start(const char *s) {
     if (!strcmp(s, "auto")) return SCHED_COLD_DEFAULT;
     if (!strcmp(s, "cpu-assist")) return SCHED_COLD_ASSIST;

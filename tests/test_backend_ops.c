@@ -347,7 +347,23 @@ START_TEST(test_rope_embed_rows) {
     const int row = 12, pool_rows = 16 * BS;
     float *pool0 = randv((size_t)pool_rows * row, 1.0f), *src = randv((size_t)t.T * row, 1.0f);
     backend_buf_t *pool = up(b, pool0, sizeof(float) * pool_rows * row), *bsrc = up(b, src, sizeof(float) * t.T * row);
-    backend_kv_store(b, pool, bsrc, bt, row);
+    backend_kv_store(b, pool, CS_DTYPE_F32, bsrc, bt, row);
+    if (backend_supports_kv_dtype(b, CS_DTYPE_BF16)) { /* a BF16 pool: each element rounded to nearest even */
+        uint16_t *hb = malloc(sizeof(uint16_t) * pool_rows * row), *gb = malloc(sizeof(uint16_t) * pool_rows * row);
+        for (int i = 0; i < pool_rows * row; i++) hb[i] = (uint16_t)(0x3f80 + i); /* what the store must keep */
+        backend_buf_t *pb = up(b, hb, sizeof(uint16_t) * pool_rows * row);
+        backend_kv_store(b, pb, CS_DTYPE_BF16, bsrc, bt, row);
+        cs_kv_store_ref(hb, CS_DTYPE_BF16, src, t.slots, t.T, row);
+        backend_buf_get(b, gb, pb, 0, sizeof(uint16_t) * pool_rows * row);
+        for (int i = 0; i < pool_rows * row; i++)
+            ck_assert_msg(gb[i] == hb[i], "kv_store BF16 [%d]: %#x, want %#x (backend %d)", i, gb[i], hb[i], _i);
+        for (int r = 0; r < t.T; r++) /* and the reference is torch's rounding */
+            for (int e = 0; e < row; e++)
+                ck_assert_uint_eq(hb[(size_t)t.slots[r] * row + e], cs_f32_to_bf16(src[(size_t)r * row + e]));
+        free(hb);
+        free(gb);
+        backend_buf_free(b, pb);
+    }
     for (int r = 0; r < t.T; r++) memcpy(pool0 + (size_t)t.slots[r] * row, src + (size_t)r * row, sizeof(float) * row);
     got = down(b, pool, (size_t)pool_rows * row);
     close_to(got, pool0, (size_t)pool_rows * row, 0, "kv_store", _i);
@@ -404,6 +420,20 @@ START_TEST(test_attention) {
             float *got = down(b, bo, (size_t)t.T * nh * hd);
             close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "attention", _i);
             free(got);
+            if (backend_supports_kv_dtype(b, CS_DTYPE_BF16)) { /* the same over BF16 pools */
+                uint16_t *kb = malloc(sizeof(uint16_t) * pool_n), *vb = malloc(sizeof(uint16_t) * pool_n);
+                for (size_t i = 0; i < pool_n; i++) kb[i] = cs_f32_to_bf16(k[i]), vb[i] = cs_f32_to_bf16(v[i]);
+                cs_attention_paged_kv_ref(want, q, kb, vb, CS_DTYPE_BF16, t.hseqs, t.n_seqs, BS, nh, nkv, hd, window);
+                backend_buf_t *bkb = up(b, kb, sizeof(uint16_t) * pool_n), *bvb = up(b, vb, sizeof(uint16_t) * pool_n);
+                backend_attention(b, bo, bq, bkb, bvb, CS_DTYPE_BF16, bt, BS, nh, nkv, hd, window);
+                got = down(b, bo, (size_t)t.T * nh * hd);
+                close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "attention over BF16 pools", _i);
+                free(got);
+                free(kb);
+                free(vb);
+                backend_buf_free(b, bkb);
+                backend_buf_free(b, bvb);
+            }
             free(k);
             free(v);
             free(q);

@@ -63,6 +63,9 @@ for name, args in [
     ("bad --precision", ["generate", "--model", model, "--prompt", "x", "--precision", "fp8"]),
     ("batch: bad --precision", ["batch", "--model", model, "--precision", "half"]),
     ("serve: bad --precision", ["serve", "--model", model, "--precision", "BF16"]),
+    ("bad --kv-cache-dtype", ["generate", "--model", model, "--prompt", "x", "--kv-cache-dtype", "fp8"]),
+    ("batch: bad --kv-cache-dtype", ["batch", "--model", model, "--kv-cache-dtype", "f16"]),
+    ("serve: bad --kv-cache-dtype", ["serve", "--model", model, "--kv-cache-dtype", "BF16"]),
     ("serve: --slo-headroom over 1", ["serve", "--model", model, "--slo-headroom", "1.5"]),
     ("serve: --slo-headroom not a number", ["serve", "--model", model, "--slo-headroom", "most"]),
 ]:
@@ -75,6 +78,18 @@ for prec in ("bf16", "exact"):
     path = re.search(r"\(([^ ]+) kernels", p.stderr)
     expect(f"generate --precision {prec}: the kernel path says so",
            p.returncode == 0 and path and ("bf16" in path.group(1).split("+")) == (prec == "bf16"), p)
+
+# the KV cache's dtype: auto is F32 in the exact mode and BF16 under --precision bf16; a flag
+# overrides either; --stats says which (generate and batch)
+for prec, kv, want in (("exact", None, "F32"), ("bf16", None, "BF16"), ("exact", "bf16", "BF16"), ("bf16", "f32", "F32")):
+    extra = ["--kv-cache-dtype", kv] if kv else []
+    p = cs("generate", "--model", model, "--prompt-ids", "1,2,3", "--max-tokens", "2", "--stats", "--precision", prec,
+           *extra)
+    expect(f"generate --precision {prec} {' '.join(extra)}: KV {want}", p.returncode == 0 and f"| KV {want} |" in p.stderr, p)
+    p = subprocess.run([reflib.CARASERVE, "batch", "--model", model, "--precision", prec, "--stats", *extra],
+                       input='{"prompt_ids": [1, 2, 3], "max_tokens": 2}\n', capture_output=True, text=True, timeout=120)
+    st = next((json.loads(line) for line in p.stderr.splitlines() if line.startswith("{")), {})
+    expect(f"batch --precision {prec} {' '.join(extra)}: kv_dtype {want}", p.returncode == 0 and st.get("kv_dtype") == want, p)
 
 p = cs("generate", "--help")
 expect("generate --help exits 0 and lists --lora", p.returncode == 0 and "--lora" in p.stdout, p)

@@ -15,6 +15,13 @@
 #include "engine/sampling.h"
 
 static cpu_raw_t *fast, *ref;
+/* the kernel variants: the fastest this CPU has, AVX-512 off (an AVX2 CPU's), AVX2 off too
+ * (plain loops), batch-invariant */
+static const cpu_backend_params_t lora_variants[] = {
+    {.n_threads = 2}, {.n_threads = 2, .no_avx512 = true}, {.n_threads = 2, .no_avx512 = true, .no_avx2 = true},
+    {.n_threads = 2, .batch_invariant = true},
+};
+static const char *const lora_variant_names[] = {"fastest", "no-avx512", "plain", "invariant"};
 static cs_rng_t rng;
 
 static float *randv(size_t n) {
@@ -44,8 +51,9 @@ static float max_rel_err(const float *a, const float *b, size_t n) {
 }
 
 /* n_seqs sequences with the given new-token counts and cached lengths, blocks drawn from a
- * shuffled pool (scattered) or laid out in order (contiguous) */
-static void run_paged(int n_seqs, const int *n_new, const int *cached, int nh, int nkv, int hd, int window, bool contiguous) {
+ * shuffled pool (scattered) or laid out in order (contiguous), pools of kvt (F32 or BF16) */
+static void run_paged_kv(int n_seqs, const int *n_new, const int *cached, int nh, int nkv, int hd, int window,
+                         bool contiguous, cs_dtype kvt) {
     enum { BS = 16 };
     int kvd = nkv * hd, total_rows = 0, total_blocks = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -60,7 +68,16 @@ static void run_paged(int n_seqs, const int *n_new, const int *cached, int nh, i
             int j = (int)(cs_rng_next(&rng) % (uint64_t)(i + 1));
             int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
         }
-    float *k = randv((size_t)pool_blocks * BS * kvd), *v = randv((size_t)pool_blocks * BS * kvd);
+    size_t pool_n = (size_t)pool_blocks * BS * kvd;
+    float *k = randv(pool_n), *v = randv(pool_n);
+    /* BF16 pools hold k and v rounded; k and v become what they hold (for the contiguous check) */
+    uint16_t *kb = malloc(pool_n * 2), *vb = malloc(pool_n * 2);
+    if (kvt == CS_DTYPE_BF16)
+        for (size_t i = 0; i < pool_n; i++) {
+            kb[i] = cs_f32_to_bf16(k[i]), vb[i] = cs_f32_to_bf16(v[i]);
+            k[i] = cs_bf16_to_f32(kb[i]), v[i] = cs_bf16_to_f32(vb[i]);
+        }
+    const void *kp = kvt == CS_DTYPE_BF16 ? (const void *)kb : k, *vp = kvt == CS_DTYPE_BF16 ? (const void *)vb : v;
     float *q = randv((size_t)total_rows * nh * hd);
     float *o1 = calloc((size_t)total_rows * nh * hd, sizeof(float)), *o2 = calloc((size_t)total_rows * nh * hd, sizeof(float));
     float *o3 = calloc((size_t)total_rows * nh * hd, sizeof(float));
@@ -72,13 +89,13 @@ static void run_paged(int n_seqs, const int *n_new, const int *cached, int nh, i
         row += n_new[s];
         next_block += nb;
     }
-    cpu_raw_attention_paged(fast, o1, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
-    cpu_raw_attention_paged(ref, o2, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
-    cs_attention_paged_ref(o3, q, k, v, seqs, n_seqs, BS, nh, nkv, hd, window);
+    cpu_raw_attention_paged_kv(fast, o1, q, kp, vp, kvt, seqs, n_seqs, BS, nh, nkv, hd, window);
+    cpu_raw_attention_paged_kv(ref, o2, q, kp, vp, kvt, seqs, n_seqs, BS, nh, nkv, hd, window);
+    cs_attention_paged_kv_ref(o3, q, kp, vp, kvt, seqs, n_seqs, BS, nh, nkv, hd, window);
     size_t n = (size_t)total_rows * nh * hd;
     float e = max_rel_err(o1, o3, n);
-    ck_assert_msg(e < 2e-5f, "paged attention: fast vs reference %g (seqs %d, nh %d nkv %d hd %d window %d %s)", e, n_seqs, nh,
-                  nkv, hd, window, contiguous ? "contiguous" : "scattered");
+    ck_assert_msg(e < 2e-5f, "paged attention: fast vs reference %g (seqs %d, nh %d nkv %d hd %d window %d %s, %s pools)", e,
+                  n_seqs, nh, nkv, hd, window, contiguous ? "contiguous" : "scattered", cs_dtype_name(kvt));
     ck_assert_msg(max_rel_err(o2, o3, n) == 0, "the reference backend is not the reference kernel");
     /* against the contiguous-cache attention of each sequence: the paging itself is right */
     for (int s = 0; s < n_seqs; s++) {
@@ -96,10 +113,19 @@ static void run_paged(int n_seqs, const int *n_new, const int *cached, int nh, i
         free(vc);
         free(oc);
     }
-    free(perm); free(k); free(v); free(q); free(o1); free(o2); free(o3); free(seqs);
+    free(perm); free(k); free(v); free(kb); free(vb); free(q); free(o1); free(o2); free(o3); free(seqs);
 }
 
+/* every case on F32 pools and on BF16 pools */
+static void run_paged(int n_seqs, const int *n_new, const int *cached, int nh, int nkv, int hd, int window, bool contiguous) {
+    run_paged_kv(n_seqs, n_new, cached, nh, nkv, hd, window, contiguous, CS_DTYPE_F32);
+    run_paged_kv(n_seqs, n_new, cached, nh, nkv, hd, window, contiguous, CS_DTYPE_BF16);
+}
+
+/* _i: the kernel variant (lora_variants) */
 START_TEST(paged_attention_decode_batch) {
+    cpu_raw_t *saved = fast;
+    fast = cpu_raw_new(&lora_variants[_i]);
     int n_new[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, cached[9] = {0, 1, 15, 16, 17, 40, 100, 255, 7};
     run_paged(9, n_new, cached, 4, 2, 16, 0, false);
     run_paged(9, n_new, cached, 6, 2, 24, 0, false);   /* head_dim not a multiple of 16 */
@@ -107,10 +133,15 @@ START_TEST(paged_attention_decode_batch) {
     run_paged(9, n_new, cached, 4, 1, 64, 0, true);
     run_paged(9, n_new, cached, 2, 1, 128, 0, false);
     run_paged(9, n_new, cached, 2, 2, 48, 0, false);   /* multiple of 16, no register path */
+    run_paged(9, n_new, cached, 2, 2, 12, 0, false);   /* not a multiple of 8: the plain loops */
+    cpu_raw_free(fast);
+    fast = saved;
 }
 END_TEST
 
 START_TEST(paged_attention_mixed) {
+    cpu_raw_t *saved = fast;
+    fast = cpu_raw_new(&lora_variants[_i]);
     /* prefill chunks (some continuing after a cached prefix) beside decode rows */
     int n_new[6] = {40, 1, 16, 3, 70, 1}, cached[6] = {0, 30, 32, 5, 17, 0};
     run_paged(6, n_new, cached, 4, 2, 16, 0, false);
@@ -119,6 +150,8 @@ START_TEST(paged_attention_mixed) {
     int one[1] = {130}, none[1] = {0};
     run_paged(1, one, none, 4, 4, 16, 0, true);
     run_paged(1, one, none, 4, 4, 16, 0, false);
+    cpu_raw_free(fast);
+    fast = saved;
 }
 END_TEST
 
@@ -127,11 +160,6 @@ END_TEST
  * (9..64 rows), per-segment row split (many rows); F32 and BF16 weights; on the fastest
  * kernels this CPU has, then with AVX-512 off (an AVX2 CPU's), with AVX2 off too (plain
  * loops), and batch-invariant. _i = variant * 2 + (BF16). */
-static const cpu_backend_params_t lora_variants[] = {
-    {.n_threads = 2}, {.n_threads = 2, .no_avx512 = true}, {.n_threads = 2, .no_avx512 = true, .no_avx2 = true},
-    {.n_threads = 2, .batch_invariant = true},
-};
-static const char *const lora_variant_names[] = {"fastest", "no-avx512", "plain", "invariant"};
 
 START_TEST(lora_batch_segments) {
     cpu_raw_t *be = cpu_raw_new(&lora_variants[_i / 2]);
@@ -278,8 +306,8 @@ int main(void) {
     ref = cpu_raw_new(&(cpu_backend_params_t){.n_threads = 1, .reference = true});
     Suite *s = suite_create("backend_ops");
     TCase *tc = tcase_create("core");
-    tcase_add_test(tc, paged_attention_decode_batch);
-    tcase_add_test(tc, paged_attention_mixed);
+    tcase_add_loop_test(tc, paged_attention_decode_batch, 0, (int)CS_ARRAY_LEN(lora_variants));
+    tcase_add_loop_test(tc, paged_attention_mixed, 0, (int)CS_ARRAY_LEN(lora_variants));
     tcase_add_loop_test(tc, lora_batch_segments, 0, 2 * (int)(sizeof lora_variants / sizeof lora_variants[0]));
     tcase_add_test(tc, matmul_multi_equals_each);
     tcase_add_test(tc, rows_scatter_gather);

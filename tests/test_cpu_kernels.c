@@ -477,21 +477,25 @@ START_TEST(test_avx2_kernels) {
         free(a); free(b);
     }
     static const int hds[] = {8, 64, 72, 128};
-    for (size_t h = 0; h < CS_ARRAY_LEN(hds); h++) {
-        int hd = hds[h], bs = 16, len = 53, nkv = 2, nb = (len + bs - 1) / bs;
+    for (size_t h = 0; h < CS_ARRAY_LEN(hds) * 2; h++) { /* F32 pools, then BF16 */
+        int hd = hds[h % CS_ARRAY_LEN(hds)], bs = 16, len = 53, nkv = 2, nb = (len + bs - 1) / bs;
+        cs_dtype kvt = h < CS_ARRAY_LEN(hds) ? CS_DTYPE_F32 : CS_DTYPE_BF16;
         int32_t blocks[4] = {3, 0, 2, 1}; /* out of order on purpose */
-        size_t kv_dim = (size_t)nkv * hd;
-        float *k = randv((size_t)4 * bs * kv_dim, 1.0f), *v = randv((size_t)4 * bs * kv_dim, 1.0f);
+        size_t kv_dim = (size_t)nkv * hd, pool = (size_t)4 * bs * kv_dim;
+        float *k = randv(pool, 1.0f), *v = randv(pool, 1.0f);
+        uint16_t *kb = malloc(pool * 2), *vb = malloc(pool * 2);
+        for (size_t i = 0; i < pool; i++) kb[i] = cs_f32_to_bf16(k[i]), vb[i] = cs_f32_to_bf16(v[i]);
+        const void *kp = kvt == CS_DTYPE_BF16 ? (const void *)kb : k, *vp = kvt == CS_DTYPE_BF16 ? (const void *)vb : v;
         float *q = randv((size_t)2 * hd, 1.0f), *o = malloc(sizeof(float) * 2 * hd), *orf = malloc(sizeof(float) * 2 * hd);
         float s[64];
         for (int kvh = 0; kvh < 2; kvh++)
-            cs_attn_head_paged_avx2(o + kvh * hd, s, q + kvh * hd, k, v, blocks, bs, 0, len - 1, kv_dim,
+            cs_attn_head_paged_avx2(o + kvh * hd, s, q + kvh * hd, kp, vp, kvt, blocks, bs, 0, len - 1, kv_dim,
                                     (size_t)kvh * hd, 1.0f / sqrtf((float)hd), hd);
         cpu_attn_seq_t sq = {.row0 = 0, .n = 1, .pos0 = len - 1, .blocks = blocks};
-        cs_attention_paged_ref(orf, q, k, v, &sq, 1, bs, 2, nkv, hd, 0);
+        cs_attention_paged_kv_ref(orf, q, kp, vp, kvt, &sq, 1, bs, 2, nkv, hd, 0);
         float e = max_rel_err(o, orf, (size_t)2 * hd);
-        ck_assert_msg(e < 1e-5f, "avx2 paged head hd=%d (%d blocks): rel err %g", hd, nb, e);
-        free(k); free(v); free(q); free(o); free(orf);
+        ck_assert_msg(e < 1e-5f, "avx2 paged head hd=%d (%d blocks, %s pools): rel err %g", hd, nb, cs_dtype_name(kvt), e);
+        free(k); free(v); free(kb); free(vb); free(q); free(o); free(orf);
     }
 }
 END_TEST

@@ -62,7 +62,7 @@ static engine_request_t req(const int32_t *prompt, int n_prompt, int max_tokens,
 
 static size_t kv_bytes_for_tokens(int tokens) {
     const model_config_t *c = model_get_config(model);
-    return (size_t)(tokens / KV_BLOCK_SIZE) * kv_cache_block_bytes(c->n_layers, c->n_kv_heads * c->head_dim);
+    return (size_t)(tokens / KV_BLOCK_SIZE) * kv_cache_block_bytes(c->n_layers, c->n_kv_heads * c->head_dim, CS_DTYPE_F32);
 }
 
 START_TEST(loading_adapter_does_not_block) {
@@ -320,17 +320,19 @@ static void plp_sink(void *user, const engine_event_t *ev) {
 }
 
 /* _i == 1: the logits buffers are given back after every step with more rows than a decode
- * step's max_num_seqs (4): each 128-row chunk allocates them anew, with the same results */
+ * step's max_num_seqs (4): each 128-row chunk allocates them anew, with the same results.
+ * _i == 2: BF16 KV pools, in the engine and in the single sequence it is held against */
 START_TEST(prompt_logprobs) {
     enum { N = 300 };
     int32_t p[N];
     for (int i = 0; i < N; i++) p[i] = (i * 37 + 11) % 200;
     const int V = model_get_config(model)->vocab_size;
     float *ref = malloc(sizeof(float) * (size_t)N * V), *lsm = malloc(sizeof(float) * (size_t)V);
-    model_seq_t *ms = model_seq_new(model, 512);
+    cs_dtype kvt = _i == 2 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+    model_seq_t *ms = model_seq_new(model, 512, kvt);
     ck_assert_int_eq(model_forward(model, ms, p, N, NULL, ref, true), CS_OK);
     engine_t *e = NULL;
-    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(2048)};
+    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(2048), .kv_cache_dtype = kvt};
     if (_i == 1) {
         ep.logits_keep_bytes = 1;
         ep.max_num_seqs = 4;
@@ -362,6 +364,7 @@ START_TEST(prompt_logprobs) {
     ck_assert_int_eq(st.kv.n_free + st.kv.n_cached, st.kv.n_blocks);
     if (_i == 1) ck_assert_uint_ge(st.logits_releases, 3); /* 3 chunks of round 0 at least */
     else ck_assert_uint_eq(st.logits_releases, 0);
+    ck_assert_int_eq(st.kv.dtype, kvt);
     engine_free(e);
     model_seq_free(ms);
     free(ref);
@@ -480,7 +483,7 @@ int main(void) {
     tcase_add_test(tc, samples_share_prompt_blocks);
     tcase_add_test(tc, submit_validation);
     tcase_add_test(tc, engine_thread);
-    tcase_add_loop_test(tc, prompt_logprobs, 0, 2);
+    tcase_add_loop_test(tc, prompt_logprobs, 0, 3);
     tcase_add_test(tc, policy_decides);
     tcase_add_test(tc, first_step_prefill_chunk);
     suite_add_tcase(s, tc);

@@ -12,27 +12,36 @@
 
 static backend_t *be;
 
-static kv_cache_t *make(int n_blocks) {
-    kv_cache_params_t p = {2, 8, (size_t)n_blocks * kv_cache_block_bytes(2, 8) + 100, CS_DTYPE_F32};
+static kv_cache_t *make_dt(int n_blocks, cs_dtype dt) {
+    kv_cache_params_t p = {2, 8, (size_t)n_blocks * kv_cache_block_bytes(2, 8, dt) + 100, dt};
     kv_cache_t *kv;
     ck_assert_int_eq(kv_cache_new(be, &p, &kv), CS_OK);
     ck_assert_int_eq(kv_cache_n_blocks(kv), n_blocks);
     return kv;
 }
 
+static kv_cache_t *make(int n_blocks) { return make_dt(n_blocks, CS_DTYPE_F32); }
+
 static void fill_tokens(int32_t *t, int seed) {
     for (int i = 0; i < KV_BLOCK_SIZE; i++) t[i] = seed * 100 + i;
 }
 
 START_TEST(budget_and_exhaustion) {
-    kv_cache_params_t p = {2, 8, kv_cache_block_bytes(2, 8) - 1, CS_DTYPE_F32};
+    kv_cache_params_t p = {2, 8, kv_cache_block_bytes(2, 8, CS_DTYPE_F32) - 1, CS_DTYPE_F32};
     kv_cache_t *kv;
     ck_assert_int_eq(kv_cache_new(be, &p, &kv), CS_EINVAL);
     ck_assert_ptr_null(kv);
     /* a KV dtype the backend's attention does not read is refused, not misread */
-    kv_cache_params_t pb = {2, 8, 4 * kv_cache_block_bytes(2, 8), CS_DTYPE_BF16};
+    kv_cache_params_t pb = {2, 8, 4 * kv_cache_block_bytes(2, 8, CS_DTYPE_F16), CS_DTYPE_F16};
     ck_assert_int_eq(kv_cache_new(be, &pb, &kv), CS_EUNSUPPORTED);
     ck_assert_ptr_null(kv);
+    ck_assert_msg(strstr(cs_error_last(), "F32, BF16"), "the refusal names what the backend reads: %s", cs_error_last());
+    /* BF16 pools: a block takes half the bytes, so a budget holds twice the blocks */
+    ck_assert_uint_eq(kv_cache_block_bytes(2, 8, CS_DTYPE_BF16) * 2, kv_cache_block_bytes(2, 8, CS_DTYPE_F32));
+    kv = make_dt(8, CS_DTYPE_BF16);
+    ck_assert_int_eq(kv_cache_dtype(kv), CS_DTYPE_BF16);
+    ck_assert_uint_eq(backend_buf_size(be, kv_cache_k(kv, 1)), (size_t)8 * KV_BLOCK_SIZE * 8 * 2);
+    kv_cache_free(kv);
     kv = make(4);
     int32_t b[4];
     for (int i = 0; i < 4; i++) {
@@ -105,43 +114,50 @@ START_TEST(prefix_publish_lookup_evict) {
 END_TEST
 
 START_TEST(copy_partial_block) {
-    /* on the CPU backend and on the strict test device (the copy goes through buf_copy) */
+    /* on the CPU backend and on the strict test device (the copy goes through buf_copy), in
+     * F32 and BF16 pools: exactly the first rows' bytes move */
     backend_t *strict = strict_device_new(&(strict_device_params_t){.cpu = {.n_threads = 1}});
     backend_t *bes[2] = {be, strict};
-    const size_t pool = (size_t)2 * KV_BLOCK_SIZE * 8;
-    for (int bi = 0; bi < 2; bi++) {
-        backend_t *saved = be;
-        be = bes[bi];
-        kv_cache_t *kv = make(2);
-        be = saved;
-        int32_t a = kv_block_alloc(kv), b = kv_block_alloc(kv);
-        float *k = malloc(sizeof(float) * pool), *v = malloc(sizeof(float) * pool);
-        for (int l = 0; l < 2; l++) {
-            for (size_t i = 0; i < pool; i++) k[i] = v[i] = 7;
-            for (int i = 0; i < KV_BLOCK_SIZE * 8; i++) {
-                k[(size_t)a * KV_BLOCK_SIZE * 8 + i] = (float)(l * 1000 + i);
-                v[(size_t)a * KV_BLOCK_SIZE * 8 + i] = (float)(-l * 1000 - i);
+    static const cs_dtype dts[2] = {CS_DTYPE_F32, CS_DTYPE_BF16};
+    size_t d2d_want = 0;
+    for (int di = 0; di < 2; di++)
+        for (int bi = 0; bi < 2; bi++) {
+            size_t esz = cs_dtype_size(dts[di]), row = 8 * esz, pool = (size_t)2 * KV_BLOCK_SIZE * row; /* bytes */
+            backend_t *saved = be;
+            be = bes[bi];
+            kv_cache_t *kv = make_dt(2, dts[di]);
+            be = saved;
+            int32_t a = kv_block_alloc(kv), b = kv_block_alloc(kv);
+            unsigned char *k = malloc(pool), *v = malloc(pool);
+            for (int l = 0; l < 2; l++) {
+                memset(k, 7, pool);
+                memset(v, 7, pool);
+                for (size_t i = 0; i < KV_BLOCK_SIZE * row; i++) {
+                    k[(size_t)a * KV_BLOCK_SIZE * row + i] = (unsigned char)(l * 100 + i);
+                    v[(size_t)a * KV_BLOCK_SIZE * row + i] = (unsigned char)(255 - l * 100 - i);
+                }
+                backend_buf_set(bes[bi], kv_cache_k(kv, l), 0, k, pool);
+                backend_buf_set(bes[bi], kv_cache_v(kv, l), 0, v, pool);
             }
-            backend_buf_set(bes[bi], kv_cache_k(kv, l), 0, k, sizeof(float) * pool);
-            backend_buf_set(bes[bi], kv_cache_v(kv, l), 0, v, sizeof(float) * pool);
-        }
-        kv_block_copy(kv, b, a, 5);
-        for (int l = 0; l < 2; l++) {
-            backend_buf_get(bes[bi], k, kv_cache_k(kv, l), 0, sizeof(float) * pool);
-            backend_buf_get(bes[bi], v, kv_cache_v(kv, l), 0, sizeof(float) * pool);
-            for (int i = 0; i < 5 * 8; i++) {
-                ck_assert(k[(size_t)b * KV_BLOCK_SIZE * 8 + i] == (float)(l * 1000 + i));
-                ck_assert(v[(size_t)b * KV_BLOCK_SIZE * 8 + i] == (float)(-l * 1000 - i));
+            kv_block_copy(kv, b, a, 5);
+            if (bi == 1) d2d_want += 2 * 2 * 5 * row; /* 2 layers, k and v, 5 rows */
+            for (int l = 0; l < 2; l++) {
+                backend_buf_get(bes[bi], k, kv_cache_k(kv, l), 0, pool);
+                backend_buf_get(bes[bi], v, kv_cache_v(kv, l), 0, pool);
+                for (size_t i = 0; i < 5 * row; i++) {
+                    ck_assert_uint_eq(k[(size_t)b * KV_BLOCK_SIZE * row + i], (unsigned char)(l * 100 + i));
+                    ck_assert_uint_eq(v[(size_t)b * KV_BLOCK_SIZE * row + i], (unsigned char)(255 - l * 100 - i));
+                }
+                ck_assert_uint_eq(k[(size_t)b * KV_BLOCK_SIZE * row + 5 * row], 7); /* rows past n untouched */
+                ck_assert_uint_eq(v[(size_t)b * KV_BLOCK_SIZE * row + 5 * row], 7);
             }
-            ck_assert(k[(size_t)b * KV_BLOCK_SIZE * 8 + 5 * 8] == 7);  /* rows past n untouched */
+            free(k);
+            free(v);
+            kv_cache_free(kv);
         }
-        free(k);
-        free(v);
-        kv_cache_free(kv);
-    }
     backend_stats_t st;
     backend_get_stats(strict, &st);
-    ck_assert_uint_eq(st.d2d_bytes, 2 * 2 * 5 * 8 * sizeof(float)); /* 2 layers, k and v, 5 rows */
+    ck_assert_uint_eq(st.d2d_bytes, d2d_want);
     backend_free(strict);
 }
 END_TEST

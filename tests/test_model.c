@@ -141,7 +141,7 @@ static void check_prefill_equals_decode(const char *arch, cs_dtype dt) {
     for (int i = 0; i < N; i++) ids[i] = (int32_t)(cs_rng_next(&rng) % VOCAB);
     float *all = malloc(sizeof(float) * N * VOCAB), *allr = malloc(sizeof(float) * N * VOCAB);
     float *one = malloc(sizeof(float) * VOCAB);
-    model_seq_t *s = model_seq_new(mf, N), *sr = model_seq_new(mr, N);
+    model_seq_t *s = model_seq_new(mf, N, CS_DTYPE_F32), *sr = model_seq_new(mr, N, CS_DTYPE_F32);
     ck_assert_int_eq(model_forward(mf, s, ids, N, NULL, all, true), 0);
     ck_assert_int_eq(model_forward(mr, sr, ids, N, NULL, allr, true), 0);
     ck_assert_msg(max_abs_diff(all, allr, (size_t)N * VOCAB) < 1e-4f, "fast vs reference kernels differ");
@@ -184,7 +184,7 @@ START_TEST(test_misaligned_tensors) {
     ck_assert_msg(model_load(b, be, &mb) == 0, "%s", cs_error_last());
     int32_t ids[9] = {3, 1, 4, 1, 5, 9, 2, 6, 5};
     float la[9 * VOCAB], lb[9 * VOCAB];
-    model_seq_t *sa = model_seq_new(ma, 9), *sb = model_seq_new(mb, 9);
+    model_seq_t *sa = model_seq_new(ma, 9, CS_DTYPE_F32), *sb = model_seq_new(mb, 9, CS_DTYPE_F32);
     ck_assert_int_eq(model_forward(ma, sa, ids, 9, NULL, la, true), 0);
     ck_assert_int_eq(model_forward(mb, sb, ids, 9, NULL, lb, true), 0);
     ck_assert_float_eq(max_abs_diff(la, lb, 9 * VOCAB), 0.0f);
