@@ -3,7 +3,8 @@
  * lanes hold the query's head_dim split 32 ways, walk the visible keys through the
  * sequence's block table, reduce each score across the warp and keep an online softmax
  * (running max and sum, rescaled accumulator) in F32, so no score vector is stored.
- * Four warps of a block take four heads of one row. */
+ * Four warps of a block take four heads of one row. The pools are F32 or BF16 (KT), read
+ * as F32. */
 #include "gpu_kernels/ops.cuh"
 
 namespace CS_NS {
@@ -11,8 +12,8 @@ namespace CS_NS {
 enum { ATTN_WARPS = 4 };
 
 /* NJ: head_dim / 32 rounded up (1, 2, 4 or 8: head_dim up to 256) */
-template <int NJ>
-static __global__ void k_attention(float *out, const float *q, const float *k, const float *v, const attn_seq *seqs,
+template <int NJ, typename KT>
+static __global__ void k_attention(float *out, const float *q, const KT *k, const KT *v, const attn_seq *seqs,
                                    const int32_t *row_seq, const int32_t *blocks, int bs, int nh, int nkv, int hd,
                                    int window, float scale) {
     int row = blockIdx.x, lane = threadIdx.x & 31;
@@ -35,12 +36,12 @@ static __global__ void k_attention(float *out, const float *q, const float *k, c
     float m = -INFINITY, l = 0.0f;
     for (int t = first; t <= qpos; t++) {
         size_t base = ((size_t)table[t / bs] * bs + t % bs) * kv_dim + off;
-        const float *kr = k + base, *vr = v + base;
+        const KT *kr = k + base, *vr = v + base;
         float d = 0.0f;
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             int e = lane + 32 * j;
-            if (e < hd) d += qr[j] * kr[e];
+            if (e < hd) d += qr[j] * load_f(kr, e);
         }
         float s = warp_sum(d);
         float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
@@ -48,7 +49,7 @@ static __global__ void k_attention(float *out, const float *q, const float *k, c
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             int e = lane + 32 * j;
-            acc[j] = acc[j] * corr + (e < hd ? p * vr[e] : 0.0f);
+            acc[j] = acc[j] * corr + (e < hd ? p * load_f(vr, e) : 0.0f);
         }
         m = mn;
     }
@@ -61,17 +62,29 @@ static __global__ void k_attention(float *out, const float *q, const float *k, c
     }
 }
 
-void op_attention(cudaStream_t st, float *out, const float *q, const float *k, const float *v, const attn_seq *seqs,
-                  const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh, int nkv, int hd,
-                  int window) {
-    if (n_tokens <= 0) return;
+#define K_ATTENTION(NJ) k_attention<NJ, KT> /* one macro argument for CS_LAUNCH */
+template <typename KT>
+static void launch(cudaStream_t st, float *out, const float *q, const KT *k, const KT *v, const attn_seq *seqs,
+                   const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh, int nkv, int hd,
+                   int window) {
     dim3 grid(n_tokens, (nh + ATTN_WARPS - 1) / ATTN_WARPS);
     float scale = 1.0f / sqrtf((float)hd);
-    if (hd <= 32) CS_LAUNCH(k_attention<1>, grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
-    else if (hd <= 64) CS_LAUNCH(k_attention<2>, grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
-    else if (hd <= 128) CS_LAUNCH(k_attention<4>, grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
-    else CS_LAUNCH(k_attention<8>, grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+    if (hd <= 32) CS_LAUNCH(K_ATTENTION(1), grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+    else if (hd <= 64) CS_LAUNCH(K_ATTENTION(2), grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+    else if (hd <= 128) CS_LAUNCH(K_ATTENTION(4), grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+    else CS_LAUNCH(K_ATTENTION(8), grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
+}
+
+void op_attention(cudaStream_t st, float *out, const float *q, const void *k, const void *v, int kv_dtype,
+                  const attn_seq *seqs, const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh,
+                  int nkv, int hd, int window) {
+    if (n_tokens <= 0) return;
+    if (kv_dtype == DT_BF16)
+        launch(st, out, q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv,
+               hd, window);
+    else launch(st, out, q, (const float *)k, (const float *)v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window);
     CUDA_CHECK_LAUNCH();
 }
+#undef K_ATTENTION
 
 } /* namespace CS_NS */

@@ -1052,16 +1052,17 @@ static void be_rope(backend_t *b, backend_buf_t *x, int nh, int hd, const backen
 
 static void be_kv_store(backend_t *b, backend_buf_t *pool, cs_dtype kv_dtype, const backend_buf_t *src,
                         const backend_batch_t *bt, int row_len) {
-    CS_ASSERT(kv_dtype == CS_DTYPE_F32);
-    op_set_rows(C(b)->compute, F(pool), CF(src), bt->slots, bt->n_tokens, row_len);
+    CS_ASSERT(kv_dtype == CS_DTYPE_F32 || kv_dtype == CS_DTYPE_BF16);
+    op_set_rows(C(b)->compute, pool->d, kv_dtype == CS_DTYPE_BF16 ? DT_BF16 : DT_F32, CF(src), bt->slots, bt->n_tokens,
+                row_len);
 }
 
 static void be_attention(backend_t *b, backend_buf_t *out, const backend_buf_t *q, const backend_buf_t *k,
                          const backend_buf_t *v, cs_dtype kv_dtype, const backend_batch_t *bt, int bs, int nh, int nkv,
                          int hd, int window) {
-    CS_ASSERT(kv_dtype == CS_DTYPE_F32);
+    CS_ASSERT(kv_dtype == CS_DTYPE_F32 || kv_dtype == CS_DTYPE_BF16);
     CS_ASSERT(hd <= 256 && nkv > 0 && nh % nkv == 0);
-    op_attention(C(b)->compute, F(out), CF(q), CF(k), CF(v), bt->seqs, bt->row_seq, bt->blocks, bt->n_tokens, bs, nh, nkv,
+    op_attention(C(b)->compute, F(out), CF(q), k->d, v->d, kv_dtype == CS_DTYPE_BF16 ? DT_BF16 : DT_F32, bt->seqs, bt->row_seq, bt->blocks, bt->n_tokens, bs, nh, nkv,
                  hd, window);
 }
 
@@ -1199,7 +1200,7 @@ static backend_i make_iface() {
     i.lora = be_lora;
     i.get_signal = be_get_signal;
     i.wait_add = be_wait_add;
-    i.kv_dtypes = 1u << CS_DTYPE_F32;
+    i.kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16;
     i.graph_begin = be_graph_begin;
     i.graph_end = be_graph_end;
     i.graph_reset = be_graph_reset;

@@ -11,8 +11,9 @@ namespace CS_NS {
 /* embed.cu: y[i, :] = table[ids[i], :] as F32 (table F32, F16 or BF16) */
 void op_embed(cudaStream_t st, float *y, const void *table, int dtype, int cols, const int32_t *ids, int n);
 
-/* rows.cu: dst[idx[i], :] = src[i, :] (KV writes into pages) and dst[i, :] = src[idx[i], :] */
-void op_set_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int len);
+/* rows.cu: dst[idx[i], :] = src[i, :] (KV writes into pages; dst of dtype F32, or BF16
+ * rounded to nearest even) and dst[i, :] = src[idx[i], :] */
+void op_set_rows(cudaStream_t st, void *dst, int dtype, const float *src, const int32_t *idx, int n, int len);
 void op_get_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int len);
 
 /* convert.cu: dst[i] = src[i] rounded to dtype (F16 or BF16; F32 copies) */
@@ -31,9 +32,11 @@ void op_rmsnorm(cudaStream_t st, float *y, const float *x, int n, int dim, const
 /* rope.cu: rotate-half RoPE in place on x[n, nh, hd] at positions pos[n] */
 void op_rope(cudaStream_t st, float *x, int n, int nh, int hd, const int32_t *pos, const float *inv_freq);
 
-/* attention.cu: paged attention over the batch's sequences (engine/backend.h's attention) */
+/* attention.cu: paged attention over the batch's sequences (engine/backend.h's attention),
+ * pools of kv_dtype (DT_F32 or DT_BF16) */
 struct attn_seq { int32_t row0, n, pos0, blk0; };
-void op_attention(cudaStream_t st, float *out, const float *q, const float *k, const float *v, const attn_seq *seqs,
+void op_attention(cudaStream_t st, float *out, const float *q, const void *k, const void *v, int kv_dtype,
+                  const attn_seq *seqs,
                   const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh, int nkv, int hd,
                   int window);
 

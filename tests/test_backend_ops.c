@@ -348,7 +348,8 @@ START_TEST(test_rope_embed_rows) {
     float *pool0 = randv((size_t)pool_rows * row, 1.0f), *src = randv((size_t)t.T * row, 1.0f);
     backend_buf_t *pool = up(b, pool0, sizeof(float) * pool_rows * row), *bsrc = up(b, src, sizeof(float) * t.T * row);
     backend_kv_store(b, pool, CS_DTYPE_F32, bsrc, bt, row);
-    if (backend_supports_kv_dtype(b, CS_DTYPE_BF16)) { /* a BF16 pool: each element rounded to nearest even */
+    ck_assert(backend_supports_kv_dtype(b, CS_DTYPE_BF16)); /* every backend here reads BF16 pools */
+    { /* a BF16 pool: each element rounded to nearest even */
         uint16_t *hb = malloc(sizeof(uint16_t) * pool_rows * row), *gb = malloc(sizeof(uint16_t) * pool_rows * row);
         for (int i = 0; i < pool_rows * row; i++) hb[i] = (uint16_t)(0x3f80 + i); /* what the store must keep */
         backend_buf_t *pb = up(b, hb, sizeof(uint16_t) * pool_rows * row);
@@ -420,7 +421,7 @@ START_TEST(test_attention) {
             float *got = down(b, bo, (size_t)t.T * nh * hd);
             close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "attention", _i);
             free(got);
-            if (backend_supports_kv_dtype(b, CS_DTYPE_BF16)) { /* the same over BF16 pools */
+            { /* the same over BF16 pools */
                 uint16_t *kb = malloc(sizeof(uint16_t) * pool_n), *vb = malloc(sizeof(uint16_t) * pool_n);
                 for (size_t i = 0; i < pool_n; i++) kb[i] = cs_f32_to_bf16(k[i]), vb[i] = cs_f32_to_bf16(v[i]);
                 cs_attention_paged_kv_ref(want, q, kb, vb, CS_DTYPE_BF16, t.hseqs, t.n_seqs, BS, nh, nkv, hd, window);
