@@ -804,10 +804,30 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
     free(dec);
 }
 
+/* n floats to BF16, rounded to nearest even as cs_f32_to_bf16 (NaN kept quiet), 16 at a time */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void to_bf16_avx512(uint16_t *dst, const float *src, int n) {
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), absm = _mm512_set1_epi32(0x7fffffff);
+    const __m512i inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
+    int i = 0;
+    for (; i < n; i += 16) {
+        __mmask16 m = i + 16 <= n ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i));
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+        r = _mm512_srli_epi32(r, 16);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet));
+        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(r));
+    }
+}
+
 static void cpu_kv_store(cpu_raw_t *b, void *pool, cs_dtype kv_dtype, const float *src, const int32_t *slots, int n,
                          int len) {
-    (void)b;
-    if (kv_dtype != CS_DTYPE_F32) { /* a few rows per layer: the plain rounding is cheap */
+    cpu_ctx_t *c = ctx_of(b);
+    if (kv_dtype == CS_DTYPE_BF16 && c->avx512 && !c->reference) {
+        for (int i = 0; i < n; i++) to_bf16_avx512((uint16_t *)pool + (size_t)slots[i] * len, src + (size_t)i * len, len);
+        return;
+    }
+    if (kv_dtype != CS_DTYPE_F32) {
         cs_kv_store_ref(pool, kv_dtype, src, slots, n, len);
         return;
     }

@@ -300,6 +300,37 @@ START_TEST(rows_scatter_gather) {
 }
 END_TEST
 
+/* KV rows into a BF16 pool: bit for bit torch's rounding (cs_f32_to_bf16) on every kernel
+ * variant, for rows of whole vectors and tails, with ties, NaN, infinities, -0, denormals and
+ * values that round up to infinity */
+START_TEST(kv_store_bf16) {
+    cpu_raw_t *b = cpu_raw_new(&lora_variants[_i]);
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7fc00001u, 0xff800001u, 0x7f800000u, 0xff800000u,
+                                       0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0x3f80ffffu, 0xbf80c000u};
+    for (int len = 1; len <= 49; len += 12) {
+        enum { N = 3, ROWS = 5 };
+        float *src = randv((size_t)N * len);
+        for (size_t i = 0; i < CS_ARRAY_LEN(special) && i < (size_t)N * len; i++)
+            memcpy(&src[(i * 7) % ((size_t)N * len)], &special[i], 4);
+        int32_t slots[N] = {4, 0, 2};
+        uint16_t got[ROWS * 49], want[ROWS * 49];
+        for (int i = 0; i < ROWS * 49; i++) got[i] = want[i] = (uint16_t)(0x1234 + i);
+        cpu_raw_kv_store(b, got, CS_DTYPE_BF16, src, slots, N, len);
+        for (int i = 0; i < N; i++)
+            for (int e = 0; e < len; e++) want[(size_t)slots[i] * len + e] = cs_f32_to_bf16(src[(size_t)i * len + e]);
+        for (int i = 0; i < ROWS * len; i++)
+            ck_assert_msg(got[i] == want[i], "%s: len %d [%d]: %#06x, want %#06x", lora_variant_names[_i], len, i, got[i],
+                          want[i]);
+        uint16_t viaref[ROWS * 49];
+        for (int i = 0; i < ROWS * 49; i++) viaref[i] = (uint16_t)(0x1234 + i);
+        cs_kv_store_ref(viaref, CS_DTYPE_BF16, src, slots, N, len);
+        ck_assert(!memcmp(viaref, want, sizeof want));
+        free(src);
+    }
+    cpu_raw_free(b);
+}
+END_TEST
+
 int main(void) {
     cs_rng_seed(&rng, 42);
     fast = cpu_raw_new(&(cpu_backend_params_t){.n_threads = 2});
@@ -311,6 +342,7 @@ int main(void) {
     tcase_add_loop_test(tc, lora_batch_segments, 0, 2 * (int)(sizeof lora_variants / sizeof lora_variants[0]));
     tcase_add_test(tc, matmul_multi_equals_each);
     tcase_add_test(tc, rows_scatter_gather);
+    tcase_add_loop_test(tc, kv_store_bf16, 0, (int)CS_ARRAY_LEN(lora_variants));
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
