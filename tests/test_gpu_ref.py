@@ -4,7 +4,9 @@ way vLLM serves a BF16 model: weights in BF16, activations rounded to BF16 at ev
 F32 accumulation.
 
 A BF16 Llama (GQA) and a BF16 Qwen2 (q/k/v biases), 3 BF16 adapters of ranks 8/16/32 and the
-base model in one `caraserve batch`, greedy and seeded requests with top-5 logprobs. Each
+base model in one `caraserve batch`, greedy and seeded requests with top-5 logprobs, with an
+F32 KV cache and again with a BF16 one (--kv-cache-dtype bf16, what a BF16 model's cache holds
+in transformers too): the same bars for both. Each
 request's tokens are teacher-forced through transformers (+ peft) in bfloat16 and in float32
 on the same weights; the logprob of every generated token and of its top-5 alternatives is
 compared. The yardstick is transformers' own BF16 noise, floor = max |transformers bf16 -
@@ -44,13 +46,13 @@ WHERE = "the GPU (--device cuda, transformers on cuda)" if REAL else \
     "the CUDA emulator (cuda-emu), transformers on the CPU"
 
 
-def run(model_dir, requests, loras):
+def run(model_dir, requests, loras, extra=()):
     path = os.path.join(reflib.tmpdir("cs_gpuref_"), "requests.jsonl")
     with open(path, "w") as f:
         for r in requests:
             f.write(json.dumps(r) + "\n")
     cmd = [reflib.CARASERVE, "batch", "--model", model_dir, "--requests", path, "--threads", "2",
-           "--kv-cache-bytes", "16M", "--preload-adapters", "--device", "cuda" if REAL else "cpu"]
+           "--kv-cache-bytes", "16M", "--preload-adapters", "--device", "cuda" if REAL else "cpu", *extra]
     for name, d in loras:
         cmd += ["--lora", f"{name}={d}"]
     env = dict(os.environ)
@@ -77,26 +79,9 @@ def load(model_dir, adapter_dir, dtype):
     return m
 
 
-rng = random.Random(11)
-total = 0
-for kind, kv_heads in (("llama", 2), ("qwen2", 4)):
-    model_dir, ref32 = make_model(kind, dtype="bfloat16", kv_heads=kv_heads, seed=17)
-    loras = []
-    for k, r in enumerate((8, 16, 32)):
-        d, _ = make_adapter(model_dir, ref32, r=r, alpha=2 * r,
-                            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-                            seed=70 + k, dtype="bfloat16")
-        loras.append((f"a{k}", d))
-    reqs = []
-    for i in range(12):
-        prompt = [1] + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(4, 60))]
-        r = {"id": i, "prompt_ids": prompt, "max_tokens": 8, "logprobs": 5, "ignore_eos": True,
-             "temperature": 0 if i % 2 == 0 else 1.0, "seed": 300 + i}
-        if i % 4 < 3:
-            r["adapter"] = f"a{i % 4}"
-        reqs.append(r)
-    out = run(model_dir, reqs, loras)
-    refs = {}
+def check(kind, kv, model_dir, loras, reqs, out, refs):
+    """every generated token's logprob and top-5 against transformers bf16 and fp32 (the bars
+    below); refs caches the reference models per adapter"""
     worst_cs, worst_cs32, worst_floor, n_tok = 0.0, 0.0, 0.0, 0
     for req, line in zip(reqs, out):
         a = req.get("adapter")
@@ -124,18 +109,41 @@ for kind, kv_heads in (("llama", 2), ("qwen2", 4)):
                 row16 = lp16[len(req["prompt_ids"]) - 1 + k]
                 top = np.sort(row16)[-2:]
                 if t != int(row16.argmax()) and top[1] - top[0] > 2 * max(d_floor, 1e-3):
-                    reflib.fail(f"{kind} request {req['id']}: greedy token {k} is {t}, transformers bf16 says "
+                    reflib.fail(f"{kind}, {kv} KV, request {req['id']}: greedy token {k} is {t}, transformers bf16 says "
                                 f"{int(row16.argmax())} (margin {top[1] - top[0]:.3g})")
                 if t != int(row16.argmax()):
                     break  # a tie within the noise: the continuations part here
     # the bar: no noisier than transformers' own bf16 (floor), and so within 2 x floor of it
     if not worst_cs32 <= worst_floor:
-        reflib.fail(f"{kind}: |caraserve - transformers fp32| reaches {worst_cs32:.3g}, more than transformers "
+        reflib.fail(f"{kind}, {kv} KV: |caraserve - transformers fp32| reaches {worst_cs32:.3g}, more than transformers "
                     f"bf16's own distance {worst_floor:.3g} on the same tokens")
     if not worst_cs <= 2 * worst_floor:
-        reflib.fail(f"{kind}: |caraserve - transformers bf16| reaches {worst_cs:.3g} > 2 x {worst_floor:.3g}")
-    print(f"ok  {kind} bf16 on {WHERE}: {len(reqs)} requests, {n_tok} tokens: |caraserve - transformers bf16| <= "
-          f"{worst_cs:.3g} (bar 2 x {worst_floor:.3g}), |caraserve - transformers fp32| <= {worst_cs32:.3g} "
+        reflib.fail(f"{kind}, {kv} KV: |caraserve - transformers bf16| reaches {worst_cs:.3g} > 2 x {worst_floor:.3g}")
+    print(f"ok  {kind} bf16, {kv.upper()} KV cache, on {WHERE}: {len(reqs)} requests, {n_tok} tokens: "
+          f"|caraserve - transformers bf16| <= {worst_cs:.3g} (bar 2 x {worst_floor:.3g}), |caraserve - transformers fp32| <= {worst_cs32:.3g} "
           f"(bar: transformers bf16's own {worst_floor:.3g})")
+
+
+rng = random.Random(11)
+total = 0
+for kind, kv_heads in (("llama", 2), ("qwen2", 4)):
+    model_dir, ref32 = make_model(kind, dtype="bfloat16", kv_heads=kv_heads, seed=17)
+    loras = []
+    for k, r in enumerate((8, 16, 32)):
+        d, _ = make_adapter(model_dir, ref32, r=r, alpha=2 * r,
+                            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                            seed=70 + k, dtype="bfloat16")
+        loras.append((f"a{k}", d))
+    reqs = []
+    for i in range(12):
+        prompt = [1] + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(4, 60))]
+        r = {"id": i, "prompt_ids": prompt, "max_tokens": 8, "logprobs": 5, "ignore_eos": True,
+             "temperature": 0 if i % 2 == 0 else 1.0, "seed": 300 + i}
+        if i % 4 < 3:
+            r["adapter"] = f"a{i % 4}"
+        reqs.append(r)
+    refs = {}
+    for kv in ("f32", "bf16"):
+        check(kind, kv, model_dir, loras, reqs, run(model_dir, reqs, loras, ("--kv-cache-dtype", kv)), refs)
     total += 1
 print(f"PASS: {total} models")
