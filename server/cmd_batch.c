@@ -557,7 +557,7 @@ int cmd_batch(int argc, char **argv) {
                           .kv_cache_bytes = setup_kv_bytes(be, (size_t)kv_bytes, kv_explicit), .sched = sched,
                           .max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_batch,
                           .max_model_len = max_model_len, .no_prefix_caching = no_prefix, .cold_start = cold_mode,
-                          .kv_cache_dtype = setup_kv_dtype(be, kv_choice, bf16)};
+                          .kv_cache_dtype = setup_kv_dtype(be, kv_choice, bf16, model_weight_dtype(model))};
     if (!tok && eos) { ep.eos_ids = eos; ep.n_eos = cfg->n_eos; }
     {
         engine_t *made = NULL;

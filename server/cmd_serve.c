@@ -628,7 +628,8 @@ int cmd_serve(int argc, char **argv) {
                           .max_num_seqs = s->cfg.max_num_seqs, .max_num_batched_tokens = s->cfg.max_num_batched_tokens,
                           .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching,
                           .cold_start = s->cfg.cold_start,
-                          .kv_cache_dtype = setup_kv_dtype(s->be, s->cfg.kv_cache_dtype, s->cfg.precision_bf16)};
+                          .kv_cache_dtype = setup_kv_dtype(s->be, s->cfg.kv_cache_dtype, s->cfg.precision_bf16,
+                                                          model_weight_dtype(s->model))};
     if (!s->tok && mc->n_eos) { ep.eos_ids = mc->eos_token_ids; ep.n_eos = mc->n_eos; }
     /* a finished load wakes the engine at once (else it would notice at its next 20 ms poll):
      * the registry comes first, and finds the engine through s */

@@ -219,7 +219,7 @@ static int cmd_generate(int argc, char **argv) {
             goto out;
         }
     int capacity = n_prompt + max_tokens;
-    seq = model_seq_new(model, capacity, setup_kv_dtype(be, kv_choice, bf16));
+    seq = model_seq_new(model, capacity, setup_kv_dtype(be, kv_choice, bf16, model_weight_dtype(model)));
     logits = malloc(sizeof(float) * (size_t)n_prompt * cfg->vocab_size);
     int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(capacity + 1));
     if (!seq) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
@@ -297,7 +297,7 @@ static int cmd_generate(int argc, char **argv) {
                 "(%.2f tok/s) | %s | weights %s | KV %s | params %.1fM\n",
                 t_load, n_prompt, t_prefill, n_prompt / (t_prefill / 1e3), n_gen > 1 ? n_gen - 1 : 0, t_decode,
                 n_gen > 1 ? (n_gen - 1) / (t_decode / 1e3) : 0.0, bdesc,
-                cs_dtype_name(model_weight_dtype(model)), cs_dtype_name(setup_kv_dtype(be, kv_choice, bf16)),
+                cs_dtype_name(model_weight_dtype(model)), cs_dtype_name(setup_kv_dtype(be, kv_choice, bf16, model_weight_dtype(model))),
                 model_n_params(model) / 1e6);
     }
     status = 0;

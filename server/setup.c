@@ -134,9 +134,10 @@ int setup_parse_kv_dtype(const char *s) {
     return -2;
 }
 
-cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16) {
+cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16, cs_dtype weights) {
     if (choice != SETUP_KV_AUTO) return (cs_dtype)choice;
-    return precision_bf16 && backend_supports_kv_dtype(be, CS_DTYPE_BF16) ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+    bool rounds = weights == CS_DTYPE_BF16 && (precision_bf16 || backend_is_cuda(be));
+    return rounds && backend_supports_kv_dtype(be, CS_DTYPE_BF16) ? CS_DTYPE_BF16 : CS_DTYPE_F32;
 }
 
 int setup_parse_cold_start(const char *s) {

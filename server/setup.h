@@ -41,11 +41,12 @@ int setup_parse_precision(const char *s);
  * -1 for anything else */
 int setup_parse_cold_start(const char *s);
 /* --kv-cache-dtype: "auto" (SETUP_KV_AUTO), "f32", "bf16" (their cs_dtype); -2 for anything
- * else. setup_kv_dtype resolves auto: BF16 under --precision bf16 where the backend's
- * attention reads BF16 pools (a BF16 model's K and V are BF16, as in vLLM's "auto"), else F32. */
+ * else. setup_kv_dtype resolves auto: BF16 where the matmuls already round the activations to
+ * BF16 (BF16 WEIGHTS under --precision bf16, or on the CUDA backend) and the backend's
+ * attention reads BF16 pools: a BF16 model's K and V, as vLLM's "auto" keeps them; else F32. */
 #define SETUP_KV_AUTO (-1)
 int setup_parse_kv_dtype(const char *s);
-cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16);
+cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16, cs_dtype weights);
 /* The host LoRA workers of the cold start (lora/assist.h) for backend BE under MODE: NULL
  * with no error where they have nothing to do (a backend that cannot stream adapter slots
  * or assist, or MODE wait); THREADS 0: a quarter of the CPUs (1 .. 8). Pinned to cores on

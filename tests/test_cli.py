@@ -79,8 +79,14 @@ for prec in ("bf16", "exact"):
     expect(f"generate --precision {prec}: the kernel path says so",
            p.returncode == 0 and path and ("bf16" in path.group(1).split("+")) == (prec == "bf16"), p)
 
-# the KV cache's dtype: auto is F32 in the exact mode and BF16 under --precision bf16; a flag
-# overrides either; --stats says which (generate and batch)
+# the KV cache's dtype: auto is F32 in the exact mode and BF16 under --precision bf16 (BF16
+# weights: an F32 model's matmuls are exact either way, and so is its cache); a flag overrides
+# either; --stats says which (generate and batch)
+model32 = os.path.join(root, "m32")
+subprocess.run([reflib.MKMODEL, "model", "--out", model32, "--hidden", "64", "--layers", "2", "--heads", "4",
+                "--intermediate", "96", "--dtype", "f32", "--tokenizer", tok], check=True, capture_output=True)
+p = cs("generate", "--model", model32, "--prompt-ids", "1,2,3", "--max-tokens", "2", "--stats", "--precision", "bf16")
+expect("generate --precision bf16 on F32 weights: KV F32", p.returncode == 0 and "| KV F32 |" in p.stderr, p)
 for prec, kv, want in (("exact", None, "F32"), ("bf16", None, "BF16"), ("exact", "bf16", "BF16"), ("bf16", "f32", "F32")):
     extra = ["--kv-cache-dtype", kv] if kv else []
     p = cs("generate", "--model", model, "--prompt-ids", "1,2,3", "--max-tokens", "2", "--stats", "--precision", prec,
@@ -90,6 +96,16 @@ for prec, kv, want in (("exact", None, "F32"), ("bf16", None, "BF16"), ("exact",
                        input='{"prompt_ids": [1, 2, 3], "max_tokens": 2}\n', capture_output=True, text=True, timeout=120)
     st = next((json.loads(line) for line in p.stderr.splitlines() if line.startswith("{")), {})
     expect(f"batch --precision {prec} {' '.join(extra)}: kv_dtype {want}", p.returncode == 0 and st.get("kv_dtype") == want, p)
+
+# on the CUDA backend (its code on the host emulator) BF16 weights are BF16 GEMMs, so auto keeps
+# a BF16 model's K and V in BF16 without --precision, as vLLM does; F32 weights stay F32
+for m, want in ((model, "BF16"), (model32, "F32")):
+    p = subprocess.run([reflib.CARASERVE, "batch", "--model", m, "--stats", "--device", "cpu"],
+                       input='{"prompt_ids": [1, 2, 3], "max_tokens": 2}\n', capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, CS_TEST_DEVICE="cuda-emu"))
+    st = next((json.loads(line) for line in p.stderr.splitlines() if line.startswith("{")), {})
+    expect(f"batch on the CUDA backend (emulated), {os.path.basename(m)}: kv_dtype {want}",
+           p.returncode == 0 and st.get("kv_dtype") == want and st.get("backend", {}).get("name") == "cuda-emu", p)
 
 p = cs("generate", "--help")
 expect("generate --help exits 0 and lists --lora", p.returncode == 0 and "--lora" in p.stdout, p)
