@@ -8,7 +8,8 @@
 #   git worktree add /tmp/base HEAD~1 && (cd /tmp/base && autoreconf -fi && mkdir build && cd build &&
 #       ../configure && make caraserve)
 #   BASE_BUILD=/tmp/base/build bench/ab.sh
-# Env: BUILD (build), BASE_BUILD (required), THREADS (2), GEN (32), PROMPT (512), REPS (3), DTYPE (bf16), CACHE,
+# Env: BUILD (build), BASE_BUILD (required), THREADS (2), GEN (32), PROMPT (512), REPS (3), DTYPE (bf16),
+#      PRECISION (exact, or bf16: both builds under --precision bf16), CACHE,
 #      MEASURE (time, or instructions: each figure run once per build under valgrind's callgrind
 #      with 1 thread, GEN 4 and PROMPT 64, on a small Llama of the same shape family (hidden
 #      256, 4 layers, vocab 32000: a per-op overhead weighs more there than on the 200M one),
@@ -23,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MEASURE=${MEASURE:-time}
 if [ "$MEASURE" = instructions ]; then GEN=${GEN:-4} PROMPT=${PROMPT:-64} REPS=1 THREADS=1; fi
-GEN=${GEN:-32} PROMPT=${PROMPT:-512} REPS=${REPS:-3}
+GEN=${GEN:-32} PROMPT=${PROMPT:-512} REPS=${REPS:-3} PRECISION=${PRECISION:-exact}
 [ -n "${BASE_BUILD:-}" ] || { echo "ab.sh: set BASE_BUILD to the other build directory" >&2; exit 2; }
 . bench/common.sh
 tag=200m
@@ -100,15 +101,15 @@ one() { # label build
     local label=$1 b=$2 st
     if [ "$MEASURE" = instructions ]; then one_instructions "$label" "$b"; return; fi
     st=$("$b/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens "$GEN" --ignore-eos --stats \
-        --threads "$THREADS" 2>&1 >/dev/null | grep '^stats:')
+        --threads "$THREADS" --precision "$PRECISION" 2>&1 >/dev/null | grep '^stats:')
     echo "{\"build\": \"$label\", \"kind\": \"forward\", \"stats\": $(printf '%s' "$st" | $PY -c 'import json,sys; print(json.dumps(sys.stdin.read()))')}" >> "$results"
     for c in 1:0 8:0 8:8 32:0; do
         st=$("$b/caraserve" batch --model "$model" "${lora_args[@]}" --requests "$work/req-${c%%:*}-${c##*:}.jsonl" \
-            --threads "$THREADS" --stats --max-num-seqs 64 --kv-cache-bytes 1G 2>&1 >/dev/null | grep '^{')
+            --threads "$THREADS" --precision "$PRECISION" --stats --max-num-seqs 64 --kv-cache-bytes 1G 2>&1 >/dev/null | grep '^{')
         echo "{\"build\": \"$label\", \"kind\": \"decode\", \"config\": \"$c\", \"stats\": $st}" >> "$results"
     done
     st=$("$b/caraserve" batch --model "$model" --requests "$work/prefill.jsonl" --threads "$THREADS" --stats \
-        --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
+        --precision "$PRECISION" --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
     echo "{\"build\": \"$label\", \"kind\": \"prefill\", \"stats\": $st}" >> "$results"
 }
 for r in $(seq "$REPS"); do
@@ -118,9 +119,9 @@ for r in $(seq "$REPS"); do
     echo "ab.sh: repetition $r of $REPS done" >&2
 done
 out="bench/results/ab-$(date -u +%Y%m%dT%H%M%SZ).json"
-$PY - "$results" "$out" "$BUILD" "$BASE_BUILD" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" <<'PYEOF'
+$PY - "$results" "$out" "$BUILD" "$BASE_BUILD" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" "$PRECISION" <<'PYEOF'
 import json, re, statistics, subprocess, sys
-runs_path, out, build, base, threads, gen, prompt, dtype = sys.argv[1:9]
+runs_path, out, build, base, threads, gen, prompt, dtype, precision = sys.argv[1:10]
 runs = [json.loads(l) for l in open(runs_path)]
 fig = {}
 def add(build, key, v):
@@ -153,20 +154,23 @@ res = {"benchmark": "ab", "build": build, "base_build": base,
        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
        "isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags],
        "kernel_path": kernels, "measure": "instructions (callgrind)" if any(r["kind"] == "instructions" for r in runs)
-       else "wall time", "threads": int(threads), "gen_tokens": int(gen), "prompt_tokens": int(prompt),
+       else "wall time", "precision": precision, "threads": int(threads), "gen_tokens": int(gen), "prompt_tokens": int(prompt),
        "model": f"llama {'~200M (bench/common.sh)' if not any(r['kind'] == 'instructions' for r in runs) else 'small (hidden 256, 4 layers, vocab 32000)'}, {dtype.upper()}",
        "figures": {}}
 for k, v in fig.items():
     a, b = v.get("new", []), v.get("base", [])
     res["figures"][k] = {"new": a, "base": b, "new_median": med(a), "base_median": med(b), "ratio": med(a) / med(b)}
+    if len(a) == len(b) and len(a) > 1: # each repetition's pair, run back to back
+        res["figures"][k]["paired_ratio_median"] = med([x / y for x, y in zip(a, b)])
     if v.get("steps_new") is not None:
         res["figures"][k]["engine_steps"] = {"new": v["steps_new"], "base": v.get("steps_base")}
         res["figures"][k]["comparable"] = v["steps_new"] == v.get("steps_base")
 json.dump(res, open(out, "w"), indent=1)
-print(f"{'figure':44s} {'new':>10s} {'base':>10s} {'ratio':>7s}")
+print(f"{'figure':44s} {'new':>10s} {'base':>10s} {'ratio':>7s} {'paired':>7s}")
 for k, v in res["figures"].items():
     note = "" if v.get("comparable", True) else f"  (not comparable: {v['engine_steps']} engine steps)"
-    print(f"{k:44s} {v['new_median']:10.5g} {v['base_median']:10.5g} {v['ratio']:7.4f}{note}")
+    pr = f"{v['paired_ratio_median']:7.4f}" if "paired_ratio_median" in v else f"{'':7s}"
+    print(f"{k:44s} {v['new_median']:10.5g} {v['base_median']:10.5g} {v['ratio']:7.4f} {pr}{note}")
 print(f"cpu: {res['cpu']} ({', '.join(res['isa'])}), kernels {kernels}; JSON: {out}")
 PYEOF
 bench_stamp "$out"

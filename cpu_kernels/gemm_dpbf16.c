@@ -14,6 +14,11 @@
  *     broadcast straight from the row-major weights, DP_SR rows at once as separate
  *     streams, each over all of K before the next DP_SR rows: the weights are read once,
  *     in place, with no packing.
+ *   n ≤ CS_DP_LANE_N: the same, but 16 rows of x would leave lanes empty (half of them at
+ *     n = 8), so x's rows are padded to a power of two np and each takes J = 16 / np
+ *     adjacent lanes holding J consecutive pairs of it; a weight row's J consecutive pairs
+ *     are one broadcast (8, 16, 32 or 64 bytes), so lane q·J + j meets pair p + j of both.
+ *     The J lanes of a row are added at the end. Every lane does work at any n.
  *
  * Products of BF16 values are exact in F32 and the sums are F32 (vdpbf16ps flushes
  * denormal inputs and results to zero, as BF16 hardware does; x's lowest term is 2⁻¹⁶ of
@@ -30,9 +35,6 @@
 
 #define DP_MR 12 /* x rows of the large kernel's register tile */
 #define DP_SR 8  /* weight rows (streams) of the small kernel */
-#ifndef DP_PF
-#define DP_PF 1024
-#endif
 #ifndef DP_KC
 #define DP_KC 64 /* pairs of K per pass: both kernels' sums are chains of at most 64 pairs
                   * (x terms) added into y chunk by chunk, as a blocked BLAS sums (one chain
@@ -44,11 +46,19 @@ int cs_cpu_has_avx512_bf16(void) {
     return cs_cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
+/* lanes per row of x in the lane kernel: 16 / np, np = n rounded up to a power of two */
+static int lane_j(int n) {
+    int np = 1;
+    while (np < n) np *= 2;
+    return 16 / np;
+}
+
 /* pairs per row of packed x (K padded to whole 32-column tiles, as the weight tiles are) */
 static int kpairs(int K) { return (K + 31) / 32 * 16; }
 
 size_t cs_dpbf16_xp_len(int n, int K, int terms) {
     size_t kp = (size_t)kpairs(K);
+    if (n <= CS_DP_LANE_N) return kp * (size_t)(16 / lane_j(n)) * (size_t)terms * 2; /* kp · np pairs */
     if (n <= CS_DP_SMALL_N) return (size_t)(n + 15) / 16 * kp * (size_t)terms * 32; /* bf16 elements */
     return (size_t)((n + DP_MR - 1) / DP_MR) * kp * DP_MR * (size_t)terms * 2;
 }
@@ -60,13 +70,14 @@ size_t cs_dpbf16_wp_len(int n, int rows, int K) {
 
 /* Packed x, large n: row tiles of DP_MR rows; within one, for each pair p, the DP_MR rows'
  * terms: uint32 at ((tile · KP + p) · DP_MR + m) · terms + t. Small n: groups of 16 rows;
- * uint32 at ((t · G + g) · KP + p) · 16 + m for group g of G, row m of it. Rows past n and
+ * uint32 at ((t · G + g) · KP + p) · 16 + m for group g of G, row m of it. n ≤
+ * CS_DP_LANE_N: uint32 at (t · KP / J + p / J) · 16 + m · J + p % J. Rows past n and
  * columns past K are zero. */
 DPBF16 void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, int r0, int r1) {
     int kp_n = kpairs(K), kb_n = kp_n / 16;
     uint32_t *xq = (uint32_t *)xp;
-    bool small = n <= CS_DP_SMALL_N;
-    int groups = (n + 15) / 16;
+    bool small = n <= CS_DP_SMALL_N, lanes = n <= CS_DP_LANE_N;
+    int groups = (n + 15) / 16, J = lanes ? lane_j(n) : 1;
     for (int m = r0; m < r1; m++)
         for (int kb = 0; kb < kb_n; kb++) {
             __m512i v[3];
@@ -84,7 +95,8 @@ DPBF16 void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int ter
                 _mm512_store_si512(pairs, v[t]);
                 for (int p = 0; p < 16; p++) {
                     size_t kp = (size_t)kb * 16 + p, at;
-                    if (small) at = (((size_t)t * groups + m / 16) * kp_n + kp) * 16 + m % 16;
+                    if (lanes) at = ((size_t)t * (kp_n / J) + kp / J) * 16 + (size_t)m * J + kp % J;
+                    else if (small) at = (((size_t)t * groups + m / 16) * kp_n + kp) * 16 + m % 16;
                     else at = (((size_t)(m / DP_MR) * kp_n + kp) * DP_MR + m % DP_MR) * terms + t;
                     xq[at] = pairs[p];
                 }
@@ -150,17 +162,25 @@ DPBF16 static void large_tile(float *y, int ldy, const uint32_t *xt, const uint1
     else { LARGE_ALL(3) }
 }
 
+/* Prefetch of the small and lane kernels, measured on a Zen 4 (1 thread, 32- to 128-row
+ * tasks): each row's line one tile ahead into L2 (T0, or shorter distances, ran 1.1-1.5x
+ * slower at n ≤ 16, where the weights' bytes bound the kernel). A tile of rows from
+ * separate stretches (streams, wstride > K) fetches the next row of each stream, K bf16 on;
+ * a tile of adjacent rows the same row of the next tile, DP_SR rows on. */
+INLINE size_t tile_pf(int K, size_t wstride) { return (wstride == (size_t)K ? (size_t)DP_SR : 1u) * (size_t)K * 2; }
+
 /* the small kernel: R weight rows (pairs broadcast from the row-major weights at wr[r],
  * uint32 per pair, kp_full whole pairs, then one half pair when K is odd) against G groups
  * of 16 x rows; y[m][r] for m < n */
-DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups, int kp_n, const uint16_t *w, int K,
-                              const int R, const int G, const int T, int n, int p0, int p1, float *sums) {
+DPBF16 INLINE void tile_small(float *y, int ldy, int ystride, const uint32_t *xq, int groups, int kp_n,
+                              const uint16_t *w, size_t wstride, int K, const int R, const int G, const int T, int n,
+                              int p0, int p1, float *sums) {
     __m512 acc[DP_SR][2];
     const uint16_t *wr[DP_SR];
     int full = K / 2;
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-        wr[r] = w + (size_t)r * K;
+        wr[r] = w + (size_t)r * wstride;
 #pragma GCC unroll 2
         for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
     }
@@ -171,12 +191,9 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
 #pragma GCC unroll 2
             for (int g = 0; g < G; g++) xv[t][g] = _mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + p) * 16);
         if ((p & 15) == 0) {
-            /* DP_PF bytes on in each row; past a row's end, the same place in the row DP_SR
-             * on (the next tile's), so a tile starts with its rows' first lines on their way */
-            size_t off = (size_t)p * 4 + DP_PF;
-            if (off >= (size_t)K * 2) off += (size_t)(DP_SR - 1) * K * 2;
+            size_t off = (size_t)p * 4 + tile_pf(K, wstride);
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)wr[r] + off, _MM_HINT_T0);
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)wr[r] + off, _MM_HINT_T1);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
@@ -202,7 +219,7 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
     if (K & 1) { /* the last column alone: its partner in x is zero, so pair it with 0 */
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            __m512i a = _mm512_set1_epi32((int)(uint32_t)w[(size_t)r * K + K - 1]);
+            __m512i a = _mm512_set1_epi32((int)(uint32_t)wr[r][K - 1]);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++)
 #pragma GCC unroll 2
@@ -211,26 +228,142 @@ DPBF16 INLINE void tile_small(float *y, int ldy, const uint32_t *xq, int groups,
                                                  as_bh(_mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + full) * 16)));
         }
     }
-    float tmp[16] __attribute__((aligned(64)));
+    float tmp[DP_SR][32] __attribute__((aligned(64)));
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
-        for (int g = 0; g < G; g++) {
-            _mm512_store_ps(tmp, acc[r][g]);
-            int mm = CS_MIN(16, n - g * 16);
-            for (int i = 0; i < mm; i++) y[(size_t)(g * 16 + i) * ldy + r] = tmp[i];
-        }
+        for (int g = 0; g < G; g++) _mm512_store_ps(&tmp[r][g * 16], acc[r][g]);
+    if (G == 2 && ystride == 1) {
+        /* y's rows are ldy apart (4 KiB for a 1024-row weight: one L1 set for all 32), so
+         * each row of x gets its R sums in one store, not R scalar ones: 1.19-1.27x on
+         * 1024-row weights at n = 32 (Zen 4). At n ≤ 16 the gathers cost more than the
+         * conflicts. */
+        const __m256i idx = _mm256_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224);
+        const __mmask8 rm = (__mmask8)((1u << R) - 1);
+        for (int i = 0; i < n; i++)
+            _mm256_mask_storeu_ps(y + (size_t)i * ldy, rm,
+                                  _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), rm, idx, &tmp[0][i], 4));
+        return;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < n; i++) y[(size_t)i * ldy + (size_t)r * ystride] = tmp[r][i];
 }
 
-#define SMALL_CASE(R, G, T) case R: tile_small(y, ldy, xq, groups, kp_n, w, K, R, G, T, n, p0, p1, sums); break
+#define SMALL_CASE(R, G, T) \
+    case R: tile_small(y, ldy, ystride, xq, groups, kp_n, w, wstride, K, R, G, T, n, p0, p1, sums); break
 #define SMALL_ALL(G, T)                                                                                      \
     switch (rows) {                                                                                          \
         SMALL_CASE(1, G, T); SMALL_CASE(2, G, T); SMALL_CASE(3, G, T); SMALL_CASE(4, G, T);                  \
         SMALL_CASE(5, G, T); SMALL_CASE(6, G, T); SMALL_CASE(7, G, T); default: SMALL_CASE(8, G, T);        \
     }
 
-DPBF16 static void small_rows(float *y, int ldy, const uint32_t *xq, int groups, int kp_n, const uint16_t *w, int K,
-                              int rows, int terms, int n, int p0, int p1, float *sums) {
+/* J consecutive pairs of a weight row in every J lanes: clipped to `elems` bf16 (the row's
+ * end; past it, zeros, never a load of the next row's or past the matrix) when elems < 2J */
+DPBF16 INLINE __m512i bcast_pairs(const uint16_t *p, const int J, int elems) {
+    if (elems >= 2 * J) {
+        if (J == 2) {
+            long long v;
+            memcpy(&v, p, sizeof v);
+            return _mm512_set1_epi64(v);
+        }
+        if (J == 4) return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+        if (J == 8) return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+        return _mm512_loadu_si512(p);
+    }
+    __m512i v = _mm512_maskz_loadu_epi16((__mmask32)((1ull << elems) - 1), p);
+    if (J == 2) return _mm512_broadcastq_epi64(_mm512_castsi512_si128(v));
+    if (J == 4) return _mm512_broadcast_i32x4(_mm512_castsi512_si128(v));
+    if (J == 8) return _mm512_broadcast_i64x4(_mm512_castsi512_si256(v));
+    return v;
+}
+
+/* the lane kernel: R weight rows, wstride bf16 apart (their sums ystride apart in y),
+ * against x's n rows in J lanes each, pairs [p0, p1) (p0 a multiple of 16, so of J); y[m][r]
+ * for m < n */
+DPBF16 INLINE void tile_lanes(float *y, int ldy, int ystride, const uint32_t *xq, int kp_n, const uint16_t *w,
+                              size_t wstride, int K, const int R, const int J, const int T, int n, int p0, int p1,
+                              float *sums) {
+    __m512 acc[DP_SR];
+    const uint16_t *wr[DP_SR];
+    int steps = kp_n / J, kq = (K + 1) / 2; /* pairs with a column of w in them */
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        wr[r] = w + (size_t)r * wstride;
+        acc[r] = _mm512_setzero_ps();
+    }
+    int p = p0;
+    for (; p < p1 && 2 * (p + J) <= K; p += J) { /* whole steps inside the row */
+        __m512i xv[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) xv[t] = _mm512_load_si512(xq + ((size_t)t * steps + p / J) * 16);
+        if ((p & 15) == 0) { /* as tile_small */
+            size_t off = (size_t)p * 4 + tile_pf(K, wstride);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)wr[r] + off, _MM_HINT_T1);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512i a = bcast_pairs(wr[r] + 2 * p, J, 2 * J);
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[r] = _mm512_dpbf16_ps(acc[r], as_bh(a), as_bh(xv[t]));
+        }
+    }
+    if (p < p1 && p < kq) { /* the step over the row's end: its columns, then zeros */
+        __m512i xv[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) xv[t] = _mm512_load_si512(xq + ((size_t)t * steps + p / J) * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512i a = bcast_pairs(wr[r] + 2 * p, J, K - 2 * p);
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[r] = _mm512_dpbf16_ps(acc[r], as_bh(a), as_bh(xv[t]));
+        }
+        p = p1;
+    }
+    if (p0)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r] = _mm512_add_ps(_mm512_load_ps(sums + r * 16), acc[r]);
+    if (p1 < kq) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) _mm512_store_ps(sums + r * 16, acc[r]);
+        return;
+    }
+    float tmp[DP_SR][16] __attribute__((aligned(64)));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) _mm512_store_ps(tmp[r], acc[r]);
+    for (int m = 0; m < n; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            float v = tmp[r][m * J];
+            for (int j = 1; j < J; j++) v += tmp[r][m * J + j];
+            y[(size_t)m * ldy + (size_t)r * ystride] = v;
+        }
+}
+
+#define LANES_CASE(R, J, T) \
+    case R: tile_lanes(y, ldy, ystride, xq, kp_n, w, wstride, K, R, J, T, n, p0, p1, sums); break
+#define LANES_ALL(J, T)                                                                                     \
+    switch (rows) {                                                                                         \
+        LANES_CASE(1, J, T); LANES_CASE(2, J, T); LANES_CASE(3, J, T); LANES_CASE(4, J, T);                 \
+        LANES_CASE(5, J, T); LANES_CASE(6, J, T); LANES_CASE(7, J, T); default: LANES_CASE(8, J, T);       \
+    }
+#define LANES_T(J) \
+    if (terms == 1) { LANES_ALL(J, 1) } else if (terms == 2) { LANES_ALL(J, 2) } else { LANES_ALL(J, 3) }
+
+DPBF16 static void lane_rows(float *y, int ldy, int ystride, const uint32_t *xq, int kp_n, const uint16_t *w,
+                             size_t wstride, int K, int rows, int terms, int n, int p0, int p1, float *sums) {
+    switch (lane_j(n)) {
+    case 2: LANES_T(2) break;
+    case 4: LANES_T(4) break;
+    case 8: LANES_T(8) break;
+    default: LANES_T(16) break;
+    }
+}
+
+DPBF16 static void small_rows(float *y, int ldy, int ystride, const uint32_t *xq, int groups, int kp_n,
+                              const uint16_t *w, size_t wstride, int K, int rows, int terms, int n, int p0, int p1,
+                              float *sums) {
     if (groups == 1) {
         if (terms == 1) { SMALL_ALL(1, 1) } else if (terms == 2) { SMALL_ALL(1, 2) } else { SMALL_ALL(1, 3) }
     } else {
@@ -241,18 +374,46 @@ DPBF16 static void small_rows(float *y, int ldy, const uint32_t *xq, int groups,
 DPBF16 void cs_gemm_dpbf16(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0,
                            int r1, uint16_t *wp) {
     int K = w->cols, kp_n = kpairs(K);
+    if (n <= CS_DP_LANE_N) {
+        /* memory-bound: DP_SR rows at a time from DP_SR separate stretches of [r0, r1), so
+         * each stream reads on sequentially (as the GEMV's), the rows left over as one
+         * tile; each tile over K in chunks of DP_KC pairs, as below */
+        int kq = (K + 1) / 2, per = (r1 - r0) / DP_SR;
+        float *sums = (float *)wp;
+        const uint16_t *wd = (const uint16_t *)w->data;
+        for (int g = 0; g < per; g++)
+            for (int p0 = 0; p0 < kq || p0 == 0; p0 += DP_KC)
+                lane_rows(y + r0 + g, ldy, per, (const uint32_t *)xp, kp_n, wd + (size_t)(r0 + g) * K, (size_t)per * K,
+                          K, DP_SR, terms, n, p0, CS_MIN(kq, p0 + DP_KC), sums);
+        for (int r = r0 + per * DP_SR; r < r1; r += DP_SR)
+            for (int p0 = 0; p0 < kq || p0 == 0; p0 += DP_KC)
+                lane_rows(y + r, ldy, 1, (const uint32_t *)xp, kp_n, wd + (size_t)r * K, K, K, CS_MIN(DP_SR, r1 - r),
+                          terms, n, p0, CS_MIN(kq, p0 + DP_KC), sums);
+        return;
+    }
     if (n <= CS_DP_SMALL_N) {
         /* each tile of DP_SR rows streams its rows over all of K, chunk by chunk (DP_KC pairs,
          * the chunk's sums added to the ones before in wp, as a blocked BLAS sums), with x
          * from L2. Chunks outermost instead (the chunk of x in L1 while every tile passes
          * over it) gives the same bits and ran 1.024-1.044x slower on a Zen 4 (paired, n =
-         * 8, 16, 32): the weights are the stream that matters. */
+         * 8, 16, 32): the weights are the stream that matters. One group of x (n ≤ 16): the
+         * tiles' rows from DP_SR streams, as the lane kernel's; two (compute-bound) keep
+         * adjacent rows, so that y's stores can take each row of x's sums at once. */
         int groups = (n + 15) / 16, full = K / 2;
         float *sums = (float *)wp;
-        for (int r = r0; r < r1; r += DP_SR)
+        const uint16_t *wd = (const uint16_t *)w->data;
+        int per = groups == 1 ? (r1 - r0) / DP_SR : 0;
+        for (int g = 0; g < per; g++)
             for (int p0 = 0; p0 < full || p0 == 0; p0 += DP_KC) {
                 int p1 = CS_MIN(full, p0 + DP_KC);
-                small_rows(y + r, ldy, (const uint32_t *)xp, groups, kp_n, (const uint16_t *)w->data + (size_t)r * K, K,
+                small_rows(y + r0 + g, ldy, per, (const uint32_t *)xp, groups, kp_n, wd + (size_t)(r0 + g) * K,
+                           (size_t)per * K, K, DP_SR, terms, n, p0, p1, sums);
+                if (p1 >= full) break;
+            }
+        for (int r = r0 + per * DP_SR; r < r1; r += DP_SR)
+            for (int p0 = 0; p0 < full || p0 == 0; p0 += DP_KC) {
+                int p1 = CS_MIN(full, p0 + DP_KC);
+                small_rows(y + r, ldy, 1, (const uint32_t *)xp, groups, kp_n, wd + (size_t)r * K, K, K,
                            CS_MIN(DP_SR, r1 - r), terms, n, p0, p1, sums);
                 if (p1 >= full) break;
             }

@@ -105,17 +105,23 @@ void cs_gemm_bf16_amx(float *y, int ldy, const uint16_t *xp, int n, int terms, c
  * --precision bf16 mode; 2; 3: exact), products accumulated in F32 by vdpbf16ps. */
 int cs_cpu_has_avx512_bf16(void);
 #define CS_DP_SMALL_N 32 /* up to here: W's pairs broadcast from the weights in place, x in the lanes */
+#define CS_DP_LANE_N 8   /* up to here: each row of x in 16 / np lanes (np: n to a power of two) */
 /* bf16 elements of packed x for n rows, and of the weight scratch a call over `rows` rows needs */
 size_t cs_dpbf16_xp_len(int n, int K, int terms);
 size_t cs_dpbf16_wp_len(int n, int rows, int K);
 /* pack rows [r0, r1) of x (n, K) into xp (64-byte aligned, zeroed past n where r1 reaches the
- * padded end: (n + 15) / 16 * 16 rows for n ≤ CS_DP_SMALL_N, else (n + 11) / 12 * 12) */
+ * padded end: n to a power of two for n ≤ CS_DP_LANE_N, (n + 15) / 16 * 16 rows for n ≤
+ * CS_DP_SMALL_N, else (n + 11) / 12 * 12) */
 void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int terms, int r0, int r1);
 /* y[i, r] for i < n, r in [r0, r1); ldy in floats; wp: scratch of cs_dpbf16_wp_len bf16,
  * 64-byte aligned */
 void cs_gemm_dpbf16(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0, int r1,
                     uint16_t *wp);
 /* rows of packed x, with the padding */
-static inline int cs_dpbf16_padded_rows(int n) { return n <= CS_DP_SMALL_N ? (n + 15) / 16 * 16 : (n + 11) / 12 * 12; }
+static inline int cs_dpbf16_padded_rows(int n) {
+    int np = 1;
+    while (np < n) np *= 2;
+    return n <= CS_DP_LANE_N ? np : n <= CS_DP_SMALL_N ? (n + 15) / 16 * 16 : (n + 11) / 12 * 12;
+}
 
 #endif

@@ -152,7 +152,12 @@ END_TEST
 START_TEST(test_gemm_dpbf16) {
     if (!cs_cpu_has_avx512_bf16()) return;
     static const int shapes[][3] = {{2, 16, 32}, {5, 9, 7}, {16, 33, 64}, {17, 40, 31}, {32, 64, 64}, {33, 100, 333},
-                                    {40, 31, 2}, {70, 100, 333}, {130, 96, 1000}, {8, 40, 1001}, {32, 24, 2816}};
+                                    {40, 31, 2}, {70, 100, 333}, {130, 96, 1000}, {8, 40, 1001}, {32, 24, 2816},
+                                    /* the lane kernel (n ≤ 8): every J, the row's end inside a step */
+                                    {1, 17, 45}, {1, 9, 64}, {2, 5, 33}, {3, 20, 130}, {4, 33, 66}, {4, 8, 5},
+                                    {6, 8, 3}, {7, 50, 1024}, {8, 19, 2}, {8, 64, 160},
+                                    /* one group of 16 (rows from streams) with an odd K */
+                                    {12, 40, 31}, {16, 37, 123}};
     for (size_t s = 0; s < CS_ARRAY_LEN(shapes); s++)
         for (int terms = 1; terms <= 3; terms++) {
             int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
