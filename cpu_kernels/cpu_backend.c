@@ -316,6 +316,43 @@ static void mm_multi_task(void *p, int task, int thread) {
     j->fn(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
 }
 
+static void add_biases(float *const *ys, int n, const cs_weight_t *const *ws, const float *const *biases, int count) {
+    for (int k = 0; k < count; k++)
+        if (biases[k])
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < ws[k]->rows; r++) ys[k][(size_t)i * ws[k]->rows + r] += biases[k][r];
+}
+
+/* --precision bf16, AVX512-BF16, a few rows (batched decode): x packed once for all the
+ * weights, then their row blocks in one pool dispatch */
+struct mm_dp_multi_job {
+    cpu_ctx_t *c;
+    float *const *ys;
+    int n, count, rows_per_task;
+    const cs_weight_t *const *ws;
+    int task0[MM_MULTI_MAX + 1];
+};
+
+static void mm_dp_multi_task(void *p, int task, int thread) {
+    struct mm_dp_multi_job *j = p;
+    int k = 0;
+    while (task >= j->task0[k + 1]) k++;
+    const cs_weight_t *w = j->ws[k];
+    int r0 = (task - j->task0[k]) * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows);
+    cs_gemm_dpbf16(j->ys[k], w->rows, j->c->xpack, j->n, 1, w, r0, r1, (uint16_t *)j->c->scratch[thread]);
+}
+
+static void mm_dp_multi(cpu_ctx_t *c, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
+                        int count) {
+    int K = ws[0]->cols;
+    struct mm_dp_multi_job j = {c, ys, n, count, n <= 16 ? 64 : 32, ws, {0}};
+    xpack_reserve(c, cs_dpbf16_xp_len(n, K, 1));
+    cs_dpbf16_pack_x(c->xpack, x, n, K, 1, 0, cs_dpbf16_padded_rows(n));
+    scratch_reserve(c, (cs_dpbf16_wp_len(n, j.rows_per_task, K) + 1) / 2 + 16);
+    for (int k = 0; k < count; k++) j.task0[k + 1] = j.task0[k] + (ws[k]->rows + j.rows_per_task - 1) / j.rows_per_task;
+    threadpool_run(c->pool, j.task0[count], mm_dp_multi_task, &j);
+}
+
 static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
                              const float *const *biases, int count) {
     cpu_ctx_t *c = ctx_of(b);
@@ -323,6 +360,12 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
     if (c->prec_bf16) { /* rounded once for all (all BF16, n = 1), or one matmul at a time */
         int nb = 0;
         for (int k = 0; k < count; k++) nb += ws[k]->dtype == CS_DTYPE_BF16;
+        if (nb == count && n >= 2 && n <= CS_DP_SMALL_N && count <= MM_MULTI_MAX && c->dpbf16 && !c->amx &&
+            !c->reference && !c->invariant) {
+            mm_dp_multi(c, ys, x, n, ws, count);
+            add_biases(ys, n, ws, biases, count);
+            return;
+        }
         if (nb && (nb < count || n >= 2 || c->reference || c->invariant)) {
             for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x, n, ws[k], biases[k]);
             return;
@@ -352,10 +395,7 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
         j.task0[k + 1] = j.task0[k] + (ws[k]->rows + per - 1) / per;
     }
     threadpool_run(c->pool, j.task0[count], mm_multi_task, &j);
-    for (int k = 0; k < count; k++)
-        if (biases[k])
-            for (int i = 0; i < n; i++)
-                for (int r = 0; r < ws[k]->rows; r++) ys[k][(size_t)i * ws[k]->rows + r] += biases[k][r];
+    add_biases(ys, n, ws, biases, count);
 }
 
 /* ---- rmsnorm ---- */
@@ -612,6 +652,10 @@ struct pattn_job {
     int n_dec, bs, nh, nkv, hd, window;
 };
 
+#ifndef PATTN_PF
+#define PATTN_PF 32 /* keys ahead */
+#endif
+
 /* scores s[t - first] = scale · q·k_t and out = Σ p_t v_t over the keys [first, last] of a
  * paged sequence, with q and the output accumulator held in NV registers (head_dim 16·NV).
  * Four keys' dot products run side by side (one FMA chain each would wait on the last), and
@@ -623,47 +667,76 @@ pattn_head_nv(float *oh, float *s, const float *qh, const void *k, const void *v
     __m512 q[8], acc[2][8];
     const size_t esz = bf16 ? 2 : 4;
     const int lines = bf16 ? (NV + 1) / 2 : NV; /* cache lines of one head's row */
+#pragma GCC unroll 8
     for (int c = 0; c < NV; c++) q[c] = _mm512_loadu_ps(qh + 16 * c);
+    /* One head's slice of a row is a line or two, rows kv_dim apart: no hardware prefetcher
+     * follows that, and a key's few FMAs take far less than a DRAM round trip. So the score
+     * pass has the key rows PATTN_PF keys ahead on their way into L1, and the value rows of
+     * the same keys into L2 for the value pass (which then prefetches them on into L1, a few
+     * keys ahead). The first PATTN_PF keys' rows are asked for before the loop. */
+    for (int t = first; t <= last && t < first + PATTN_PF; t++) {
+        size_t o = (cs_paged_row(blocks, bs, t) * kv_dim + off) * esz;
+#pragma GCC unroll 8
+        for (int c = 0; c < lines; c++) {
+            _mm_prefetch((const char *)k + o + 64 * c, _MM_HINT_T0);
+            _mm_prefetch((const char *)v + o + 64 * c, _MM_HINT_T1);
+        }
+    }
     int t = first;
     for (; t + 4 <= last + 1; t += 4) {
         size_t kr[4];
         __m512 d[4];
+#pragma GCC unroll 4
         for (int u = 0; u < 4; u++) {
             kr[u] = cs_paged_row(blocks, bs, t + u) * kv_dim + off;
             d[u] = _mm512_mul_ps(q[0], kv_load16(k, kr[u], bf16));
-            if (t + u + 8 <= last) { /* the key rows two steps on (scattered rows: no hardware prefetch) */
-                const char *nx = (const char *)k + (cs_paged_row(blocks, bs, t + u + 8) * kv_dim + off) * esz;
-                for (int c = 0; c < lines; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+            if (t + u + PATTN_PF <= last) {
+                size_t o = (cs_paged_row(blocks, bs, t + u + PATTN_PF) * kv_dim + off) * esz;
+#pragma GCC unroll 8
+                for (int c = 0; c < lines; c++) {
+                    _mm_prefetch((const char *)k + o + 64 * c, _MM_HINT_T0);
+                    _mm_prefetch((const char *)v + o + 64 * c, _MM_HINT_T1);
+                }
             }
         }
+#pragma GCC unroll 8
         for (int c = 1; c < NV; c++)
+#pragma GCC unroll 4
             for (int u = 0; u < 4; u++) d[u] = _mm512_fmadd_ps(q[c], kv_load16(k, kr[u] + 16 * (size_t)c, bf16), d[u]);
+#pragma GCC unroll 4
         for (int u = 0; u < 4; u++) s[t + u - first] = _mm512_reduce_add_ps(d[u]) * scale;
     }
     for (; t <= last; t++) {
         size_t kr = cs_paged_row(blocks, bs, t) * kv_dim + off;
         __m512 d = _mm512_mul_ps(q[0], kv_load16(k, kr, bf16));
+#pragma GCC unroll 8
         for (int c = 1; c < NV; c++) d = _mm512_fmadd_ps(q[c], kv_load16(k, kr + 16 * (size_t)c, bf16), d);
         s[t - first] = _mm512_reduce_add_ps(d) * scale;
     }
     softmax_avx512(s, last - first + 1);
+#pragma GCC unroll 8
     for (int c = 0; c < NV; c++) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
     for (t = first; t <= last; t += 2) {
         bool two = t + 1 <= last;
+#pragma GCC unroll 4
         for (int u = 0; u < 2; u++)
             if (t + u + 4 <= last) {
                 const char *nx = (const char *)v + (cs_paged_row(blocks, bs, t + u + 4) * kv_dim + off) * esz;
+#pragma GCC unroll 8
                 for (int c = 0; c < lines; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
             }
         size_t v0 = cs_paged_row(blocks, bs, t) * kv_dim + off;
         __m512 w0 = _mm512_set1_ps(s[t - first]);
+#pragma GCC unroll 8
         for (int c = 0; c < NV; c++) acc[0][c] = _mm512_fmadd_ps(w0, kv_load16(v, v0 + 16 * (size_t)c, bf16), acc[0][c]);
         if (two) {
             size_t v1 = cs_paged_row(blocks, bs, t + 1) * kv_dim + off;
             __m512 w1 = _mm512_set1_ps(s[t + 1 - first]);
+#pragma GCC unroll 8
             for (int c = 0; c < NV; c++) acc[1][c] = _mm512_fmadd_ps(w1, kv_load16(v, v1 + 16 * (size_t)c, bf16), acc[1][c]);
         }
     }
+#pragma GCC unroll 8
     for (int c = 0; c < NV; c++) _mm512_storeu_ps(oh + 16 * c, _mm512_add_ps(acc[0][c], acc[1][c]));
 }
 
@@ -672,9 +745,12 @@ __attribute__((target("avx512f"))) static bool pattn_head_fixed(float *oh, float
                                                                 const void *v, bool bf16, const int32_t *blocks, int bs,
                                                                 int first, int last, size_t kv_dim, size_t off,
                                                                 float scale, int hd) {
+    /* the engine's block size as a constant: a shift and a mask per row, not a division */
 #define PATTN_NV(NV)                                                                                    \
     do {                                                                                                \
-        if (bf16) pattn_head_nv(oh, s, qh, k, v, blocks, bs, first, last, kv_dim, off, scale, NV, true); \
+        if (bf16 && bs == 16) pattn_head_nv(oh, s, qh, k, v, blocks, 16, first, last, kv_dim, off, scale, NV, true); \
+        else if (bf16) pattn_head_nv(oh, s, qh, k, v, blocks, bs, first, last, kv_dim, off, scale, NV, true); \
+        else if (bs == 16) pattn_head_nv(oh, s, qh, k, v, blocks, 16, first, last, kv_dim, off, scale, NV, false); \
         else pattn_head_nv(oh, s, qh, k, v, blocks, bs, first, last, kv_dim, off, scale, NV, false);     \
         return true;                                                                                    \
     } while (0)

@@ -64,7 +64,7 @@ size_t cs_dpbf16_xp_len(int n, int K, int terms) {
 }
 
 size_t cs_dpbf16_wp_len(int n, int rows, int K) {
-    if (n <= CS_DP_SMALL_N) return (size_t)DP_SR * 2 * 16 * 2; /* F32 partial sums of the one tile in flight */
+    if (n <= CS_DP_SMALL_N) return 0; /* the small kernels keep their partial sums in registers */
     return (size_t)(rows + 31) / 32 * 2 * (size_t)((K + 31) / 32) * VNNI_TILE_ELEMS;
 }
 
@@ -78,6 +78,9 @@ DPBF16 void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int ter
     uint32_t *xq = (uint32_t *)xp;
     bool small = n <= CS_DP_SMALL_N, lanes = n <= CS_DP_LANE_N;
     int groups = (n + 15) / 16, J = lanes ? lane_j(n) : 1;
+    size_t idx[16]; /* where pair p of a 16-pair block goes, from the block's place */
+    for (int p = 0; p < 16; p++)
+        idx[p] = lanes ? (size_t)(p / J * 16 + p % J) : small ? (size_t)p * 16 : (size_t)p * DP_MR * (size_t)terms;
     for (int m = r0; m < r1; m++)
         for (int kb = 0; kb < kb_n; kb++) {
             __m512i v[3];
@@ -93,13 +96,11 @@ DPBF16 void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int ter
             for (int t = 0; t < terms; t++) {
                 uint32_t pairs[16] __attribute__((aligned(64)));
                 _mm512_store_si512(pairs, v[t]);
-                for (int p = 0; p < 16; p++) {
-                    size_t kp = (size_t)kb * 16 + p, at;
-                    if (lanes) at = ((size_t)t * (kp_n / J) + kp / J) * 16 + (size_t)m * J + kp % J;
-                    else if (small) at = (((size_t)t * groups + m / 16) * kp_n + kp) * 16 + m % 16;
-                    else at = (((size_t)(m / DP_MR) * kp_n + kp) * DP_MR + m % DP_MR) * terms + t;
-                    xq[at] = pairs[p];
-                }
+                size_t kp = (size_t)kb * 16, at;
+                if (lanes) at = ((size_t)t * (kp_n / J) + kp / J) * 16 + (size_t)m * J;
+                else if (small) at = (((size_t)t * groups + m / 16) * kp_n + kp) * 16 + m % 16;
+                else at = (((size_t)(m / DP_MR) * kp_n + kp) * DP_MR + m % DP_MR) * terms + t;
+                for (int p = 0; p < 16; p++) xq[at + idx[p]] = pairs[p];
             }
         }
 }
@@ -170,69 +171,69 @@ DPBF16 static void large_tile(float *y, int ldy, const uint32_t *xt, const uint1
 INLINE size_t tile_pf(int K, size_t wstride) { return (wstride == (size_t)K ? (size_t)DP_SR : 1u) * (size_t)K * 2; }
 
 /* the small kernel: R weight rows (pairs broadcast from the row-major weights at wr[r],
- * uint32 per pair, kp_full whole pairs, then one half pair when K is odd) against G groups
- * of 16 x rows; y[m][r] for m < n */
+ * wstride bf16 apart, their sums ystride apart in y; uint32 per pair, K / 2 whole pairs,
+ * then one half pair when K is odd) against G groups of 16 x rows, over all of K in chunks
+ * of DP_KC pairs (each chunk's chain added to the chunks' before it); y[m][r] for m < n */
 DPBF16 INLINE void tile_small(float *y, int ldy, int ystride, const uint32_t *xq, int groups, int kp_n,
-                              const uint16_t *w, size_t wstride, int K, const int R, const int G, const int T, int n,
-                              int p0, int p1, float *sums) {
-    __m512 acc[DP_SR][2];
+                              const uint16_t *w, size_t wstride, int K, const int R, const int G, const int T, int n) {
+    __m512 acc[DP_SR][2], tot[DP_SR][2];
     const uint16_t *wr[DP_SR];
     int full = K / 2;
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         wr[r] = w + (size_t)r * wstride;
 #pragma GCC unroll 2
-        for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
+        for (int g = 0; g < G; g++) tot[r][g] = _mm512_setzero_ps();
     }
-    for (int p = p0; p < p1; p++) {
-        __m512i xv[3][2];
-#pragma GCC unroll 3
-        for (int t = 0; t < T; t++)
-#pragma GCC unroll 2
-            for (int g = 0; g < G; g++) xv[t][g] = _mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + p) * 16);
-        if ((p & 15) == 0) {
-            size_t off = (size_t)p * 4 + tile_pf(K, wstride);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)wr[r] + off, _MM_HINT_T1);
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m512i a = _mm512_set1_epi32((int)pair_at(wr[r] + 2 * p));
-#pragma GCC unroll 3
-            for (int t = 0; t < T; t++)
-#pragma GCC unroll 2
-                for (int g = 0; g < G; g++) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(a), as_bh(xv[t][g]));
-        }
-    }
-    if (p0) /* this chunk's chain added to the sums of the chunks before */
+    for (int p0 = 0; p0 < full || p0 == 0; p0 += DP_KC) {
+        int p1 = CS_MIN(full, p0 + DP_KC);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
-            for (int g = 0; g < G; g++) acc[r][g] = _mm512_add_ps(_mm512_load_ps(sums + (r * 2 + g) * 16), acc[r][g]);
-    if (p1 < full) { /* more chunks to come */
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-            for (int g = 0; g < G; g++) _mm512_store_ps(sums + (r * 2 + g) * 16, acc[r][g]);
-        return;
-    }
-    if (K & 1) { /* the last column alone: its partner in x is zero, so pair it with 0 */
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m512i a = _mm512_set1_epi32((int)(uint32_t)wr[r][K - 1]);
+            for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
+        for (int p = p0; p < p1; p++) {
+            __m512i xv[3][2];
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++)
 #pragma GCC unroll 2
                 for (int g = 0; g < G; g++)
-                    acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(a),
-                                                 as_bh(_mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + full) * 16)));
+                    xv[t][g] = _mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + p) * 16);
+            if ((p & 15) == 0) {
+                size_t off = (size_t)p * 4 + tile_pf(K, wstride);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) _mm_prefetch((const char *)wr[r] + off, _MM_HINT_T1);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512i a = _mm512_set1_epi32((int)pair_at(wr[r] + 2 * p));
+#pragma GCC unroll 3
+                for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+                    for (int g = 0; g < G; g++) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(a), as_bh(xv[t][g]));
+            }
         }
+        if ((K & 1) && p1 >= full) { /* the last column alone: its partner in x is zero, so pair it with 0 */
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512i a = _mm512_set1_epi32((int)(uint32_t)wr[r][K - 1]);
+#pragma GCC unroll 3
+                for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+                    for (int g = 0; g < G; g++)
+                        acc[r][g] = _mm512_dpbf16_ps(
+                            acc[r][g], as_bh(a), as_bh(_mm512_load_si512(xq + (((size_t)t * groups + g) * kp_n + full) * 16)));
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int g = 0; g < G; g++) tot[r][g] = p0 ? _mm512_add_ps(tot[r][g], acc[r][g]) : acc[r][g];
     }
     float tmp[DP_SR][32] __attribute__((aligned(64)));
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
-        for (int g = 0; g < G; g++) _mm512_store_ps(&tmp[r][g * 16], acc[r][g]);
+        for (int g = 0; g < G; g++) _mm512_store_ps(&tmp[r][g * 16], tot[r][g]);
     if (G == 2 && ystride == 1) {
         /* y's rows are ldy apart (4 KiB for a 1024-row weight: one L1 set for all 32), so
          * each row of x gets its R sums in one store, not R scalar ones: 1.19-1.27x on
@@ -249,14 +250,6 @@ DPBF16 INLINE void tile_small(float *y, int ldy, int ystride, const uint32_t *xq
     for (int r = 0; r < R; r++)
         for (int i = 0; i < n; i++) y[(size_t)i * ldy + (size_t)r * ystride] = tmp[r][i];
 }
-
-#define SMALL_CASE(R, G, T) \
-    case R: tile_small(y, ldy, ystride, xq, groups, kp_n, w, wstride, K, R, G, T, n, p0, p1, sums); break
-#define SMALL_ALL(G, T)                                                                                      \
-    switch (rows) {                                                                                          \
-        SMALL_CASE(1, G, T); SMALL_CASE(2, G, T); SMALL_CASE(3, G, T); SMALL_CASE(4, G, T);                  \
-        SMALL_CASE(5, G, T); SMALL_CASE(6, G, T); SMALL_CASE(7, G, T); default: SMALL_CASE(8, G, T);        \
-    }
 
 /* J consecutive pairs of a weight row in every J lanes: clipped to `elems` bf16 (the row's
  * end; past it, zeros, never a load of the next row's or past the matrix) when elems < 2J */
@@ -279,59 +272,55 @@ DPBF16 INLINE __m512i bcast_pairs(const uint16_t *p, const int J, int elems) {
 }
 
 /* the lane kernel: R weight rows, wstride bf16 apart (their sums ystride apart in y),
- * against x's n rows in J lanes each, pairs [p0, p1) (p0 a multiple of 16, so of J); y[m][r]
- * for m < n */
+ * against x's n rows in J lanes each, over all of K in chunks of DP_KC pairs (each chunk's
+ * chain added to the chunks' before it, in registers); y[m][r] for m < n */
 DPBF16 INLINE void tile_lanes(float *y, int ldy, int ystride, const uint32_t *xq, int kp_n, const uint16_t *w,
-                              size_t wstride, int K, const int R, const int J, const int T, int n, int p0, int p1,
-                              float *sums) {
-    __m512 acc[DP_SR];
+                              size_t wstride, int K, const int R, const int J, const int T, int n) {
+    __m512 acc[DP_SR], tot[DP_SR];
     const uint16_t *wr[DP_SR];
     int steps = kp_n / J, kq = (K + 1) / 2; /* pairs with a column of w in them */
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         wr[r] = w + (size_t)r * wstride;
-        acc[r] = _mm512_setzero_ps();
+        tot[r] = _mm512_setzero_ps();
     }
-    int p = p0;
-    for (; p < p1 && 2 * (p + J) <= K; p += J) { /* whole steps inside the row */
-        __m512i xv[3];
-#pragma GCC unroll 3
-        for (int t = 0; t < T; t++) xv[t] = _mm512_load_si512(xq + ((size_t)t * steps + p / J) * 16);
-        if ((p & 15) == 0) { /* as tile_small */
-            size_t off = (size_t)p * 4 + tile_pf(K, wstride);
+    for (int p0 = 0; p0 == 0 || p0 < kq; p0 += DP_KC) {
+        int p1 = CS_MIN(kq, p0 + DP_KC), p = p0;
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)wr[r] + off, _MM_HINT_T1);
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        for (; p < p1 && 2 * (p + J) <= K; p += J) { /* whole steps inside the row */
+            __m512i xv[3];
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) xv[t] = _mm512_load_si512(xq + ((size_t)t * steps + p / J) * 16);
+            if ((p & 15) == 0) { /* as tile_small */
+                size_t off = (size_t)p * 4 + tile_pf(K, wstride);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) _mm_prefetch((const char *)wr[r] + off, _MM_HINT_T1);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512i a = bcast_pairs(wr[r] + 2 * p, J, 2 * J);
+#pragma GCC unroll 3
+                for (int t = 0; t < T; t++) acc[r] = _mm512_dpbf16_ps(acc[r], as_bh(a), as_bh(xv[t]));
+            }
+        }
+        if (p < p1) { /* the step over the row's end: its columns, then zeros */
+            __m512i xv[3];
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) xv[t] = _mm512_load_si512(xq + ((size_t)t * steps + p / J) * 16);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512i a = bcast_pairs(wr[r] + 2 * p, J, K - 2 * p);
+#pragma GCC unroll 3
+                for (int t = 0; t < T; t++) acc[r] = _mm512_dpbf16_ps(acc[r], as_bh(a), as_bh(xv[t]));
+            }
         }
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m512i a = bcast_pairs(wr[r] + 2 * p, J, 2 * J);
-#pragma GCC unroll 3
-            for (int t = 0; t < T; t++) acc[r] = _mm512_dpbf16_ps(acc[r], as_bh(a), as_bh(xv[t]));
-        }
-    }
-    if (p < p1 && p < kq) { /* the step over the row's end: its columns, then zeros */
-        __m512i xv[3];
-#pragma GCC unroll 3
-        for (int t = 0; t < T; t++) xv[t] = _mm512_load_si512(xq + ((size_t)t * steps + p / J) * 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m512i a = bcast_pairs(wr[r] + 2 * p, J, K - 2 * p);
-#pragma GCC unroll 3
-            for (int t = 0; t < T; t++) acc[r] = _mm512_dpbf16_ps(acc[r], as_bh(a), as_bh(xv[t]));
-        }
-        p = p1;
-    }
-    if (p0)
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) acc[r] = _mm512_add_ps(_mm512_load_ps(sums + r * 16), acc[r]);
-    if (p1 < kq) {
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) _mm512_store_ps(sums + r * 16, acc[r]);
-        return;
+        for (int r = 0; r < R; r++) tot[r] = p0 ? _mm512_add_ps(tot[r], acc[r]) : acc[r];
     }
     float tmp[DP_SR][16] __attribute__((aligned(64)));
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) _mm512_store_ps(tmp[r], acc[r]);
+    for (int r = 0; r < R; r++) _mm512_store_ps(tmp[r], tot[r]);
     for (int m = 0; m < n; m++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
@@ -341,82 +330,86 @@ DPBF16 INLINE void tile_lanes(float *y, int ldy, int ystride, const uint32_t *xq
         }
 }
 
-#define LANES_CASE(R, J, T) \
-    case R: tile_lanes(y, ldy, ystride, xq, kp_n, w, wstride, K, R, J, T, n, p0, p1, sums); break
-#define LANES_ALL(J, T)                                                                                     \
-    switch (rows) {                                                                                         \
-        LANES_CASE(1, J, T); LANES_CASE(2, J, T); LANES_CASE(3, J, T); LANES_CASE(4, J, T);                 \
-        LANES_CASE(5, J, T); LANES_CASE(6, J, T); LANES_CASE(7, J, T); default: LANES_CASE(8, J, T);       \
+/* rows [r0, r1): DP_SR rows at a time from DP_SR separate stretches, so that each stream
+ * reads on sequentially (as the GEMV's), then the rows left over as one tile */
+DPBF16 INLINE void lane_tiles(float *y, int ldy, const uint32_t *xq, int kp_n, const uint16_t *w, int K, int r0,
+                              int r1, const int J, const int T, int n) {
+    int per = (r1 - r0) / DP_SR, r = r0 + per * DP_SR;
+    for (int g = 0; g < per; g++)
+        tile_lanes(y + r0 + g, ldy, per, xq, kp_n, w + (size_t)(r0 + g) * K, (size_t)per * K, K, DP_SR, J, T, n);
+    y += r;
+    w += (size_t)r * K;
+    switch (r1 - r) {
+    case 0: break;
+#define LANES_LEFT(R) case R: tile_lanes(y, ldy, 1, xq, kp_n, w, (size_t)K, K, R, J, T, n); break
+    LANES_LEFT(1); LANES_LEFT(2); LANES_LEFT(3); LANES_LEFT(4); LANES_LEFT(5); LANES_LEFT(6); default: LANES_LEFT(7);
+#undef LANES_LEFT
     }
-#define LANES_T(J) \
-    if (terms == 1) { LANES_ALL(J, 1) } else if (terms == 2) { LANES_ALL(J, 2) } else { LANES_ALL(J, 3) }
+}
 
-DPBF16 static void lane_rows(float *y, int ldy, int ystride, const uint32_t *xq, int kp_n, const uint16_t *w,
-                             size_t wstride, int K, int rows, int terms, int n, int p0, int p1, float *sums) {
+#define LANES_T(J)                                                                                    \
+    if (terms == 1) lane_tiles(y, ldy, xq, kp_n, w, K, r0, r1, J, 1, n);                              \
+    else if (terms == 2) lane_tiles(y, ldy, xq, kp_n, w, K, r0, r1, J, 2, n);                         \
+    else lane_tiles(y, ldy, xq, kp_n, w, K, r0, r1, J, 3, n)
+
+DPBF16 static void lane_rows(float *y, int ldy, const uint32_t *xq, int kp_n, const uint16_t *w, int K, int r0,
+                             int r1, int terms, int n) {
     switch (lane_j(n)) {
-    case 2: LANES_T(2) break;
-    case 4: LANES_T(4) break;
-    case 8: LANES_T(8) break;
-    default: LANES_T(16) break;
+    case 2: LANES_T(2); break;
+    case 4: LANES_T(4); break;
+    case 8: LANES_T(8); break;
+    default: LANES_T(16); break;
+    }
+}
+#undef LANES_T
+
+/* rows [r0, r1) in tiles of DP_SR: one group of x (n ≤ 16, memory-bound) takes them from
+ * DP_SR streams, as the lane kernel; two (compute-bound) keep adjacent rows, so that y's
+ * stores can take each row of x's sums at once */
+DPBF16 INLINE void small_tiles(float *y, int ldy, const uint32_t *xq, int groups, int kp_n, const uint16_t *w, int K,
+                               int r0, int r1, const int G, const int T, int n) {
+    int per = G == 1 ? (r1 - r0) / DP_SR : 0, r = r0 + per * DP_SR;
+    for (int g = 0; g < per; g++)
+        tile_small(y + r0 + g, ldy, per, xq, groups, kp_n, w + (size_t)(r0 + g) * K, (size_t)per * K, K, DP_SR, G, T, n);
+    for (; r + DP_SR <= r1; r += DP_SR)
+        tile_small(y + r, ldy, 1, xq, groups, kp_n, w + (size_t)r * K, (size_t)K, K, DP_SR, G, T, n);
+    y += r;
+    w += (size_t)r * K;
+    switch (r1 - r) {
+    case 0: break;
+#define SMALL_LEFT(R) case R: tile_small(y, ldy, 1, xq, groups, kp_n, w, (size_t)K, K, R, G, T, n); break
+    SMALL_LEFT(1); SMALL_LEFT(2); SMALL_LEFT(3); SMALL_LEFT(4); SMALL_LEFT(5); SMALL_LEFT(6); default: SMALL_LEFT(7);
+#undef SMALL_LEFT
     }
 }
 
-DPBF16 static void small_rows(float *y, int ldy, int ystride, const uint32_t *xq, int groups, int kp_n,
-                              const uint16_t *w, size_t wstride, int K, int rows, int terms, int n, int p0, int p1,
-                              float *sums) {
-    if (groups == 1) {
-        if (terms == 1) { SMALL_ALL(1, 1) } else if (terms == 2) { SMALL_ALL(1, 2) } else { SMALL_ALL(1, 3) }
-    } else {
-        if (terms == 1) { SMALL_ALL(2, 1) } else if (terms == 2) { SMALL_ALL(2, 2) } else { SMALL_ALL(2, 3) }
-    }
+#define SMALL_T(G)                                                                                    \
+    if (terms == 1) small_tiles(y, ldy, xq, groups, kp_n, w, K, r0, r1, G, 1, n);                     \
+    else if (terms == 2) small_tiles(y, ldy, xq, groups, kp_n, w, K, r0, r1, G, 2, n);                \
+    else small_tiles(y, ldy, xq, groups, kp_n, w, K, r0, r1, G, 3, n)
+
+DPBF16 static void small_rows(float *y, int ldy, const uint32_t *xq, int kp_n, const uint16_t *w, int K, int r0,
+                              int r1, int terms, int n) {
+    int groups = (n + 15) / 16;
+    if (groups == 1) { SMALL_T(1); }
+    else { SMALL_T(2); }
 }
+#undef SMALL_T
 
 DPBF16 void cs_gemm_dpbf16(float *y, int ldy, const uint16_t *xp, int n, int terms, const cs_weight_t *w, int r0,
                            int r1, uint16_t *wp) {
     int K = w->cols, kp_n = kpairs(K);
     if (n <= CS_DP_LANE_N) {
-        /* memory-bound: DP_SR rows at a time from DP_SR separate stretches of [r0, r1), so
-         * each stream reads on sequentially (as the GEMV's), the rows left over as one
-         * tile; each tile over K in chunks of DP_KC pairs, as below */
-        int kq = (K + 1) / 2, per = (r1 - r0) / DP_SR;
-        float *sums = (float *)wp;
-        const uint16_t *wd = (const uint16_t *)w->data;
-        for (int g = 0; g < per; g++)
-            for (int p0 = 0; p0 < kq || p0 == 0; p0 += DP_KC)
-                lane_rows(y + r0 + g, ldy, per, (const uint32_t *)xp, kp_n, wd + (size_t)(r0 + g) * K, (size_t)per * K,
-                          K, DP_SR, terms, n, p0, CS_MIN(kq, p0 + DP_KC), sums);
-        for (int r = r0 + per * DP_SR; r < r1; r += DP_SR)
-            for (int p0 = 0; p0 < kq || p0 == 0; p0 += DP_KC)
-                lane_rows(y + r, ldy, 1, (const uint32_t *)xp, kp_n, wd + (size_t)r * K, K, K, CS_MIN(DP_SR, r1 - r),
-                          terms, n, p0, CS_MIN(kq, p0 + DP_KC), sums);
+        lane_rows(y, ldy, (const uint32_t *)xp, kp_n, (const uint16_t *)w->data, K, r0, r1, terms, n);
         return;
     }
     if (n <= CS_DP_SMALL_N) {
         /* each tile of DP_SR rows streams its rows over all of K, chunk by chunk (DP_KC pairs,
-         * the chunk's sums added to the ones before in wp, as a blocked BLAS sums), with x
-         * from L2. Chunks outermost instead (the chunk of x in L1 while every tile passes
-         * over it) gives the same bits and ran 1.024-1.044x slower on a Zen 4 (paired, n =
-         * 8, 16, 32): the weights are the stream that matters. One group of x (n ≤ 16): the
-         * tiles' rows from DP_SR streams, as the lane kernel's; two (compute-bound) keep
-         * adjacent rows, so that y's stores can take each row of x's sums at once. */
-        int groups = (n + 15) / 16, full = K / 2;
-        float *sums = (float *)wp;
-        const uint16_t *wd = (const uint16_t *)w->data;
-        int per = groups == 1 ? (r1 - r0) / DP_SR : 0;
-        for (int g = 0; g < per; g++)
-            for (int p0 = 0; p0 < full || p0 == 0; p0 += DP_KC) {
-                int p1 = CS_MIN(full, p0 + DP_KC);
-                small_rows(y + r0 + g, ldy, per, (const uint32_t *)xp, groups, kp_n, wd + (size_t)(r0 + g) * K,
-                           (size_t)per * K, K, DP_SR, terms, n, p0, p1, sums);
-                if (p1 >= full) break;
-            }
-        for (int r = r0 + per * DP_SR; r < r1; r += DP_SR)
-            for (int p0 = 0; p0 < full || p0 == 0; p0 += DP_KC) {
-                int p1 = CS_MIN(full, p0 + DP_KC);
-                small_rows(y + r, ldy, 1, (const uint32_t *)xp, groups, kp_n, wd + (size_t)r * K, K, K,
-                           CS_MIN(DP_SR, r1 - r), terms, n, p0, p1, sums);
-                if (p1 >= full) break;
-            }
+         * each chunk's sums added to the ones before, as a blocked BLAS sums), with x from
+         * L2. Chunks outermost instead (the chunk of x in L1 while every tile passes over
+         * it) gives the same bits and ran 1.024-1.044x slower on a Zen 4 (paired, n = 8,
+         * 16, 32): the weights are the stream that matters. */
+        small_rows(y, ldy, (const uint32_t *)xp, kp_n, (const uint16_t *)w->data, K, r0, r1, terms, n);
         return;
     }
     int kb_n = kp_n / 16, nt = (r1 - r0 + 31) / 32 * 2;

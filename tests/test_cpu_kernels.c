@@ -219,14 +219,15 @@ START_TEST(test_matmul_precision_bf16) {
                 float e = max_rel_err(y, yr, (size_t)n * rows);
                 const cs_weight_t *ws[2] = {&w, &w2};
                 float *ys[2] = {y, y2};
-                const float *bs[2] = {NULL, NULL};
+                float *bias2 = randv((size_t)(rows / 2), 1.0f); /* one of the two with a bias */
+                const float *bs[2] = {NULL, bias2};
                 cpu_raw_matmul_multi(be, ys, x, n, ws, bs, 2);
-                cs_matmul_ref(yr2, xr, n, &w2, NULL);
+                cs_matmul_ref(yr2, xr, n, &w2, bias2);
                 e = fmaxf(e, fmaxf(max_rel_err(y, yr, (size_t)n * rows), max_rel_err(y2, yr2, (size_t)n * (rows / 2))));
                 worst = fmaxf(worst, e);
                 ck_assert_msg(e < 2e-6f, "precision bf16 (%s) n=%d %dx%d %s: rel err %g", cpu_raw_path(be), n, rows,
                               cols, cs_dtype_name(dts[d]), e);
-                free(mem); free(mem2); free(x); free(xr); free(y); free(yr); free(y2); free(yr2);
+                free(mem); free(mem2); free(x); free(xr); free(y); free(yr); free(y2); free(yr2); free(bias2);
             }
         printf("precision bf16 %s: max rel err %.3g\n", cpu_raw_path(be), worst);
         cpu_raw_free(be);
