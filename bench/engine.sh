@@ -10,19 +10,21 @@
 #     by the bytes of weights one token reads;
 #   - with LLAMA_CPP_DIR, llama.cpp on the same shapes (F16 GGUF of the same checkpoint):
 #     llama-bench pp/tg and llama-batched-bench decode at the same batch sizes.
-# Configurations alternate within each repetition so machine noise hits all alike; the
+# Configurations alternate within each repetition so machine noise hits all alike, and the
+# ratios are also taken within each repetition (the *_paired keys: the median of the
+# repetitions' ratios, so one slow stretch of a VM does not decide a ratio); the
 # JSON lands in bench/results/ with the CPU, its ISA features and the kernel path (set
 # CS_NO_AVX512=1, CS_NO_AMX=1 to run the AVX2 path on an AVX-512 CPU). Quiet the machine first.
 #
 #   bench/engine.sh
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/engine.sh
-# Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (2), CACHE, LLAMA_PY, DTYPE (bf16),
+# Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (3), CACHE, LLAMA_PY, DTYPE (bf16),
 #      PRECISION (exact; bf16 runs caraserve with --precision bf16)
 # From a llama.cpp you built yourself, LLAMA_CPP_DIR needs: build/bin/llama-bench,
 # build/bin/llama-batched-bench, convert_hf_to_gguf.py and gguf-py/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-2} PRECISION=${PRECISION:-exact}
+GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-3} PRECISION=${PRECISION:-exact}
 . bench/common.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -124,6 +126,18 @@ for b in (8, 32):
     if f"batch{b}_adapters8" in d:
         res[f"lora_overhead_batch{b}_8_adapters"] = d[f"batch{b}_adapters0"] / d[f"batch{b}_adapters8"] - 1
 res["batch32_vs_batch1"] = d["batch32_adapters0"] / d["batch1_adapters0"]
+# paired: the same ratios within each repetition (its runs a minute apart), then their median,
+# so that a slow stretch of the machine in one run does not decide a ratio
+def rep_tok_s(rep, b, a):
+    v = [r["stats"] for r in runs if r["kind"] == "decode" and r["rep"] == rep and r["batch"] == b and r["adapters"] == a]
+    return v[0]["decode_only_tokens"] / v[0]["decode_only_ms"] * 1e3 if v else None
+reps = sorted({r["rep"] for r in runs if r["kind"] == "decode"})
+for name, num, den in [("batch32_vs_batch1", (32, 0), (1, 0))] + \
+        [(f"lora_overhead_batch{b}_8_adapters", (b, 0), (b, 8)) for b in (8, 32)]:
+    v = [rep_tok_s(rep, *num) / rep_tok_s(rep, *den) - (1 if name.startswith("lora") else 0)
+         for rep in reps if rep_tok_s(rep, *num) and rep_tok_s(rep, *den)]
+    if v:
+        res[name + "_paired"] = {"runs": v, "median": med(v)}
 if bws:
     bw = med(bws)
     res["membw_read_gb_s"] = {"runs": bws, "median": bw}
@@ -155,6 +169,14 @@ if bb:
         if v:
             res.setdefault("llama_cpp", {})[f"decode_batch{b}_tok_s"] = med(v)
             res[f"decode_batch{b}_vs_llama_cpp"] = d[f"batch{b}_adapters0"] / med(v)
+            pv = [] # paired, as above: each repetition against its own llama-batched-bench
+            for rep in reps:
+                lv = [x["speed_tg"] for r in runs if r["kind"] == "llama-batched-bench" and r["rep"] == rep
+                      for x in r["out"] if x.get("pl") == b]
+                if lv and rep_tok_s(rep, b, 0):
+                    pv.append(rep_tok_s(rep, b, 0) / lv[0])
+            if pv:
+                res[f"decode_batch{b}_vs_llama_cpp_paired"] = {"runs": pv, "median": med(pv)}
 json.dump(res, open(out, "w"), indent=2)
 print(f"cpu: {res['cpu']} ({', '.join(res['isa'])}), kernels {kernels}")
 for k, v in d.items():
