@@ -776,13 +776,19 @@ static void pattn_rows_task(void *p, int task, int thread) {
     int h0 = local % j->hg * per, h1 = CS_MIN(j->nh, h0 + per);
     if (h0 >= h1) return;
     int qpos = sq->pos0 + i, first = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
-    size_t row = (size_t)(sq->row0 + i) * j->nh * j->hd;
-    bool ok = pattn_rows(j->out + row, j->c->scratch[thread], j->q + row, j->k, j->v, j->bf16, sq->blocks, j->bs, first,
-                         qpos, h0, h1, j->nh / j->nkv, (size_t)j->nkv * j->hd, 1.0f / sqrtf((float)j->hd), j->hd);
+    size_t row = (size_t)(sq->row0 + i) * j->nh * j->hd, kv_dim = (size_t)j->nkv * j->hd;
+    float scale = 1.0f / sqrtf((float)j->hd), *s = j->c->scratch[thread];
+    if (!j->c->avx512) {
+        cs_attn_rows_paged_avx2(j->out + row, s, j->q + row, j->k, j->v, j->bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32,
+                                sq->blocks, j->bs, first, qpos, h0, h1, j->nh / j->nkv, kv_dim, scale, j->hd);
+        return;
+    }
+    bool ok = pattn_rows(j->out + row, s, j->q + row, j->k, j->v, j->bf16, sq->blocks, j->bs, first, qpos, h0, h1,
+                         j->nh / j->nkv, kv_dim, scale, j->hd);
     CS_ASSERT(ok);
 }
 
-/* one task per (sequence, query, head): AVX2, and the head sizes the rows path lacks */
+/* one task per (sequence, query, head): the head sizes the rows paths lack */
 static void pattn_task(void *p, int task, int thread) {
     struct pattn_job *j = p;
     int lo = pattn_seq_of(j, task);
@@ -795,12 +801,7 @@ static void pattn_task(void *p, int task, int thread) {
     const float *qh = j->q + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
     float *oh = j->out + ((size_t)(sq->row0 + i) * j->nh + h) * hd;
     bool bf16 = j->bf16;
-    if (!j->c->avx512) { /* AVX2 */
-        if (hd % 8 == 0) {
-            cs_attn_head_paged_avx2(oh, s, qh, j->k, j->v, bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32, sq->blocks, j->bs, first,
-                                    qpos, kv_dim, off, scale, hd);
-            return;
-        }
+    if (!j->c->avx512) { /* AVX2, a head size not a multiple of 8 */
         for (int t = first; t <= qpos; t++) {
             size_t kr = cs_paged_row(sq->blocks, j->bs, t) * kv_dim + off;
             float d = 0;
@@ -885,10 +886,10 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
                       hd, window);
     }
     if (n_dec) {
-        /* The rows path (AVX-512, common head sizes): all heads of a query in one task when
-         * there are queries enough for the threads, else the heads split so that each thread
-         * gets a few tasks. Otherwise one task per head. */
-        bool rows = c->avx512 && (hd == 16 || hd == 32 || hd == 64 || hd == 128);
+        /* The rows paths (AVX-512 at the common head sizes, AVX2 at multiples of 8): all
+         * heads of a query in one task when there are queries enough for the threads, else
+         * the heads split so that each thread gets a few tasks. Otherwise one task per head. */
+        bool rows = c->avx512 ? hd == 16 || hd == 32 || hd == 64 || hd == 128 : hd % 8 == 0;
         int queries = 0, hg = nh;
         for (int d = 0; d < n_dec; d++) queries += seqs[dec[d]].n;
         if (rows) hg = queries >= 2 * c->n_threads ? 1 : CS_MIN(nh, (4 * c->n_threads + queries - 1) / queries);

@@ -72,11 +72,12 @@ void cs_convert_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
 void cs_gemm_packed_avx2(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1, float *wp);
 void cs_softmax_avx2(float *x, int n);
 void cs_silu_mul_avx2(float *gate, const float *up, size_t n);
-/* one (query, head) of paged attention: scores over keys [first, last] into s, softmax,
- * oh = Σ p_t v_t (head_dim hd a multiple of 8; rows through the block table; pools of
- * kv_dtype, F32 or BF16) */
-void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const void *k, const void *v, cs_dtype kv_dtype,
-                             const int32_t *blocks, int bs, int first, int last, size_t kv_dim, size_t off,
+/* one query of paged attention over heads [h0, h1) of q's row (nh heads, g query heads per
+ * KV head): scores over keys [first, last] into s ((h1 - h0) · (last - first + 1) floats),
+ * softmax, out_h = Σ p_t v_t into out's row (head_dim hd a multiple of 8; rows through the
+ * block table; pools of kv_dtype, F32 or BF16, rows of kv_dim) */
+void cs_attn_rows_paged_avx2(float *out, float *s, const float *q, const void *k, const void *v, cs_dtype kv_dtype,
+                             const int32_t *blocks, int bs, int first, int last, int h0, int h1, int g, size_t kv_dim,
                              float scale, int hd);
 
 /* ---- AMX BF16 GEMM (gemm_bf16.c; call only when cs_cpu_has_amx_bf16()) ----

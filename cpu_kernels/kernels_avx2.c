@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/kernels_paged.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -403,10 +404,12 @@ AVX2 void cs_softmax_avx2(float *x, int n) {
     for (; i < n; i++) x[i] *= s;
 }
 
-/* ---- one (query, head) of paged attention ----
- * s[t - first] = scale · q·k_t over the keys [first, last], softmax, oh = Σ p_t v_t; key
- * and value rows found through the block table. head_dim a multiple of 8. BF16 pools: each
- * row widened to F32 as it is loaded. */
+/* ---- one query of paged attention, heads [h0, h1) ----
+ * As the AVX-512 rows path (cpu_backend.c): the keys block by block and row by row, each
+ * row's slice of the heads once, in order (a block's rows are adjacent, so the reads stream);
+ * s[(h - h0) · len + t - first] = scale · q_h·k_t, softmax per head, out_h = Σ p_t v_t summed
+ * in out itself. Key and value rows found through the block table; head_dim a multiple of 8;
+ * BF16 pools widened to F32 as loaded. Each head's arithmetic is the same whatever the range. */
 AVX2 INLINE __m256 kv_load8(const void *pool, size_t i, bool bf16) {
     if (bf16)
         return _mm256_castsi256_ps(
@@ -414,43 +417,66 @@ AVX2 INLINE __m256 kv_load8(const void *pool, size_t i, bool bf16) {
     return _mm256_loadu_ps((const float *)pool + i);
 }
 
-AVX2 INLINE void
-attn_head_paged(float *oh, float *s, const float *qh, const void *k, const void *v, const bool bf16, const int32_t *blocks,
-                int bs, int first, int last, size_t kv_dim, size_t off, float scale, int hd) {
-    for (int t = first; t <= last; t++) {
-        size_t kr = ((size_t)blocks[t / bs] * (size_t)bs + (size_t)(t % bs)) * kv_dim + off;
-        __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
-        int e = 0;
-        for (; e + 16 <= hd; e += 16) {
-            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), kv_load8(k, kr + (size_t)e, bf16), d0);
-            d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), kv_load8(k, kr + (size_t)e + 8, bf16), d1);
-        }
-        if (e < hd) d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), kv_load8(k, kr + (size_t)e, bf16), d0);
-        s[t - first] = hsum8(_mm256_add_ps(d0, d1)) * scale;
+AVX2 INLINE void attn_rows_paged(float *out, float *s, const float *q, const void *k, const void *v, const bool bf16,
+                                 const int32_t *blocks, int bs, int first, int last, int h0, int h1, int g,
+                                 size_t kv_dim, float scale, int hd) {
+    const int len = last - first + 1;
+    const size_t esz = bf16 ? 2 : 4, lo = (size_t)(h0 / g) * hd;
+    /* the first two lines of each row's slice of a block into L2, for the hardware
+     * prefetchers to take on (the blocks are scattered in the pool) */
+#define ROWS_PF(pool, t0, t1)                                                                              \
+    for (int pt = (t0); pt <= (t1); pt++) {                                                                \
+        const char *pr = (const char *)(pool) + (cs_paged_row(blocks, bs, pt) * kv_dim + lo) * esz;         \
+        _mm_prefetch(pr, _MM_HINT_T1);                                                                     \
+        _mm_prefetch(pr + 64, _MM_HINT_T1);                                                                \
     }
-    cs_softmax_avx2(s, last - first + 1);
-    /* the output 64 columns (8 registers) at a time: each pass reads its own part of the rows */
-    for (int c0 = 0; c0 < hd; c0 += 64) {
-        int nv = (hd - c0) / 8 < 8 ? (hd - c0) / 8 : 8;
-        __m256 acc[8];
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-        for (int t = first; t <= last; t++) {
-            size_t vr = ((size_t)blocks[t / bs] * (size_t)bs + (size_t)(t % bs)) * kv_dim + off + (size_t)c0;
-            __m256 wt = _mm256_set1_ps(s[t - first]);
-            if (nv == 8) {
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(wt, kv_load8(v, vr + 8 * (size_t)c, bf16), acc[c]);
-            } else {
-                for (int c = 0; c < nv; c++) acc[c] = _mm256_fmadd_ps(wt, kv_load8(v, vr + 8 * (size_t)c, bf16), acc[c]);
+    ROWS_PF(k, first, CS_MIN(last, (first / bs + 1) * bs - 1));
+    for (int tb = first; tb <= last;) {
+        int te = CS_MIN(last, (tb / bs + 1) * bs - 1);
+        if (te < last) ROWS_PF(k, te + 1, CS_MIN(last, (te / bs + 2) * bs - 1));
+        size_t row0 = (size_t)blocks[tb / bs] * (size_t)bs + (size_t)(tb % bs);
+        for (int t = tb; t <= te; t++) {
+            size_t rb = (row0 + (size_t)(t - tb)) * kv_dim;
+            for (int h = h0; h < h1; h++) {
+                size_t kr = rb + (size_t)(h / g) * hd;
+                const float *qh = q + (size_t)h * hd;
+                __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+                int e = 0;
+                for (; e + 16 <= hd; e += 16) {
+                    d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), kv_load8(k, kr + (size_t)e, bf16), d0);
+                    d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), kv_load8(k, kr + (size_t)e + 8, bf16), d1);
+                }
+                if (e < hd) d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), kv_load8(k, kr + (size_t)e, bf16), d0);
+                s[(size_t)(h - h0) * len + (t - first)] = hsum8(_mm256_add_ps(d0, d1)) * scale;
             }
         }
-        for (int c = 0; c < nv; c++) _mm256_storeu_ps(oh + c0 + 8 * c, acc[c]);
+        tb = te + 1;
     }
+    ROWS_PF(v, first, CS_MIN(last, (first / bs + 1) * bs - 1));
+    for (int h = h0; h < h1; h++) cs_softmax_avx2(s + (size_t)(h - h0) * len, len);
+    memset(out + (size_t)h0 * hd, 0, sizeof(float) * (size_t)(h1 - h0) * hd);
+    for (int tb = first; tb <= last;) {
+        int te = CS_MIN(last, (tb / bs + 1) * bs - 1);
+        if (te < last) ROWS_PF(v, te + 1, CS_MIN(last, (te / bs + 2) * bs - 1));
+        size_t row0 = (size_t)blocks[tb / bs] * (size_t)bs + (size_t)(tb % bs);
+        for (int t = tb; t <= te; t++) {
+            size_t rb = (row0 + (size_t)(t - tb)) * kv_dim;
+            for (int h = h0; h < h1; h++) {
+                size_t vr = rb + (size_t)(h / g) * hd;
+                float *oh = out + (size_t)h * hd;
+                __m256 w = _mm256_set1_ps(s[(size_t)(h - h0) * len + (t - first)]);
+                for (int c = 0; c < hd; c += 8)
+                    _mm256_storeu_ps(oh + c, _mm256_fmadd_ps(w, kv_load8(v, vr + (size_t)c, bf16), _mm256_loadu_ps(oh + c)));
+            }
+        }
+        tb = te + 1;
+    }
+#undef ROWS_PF
 }
 
-AVX2 void cs_attn_head_paged_avx2(float *oh, float *s, const float *qh, const void *k, const void *v, cs_dtype kv_dtype,
-                                  const int32_t *blocks, int bs, int first, int last, size_t kv_dim, size_t off,
-                                  float scale, int hd) {
-    if (kv_dtype == CS_DTYPE_BF16) attn_head_paged(oh, s, qh, k, v, true, blocks, bs, first, last, kv_dim, off, scale, hd);
-    else attn_head_paged(oh, s, qh, k, v, false, blocks, bs, first, last, kv_dim, off, scale, hd);
+AVX2 void cs_attn_rows_paged_avx2(float *out, float *s, const float *q, const void *k, const void *v, cs_dtype kv_dtype,
+                                  const int32_t *blocks, int bs, int first, int last, int h0, int h1, int g,
+                                  size_t kv_dim, float scale, int hd) {
+    if (kv_dtype == CS_DTYPE_BF16) attn_rows_paged(out, s, q, k, v, true, blocks, bs, first, last, h0, h1, g, kv_dim, scale, hd);
+    else attn_rows_paged(out, s, q, k, v, false, blocks, bs, first, last, h0, h1, g, kv_dim, scale, hd);
 }

@@ -493,14 +493,19 @@ START_TEST(test_avx2_kernels) {
         for (size_t i = 0; i < pool; i++) kb[i] = cs_f32_to_bf16(k[i]), vb[i] = cs_f32_to_bf16(v[i]);
         const void *kp = kvt == CS_DTYPE_BF16 ? (const void *)kb : k, *vp = kvt == CS_DTYPE_BF16 ? (const void *)vb : v;
         float *q = randv((size_t)2 * hd, 1.0f), *o = malloc(sizeof(float) * 2 * hd), *orf = malloc(sizeof(float) * 2 * hd);
-        float s[64];
-        for (int kvh = 0; kvh < 2; kvh++)
-            cs_attn_head_paged_avx2(o + kvh * hd, s, q + kvh * hd, kp, vp, kvt, blocks, bs, 0, len - 1, kv_dim,
-                                    (size_t)kvh * hd, 1.0f / sqrtf((float)hd), hd);
+        float s[2 * 64], *o1 = malloc(sizeof(float) * 2 * hd);
+        /* both heads in one call, and one head per call (a query's heads split over tasks):
+         * the same bits */
+        cs_attn_rows_paged_avx2(o, s, q, kp, vp, kvt, blocks, bs, 0, len - 1, 0, 2, 1, kv_dim, 1.0f / sqrtf((float)hd), hd);
+        for (int h = 0; h < 2; h++)
+            cs_attn_rows_paged_avx2(o1, s, q, kp, vp, kvt, blocks, bs, 0, len - 1, h, h + 1, 1, kv_dim,
+                                    1.0f / sqrtf((float)hd), hd);
+        ck_assert(!memcmp(o, o1, sizeof(float) * 2 * hd));
         cpu_attn_seq_t sq = {.row0 = 0, .n = 1, .pos0 = len - 1, .blocks = blocks};
         cs_attention_paged_kv_ref(orf, q, kp, vp, kvt, &sq, 1, bs, 2, nkv, hd, 0);
         float e = max_rel_err(o, orf, (size_t)2 * hd);
-        ck_assert_msg(e < 1e-5f, "avx2 paged head hd=%d (%d blocks, %s pools): rel err %g", hd, nb, cs_dtype_name(kvt), e);
+        ck_assert_msg(e < 1e-5f, "avx2 paged rows hd=%d (%d blocks, %s pools): rel err %g", hd, nb, cs_dtype_name(kvt), e);
+        free(o1);
         free(k); free(v); free(kb); free(vb); free(q); free(o); free(orf);
     }
 }
