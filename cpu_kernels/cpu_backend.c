@@ -654,7 +654,7 @@ struct pattn_job {
 };
 
 #ifndef PATTN_PF_LINES
-#define PATTN_PF_LINES 2 /* lines of each row the rows path prefetches */
+#define PATTN_PF_LINES 2 /* lines of each whole row the rows path prefetches */
 #endif
 
 /* The rows path: one task per (decode query, range of heads), walking the keys block by
@@ -675,22 +675,23 @@ pattn_rows_nv(float *out, float *s, const float *q, const void *k, const void *v
     const int hd = 16 * NV, len = last - first + 1;
     const size_t esz = bf16 ? 2 : 4;
     size_t lo = (size_t)(h0 / g) * hd, hi = (size_t)((h1 - 1) / g + 1) * hd; /* the rows' slice: [lo, hi) */
-    size_t slice_lines = CS_MIN((size_t)PATTN_PF_LINES, ((hi - lo) * esz + 63) / 64);
-    /* the start of each row's slice, for rows [t0, t1] of a block, into L2: enough for the
-     * hardware prefetchers to take each on (all the lines, 512 for a block of 2 KiB rows,
-     * stalled the issue: 26% of this kernel's time) */
-#define PATTN_PF_BLOCK(pool, t0, t1)                                                                        \
-    for (int pt = (t0); pt <= (t1); pt++) {                                                                 \
+    /* Two blocks ahead (a block's 16 keys take less than a DRAM round trip), each of its
+     * rows' slice into L2: the first lines only where the task reads whole rows (the block
+     * is then one run of memory, which the hardware prefetchers take on from there: all its
+     * 512 lines, for 2 KiB rows, stalled the issue and cost 26% of this kernel), every line
+     * of a narrower slice (rows kv_dim apart, which no prefetcher follows) */
+    size_t slice_lines = ((hi - lo) * esz + 63) / 64;
+    if (lo == 0 && hi == kv_dim) slice_lines = CS_MIN(slice_lines, (size_t)PATTN_PF_LINES);
+#define PATTN_PF_BLOCK(pool, bi)                                                                            \
+    for (int pt = CS_MAX(first, (bi) * BS); pt <= CS_MIN(last, (bi) * BS + BS - 1); pt++) {                  \
         const char *pr = (const char *)(pool) + (cs_paged_row(blocks, BS, pt) * kv_dim + lo) * esz;          \
         for (size_t l = 0; l < slice_lines; l++) _mm_prefetch(pr + 64 * l, _MM_HINT_T1);                    \
     }
-    PATTN_PF_BLOCK(k, first, CS_MIN(last, (first / BS + 1) * BS - 1));
+    PATTN_PF_BLOCK(k, first / BS);
+    PATTN_PF_BLOCK(k, first / BS + 1);
     for (int tb = first; tb <= last;) {
         int te = CS_MIN(last, (tb / BS + 1) * BS - 1); /* this block's keys: [tb, te] */
-        if (te < last) { /* the next block's keys, on their way */
-            int ne = CS_MIN(last, (te / BS + 2) * BS - 1);
-            PATTN_PF_BLOCK(k, te + 1, ne);
-        }
+        PATTN_PF_BLOCK(k, tb / BS + 2);
         size_t row0 = (size_t)blocks[tb / BS] * BS + (size_t)(tb % BS); /* rows of a block are adjacent */
         for (int t = tb; t <= te; t++) { /* row by row: each row's slice read once, in order */
             size_t rb = (row0 + (size_t)(t - tb)) * kv_dim;
@@ -706,14 +707,12 @@ pattn_rows_nv(float *out, float *s, const float *q, const void *k, const void *v
         }
         tb = te + 1;
     }
-    PATTN_PF_BLOCK(v, first, CS_MIN(last, (first / BS + 1) * BS - 1));
+    PATTN_PF_BLOCK(v, first / BS);
+    PATTN_PF_BLOCK(v, first / BS + 1);
     for (int h = h0; h < h1; h++) softmax_avx512(s + (size_t)(h - h0) * len, len);
     for (int tb = first; tb <= last;) {
         int te = CS_MIN(last, (tb / BS + 1) * BS - 1);
-        if (te < last) {
-            int ne = CS_MIN(last, (te / BS + 2) * BS - 1);
-            PATTN_PF_BLOCK(v, te + 1, ne);
-        }
+        PATTN_PF_BLOCK(v, tb / BS + 2);
         size_t row0 = (size_t)blocks[tb / BS] * BS + (size_t)(tb % BS);
         if (tb == first) memset(out + (size_t)h0 * hd, 0, sizeof(float) * (size_t)(h1 - h0) * hd);
         for (int t = tb; t <= te; t++) { /* row by row, the sums in out (L1) */
@@ -892,7 +891,7 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
         bool rows = c->avx512 ? hd == 16 || hd == 32 || hd == 64 || hd == 128 : hd % 8 == 0;
         int queries = 0, hg = nh;
         for (int d = 0; d < n_dec; d++) queries += seqs[dec[d]].n;
-        if (rows) hg = queries >= 2 * c->n_threads ? 1 : CS_MIN(nh, (4 * c->n_threads + queries - 1) / queries);
+        if (rows) hg = queries >= 2 * c->n_threads ? 1 : CS_MIN(nh, (2 * c->n_threads + queries - 1) / queries);
         for (int d = 0; d < n_dec; d++) task0[d + 1] = task0[d] + seqs[dec[d]].n * hg;
         scratch_reserve(c, (size_t)max_len * (rows ? (size_t)(nh + hg - 1) / hg : 1));
         struct pattn_job j = {c, out, q, k, v, bf16, seqs, task0, dec, n_dec, bs, nh, nkv, hd, window, hg};

@@ -6,7 +6,8 @@
  * (the best is what the machine can do; noise only ever slows a run), for the kernels the
  * backend picks and for each switch of cpu_backend_params_t that changes them. Beside them,
  * the compute roofline: fused multiply-adds per second of all threads on independent
- * registers (8 lanes with AVX2, 16 with AVX-512). And the LoRA of a decode batch of 8 rows,
+ * registers (8 lanes with AVX2, 16 with AVX-512), and vdpbf16ps's where the CPU has it
+ * (64 flops an instruction: the --precision bf16 kernels' roofline). And the LoRA of a decode batch of 8 rows,
  * each on its own rank-16 BF16 adapter (all seven projections), against the base matmuls
  * of the same rows: lora_ms / base_ms is the adapters' cost at the kernel level. Prints one
  * JSON object. Last, the batch-1 GEMV's two tunings (8 or 6 interleaved row streams, and 4:
@@ -59,18 +60,36 @@ __attribute__((target("avx512f"))) static void *fma_avx512(void *arg) {
     return NULL;
 }
 
-/* GFLOP/s (2 per FMA) of `threads` threads running the FMA loop */
-static double fma_peak(int threads, bool avx512) {
+/* vdpbf16ps on independent registers: 32 multiply-adds (64 flops) per instruction */
+__attribute__((target("avx512f,avx512bf16"))) static void *dp_bf16(void *arg) {
+    __m512 a[10];
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x3f803f81);
+    for (int i = 0; i < 10; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < PEAK_ITERS; it++)
+#pragma GCC unroll 10
+        for (int i = 0; i < 10; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
+    __m512 s = a[0];
+    for (int i = 1; i < 10; i++) s = _mm512_add_ps(s, a[i]);
+    *(float *)arg = _mm512_reduce_add_ps(s);
+    return NULL;
+}
+
+/* GFLOP/s of `threads` threads running a peak loop: FMA (2 per lane; 8 or 16 lanes) or
+ * vdpbf16ps (flops 0: 64 per instruction) */
+static double run_peak(int threads, void *(*fn)(void *), int flops) {
     pthread_t *tid = calloc((size_t)threads, sizeof *tid);
     float *sink = calloc((size_t)threads, sizeof *sink);
     double t0 = now();
-    for (int t = 0; t < threads; t++) pthread_create(&tid[t], NULL, avx512 ? fma_avx512 : fma_avx2, &sink[t]);
+    for (int t = 0; t < threads; t++) pthread_create(&tid[t], NULL, fn, &sink[t]);
     for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
     double secs = now() - t0;
     if (sink[0] == 42.0f) fputc(' ', stderr);
     free(tid);
     free(sink);
-    return (double)threads * PEAK_ITERS * 10 * (avx512 ? 16 : 8) * 2 / secs * 1e-9;
+    return (double)threads * PEAK_ITERS * 10 * flops / secs * 1e-9;
+}
+static double fma_peak(int threads, bool avx512) {
+    return run_peak(threads, avx512 ? fma_avx512 : fma_avx2, (avx512 ? 16 : 8) * 2);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -140,7 +159,9 @@ int main(int argc, char **argv) {
            cpu, threads, hidden, inter, layers, cs_cpu_has_avx2() ? "true" : "false", avx512 ? "true" : "false",
            cs_cpu_has_avx512_bf16() ? "true" : "false", cs_cpu_has_amx_bf16() ? "true" : "false");
     double pk = cs_cpu_has_avx2() ? fma_peak(threads, false) : 0, pk512 = avx512 ? fma_peak(threads, true) : 0;
-    printf(" \"fma_peak_gflops_avx2\": %.1f, \"fma_peak_gflops_avx512\": %.1f,\n \"runs\": [\n", pk, pk512);
+    double pkdp = cs_cpu_has_avx512_bf16() ? run_peak(threads, dp_bf16, 64) : 0;
+    printf(" \"fma_peak_gflops_avx2\": %.1f, \"fma_peak_gflops_avx512\": %.1f, \"dpbf16_peak_gflops\": %.1f,\n \"runs\": [\n",
+           pk, pk512, pkdp);
     bool first = true;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         if (!strcmp(variants[v].name, "no_avx512") && !avx512) continue;

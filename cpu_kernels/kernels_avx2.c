@@ -421,19 +421,22 @@ AVX2 INLINE void attn_rows_paged(float *out, float *s, const float *q, const voi
                                  const int32_t *blocks, int bs, int first, int last, int h0, int h1, int g,
                                  size_t kv_dim, float scale, int hd) {
     const int len = last - first + 1;
-    const size_t esz = bf16 ? 2 : 4, lo = (size_t)(h0 / g) * hd;
-    /* the first two lines of each row's slice of a block into L2, for the hardware
-     * prefetchers to take on (the blocks are scattered in the pool) */
-#define ROWS_PF(pool, t0, t1)                                                                              \
-    for (int pt = (t0); pt <= (t1); pt++) {                                                                \
+    const size_t esz = bf16 ? 2 : 4, lo = (size_t)(h0 / g) * hd, hi = (size_t)((h1 - 1) / g + 1) * hd;
+    /* two blocks ahead into L2 (the blocks are scattered in the pool): the first two lines
+     * of each row where the task reads whole rows (the hardware prefetchers take a block on
+     * from there), every line of a narrower slice */
+    size_t lines = ((hi - lo) * esz + 63) / 64;
+    if (lo == 0 && hi == kv_dim && lines > 2) lines = 2;
+#define ROWS_PF(pool, bi)                                                                                  \
+    for (int pt = CS_MAX(first, (bi) * bs); pt <= CS_MIN(last, (bi) * bs + bs - 1); pt++) {                  \
         const char *pr = (const char *)(pool) + (cs_paged_row(blocks, bs, pt) * kv_dim + lo) * esz;         \
-        _mm_prefetch(pr, _MM_HINT_T1);                                                                     \
-        _mm_prefetch(pr + 64, _MM_HINT_T1);                                                                \
+        for (size_t l = 0; l < lines; l++) _mm_prefetch(pr + 64 * l, _MM_HINT_T1);                          \
     }
-    ROWS_PF(k, first, CS_MIN(last, (first / bs + 1) * bs - 1));
+    ROWS_PF(k, first / bs);
+    ROWS_PF(k, first / bs + 1);
     for (int tb = first; tb <= last;) {
         int te = CS_MIN(last, (tb / bs + 1) * bs - 1);
-        if (te < last) ROWS_PF(k, te + 1, CS_MIN(last, (te / bs + 2) * bs - 1));
+        ROWS_PF(k, tb / bs + 2);
         size_t row0 = (size_t)blocks[tb / bs] * (size_t)bs + (size_t)(tb % bs);
         for (int t = tb; t <= te; t++) {
             size_t rb = (row0 + (size_t)(t - tb)) * kv_dim;
@@ -452,12 +455,13 @@ AVX2 INLINE void attn_rows_paged(float *out, float *s, const float *q, const voi
         }
         tb = te + 1;
     }
-    ROWS_PF(v, first, CS_MIN(last, (first / bs + 1) * bs - 1));
+    ROWS_PF(v, first / bs);
+    ROWS_PF(v, first / bs + 1);
     for (int h = h0; h < h1; h++) cs_softmax_avx2(s + (size_t)(h - h0) * len, len);
     memset(out + (size_t)h0 * hd, 0, sizeof(float) * (size_t)(h1 - h0) * hd);
     for (int tb = first; tb <= last;) {
         int te = CS_MIN(last, (tb / bs + 1) * bs - 1);
-        if (te < last) ROWS_PF(v, te + 1, CS_MIN(last, (te / bs + 2) * bs - 1));
+        ROWS_PF(v, tb / bs + 2);
         size_t row0 = (size_t)blocks[tb / bs] * (size_t)bs + (size_t)(tb % bs);
         for (int t = tb; t <= te; t++) {
             size_t rb = (row0 + (size_t)(t - tb)) * kv_dim;
