@@ -497,8 +497,8 @@ START_TEST(test_avx2_kernels) {
         /* both heads in one call, and one head per call (a query's heads split over tasks):
          * the same bits */
         cs_attn_rows_paged_avx2(o, s, q, kp, vp, kvt, blocks, bs, 0, len - 1, 0, 2, 1, kv_dim, 1.0f / sqrtf((float)hd), hd);
-        for (int h = 0; h < 2; h++)
-            cs_attn_rows_paged_avx2(o1, s, q, kp, vp, kvt, blocks, bs, 0, len - 1, h, h + 1, 1, kv_dim,
+        for (int head = 0; head < 2; head++)
+            cs_attn_rows_paged_avx2(o1, s, q, kp, vp, kvt, blocks, bs, 0, len - 1, head, head + 1, 1, kv_dim,
                                     1.0f / sqrtf((float)hd), hd);
         ck_assert(!memcmp(o, o1, sizeof(float) * 2 * hd));
         cpu_attn_seq_t sq = {.row0 = 0, .n = 1, .pos0 = len - 1, .blocks = blocks};
