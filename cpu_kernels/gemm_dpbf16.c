@@ -78,6 +78,33 @@ DPBF16 void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int ter
     uint32_t *xq = (uint32_t *)xp;
     bool small = n <= CS_DP_SMALL_N, lanes = n <= CS_DP_LANE_N;
     int groups = (n + 15) / 16, J = lanes ? lane_j(n) : 1;
+    if (small && !lanes && r0 % 16 == 0 && (r1 - r0) % 16 == 0) {
+        /* whole groups of 16 rows: each 32-column block of the 16 rows split, then turned
+         * (16 × 16 pairs) so that each pair's 16 rows are one aligned store */
+        for (int m0 = r0; m0 < r1; m0 += 16)
+            for (int kb = 0; kb < kb_n; kb++) {
+                __m512i r[3][16];
+                int left = K - kb * 32;
+                __mmask16 m0k = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                __mmask16 m1k = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                for (int i = 0; i < 16; i++) {
+                    __m512i v[3];
+                    if (m0 + i < n) {
+                        const float *src = x + (size_t)(m0 + i) * K + kb * 32;
+                        vnni_split32(v, _mm512_maskz_loadu_ps(m0k, src), _mm512_maskz_loadu_ps(m1k, src + 16), terms);
+                    } else {
+                        for (int t = 0; t < terms; t++) v[t] = _mm512_setzero_si512();
+                    }
+                    for (int t = 0; t < terms; t++) r[t][i] = v[t];
+                }
+                for (int t = 0; t < terms; t++) {
+                    vnni_transpose16(r[t]);
+                    for (int p = 0; p < 16; p++)
+                        _mm512_store_si512(xq + (((size_t)t * groups + m0 / 16) * kp_n + (size_t)kb * 16 + p) * 16, r[t][p]);
+                }
+            }
+        return;
+    }
     size_t idx[16]; /* where pair p of a 16-pair block goes, from the block's place */
     for (int p = 0; p < 16; p++)
         idx[p] = lanes ? (size_t)(p / J * 16 + p % J) : small ? (size_t)p * 16 : (size_t)p * DP_MR * (size_t)terms;

@@ -171,6 +171,17 @@ START_TEST(test_gemm_dpbf16) {
             /* packed in two calls, as two tasks would */
             cs_dpbf16_pack_x(xp, x, n, cols, terms, 0, padded / 2);
             cs_dpbf16_pack_x(xp, x, n, cols, terms, padded / 2, padded);
+            { /* the same bytes packed row by row (the plain path) and in one call (whole groups
+               * of 16 rows go through a transpose) */
+                size_t len = 2 * cs_dpbf16_xp_len(n, cols, terms);
+                uint16_t *xa = cs_aligned_alloc(64, len), *xb = cs_aligned_alloc(64, len);
+                memset(xa, 0xff, len);
+                memset(xb, 0xff, len);
+                cs_dpbf16_pack_x(xa, x, n, cols, terms, 0, padded);
+                for (int r = 0; r < padded; r++) cs_dpbf16_pack_x(xb, x, n, cols, terms, r, r + 1);
+                ck_assert_msg(!memcmp(xa, xb, len), "dpbf16 pack n=%d cols=%d terms=%d: paths differ", n, cols, terms);
+                free(xa); free(xb);
+            }
             cs_gemm_dpbf16(y, rows, xp, n, terms, &w, 0, CS_MIN(half, rows), wp);
             if (half < rows) cs_gemm_dpbf16(y, rows, xp, n, terms, &w, half, rows, wp);
             if (terms == 1) cs_round_bf16_ref(xr, x, (size_t)n * cols);
