@@ -195,6 +195,8 @@ static void mm_dp_task(void *p, int task, int thread) {
  * 64 rows for prefill (their packed tiles, 128 B per column, stay in L2 while x streams
  * past); for a few rows each task streams its rows' weights once, 64 rows up to 16 rows of
  * x (longer streams: 1.06-1.11x over 32 at n = 4..16 on a Zen 4), 32 above */
+static int dp_rows_per_task(int n) { return n <= 16 || n > CS_DP_SMALL_N ? 64 : 32; }
+
 static void mm_dpbf16(cpu_ctx_t *c, struct mm_job *j) {
     const cs_weight_t *w = j->w;
     int n = j->n, rows = cs_dpbf16_padded_rows(n);
@@ -202,7 +204,7 @@ static void mm_dpbf16(cpu_ctx_t *c, struct mm_job *j) {
     j->tiles_per_task = (rows + 2 * c->n_threads - 1) / (2 * c->n_threads); /* x rows per packing task */
     if (n <= CS_DP_SMALL_N) cs_dpbf16_pack_x(c->xpack, j->x, n, w->cols, j->terms, 0, rows);
     else threadpool_run(c->pool, (rows + j->tiles_per_task - 1) / j->tiles_per_task, mm_dp_pack_task, j);
-    j->rows_per_task = n <= 16 || n > CS_DP_SMALL_N ? 64 : 32;
+    j->rows_per_task = dp_rows_per_task(n);
     scratch_reserve(c, (cs_dpbf16_wp_len(n, j->rows_per_task, w->cols) + 1) / 2 + 16);
     threadpool_run(c->pool, (w->rows + j->rows_per_task - 1) / j->rows_per_task, mm_dp_task, j);
 }
@@ -345,7 +347,7 @@ static void mm_dp_multi_task(void *p, int task, int thread) {
 static void mm_dp_multi(cpu_ctx_t *c, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
                         int count) {
     int K = ws[0]->cols;
-    struct mm_dp_multi_job j = {c, ys, n, count, n <= 16 ? 64 : 32, ws, {0}};
+    struct mm_dp_multi_job j = {c, ys, n, count, dp_rows_per_task(n), ws, {0}};
     xpack_reserve(c, cs_dpbf16_xp_len(n, K, 1));
     cs_dpbf16_pack_x(c->xpack, x, n, K, 1, 0, cs_dpbf16_padded_rows(n));
     scratch_reserve(c, (cs_dpbf16_wp_len(n, j.rows_per_task, K) + 1) / 2 + 16);
@@ -853,7 +855,6 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
         const cpu_attn_seq_t *sq = &seqs[s];
         int len = sq->pos0 + sq->n, nb = (len + bs - 1) / bs;
         if (sq->n < 16 || c->invariant) { /* batch-invariant: every query alone, keys in order */
-            task0[n_dec] = n_dec ? task0[n_dec - 1] + seqs[dec[n_dec - 1]].n * nh : 0;
             dec[n_dec++] = s;
             max_len = CS_MAX(max_len, len);
             continue;
@@ -892,6 +893,7 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
         int queries = 0, hg = nh;
         for (int d = 0; d < n_dec; d++) queries += seqs[dec[d]].n;
         if (rows) hg = queries >= 2 * c->n_threads ? 1 : CS_MIN(nh, (2 * c->n_threads + queries - 1) / queries);
+        task0[0] = 0;
         for (int d = 0; d < n_dec; d++) task0[d + 1] = task0[d] + seqs[dec[d]].n * hg;
         scratch_reserve(c, (size_t)max_len * (rows ? (size_t)(nh + hg - 1) / hg : 1));
         struct pattn_job j = {c, out, q, k, v, bf16, seqs, task0, dec, n_dec, bs, nh, nkv, hd, window, hg};
