@@ -51,6 +51,7 @@ typedef struct cpu_ctx {
     bool avx2;            /* AVX2 + FMA: the LoRA kernels' 8-lane path */
     bool dpbf16;          /* AVX512-BF16 GEMMs usable (cs_cpu_has_avx512_bf16) */
     bool packed;          /* large n: cs_gemm_packed_avx512/avx2, not OpenBLAS */
+    bool split;           /* BF16 dot tiles on x packed even/odd (cs_gemm_split_avx512) */
     bool prec_bf16;       /* --precision bf16: x rounded to BF16 before matmuls against BF16 weights */
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
@@ -84,8 +85,9 @@ static void scratch_reserve(cpu_ctx_t *c, size_t n) {
  *     memory-bound) W tiles come straight from the weights; above (prefill) each task
  *     packs its weight block. x has 3 terms (exact; CS_AMX_TERMS=2 trades 2^-17 for speed).
  *   Otherwise n = 1 uses the GEMV, 2..TILE_MAX_N the 4x4 dot tiles of the batch-invariant
- *     kernel (weights read once per 4 rows of x, in their dtype), and larger n widens slabs
- *     of weight rows to F32 for OpenBLAS sgemm (F32 weights in place).
+ *     kernel (weights read once per 4 rows of x, in their dtype; BF16 on AVX-512 against x
+ *     packed even/odd, cs_gemm_split_avx512, the next blocks' rows prefetched into L2), and
+ *     larger n the packed FMA GEMM (or slabs widened to F32 for OpenBLAS sgemm).
  *   --batch-invariant (c->invariant): the dot tiles at every n.
  *   --precision bf16 (c->prec_bf16), BF16 weights: x is rounded to BF16 (round_input) and
  *     multiplied exactly, so every path computes the same products: AMX with one term,
@@ -100,6 +102,7 @@ struct mm_job {
     int rows_per_task;
     int terms;            /* AMX, AVX512-BF16: BF16 terms of x */
     int tiles_per_task;   /* AMX x packing: 16-row tiles per task */
+    cs_rows_fn tile;      /* the dot tiles' kernel (on x as it is, or packed for it) */
 };
 
 static void mm_gemv_task(void *p, int task, int thread) {
@@ -234,7 +237,31 @@ static void mm_invariant_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     (void)thread;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    j->c->tile(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+    j->tile(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+}
+
+static void split_pack_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    (void)thread;
+    int i0 = task * j->tiles_per_task;
+    cs_split_pack_x_avx512((float *)j->c->xpack, j->x, j->n, j->w->cols, i0, CS_MIN(j->n, i0 + j->tiles_per_task));
+}
+
+/* the dot tiles' kernel for n rows of *x against weights of dtype dt and K columns: BF16 on
+ * AVX-512 packs x even/odd into c->xpack (in the pool when there are many rows: the
+ * batch-invariant prefill) and points *x at it */
+static cs_rows_fn tile_kernel(cpu_ctx_t *c, const float **x, int n, int K, cs_dtype dt) {
+    if (!c->split || dt != CS_DTYPE_BF16) return c->tile;
+    xpack_reserve(c, 2 * cs_split_xs_len(n, K)); /* in bf16 units */
+    if (n < 64) {
+        cs_split_pack_x_avx512((float *)c->xpack, *x, n, K, 0, n);
+    } else {
+        cs_weight_t shape = {CS_DTYPE_BF16, 0, K, NULL};
+        struct mm_job pj = {c, NULL, *x, n, &shape, NULL, 0, 0, (n + 2 * c->n_threads - 1) / (2 * c->n_threads), NULL};
+        threadpool_run(c->pool, (n + pj.tiles_per_task - 1) / pj.tiles_per_task, split_pack_task, &pj);
+    }
+    *x = (const float *)c->xpack;
+    return cs_gemm_split_avx512;
 }
 
 /* weight rows per task of the batch-invariant GEMM: about four tasks per thread, whole
@@ -259,11 +286,12 @@ static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_w
     bool packs = bf16x && !c->reference && !c->invariant && n >= 2 && (c->amx || c->dpbf16);
     if (bf16x && !packs) x = round_input(c, x, (size_t)n * w->cols);
     if (c->reference || (c->invariant && !c->tile)) { cs_matmul_ref(y, x, n, w, bias); return; }
-    struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0};
+    struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0, NULL};
     if (packs && !c->amx) {
         j.terms = 1;
         mm_dpbf16(c, &j);
     } else if (use_tile(c, w, n)) {
+        j.tile = tile_kernel(c, &j.x, n, w->cols, w->dtype);
         j.rows_per_task = invariant_rows_per_task(c, w->rows);
         threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_invariant_task, &j);
     } else if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) {
@@ -383,6 +411,15 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
         return;
     }
     struct mm_multi_job j = {tile ? c->tile : c->gemv, ys, x, n, count, ws, {0}, {0}};
+    if (tile) { /* BF16 weights take the split tiles, the others not: mixed, one at a time */
+        int nb = 0;
+        for (int k = 0; k < count; k++) nb += ws[k]->dtype == CS_DTYPE_BF16;
+        if (c->split && nb && nb < count) {
+            for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x_in, n, ws[k], biases[k]);
+            return;
+        }
+        if (nb == count) j.fn = tile_kernel(c, &j.x, n, ws[0]->cols, CS_DTYPE_BF16);
+    }
     int total_rows = 0;
     for (int k = 0; k < count; k++) total_rows += ws[k]->rows;
     int per;
@@ -1174,6 +1211,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->dpbf16 = c->avx512 && !(p && p->no_dpbf16) && cs_cpu_has_avx512_bf16();
     c->prec_bf16 = p && p->precision_bf16;
     c->packed = (c->avx512 || c->avx2) && !(p && p->no_packed);
+    c->split = c->avx512 && !(p && p->no_split);
     const char *base = c->reference ? "reference"
                        : c->invariant ? (c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas")
                        : c->amx       ? "amx"

@@ -23,6 +23,8 @@ typedef struct cpu_backend_params {
     bool no_dpbf16;     /* no AVX512-BF16 GEMMs (CS_NO_DPBF16): --precision bf16 on F32 FMAs */
     bool no_packed;     /* prefill GEMMs through OpenBLAS sgemm (CS_NO_PACKED), not the packed FMA
                          * kernels (AVX-512, AVX2) */
+    bool no_split;      /* BF16 dot tiles (2-32 rows; every n when batch-invariant) on x in column
+                         * order (CS_NO_SPLIT), not on x packed even/odd (cs_gemm_split_avx512) */
     int gemv_streams;   /* the batch-1 BF16 GEMV's interleaved row streams (CS_GEMV_STREAMS): 0
                          * picks by CPU (4 on AMD, where they read 1.2-1.3x faster; 8 with
                          * AVX-512 and 6 with AVX2 elsewhere), 4 or the ISA's wide count forces */

@@ -147,6 +147,7 @@ int main(int argc, char **argv) {
         {"default", {.n_threads = threads}},
         {"no_tile", {.n_threads = threads, .no_tile = true}},
         {"no_packed", {.n_threads = threads, .no_packed = true}},
+        {"no_split", {.n_threads = threads, .no_split = true}},
         {"bf16", {.n_threads = threads, .precision_bf16 = true}},
         {"no_avx512", {.n_threads = threads, .no_avx512 = true}},
         {"invariant", {.n_threads = threads, .batch_invariant = true}},

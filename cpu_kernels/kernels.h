@@ -44,6 +44,14 @@ void cs_gemv_rows_avx512_s4(float *y, int ldy, const float *x, int n, const cs_w
  * fixed sequence of operations (16-lane FMAs over the columns in order, the tail masked,
  * one horizontal sum), so it is bit-identical whatever n, i's place or [r0, r1). */
 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+/* The same for BF16 weights, faster (kernels_avx512.c): x packed first by cs_split_pack_x_avx512
+ * (rows [i0, i1) of x, n × K, into xs: each CS_SPLIT_B columns as their even then their odd
+ * elements, zero past K; cs_split_xs_len floats, 64-byte aligned), w->dtype BF16 only. Also
+ * batch-invariant (its own fixed sequence: not the same bits as cs_gemm_invariant_avx512). */
+#define CS_SPLIT_B 32
+size_t cs_split_xs_len(int n, int K);
+void cs_split_pack_x_avx512(float *xs, const float *x, int n, int K, int i0, int i1);
+void cs_gemm_split_avx512(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1);
 /* y[i, r] for i < n, r in [r0, r1), many rows of x (prefill): x packed by
  * cs_gemm_packed_pack_x (tiles [t0, t1) of CS_PACKED_MR rows, zero past n) into xp
  * (cs_gemm_packed_xp_len floats), w's rows widened into F32 panels in wp

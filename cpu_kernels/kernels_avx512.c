@@ -264,6 +264,141 @@ AVX512 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, c
     }
 }
 
+
+/* ---- the dot tiles for BF16 weights (batched decode, exact; --batch-invariant at every n) ----
+ * x is packed once per matmul (cs_split_pack_x_avx512): each 32 columns of a row as their 16
+ * even elements, then their 16 odd ones, zero past K. Then one 64-byte load of a weight row
+ * gives its 32 BF16 as two F32 vectors with no shuffle: a shift makes the even elements, a
+ * mask the odd ones, and they meet x's even and odd halves. (Widening 16 BF16 in column order
+ * costs a zero-extending shuffle and a shift per 16, on the ports the FMAs share.) Tiles of 4
+ * x rows × 4 weight rows, 16 accumulators; each accumulator takes, per 32 columns, the even
+ * FMA then the odd one. At the end the 16 accumulators are summed into one vector by a
+ * transposing tree (45 instructions for what 16 horizontal sums do in about 130), whose
+ * pairing of lanes (l with l+8, then l+4, l+2, l+1) is the same for every accumulator,
+ * whichever place it has in the tile and whether the tile is full or not. So each y[i, r] is
+ * one fixed sequence of operations, bit-identical whatever n, i's place or [r0, r1). */
+#define SPLIT_ROW_BLOCK 8 /* weight rows kept in cache while all of x passes */
+
+size_t cs_split_xs_len(int n, int K) { return (size_t)n * (size_t)((K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B); }
+
+AVX512 void cs_split_pack_x_avx512(float *xs, const float *x, int n, int K, int i0, int i1) {
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    size_t kp = (size_t)(K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    (void)n;
+    for (int i = i0; i < i1; i++) {
+        const float *src = x + (size_t)i * K;
+        float *dst = xs + (size_t)i * kp;
+        for (int c = 0; c < K; c += 32) {
+            int left = K - c;
+            __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+            __m512 a = _mm512_maskz_loadu_ps(m0, src + c), b = _mm512_maskz_loadu_ps(m1, src + c + 16);
+            _mm512_store_ps(dst + c, _mm512_permutex2var_ps(a, ie, b));
+            _mm512_store_ps(dst + c + 16, _mm512_permutex2var_ps(a, io, b));
+        }
+    }
+}
+
+/* the 16 accumulators a[4r + i] summed, lane 4i + r taking a[4r + i]'s sum */
+AVX512 INLINE __m512 split_reduce16(const __m512 *a) {
+    __m512 s[8], t[4], v[2];
+#pragma GCC unroll 8
+    for (int m = 0; m < 8; m++) /* lane l + lane l+8: a[2m]'s eight sums low, a[2m+1]'s high */
+        s[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xee));
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) /* + lane l+4: a quarter each of a[4m .. 4m+3] */
+        t[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], 0x88),
+                             _mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], 0xdd));
+#pragma GCC unroll 2
+    for (int m = 0; m < 2; m++) /* + lane l+2 */
+        v[m] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * m], t[2 * m + 1], 0x44),
+                             _mm512_shuffle_ps(t[2 * m], t[2 * m + 1], 0xee));
+    /* + lane l+1: quarter q holds a[q], a[4 + q], a[8 + q], a[12 + q] */
+    return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
+}
+
+/* y[i, r] for i < M, r < R (M, R ≤ 4): packed x rows kp apart, w rows at w + r · cols */
+AVX512 INLINE void split_tile(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, const int M,
+                              const int R, const uint16_t *pf) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
+    for (int c = 0; c < cols; c += 32) {
+        __m512 we[4], wo[4];
+        if (pf)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * cols + c), _MM_HINT_T1);
+        if (c + 32 <= cols) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i v = _mm512_loadu_si512(w + (size_t)r * cols + c);
+                we[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                wo[r] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+            }
+        } else { /* the last columns: zero past the row, as x is */
+            __mmask32 m = (__mmask32)((1ull << (cols - c)) - 1);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i v = _mm512_maskz_loadu_epi16(m, w + (size_t)r * cols + c);
+                we[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                wo[r] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < M; i++) {
+            __m512 xe = _mm512_load_ps(xs + (size_t)i * kp + c), xo = _mm512_load_ps(xs + (size_t)i * kp + c + 16);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                acc[4 * r + i] = _mm512_fmadd_ps(we[r], xe, acc[4 * r + i]);
+                acc[4 * r + i] = _mm512_fmadd_ps(wo[r], xo, acc[4 * r + i]);
+            }
+        }
+    }
+    __m512 s = split_reduce16(acc);
+    __mmask8 rm = (__mmask8)((1u << R) - 1);
+    _mm_mask_storeu_ps(y, rm, _mm512_extractf32x4_ps(s, 0));
+    if (M > 1) _mm_mask_storeu_ps(y + (size_t)ldy, rm, _mm512_extractf32x4_ps(s, 1));
+    if (M > 2) _mm_mask_storeu_ps(y + 2 * (size_t)ldy, rm, _mm512_extractf32x4_ps(s, 2));
+    if (M > 3) _mm_mask_storeu_ps(y + 3 * (size_t)ldy, rm, _mm512_extractf32x4_ps(s, 3));
+}
+
+/* the tiles of x rows [i, i + M) against weight rows [rb, re); pf: the first tiles of x
+ * start the same rows of the next block (up to r1) on their way into L1 */
+AVX512 INLINE void split_rows(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, int rb,
+                              int re, int r1, bool pf, const int M) {
+    int r = rb;
+    for (; r + 4 <= re; r += 4) {
+        const uint16_t *p = pf && r + 2 * SPLIT_ROW_BLOCK + 4 <= r1 ? w + (size_t)(r + 2 * SPLIT_ROW_BLOCK) * cols : NULL;
+        split_tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 4, p);
+    }
+    switch (re - r) {
+    case 3: split_tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 3, NULL); break;
+    case 2: split_tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 2, NULL); break;
+    case 1: split_tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 1, NULL); break;
+    default: break;
+    }
+}
+
+AVX512 void cs_gemm_split_avx512(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1) {
+    const uint16_t *wd = w->data;
+    int cols = w->cols;
+    size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    for (int rb = r0; rb < r1; rb += SPLIT_ROW_BLOCK) {
+        int re = rb + SPLIT_ROW_BLOCK < r1 ? rb + SPLIT_ROW_BLOCK : r1;
+        int i = 0;
+        for (; i + 4 <= n; i += 4)
+            split_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 4);
+        switch (n - i) {
+        case 3: split_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 3); break;
+        case 2: split_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 2); break;
+        case 1: split_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 1); break;
+        default: break;
+        }
+    }
+}
 /* ---- packed GEMM (prefill) ----
  * y = x · Wᵀ in F32 FMAs for many rows of x: the task's weight rows are widened once into
  * panels of 32 rows, k-major (panel[k][0..32), 128 bytes per k, zero past the last row), then
