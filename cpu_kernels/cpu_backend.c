@@ -51,7 +51,8 @@ typedef struct cpu_ctx {
     bool avx2;            /* AVX2 + FMA: the LoRA kernels' 8-lane path */
     bool dpbf16;          /* AVX512-BF16 GEMMs usable (cs_cpu_has_avx512_bf16) */
     bool packed;          /* large n: cs_gemm_packed_avx512/avx2, not OpenBLAS */
-    bool split;           /* BF16 dot tiles on x packed even/odd (cs_gemm_split_avx512) */
+    cs_rows_fn split;     /* BF16 dot tiles on x packed even/odd (cs_gemm_split_avx512/avx2), */
+    void (*split_pack)(float *xs, const float *x, int n, int K, int i0, int i1); /* and its packing */
     bool prec_bf16;       /* --precision bf16: x rounded to BF16 before matmuls against BF16 weights */
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
@@ -85,8 +86,8 @@ static void scratch_reserve(cpu_ctx_t *c, size_t n) {
  *     memory-bound) W tiles come straight from the weights; above (prefill) each task
  *     packs its weight block. x has 3 terms (exact; CS_AMX_TERMS=2 trades 2^-17 for speed).
  *   Otherwise n = 1 uses the GEMV, 2..TILE_MAX_N the 4x4 dot tiles of the batch-invariant
- *     kernel (weights read once per 4 rows of x, in their dtype; BF16 on AVX-512 against x
- *     packed even/odd, cs_gemm_split_avx512, the next blocks' rows prefetched into L2), and
+ *     kernel (weights read once per 4 rows of x, in their dtype; BF16 against x packed
+ *     even/odd, cs_gemm_split_avx512/avx2, the next blocks' rows prefetched into L2), and
  *     larger n the packed FMA GEMM (or slabs widened to F32 for OpenBLAS sgemm).
  *   --batch-invariant (c->invariant): the dot tiles at every n.
  *   --precision bf16 (c->prec_bf16), BF16 weights: x is rounded to BF16 (round_input) and
@@ -244,24 +245,24 @@ static void split_pack_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     (void)thread;
     int i0 = task * j->tiles_per_task;
-    cs_split_pack_x_avx512((float *)j->c->xpack, j->x, j->n, j->w->cols, i0, CS_MIN(j->n, i0 + j->tiles_per_task));
+    j->c->split_pack((float *)j->c->xpack, j->x, j->n, j->w->cols, i0, CS_MIN(j->n, i0 + j->tiles_per_task));
 }
 
-/* the dot tiles' kernel for n rows of *x against weights of dtype dt and K columns: BF16 on
- * AVX-512 packs x even/odd into c->xpack (in the pool when there are many rows: the
+/* the dot tiles' kernel for n rows of *x against weights of dtype dt and K columns: BF16
+ * packs x even/odd into c->xpack (in the pool when there are many rows: the
  * batch-invariant prefill) and points *x at it */
 static cs_rows_fn tile_kernel(cpu_ctx_t *c, const float **x, int n, int K, cs_dtype dt) {
     if (!c->split || dt != CS_DTYPE_BF16) return c->tile;
     xpack_reserve(c, 2 * cs_split_xs_len(n, K)); /* in bf16 units */
     if (n < 64) {
-        cs_split_pack_x_avx512((float *)c->xpack, *x, n, K, 0, n);
+        c->split_pack((float *)c->xpack, *x, n, K, 0, n);
     } else {
         cs_weight_t shape = {CS_DTYPE_BF16, 0, K, NULL};
         struct mm_job pj = {c, NULL, *x, n, &shape, NULL, 0, 0, (n + 2 * c->n_threads - 1) / (2 * c->n_threads), NULL};
         threadpool_run(c->pool, (n + pj.tiles_per_task - 1) / pj.tiles_per_task, split_pack_task, &pj);
     }
     *x = (const float *)c->xpack;
-    return cs_gemm_split_avx512;
+    return c->split;
 }
 
 /* weight rows per task of the batch-invariant GEMM: about four tasks per thread, whole
@@ -1211,7 +1212,6 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->dpbf16 = c->avx512 && !(p && p->no_dpbf16) && cs_cpu_has_avx512_bf16();
     c->prec_bf16 = p && p->precision_bf16;
     c->packed = (c->avx512 || c->avx2) && !(p && p->no_packed);
-    c->split = c->avx512 && !(p && p->no_split);
     const char *base = c->reference ? "reference"
                        : c->invariant ? (c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas")
                        : c->amx       ? "amx"
@@ -1228,11 +1228,13 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     if (c->avx512) {
         c->gemv = s4 ? cs_gemv_rows_avx512_s4 : cs_gemv_rows_avx512;
         c->tile = cs_gemm_invariant_avx512;
+        if (!(p && p->no_split)) c->split = cs_gemm_split_avx512, c->split_pack = cs_split_pack_x_avx512;
         c->convert = cs_convert_rows_avx512;
         c->softmax = softmax_avx512;
     } else if (c->avx2) {
         c->gemv = s4 ? cs_gemv_rows_avx2_s4 : cs_gemv_rows_avx2;
         c->tile = cs_gemm_invariant_avx2;
+        if (!(p && p->no_split)) c->split = cs_gemm_split_avx2, c->split_pack = cs_split_pack_x_avx2;
         c->convert = cs_convert_rows_avx2;
         c->softmax = cs_softmax_avx2;
     } else {

@@ -73,6 +73,11 @@ void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
 void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 void cs_gemv_rows_avx2_s4(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+/* cs_gemm_split_avx512 in 8 lanes (kernels_avx2.c): x packed by cs_split_pack_x_avx2 (each 16
+ * columns as their even then odd elements, rows cs_split_xs_len / n apart, zero past K), BF16
+ * weights only, batch-invariant (its own fixed sequence) */
+void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, int i1);
+void cs_gemm_split_avx2(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1);
 void cs_convert_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
 /* cs_gemm_packed_avx512's contract in 8 lanes: x in tiles of CS_PACKED_MR_AVX2 rows, a 6 × 16
  * register tile, panels of 16 weight rows (wp: cs_gemm_packed_wp_len floats) */

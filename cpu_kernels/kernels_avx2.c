@@ -139,7 +139,7 @@ AVX2 INLINE void gemm_tiles_impl(float *y, int ldy, const float *x, int n, const
                         bool pf = rb + TB_ROWS < r1;
                         int c = 0;
                         for (; c + 8 <= len; c += 8) {
-                            if (pf && (c & 31) == 0) _mm_prefetch(next + 2 * c, _MM_HINT_T0);
+                            if (pf && (c & 31) == 0) _mm_prefetch(next + 2 * c, _MM_HINT_T1);
                             _mm256_store_ps(dst + c, load8(src, (size_t)c, dt));
                         }
                         for (; c < len; c++) dst[c] = dt == CS_DTYPE_BF16 ? cs_bf16_to_f32(src[c]) : cs_f16_to_f32(src[c]);
@@ -165,6 +165,124 @@ AVX2 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const
     }
 }
 
+
+/* ---- the split dot tiles (BF16 weights): kernels_avx512.c's cs_gemm_split_avx512 in 8 lanes ----
+ * x packed once per matmul, each 16 columns as their 8 even then 8 odd elements (rows
+ * cs_split_xs_len's stride apart, zero past K); a 32-byte load of a weight row's 16 BF16
+ * widened by a shift (the even ones) and a mask (the odd ones). Tiles of 4 x rows × 2 weight
+ * rows: 8 accumulators, 4 weight vectors and x's two halves in the 16 registers. The 8 sums
+ * of a tile come from one transposing tree whose pairing of lanes (l with l+4, then l+2,
+ * l+1) is the same for every accumulator, so each y[i, r] is one fixed sequence of
+ * operations (batch-invariant). The first tiles of x start the rows two blocks ahead on their
+ * way into L2. */
+#define SPLIT2_ROW_BLOCK 8
+
+AVX2 void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, int i1) {
+    size_t kp = (size_t)(K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    (void)n;
+    for (int i = i0; i < i1; i++) {
+        const float *src = x + (size_t)i * K;
+        float *dst = xs + (size_t)i * kp;
+        int c = 0;
+        for (; c < K; c += 16) {
+            __m256 x0, x1;
+            if (c + 16 <= K) {
+                x0 = _mm256_loadu_ps(src + c);
+                x1 = _mm256_loadu_ps(src + c + 8);
+            } else {
+                x0 = loadx_tail(src + c, K - c < 8 ? K - c : 8);
+                x1 = K - c > 8 ? loadx_tail(src + c + 8, K - c - 8) : _mm256_setzero_ps();
+            }
+            /* shuffle leaves the 64-bit pairs (0 2)(8 10)(4 6)(12 14): the permute orders them */
+            _mm256_store_ps(dst + c, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0x88)), 0xd8)));
+            _mm256_store_ps(dst + c + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0xdd)), 0xd8)));
+        }
+        for (; (size_t)c < kp; c += 8) _mm256_store_ps(dst + c, _mm256_setzero_ps());
+    }
+}
+
+/* accumulator of x row i, weight row r: the tree below leaves its sum in lane 2i + r */
+#define SPLIT2_ACC(i, r) (4 * ((i) & 1) + ((i) >> 1) + 2 * (r))
+
+/* y[i, r] for i < M ≤ 4, r < R ≤ 2 */
+AVX2 INLINE void split2_tile(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, const int M,
+                             const int R, const uint16_t *pf) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+    for (int c = 0; c < cols; c += 16) {
+        __m256 we[2], wo[2];
+        if (pf && (c & 31) == 0)
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * cols + c), _MM_HINT_T1);
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            __m256i v;
+            if (c + 16 <= cols) {
+                v = _mm256_loadu_si256((const __m256i *)(w + (size_t)r * cols + c));
+            } else { /* the last columns: zero past the row, as x is */
+                uint16_t t[16] = {0};
+                memcpy(t, w + (size_t)r * cols + c, sizeof(uint16_t) * (size_t)(cols - c));
+                v = _mm256_loadu_si256((const __m256i *)t);
+            }
+            we[r] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+            wo[r] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < M; i++) {
+            __m256 xe = _mm256_load_ps(xs + (size_t)i * kp + c), xo = _mm256_load_ps(xs + (size_t)i * kp + c + 8);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                a[SPLIT2_ACC(i, r)] = _mm256_fmadd_ps(we[r], xe, a[SPLIT2_ACC(i, r)]);
+                a[SPLIT2_ACC(i, r)] = _mm256_fmadd_ps(wo[r], xo, a[SPLIT2_ACC(i, r)]);
+            }
+        }
+    }
+    __m256 s[4], t[2];
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) /* lane l + lane l+4: a[2m]'s four sums low, a[2m+1]'s high */
+        s[m] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * m], a[2 * m + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * m], a[2 * m + 1], 0x31));
+#pragma GCC unroll 2
+    for (int m = 0; m < 2; m++) /* + lane l+2 */
+        t[m] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * m], s[2 * m + 1], 0x44), _mm256_shuffle_ps(s[2 * m], s[2 * m + 1], 0xee));
+    /* + lane l+1: lanes a[0], a[2], a[4], a[6], a[1], a[3], a[5], a[7] */
+    __attribute__((aligned(32))) float out[8];
+    _mm256_store_ps(out, _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88), _mm256_shuffle_ps(t[0], t[1], 0xdd)));
+#pragma GCC unroll 4
+    for (int i = 0; i < M; i++)
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) y[(size_t)i * ldy + r] = out[2 * i + r];
+}
+
+AVX2 INLINE void split2_rows(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, int rb, int re,
+                             int r1, bool pf, const int M) {
+    int r = rb;
+    for (; r + 2 <= re; r += 2) {
+        const uint16_t *p = pf && r + 2 * SPLIT2_ROW_BLOCK + 2 <= r1 ? w + (size_t)(r + 2 * SPLIT2_ROW_BLOCK) * cols : NULL;
+        split2_tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 2, p);
+    }
+    if (r < re) split2_tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 1, NULL);
+}
+
+AVX2 void cs_gemm_split_avx2(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1) {
+    const uint16_t *wd = w->data;
+    int cols = w->cols;
+    size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    for (int rb = r0; rb < r1; rb += SPLIT2_ROW_BLOCK) {
+        int re = rb + SPLIT2_ROW_BLOCK < r1 ? rb + SPLIT2_ROW_BLOCK : r1;
+        int i = 0;
+        for (; i + 4 <= n; i += 4)
+            split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 4);
+        switch (n - i) {
+        case 3: split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 3); break;
+        case 2: split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 2); break;
+        case 1: split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 1); break;
+        default: break;
+        }
+    }
+}
 /* ---- GEMV: one x row against BF16 weights, memory-bound ----
  * S rows at a time taken from that many separate stretches of [r0, r1), so the loads form as
  * many sequential streams, each prefetched PF bytes ahead. A 32-byte load holds 16 bf16: a

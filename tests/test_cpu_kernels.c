@@ -441,53 +441,64 @@ START_TEST(test_gemv_streams) {
 }
 END_TEST
 
-/* the AVX-512 split dot tiles called directly: x's packing against a plain loop (even then
- * odd elements of each 32 columns, zero past K), y against the reference for n 1..40, every
- * tail of K and of the 4-row tiles, the weight rows split over two calls (tasks) and blocks
- * that prefetch the next ones; and batch invariance: a row alone, or any split of the weight
- * rows, gives the same bits. Skipped without AVX-512. */
+/* the split dot tiles called directly, AVX-512 and AVX2: x's packing against a plain loop
+ * (even then odd elements of each 32 or 16 columns, zero past K), y against the reference
+ * for n 1..40, every tail of K and of the tiles, the weight rows split over two calls (tasks)
+ * and blocks that prefetch the next ones; and batch invariance: a row alone, or any split of
+ * the weight rows, gives the same bits. Each ISA skipped where the CPU lacks it. */
 START_TEST(test_split_tiles) {
-    if (!cs_cpu_has_avx512()) return;
-    static const int colss[] = {1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257, 1030};
-    float worst = 0;
-    for (int n = 1; n <= 40; n += (n < 9 ? 1 : 5))
-        for (size_t ci = 0; ci < CS_ARRAY_LEN(colss); ci++) {
-            int rows = 1 + (int)(cs_rng_next(&rng) % 70), cols = colss[ci];
-            size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
-            void *mem;
-            cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
-            float *x = randv((size_t)n * cols, 1.0f);
-            ck_assert_uint_eq(cs_split_xs_len(n, cols), (size_t)n * kp);
-            float *xs = cs_aligned_alloc(64, sizeof(float) * cs_split_xs_len(n, cols));
-            memset(xs, 0xff, sizeof(float) * cs_split_xs_len(n, cols)); /* NaN: every place must be written */
-            cs_split_pack_x_avx512(xs, x, n, cols, 0, n / 2);
-            cs_split_pack_x_avx512(xs, x, n, cols, n / 2, n);
-            for (int i = 0; i < n; i++)
-                for (size_t k = 0; k < kp; k++) {
-                    size_t b = k / 32 * 32, j = k % 32, src = b + (j < 16 ? 2 * j : 2 * (j - 16) + 1);
-                    float want = src < (size_t)cols ? x[(size_t)i * cols + src] : 0.0f;
-                    ck_assert_msg(!memcmp(&xs[(size_t)i * kp + k], &want, sizeof want), "split pack n=%d K=%d: row %d col %zu",
-                                  n, cols, i, k);
-                }
-            float *y = malloc(sizeof(float) * n * rows), *y2 = malloc(sizeof(float) * n * rows);
-            float *yr = malloc(sizeof(float) * n * rows), *one = malloc(sizeof(float) * rows);
-            cs_gemm_split_avx512(y, rows, xs, n, &w, 0, rows);
-            int split = (int)(cs_rng_next(&rng) % (unsigned)(rows + 1));
-            cs_gemm_split_avx512(y2, rows, xs, n, &w, 0, split);
-            cs_gemm_split_avx512(y2, rows, xs, n, &w, split, rows);
-            cs_matmul_ref(yr, x, n, &w, NULL);
-            float e = max_rel_err(y, yr, (size_t)n * rows);
-            worst = fmaxf(worst, e);
-            ck_assert_msg(e < 2e-6f, "split tiles n=%d %dx%d: rel err %g", n, rows, cols, e);
-            ck_assert_msg(!memcmp(y, y2, sizeof(float) * n * rows), "split tiles n=%d %dx%d: rows split at %d differ", n,
-                          rows, cols, split);
-            int i = (int)(cs_rng_next(&rng) % (unsigned)n);
-            cs_gemm_split_avx512(one, rows, xs + (size_t)i * kp, 1, &w, 0, rows);
-            ck_assert_msg(!memcmp(one, y + (size_t)i * rows, sizeof(float) * rows), "split tiles n=%d %dx%d: row %d differs alone",
-                          n, rows, cols, i);
-            free(mem); free(x); free(xs); free(y); free(y2); free(yr); free(one);
-        }
-    printf("avx512 split dot tiles: max rel err %.3g\n", worst);
+    static const int colss[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257, 1030};
+    static const struct {
+        const char *name;
+        int b; /* columns per even/odd block */
+        void (*pack)(float *, const float *, int, int, int, int);
+        void (*tile)(float *, int, const float *, int, const cs_weight_t *, int, int);
+    } isas[] = {{"avx512", 32, cs_split_pack_x_avx512, cs_gemm_split_avx512},
+                {"avx2", 16, cs_split_pack_x_avx2, cs_gemm_split_avx2}};
+    for (size_t v = 0; v < CS_ARRAY_LEN(isas); v++) {
+        if (v == 0 ? !cs_cpu_has_avx512() : !cs_cpu_has_avx2()) continue;
+        int hb = isas[v].b / 2;
+        float worst = 0;
+        for (int n = 1; n <= 40; n += (n < 9 ? 1 : 5))
+            for (size_t ci = 0; ci < CS_ARRAY_LEN(colss); ci++) {
+                int rows = 1 + (int)(cs_rng_next(&rng) % 70), cols = colss[ci];
+                size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+                void *mem;
+                cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
+                float *x = randv((size_t)n * cols, 1.0f);
+                ck_assert_uint_eq(cs_split_xs_len(n, cols), (size_t)n * kp);
+                float *xs = cs_aligned_alloc(64, sizeof(float) * cs_split_xs_len(n, cols));
+                memset(xs, 0xff, sizeof(float) * cs_split_xs_len(n, cols)); /* NaN: every place must be written */
+                isas[v].pack(xs, x, n, cols, 0, n / 2);
+                isas[v].pack(xs, x, n, cols, n / 2, n);
+                for (int i = 0; i < n; i++)
+                    for (size_t k = 0; k < kp; k++) {
+                        size_t b = k / (size_t)isas[v].b * (size_t)isas[v].b, j = k - b;
+                        size_t src = b + (j < (size_t)hb ? 2 * j : 2 * (j - (size_t)hb) + 1);
+                        float want = src < (size_t)cols ? x[(size_t)i * cols + src] : 0.0f;
+                        ck_assert_msg(!memcmp(&xs[(size_t)i * kp + k], &want, sizeof want),
+                                      "%s split pack n=%d K=%d: row %d col %zu", isas[v].name, n, cols, i, k);
+                    }
+                float *y = malloc(sizeof(float) * n * rows), *y2 = malloc(sizeof(float) * n * rows);
+                float *yr = malloc(sizeof(float) * n * rows), *one = malloc(sizeof(float) * rows);
+                isas[v].tile(y, rows, xs, n, &w, 0, rows);
+                int split = (int)(cs_rng_next(&rng) % (unsigned)(rows + 1));
+                isas[v].tile(y2, rows, xs, n, &w, 0, split);
+                isas[v].tile(y2, rows, xs, n, &w, split, rows);
+                cs_matmul_ref(yr, x, n, &w, NULL);
+                float e = max_rel_err(y, yr, (size_t)n * rows);
+                worst = fmaxf(worst, e);
+                ck_assert_msg(e < 2e-6f, "%s split tiles n=%d %dx%d: rel err %g", isas[v].name, n, rows, cols, e);
+                ck_assert_msg(!memcmp(y, y2, sizeof(float) * n * rows), "%s split tiles n=%d %dx%d: rows split at %d differ",
+                              isas[v].name, n, rows, cols, split);
+                int i = (int)(cs_rng_next(&rng) % (unsigned)n);
+                isas[v].tile(one, rows, xs + (size_t)i * kp, 1, &w, 0, rows);
+                ck_assert_msg(!memcmp(one, y + (size_t)i * rows, sizeof(float) * rows),
+                              "%s split tiles n=%d %dx%d: row %d differs alone", isas[v].name, n, rows, cols, i);
+                free(mem); free(x); free(xs); free(y); free(y2); free(yr); free(one);
+            }
+        printf("%s split dot tiles: max rel err %.3g\n", isas[v].name, worst);
+    }
 }
 END_TEST
 
