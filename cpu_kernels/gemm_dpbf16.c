@@ -105,6 +105,36 @@ DPBF16 void cs_dpbf16_pack_x(uint16_t *xp, const float *x, int n, int K, int ter
             }
         return;
     }
+    if (!small && terms == 1) {
+        /* whole tiles of DP_MR rows inside [r0, r1): each 32-column block of the tile's rows
+         * split, then turned so that each pair's DP_MR rows are one store; the rows around
+         * them one at a time, below */
+        int a = (r0 + DP_MR - 1) / DP_MR * DP_MR, e = r1 / DP_MR * DP_MR;
+        if (a < e) {
+            for (int m0 = a; m0 < e; m0 += DP_MR)
+                for (int kb = 0; kb < kb_n; kb++) {
+                    __m512i r[16];
+                    int left = K - kb * 32;
+                    __mmask16 m0k = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                    __mmask16 m1k = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                    for (int i = 0; i < 16; i++) {
+                        if (i < DP_MR && m0 + i < n) {
+                            const float *src = x + (size_t)(m0 + i) * K + kb * 32;
+                            vnni_split32(&r[i], _mm512_maskz_loadu_ps(m0k, src), _mm512_maskz_loadu_ps(m1k, src + 16), 1);
+                        } else {
+                            r[i] = _mm512_setzero_si512();
+                        }
+                    }
+                    vnni_transpose16(r);
+                    for (int p = 0; p < 16; p++)
+                        _mm512_mask_storeu_epi32(xq + (((size_t)(m0 / DP_MR) * kp_n + (size_t)kb * 16 + p) * DP_MR),
+                                                 (__mmask16)((1u << DP_MR) - 1), r[p]);
+                }
+            if (r0 < a) cs_dpbf16_pack_x(xp, x, n, K, terms, r0, a);
+            if (e < r1) cs_dpbf16_pack_x(xp, x, n, K, terms, e, r1);
+            return;
+        }
+    }
     size_t idx[16]; /* where pair p of a 16-pair block goes, from the block's place */
     for (int p = 0; p < 16; p++)
         idx[p] = lanes ? (size_t)(p / J * 16 + p % J) : small ? (size_t)p * 16 : (size_t)p * DP_MR * (size_t)terms;
