@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/simd.h"
 #include "cpu_kernels/vnni.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
@@ -285,9 +286,8 @@ AVX512 void cs_gemm_invariant_avx512(float *y, int ldy, const float *x, int n, c
  * mask the odd ones, and they meet x's even and odd halves. (Widening 16 BF16 in column order
  * costs a zero-extending shuffle and a shift per 16, on the ports the FMAs share.) Tiles of 4
  * x rows × 4 weight rows, 16 accumulators; each accumulator takes, per 32 columns, the even
- * FMA then the odd one. At the end the 16 accumulators are summed into one vector by a
- * transposing tree (45 instructions for what 16 horizontal sums do in about 130), whose
- * pairing of lanes (l with l+8, then l+4, l+2, l+1) is the same for every accumulator,
+ * FMA then the odd one. At the end the 16 accumulators are summed into one vector by
+ * cs_reduce16_avx512's transposing tree, which pairs every accumulator's lanes the same way,
  * whichever place it has in the tile and whether the tile is full or not. So each y[i, r] is
  * one fixed sequence of operations, bit-identical whatever n, i's place or [r0, r1). */
 #define SPLIT_ROW_BLOCK 8 /* weight rows kept in cache while all of x passes */
@@ -311,25 +311,6 @@ AVX512 void cs_split_pack_x_avx512(float *xs, const float *x, int n, int K, int 
             _mm512_store_ps(dst + c + 16, _mm512_permutex2var_ps(a, io, b));
         }
     }
-}
-
-/* the 16 accumulators a[4r + i] summed, lane 4i + r taking a[4r + i]'s sum */
-AVX512 INLINE __m512 split_reduce16(const __m512 *a) {
-    __m512 s[8], t[4], v[2];
-#pragma GCC unroll 8
-    for (int m = 0; m < 8; m++) /* lane l + lane l+8: a[2m]'s eight sums low, a[2m+1]'s high */
-        s[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xee));
-#pragma GCC unroll 4
-    for (int m = 0; m < 4; m++) /* + lane l+4: a quarter each of a[4m .. 4m+3] */
-        t[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], 0x88),
-                             _mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], 0xdd));
-#pragma GCC unroll 2
-    for (int m = 0; m < 2; m++) /* + lane l+2 */
-        v[m] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * m], t[2 * m + 1], 0x44),
-                             _mm512_shuffle_ps(t[2 * m], t[2 * m + 1], 0xee));
-    /* + lane l+1: quarter q holds a[q], a[4 + q], a[8 + q], a[12 + q] */
-    return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
 }
 
 /* y[i, r] for i < M, r < R (M, R ≤ 4): packed x rows kp apart, w rows at w + r · cols */
@@ -365,12 +346,12 @@ AVX512 INLINE void split_tile(float *y, int ldy, const float *xs, size_t kp, con
             __m512 xe = _mm512_load_ps(xs + (size_t)i * kp + c), xo = _mm512_load_ps(xs + (size_t)i * kp + c + 16);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                acc[4 * r + i] = _mm512_fmadd_ps(we[r], xe, acc[4 * r + i]);
-                acc[4 * r + i] = _mm512_fmadd_ps(wo[r], xo, acc[4 * r + i]);
+                acc[4 * i + r] = _mm512_fmadd_ps(we[r], xe, acc[4 * i + r]);
+                acc[4 * i + r] = _mm512_fmadd_ps(wo[r], xo, acc[4 * i + r]);
             }
         }
     }
-    __m512 s = split_reduce16(acc);
+    __m512 s = cs_reduce16_avx512(acc); /* lane 4i + r: y[i, r] */
     __mmask8 rm = (__mmask8)((1u << R) - 1);
     _mm_mask_storeu_ps(y, rm, _mm512_extractf32x4_ps(s, 0));
     if (M > 1) _mm_mask_storeu_ps(y + (size_t)ldy, rm, _mm512_extractf32x4_ps(s, 1));

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/simd.h"
 
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
@@ -211,6 +212,39 @@ AVX512 static void expand_avx512(float *y, int ld_y, const float *t, int ld_t, i
             _mm512_mask_storeu_ps(yi, m, _mm512_fmadd_ps(vs, acc[i], _mm512_maskz_loadu_ps(m, yi)));
         }
     }
+}
+
+/* y[i, c] += scale · dot(t[i, :rank], b[c, :rank]) for c in [c0, c1), rank a multiple of 16:
+ * B's rows read in order, one stream (Bᵀ's rows, read a column group at a time, are rank
+ * streams of 128 bytes a visit, which the prefetchers do not run ahead of: 1.45x the time
+ * for the same bytes), each output's products in one vector (a chain of FMAs over rank / 16
+ * steps), 16 outputs summed at once by cs_reduce16_avx512's tree. Each y[i, c] is the same
+ * sequence whatever n and c's place. */
+AVX512 static void expand_b_avx512(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt,
+                                   int rank, int c0, int c1, float scale) {
+    __m512 vs = _mm512_set1_ps(scale);
+    for (int c = c0; c < c1; c += 16) {
+        int m = c1 - c < 16 ? c1 - c : 16;
+        __mmask16 mk = (__mmask16)((1u << m) - 1);
+        for (int i = 0; i < n; i++) {
+            const float *ti = t + (size_t)i * ld_t;
+            __m512 acc[16];
+#pragma GCC unroll 16
+            for (int o = 0; o < 16; o++) {
+                if (o >= m) { acc[o] = _mm512_setzero_ps(); continue; }
+                size_t row = (size_t)(c + o) * rank;
+                acc[o] = _mm512_mul_ps(_mm512_loadu_ps(ti), load16(b, dt, row));
+                for (int j = 16; j < rank; j += 16) acc[o] = _mm512_fmadd_ps(_mm512_loadu_ps(ti + j), load16(b, dt, row + j), acc[o]);
+            }
+            float *yi = y + (size_t)i * ld_y + c;
+            _mm512_mask_storeu_ps(yi, mk, _mm512_fmadd_ps(vs, cs_reduce16_avx512(acc), _mm512_maskz_loadu_ps(mk, yi)));
+        }
+    }
+}
+
+void cs_lora_expand_b_avx512(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt, int rank,
+                             int c0, int c1, float scale) {
+    expand_b_avx512(y, ld_y, t, ld_t, n, b, dt, rank, c0, c1, scale);
 }
 
 void cs_lora_expand_bt(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt, int rank,
