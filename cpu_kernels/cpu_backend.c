@@ -1038,8 +1038,10 @@ static void lora_seg_expand(const struct lora_batch_job *j, const cpu_lora_seg_t
     const float *t = j->t + (size_t)g->row0 * j->ld_t;
     float *y = j->y + (size_t)g->row0 * j->d_out;
     cs_isa isa = lora_isa(j->c);
-    if (lora_small(j, g) && g->b && g->rank % 16 == 0 && isa == CS_ISA_AVX512) { /* B's rows in order */
-        cs_lora_expand_b_avx512(y, j->d_out, t, j->ld_t, g->n, g->b, g->dtype, g->rank, c0, c1, g->scale);
+    if (lora_small(j, g) && g->b && cs_lora_expand_b_fits(g->rank, isa)) { /* B's rows in order */
+        for (int i0 = 0; i0 < g->n; i0 += CS_LORA_SMALL_M)
+            cs_lora_expand_b(y + (size_t)i0 * j->d_out, j->d_out, t + (size_t)i0 * j->ld_t, j->ld_t,
+                             CS_MIN(CS_LORA_SMALL_M, g->n - i0), g->b, g->dtype, g->rank, c0, c1, g->scale, isa);
         return;
     }
     if (lora_small(j, g) && g->bt) { /* streams Bᵀ's rows, 8 or 16 outputs per vector, no horizontal sums */

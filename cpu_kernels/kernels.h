@@ -32,11 +32,12 @@ float cs_lora_dot(const float *x, const void *w, cs_dtype dt, int n, cs_isa isa)
  * F32 or BF16, t rows ld_t apart */
 void cs_lora_expand_bt(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt, int rank,
                        int c0, int c1, float scale, cs_isa isa);
-/* the same from B itself (d_out, rank), rank a multiple of 16, AVX-512 only (call when
- * cs_cpu_has_avx512()): B's rows in order, 16 outputs summed by one tree (kernels_lora.c);
- * its own fixed sequence per element, not the bits of cs_lora_expand_bt */
-void cs_lora_expand_b_avx512(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt, int rank,
-                             int c0, int c1, float scale);
+/* the same from B itself (d_out, rank): B's rows in order, 16 (AVX-512) or 8 (AVX2) outputs
+ * summed by one tree; its own fixed sequence per element, not the bits of cs_lora_expand_bt.
+ * Only where cs_lora_expand_b_fits: rank a multiple of 16 (AVX-512) or 8 (AVX2). */
+bool cs_lora_expand_b_fits(int rank, cs_isa isa);
+void cs_lora_expand_b(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt, int rank, int c0,
+                      int c1, float scale, cs_isa isa);
 
 /* ---- AVX-512 kernels (call only when cs_cpu_has_avx512()) ---- */
 int cs_cpu_has_avx512(void);

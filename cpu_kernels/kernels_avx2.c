@@ -10,6 +10,7 @@
 
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/kernels_paged.h"
+#include "cpu_kernels/simd.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -171,9 +172,8 @@ AVX2 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const
  * cs_split_xs_len's stride apart, zero past K); a 32-byte load of a weight row's 16 BF16
  * widened by a shift (the even ones) and a mask (the odd ones). Tiles of 4 x rows × 2 weight
  * rows: 8 accumulators, 4 weight vectors and x's two halves in the 16 registers. The 8 sums
- * of a tile come from one transposing tree whose pairing of lanes (l with l+4, then l+2,
- * l+1) is the same for every accumulator, so each y[i, r] is one fixed sequence of
- * operations (batch-invariant). The first tiles of x start the rows two blocks ahead on their
+ * of a tile come from one transposing tree (cs_reduce8_avx2) that pairs every accumulator's
+ * lanes the same way, so each y[i, r] is one fixed sequence of operations (batch-invariant). The first tiles of x start the rows two blocks ahead on their
  * way into L2. */
 #define SPLIT2_ROW_BLOCK 8
 
@@ -200,9 +200,6 @@ AVX2 void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, 
         for (; (size_t)c < kp; c += 8) _mm256_store_ps(dst + c, _mm256_setzero_ps());
     }
 }
-
-/* accumulator of x row i, weight row r: the tree below leaves its sum in lane 2i + r */
-#define SPLIT2_ACC(i, r) (4 * ((i) & 1) + ((i) >> 1) + 2 * (r))
 
 /* y[i, r] for i < M ≤ 4, r < R ≤ 2 */
 AVX2 INLINE void split2_tile(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, const int M,
@@ -234,22 +231,13 @@ AVX2 INLINE void split2_tile(float *y, int ldy, const float *xs, size_t kp, cons
             __m256 xe = _mm256_load_ps(xs + (size_t)i * kp + c), xo = _mm256_load_ps(xs + (size_t)i * kp + c + 8);
 #pragma GCC unroll 2
             for (int r = 0; r < R; r++) {
-                a[SPLIT2_ACC(i, r)] = _mm256_fmadd_ps(we[r], xe, a[SPLIT2_ACC(i, r)]);
-                a[SPLIT2_ACC(i, r)] = _mm256_fmadd_ps(wo[r], xo, a[SPLIT2_ACC(i, r)]);
+                a[2 * i + r] = _mm256_fmadd_ps(we[r], xe, a[2 * i + r]);
+                a[2 * i + r] = _mm256_fmadd_ps(wo[r], xo, a[2 * i + r]);
             }
         }
     }
-    __m256 s[4], t[2];
-#pragma GCC unroll 4
-    for (int m = 0; m < 4; m++) /* lane l + lane l+4: a[2m]'s four sums low, a[2m+1]'s high */
-        s[m] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * m], a[2 * m + 1], 0x20),
-                             _mm256_permute2f128_ps(a[2 * m], a[2 * m + 1], 0x31));
-#pragma GCC unroll 2
-    for (int m = 0; m < 2; m++) /* + lane l+2 */
-        t[m] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * m], s[2 * m + 1], 0x44), _mm256_shuffle_ps(s[2 * m], s[2 * m + 1], 0xee));
-    /* + lane l+1: lanes a[0], a[2], a[4], a[6], a[1], a[3], a[5], a[7] */
     __attribute__((aligned(32))) float out[8];
-    _mm256_store_ps(out, _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88), _mm256_shuffle_ps(t[0], t[1], 0xdd)));
+    _mm256_store_ps(out, cs_reduce8_avx2(a)); /* lane 2i + r: y[i, r] */
 #pragma GCC unroll 4
     for (int i = 0; i < M; i++)
 #pragma GCC unroll 2

@@ -242,9 +242,43 @@ AVX512 static void expand_b_avx512(float *y, int ld_y, const float *t, int ld_t,
     }
 }
 
-void cs_lora_expand_b_avx512(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt, int rank,
-                             int c0, int c1, float scale) {
-    expand_b_avx512(y, ld_y, t, ld_t, n, b, dt, rank, c0, c1, scale);
+/* the same in 8 lanes: rank a multiple of 8, 8 outputs a tree */
+AVX2 static void expand_b_avx2(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt, int rank,
+                               int c0, int c1, float scale) {
+    __m256 vs = _mm256_set1_ps(scale);
+    for (int c = c0; c < c1; c += 8) {
+        int m = c1 - c < 8 ? c1 - c : 8;
+        for (int i = 0; i < n; i++) {
+            const float *ti = t + (size_t)i * ld_t;
+            __m256 acc[8];
+#pragma GCC unroll 8
+            for (int o = 0; o < 8; o++) {
+                if (o >= m) { acc[o] = _mm256_setzero_ps(); continue; }
+                size_t row = (size_t)(c + o) * rank;
+                acc[o] = _mm256_mul_ps(_mm256_loadu_ps(ti), load8(b, dt, row));
+                for (int j = 8; j < rank; j += 8) acc[o] = _mm256_fmadd_ps(_mm256_loadu_ps(ti + j), load8(b, dt, row + j), acc[o]);
+            }
+            float *yi = y + (size_t)i * ld_y + c;
+            if (m == 8) {
+                _mm256_storeu_ps(yi, _mm256_fmadd_ps(vs, cs_reduce8_avx2(acc), _mm256_loadu_ps(yi)));
+            } else { /* fmaf rounds once, as the lanes' FMA does */
+                __attribute__((aligned(32))) float sum[8];
+                _mm256_store_ps(sum, cs_reduce8_avx2(acc));
+                for (int o = 0; o < m; o++) yi[o] = fmaf(scale, sum[o], yi[o]);
+            }
+        }
+    }
+}
+
+bool cs_lora_expand_b_fits(int rank, cs_isa isa) {
+    return isa == CS_ISA_AVX512 ? rank % 16 == 0 : isa == CS_ISA_AVX2 && rank % 8 == 0;
+}
+
+void cs_lora_expand_b(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt, int rank, int c0,
+                      int c1, float scale, cs_isa isa) {
+    CS_ASSERT(n <= CS_LORA_SMALL_M && cs_lora_expand_b_fits(rank, isa));
+    if (isa == CS_ISA_AVX512) expand_b_avx512(y, ld_y, t, ld_t, n, b, dt, rank, c0, c1, scale);
+    else expand_b_avx2(y, ld_y, t, ld_t, n, b, dt, rank, c0, c1, scale);
 }
 
 void cs_lora_expand_bt(float *y, int ld_y, const float *t, int ld_t, int n, const void *bt, cs_dtype dt, int rank,

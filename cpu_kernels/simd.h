@@ -33,4 +33,21 @@ SIMD_TARGET SIMD_INLINE __m512 cs_reduce16_avx512(const __m512 *a) {
     return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
 }
 
+/* the same in 8 lanes (AVX2): a[0..8) summed, lane o taking a[o]'s sum, every vector's lanes
+ * paired l with l+4, then l+2, l+1 */
+__attribute__((target("avx2"))) SIMD_INLINE __m256 cs_reduce8_avx2(const __m256 *a) {
+    __m256 s[4], t[2];
+    /* the tree's last levels leave lane 4h + q holding the vector at position 2q + h: place
+     * vector o at position (o % 4) * 2 + o / 4 */
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) { /* lane l + lane l+4 */
+        int p = (2 * m) % 2 * 4 + (2 * m) / 2, q = (2 * m + 1) % 2 * 4 + (2 * m + 1) / 2;
+        s[m] = _mm256_add_ps(_mm256_permute2f128_ps(a[p], a[q], 0x20), _mm256_permute2f128_ps(a[p], a[q], 0x31));
+    }
+#pragma GCC unroll 2
+    for (int m = 0; m < 2; m++) /* + lane l+2 */
+        t[m] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * m], s[2 * m + 1], 0x44), _mm256_shuffle_ps(s[2 * m], s[2 * m + 1], 0xee));
+    return _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88), _mm256_shuffle_ps(t[0], t[1], 0xdd)); /* + lane l+1 */
+}
+
 #endif
