@@ -102,7 +102,7 @@ struct mm_job {
     const float *bias;
     int rows_per_task;
     int terms;            /* AMX, AVX512-BF16: BF16 terms of x */
-    int tiles_per_task;   /* AMX x packing: 16-row tiles per task */
+    int tiles_per_task;   /* x packing: 16-row tiles per task (AMX), rows per task (the others) */
     cs_rows_fn tile;      /* the dot tiles' kernel (on x as it is, or packed for it) */
 };
 
