@@ -242,6 +242,54 @@ AVX512 static void expand_b_avx512(float *y, int ld_y, const float *t, int ld_t,
     }
 }
 
+/* rank 16, BF16: one 64-byte load holds two outputs' rows of B (16 BF16 each), widened by a
+ * shift (the even ranks) and a mask (the odd ranks) against t's even and odd elements, so
+ * each half of a product vector is one output's 8 partial sums. The 16 outputs of 8 such
+ * vectors are summed by one tree within the halves (lane l with l+4, then l+2, l+1: the same
+ * pairing for every output, so still batch-invariant), half the loads and fewer than half
+ * the shuffles of expand_b_avx512's. */
+AVX512 static void expand_b16_avx512(float *y, int ld_y, const float *t, int ld_t, int n, const uint16_t *b, int c0,
+                                     int c1, float scale) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
+    /* the tree leaves output 4e + q in lane 4q + e */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int c = c0; c < c1; c += 16) {
+        int m = c1 - c < 16 ? c1 - c : 16;
+        __mmask16 mk = (__mmask16)((1u << m) - 1);
+        __m512i w[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) { /* rows c + 2j, c + 2j + 1; zero past c1 */
+            int e = (m - 2 * j) * 16;
+            if (e >= 32) w[j] = _mm512_loadu_si512(b + (size_t)(c + 2 * j) * 16);
+            else if (e > 0) w[j] = _mm512_maskz_loadu_epi16((__mmask32)((1ull << e) - 1), b + (size_t)(c + 2 * j) * 16);
+            else w[j] = _mm512_setzero_si512();
+        }
+        for (int i = 0; i < n; i++) {
+            __m512 ti = _mm512_loadu_ps(t + (size_t)i * ld_t);
+            __m512 te = _mm512_permutexvar_ps(ie, ti), to = _mm512_permutexvar_ps(io, ti);
+            __m512 p[8], s[4], u[2];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                p[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w[j], hi)), to,
+                                       _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w[j], 16)), te));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) /* lane l + lane l+4 of each half: outputs 4k .. 4k+3 by quarter */
+                s[k] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * k], p[2 * k + 1], 0x88),
+                                     _mm512_shuffle_f32x4(p[2 * k], p[2 * k + 1], 0xdd));
+#pragma GCC unroll 2
+            for (int k = 0; k < 2; k++) /* + lane l+2 */
+                u[k] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * k], s[2 * k + 1], 0x44),
+                                     _mm512_shuffle_ps(s[2 * k], s[2 * k + 1], 0xee));
+            __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xdd)); /* + l+1 */
+            float *yi = y + (size_t)i * ld_y + c;
+            _mm512_mask_storeu_ps(yi, mk, _mm512_fmadd_ps(vs, _mm512_permutexvar_ps(order, r), _mm512_maskz_loadu_ps(mk, yi)));
+        }
+    }
+}
+
 /* the same in 8 lanes: rank a multiple of 8, 8 outputs a tree */
 AVX2 static void expand_b_avx2(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt, int rank,
                                int c0, int c1, float scale) {
@@ -277,7 +325,9 @@ bool cs_lora_expand_b_fits(int rank, cs_isa isa) {
 void cs_lora_expand_b(float *y, int ld_y, const float *t, int ld_t, int n, const void *b, cs_dtype dt, int rank, int c0,
                       int c1, float scale, cs_isa isa) {
     CS_ASSERT(n <= CS_LORA_SMALL_M && cs_lora_expand_b_fits(rank, isa));
-    if (isa == CS_ISA_AVX512) expand_b_avx512(y, ld_y, t, ld_t, n, b, dt, rank, c0, c1, scale);
+    if (isa == CS_ISA_AVX512 && rank == 16 && dt == CS_DTYPE_BF16)
+        expand_b16_avx512(y, ld_y, t, ld_t, n, b, c0, c1, scale);
+    else if (isa == CS_ISA_AVX512) expand_b_avx512(y, ld_y, t, ld_t, n, b, dt, rank, c0, c1, scale);
     else expand_b_avx2(y, ld_y, t, ld_t, n, b, dt, rank, c0, c1, scale);
 }
 
