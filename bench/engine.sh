@@ -19,12 +19,13 @@
 #   bench/engine.sh
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/engine.sh
 # Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (3), CACHE, LLAMA_PY, DTYPE (bf16),
-#      PRECISION (exact; bf16 runs caraserve with --precision bf16)
+#      PRECISION (exact; bf16 runs caraserve with --precision bf16), LORA_DTYPE (auto: the
+#      adapters, written in F32 as peft saves them, held in F32; bf16: --lora-dtype bf16)
 # From a llama.cpp you built yourself, LLAMA_CPP_DIR needs: build/bin/llama-bench,
 # build/bin/llama-batched-bench, convert_hf_to_gguf.py and gguf-py/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-3} PRECISION=${PRECISION:-exact}
+GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-3} PRECISION=${PRECISION:-exact} LORA_DTYPE=${LORA_DTYPE:-auto}
 . bench/common.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -66,7 +67,8 @@ for r in $(seq "$REPS"); do
     for c in $configs; do
         b=${c%%:*} a=${c##*:}
         st=$("$BUILD/caraserve" batch --model "$model" "${lora_args[@]}" --requests "$work/req-$b-$a.jsonl" \
-            --precision "$PRECISION" --threads "$THREADS" --stats --max-num-seqs 64 --kv-cache-bytes 2G 2>&1 >/dev/null | grep '^{')
+            --precision "$PRECISION" --lora-dtype "$LORA_DTYPE" --threads "$THREADS" --stats --max-num-seqs 64 \
+            --kv-cache-bytes 2G 2>&1 >/dev/null | grep '^{')
         echo "{\"kind\": \"decode\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
         echo "rep $r batch $b adapters $a: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
         if [ "$c" = "1:0" ] && [ -x "$BUILD/bench/membw" ]; then # the bandwidth right after batch 1, too
@@ -92,9 +94,9 @@ for r in $(seq "$REPS"); do
 done
 
 out="bench/results/engine-$(date -u +%Y%m%dT%H%M%SZ).json"
-$PY - "$results" "$out" "$model" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" "$PRECISION" <<'PYEOF'
+$PY - "$results" "$out" "$model" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" "$PRECISION" "$LORA_DTYPE" <<'PYEOF'
 import json, os, statistics, subprocess, sys
-runs_path, out, model, threads, gen, prompt, dtype, precision = sys.argv[1:9]
+runs_path, out, model, threads, gen, prompt, dtype, precision, lora_dtype = sys.argv[1:10]
 runs = [json.loads(l) for l in open(runs_path)]
 med = statistics.median
 dec = {}
@@ -114,6 +116,7 @@ wbytes = (L * per_layer + V * h) * (2 if dtype in ("bf16", "f16") else 4)
 bws = [r["out"]["read_gb_s_best"] for r in runs if r["kind"] == "membw" and "read_gb_s_best" in r.get("out", {})]
 res = {"benchmark": "engine", "model": f"llama ~200M ({h} hidden, {L} layers, inter {inter}, vocab {V}), {dtype.upper()}",
        "threads": int(threads), "gen_tokens": int(gen), "adapter_rank": 16, "precision": precision,
+       "adapter_files": "F32", "lora_dtype": lora_dtype,
        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
        "isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
                if f in next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])],

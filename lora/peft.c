@@ -505,13 +505,26 @@ static void tensor_names(int l, int t, char *na, char *nb, size_t cap) {
     snprintf(nb, cap, PREFIX "model.layers.%d.%s.%s.lora_B.weight", l, target_parent[t], lora_target_names[t]);
 }
 
+/* T's N elements into DST as BF16: copied when T is BF16, else rounded to nearest even */
+static int to_bf16(const char *dir, const st_tensor_t *t, uint16_t *dst, size_t n) {
+    if (t->dtype == CS_DTYPE_BF16) {
+        memcpy(dst, t->data, n * sizeof(uint16_t)); /* memcpy: the file's data may be unaligned */
+        return CS_OK;
+    }
+    float *tmp = malloc(sizeof(float) * (n ? n : 1));
+    if (!tmp) return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
+    int rc = convert(dir, t, tmp, n);
+    for (size_t i = 0; i < n && rc == CS_OK; i++) dst[i] = cs_f32_to_bf16(tmp[i]);
+    free(tmp);
+    return rc;
+}
+
 /* MOD's A, B and Bᵀ from tensors TA and TB (checked; MOD's memory allocated) */
 static int copy_module(const char *dir, lora_module_t *mod, const st_tensor_t *ta, const st_tensor_t *tb) {
     int rc;
-    size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank, es = cs_dtype_size(mod->dtype);
+    size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank;
     if (mod->dtype == CS_DTYPE_BF16) {
-        memcpy(mod->a, ta->data, n_a * es); /* memcpy: the file's data may be unaligned */
-        memcpy(mod->b, tb->data, n_b * es);
+        if ((rc = to_bf16(dir, ta, mod->a, n_a)) || (rc = to_bf16(dir, tb, mod->b, n_b))) return rc;
         uint16_t *b16 = mod->b, *bt16 = mod->bt;
         for (int o = 0; o < mod->d_out; o++)
             for (int r = 0; r < mod->rank; r++) bt16[(size_t)r * mod->d_out + o] = b16[(size_t)o * mod->rank + r];
@@ -573,8 +586,10 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
                 (rc = check_tensor(dir, st, nb, mod->d_out, mod->rank, why, &tb)))
                 return rc;
             size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank;
-            /* BF16 stays BF16 (half the bytes to stream per token); F16 and mixed become F32 */
-            mod->dtype = ta->dtype == CS_DTYPE_BF16 && tb->dtype == CS_DTYPE_BF16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+            /* BF16 stays BF16 (half the bytes to stream per token); F16 and mixed become F32,
+             * or BF16 when the adapter is held in BF16 */
+            mod->dtype = a->hold_bf16 || (ta->dtype == CS_DTYPE_BF16 && tb->dtype == CS_DTYPE_BF16) ? CS_DTYPE_BF16
+                                                                                                    : CS_DTYPE_F32;
             size_t es = cs_dtype_size(mod->dtype);
             a->nbytes += (n_a + 2 * n_b) * es;
             if (!copy) continue;
@@ -586,11 +601,12 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
 }
 
 int lora_adapter_begin(const char *name, const char *dir, const char *config_json, size_t config_len,
-                       const safetensors_t *st, const model_config_t *cfg, lora_adapter_t **out) {
+                       const safetensors_t *st, const model_config_t *cfg, bool bf16, lora_adapter_t **out) {
     lora_adapter_t *a;
     int rc;
     *out = NULL;
     if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
+    a->hold_bf16 = bf16;
     if ((rc = fill(dir, st, cfg, a, false)) != CS_OK) goto err;
     /* every module's memory now (a slot made before its layers came keeps these pointers),
      * not zeroed: its pages are touched only as the layers are copied in */
@@ -644,6 +660,10 @@ int lora_adapter_fill_layers(lora_adapter_t *a, const safetensors_t *st, int l0,
 void lora_adapter_host_fail(lora_adapter_t *a) { cs_flag_store(&a->host_layers, LORA_HOST_FAILED); }
 
 int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t **out) {
+    return lora_adapter_load_as(dir, cfg, false, out);
+}
+
+int lora_adapter_load_as(const char *dir, const model_config_t *cfg, bool bf16, lora_adapter_t **out) {
     int rc = CS_OK;
     char *cfg_path = NULL, *text = NULL;
     size_t len = 0;
@@ -655,6 +675,7 @@ int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t
     if (!cs_file_exists(cfg_path)) { rc = cs_error_set(CS_ENOTFOUND, "%s: no adapter_config.json", dir); goto err; }
     if (!(text = cs_read_file(cfg_path, &len))) { rc = CS_EIO; goto err; }
     if ((rc = plan(NULL, dir, text, len, cfg, &a)) != CS_OK) goto err;
+    a->hold_bf16 = bf16;
 
     char *st1 = cs_path_join(dir, "adapter_model.safetensors"), *st2 = cs_path_join(dir, "adapter_model.safetensors.index.json"),
          *bin = cs_path_join(dir, "adapter_model.bin");
@@ -682,11 +703,12 @@ err:
 }
 
 int lora_adapter_load_buffers(const char *name, const char *dir, const char *config_json, size_t config_len,
-                              const safetensors_t *st, const model_config_t *cfg, lora_adapter_t **out) {
+                              const safetensors_t *st, const model_config_t *cfg, bool bf16, lora_adapter_t **out) {
     lora_adapter_t *a;
     int rc;
     *out = NULL;
     if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
+    a->hold_bf16 = bf16;
     if ((rc = fill(dir, st, cfg, a, true)) != CS_OK) {
         lora_adapter_free(a);
         return rc;
@@ -711,7 +733,7 @@ static void info_of(const lora_adapter_t *a, lora_adapter_info_t *info) {
     info->dtype = all_bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
 }
 
-int lora_adapter_probe(const char *dir, const model_config_t *cfg, lora_adapter_info_t *info) {
+int lora_adapter_probe(const char *dir, const model_config_t *cfg, bool bf16, lora_adapter_info_t *info) {
     int rc;
     char *cfg_path = NULL, *text = NULL;
     size_t len = 0;
@@ -721,10 +743,11 @@ int lora_adapter_probe(const char *dir, const model_config_t *cfg, lora_adapter_
     if (!(cfg_path = cs_path_join(dir, "adapter_config.json"))) return cs_error_set(CS_ENOMEM, "out of memory");
     if (!cs_file_exists(cfg_path)) rc = cs_error_set(CS_ENOTFOUND, "%s: no adapter_config.json", dir);
     else if (!(text = cs_read_file(cfg_path, &len))) rc = CS_EIO;
-    else if ((rc = plan(NULL, dir, text, len, cfg, &a)) == CS_OK &&
-             (rc = safetensors_open_dir(dir, "adapter_model", &st)) == CS_OK &&
-             (rc = fill(dir, st, cfg, a, false)) == CS_OK)
-        info_of(a, info);
+    else if ((rc = plan(NULL, dir, text, len, cfg, &a)) == CS_OK) {
+        a->hold_bf16 = bf16;
+        if ((rc = safetensors_open_dir(dir, "adapter_model", &st)) == CS_OK && (rc = fill(dir, st, cfg, a, false)) == CS_OK)
+            info_of(a, info);
+    }
     safetensors_free(st);
     lora_adapter_free(a);
     free(text);

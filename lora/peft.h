@@ -36,6 +36,8 @@ typedef struct lora_adapter {
     int n_layers;
     int max_rank;
     size_t nbytes;          /* bytes of A, B and Bᵀ held (in their dtype) */
+    bool hold_bf16;         /* F32 and F16 weights rounded to BF16 (nearest even) as they are
+                             * copied in: --lora-dtype bf16 */
     uint32_t host_layers;   /* layers whose weights are in (a cs_flag, read with cs_flag_load):
                              * n_layers once loaded; a load streaming in (lora_adapter_begin)
                              * raises it layer by layer, and sets LORA_HOST_FAILED (above any
@@ -58,8 +60,13 @@ static inline lora_module_t *lora_adapter_module(const lora_adapter_t *a, int la
     return &a->mods[layer * LORA_N_TARGETS + t];
 }
 
-/* Load DIR (adapter_config.json + adapter_model.safetensors) against the base config. */
+/* Load DIR (adapter_config.json + adapter_model.safetensors) against the base config. The
+ * weights are held as the file has them: BF16 stays BF16, F32 and F16 become F32; with
+ * BF16 (lora_adapter_load_as), every module is held in BF16, F32 and F16 rounded to nearest
+ * even (--lora-dtype bf16: half the bytes to hold and to stream per token, as vLLM holds
+ * LoRA weights in a BF16 model's dtype). The functions below that take BF16 mean the same. */
 int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t **out);
+int lora_adapter_load_as(const char *dir, const model_config_t *cfg, bool bf16, lora_adapter_t **out);
 
 /* The same load from files already in memory (the io_uring loader, an HTTP upload):
  * CONFIG_JSON is adapter_config.json's text (CONFIG_LEN bytes, NUL not needed) and ST the
@@ -69,7 +76,7 @@ int lora_adapter_load(const char *dir, const model_config_t *cfg, lora_adapter_t
  * own F32 copies). */
 int lora_adapter_load_buffers(const char *name, const char *dir, const char *config_json,
                               size_t config_len, const struct safetensors *st,
-                              const model_config_t *cfg, lora_adapter_t **out);
+                              const model_config_t *cfg, bool bf16, lora_adapter_t **out);
 
 /* A load that streams in (the cold start: the io_uring loader's chunks, read in layer
  * order). lora_adapter_begin plans and checks the adapter from CONFIG_JSON and ST, of which
@@ -80,7 +87,7 @@ int lora_adapter_load_buffers(const char *name, const char *dir, const char *con
  * host_layers: layers come in order); lora_adapter_host_fail marks a load that failed part
  * way. One thread fills; any may read host_layers. */
 int lora_adapter_begin(const char *name, const char *dir, const char *config_json, size_t config_len,
-                       const struct safetensors *st, const model_config_t *cfg, lora_adapter_t **out);
+                       const struct safetensors *st, const model_config_t *cfg, bool bf16, lora_adapter_t **out);
 void lora_adapter_layer_span(const lora_adapter_t *a, const struct safetensors *st, const void *base, int l,
                              size_t *begin, size_t *end);
 int lora_adapter_fill_layers(lora_adapter_t *a, const struct safetensors *st, int l0, int l1);
@@ -105,7 +112,7 @@ typedef struct lora_adapter_info {
 
 /* adapter_config.json and the safetensors header(s) of DIR only (the weights' pages are not
  * touched): the same checks as lora_adapter_load short of reading the weights. */
-int lora_adapter_probe(const char *dir, const model_config_t *cfg, lora_adapter_info_t *info);
+int lora_adapter_probe(const char *dir, const model_config_t *cfg, bool bf16, lora_adapter_info_t *info);
 /* The same facts of a loaded adapter. */
 void lora_adapter_info(const lora_adapter_t *a, lora_adapter_info_t *info);
 

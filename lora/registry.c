@@ -594,7 +594,7 @@ static void stream_advance(lora_registry_t *r, lora_entry_t *e, lora_file_t *f) 
             if (!hs->got[c]) return;
         lora_adapter_t *a = NULL;
         int rc = safetensors_open_buffer(f->path, f->data, f->len, false, &hs->st);
-        if (rc == CS_OK) rc = lora_adapter_begin(e->name, e->dir, e->config, e->config_len, hs->st, r->p.cfg, &a);
+        if (rc == CS_OK) rc = lora_adapter_begin(e->name, e->dir, e->config, e->config_len, hs->st, r->p.cfg, r->p.hold_bf16, &a);
         if (rc != CS_OK) {
             hs->rc = rc;
             snprintf(hs->msg, sizeof hs->msg, "%s", cs_error_last());
@@ -707,7 +707,7 @@ static void weights_done(void *user, lora_file_t *files, size_t n) {
         /* borrowed: the tensors are copied out, and the loader reuses the buffer afterwards */
         rc = safetensors_open_buffer(files[0].path, files[0].data, files[0].len, false, &st);
         if (rc == CS_OK)
-            rc = lora_adapter_load_buffers(e->name, e->dir, e->config, e->config_len, st, r->p.cfg, &a);
+            rc = lora_adapter_load_buffers(e->name, e->dir, e->config, e->config_len, st, r->p.cfg, r->p.hold_bf16, &a);
         if (rc != CS_OK) snprintf(msg, sizeof msg, "%s", cs_error_last());
         safetensors_free(st);
     }
@@ -883,7 +883,7 @@ static int add(lora_registry_t *r, const char *name, const char *dir, int want, 
     /* rank, targets, dtype and exact bytes from the config and the safetensors header, read
      * now (a few KB; no lock held). A probe that fails leaves them unknown: the load then
      * reserves the F32 bound, and reports the error when the version is acquired. */
-    e->info_known = lora_adapter_probe(dir, r->p.cfg, &e->info) == CS_OK;
+    e->info_known = lora_adapter_probe(dir, r->p.cfg, r->p.hold_bf16, &e->info) == CS_OK;
     cs_error_clear();
 
     pthread_mutex_lock(&r->mu);

@@ -39,6 +39,8 @@ typedef struct lora_registry_params {
     const model_config_t *cfg;       /* base model the adapters must fit; must outlive the registry */
     bool buffered_io;                /* adapter files through the page cache, not O_DIRECT
                                       * (lora/loader_uring.h) */
+    bool hold_bf16;                  /* every adapter held in BF16, F32 and F16 weights rounded
+                                      * (--lora-dtype bf16: lora_adapter_load_as) */
     size_t cache_bytes;              /* host cache bound in bytes of A/B/Bᵀ held (BF16 adapters
                                       * count half, as they are held); 0 = unbounded */
     int max_loras;                   /* bound on resident adapters; 0 = unbounded */

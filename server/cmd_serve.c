@@ -116,6 +116,9 @@ static void usage_serve(FILE *f) {
             "                                activations (default), or activations rounded to BF16 with F32\n"
             "                                sums, as PyTorch and vLLM run BF16 models (faster prefill and\n"
             "                                batched decode on AVX512-BF16 and AMX CPUs)\n"
+            "  --lora-dtype auto|bf16        adapters held as their files have them (default; F32 stays F32,\n"
+            "                                exact against peft), or in BF16, F32 rounded when read (half the\n"
+            "                                bytes held and streamed per token, as vLLM's --lora-dtype)\n"
             "  --reference-kernels           use the plain reference kernels (slow; for checking)\n"
             "  --device auto|cpu|cuda        where the model runs (default auto: cuda where a CUDA build sees a GPU)\n"
             "  --gpu-memory-fraction F       of the GPU's memory caraserve may use (0 < F <= 1, default 0.9); on\n"
@@ -136,7 +139,7 @@ enum {
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
     O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
     O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO, O_SLO_HEADROOM, O_PRECISION,
-    O_KV_DTYPE
+    O_KV_DTYPE, O_LORA_DTYPE
 };
 
 static const struct option OPTS[] = {
@@ -178,6 +181,7 @@ static const struct option OPTS[] = {
     {"batch-invariant", no_argument, 0, O_INVARIANT},
     {"precision", required_argument, 0, O_PRECISION},
     {"kv-cache-dtype", required_argument, 0, O_KV_DTYPE},
+    {"lora-dtype", required_argument, 0, O_LORA_DTYPE},
     {"device", required_argument, 0, O_DEVICE},
     {"gpu-memory-fraction", required_argument, 0, O_GPU_FRACTION},
     {"cuda-graphs", no_argument, 0, O_CUDA_GRAPHS},
@@ -464,6 +468,15 @@ int cmd_serve(int argc, char **argv) {
                 goto usage_err;
             }
             break;
+        case O_LORA_DTYPE: {
+            int d = setup_parse_lora_dtype(optarg);
+            if (d < 0) {
+                fprintf(stderr, "caraserve serve: --lora-dtype wants auto or bf16, got '%s'\n", optarg);
+                goto usage_err;
+            }
+            cfg.lora_bf16 = d == 1;
+            break;
+        }
         case O_DEVICE: free(cfg.device); cfg.device = strdup(optarg); break;
         case O_CUDA_GRAPHS: cfg.cuda_graphs = true; break;
         case O_COLD_START:
@@ -607,7 +620,8 @@ int cmd_serve(int argc, char **argv) {
     s->eos_token = special_token(tcfg, "eos_token");
     const model_config_t *mc = model_get_config(s->model);
     s->vocab_size = mc->vocab_size;
-    lora_registry_params_t lp = {.cfg = mc, .buffered_io = s->cfg.lora_buffered_io, .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
+    lora_registry_params_t lp = {.cfg = mc, .buffered_io = s->cfg.lora_buffered_io, .hold_bf16 = s->cfg.lora_bf16,
+                                 .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
                                  .device = s->be, .device_slots = s->cfg.max_loras, .on_loaded = NULL, .on_load_time = server_on_load_time,
                                  .stream_group = 1, .stream_host = true, .on_streamed = server_on_streamed,
                                  .on_dropped = server_on_dropped, .user = s};

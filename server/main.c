@@ -25,6 +25,7 @@ static void usage_generate(FILE *f) {
             "                          [--threads N] [--no-special] [--ignore-eos] [--stats]\n"
             "                          [--dump-logits FILE] [--reference-kernels] [--device auto|cpu|cuda]\n"
             "                          [--precision exact|bf16] [--kv-cache-dtype auto|f32|bf16]\n"
+            "                          [--lora-dtype auto|bf16]\n"
             "\n"
             "  --model DIR          Hugging Face model directory (config.json, *.safetensors, tokenizer.json)\n"
             "  --lora DIR           PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)\n"
@@ -44,6 +45,8 @@ static void usage_generate(FILE *f) {
             "                       rounded to BF16, F32 sums (as PyTorch runs a BF16 model; faster)\n"
             "  --kv-cache-dtype K   auto (default: bf16 under --precision bf16 where the backend reads it,\n"
             "                       else f32), f32 or bf16\n"
+            "  --lora-dtype D       auto (default: the adapter held as its file has it, F32 stays F32) or\n"
+            "                       bf16 (held in BF16, F32 rounded when read: half the bytes per token)\n"
             "  --device D           auto, cpu or cuda (default auto: cuda where a CUDA build sees a GPU)\n");
 }
 
@@ -107,11 +110,11 @@ static int cmd_generate(int argc, char **argv) {
         {"ignore-eos", no_argument, 0, 'E'},      {"stats", no_argument, 0, 'S'},
         {"dump-logits", required_argument, 0, 'D'}, {"reference-kernels", no_argument, 0, 'R'},
         {"device", required_argument, 0, 'V'},    {"precision", required_argument, 0, 'Q'},
-        {"kv-cache-dtype", required_argument, 0, 'K'},
+        {"kv-cache-dtype", required_argument, 0, 'K'}, {"lora-dtype", required_argument, 0, 'L'},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *lora_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *dump = NULL, *device = NULL;
-    int max_tokens = 64, threads = 0, kv_choice = SETUP_KV_AUTO;
+    int max_tokens = 64, threads = 0, kv_choice = SETUP_KV_AUTO, lora_dtype = 0;
     bool print_ids = false, no_special = false, ignore_eos = false, stats = false, reference = false, bf16 = false;
     sampling_params_t sp;
     sampling_params_default(&sp);
@@ -160,6 +163,12 @@ static int cmd_generate(int argc, char **argv) {
                 return 2;
             }
             break;
+        case 'L':
+            if ((lora_dtype = setup_parse_lora_dtype(optarg)) < 0) {
+                fprintf(stderr, "caraserve generate: --lora-dtype wants auto or bf16, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'h': usage_generate(stdout); return 0;
         default: usage_generate(stderr); return 2;
         }
@@ -199,7 +208,7 @@ static int cmd_generate(int argc, char **argv) {
         goto out;
     }
     if (prompt && !tok) { fprintf(stderr, "caraserve: %s has no tokenizer.json; use --prompt-ids\n", model_dir); goto out; }
-    if (lora_dir && lora_adapter_load(lora_dir, cfg, &lora)) {
+    if (lora_dir && lora_adapter_load_as(lora_dir, cfg, lora_dtype == 1, &lora)) {
         fprintf(stderr, "caraserve: adapter %s: %s\n", lora_dir, cs_error_last());
         goto out;
     }

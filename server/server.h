@@ -57,6 +57,7 @@ typedef struct serve_config {
     bool reference_kernels;
     bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
     bool precision_bf16;    /* --precision bf16 */
+    bool lora_bf16;         /* --lora-dtype bf16: adapters held in BF16 */
     int kv_cache_dtype;     /* --kv-cache-dtype: SETUP_KV_AUTO or a cs_dtype */
     char *device;           /* --device: auto (NULL), cpu or cuda */
     int cold_start;         /* --cold-start: SCHED_COLD_* (0: auto) */

@@ -128,6 +128,12 @@ int setup_parse_precision(const char *s) {
     return -1;
 }
 
+int setup_parse_lora_dtype(const char *s) {
+    if (!strcmp(s, "auto")) return 0;
+    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) return 1;
+    return -1;
+}
+
 int setup_parse_kv_dtype(const char *s) {
     if (!strcmp(s, "auto")) return SETUP_KV_AUTO;
     if (!strcmp(s, "f32") || !strcmp(s, "float32")) return CS_DTYPE_F32;

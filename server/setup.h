@@ -45,6 +45,12 @@ int setup_parse_cold_start(const char *s);
  * BF16 (BF16 WEIGHTS under --precision bf16, or on the CUDA backend) and the backend's
  * attention reads BF16 pools: a BF16 model's K and V, as vLLM's "auto" keeps them; else F32. */
 #define SETUP_KV_AUTO (-1)
+/* --lora-dtype: "auto" (0: adapters held as their files have them: BF16 stays BF16, F32 and
+ * F16 become F32, the LoRA exact against peft) or "bf16"/"bfloat16" (1: every adapter held in
+ * BF16, F32 and F16 rounded to nearest even when it is read: half the bytes held and
+ * streamed per token, as vLLM holds LoRA weights in a BF16 model's dtype); -1 for anything
+ * else */
+int setup_parse_lora_dtype(const char *s);
 int setup_parse_kv_dtype(const char *s);
 cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16, cs_dtype weights);
 /* The host LoRA workers of the cold start (lora/assist.h) for backend BE under MODE: NULL

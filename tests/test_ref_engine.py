@@ -306,4 +306,32 @@ if s3["finish_reason"] not in ("stop", "length") or len(s3["tokens"]) < 12 or pl
     reflib.fail(f"min_tokens: {s3}")
 print(f"ok  text equals tokenizers.decode; stop {stop!r} cuts at byte {cut} ({len(s0['tokens'])} tokens); "
       f"stop_token_ids and min_tokens hold")
+
+# ---- 8: --lora-dtype bf16: an F32 adapter held in BF16 ----
+# the reference: transformers + peft in float32 on the same adapter with every lora_A and
+# lora_B rounded by torch to bfloat16 (nearest even) and back; the unrounded adapter's
+# logprobs must lie measurably further away (the flag did something)
+bdir, bref = make_adapter(model_dir, base_ref, r=16, alpha=32, targets="all-linear", seed=4242)
+breqs = [{"prompt_ids": rand_prompt(n), "max_tokens": 8, "temperature": 0, "logprobs": 5, "adapter": "b"}
+         for n in (5, 40, 97)]
+bout, bst = run_batch(model_dir, breqs, loras=[("b", bdir)], extra=("--lora-dtype", "bf16"))
+if bst["lora_loads"] != 1:
+    reflib.fail(f"--lora-dtype bf16: {bst['lora_loads']} adapter loads")
+far = max(hf_check("lora-dtype bf16 vs the unrounded adapter", bref, r["prompt_ids"], o["samples"][0], tol=1.0)
+          for r, o in zip(breqs, bout))
+with torch.no_grad():
+    for name, prm in bref.named_parameters():
+        if "lora_A" in name or "lora_B" in name:
+            prm.copy_(prm.to(torch.bfloat16).to(torch.float32))
+near = max(hf_check("lora-dtype bf16 vs peft on the rounded adapter", bref, r["prompt_ids"], o["samples"][0])
+           for r, o in zip(breqs, bout))
+if not far > 10 * near:
+    reflib.fail(f"--lora-dtype bf16: {near:.3g} from the rounded adapter, {far:.3g} from the unrounded one: "
+                "the weights were not held in BF16")
+bad = subprocess.run([reflib.CARASERVE, "batch", "--model", model_dir, "--lora-dtype", "fp8"], capture_output=True,
+                     text=True, stdin=subprocess.DEVNULL)
+if bad.returncode != 2 or "--lora-dtype wants auto or bf16, got 'fp8'" not in bad.stderr:
+    reflib.fail(f"--lora-dtype fp8: exit {bad.returncode}, {bad.stderr[:200]!r}")
+print(f"ok  --lora-dtype bf16: within {near:.2e} of transformers + peft on the adapter rounded to bfloat16 "
+      f"({far:.2e} from the unrounded one); a bad value is refused")
 print("PASS")
