@@ -256,6 +256,12 @@ AVX512 static void expand_b16_avx512(float *y, int ld_y, const float *t, int ld_
     const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
     /* the tree leaves output 4e + q in lane 4q + e */
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 te[CS_LORA_SMALL_M], to[CS_LORA_SMALL_M]; /* each row's even and odd ranks, twice over */
+    for (int i = 0; i < n; i++) {
+        __m512 ti = _mm512_loadu_ps(t + (size_t)i * ld_t);
+        te[i] = _mm512_permutexvar_ps(ie, ti);
+        to[i] = _mm512_permutexvar_ps(io, ti);
+    }
     for (int c = c0; c < c1; c += 16) {
         int m = c1 - c < 16 ? c1 - c : 16;
         __mmask16 mk = (__mmask16)((1u << m) - 1);
@@ -268,13 +274,11 @@ AVX512 static void expand_b16_avx512(float *y, int ld_y, const float *t, int ld_
             else w[j] = _mm512_setzero_si512();
         }
         for (int i = 0; i < n; i++) {
-            __m512 ti = _mm512_loadu_ps(t + (size_t)i * ld_t);
-            __m512 te = _mm512_permutexvar_ps(ie, ti), to = _mm512_permutexvar_ps(io, ti);
             __m512 p[8], s[4], u[2];
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++)
-                p[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w[j], hi)), to,
-                                       _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w[j], 16)), te));
+                p[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w[j], hi)), to[i],
+                                       _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w[j], 16)), te[i]));
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) /* lane l + lane l+4 of each half: outputs 4k .. 4k+3 by quarter */
                 s[k] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * k], p[2 * k + 1], 0x88),
