@@ -170,12 +170,27 @@ AVX2 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const
 /* ---- the split dot tiles (BF16 weights): kernels_avx512.c's cs_gemm_split_avx512 in 8 lanes ----
  * x packed once per matmul, each 16 columns as their 8 even then 8 odd elements (rows
  * cs_split_xs_len's stride apart, zero past K); a 32-byte load of a weight row's 16 BF16
- * widened by a shift (the even ones) and a mask (the odd ones). Tiles of 4 x rows × 2 weight
- * rows: 8 accumulators, 4 weight vectors and x's two halves in the 16 registers. The 8 sums
- * of a tile come from one transposing tree (cs_reduce8_avx2) that pairs every accumulator's
- * lanes the same way, so each y[i, r] is one fixed sequence of operations (batch-invariant). The first tiles of x start the rows two blocks ahead on their
- * way into L2. */
-#define SPLIT2_ROW_BLOCK 8
+ * widened by a shift (the even ones) and two shifts (the odd ones: no mask register). Each
+ * y[i, r] is one 8-lane accumulator, an FMA of the even then the odd half per 16 columns,
+ * summed by a transposing tree (cs_reduce8_avx2) that pairs every accumulator's lanes the
+ * same way whatever its place: one fixed sequence of operations per y[i, r], whatever the
+ * tile (batch-invariant).
+ *
+ * The tiles keep 10 accumulators in the 16 registers where they can. With 8 (the 4 × 2 tile)
+ * the FMA chains only just cover the FMA's latency (2 ports × 4 cycles), and GCC folded x's
+ * loads into the FMAs (one load per FMA), which cost more than the registers they saved.
+ * All 7 projections of the 200M model's layers, Zen 4 (FMA peak 117 GFLOP/s a core), the
+ * same bits as before: one thread n = 32 75 -> 86-89 GFLOP/s, n = 8 62 -> 69-71, n = 5 47 ->
+ * 62, n = 2 34 -> 41-44; two threads (from DRAM) n = 32 and 16 1.08-1.10x, n = 8 0.96-1.04x;
+ * `caraserve batch` at batch 32 1.08x (bench/ab.sh, CS_NO_AVX512=1).
+ * - x rows in groups of 5 and 4 (tile_xw: each x row's halves loaded once into registers,
+ *   pinned there, against 2 weight rows' widened halves: 10 or 8 accumulators), 3 where n
+ *   leaves no other way;
+ * - a group of 2 x rows against 5 weight rows, 1 against 10 (tile_wx: the x rows' halves in
+ *   registers, each weight row widened once and used at once).
+ * Weight rows go in blocks of 10 (a whole number of tiles of 2, 5 and 10); the first x group
+ * starts the rows two blocks ahead on their way into L2. */
+#define SPLIT2_ROW_BLOCK 10
 
 AVX2 void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, int i1) {
     size_t kp = (size_t)(K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
@@ -201,13 +216,37 @@ AVX2 void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, 
     }
 }
 
-/* y[i, r] for i < M ≤ 4, r < R ≤ 2 */
-AVX2 INLINE void split2_tile(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, const int M,
-                             const int R, const uint16_t *pf) {
-    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 a[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+/* the odd BF16 of each 32-bit pair as F32 (shifts: no mask register) */
+AVX2 INLINE __m256 split_odd(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
+
+/* a weight row's 16 columns at c, zero past the row (as x is) */
+AVX2 INLINE __m256i split_load_w(const uint16_t *w, int c, int cols) {
+    if (c + 16 <= cols) return _mm256_loadu_si256((const __m256i *)(w + c));
+    uint16_t t[16] = {0};
+    memcpy(t, w + c, sizeof(uint16_t) * (size_t)(cols - c));
+    return _mm256_loadu_si256((const __m256i *)t);
+}
+
+/* the M × R sums (lane R·i + r of a[]) into y[i, r] */
+AVX2 INLINE void split_store(float *y, int ldy, const __m256 *a, const int M, const int R) {
+    __attribute__((aligned(32))) float out[16];
+    __m256 b[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) b[k] = k < M * R ? a[k] : _mm256_setzero_ps();
+    _mm256_store_ps(out, cs_reduce8_avx2(b));
+    if (M * R > 8) _mm256_store_ps(out + 8, cs_reduce8_avx2(b + 8));
+#pragma GCC unroll 5
+    for (int i = 0; i < M; i++)
+#pragma GCC unroll 10
+        for (int r = 0; r < R; r++) y[(size_t)i * ldy + r] = out[R * i + r];
+}
+
+/* y[i, r] for i < M ≤ 5, r < R ≤ 2: the R weight rows widened first, then each x row */
+AVX2 INLINE void tile_xw(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, const int M,
+                         const int R, const uint16_t *pf) {
+    __m256 a[10];
+#pragma GCC unroll 10
+    for (int k = 0; k < M * R; k++) a[k] = _mm256_setzero_ps();
     for (int c = 0; c < cols; c += 16) {
         __m256 we[2], wo[2];
         if (pf && (c & 31) == 0)
@@ -215,43 +254,80 @@ AVX2 INLINE void split2_tile(float *y, int ldy, const float *xs, size_t kp, cons
             for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * cols + c), _MM_HINT_T1);
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
-            __m256i v;
-            if (c + 16 <= cols) {
-                v = _mm256_loadu_si256((const __m256i *)(w + (size_t)r * cols + c));
-            } else { /* the last columns: zero past the row, as x is */
-                uint16_t t[16] = {0};
-                memcpy(t, w + (size_t)r * cols + c, sizeof(uint16_t) * (size_t)(cols - c));
-                v = _mm256_loadu_si256((const __m256i *)t);
-            }
+            __m256i v = split_load_w(w + (size_t)r * cols, c, cols);
             we[r] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-            wo[r] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+            wo[r] = split_odd(v);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 5
         for (int i = 0; i < M; i++) {
             __m256 xe = _mm256_load_ps(xs + (size_t)i * kp + c), xo = _mm256_load_ps(xs + (size_t)i * kp + c + 8);
+            __asm__("" : "+x"(xe), "+x"(xo)); /* in registers: not a load folded into each FMA */
 #pragma GCC unroll 2
             for (int r = 0; r < R; r++) {
-                a[2 * i + r] = _mm256_fmadd_ps(we[r], xe, a[2 * i + r]);
-                a[2 * i + r] = _mm256_fmadd_ps(wo[r], xo, a[2 * i + r]);
+                a[R * i + r] = _mm256_fmadd_ps(we[r], xe, a[R * i + r]);
+                a[R * i + r] = _mm256_fmadd_ps(wo[r], xo, a[R * i + r]);
             }
         }
     }
-    __attribute__((aligned(32))) float out[8];
-    _mm256_store_ps(out, cs_reduce8_avx2(a)); /* lane 2i + r: y[i, r] */
-#pragma GCC unroll 4
-    for (int i = 0; i < M; i++)
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) y[(size_t)i * ldy + r] = out[2 * i + r];
+    split_store(y, ldy, a, M, R);
 }
 
-AVX2 INLINE void split2_rows(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, int rb, int re,
-                             int r1, bool pf, const int M) {
-    int r = rb;
-    for (; r + 2 <= re; r += 2) {
-        const uint16_t *p = pf && r + 2 * SPLIT2_ROW_BLOCK + 2 <= r1 ? w + (size_t)(r + 2 * SPLIT2_ROW_BLOCK) * cols : NULL;
-        split2_tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 2, p);
+/* y[i, r] for i < M ≤ 2, r < R ≤ 10: the x rows' halves in registers, then each weight row */
+AVX2 INLINE void tile_wx(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, const int M,
+                         const int R, const uint16_t *pf) {
+    __m256 a[10];
+#pragma GCC unroll 10
+    for (int k = 0; k < M * R; k++) a[k] = _mm256_setzero_ps();
+    for (int c = 0; c < cols; c += 16) {
+        __m256 xe[2], xo[2];
+        if (pf && (c & 31) == 0)
+#pragma GCC unroll 10
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * cols + c), _MM_HINT_T1);
+#pragma GCC unroll 2
+        for (int i = 0; i < M; i++) xe[i] = _mm256_load_ps(xs + (size_t)i * kp + c), xo[i] = _mm256_load_ps(xs + (size_t)i * kp + c + 8);
+#pragma GCC unroll 10
+        for (int r = 0; r < R; r++) {
+            __m256i v = split_load_w(w + (size_t)r * cols, c, cols);
+            __m256 t = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+#pragma GCC unroll 2
+            for (int i = 0; i < M; i++) a[R * i + r] = _mm256_fmadd_ps(t, xe[i], a[R * i + r]);
+            t = split_odd(v);
+#pragma GCC unroll 2
+            for (int i = 0; i < M; i++) a[R * i + r] = _mm256_fmadd_ps(t, xo[i], a[R * i + r]);
+        }
     }
-    if (r < re) split2_tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 1, NULL);
+    split_store(y, ldy, a, M, R);
+}
+
+/* weight rows [rb, re) of a block in tiles of R rows, the rest one at a time */
+#define SPLIT2_ROWS(tile, M, R)                                                                              \
+    do {                                                                                                     \
+        int r = rb;                                                                                          \
+        for (; r + (R) <= re; r += (R)) {                                                                    \
+            const uint16_t *p = pf && r + 2 * SPLIT2_ROW_BLOCK + (R) <= r1 ? w + (size_t)(r + 2 * SPLIT2_ROW_BLOCK) * cols : NULL; \
+            tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, R, p);                                  \
+        }                                                                                                    \
+        for (; r < re; r++) tile(y + r, ldy, xs, kp, w + (size_t)r * cols, cols, M, 1, NULL);              \
+    } while (0)
+
+static AVX2 void split2_rows(float *y, int ldy, const float *xs, size_t kp, const uint16_t *w, int cols, int rb,
+                             int re, int r1, bool pf, int M) {
+    switch (M) {
+    case 5: SPLIT2_ROWS(tile_xw, 5, 2); break;
+    case 4: SPLIT2_ROWS(tile_xw, 4, 2); break;
+    case 3: SPLIT2_ROWS(tile_xw, 3, 2); break;
+    case 2: SPLIT2_ROWS(tile_wx, 2, 5); break;
+    default: SPLIT2_ROWS(tile_wx, 1, 10); break;
+    }
+}
+
+/* the next group of x rows out of m left: 5 or 4 while what remains can still be cut into 5s
+ * and 4s (0, 4, 5, 8, 9, 10, 12 and up), else the rest (1, 2, 3) or 4 */
+static int split2_group(int m) {
+    if (m <= 3) return m;
+    int r = m - 5;
+    bool five = r == 0 || r == 4 || r == 5 || r >= 8;
+    return five ? 5 : 4;
 }
 
 AVX2 void cs_gemm_split_avx2(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1) {
@@ -260,14 +336,9 @@ AVX2 void cs_gemm_split_avx2(float *y, int ldy, const float *xs, int n, const cs
     size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
     for (int rb = r0; rb < r1; rb += SPLIT2_ROW_BLOCK) {
         int re = rb + SPLIT2_ROW_BLOCK < r1 ? rb + SPLIT2_ROW_BLOCK : r1;
-        int i = 0;
-        for (; i + 4 <= n; i += 4)
-            split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 4);
-        switch (n - i) {
-        case 3: split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 3); break;
-        case 2: split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 2); break;
-        case 1: split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, 1); break;
-        default: break;
+        for (int i = 0, m; i < n; i += m) {
+            m = split2_group(n - i);
+            split2_rows(y + (size_t)i * ldy, ldy, xs + i * kp, kp, wd, cols, rb, re, r1, i == 0, m);
         }
     }
 }
