@@ -227,6 +227,13 @@ AVX2 INLINE __m256i split_load_w(const uint16_t *w, int c, int cols) {
     return _mm256_loadu_si256((const __m256i *)t);
 }
 
+/* the R weight rows at pf (a later block's) on their way into L2: a line each per 32 columns */
+AVX2 INLINE void split_prefetch(const uint16_t *pf, const int R, int cols, int c) {
+    if (!pf || (c & 31)) return;
+#pragma GCC unroll 10
+    for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * cols + c), _MM_HINT_T1);
+}
+
 /* the M × R sums (lane R·i + r of a[]) into y[i, r] */
 AVX2 INLINE void split_store(float *y, int ldy, const __m256 *a, const int M, const int R) {
     __attribute__((aligned(32))) float out[16];
@@ -249,9 +256,7 @@ AVX2 INLINE void tile_xw(float *y, int ldy, const float *xs, size_t kp, const ui
     for (int k = 0; k < M * R; k++) a[k] = _mm256_setzero_ps();
     for (int c = 0; c < cols; c += 16) {
         __m256 we[2], wo[2];
-        if (pf && (c & 31) == 0)
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * cols + c), _MM_HINT_T1);
+        split_prefetch(pf, R, cols, c);
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             __m256i v = split_load_w(w + (size_t)r * cols, c, cols);
@@ -280,9 +285,7 @@ AVX2 INLINE void tile_wx(float *y, int ldy, const float *xs, size_t kp, const ui
     for (int k = 0; k < M * R; k++) a[k] = _mm256_setzero_ps();
     for (int c = 0; c < cols; c += 16) {
         __m256 xe[2], xo[2];
-        if (pf && (c & 31) == 0)
-#pragma GCC unroll 10
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * cols + c), _MM_HINT_T1);
+        split_prefetch(pf, R, cols, c);
 #pragma GCC unroll 2
         for (int i = 0; i < M; i++) xe[i] = _mm256_load_ps(xs + (size_t)i * kp + c), xo[i] = _mm256_load_ps(xs + (size_t)i * kp + c + 8);
 #pragma GCC unroll 10
