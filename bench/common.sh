@@ -12,6 +12,18 @@ model="$CACHE/llama-200m-$DTYPE"
 # the machine into a result's JSON: the CPU, its ISA features, the kernel paths (bench/machine.py)
 bench_stamp() { if [ -f "$1" ]; then "$PY" bench/machine.py "$1" "$BUILD/caraserve" || echo "bench_stamp: $1 not stamped" >&2; fi; }
 mkdir -p "$CACHE" bench/results
+# lora_args: --lora ad0..ad7, eight rank-16 adapters of the bench model (all targets, F32 as
+# peft saves them), written once into $CACHE
+bench_adapters() {
+    lora_args=()
+    local i a
+    for i in 0 1 2 3 4 5 6 7; do
+        a="$CACHE/llama-200m-lora-r16-$i"
+        [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$model" --out "$a" --rank 16 \
+            --alpha 32 --seed $((40 + i)) >&2
+        lora_args+=(--lora "ad$i=$a")
+    done
+}
 
 if [ ! -f "$model/config.json" ]; then
     tok="$CACHE/spm-32k"

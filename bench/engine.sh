@@ -29,13 +29,7 @@ GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-3} PRECISION=${PRECISION:-exac
 . bench/common.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-lora_args=()
-for i in 0 1 2 3 4 5 6 7; do
-    a="$CACHE/llama-200m-lora-r16-$i"
-    [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$model" --out "$a" --rank 16 \
-        --alpha 32 --seed $((40 + i)) >&2
-    lora_args+=(--lora "ad$i=$a")
-done
+bench_adapters # lora_args: --lora ad0..ad7 (bench/common.sh)
 
 # requests: B sequences with 16-token prompts, GEN tokens each, adapters round-robin over A
 mkreq() { # B A -> file

@@ -230,14 +230,23 @@ static bool tensor_expected(const model_t *m, const char *name) {
     return false;
 }
 
-int model_load(const char *dir, backend_t *be, model_t **out) {
+int model_load(const char *dir, backend_t *be, model_t **out) { return model_load_how(dir, be, MODEL_WEIGHTS_AUTO, out); }
+
+size_t model_weights_copied(const model_t *m, size_t *huge) { return safetensors_copied_bytes(m->st, huge); }
+
+int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_t **out) {
     *out = NULL;
     model_t *m = calloc(1, sizeof *m);
     if (!m) return cs_error_set(CS_ENOMEM, "out of memory");
     m->be = be;
     int rc = model_config_load(dir, &m->cfg);
     if (rc) goto err;
-    if ((rc = safetensors_open_dir(dir, "model", &m->st))) goto err;
+    /* a backend that reads the weights in place in host memory streams them at every decode
+     * step: there they go into huge pages (auto: where the kernel offers them). A device
+     * backend copies them once to its memory: the mapping is enough. */
+    bool copy = be->iface->host_memory &&
+                (how == MODEL_WEIGHTS_COPY || (how == MODEL_WEIGHTS_AUTO && safetensors_huge_pages_offered()));
+    if ((rc = safetensors_open_dir_how(dir, "model", copy ? ST_COPY_HUGE : ST_MMAP, &m->st))) goto err;
     const model_config_t *c = &m->cfg;
     int H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
     int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;

@@ -14,6 +14,16 @@ typedef struct model_seq model_seq_t;
 
 /* Validates every tensor (present, dtype F32/F16/BF16, shape); errors name the tensor. */
 int model_load(const char *dir, backend_t *be, model_t **out);
+/* Where the weights live on a backend that uses host memory in place (the CPU backend):
+ * AUTO reads them into the process's memory in 2 MiB pages where the kernel offers
+ * transparent huge pages, else maps them; MMAP maps them (the page cache, shared with other
+ * processes, 4 KiB pages); COPY reads them in whatever the kernel offers. A backend with its
+ * own memory always maps the file and copies from there. model_load is AUTO. */
+typedef enum { MODEL_WEIGHTS_AUTO, MODEL_WEIGHTS_MMAP, MODEL_WEIGHTS_COPY } model_weights_mem;
+int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_t **out);
+/* bytes of the weights' files read into the process's memory (0: mapped); *huge (may be
+ * NULL): of those, in transparent huge pages */
+size_t model_weights_copied(const model_t *m, size_t *huge);
 void model_free(model_t *m);
 const model_config_t *model_get_config(const model_t *m);
 size_t model_n_params(const model_t *m);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,8 @@ typedef struct st_shard {
     char *path;         /* file path, or the caller's label for a buffer */
     void *map;          /* whole file, PROT_READ; NULL for a buffer */
     void *owned;        /* a buffer handed over by safetensors_open_buffer: free()d with st */
+    void *copy;         /* ST_COPY_HUGE: the file read into anonymous memory, copy_len bytes */
+    size_t copy_len, copy_huge; /* copy_huge: of those, in 2 MiB pages (smaps) */
     size_t size;
 } st_shard_t;
 
@@ -30,6 +33,7 @@ struct safetensors {
     size_t *by_name;    /* tensor indices sorted by name */
     char **meta;        /* key, value, key, value ... (all shards, first wins on lookup) */
     size_t n_meta;
+    st_load_t how;      /* how load_shard brings a file in */
 };
 
 /* dtypes the format defines that we do not handle: refused as unsupported, not malformed */
@@ -182,6 +186,103 @@ static int shard_push(safetensors_t *st, const char *path, st_shard_t **out) {
 
 static int parse_shard(safetensors_t *st, size_t shard, const unsigned char *p, size_t size);
 
+#define ST_HUGE_PAGE ((size_t)2 << 20)
+
+bool safetensors_huge_pages_offered(void) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return false; /* a kernel without transparent huge pages */
+    char line[128] = "";
+    bool on = fgets(line, sizeof line, f) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
+    fclose(f);
+    return on;
+}
+
+/* the AnonHugePages of the mapping that holds P, at most CAP (a mapping merged with a
+ * neighbour counts the neighbour's too); 0 where /proc/self/smaps cannot tell */
+static size_t huge_bytes_at(const void *p, size_t cap) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    char line[512];
+    bool in = false;
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            if (in) break;
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && sscanf(line, "AnonHugePages: %zu kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    return in ? CS_MIN(kb * 1024, cap) : 0;
+}
+
+#define COPY_THREADS 8
+typedef struct copy_part {
+    int fd;
+    char *base;
+    size_t at, end;     /* [at, end) of the file still to read into base */
+    int err;            /* errno of a failed read */
+    int pad;
+} copy_part_t;
+
+static void *copy_part(void *arg) {
+    copy_part_t *c = arg;
+    while (c->at < c->end) {
+        ssize_t r = pread(c->fd, c->base + c->at, CS_MIN(c->end - c->at, (size_t)1 << 30), (off_t)c->at);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { c->err = errno; break; }
+        if (r == 0) break; /* the file is shorter than it was */
+        c->at += (size_t)r;
+    }
+    return NULL;
+}
+
+/* ST_COPY_HUGE: the file read into anonymous memory aligned to 2 MiB and asked for
+ * transparent huge pages (MADV_HUGEPAGE: a hint, 4 KiB pages where the kernel declines),
+ * then made read-only as the mapping was. A read of a page-cache mapping walks one 4 KiB
+ * page table entry per page; here one entry covers 2 MiB (bench/pages.sh). */
+static int copy_shard(st_shard_t *sh, int fd, const char *path) {
+    size_t cap = (sh->size + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE, len = cap + ST_HUGE_PAGE;
+    char *raw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return cs_error_set(CS_ENOMEM, "%s: %zu bytes of memory for the weights: %s", path, cap, strerror(errno));
+    char *p = (char *)(((uintptr_t)raw + ST_HUGE_PAGE - 1) & ~(uintptr_t)(ST_HUGE_PAGE - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw)); /* the slack before and after the aligned span */
+    if (raw + len > p + cap) munmap(p + cap, (size_t)(raw + len - (p + cap)));
+    (void)madvise(p, cap, MADV_HUGEPAGE);
+    sh->copy = p;
+    sh->copy_len = cap;
+    /* in 2 MiB-aligned parts, one thread each: the first touch of fresh huge pages (zeroing,
+     * and in a VM the host backing them) costs more than the copy, and spreads over cores */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = (int)CS_MAX(1, CS_MIN(CS_MIN(ncpu, COPY_THREADS), (long)(cap / ST_HUGE_PAGE)));
+    size_t per = (sh->size / (size_t)n + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE;
+    copy_part_t parts[COPY_THREADS];
+    pthread_t tid[COPY_THREADS];
+    bool started[COPY_THREADS] = {false};
+    for (int i = 0; i < n; i++) {
+        size_t o = CS_MIN(per * (size_t)i, sh->size);
+        parts[i] = (copy_part_t){fd, p, o, CS_MIN(sh->size, o + per), 0, 0};
+        started[i] = i > 0 && pthread_create(&tid[i], NULL, copy_part, &parts[i]) == 0;
+    }
+    for (int i = 0; i < n; i++) /* the caller's part, and any whose thread did not start */
+        if (!started[i]) copy_part(&parts[i]);
+    for (int i = 1; i < n; i++)
+        if (started[i]) pthread_join(tid[i], NULL);
+    for (int i = 0; i < n; i++) {
+        if (parts[i].err)
+            return cs_error_set(CS_EIO, "%s: read at byte %zu: %s", path, parts[i].at, strerror(parts[i].err));
+        if (parts[i].at < parts[i].end)
+            return cs_error_set(CS_EIO, "%s: the file ended at byte %zu of %zu while it was read (changed on disk?)",
+                                path, parts[i].at, sh->size);
+    }
+    (void)mprotect(p, cap, PROT_READ);
+    sh->copy_huge = huge_bytes_at(p, sh->size);
+    return CS_OK;
+}
+
 /* Map `path`, validate its header and append its tensors and metadata to `st`. */
 static int load_shard(safetensors_t *st, const char *path) {
     st_shard_t *sh;
@@ -201,6 +302,11 @@ static int load_shard(safetensors_t *st, const char *path) {
     if (sh->size < 8) { /* mmap of an empty file fails: let the parser say what is wrong */
         close(fd);
         return parse_shard(st, st->n_shards - 1, NULL, sh->size);
+    }
+    if (st->how == ST_COPY_HUGE) {
+        rc = copy_shard(sh, fd, path);
+        close(fd);
+        return rc ? rc : parse_shard(st, st->n_shards - 1, sh->copy, sh->size);
     }
     void *map = mmap(NULL, sh->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
@@ -399,6 +505,20 @@ static bool shard_name_ok(const char *s) {
 }
 
 int safetensors_open_dir(const char *dir, const char *basename, safetensors_t **out) {
+    return safetensors_open_dir_how(dir, basename, ST_MMAP, out);
+}
+
+size_t safetensors_copied_bytes(const safetensors_t *st, size_t *huge) {
+    size_t n = 0, h = 0;
+    for (size_t i = 0; i < st->n_shards; i++) {
+        n += st->shards[i].copy ? st->shards[i].size : 0;
+        h += st->shards[i].copy_huge;
+    }
+    if (huge) *huge = h;
+    return n;
+}
+
+int safetensors_open_dir_how(const char *dir, const char *basename, st_load_t how, safetensors_t **out) {
     int rc = CS_OK;
     char *idx_path = NULL, *single = NULL, *text = NULL, *shard_path = NULL;
     const char **names = NULL;   /* distinct shard files, in order of first mention */
@@ -416,6 +536,7 @@ int safetensors_open_dir(const char *dir, const char *basename, safetensors_t **
         rc = cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
         goto err;
     }
+    st->how = how;
     if (!cs_file_exists(idx_path)) {
         if (!cs_file_exists(single)) {
             rc = cs_error_set(CS_ENOTFOUND, "%s: neither %s.safetensors nor %s.safetensors.index.json found",
@@ -507,6 +628,7 @@ void safetensors_free(safetensors_t *st) {
     if (!st) return;
     for (size_t i = 0; i < st->n_shards; i++) {
         if (st->shards[i].map) munmap(st->shards[i].map, st->shards[i].size);
+        if (st->shards[i].copy) munmap(st->shards[i].copy, st->shards[i].copy_len);
         free(st->shards[i].owned);
         free(st->shards[i].path);
     }

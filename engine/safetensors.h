@@ -28,6 +28,16 @@ int safetensors_open(const char *path, safetensors_t **out);
 /* A model directory: model.safetensors.index.json (sharded) if present, else
  * model.safetensors. `basename` is "model" for models, "adapter_model" for PEFT. */
 int safetensors_open_dir(const char *dir, const char *basename, safetensors_t **out);
+/* How a file's bytes come in: mapped (ST_MMAP: the page cache in place, shared with other
+ * processes), or read into the process's own memory in 2 MiB transparent huge pages
+ * (ST_COPY_HUGE: one page-table entry per 2 MiB for the kernels that stream the weights;
+ * the kernel may still give 4 KiB pages, safetensors_copied_bytes says how many it did not). */
+typedef enum { ST_MMAP, ST_COPY_HUGE } st_load_t;
+int safetensors_open_dir_how(const char *dir, const char *basename, st_load_t how, safetensors_t **out);
+/* bytes read in by ST_COPY_HUGE (0 when mapped); *huge (may be NULL): of those, in huge pages */
+size_t safetensors_copied_bytes(const safetensors_t *st, size_t *huge);
+/* the kernel offers transparent huge pages to MADV_HUGEPAGE (its mode is always or madvise) */
+bool safetensors_huge_pages_offered(void);
 /* One safetensors file already in memory (read by the io_uring loader, received over
  * HTTP): the same validation as safetensors_open, messages name `label` (the path it came
  * from). Tensors point into `buf`, which must stay valid until safetensors_free. With

@@ -54,6 +54,10 @@ static void usage_batch(FILE *f) {
             "  --precision exact|bf16      CPU matmuls against BF16 weights: exact (default), or on activations\n"
             "                              rounded to BF16 with F32 sums (faster on AVX512-BF16/AMX CPUs)\n"
             "  --reference-kernels         use the plain reference kernels\n"
+            "  --mmap, --no-mmap           CPU backend: use the weights in place in the file's mapping (the\n"
+            "                              page cache, shared with other processes), or read them into this\n"
+            "                              process's memory in 2 MiB huge pages (default: --no-mmap where the\n"
+            "                              kernel offers transparent huge pages, else --mmap)\n"
             "  --device auto|cpu|cuda      where the model runs (default auto: cuda where a GPU is visible)\n"
             "  --gpu-memory-fraction F     of the GPU's memory caraserve may use (0 < F <= 1, default 0.9);\n"
             "                              on a GPU the KV cache takes what the weights leave unless sized\n"
@@ -387,6 +391,8 @@ int cmd_batch(int argc, char **argv) {
         {"sequential", no_argument, 0, 'Q'},
         {"stats", no_argument, 0, 'S'},
         {"reference-kernels", no_argument, 0, 'R'},
+        {"mmap", no_argument, 0, 'u'},
+        {"no-mmap", no_argument, 0, 'U'},
         {"batch-invariant", no_argument, 0, 'I'},
         {"precision", required_argument, 0, 'q'},
         {"device", required_argument, 0, 'V'},
@@ -407,6 +413,7 @@ int cmd_batch(int argc, char **argv) {
     bool kv_explicit = false, cuda_graphs = false;
     double gpu_fraction = 0;
     bool no_prefix = false, buffered_io = false, sequential = false, stats = false, reference = false, invariant = false, ok;
+    model_weights_mem weights_mem = MODEL_WEIGHTS_AUTO;
     bool bf16 = false;
     bool preload = false;
     int c, status = 1, cold_mode = SCHED_COLD_DEFAULT, assist_threads = 0, kv_choice = SETUP_KV_AUTO, lora_dtype = 0;
@@ -472,6 +479,8 @@ int cmd_batch(int argc, char **argv) {
         case 'Q': sequential = true; break;
         case 'S': stats = true; break;
         case 'R': reference = true; break;
+        case 'u': weights_mem = MODEL_WEIGHTS_MMAP; break;
+        case 'U': weights_mem = MODEL_WEIGHTS_COPY; break;
         case 'I': invariant = true; break;
         case 'q': {
             int prec = setup_parse_precision(optarg);
@@ -523,7 +532,10 @@ int cmd_batch(int argc, char **argv) {
                                                .gpu_memory_fraction = gpu_fraction,
                                                .cuda_graphs = cuda_graphs});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
-    if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
+    if (model_load_how(model_dir, be, weights_mem, &model)) {
+        fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last());
+        goto out;
+    }
     char *tj = cs_path_join(model_dir, "tokenizer.json");
     bool have_tok = tj && cs_file_exists(tj);
     free(tj);
@@ -663,13 +675,15 @@ int cmd_batch(int argc, char **argv) {
         lora_registry_stats(reg, &ls);
         backend_stats_t bs;
         backend_get_stats(be, &bs);
+        size_t huge = 0, copied = model_weights_copied(model, &huge);
         fprintf(stderr,
                 "{\"wall_ms\": %.3f, \"steps\": %llu, \"prefill_tokens\": %llu, \"decode_tokens\": %llu, "
                 "\"busy_ms\": %.3f, \"decode_only_ms\": %.3f, \"decode_only_tokens\": %llu, \"preemptions\": %llu, "
                 "\"prompt_tokens\": %llu, \"cached_prompt_tokens\": %llu, \"kv_blocks\": %d, \"kv_free\": %d, "
                 "\"kv_cached\": %d, \"kv_dtype\": \"%s\", \"prefix_lookups\": %llu, \"prefix_hits\": %llu, \"lora_loads\": %llu, \"lora_loads_direct\": %llu, "
                 "\"lora_evictions\": %llu, \"lora_load_failures\": %llu, \"lora_device_uploads\": %llu, "
-                "\"lora_device_evictions\": %llu, \"lora_device_waits\": %llu, \"threads\": %d, \"backend\": {\"name\": \"%s\", "
+                "\"lora_device_evictions\": %llu, \"lora_device_waits\": %llu, \"threads\": %d, "
+                "\"weights\": {\"memory\": \"%s\", \"copied_bytes\": %zu, \"huge_page_bytes\": %zu}, \"backend\": {\"name\": \"%s\", "
                 "\"kernels\": \"%s\", \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"d2d_bytes\": %llu, \"h2d_copies\": %llu, "
                 "\"d2h_copies\": %llu, \"d2d_copies\": %llu, \"batch_uploads\": %llu, \"allocated\": %zu, "
                 "\"graph_captures\": %llu, \"graph_replays\": %llu}, "
@@ -684,7 +698,7 @@ int cmd_batch(int argc, char **argv) {
                 st.kv.n_free, st.kv.n_cached, cs_dtype_name(st.kv.dtype), (unsigned long long)st.kv.lookups, (unsigned long long)st.kv.hits,
                 (unsigned long long)ls.loads, (unsigned long long)ls.loads_direct, (unsigned long long)ls.evictions, (unsigned long long)ls.load_failures,
                 (unsigned long long)ls.device_uploads, (unsigned long long)ls.device_evictions,
-                (unsigned long long)ls.device_waits, be->n_threads, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,
+                (unsigned long long)ls.device_waits, be->n_threads, copied ? "copy" : "mmap", copied, huge, backend_name(be), cpu_backend_path(be), (unsigned long long)bs.h2d_bytes,
                 (unsigned long long)bs.d2h_bytes, (unsigned long long)bs.d2d_bytes, (unsigned long long)bs.h2d_copies,
                 (unsigned long long)bs.d2h_copies, (unsigned long long)bs.d2d_copies, (unsigned long long)bs.batch_uploads,
                 bs.allocated, (unsigned long long)bs.graph_captures, (unsigned long long)bs.graph_replays,

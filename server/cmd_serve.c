@@ -120,6 +120,10 @@ static void usage_serve(FILE *f) {
             "                                exact against peft), or in BF16, F32 rounded when read (half the\n"
             "                                bytes held and streamed per token, as vLLM's --lora-dtype)\n"
             "  --reference-kernels           use the plain reference kernels (slow; for checking)\n"
+            "  --mmap, --no-mmap             CPU backend: use the weights in place in the file's mapping (the\n"
+            "                                page cache, shared with other processes), or read them into this\n"
+            "                                process's memory in 2 MiB huge pages (default: --no-mmap where the\n"
+            "                                kernel offers transparent huge pages, else --mmap)\n"
             "  --device auto|cpu|cuda        where the model runs (default auto: cuda where a CUDA build sees a GPU)\n"
             "  --gpu-memory-fraction F       of the GPU's memory caraserve may use (0 < F <= 1, default 0.9); on\n"
             "                                a GPU the KV cache takes what the weights leave unless sized\n"
@@ -139,7 +143,7 @@ enum {
     O_MAX_LP, O_SHUTDOWN, O_METRICS_PREFIX, O_REFERENCE, O_HELP, O_ADAPTER_BYTES, O_UPLOAD_DIR, O_INVARIANT,
     O_DEVICE, O_MAX_LORAS, O_SCHEDULER, O_COST_MODEL, O_PROFILE, O_ADAPTER_SLOS,
     O_GPU_FRACTION, O_CUDA_GRAPHS, O_COLD_START, O_ASSIST_THREADS, O_LORA_IO, O_SLO_HEADROOM, O_PRECISION,
-    O_KV_DTYPE, O_LORA_DTYPE
+    O_KV_DTYPE, O_LORA_DTYPE, O_MMAP, O_NO_MMAP
 };
 
 static const struct option OPTS[] = {
@@ -175,6 +179,8 @@ static const struct option OPTS[] = {
     {"shutdown-timeout", required_argument, 0, O_SHUTDOWN},
     {"metrics-prefix", required_argument, 0, O_METRICS_PREFIX},
     {"reference-kernels", no_argument, 0, O_REFERENCE},
+    {"mmap", no_argument, 0, O_MMAP},
+    {"no-mmap", no_argument, 0, O_NO_MMAP},
     {"help", no_argument, 0, O_HELP},
     {"max-adapter-bytes", required_argument, 0, O_ADAPTER_BYTES},
     {"adapter-upload-dir", required_argument, 0, O_UPLOAD_DIR},
@@ -452,6 +458,8 @@ int cmd_serve(int argc, char **argv) {
         }
         case O_METRICS_PREFIX: free(cfg.metrics_prefix); cfg.metrics_prefix = strdup(optarg); break;
         case O_REFERENCE: cfg.reference_kernels = true; break;
+        case O_MMAP: cfg.weights_mem = MODEL_WEIGHTS_MMAP; break;
+        case O_NO_MMAP: cfg.weights_mem = MODEL_WEIGHTS_COPY; break;
         case O_INVARIANT: cfg.batch_invariant = true; break;
         case O_PRECISION: {
             int prec = setup_parse_precision(optarg);
@@ -594,7 +602,10 @@ int cmd_serve(int argc, char **argv) {
                                                   .gpu_memory_fraction = s->cfg.gpu_memory_fraction,
                                                   .cuda_graphs = s->cfg.cuda_graphs});
     if (!s->be) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); goto out; }
-    if (model_load(s->cfg.model, s->be, &s->model)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); goto out; }
+    if (model_load_how(s->cfg.model, s->be, s->cfg.weights_mem, &s->model)) {
+        fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last());
+        goto out;
+    }
     {
         bool assist_failed;
         s->assist = setup_assist(s->be, s->cfg.cold_start, s->cfg.assist_threads, &assist_failed);
@@ -683,9 +694,14 @@ int cmd_serve(int argc, char **argv) {
     s->ready = true;
     pthread_mutex_unlock(&s->mu);
     loading = 0;
-    fprintf(stderr, "caraserve: ready: %s (%d adapters, context %d, %s KV cache, %s chat template) on http://%s:%d\n",
+    size_t huge = 0, copied = model_weights_copied(s->model, &huge);
+    char wmem[96] = "weights mapped";
+    if (copied)
+        snprintf(wmem, sizeof wmem, "weights in memory, %.0f of %.0f MiB in huge pages", (double)huge / (1 << 20),
+                 (double)copied / (1 << 20));
+    fprintf(stderr, "caraserve: ready: %s (%d adapters, context %d, %s KV cache, %s chat template, %s) on http://%s:%d\n",
             s->model_name, s->cfg.n_lora_modules, s->max_model_len, cs_dtype_name(ep.kv_cache_dtype),
-            s->tmpl ? "with a" : "no", s->cfg.host, s->bound_port);
+            s->tmpl ? "with a" : "no", wmem, s->cfg.host, s->bound_port);
 
     /* until SIGTERM or SIGINT */
     int sig = next_signal(-1);

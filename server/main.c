@@ -25,7 +25,7 @@ static void usage_generate(FILE *f) {
             "                          [--threads N] [--no-special] [--ignore-eos] [--stats]\n"
             "                          [--dump-logits FILE] [--reference-kernels] [--device auto|cpu|cuda]\n"
             "                          [--precision exact|bf16] [--kv-cache-dtype auto|f32|bf16]\n"
-            "                          [--lora-dtype auto|bf16]\n"
+            "                          [--lora-dtype auto|bf16] [--mmap | --no-mmap]\n"
             "\n"
             "  --model DIR          Hugging Face model directory (config.json, *.safetensors, tokenizer.json)\n"
             "  --lora DIR           PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)\n"
@@ -47,7 +47,10 @@ static void usage_generate(FILE *f) {
             "                       else f32), f32 or bf16\n"
             "  --lora-dtype D       auto (default: the adapter held as its file has it, F32 stays F32) or\n"
             "                       bf16 (held in BF16, F32 rounded when read: half the bytes per token)\n"
-            "  --device D           auto, cpu or cuda (default auto: cuda where a CUDA build sees a GPU)\n");
+            "  --device D           auto, cpu or cuda (default auto: cuda where a CUDA build sees a GPU)\n"
+            "  --mmap, --no-mmap    CPU backend: the weights used in place in the file's mapping, or read\n"
+            "                       into this process's memory in 2 MiB huge pages (default: --no-mmap\n"
+            "                       where the kernel offers transparent huge pages, else --mmap)\n");
 }
 
 static void usage(FILE *f) {
@@ -111,10 +114,12 @@ static int cmd_generate(int argc, char **argv) {
         {"dump-logits", required_argument, 0, 'D'}, {"reference-kernels", no_argument, 0, 'R'},
         {"device", required_argument, 0, 'V'},    {"precision", required_argument, 0, 'Q'},
         {"kv-cache-dtype", required_argument, 0, 'K'}, {"lora-dtype", required_argument, 0, 'L'},
+        {"mmap", no_argument, 0, 'u'},            {"no-mmap", no_argument, 0, 'U'},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *lora_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *dump = NULL, *device = NULL;
     int max_tokens = 64, threads = 0, kv_choice = SETUP_KV_AUTO, lora_dtype = 0;
+    model_weights_mem weights_mem = MODEL_WEIGHTS_AUTO;
     bool print_ids = false, no_special = false, ignore_eos = false, stats = false, reference = false, bf16 = false;
     sampling_params_t sp;
     sampling_params_default(&sp);
@@ -125,6 +130,8 @@ static int cmd_generate(int argc, char **argv) {
         char *end = NULL;
         switch (c) {
         case 'm': model_dir = optarg; break;
+        case 'u': weights_mem = MODEL_WEIGHTS_MMAP; break;
+        case 'U': weights_mem = MODEL_WEIGHTS_COPY; break;
         case 'l': lora_dir = optarg; break;
         case 'p': prompt = optarg; break;
         case 'i': prompt_ids = optarg; break;
@@ -198,7 +205,10 @@ static int cmd_generate(int argc, char **argv) {
                                                 .precision_bf16 = bf16});
     if (!be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); goto out; }
     double t0 = cs_time_ms();
-    if (model_load(model_dir, be, &model)) { fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last()); goto out; }
+    if (model_load_how(model_dir, be, weights_mem, &model)) {
+        fprintf(stderr, "caraserve: %s: %s\n", model_dir, cs_error_last());
+        goto out;
+    }
     const model_config_t *cfg = model_get_config(model);
     char *tj = cs_path_join(model_dir, "tokenizer.json");
     bool have_tok = tj && cs_file_exists(tj);

@@ -55,6 +55,7 @@ typedef struct serve_config {
     char *metrics_prefix;           /* "caraserve_" */
     bool no_prefix_caching;
     bool reference_kernels;
+    model_weights_mem weights_mem;  /* --mmap / --no-mmap (default MODEL_WEIGHTS_AUTO) */
     bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
     bool precision_bf16;    /* --precision bf16 */
     bool lora_bf16;         /* --lora-dtype bf16: adapters held in BF16 */

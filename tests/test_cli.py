@@ -1,8 +1,8 @@
 """test_cli.py: the `caraserve` command line itself: usage errors exit 2 with a message,
 --help exits 0, sampling with a seed is reproducible and differs across seeds, greedy is the
 default, --max-tokens 0 only scores the prompt, --no-special drops the BOS token, and
---reference-kernels gives the same tokens as the fast kernels; `caraserve batch` usage errors,
-bad request lines and a missing requests file. Standard library only."""
+--reference-kernels gives the same tokens as the fast kernels, as do --mmap and --no-mmap;
+`caraserve batch` usage errors, bad request lines and a missing requests file. Standard library only."""
 import json
 import lzma
 import os
@@ -186,6 +186,27 @@ expect(f"batch: --lora-io direct (O_DIRECT: {bool(fs_direct)}) and buffered load
        isinstance(outs["direct"], tuple) and len(outs["direct"][0]) == 1 and outs["direct"][0] == outs["buffered"][0]
        and outs["direct"][1:] == (1, fs_direct) and outs["buffered"][1:] == (1, 0),
        subprocess.CompletedProcess([], 0, str(outs), ""))
+# the weights in the file's mapping (--mmap) or read into the process's memory (--no-mmap):
+# the same tokens, and --stats says where they were
+wm = {}
+for flag in ("--mmap", "--no-mmap"):
+    p = subprocess.run([reflib.CARASERVE, "batch", "--model", model, flag, "--kv-cache-bytes", "4M", "--stats"],
+                       capture_output=True, text=True, timeout=120,
+                       input='{"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": true}\n')
+    st = [json.loads(l) for l in p.stderr.splitlines() if l.startswith("{")]
+    wm[flag] = ([json.loads(l)["samples"][0]["tokens"] for l in p.stdout.splitlines()], st[0]["weights"]) \
+        if p.returncode == 0 and st else p.stderr
+mfile = os.path.getsize(os.path.join(model, "model.safetensors"))
+expect("batch: --mmap and --no-mmap give the same tokens; --stats: mapped, or the file's bytes copied",
+       isinstance(wm["--mmap"], tuple) and isinstance(wm["--no-mmap"], tuple) and len(wm["--mmap"][0][0]) == 8
+       and wm["--mmap"][0] == wm["--no-mmap"][0]
+       and wm["--mmap"][1] == {"memory": "mmap", "copied_bytes": 0, "huge_page_bytes": 0}
+       and wm["--no-mmap"][1]["memory"] == "copy" and wm["--no-mmap"][1]["copied_bytes"] == mfile
+       and 0 <= wm["--no-mmap"][1]["huge_page_bytes"] <= mfile, subprocess.CompletedProcess([], 0, str(wm), ""))
+_, gm = gen_ids("--mmap")
+_, gc = gen_ids("--no-mmap")
+expect("generate: --mmap and --no-mmap give the greedy tokens", gm == greedy and gc == greedy,
+       subprocess.CompletedProcess([], 0, f"{gm} {gc} {greedy}", ""))
 p = cs("batch", "--model", model, "--requests", os.path.join(root, "nope.jsonl"))
 expect("batch: missing requests file -> exit 1", p.returncode == 1 and "nope.jsonl" in p.stderr, p)
 p = cs("batch", "--help")

@@ -194,6 +194,35 @@ START_TEST(test_misaligned_tensors) {
     free(a); free(b);
 }
 END_TEST
+/* the weights read into the process's memory (--no-mmap) or used in the file's mapping
+ * (--mmap): the same bytes, so the same logits bit for bit; only the copy counts copied bytes */
+START_TEST(test_weights_memory) {
+    char *dir = write_model("wmem", "LlamaForCausalLM", CS_DTYPE_BF16, NULL, NULL, NULL);
+    backend_t *be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
+    model_t *mm, *mc;
+    ck_assert_msg(model_load_how(dir, be, MODEL_WEIGHTS_MMAP, &mm) == 0, "%s", cs_error_last());
+    ck_assert_msg(model_load_how(dir, be, MODEL_WEIGHTS_COPY, &mc) == 0, "%s", cs_error_last());
+    char *file = cs_path_join(dir, "model.safetensors");
+    struct stat sb;
+    ck_assert_int_eq(stat(file, &sb), 0);
+    size_t huge = 1, copied = model_weights_copied(mm, &huge);
+    ck_assert_uint_eq(copied, 0);
+    ck_assert_uint_eq(huge, 0);
+    copied = model_weights_copied(mc, &huge);
+    ck_assert_uint_eq(copied, (size_t)sb.st_size);
+    ck_assert_uint_le(huge, copied);
+    int32_t ids[9] = {3, 1, 4, 1, 5, 9, 2, 6, 5};
+    float lm[9 * VOCAB], lc[9 * VOCAB];
+    model_seq_t *sm = model_seq_new(mm, 9, CS_DTYPE_F32), *sc = model_seq_new(mc, 9, CS_DTYPE_F32);
+    ck_assert_int_eq(model_forward(mm, sm, ids, 9, NULL, lm, true), 0);
+    ck_assert_int_eq(model_forward(mc, sc, ids, 9, NULL, lc, true), 0);
+    ck_assert_int_eq(memcmp(lm, lc, sizeof lm), 0);
+    model_seq_free(sm); model_seq_free(sc);
+    model_free(mm); model_free(mc);
+    backend_free(be);
+    free(file); free(dir);
+}
+END_TEST
 START_TEST(test_llama_bf16) { check_prefill_equals_decode("LlamaForCausalLM", CS_DTYPE_BF16); }
 END_TEST
 START_TEST(test_qwen3_f32) { check_prefill_equals_decode("Qwen3ForCausalLM", CS_DTYPE_F32); }
@@ -237,6 +266,7 @@ int main(void) {
     tcase_add_test(tc, test_llama_f32);
     tcase_add_test(tc, test_llama_bf16);
     tcase_add_test(tc, test_misaligned_tensors);
+    tcase_add_test(tc, test_weights_memory);
     tcase_add_test(tc, test_qwen3_f32);
     tcase_add_test(tc, test_missing_tensor);
     tcase_add_test(tc, test_wrong_shape);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/safetensors.h"
@@ -179,13 +180,18 @@ static void write_shards(void) {
     ck_assert_int_eq(safetensors_write(path_in("model-00002-of-00002.safetensors"), s2, 1, meta), CS_OK);
 }
 
-START_TEST(test_sharded) {
-    write_shards();
+/* the index of write_shards' two files, its tensors out of order */
+static void write_index(void) {
     write_text("model.safetensors.index.json",
                "{\"metadata\": {\"total_size\": 24}, \"weight_map\": {"
                "\"model.a\": \"model-00001-of-00002.safetensors\","
                "\"model.c\": \"model-00002-of-00002.safetensors\","
                "\"model.b\": \"model-00001-of-00002.safetensors\"}}");
+}
+
+START_TEST(test_sharded) {
+    write_shards();
+    write_index();
     safetensors_t *st;
     ck_assert_int_eq(safetensors_open_dir(tmpdir, "model", &st), CS_OK);
     ck_assert_uint_eq(safetensors_count(st), 3);
@@ -195,6 +201,56 @@ START_TEST(test_sharded) {
     ck_assert_float_eq(((const float *)safetensors_find(st, "model.b")->data)[2], 5.0f);
     ck_assert_str_eq(safetensors_metadata(st, "format"), "pt");
     safetensors_free(st);
+}
+END_TEST
+
+/* ST_COPY_HUGE reads every shard into the process's memory: the same tensors, bytes and
+ * metadata as the mapping, at other addresses, with each file's bytes counted; a tensor of
+ * several MiB spans 2 MiB pages; bad files fail as they do mapped */
+START_TEST(test_copy_huge) {
+    write_shards();
+    write_index();
+    enum { BIG = 5 << 18 }; /* 5 MiB of F32 */
+    float *big = malloc(sizeof(float) * BIG);
+    for (int i = 0; i < BIG; i++) big[i] = (float)i * 0.5f;
+    st_write_tensor_t bt = { .name = "w", .dtype = CS_DTYPE_F32, .n_dims = 2, .shape = { 5 << 8, 1 << 10 }, .data = big };
+    ck_assert_int_eq(safetensors_write(path_in("big.safetensors"), &bt, 1, NULL), CS_OK);
+    const char *bases[] = { "model", "big" };
+    for (int k = 0; k < 2; k++) {
+        safetensors_t *m, *c;
+        ck_assert_int_eq(safetensors_open_dir(tmpdir, bases[k], &m), CS_OK);
+        ck_assert_int_eq(safetensors_open_dir_how(tmpdir, bases[k], ST_COPY_HUGE, &c), CS_OK);
+        ck_assert_uint_eq(safetensors_copied_bytes(m, NULL), 0);
+        size_t huge = 0, want = 0, got = safetensors_copied_bytes(c, &huge);
+        const char *files[] = { "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "big.safetensors" };
+        for (int f = k ? 2 : 0; f < (k ? 3 : 2); f++) {
+            struct stat sb;
+            ck_assert_int_eq(stat(path_in(files[f]), &sb), 0);
+            want += (size_t)sb.st_size;
+        }
+        ck_assert_uint_eq(got, want);
+        ck_assert_uint_le(huge, got);
+        ck_assert_uint_eq(safetensors_count(c), safetensors_count(m));
+        for (size_t i = 0; i < safetensors_count(m); i++) {
+            const st_tensor_t *tm = safetensors_at(m, i), *tc = safetensors_at(c, i);
+            ck_assert_str_eq(tc->name, tm->name);
+            ck_assert_uint_eq(tc->nbytes, tm->nbytes);
+            ck_assert_ptr_ne(tc->data, tm->data);
+            ck_assert_uint_eq((uintptr_t)tc->data % 4096, (uintptr_t)tm->data % 4096); /* the file's layout */
+            ck_assert_int_eq(memcmp(tc->data, tm->data, tm->nbytes), 0);
+        }
+        if (k == 1) ck_assert_float_eq(((const float *)safetensors_find(c, "w")->data)[BIG - 1], (float)(BIG - 1) * 0.5f);
+        else ck_assert_str_eq(safetensors_metadata(c, "format"), "pt");
+        safetensors_free(m);
+        safetensors_free(c);
+    }
+    free(big);
+    /* a header that lies, read in: the mapped reader's error */
+    write_raw("bad.safetensors", "{\"t\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]}}", 8);
+    safetensors_t *st;
+    ck_assert_int_eq(safetensors_open_dir_how(tmpdir, "bad", ST_COPY_HUGE, &st), CS_EFORMAT);
+    ck_assert_ptr_null(st);
+    ck_assert_int_eq(safetensors_open_dir_how(tmpdir, "absent", ST_COPY_HUGE, &st), CS_ENOTFOUND);
 }
 END_TEST
 
@@ -428,6 +484,7 @@ static Suite *safetensors_suite(void) {
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_write_no_metadata_and_errors);
     tcase_add_test(tc, test_sharded);
+    tcase_add_test(tc, test_copy_huge);
     tcase_add_test(tc, test_sharded_errors);
     tcase_add_test(tc, test_single_dir);
     tcase_add_test(tc, test_bad_files);
