@@ -224,7 +224,6 @@ typedef struct copy_part {
     char *base;
     size_t at, end;     /* [at, end) of the file still to read into base */
     int err;            /* errno of a failed read */
-    int pad;
 } copy_part_t;
 
 static void *copy_part(void *arg) {
@@ -264,7 +263,7 @@ static int copy_shard(st_shard_t *sh, int fd, const char *path) {
     bool started[COPY_THREADS] = {false};
     for (int i = 0; i < n; i++) {
         size_t o = CS_MIN(per * (size_t)i, sh->size);
-        parts[i] = (copy_part_t){fd, p, o, CS_MIN(sh->size, o + per), 0, 0};
+        parts[i] = (copy_part_t){fd, p, o, CS_MIN(sh->size, o + per), 0};
         started[i] = i > 0 && pthread_create(&tid[i], NULL, copy_part, &parts[i]) == 0;
     }
     for (int i = 0; i < n; i++) /* the caller's part, and any whose thread did not start */
