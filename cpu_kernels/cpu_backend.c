@@ -18,6 +18,7 @@
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/kernels_paged.h"
 #include "cpu_kernels/threadpool.h"
+#include "cpu_kernels/wcode.h"
 
 #define GEMV_MAX_N 8          /* up to this many rows use the GEMV kernel (n = 1 once TILE_MAX_N takes 2..) */
 #define TILE_MAX_N 32         /* 2..this many rows: the 4x4 dot tiles (cs_gemm_invariant_avx512), 1.1-2.7x
@@ -56,7 +57,8 @@ typedef struct cpu_ctx {
     bool prec_bf16;       /* --precision bf16: x rounded to BF16 before matmuls against BF16 weights */
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
-    char path[48];        /* cpu_raw_path */
+    bool compress;        /* --compress-weights: the batch-1 GEMV reads BF16 weights coded in 12 bits */
+    char path[56];        /* cpu_raw_path */
     /* the kernels chosen for this CPU at start-up (NULL: none of that kind, the generic path) */
     cs_rows_fn gemv;      /* 1..GEMV_MAX_N rows streaming the weights */
     cs_rows_fn tile;      /* the batch-invariant dot tiles */
@@ -257,7 +259,7 @@ static cs_rows_fn tile_kernel(cpu_ctx_t *c, const float **x, int n, int K, cs_dt
     if (n < 64) {
         c->split_pack((float *)c->xpack, *x, n, K, 0, n);
     } else {
-        cs_weight_t shape = {CS_DTYPE_BF16, 0, K, NULL};
+        cs_weight_t shape = {CS_DTYPE_BF16, 0, K, NULL, NULL};
         struct mm_job pj = {c, NULL, *x, n, &shape, NULL, 0, 0, (n + 2 * c->n_threads - 1) / (2 * c->n_threads), NULL};
         threadpool_run(c->pool, (n + pj.tiles_per_task - 1) / pj.tiles_per_task, split_pack_task, &pj);
     }
@@ -1232,8 +1234,10 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     __builtin_cpu_init();
     int streams = p && p->gemv_streams ? p->gemv_streams : __builtin_cpu_is("amd") ? 4 : 0;
     bool s4 = streams == 4 && (c->avx512 || c->avx2) && !c->reference && !c->invariant;
-    snprintf(c->path, sizeof c->path, "%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
-             c->prec_bf16 ? "+bf16" : "", s4 ? "+gemv4" : "");
+    /* only where the batch-1 GEMV runs (AVX-512 or AVX2, not reference, not batch-invariant) */
+    c->compress = p && p->compress_weights && (c->avx512 || c->avx2) && !c->reference && !c->invariant;
+    snprintf(c->path, sizeof c->path, "%s%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
+             c->prec_bf16 ? "+bf16" : "", s4 ? "+gemv4" : "", c->compress ? "+wc12" : "");
     if (c->avx512) {
         c->gemv = s4 ? cs_gemv_rows_avx512_s4 : cs_gemv_rows_avx512;
         c->tile = cs_gemm_invariant_avx512;
@@ -1271,3 +1275,57 @@ err:
 }
 
 const char *cpu_raw_path(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->path; }
+
+bool cpu_raw_codes_weights(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->compress; }
+
+/* coding a matrix on the pool: the high bytes counted in parts, then rows coded, then the
+ * exceptions listed, each step over row ranges */
+struct wcode_job {
+    const uint16_t *w;
+    cs_wcode_t *c;
+    int rows, cols, rows_per_task;
+    uint64_t (*hist)[256];  /* per task */
+};
+
+static void wcode_hist_task(void *p, int task, int thread) {
+    struct wcode_job *j = p;
+    (void)thread;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->rows);
+    cs_wcode_hist(j->w + (size_t)r0 * j->cols, (size_t)(r1 - r0) * j->cols, j->hist[task]);
+}
+
+static void wcode_encode_task(void *p, int task, int thread) {
+    struct wcode_job *j = p;
+    (void)thread;
+    int r0 = task * j->rows_per_task;
+    cs_wcode_encode_rows(j->c, j->w, r0, CS_MIN(r0 + j->rows_per_task, j->rows));
+}
+
+static void wcode_exc_task(void *p, int task, int thread) {
+    struct wcode_job *j = p;
+    (void)thread;
+    int r0 = task * j->rows_per_task;
+    cs_wcode_fill_exc(j->c, j->w, r0, CS_MIN(r0 + j->rows_per_task, j->rows));
+}
+
+cs_wcode_t *cpu_raw_wcode_new(cpu_raw_t *b, const cs_weight_t *w) {
+    cpu_ctx_t *c = ctx_of(b);
+    CS_ASSERT(w->dtype == CS_DTYPE_BF16);
+    struct wcode_job j = {w->data, NULL, w->rows, w->cols, 0, NULL};
+    j.rows_per_task = CS_MAX(1, (int)((1u << 20) / ((unsigned)w->cols * 2u + 1u))); /* ~1 MiB of weights */
+    int tasks = (w->rows + j.rows_per_task - 1) / j.rows_per_task;
+    if (!(j.hist = calloc((size_t)tasks, sizeof *j.hist))) return NULL;
+    threadpool_run(c->pool, tasks, wcode_hist_task, &j);
+    uint64_t hist[256] = {0};
+    for (int t = 0; t < tasks; t++)
+        for (int k = 0; k < 256; k++) hist[k] += j.hist[t][k];
+    free(j.hist);
+    if (!(j.c = cs_wcode_begin(w->rows, w->cols, hist))) return NULL;
+    threadpool_run(c->pool, tasks, wcode_encode_task, &j);
+    if (cs_wcode_index(j.c)) {
+        cs_wcode_free(j.c);
+        return NULL;
+    }
+    if (j.c->n_exc) threadpool_run(c->pool, tasks, wcode_exc_task, &j);
+    return j.c;
+}

@@ -20,6 +20,7 @@
 
 #include "cpu_kernels/cpu_backend.h"
 #include "cpu_kernels/cpu_raw.h"
+#include "cpu_kernels/wcode.h"
 
 #define BUF_MAGIC 0x42554631u   /* "BUF1" */
 #define BATCH_MAGIC 0x42415431u
@@ -32,6 +33,7 @@ struct backend_buf {
     void *p;
     size_t n;
     bool external;          /* buf_from_host: the memory is the caller's */
+    struct cs_wcode *code;  /* weight_prepare: the weight coded in 12 bits (--compress-weights) */
 };
 
 typedef struct slot_mod {
@@ -204,8 +206,9 @@ static void *resolve(backend_t *b, const backend_buf_t *buf, size_t off, size_t 
 #define F(b, buf, nfloats, what) ((float *)resolve((b), (buf), 0, sizeof(float) * (size_t)(nfloats), (what)))
 
 static cs_weight_t raw_weight(backend_t *b, const backend_weight_t *w, const char *what) {
-    cs_weight_t r = {w->dtype, w->rows, w->cols, NULL};
+    cs_weight_t r = {w->dtype, w->rows, w->cols, NULL, NULL};
     r.data = resolve(b, w->buf, 0, (size_t)w->rows * w->cols * cs_dtype_size(w->dtype), what);
+    r.code = w->buf && w->buf->code && w->buf->code->rows == w->rows && w->buf->code->cols == w->cols ? w->buf->code : NULL;
     return r;
 }
 
@@ -213,7 +216,7 @@ static backend_buf_t *buf_new(backend_t *b, void *p, size_t n, bool external) {
     dev_ctx_t *d = dev(b);
     backend_buf_t *buf = calloc(1, sizeof *buf);
     if (!buf) return NULL;
-    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external};
+    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external, NULL};
     pthread_mutex_lock(&d->mu);
     if (d->strict && !live_add(d, buf)) {
         pthread_mutex_unlock(&d->mu);
@@ -244,6 +247,7 @@ static void dev_buf_free(backend_t *b, backend_buf_t *buf) {
     d->stats.allocated -= buf->n;
     pthread_mutex_unlock(&d->mu);
     if (!buf->external) free(buf->p);
+    cs_wcode_free(buf->code);
     buf->magic = 0;
     free(buf);
 }
@@ -719,6 +723,25 @@ static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float
     pthread_mutex_unlock(&d->mu);
 }
 
+/* --compress-weights: a BF16 matmul weight coded in 12 bits beside it, once per buffer (a
+ * tied lm_head shares the embedding's) */
+static int dev_weight_prepare(backend_t *b, const backend_weight_t *w) {
+    dev_ctx_t *d = dev(b);
+    if (!cpu_raw_codes_weights(d->raw) || w->dtype != CS_DTYPE_BF16 || !w->buf || w->buf->code || w->rows < 1 ||
+        w->cols < 1)
+        return CS_OK;
+    cs_weight_t rw = raw_weight(b, w, "weight_prepare");
+    struct cs_wcode *code = cpu_raw_wcode_new(d->raw, &rw);
+    if (!code) return cs_error_set(CS_ENOMEM, "--compress-weights: out of memory coding a %dx%d weight", w->rows, w->cols);
+    w->buf->code = code;
+    pthread_mutex_lock(&d->mu);
+    d->stats.prepared_from += (size_t)w->rows * w->cols * 2;
+    d->stats.prepared_bytes += cs_wcode_bytes(code);
+    d->stats.prepared_exceptions += code->n_exc;
+    pthread_mutex_unlock(&d->mu);
+    return CS_OK;
+}
+
 /* ---- compute ---- */
 static void dev_embed(backend_t *b, backend_buf_t *y, const backend_weight_t *t, const backend_batch_t *bt) {
     check_batch(b, bt, "embed");
@@ -887,7 +910,7 @@ static void dev_free(backend_t *b) {
     .matmul_multi = dev_matmul_multi, .rmsnorm = dev_rmsnorm, .rope = dev_rope, .kv_store = dev_kv_store,   \
     .attention = dev_attention, .get_out_rows = dev_get_out_rows, .silu_mul = dev_silu_mul, .add = dev_add, \
     .lora = dev_lora, .kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16,     \
-    .synchronize = dev_synchronize,                      \
+    .synchronize = dev_synchronize, .weight_prepare = dev_weight_prepare, \
     .get_stats = dev_get_stats, .free = dev_free
 
 static const struct backend_i cpu_iface = {

@@ -13,6 +13,9 @@ typedef struct cs_weight {
     cs_dtype dtype;     /* F32, BF16 or F16 */
     int rows, cols;     /* (out, in) for matrices; rows = 1 for vectors */
     const void *data;
+    /* optional: the same BF16 matrix coded in 12 bits (wcode.h, --compress-weights), which
+     * the batch-1 GEMV reads instead of data; every other kernel reads data */
+    const struct cs_wcode *code;
 } cs_weight_t;
 
 typedef struct cpu_attn_seq {
@@ -71,6 +74,11 @@ struct cpu_raw {
 cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p);
 /* the kernel path it chose, for benchmarks and --stats ("amx", "avx512", "avx2", "reference") */
 const char *cpu_raw_path(const cpu_raw_t *b);
+
+/* --compress-weights where it applies (the batch-1 GEMV runs): cpu_raw_wcode_new codes a
+ * BF16 matrix on the pool (NULL on ENOMEM), to hang on cs_weight_t.code */
+bool cpu_raw_codes_weights(const cpu_raw_t *b);
+struct cs_wcode *cpu_raw_wcode_new(cpu_raw_t *b, const cs_weight_t *w);
 
 static inline void cpu_raw_free(cpu_raw_t *b) { if (b) b->iface->free(b); }
 static inline void cpu_raw_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {

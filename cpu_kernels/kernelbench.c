@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
         uint16_t *h = malloc(n * 2);
         for (size_t i = 0; i < n; i++) h[i] = cs_f32_to_bf16(f[i]);
         free(f);
-        w[p] = (cs_weight_t){CS_DTYPE_BF16, projs[p % NP].rows, projs[p % NP].cols, h};
+        w[p] = (cs_weight_t){CS_DTYPE_BF16, projs[p % NP].rows, projs[p % NP].cols, h, NULL};
         wbytes += n * 2;
         params += n;
     }

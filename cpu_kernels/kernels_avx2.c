@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/wcode.h"
 #include "cpu_kernels/kernels_paged.h"
 #include "cpu_kernels/simd.h"
 
@@ -391,11 +392,74 @@ AVX2 INLINE void gemv_bf16_streams(float *y, const float *x, const uint16_t *w, 
     if (done < r1 - r0) gemm_tiles_impl(y, 0, x, 1, w, cols, r0 + done, r1, CS_DTYPE_BF16);
 }
 
+/* ---- the batch-1 GEMV on 12-bit coded BF16 weights (wcode.h): kernels_avx512.c's in two
+ * 256-bit halves per block; half h of vector m holds columns 16m + 8h .. 16m + 8h + 7 ---- */
+AVX2 INLINE void wcode_half(const uint8_t *blk, __m256i codes, __m256i tbl, __m256 f[4]) {
+    __m256i lo = _mm256_loadu_si256((const __m256i *)blk);
+    __m256i hi = _mm256_shuffle_epi8(tbl, codes);
+    __m256i u0 = _mm256_unpacklo_epi8(lo, hi), u1 = _mm256_unpackhi_epi8(lo, hi), z = _mm256_setzero_si256();
+    f[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, u0));
+    f[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, u0));
+    f[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, u1));
+    f[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, u1));
+}
+
+AVX2 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, const int S,
+                               const int PF) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->table));
+    int nb = c->blocks, full = c->cols / CS_WCODE_BLOCK;
+    float xt[CS_WCODE_BLOCK] __attribute__((aligned(32))) = {0}; /* x's last, partial block */
+    for (int k = full * CS_WCODE_BLOCK; k < c->cols; k++) xt[k - full * CS_WCODE_BLOCK] = x[k];
+    size_t rb = (size_t)nb * CS_WCODE_BLOCK_BYTES;
+    int per = (r1 - r0) / S;
+    size_t stride = (size_t)per * rb;
+    for (int g = 0; g < per; g++) {
+        const uint8_t *p = c->data + (size_t)(r0 + g) * rb;
+        __m256 a0[8], a1[8];
+#pragma GCC unroll 8
+        for (int s = 0; s < S; s++) a0[s] = a1[s] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const float *xb = b < full ? x + (size_t)b * CS_WCODE_BLOCK : xt;
+#pragma GCC unroll 8
+            for (int s = 0; s < S; s++) {
+                const uint8_t *blk = p + s * stride + (size_t)b * CS_WCODE_BLOCK_BYTES;
+                _mm_prefetch((const char *)blk + PF, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + PF + 64, _MM_HINT_T0);
+                __m256i nbv = _mm256_loadu_si256((const __m256i *)(blk + CS_WCODE_BLOCK));
+                __m256 f[4];
+                wcode_half(blk, _mm256_and_si256(nbv, m0f), tbl, f);
+                a0[s] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xb), a0[s]);
+                a1[s] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb + 16), a1[s]);
+                a0[s] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xb + 32), a0[s]);
+                a1[s] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 48), a1[s]);
+                wcode_half(blk + 32, _mm256_and_si256(_mm256_srli_epi16(nbv, 4), m0f), tbl, f);
+                a0[s] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xb + 8), a0[s]);
+                a1[s] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb + 24), a1[s]);
+                a0[s] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xb + 40), a0[s]);
+                a1[s] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 56), a1[s]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int s = 0; s < S; s++) {
+            int r = r0 + s * per + g;
+            y[r] = hsum8(_mm256_add_ps(a0[s], a1[s])) + cs_wcode_exceptions(c, r, x);
+        }
+    }
+    return r0 + per * S; /* the caller takes the rows left over */
+}
+
+AVX2 void cs_wcode_gemv_avx2(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams) {
+    int done = streams <= 4 ? wcode_streams(y, x, c, r0, r1, 4, 768) : wcode_streams(y, x, c, r0, r1, 6, 1152);
+    wcode_streams(y, x, c, done, r1, 1, 0);
+}
+
 /* y[i, r] = dot(x[i, :], w[r, :]) for r in [r0, r1), i < n: one BF16 row streams, the rest
  * go through the dot tiles (each weight row read once per 4 rows of x) */
 AVX2 INLINE void gemv_rows(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1, const int S,
                            const int PF) {
-    if (n == 1 && w->dtype == CS_DTYPE_BF16) gemv_bf16_streams(y, x, w->data, w->cols, r0, r1, S, PF);
+    if (n == 1 && w->code) cs_wcode_gemv_avx2(y, x, w->code, r0, r1, S);
+    else if (n == 1 && w->dtype == CS_DTYPE_BF16) gemv_bf16_streams(y, x, w->data, w->cols, r0, r1, S, PF);
     else cs_gemm_invariant_avx2(y, ldy, x, n, w, r0, r1);
 }
 AVX2 void cs_gemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {

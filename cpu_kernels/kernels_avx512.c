@@ -8,6 +8,7 @@
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/simd.h"
 #include "cpu_kernels/vnni.h"
+#include "cpu_kernels/wcode.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -148,8 +149,74 @@ AVX512 INLINE void gemv_bf16_streams(float *y, const float *x, const uint16_t *w
     if (per * S < r1 - r0) gemv_impl(y, 0, x, 1, w, cols, r0 + per * S, r1, CS_DTYPE_BF16);
 }
 
+/* ---- the batch-1 GEMV on 12-bit coded BF16 weights (wcode.h) ----
+ * A block's 64 low bytes and 32 code bytes become four F32 vectors: the codes' nibbles go
+ * through the table by one byte shuffle, the byte unpacks pair each low byte with its high
+ * byte, and the word unpacks with zero place the pairs at the top of F32 lanes. The column
+ * order of the format makes vector m columns 16m .. 16m + 15. Exceptions are added after
+ * the row's sum. Streams as gemv_bf16_streams, prefetched PF bytes ahead. */
+AVX512 INLINE void wcode_block(const uint8_t *blk, __m512i tbl, __m512 f[4]) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    __m512i lo = _mm512_loadu_si512(blk);
+    __m256i nb = _mm256_loadu_si256((const __m256i *)(blk + CS_WCODE_BLOCK));
+    __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(nb, m0f)),
+                                       _mm256_and_si256(_mm256_srli_epi16(nb, 4), m0f), 1);
+    __m512i hi = _mm512_shuffle_epi8(tbl, codes);
+    __m512i u0 = _mm512_unpacklo_epi8(lo, hi), u1 = _mm512_unpackhi_epi8(lo, hi), z = _mm512_setzero_si512();
+    f[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, u0));
+    f[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, u0));
+    f[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, u1));
+    f[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, u1));
+}
+
+AVX512 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, const int S,
+                                 const int PF) {
+    __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)c->table));
+    int nb = c->blocks, full = c->cols / CS_WCODE_BLOCK;
+    float xt[CS_WCODE_BLOCK] __attribute__((aligned(64))) = {0}; /* x's last, partial block */
+    for (int k = full * CS_WCODE_BLOCK; k < c->cols; k++) xt[k - full * CS_WCODE_BLOCK] = x[k];
+    size_t rb = (size_t)nb * CS_WCODE_BLOCK_BYTES;
+    int per = (r1 - r0) / S;
+    size_t stride = (size_t)per * rb; /* between streams, in bytes */
+    for (int g = 0; g < per; g++) {
+        const uint8_t *p = c->data + (size_t)(r0 + g) * rb;
+        __m512 a0[8], a1[8];
+#pragma GCC unroll 8
+        for (int s = 0; s < S; s++) a0[s] = a1[s] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const float *xb = b < full ? x + (size_t)b * CS_WCODE_BLOCK : xt;
+            __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+            __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);
+#pragma GCC unroll 8
+            for (int s = 0; s < S; s++) {
+                const uint8_t *blk = p + s * stride + (size_t)b * CS_WCODE_BLOCK_BYTES;
+                _mm_prefetch((const char *)blk + PF, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + PF + 64, _MM_HINT_T0);
+                __m512 f[4];
+                wcode_block(blk, tbl, f);
+                a0[s] = _mm512_fmadd_ps(f[0], x0, a0[s]);
+                a1[s] = _mm512_fmadd_ps(f[1], x1, a1[s]);
+                a0[s] = _mm512_fmadd_ps(f[2], x2, a0[s]);
+                a1[s] = _mm512_fmadd_ps(f[3], x3, a1[s]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int s = 0; s < S; s++) {
+            int r = r0 + s * per + g;
+            y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[s], a1[s])) + cs_wcode_exceptions(c, r, x);
+        }
+    }
+    return r0 + per * S; /* the caller takes the rows left over */
+}
+
+AVX512 void cs_wcode_gemv_avx512(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams) {
+    int done = streams <= 4 ? wcode_streams(y, x, c, r0, r1, 4, 768) : wcode_streams(y, x, c, r0, r1, 8, 1536);
+    wcode_streams(y, x, c, done, r1, 1, 0);
+}
+
 AVX512 INLINE void gemv_rows(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1,
                              const int S, const int PF) {
+    if (n == 1 && w->code) { cs_wcode_gemv_avx512(y, x, w->code, r0, r1, S); return; }
     if (n == 1 && w->dtype == CS_DTYPE_BF16) { gemv_bf16_streams(y, x, w->data, w->cols, r0, r1, S, PF); return; }
     for (int i0 = 0; i0 < n; i0 += 4) {
         int m = n - i0 < 4 ? n - i0 : 4;

@@ -104,6 +104,8 @@ typedef struct backend_stats {
     size_t allocated;       /* bytes in live buffers */
     uint64_t batch_uploads;
     uint64_t graph_captures, graph_replays; /* forwards recorded as, and replayed from, device graphs */
+    size_t prepared_from, prepared_bytes; /* weight_prepare: bytes of the weights given, of the forms kept */
+    uint64_t prepared_exceptions;         /* CPU --compress-weights: weights listed apart */
 } backend_stats_t;
 
 struct backend_i {
@@ -119,6 +121,11 @@ struct backend_i {
     /* optional (host-memory backends): a buffer over host memory that the caller keeps
      * valid until buf_free, which does not free it */
     backend_buf_t *(*buf_from_host)(backend_t *b, void *p, size_t nbytes);
+    /* optional: W, loaded and read-only from here on, is a matmul weight; the backend may
+     * keep a form of its own beside it until W's buffer is freed (the CPU backend's
+     * --compress-weights: BF16 coded in 12 bits for the batch-1 GEMV). 0, or an error
+     * code with cs_error set (out of memory). */
+    int (*weight_prepare)(backend_t *b, const backend_weight_t *w);
     /* host -> buffer and buffer -> host, synchronous (after every op queued before) */
     void (*buf_set)(backend_t *b, backend_buf_t *dst, size_t off, const void *src, size_t n);
     void (*buf_get)(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n);
@@ -250,6 +257,9 @@ static inline void backend_buf_free(backend_t *b, backend_buf_t *p) { if (p) b->
 static inline size_t backend_buf_size(backend_t *b, const backend_buf_t *p) { return b->iface->buf_size(b, p); }
 static inline backend_buf_t *backend_buf_from_host(backend_t *b, void *p, size_t n) {
     return b->iface->buf_from_host ? b->iface->buf_from_host(b, p, n) : NULL;
+}
+static inline int backend_weight_prepare(backend_t *b, const backend_weight_t *w) {
+    return b->iface->weight_prepare ? b->iface->weight_prepare(b, w) : 0;
 }
 static inline void backend_buf_set(backend_t *b, backend_buf_t *d, size_t off, const void *s, size_t n) {
     b->iface->buf_set(b, d, off, s, n);

@@ -294,6 +294,14 @@ int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_
         }
     }
 #undef L
+    /* the matmul weights, all loaded: the backend may keep a form of its own beside each */
+    if ((rc = backend_weight_prepare(m->be, &m->lm_head))) goto err;
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_w_t *w = &m->layers[l];
+        const backend_weight_t *ws[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++)
+            if ((rc = backend_weight_prepare(m->be, ws[k]))) goto err;
+    }
     /* a tensor we did not use would be silently ignored math: refuse it */
     size_t n_all = safetensors_count(m->st);
     if (n_all > n_used) {

@@ -78,6 +78,7 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         .no_split = env_on("CS_NO_SPLIT"),
         .gemv_streams = (int)env_num("CS_GEMV_STREAMS", 0),
         .precision_bf16 = o->precision_bf16,
+        .compress_weights = o->compress_weights,
     };
     if (test_dev && *test_dev) {
         if (strcmp(test_dev, "strict")) {

@@ -106,10 +106,11 @@ def hf_logits(model, ids):
     return out.logits[0].double().numpy()
 
 
-def compare(name, model_ref, model_dir, prompt_ids, max_tokens, tol, lora_dir=None, threads=2):
+def compare(name, model_ref, model_dir, prompt_ids, max_tokens, tol, lora_dir=None, threads=2, extra=()):
     """C engine vs transformers: every position's log-softmax, and the greedy continuation
-    (a divergence is only accepted where transformers' own top-2 logits tie within 1e-4)."""
-    rows, gen = run_engine(model_dir, prompt_ids, max_tokens, lora_dir, threads)
+    (a divergence is only accepted where transformers' own top-2 logits tie within 1e-4).
+    extra: more flags for `caraserve generate`."""
+    rows, gen = run_engine(model_dir, prompt_ids, max_tokens, lora_dir, threads, extra)
     full = list(prompt_ids) + gen
     ref = hf_logits(model_ref, full[:-1] if gen else full)
     if rows.shape[0] != ref.shape[0]:

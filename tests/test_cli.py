@@ -189,7 +189,7 @@ expect(f"batch: --lora-io direct (O_DIRECT: {bool(fs_direct)}) and buffered load
 # the weights in the file's mapping (--mmap) or read into the process's memory (--no-mmap):
 # the same tokens, and --stats says where they were
 wm = {}
-for flag in ("--mmap", "--no-mmap"):
+for flag in ("--mmap", "--no-mmap", "--compress-weights"):
     p = subprocess.run([reflib.CARASERVE, "batch", "--model", model, flag, "--kv-cache-bytes", "4M", "--stats"],
                        capture_output=True, text=True, timeout=120,
                        input='{"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": true}\n')
@@ -200,11 +200,30 @@ mfile = os.path.getsize(os.path.join(model, "model.safetensors"))
 expect("batch: --mmap and --no-mmap give the same tokens; --stats: mapped, or the file's bytes copied",
        isinstance(wm["--mmap"], tuple) and isinstance(wm["--no-mmap"], tuple) and len(wm["--mmap"][0][0]) == 8
        and wm["--mmap"][0] == wm["--no-mmap"][0]
-       and wm["--mmap"][1] == {"memory": "mmap", "copied_bytes": 0, "huge_page_bytes": 0}
+       and wm["--mmap"][1] == {"memory": "mmap", "copied_bytes": 0, "huge_page_bytes": 0, "coded_bytes": 0,
+                               "coded_from_bytes": 0, "coded_exceptions": 0}
        and wm["--no-mmap"][1]["memory"] == "copy" and wm["--no-mmap"][1]["copied_bytes"] == mfile
        and 0 <= wm["--no-mmap"][1]["huge_page_bytes"] <= mfile, subprocess.CompletedProcess([], 0, str(wm), ""))
+# --compress-weights: the same tokens; on a CPU with AVX2 or AVX-512 every BF16 matmul weight
+# (2 layers x 7 projections, the tied lm_head) is coded, 96 bytes per 64 columns and a row
+# index, with few exceptions
+cw = wm["--compress-weights"]
+avx = subprocess.run([reflib.CARASERVE, "version"], capture_output=True, text=True).stdout
+avx = "avx2" in avx.split("kernels:")[0]
+cfgm = json.load(open(os.path.join(model, "config.json")))
+H, I, V = cfgm["hidden_size"], cfgm["intermediate_size"], cfgm["vocab_size"]
+mats = [(H, H)] * 4 * 2 + [(I, H), (I, H), (H, I)] * 2 + [(V, H)]  # q, k, v, o (MHA), gate, up, down; lm_head
+want_from = sum(2 * r * c for r, c in mats)
+want_data = sum(r * -(-c // 64) * 96 + 4 * (r + 1) for r, c in mats)
+expect("batch --compress-weights: the same tokens; --stats counts the coded weights",
+       isinstance(cw, tuple) and cw[0] == wm["--mmap"][0]
+       and ((cw[1]["coded_from_bytes"] == want_from and want_data <= cw[1]["coded_bytes"] <= want_data + 8 * cw[1]["coded_exceptions"]
+             and cw[1]["coded_exceptions"] < want_from / 2 / 100) if avx else cw[1]["coded_bytes"] == 0),
+       subprocess.CompletedProcess([], 0, f"{cw} want from {want_from}, data {want_data}", ""))
 _, gm = gen_ids("--mmap")
 _, gc = gen_ids("--no-mmap")
+_, gz = gen_ids("--compress-weights")
+expect("generate --compress-weights gives the greedy tokens", gz == greedy, subprocess.CompletedProcess([], 0, f"{gz} {greedy}", ""))
 expect("generate: --mmap and --no-mmap give the greedy tokens", gm == greedy and gc == greedy,
        subprocess.CompletedProcess([], 0, f"{gm} {gc} {greedy}", ""))
 p = cs("batch", "--model", model, "--requests", os.path.join(root, "nope.jsonl"))

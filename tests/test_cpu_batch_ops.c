@@ -268,7 +268,7 @@ START_TEST(matmul_multi_equals_each) {
                     else ((float *)data[k])[e] = f[e];
                 }
                 free(f);
-                w[k] = (cs_weight_t){dts[di], rows[k], cols, data[k]};
+                w[k] = (cs_weight_t){dts[di], rows[k], cols, data[k], NULL};
                 bias[k] = k == 1 ? NULL : randv((size_t)rows[k]);
                 y[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
                 yr[k] = malloc(sizeof(float) * (size_t)n * rows[k]);

@@ -11,6 +11,7 @@
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/kernels_paged.h"
 #include "cpu_kernels/threadpool.h"
+#include "cpu_kernels/wcode.h"
 
 #include <stdatomic.h>
 #include "engine/sampling.h"
@@ -43,7 +44,7 @@ static cs_weight_t make_weight(int rows, int cols, cs_dtype dt, void **mem) {
         d = h;
     }
     *mem = d;
-    return (cs_weight_t){dt, rows, cols, d};
+    return (cs_weight_t){dt, rows, cols, d, NULL};
 }
 
 static cpu_raw_t *be_for(int threads) { return cpu_raw_new(&(cpu_backend_params_t){.n_threads = threads}); }
@@ -336,7 +337,7 @@ START_TEST(test_norm_rope_silu) {
     int n = 70, dim = 320;
     float *x = randv((size_t)n * dim, 2), *w = randv((size_t)dim, 1);
     float *y = malloc(sizeof(float) * n * dim), *yr = malloc(sizeof(float) * n * dim);
-    cs_weight_t nw = {CS_DTYPE_F32, 1, dim, w};
+    cs_weight_t nw = {CS_DTYPE_F32, 1, dim, w, NULL};
     cpu_raw_rmsnorm(be, y, x, n, dim, &nw, 1e-6f);
     cs_rmsnorm_ref(yr, x, n, dim, w, 1e-6f);
     ck_assert_float_lt(max_rel_err(y, yr, (size_t)n * dim), 1e-6f);
@@ -437,6 +438,166 @@ START_TEST(test_gemv_streams) {
                 free(mem); free(x); free(y); free(yr);
             }
         printf("gemv %s: max error %.3g of the sum of |terms|\n", fns[f].name, worst);
+    }
+}
+END_TEST
+
+/* BF16 matrices for the 12-bit coding: kind 0 weights of N(0, 0.5)-like spread (few high
+ * bytes), 1 any finite bits (every high byte but NaN/Inf's: exceptions everywhere), 2 a mix
+ * of few high bytes with specials sprinkled in (+0, -0, tiny values of high byte 0x00,
+ * Inf, NaN, huge), 3 all zero */
+static uint16_t *wcode_matrix(int rows, int cols, int kind) {
+    size_t n = (size_t)rows * cols;
+    uint16_t *h = malloc(n * 2 + 2);
+    static const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x007f, 0x7f80, 0xff80, 0x7fc1, 0x7f7f, 0xc2f7, 0x3f80};
+    for (size_t i = 0; i < n; i++) {
+        uint32_t r = (uint32_t)cs_rng_next(&rng);
+        if (kind == 3) h[i] = 0;
+        else if (kind == 1) { h[i] = (uint16_t)r; if ((h[i] & 0x7f80) == 0x7f80) h[i] ^= 0x0100; }
+        else if (kind == 2 && r % 7 == 0) h[i] = special[(r >> 8) % CS_ARRAY_LEN(special)];
+        else h[i] = cs_f32_to_bf16((float)(cs_rng_uniform(&rng) * 2 - 1) * 0.5f);
+    }
+    return h;
+}
+
+/* every bit back: the plain decode, the threaded coder against the one-thread one, and
+ * where the exceptions sit */
+START_TEST(test_wcode_roundtrip) {
+    static const int rowss[] = {1, 2, 5, 33, 130};
+    static const int colss[] = {1, 3, 17, 63, 64, 65, 127, 130, 1000};
+    cpu_raw_t *be = be_for(3);
+    size_t total = 0, exc = 0;
+    for (int kind = 0; kind < 4; kind++)
+        for (size_t ri = 0; ri < CS_ARRAY_LEN(rowss); ri++)
+            for (size_t ci = 0; ci < CS_ARRAY_LEN(colss); ci++) {
+                int rows = rowss[ri], cols = colss[ci];
+                uint16_t *w = wcode_matrix(rows, cols, kind), *back = malloc(sizeof *back * (size_t)cols);
+                cs_wcode_t *c = cs_wcode_new(w, rows, cols);
+                ck_assert_ptr_nonnull(c);
+                ck_assert_int_eq(c->blocks, (cols + 63) / 64);
+                ck_assert_int_eq(c->table[CS_WCODE_ESC], 0);
+                for (int r = 0; r < rows; r++) {
+                    cs_wcode_decode_row_ref(c, r, back);
+                    for (int col = 0; col < cols; col++)
+                        ck_assert_msg(back[col] == w[(size_t)r * cols + col], "kind %d %dx%d: [%d,%d] %04x back as %04x", kind,
+                                      rows, cols, r, col, w[(size_t)r * cols + col], back[col]);
+                }
+                /* an exception is a weight whose high byte is neither in the table nor 0x00 */
+                size_t want = 0;
+                for (size_t i = 0; i < (size_t)rows * cols; i++) {
+                    int hb = w[i] >> 8;
+                    bool in = hb == 0;
+                    for (int k = 0; k < CS_WCODE_ESC; k++) in |= c->table[k] && c->table[k] == hb;
+                    want += !in;
+                }
+                ck_assert_uint_eq(c->n_exc, want);
+                if (kind == 0 && rows * cols >= 64 * 33) ck_assert_uint_lt(c->n_exc, (size_t)rows * cols / 100);
+                if (kind == 3) ck_assert_uint_eq(c->n_exc, 0);
+                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
+                cs_wcode_t *t = cpu_raw_wcode_new(be, &wt);
+                ck_assert_ptr_nonnull(t);
+                ck_assert_mem_eq(t->table, c->table, 16);
+                ck_assert_uint_eq(t->n_exc, c->n_exc);
+                ck_assert(!memcmp(t->data, c->data, (size_t)rows * c->blocks * CS_WCODE_BLOCK_BYTES));
+                ck_assert(!memcmp(t->exc_row, c->exc_row, sizeof(uint32_t) * ((size_t)rows + 1)));
+                if (c->n_exc) {
+                    ck_assert(!memcmp(t->exc_col, c->exc_col, sizeof(uint32_t) * c->n_exc));
+                    ck_assert(!memcmp(t->exc_val, c->exc_val, sizeof(float) * c->n_exc));
+                }
+                total += (size_t)rows * cols;
+                exc += c->n_exc;
+                cs_wcode_free(t);
+                cs_wcode_free(c);
+                free(w); free(back);
+            }
+    cpu_raw_free(be);
+    printf("wcode: %zu weights coded and decoded bit for bit, %zu exceptions\n", total, exc);
+}
+END_TEST
+
+/* the coded GEMV kernels (both stream counts) against the plain coded GEMV and against the
+ * BF16 reference matmul on the same weights, on row ranges as tasks take them; and through
+ * the backend (cs_weight_t.code at n = 1) against the backend on the plain weights */
+START_TEST(test_wcode_gemv) {
+    static const int rowss[] = {1, 3, 4, 5, 8, 9, 31, 33, 100};
+    static const int colss[] = {1, 15, 63, 64, 65, 100, 130, 1031};
+    typedef void (*gemv_fn)(float *, const float *, const cs_wcode_t *, int, int, int);
+    struct { const char *name; gemv_fn fn; int streams; bool ok; } fns[] = {
+        {"avx512_s4", cs_wcode_gemv_avx512, 4, cs_cpu_has_avx512()}, {"avx512_s8", cs_wcode_gemv_avx512, 8, cs_cpu_has_avx512()},
+        {"avx2_s4", cs_wcode_gemv_avx2, 4, cs_cpu_has_avx2()}, {"avx2_s6", cs_wcode_gemv_avx2, 6, cs_cpu_has_avx2()}};
+    float worst[CS_ARRAY_LEN(fns)] = {0};
+    for (int kind = 0; kind < 3; kind += 2)
+        for (size_t ri = 0; ri < CS_ARRAY_LEN(rowss); ri++)
+            for (size_t ci = 0; ci < CS_ARRAY_LEN(colss); ci++) {
+                int rows = rowss[ri], cols = colss[ci];
+                uint16_t *w = wcode_matrix(rows, cols, kind);
+                if (kind == 2) /* no Inf, NaN or huge values: they make the sums Inf or NaN */
+                    for (size_t i = 0; i < (size_t)rows * cols; i++)
+                        if ((w[i] & 0x7f80) >= 0x7000) w[i] = 0x3f80;
+                cs_wcode_t *c = cs_wcode_new(w, rows, cols);
+                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
+                float *x = randv((size_t)cols, 1.0f), *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
+                float *yc = malloc(sizeof(float) * rows);
+                cs_matmul_ref(yr, x, 1, &wt, NULL);
+                cs_wcode_gemv_ref(yc, x, c, 0, rows);
+                float scale = 1e-30f;
+                for (int r = 0; r < rows; r++) {
+                    float t = 0;
+                    for (int col = 0; col < cols; col++) t += fabsf(cs_bf16_to_f32(w[(size_t)r * cols + col]) * x[col]);
+                    scale = fmaxf(scale, t);
+                }
+                for (int r = 0; r < rows; r++) /* the plain coded GEMV is the reference's own sum */
+                    ck_assert_msg(yc[r] == yr[r], "wcode ref %dx%d row %d: %g vs %g", rows, cols, r, yc[r], yr[r]);
+                for (size_t f = 0; f < CS_ARRAY_LEN(fns); f++) {
+                    if (!fns[f].ok) continue;
+                    int a = (int)(cs_rng_next(&rng) % (unsigned)(rows + 1)), b = a + (int)(cs_rng_next(&rng) % (unsigned)(rows - a + 1));
+                    for (int r = 0; r < rows; r++) y[r] = NAN;
+                    fns[f].fn(y, x, c, 0, a, fns[f].streams);
+                    fns[f].fn(y, x, c, a, b, fns[f].streams);
+                    fns[f].fn(y, x, c, b, rows, fns[f].streams);
+                    for (int r = 0; r < rows; r++) { /* a NaN (a row not written) fails too */
+                        float e = fabsf(y[r] - yr[r]) / scale;
+                        ck_assert_msg(e < 1e-6f, "wcode gemv %s kind %d %dx%d (ranges 0-%d-%d-%d) row %d: error %g of the sum of |terms|",
+                                      fns[f].name, kind, rows, cols, a, b, rows, r, e);
+                        worst[f] = fmaxf(worst[f], e);
+                    }
+                }
+                cs_wcode_free(c);
+                free(w); free(x); free(y); free(yr); free(yc);
+            }
+    for (size_t f = 0; f < CS_ARRAY_LEN(fns); f++)
+        if (fns[f].ok) printf("wcode gemv %s: max error %.3g of the sum of |terms|\n", fns[f].name, worst[f]);
+    /* through the backend: with --compress-weights n = 1 reads the code, n = 2 the BF16 */
+    for (int th = 1; th <= 3; th += 2) {
+        cpu_raw_t *plain = be_for(th), *coded = cpu_raw_new(&(cpu_backend_params_t){.n_threads = th, .compress_weights = true});
+        ck_assert(cpu_raw_codes_weights(coded) == (cs_cpu_has_avx512() || cs_cpu_has_avx2()));
+        ck_assert(!cpu_raw_codes_weights(plain));
+        if (!cpu_raw_codes_weights(coded)) { cpu_raw_free(plain); cpu_raw_free(coded); continue; }
+        ck_assert_ptr_nonnull(strstr(cpu_raw_path(coded), "+wc12"));
+        int rows = 300, cols = 1000;
+        uint16_t *w = wcode_matrix(rows, cols, 2);
+        for (size_t i = 0; i < (size_t)rows * cols; i++)
+            if ((w[i] & 0x7f80) >= 0x7000) w[i] = 0x3f80;
+        cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
+        cs_weight_t wc = wt;
+        wc.code = cpu_raw_wcode_new(coded, &wt);
+        ck_assert_ptr_nonnull(wc.code);
+        for (int n = 1; n <= 2; n++) {
+            float *x = randv((size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * n * rows), *yp = malloc(sizeof(float) * n * rows);
+            float *yr = malloc(sizeof(float) * n * rows);
+            cpu_raw_matmul(coded, y, x, n, &wc, NULL);
+            cpu_raw_matmul(plain, yp, x, n, &wt, NULL);
+            cs_matmul_ref(yr, x, n, &wt, NULL);
+            float e = max_rel_err(y, yr, (size_t)n * rows);
+            ck_assert_msg(e < 2e-6f, "backend %d threads, n %d: coded vs reference %g", th, n, e);
+            if (n == 2) /* two rows take the dot tiles on the BF16 weights: the same bits */
+                ck_assert(!memcmp(y, yp, sizeof(float) * n * rows));
+            free(x); free(y); free(yp); free(yr);
+        }
+        cs_wcode_free((cs_wcode_t *)wc.code);
+        free(w);
+        cpu_raw_free(plain);
+        cpu_raw_free(coded);
     }
 }
 END_TEST
@@ -616,6 +777,8 @@ int main(void) {
     tcase_add_test(tc, test_lora_vs_ref);
     tcase_add_test(tc, test_norm_rope_silu);
     tcase_add_test(tc, test_gemv_streams);
+    tcase_add_test(tc, test_wcode_roundtrip);
+    tcase_add_test(tc, test_wcode_gemv);
     tcase_add_test(tc, test_split_tiles);
     tcase_add_test(tc, test_avx2_kernels);
     tcase_add_test(tc, test_half_conversions);
