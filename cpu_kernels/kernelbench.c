@@ -26,6 +26,7 @@
 
 #include "cpu_kernels/cpu_raw.h"
 #include "cpu_kernels/kernels.h"
+#include "cpu_kernels/wcode.h"
 
 static double now(void) {
     struct timespec ts;
@@ -190,40 +191,59 @@ int main(int argc, char **argv) {
     printf("\n ]");
     /* the GEMV tunings, paired: each round runs every variant once, in turn */
     {
-        struct { const char *name; cpu_backend_params_t p; bool ok; } gv[] = {
-            {"avx512_streams8", {.n_threads = threads, .gemv_streams = 8}, avx512},
-            {"avx512_streams4", {.n_threads = threads, .gemv_streams = 4}, avx512},
-            {"avx2_streams6", {.n_threads = threads, .no_avx512 = true, .gemv_streams = 6}, cs_cpu_has_avx2()},
-            {"avx2_streams4", {.n_threads = threads, .no_avx512 = true, .gemv_streams = 4}, cs_cpu_has_avx2()},
+        /* each against its base: the ISA's wide tuning, or (_wc12: the weights coded in 12
+         * bits, --compress-weights) the same tuning on the BF16 weights */
+        struct { const char *name; cpu_backend_params_t p; bool ok; int base; } gv[] = {
+            {"avx512_streams8", {.n_threads = threads, .gemv_streams = 8}, avx512, 0},
+            {"avx512_streams4", {.n_threads = threads, .gemv_streams = 4}, avx512, 0},
+            {"avx512_streams4_wc12", {.n_threads = threads, .gemv_streams = 4, .compress_weights = true}, avx512, 1},
+            {"avx2_streams6", {.n_threads = threads, .no_avx512 = true, .gemv_streams = 6}, cs_cpu_has_avx2(), 3},
+            {"avx2_streams4", {.n_threads = threads, .no_avx512 = true, .gemv_streams = 4}, cs_cpu_has_avx2(), 3},
+            {"avx2_streams4_wc12", {.n_threads = threads, .no_avx512 = true, .gemv_streams = 4, .compress_weights = true},
+             cs_cpu_has_avx2(), 4},
         };
-        enum { NG = 4 };
+        enum { NG = 6 };
         int rounds = reps < 5 ? 5 : reps;
         double *t = calloc((size_t)NG * rounds, sizeof *t);
         cpu_raw_t *gb[NG];
         for (int g = 0; g < NG; g++) gb[g] = gv[g].ok ? cpu_raw_new(&gv[g].p) : NULL;
+        cs_weight_t *wc = calloc((size_t)NP * layers, sizeof *wc);
+        size_t coded = 0;
+        for (int p = 0; p < NP * layers; p++) {
+            wc[p] = w[p];
+            wc[p].code = cs_cpu_has_avx2() ? cpu_raw_wcode_new(gb[3], &w[p]) : NULL;
+            coded += wc[p].code ? cs_wcode_bytes(wc[p].code) : 0;
+        }
         for (int it = 0; it <= rounds; it++)
             for (int g = 0; g < NG; g++) {
                 if (!gb[g]) continue;
+                const cs_weight_t *wg = gv[g].p.compress_weights ? wc : w;
                 double t0 = now();
-                for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(gb[g], y, x, 1, &w[p], NULL);
+                for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(gb[g], y, x, 1, &wg[p], NULL);
                 if (it) t[g * rounds + it - 1] = now() - t0; /* round 0 warms up */
             }
-        printf(",\n  \"gemv_paired\": [");
+        printf(",\n  \"gemv_coded_bytes\": %zu, \"gemv_paired\": [", coded);
+        bool first_g = true;
         for (int g = 0; g < NG; g++) {
             if (!gb[g]) continue;
-            int base = g & ~1; /* each ISA's wide tuning is its baseline */
+            int base = gv[g].base;
             double *ratio = malloc(sizeof(double) * rounds), *tt = malloc(sizeof(double) * rounds);
             for (int r = 0; r < rounds; r++) { ratio[r] = t[base * rounds + r] / t[g * rounds + r]; tt[r] = t[g * rounds + r]; }
             qsort(ratio, (size_t)rounds, sizeof *ratio, cmp_double);
             qsort(tt, (size_t)rounds, sizeof *tt, cmp_double);
+            /* weight_gb_s: the BF16 bytes' worth; read_gb_s: the bytes read (the coded ones for _wc12) */
+            double rb = gv[g].p.compress_weights ? (double)coded : (double)wbytes;
             printf("%s\n   {\"variant\": \"%s\", \"path\": \"%s\", \"rounds\": %d, \"weight_gb_s_median\": %.1f, "
-                   "\"weight_gb_s_best\": %.1f, \"speed_vs_%s_median\": %.3f}",
-                   g ? "," : "", gv[g].name, cpu_raw_path(gb[g]), rounds, (double)wbytes / tt[rounds / 2] * 1e-9,
-                   (double)wbytes / tt[0] * 1e-9, gv[base].name, ratio[rounds / 2]);
+                   "\"weight_gb_s_best\": %.1f, \"read_gb_s_median\": %.1f, \"speed_vs_%s_median\": %.3f}",
+                   first_g ? "" : ",", gv[g].name, cpu_raw_path(gb[g]), rounds, (double)wbytes / tt[rounds / 2] * 1e-9,
+                   (double)wbytes / tt[0] * 1e-9, rb / tt[rounds / 2] * 1e-9, gv[base].name, ratio[rounds / 2]);
             free(ratio);
             free(tt);
+            first_g = false;
         }
         printf("]");
+        for (int p = 0; p < NP * layers; p++) cs_wcode_free((cs_wcode_t *)wc[p].code);
+        free(wc);
         for (int g = 0; g < NG; g++) cpu_raw_free(gb[g]);
         free(t);
     }

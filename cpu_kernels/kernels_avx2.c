@@ -424,8 +424,10 @@ AVX2 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int
 #pragma GCC unroll 8
             for (int s = 0; s < S; s++) {
                 const uint8_t *blk = p + s * stride + (size_t)b * CS_WCODE_BLOCK_BYTES;
-                _mm_prefetch((const char *)blk + PF, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk + PF + 64, _MM_HINT_T0);
+                if (PF) {
+                    _mm_prefetch((const char *)blk + PF, _MM_HINT_T0);
+                    _mm_prefetch((const char *)blk + PF + 64, _MM_HINT_T0);
+                }
                 __m256i nbv = _mm256_loadu_si256((const __m256i *)(blk + CS_WCODE_BLOCK));
                 __m256 f[4];
                 wcode_half(blk, _mm256_and_si256(nbv, m0f), tbl, f);
@@ -450,7 +452,7 @@ AVX2 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int
 }
 
 AVX2 void cs_wcode_gemv_avx2(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams) {
-    int done = streams <= 4 ? wcode_streams(y, x, c, r0, r1, 4, 768) : wcode_streams(y, x, c, r0, r1, 6, 1152);
+    int done = streams <= 4 ? wcode_streams(y, x, c, r0, r1, 4, 0) : wcode_streams(y, x, c, r0, r1, 6, 1152);
     wcode_streams(y, x, c, done, r1, 1, 0);
 }
 
