@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # bench/batch1.sh: decode at batch 1, caraserve against llama.cpp, in tight alternation: each
-# repetition runs `caraserve batch` with the weights in 2 MiB pages (--no-mmap), with them in
-# the file's mapping (--mmap), and llama.cpp's llama-bench tg (F16 GGUF of the same
+# repetition runs `caraserve batch` in each of VARIANTS (no-mmap: the weights in 2 MiB pages;
+# mmap: in the file's mapping; compress: --no-mmap --compress-weights, the BF16 weights coded
+# losslessly in 12 bits for the GEMV) and llama.cpp's llama-bench tg (F16 GGUF of the same
 # checkpoint, its default mmap), in an order that rotates every repetition, so a minute of
-# the VM's bandwidth swings hits all three. Ratios are per repetition, then the median. The
+# the VM's bandwidth swings hits all of them. Ratios are per repetition, then the median. The
 # ~200M Llama of bench/forward.sh; decode of GEN tokens after a 16-token prompt (llama-bench:
 # GEN tokens from an empty context). The JSON lands in bench/results/ with the CPU, its ISA
 # features and the kernel path.
 #
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/batch1.sh
-# Env: BUILD (build), THREADS (2), GEN (128), REPS (10), PRECISION (exact), LLAMA_PY
+# Env: BUILD (build), THREADS (2), GEN (128), REPS (10), PRECISION (exact), LLAMA_PY,
+# VARIANTS ("no-mmap mmap compress")
 # From a llama.cpp you built yourself, LLAMA_CPP_DIR needs: build/bin/llama-bench,
 # convert_hf_to_gguf.py and gguf-py/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-GEN=${GEN:-128} REPS=${REPS:-10} PRECISION=${PRECISION:-exact}
+GEN=${GEN:-128} REPS=${REPS:-10} PRECISION=${PRECISION:-exact} VARIANTS=${VARIANTS:-no-mmap mmap compress}
 [ -n "${LLAMA_CPP_DIR:-}" ] || { echo "bench/batch1.sh: set LLAMA_CPP_DIR to a llama.cpp build" >&2; exit 2; }
 . bench/common.sh
 work=$(mktemp -d)
@@ -29,14 +31,17 @@ run() { # rep what
             | $PY -c "import sys,json; print(json.dumps(json.load(sys.stdin)))")
         echo "{\"rep\": $1, \"what\": \"llama.cpp\", \"out\": $js}" >> "$results" ;;
     *)
-        st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/req.jsonl" --"$2" --precision "$PRECISION" \
+        flags=(--"$2")
+        [ "$2" = compress ] && flags=(--no-mmap --compress-weights)
+        st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/req.jsonl" "${flags[@]}" --precision "$PRECISION" \
             --threads "$THREADS" --stats 2>&1 >/dev/null | grep '^{')
         echo "{\"rep\": $1, \"what\": \"$2\", \"stats\": $st}" >> "$results" ;;
     esac
 }
-order=(no-mmap mmap llama.cpp)
+read -r -a order <<< "$VARIANTS llama.cpp"
+nv=${#order[@]}
 for r in $(seq "$REPS"); do
-    for i in 0 1 2; do run "$r" "${order[$(((i + r) % 3))]}"; done
+    for i in $(seq 0 $((nv - 1))); do run "$r" "${order[$(((i + r) % nv))]}"; done
     echo "rep $r done" >&2
 done
 
@@ -54,21 +59,25 @@ for r in runs:
         s = r["stats"]
         v = s["decode_only_tokens"] / s["decode_only_ms"] * 1e3
     tok_s.setdefault(r["what"], {})[r["rep"]] = v
-kernels = next(r["stats"]["backend"]["kernels"] for r in runs if "stats" in r)
+kernels = {r["what"]: r["stats"]["backend"]["kernels"] for r in runs if "stats" in r}
+weights = {r["what"]: r["stats"]["weights"] for r in runs if "stats" in r}
 res = {"benchmark": "batch1", "model": "llama ~200M (1024 hidden, 12 layers, 16 heads), BF16; llama.cpp: F16 GGUF",
        "threads": int(threads), "gen_tokens": int(gen), "precision": precision, "kernel_path": kernels,
+       "weights": weights,
        "tok_s": {k: {"runs": list(v.values()), "median": med(v.values())} for k, v in tok_s.items()}}
 def paired(a, b):
     x = [tok_s[a][k] / tok_s[b][k] for k in sorted(tok_s[a]) if k in tok_s[b]]
     return {"runs": x, "median": med(x), "reps_above_1": sum(y > 1 for y in x)}
-res["no_mmap_vs_llama_cpp"] = paired("no-mmap", "llama.cpp")
-res["mmap_vs_llama_cpp"] = paired("mmap", "llama.cpp")
-res["no_mmap_vs_mmap"] = paired("no-mmap", "mmap")
+pairs = [(a, "llama.cpp") for a in tok_s if a != "llama.cpp"]
+pairs += [(a, b) for a, b in (("no-mmap", "mmap"), ("compress", "no-mmap")) if a in tok_s and b in tok_s]
+for a, b in pairs:
+    res[f"{a}_vs_{b}".replace("-", "_").replace(".", "_")] = paired(a, b)
 json.dump(res, open(out, "w"), indent=2)
 print(f"kernels {kernels}, precision {precision}")
 for k, v in res["tok_s"].items():
     print(f"{k}: median {v['median']:.1f} tok/s")
-for k in ("no_mmap_vs_llama_cpp", "mmap_vs_llama_cpp", "no_mmap_vs_mmap"):
+for a, b in pairs:
+    k = f"{a}_vs_{b}".replace("-", "_").replace(".", "_")
     v = res[k]
     print(f"{k}: median {v['median']:.3f} ({v['reps_above_1']} of {len(v['runs'])} above 1: "
           f"{', '.join(f'{y:.2f}' for y in v['runs'])})")

@@ -20,12 +20,15 @@
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/engine.sh
 # Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (3), CACHE, LLAMA_PY, DTYPE (bf16),
 #      PRECISION (exact; bf16 runs caraserve with --precision bf16), LORA_DTYPE (auto: the
-#      adapters, written in F32 as peft saves them, held in F32; bf16: --lora-dtype bf16)
+#      adapters, written in F32 as peft saves them, held in F32; bf16: --lora-dtype bf16),
+#      EXTRA (more caraserve flags, e.g. --compress-weights: then batch 1's roofline counts the
+#      coded bytes it reads, from --stats)
 # From a llama.cpp you built yourself, LLAMA_CPP_DIR needs: build/bin/llama-bench,
 # build/bin/llama-batched-bench, convert_hf_to_gguf.py and gguf-py/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-3} PRECISION=${PRECISION:-exact} LORA_DTYPE=${LORA_DTYPE:-auto}
+read -r -a extra <<< "${EXTRA:-}"
 . bench/common.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -62,7 +65,7 @@ for r in $(seq "$REPS"); do
         b=${c%%:*} a=${c##*:}
         st=$("$BUILD/caraserve" batch --model "$model" "${lora_args[@]}" --requests "$work/req-$b-$a.jsonl" \
             --precision "$PRECISION" --lora-dtype "$LORA_DTYPE" --threads "$THREADS" --stats --max-num-seqs 64 \
-            --kv-cache-bytes 2G 2>&1 >/dev/null | grep '^{')
+            --kv-cache-bytes 2G "${extra[@]}" 2>&1 >/dev/null | grep '^{')
         echo "{\"kind\": \"decode\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
         echo "rep $r batch $b adapters $a: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
         if [ "$c" = "1:0" ] && [ -x "$BUILD/bench/membw" ]; then # the bandwidth right after batch 1, too
@@ -71,7 +74,7 @@ for r in $(seq "$REPS"); do
         fi
     done
     st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/prefill.jsonl" --threads "$THREADS" --stats \
-        --precision "$PRECISION" \
+        --precision "$PRECISION" "${extra[@]}" \
         --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
     echo "{\"kind\": \"prefill\", \"rep\": $r, \"stats\": $st}" >> "$results"
     if [ -n "$gguf" ]; then
@@ -88,9 +91,9 @@ for r in $(seq "$REPS"); do
 done
 
 out="bench/results/engine-$(date -u +%Y%m%dT%H%M%SZ).json"
-$PY - "$results" "$out" "$model" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" "$PRECISION" "$LORA_DTYPE" <<'PYEOF'
+$PY - "$results" "$out" "$model" "$THREADS" "$GEN" "$PROMPT" "$DTYPE" "$PRECISION" "$LORA_DTYPE" "${EXTRA:-}" <<'PYEOF'
 import json, os, statistics, subprocess, sys
-runs_path, out, model, threads, gen, prompt, dtype, precision, lora_dtype = sys.argv[1:10]
+runs_path, out, model, threads, gen, prompt, dtype, precision, lora_dtype, extra = sys.argv[1:11]
 runs = [json.loads(l) for l in open(runs_path)]
 med = statistics.median
 dec = {}
@@ -107,6 +110,9 @@ h, L, inter, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate
 kvd = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * (h // cfg["num_attention_heads"])
 per_layer = h * h * 2 + h * kvd * 2 + 3 * h * inter
 wbytes = (L * per_layer + V * h) * (2 if dtype in ("bf16", "f16") else 4)
+# what batch 1 reads instead with --compress-weights: the same matrices coded (--stats)
+coded = next((r["stats"]["weights"].get("coded_bytes", 0) for r in runs if r["kind"] == "decode"), 0)
+wbytes1 = coded or wbytes
 bws = [r["out"]["read_gb_s_best"] for r in runs if r["kind"] == "membw" and "read_gb_s_best" in r.get("out", {})]
 res = {"benchmark": "engine", "model": f"llama ~200M ({h} hidden, {L} layers, inter {inter}, vocab {V}), {dtype.upper()}",
        "threads": int(threads), "gen_tokens": int(gen), "adapter_rank": 16, "precision": precision,
@@ -117,7 +123,7 @@ res = {"benchmark": "engine", "model": f"llama ~200M ({h} hidden, {L} layers, in
        "kernel_path": kernels, "switches": {k: os.environ[k] for k in ("CS_NO_AVX512", "CS_NO_AMX", "CS_NO_DPBF16", "CS_NO_PACKED") if k in os.environ},
        "decode_tok_s": {f"batch{b}_adapters{a}": {"runs": v, "median": med(v)} for (b, a), v in sorted(dec.items())},
        "prefill_tok_s": {"prompt": int(prompt), "runs": pre, "median": med(pre) if pre else None},
-       "weight_bytes_per_token": wbytes}
+       "extra_flags": extra, "weight_bytes_per_token": wbytes, "batch1_read_bytes_per_token": wbytes1}
 d = {k: v["median"] for k, v in res["decode_tok_s"].items()}
 for b in (8, 32):
     if f"batch{b}_adapters8" in d:
@@ -138,7 +144,7 @@ for name, num, den in [("batch32_vs_batch1", (32, 0), (1, 0))] + \
 if bws:
     bw = med(bws)
     res["membw_read_gb_s"] = {"runs": bws, "median": bw}
-    res["roofline_decode_tok_s"] = bw * 1e9 / wbytes
+    res["roofline_decode_tok_s"] = bw * 1e9 / wbytes1
     res["batch1_fraction_of_roofline"] = d["batch1_adapters0"] / res["roofline_decode_tok_s"]
     # paired: each repetition's batch-1 run against the bandwidth measured just before and
     # just after it (this VM's bandwidth swings by a third over minutes)
@@ -149,7 +155,7 @@ if bws:
                   and r["rep"] == rep and "read_gb_s_best" in r.get("out", {})]
         if b1 and len(around) == 2:
             s = b1[0]["stats"]
-            pairs.append(s["decode_only_tokens"] / s["decode_only_ms"] * 1e3 * wbytes / (sum(around) / 2 * 1e9))
+            pairs.append(s["decode_only_tokens"] / s["decode_only_ms"] * 1e3 * wbytes1 / (sum(around) / 2 * 1e9))
     if pairs:
         res["batch1_fraction_of_roofline_paired"] = {"runs": pairs, "median": med(pairs)}
 lb = [r["out"] for r in runs if r["kind"] == "llama-bench"]

@@ -409,7 +409,7 @@ AVX2 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->table));
     int nb = c->blocks, full = c->cols / CS_WCODE_BLOCK;
-    float xt[CS_WCODE_BLOCK] __attribute__((aligned(32))) = {0}; /* x's last, partial block */
+    float xt[2 * CS_WCODE_BLOCK] __attribute__((aligned(32))) = {0}; /* x past the whole blocks, zeros after */
     for (int k = full * CS_WCODE_BLOCK; k < c->cols; k++) xt[k - full * CS_WCODE_BLOCK] = x[k];
     size_t rb = (size_t)nb * CS_WCODE_BLOCK_BYTES;
     int per = (r1 - r0) / S;
@@ -420,15 +420,15 @@ AVX2 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int
 #pragma GCC unroll 8
         for (int s = 0; s < S; s++) a0[s] = a1[s] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const float *xb = b < full ? x + (size_t)b * CS_WCODE_BLOCK : xt;
+            const float *xb = b < full ? x + (size_t)b * CS_WCODE_BLOCK : xt + (size_t)(b - full) * CS_WCODE_BLOCK;
 #pragma GCC unroll 8
             for (int s = 0; s < S; s++) {
-                const uint8_t *blk = p + s * stride + (size_t)b * CS_WCODE_BLOCK_BYTES;
+                const uint8_t *row = p + s * stride, *blk = row + cs_wcode_lo_at(b);
                 if (PF) {
                     _mm_prefetch((const char *)blk + PF, _MM_HINT_T0);
-                    _mm_prefetch((const char *)blk + PF + 64, _MM_HINT_T0);
+                    _mm_prefetch((const char *)row + cs_wcode_codes_at(b) + PF, _MM_HINT_T0);
                 }
-                __m256i nbv = _mm256_loadu_si256((const __m256i *)(blk + CS_WCODE_BLOCK));
+                __m256i nbv = _mm256_loadu_si256((const __m256i *)(row + cs_wcode_codes_at(b)));
                 __m256 f[4];
                 wcode_half(blk, _mm256_and_si256(nbv, m0f), tbl, f);
                 a0[s] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xb), a0[s]);
@@ -452,7 +452,7 @@ AVX2 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int
 }
 
 AVX2 void cs_wcode_gemv_avx2(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams) {
-    int done = streams <= 4 ? wcode_streams(y, x, c, r0, r1, 4, 0) : wcode_streams(y, x, c, r0, r1, 6, 1152);
+    int done = streams <= 4 ? wcode_streams(y, x, c, r0, r1, 2, 384) : wcode_streams(y, x, c, r0, r1, 6, 1152);
     wcode_streams(y, x, c, done, r1, 1, 0);
 }
 

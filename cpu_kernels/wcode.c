@@ -40,7 +40,7 @@ cs_wcode_t *cs_wcode_begin(int rows, int cols, const uint64_t hist[256]) {
     if (!c) return NULL;
     c->rows = rows;
     c->cols = cols;
-    c->blocks = (cols + CS_WCODE_BLOCK - 1) / CS_WCODE_BLOCK;
+    c->blocks = (cols + 2 * CS_WCODE_BLOCK - 1) / (2 * CS_WCODE_BLOCK) * 2;
     /* the 15 most common high bytes other than 0x00, the most common first (ties: the
      * smaller byte), then 0x00; a byte no weight has is not taken */
     bool taken[256] = {false};
@@ -78,18 +78,19 @@ void cs_wcode_encode_rows(cs_wcode_t *c, const uint16_t *w, int r0, int r1) {
     inverse(c, inv);
     for (int r = r0; r < r1; r++) {
         const uint16_t *row = w + (size_t)r * c->cols;
-        uint8_t *blk = c->data + (size_t)r * c->blocks * CS_WCODE_BLOCK_BYTES;
+        uint8_t *base = (uint8_t *)cs_wcode_row(c, r);
         uint32_t exc = 0;
-        for (int b = 0; b < c->blocks; b++, blk += CS_WCODE_BLOCK_BYTES) {
-            memset(blk + CS_WCODE_BLOCK, 0, CS_WCODE_BLOCK_BYTES - CS_WCODE_BLOCK);
+        for (int b = 0; b < c->blocks; b++) {
+            uint8_t *lo_p = base + cs_wcode_lo_at(b), *code_p = base + cs_wcode_codes_at(b);
+            memset(code_p, 0, CS_WCODE_BLOCK_BYTES - CS_WCODE_BLOCK);
             for (int j = 0; j < CS_WCODE_BLOCK; j++) {
                 int col = b * CS_WCODE_BLOCK + j, p = cs_wcode_pos(j);
                 uint16_t v = col < c->cols ? row[col] : 0;
                 int code = inv[v >> 8];
                 uint8_t lo = (uint8_t)v;
                 if (code < 0) { code = CS_WCODE_ESC; lo = 0; exc++; }
-                blk[p] = lo;
-                blk[CS_WCODE_BLOCK + (p & 31)] |= (uint8_t)(code << (p < 32 ? 0 : 4));
+                lo_p[p] = lo;
+                code_p[p & 31] |= (uint8_t)(code << (p < 32 ? 0 : 4));
             }
         }
         c->exc_row[r + 1] = exc; /* a count until cs_wcode_index */
@@ -150,13 +151,15 @@ size_t cs_wcode_bytes(const cs_wcode_t *c) {
 }
 
 void cs_wcode_decode_row_ref(const cs_wcode_t *c, int r, uint16_t *out) {
-    const uint8_t *blk = c->data + (size_t)r * c->blocks * CS_WCODE_BLOCK_BYTES;
-    for (int b = 0; b < c->blocks; b++, blk += CS_WCODE_BLOCK_BYTES)
+    const uint8_t *base = cs_wcode_row(c, r);
+    for (int b = 0; b < c->blocks; b++) {
+        const uint8_t *lo_p = base + cs_wcode_lo_at(b), *code_p = base + cs_wcode_codes_at(b);
         for (int j = 0; j < CS_WCODE_BLOCK && b * CS_WCODE_BLOCK + j < c->cols; j++) {
             int p = cs_wcode_pos(j);
-            int code = (blk[CS_WCODE_BLOCK + (p & 31)] >> (p < 32 ? 0 : 4)) & 15;
-            out[b * CS_WCODE_BLOCK + j] = (uint16_t)(c->table[code] << 8 | blk[p]);
+            int code = (code_p[p & 31] >> (p < 32 ? 0 : 4)) & 15;
+            out[b * CS_WCODE_BLOCK + j] = (uint16_t)(c->table[code] << 8 | lo_p[p]);
         }
+    }
     for (uint32_t k = c->exc_row[r]; k < c->exc_row[r + 1]; k++) {
         union { float f; uint32_t u; } v = {.f = c->exc_val[k]};
         out[c->exc_col[k]] = (uint16_t)(v.u >> 16);

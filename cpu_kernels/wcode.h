@@ -11,9 +11,12 @@
  * its row, column and value, added after the row's dot product. Decoding gives back every
  * bit: 1.5 bytes a weight instead of 2, the same products.
  *
- * Layout: each row is cs_wcode_t.blocks blocks of 64 columns (zero past cols), a block 96
- * bytes: 64 low bytes, then 32 code bytes (byte q: the code of position q in its low
- * nibble, of position q + 32 in its high nibble). Column c = 16m + 4k + e of a block
+ * Layout: each row is cs_wcode_t.blocks blocks of 64 columns (zero past cols; blocks even),
+ * a block 64 low bytes and 32 code bytes (byte q: the code of position q in its low nibble,
+ * of position q + 32 in its high nibble). Blocks go in pairs of 192 bytes, three cache
+ * lines: the two blocks' low bytes, then their codes, so that no load crosses a line (a
+ * row starts on one: 96-byte blocks back to back split every other 64-byte load in two,
+ * and read 0.66-0.77 of the bandwidth). Column c = 16m + 4k + e of a block
  * (m, k < 4, e < 4) sits at position 16k + 4m + e: the order in which the 128-bit lanes of
  * the byte and word unpacks (low byte with high byte, then zero with the word) hand out
  * F32 values, so a 512-bit decode yields columns 16m .. 16m + 15 in vector m, and a 256-bit
@@ -27,10 +30,11 @@
 
 #define CS_WCODE_BLOCK 64       /* columns in a block */
 #define CS_WCODE_BLOCK_BYTES 96 /* bytes of a block */
+#define CS_WCODE_PAIR_BYTES 192 /* bytes of a pair of blocks */
 #define CS_WCODE_ESC 15         /* the code of the high byte 0x00 (and of exceptions, as +0.0) */
 
 typedef struct cs_wcode {
-    int rows, cols, blocks;     /* blocks of 64 columns a row */
+    int rows, cols, blocks;     /* blocks of 64 columns a row, even */
     uint8_t table[16];          /* high byte of each code; table[CS_WCODE_ESC] = 0 */
     uint8_t *data;              /* rows · blocks · 96 bytes, 64-byte aligned */
     uint32_t *exc_row;          /* rows + 1: row r's exceptions are [exc_row[r], exc_row[r + 1]) */
@@ -42,6 +46,12 @@ typedef struct cs_wcode {
 
 /* the position of column c (< 64) within its block */
 static inline int cs_wcode_pos(int c) { return 16 * ((c >> 2) & 3) + 4 * (c >> 4) + (c & 3); }
+/* row r's start, and block b's low bytes and codes from it */
+static inline const uint8_t *cs_wcode_row(const cs_wcode_t *c, int r) {
+    return c->data + (size_t)r * (size_t)c->blocks * CS_WCODE_BLOCK_BYTES;
+}
+static inline size_t cs_wcode_lo_at(int b) { return (size_t)(b >> 1) * CS_WCODE_PAIR_BYTES + (size_t)(b & 1) * 64; }
+static inline size_t cs_wcode_codes_at(int b) { return (size_t)(b >> 1) * CS_WCODE_PAIR_BYTES + 128 + (size_t)(b & 1) * 32; }
 
 /* Coding a matrix w (rows, cols) of BF16, in steps a caller may spread over threads:
  *   cs_wcode_hist over all of w (per part, summed) -> cs_wcode_begin (the table, the data)

@@ -205,7 +205,7 @@ expect("batch: --mmap and --no-mmap give the same tokens; --stats: mapped, or th
        and wm["--no-mmap"][1]["memory"] == "copy" and wm["--no-mmap"][1]["copied_bytes"] == mfile
        and 0 <= wm["--no-mmap"][1]["huge_page_bytes"] <= mfile, subprocess.CompletedProcess([], 0, str(wm), ""))
 # --compress-weights: the same tokens; on a CPU with AVX2 or AVX-512 every BF16 matmul weight
-# (2 layers x 7 projections, the tied lm_head) is coded, 96 bytes per 64 columns and a row
+# (2 layers x 7 projections, the tied lm_head) is coded, 192 bytes per 128 columns and a row
 # index, with few exceptions
 cw = wm["--compress-weights"]
 avx = subprocess.run([reflib.CARASERVE, "version"], capture_output=True, text=True).stdout
@@ -214,7 +214,7 @@ cfgm = json.load(open(os.path.join(model, "config.json")))
 H, I, V = cfgm["hidden_size"], cfgm["intermediate_size"], cfgm["vocab_size"]
 mats = [(H, H)] * 4 * 2 + [(I, H), (I, H), (H, I)] * 2 + [(V, H)]  # q, k, v, o (MHA), gate, up, down; lm_head
 want_from = sum(2 * r * c for r, c in mats)
-want_data = sum(r * -(-c // 64) * 96 + 4 * (r + 1) for r, c in mats)
+want_data = sum(r * -(-c // 128) * 192 + 4 * (r + 1) for r, c in mats)
 expect("batch --compress-weights: the same tokens; --stats counts the coded weights",
        isinstance(cw, tuple) and cw[0] == wm["--mmap"][0]
        and ((cw[1]["coded_from_bytes"] == want_from and want_data <= cw[1]["coded_bytes"] <= want_data + 8 * cw[1]["coded_exceptions"]

@@ -474,7 +474,7 @@ START_TEST(test_wcode_roundtrip) {
                 uint16_t *w = wcode_matrix(rows, cols, kind), *back = malloc(sizeof *back * (size_t)cols);
                 cs_wcode_t *c = cs_wcode_new(w, rows, cols);
                 ck_assert_ptr_nonnull(c);
-                ck_assert_int_eq(c->blocks, (cols + 63) / 64);
+                ck_assert_int_eq(c->blocks, (cols + 127) / 128 * 2);
                 ck_assert_int_eq(c->table[CS_WCODE_ESC], 0);
                 for (int r = 0; r < rows; r++) {
                     cs_wcode_decode_row_ref(c, r, back);
