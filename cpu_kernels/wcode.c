@@ -23,15 +23,20 @@ void cs_wcode_hist(const uint16_t *w, size_t n, uint64_t hist[256]) {
     for (int k = 0; k < 256; k++) hist[k] += (uint64_t)h[0][k] + h[1][k] + h[2][k] + h[3][k];
 }
 
-/* the data in 2 MiB huge pages where the kernel offers them (read on every decode step) */
+/* the data in 2 MiB huge pages where the kernel offers them (read on every decode step):
+ * mapped from a 2 MiB boundary, its length rounded to 4 KiB only (a huge page for a last
+ * partial 2 MiB would hold up to 2 MiB of nothing per matrix) */
 static void *data_alloc(size_t n, size_t *cap) {
-    size_t huge = (size_t)2 << 20;
-    *cap = (n + huge - 1) / huge * huge;
-    void *p = mmap(NULL, *cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
+    size_t huge = (size_t)2 << 20, len = (n + 4095) & ~(size_t)4095;
+    char *raw = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    char *p = (char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (raw + len + huge > p + len) munmap(p + len, (size_t)(raw + len + huge - (p + len)));
 #ifdef MADV_HUGEPAGE
-    (void)madvise(p, *cap, MADV_HUGEPAGE);
+    (void)madvise(p, len, MADV_HUGEPAGE);
 #endif
+    *cap = len;
     return p;
 }
 
