@@ -226,6 +226,25 @@ _, gz = gen_ids("--compress-weights")
 expect("generate --compress-weights gives the greedy tokens", gz == greedy, subprocess.CompletedProcess([], 0, f"{gz} {greedy}", ""))
 expect("generate: --mmap and --no-mmap give the greedy tokens", gm == greedy and gc == greedy,
        subprocess.CompletedProcess([], 0, f"{gm} {gc} {greedy}", ""))
+# serve: compress-weights = true in --config codes the weights (its ready line says so), and a
+# greedy completion gives the tokens `batch` gave without it
+import serverlib  # noqa: E402
+conf = os.path.join(root, "cw.conf")
+with open(conf, "w") as f:
+    f.write(f"model = {model}\ncompress-weights = true\nkv-cache-bytes = 4M\n")
+srv = serverlib.Server(["--config", conf])
+ready = next((l for l in srv.lines if "caraserve: ready:" in l), "")
+st_, body, _ = srv.request("POST", "/v1/completions", {"model": os.path.basename(model), "prompt": "Hello", "max_tokens": 8,
+                                                      "temperature": 0, "ignore_eos": True, "return_tokens_as_token_ids": True})
+srv.kill()
+p = subprocess.run([reflib.CARASERVE, "batch", "--model", model, "--kv-cache-bytes", "4M"], capture_output=True, text=True,
+                   timeout=120, input='{"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": true}\n')
+plain_text = json.loads(p.stdout.splitlines()[0])["samples"][0]["text"] if p.returncode == 0 and p.stdout else None
+expect("serve with compress-weights = true in --config: the ready line counts the coded weights, the same greedy text",
+       st_ == 200 and (("coded in" in ready) if avx else ("coded in" not in ready))
+       and body["choices"][0]["finish_reason"] == "length" and plain_text is not None
+       and body["choices"][0]["text"] == plain_text,
+       subprocess.CompletedProcess([], 0, f"{ready} {st_} {body} batch without the flag: {plain_text!r}", ""))
 p = cs("batch", "--model", model, "--requests", os.path.join(root, "nope.jsonl"))
 expect("batch: missing requests file -> exit 1", p.returncode == 1 and "nope.jsonl" in p.stderr, p)
 p = cs("batch", "--help")
