@@ -208,7 +208,10 @@ static void *resolve(backend_t *b, const backend_buf_t *buf, size_t off, size_t 
 static cs_weight_t raw_weight(backend_t *b, const backend_weight_t *w, const char *what) {
     cs_weight_t r = {w->dtype, w->rows, w->cols, NULL, NULL};
     r.data = resolve(b, w->buf, 0, (size_t)w->rows * w->cols * cs_dtype_size(w->dtype), what);
-    r.code = w->buf && w->buf->code && w->buf->code->rows == w->rows && w->buf->code->cols == w->cols ? w->buf->code : NULL;
+    r.code = w->buf && w->buf->code && w->dtype == CS_DTYPE_BF16 && w->buf->code->rows == w->rows &&
+                     w->buf->code->cols == w->cols
+                 ? w->buf->code
+                 : NULL;
     return r;
 }
 
@@ -724,15 +727,24 @@ static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float
 }
 
 /* --compress-weights: a BF16 matmul weight coded in 12 bits beside it, once per buffer (a
- * tied lm_head shares the embedding's) */
+ * tied lm_head shares the embedding's). Not coded, and read as BF16: a matrix of 2^32
+ * weights or more (the exception index is 32-bit), or one whose high bytes are so spread
+ * that over 1% of its weights are exceptions (then the code would not be smaller enough to
+ * pay: 8 bytes and a scalar step each). Runs the pool from the loading thread: nothing else
+ * uses it while a model loads. */
 static int dev_weight_prepare(backend_t *b, const backend_weight_t *w) {
     dev_ctx_t *d = dev(b);
-    if (!cpu_raw_codes_weights(d->raw) || w->dtype != CS_DTYPE_BF16 || !w->buf || w->buf->code || w->rows < 1 ||
-        w->cols < 1)
+    if (!cpu_raw_codes_weights(d->raw) || w->dtype != CS_DTYPE_BF16 || w->rows < 1 || w->cols < 1 ||
+        (uint64_t)w->rows * (uint64_t)w->cols >= ((uint64_t)1 << 32))
         return CS_OK;
-    cs_weight_t rw = raw_weight(b, w, "weight_prepare");
+    cs_weight_t rw = raw_weight(b, w, "weight_prepare"); /* the strict device checks the handle here */
+    if (!w->buf || w->buf->code) return CS_OK;
     struct cs_wcode *code = cpu_raw_wcode_new(d->raw, &rw);
     if (!code) return cs_error_set(CS_ENOMEM, "--compress-weights: out of memory coding a %dx%d weight", w->rows, w->cols);
+    if (code->n_exc * 100 > (size_t)w->rows * w->cols) {
+        cs_wcode_free(code);
+        return CS_OK;
+    }
     w->buf->code = code;
     pthread_mutex_lock(&d->mu);
     d->stats.prepared_from += (size_t)w->rows * w->cols * 2;

@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
         size_t coded = 0;
         for (int p = 0; p < NP * layers; p++) {
             wc[p] = w[p];
-            wc[p].code = cs_cpu_has_avx2() ? cpu_raw_wcode_new(gb[3], &w[p]) : NULL;
+            wc[p].code = gb[3] ? cpu_raw_wcode_new(gb[3], &w[p]) : NULL;
             coded += wc[p].code ? cs_wcode_bytes(wc[p].code) : 0;
         }
         for (int it = 0; it <= rounds; it++)

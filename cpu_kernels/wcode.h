@@ -9,7 +9,9 @@
  * table of 15 high bytes; code 15 stands for the high byte 0x00 (zero and the tiny values).
  * A weight whose high byte is in neither is an exception: coded as +0.0 and listed with
  * its row, column and value, added after the row's dot product. Decoding gives back every
- * bit: 1.5 bytes a weight instead of 2, the same products.
+ * bit: 1.5 bytes a weight instead of 2, the same products (their sum rounded in another
+ * order than the BF16 GEMV's). An exception meets x[col] as 0 · x[col] in the vector sum, so
+ * an infinite x there gives NaN where the BF16 GEMV gives ±Inf.
  *
  * Layout: each row is cs_wcode_t.blocks blocks of 64 columns (zero past cols; blocks even),
  * a block 64 low bytes and 32 code bytes (byte q: the code of position q in its low nibble,

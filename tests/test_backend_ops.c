@@ -948,6 +948,72 @@ static void teardown(void) {
     for (int i = 0; i < N_BACKENDS; i++) backend_free(bes[i]);
 }
 
+/* weight_prepare with --compress-weights (CPU backend and strict device): a BF16 matrix is
+ * coded once (a second call, as for a tied lm_head, does nothing), a matrix whose high
+ * bytes are spread over more than 1% exceptions and an F32 one are left as they are, and
+ * every matmul still meets the reference; without the flag nothing is coded */
+START_TEST(test_weight_prepare) {
+    cpu_backend_params_t cp = {.n_threads = 2, .compress_weights = true};
+    backend_t *bs2[3] = {cpu_backend_new(&cp), strict_device_new(&(strict_device_params_t){.cpu = cp}),
+                         cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2})};
+    bool codes = cs_cpu_has_avx512() || cs_cpu_has_avx2();
+    for (int k = 0; k < 3; k++) {
+        backend_t *b = bs2[k];
+        ck_assert_ptr_nonnull(b);
+        int rows = 200, cols = 300;
+        hweight_t good = hweight_new(CS_DTYPE_BF16, rows, cols, 0.5f), spread = hweight_new(CS_DTYPE_BF16, rows, cols, 0.5f);
+        hweight_t f32 = hweight_new(CS_DTYPE_F32, rows, cols, 0.5f);
+        uint16_t *sp = spread.bytes; /* random finite bits: most high bytes outside any table of 15 */
+        for (size_t i = 0; i < (size_t)rows * cols; i++) {
+            sp[i] = (uint16_t)(cs_rng_next(&rng) & 0x3fff) | (uint16_t)((cs_rng_next(&rng) & 1) << 15);
+            spread.f32[i] = cs_bf16_to_f32(sp[i]);
+        }
+        backend_weight_t wg = bweight(b, &good), ws = bweight(b, &spread), wf = bweight(b, &f32);
+        backend_stats_t st;
+        for (int twice = 0; twice < 2; twice++) {
+            ck_assert_int_eq(backend_weight_prepare(b, &wg), 0);
+            ck_assert_int_eq(backend_weight_prepare(b, &ws), 0);
+            ck_assert_int_eq(backend_weight_prepare(b, &wf), 0);
+            backend_get_stats(b, &st);
+            bool coded = codes && k < 2;
+            ck_assert_uint_eq(st.prepared_from, coded ? (size_t)rows * cols * 2 : 0);
+            if (coded) ck_assert(st.prepared_bytes > 0 && st.prepared_bytes < st.prepared_from);
+            else ck_assert_uint_eq(st.prepared_bytes, 0);
+        }
+        hweight_t *hs[3] = {&good, &spread, &f32};
+        backend_weight_t *bw[3] = {&wg, &ws, &wf};
+        float *x = randv((size_t)cols, 1.0f), *want = malloc(sizeof(float) * rows);
+        backend_buf_t *bx = up(b, x, sizeof(float) * cols), *by = backend_buf_alloc(b, sizeof(float) * rows);
+        for (int m = 0; m < 3; m++) {
+            cs_matmul_ref(want, x, 1, &hs[m]->w, NULL);
+            backend_matmul(b, by, bx, 1, bw[m], NULL);
+            float *got = down(b, by, (size_t)rows);
+            double scale = 1e-30; /* against the sum of |terms|: the spread matrix's rows cancel */
+            for (int r = 0; r < rows; r++) {
+                double t = 0;
+                for (int c = 0; c < cols; c++) t += fabs((double)hs[m]->f32[(size_t)r * cols + c] * x[c]);
+                scale = fmax(scale, t);
+            }
+            for (int r = 0; r < rows; r++)
+                ck_assert_msg(fabs((double)got[r] - want[r]) <= 1e-6 * scale, "backend %d matrix %d row %d: %.9g vs %.9g", k,
+                              m, r, got[r], want[r]);
+            free(got);
+        }
+        free(x);
+        free(want);
+        backend_buf_free(b, bx);
+        backend_buf_free(b, by);
+        backend_buf_free(b, wg.buf);
+        backend_buf_free(b, ws.buf);
+        backend_buf_free(b, wf.buf);
+        hweight_free(&good);
+        hweight_free(&spread);
+        hweight_free(&f32);
+        backend_free(b);
+    }
+}
+END_TEST
+
 int main(void) {
     backend_t *gpu = make_backend(CUDA_GPU);
     if (gpu) printf("cuda: %s\n", backend_name(gpu));
@@ -965,6 +1031,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_copies, 0, N_BACKENDS);
     tcase_add_loop_test(tc, test_cold_start, 0, N_BACKENDS);
     tcase_add_loop_test(tc, test_graphs, 0, 2); /* cuda-emu, cuda */
+    tcase_add_test(tc, test_weight_prepare);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("strict");
     tcase_add_checked_fixture(ts, setup, teardown);
