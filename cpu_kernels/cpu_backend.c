@@ -58,6 +58,11 @@ typedef struct cpu_ctx {
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
     bool compress;        /* --compress-weights: the batch-1 GEMV reads BF16 weights coded in 12 bits */
+    int wcode_max_n;      /* up to this many rows read coded weights (the rest the BF16 dot tiles):
+                           * 3 with AVX-512, where 2 / 3 / 4 rows ran 1.26-1.40x / 0.98-1.19x
+                           * (median 1.13x) / 0.99-1.01x the tiles' speed (kernelbench
+                           * coded_rows_paired, four runs, Zen 4), 4 with AVX2 (1.20-1.27x /
+                           * 1.14-1.44x / 0.95-1.25x, median 1.12x) */
     char path[56];        /* cpu_raw_path */
     /* the kernels chosen for this CPU at start-up (NULL: none of that kind, the generic path) */
     cs_rows_fn gemv;      /* 1..GEMV_MAX_N rows streaming the weights */
@@ -274,10 +279,13 @@ static int invariant_rows_per_task(const cpu_ctx_t *c, int rows) {
     return CS_MAX(16, (per + 15) & ~15);
 }
 
-/* the dot tiles: always when batch-invariant, else for a few rows the AMX path does not take */
+/* the dot tiles: always when batch-invariant, else for a few rows the AMX path does not take
+ * (and coded weights, --compress-weights, do not: up to c->wcode_max_n rows read the code
+ * through the GEMV) */
 static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
     if (!c->tile || c->reference) return false;
     if (c->invariant) return true;
+    if (w->code && n <= c->wcode_max_n) return false;
     if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) return false;
     return !c->no_tile && n >= 2 && n <= TILE_MAX_N;
 }
@@ -1236,6 +1244,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     bool s4 = streams == 4 && (c->avx512 || c->avx2) && !c->reference && !c->invariant;
     /* only where the batch-1 GEMV runs (AVX-512 or AVX2, not reference, not batch-invariant) */
     c->compress = p && p->compress_weights && (c->avx512 || c->avx2) && !c->reference && !c->invariant;
+    c->wcode_max_n = c->avx512 ? 3 : CS_WCODE_MAX_N;
     snprintf(c->path, sizeof c->path, "%s%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
              c->prec_bf16 ? "+bf16" : "", s4 ? "+gemv4" : "", c->compress ? "+wc12" : "");
     if (c->avx512) {

@@ -242,6 +242,30 @@ int main(int argc, char **argv) {
             first_g = false;
         }
         printf("]");
+        /* 2..CS_WCODE_MAX_N rows: the coded rows kernel against the BF16 dot tiles, paired */
+        printf(",\n  \"coded_rows_paired\": [");
+        bool first_r = true;
+        for (int isa = 0; isa < 2; isa++) {
+            cpu_raw_t *pb = gb[isa ? 4 : 1], *cb = gb[isa ? 5 : 2];
+            if (!pb || !cb) continue;
+            for (int n = 2; n <= CS_WCODE_MAX_N; n++) {
+                double *ratio = malloc(sizeof(double) * rounds);
+                for (int it = 0; it <= rounds; it++) {
+                    double t0 = now();
+                    for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(pb, y, x, n, &w[p], NULL);
+                    double t1 = now();
+                    for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(cb, y, x, n, &wc[p], NULL);
+                    double t2 = now();
+                    if (it) ratio[it - 1] = (t1 - t0) / (t2 - t1);
+                }
+                qsort(ratio, (size_t)rounds, sizeof *ratio, cmp_double);
+                printf("%s\n   {\"isa\": \"%s\", \"n\": %d, \"rounds\": %d, \"coded_speed_vs_bf16_tiles_median\": %.3f}",
+                       first_r ? "" : ",", isa ? "avx2" : "avx512", n, rounds, ratio[rounds / 2]);
+                first_r = false;
+                free(ratio);
+            }
+        }
+        printf("]");
         for (int p = 0; p < NP * layers; p++) cs_wcode_free((cs_wcode_t *)wc[p].code);
         free(wc);
         for (int g = 0; g < NG; g++) cpu_raw_free(gb[g]);

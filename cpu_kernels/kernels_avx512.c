@@ -222,9 +222,75 @@ AVX512 void cs_wcode_gemv_avx512(float *y, const float *x, const cs_wcode_t *c, 
     wcode_streams(y, x, c, done, r1, 1, 0);
 }
 
+/* NX rows of x (2..CS_WCODE_MAX_N, K = cols apart; y's rows ldy apart): each block decoded
+ * once for all of them, one accumulator per stream and row */
+AVX512 INLINE int wcode_streams_n(float *y, int ldy, const float *x, const cs_wcode_t *c, int r0, int r1, const int S,
+                                  const int PF, const int NX) {
+    __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)c->table));
+    int nb = c->blocks, full = c->cols / CS_WCODE_BLOCK;
+    size_t K = (size_t)c->cols;
+    float xt[CS_WCODE_MAX_N][2 * CS_WCODE_BLOCK] __attribute__((aligned(64))) = {{0}};
+    for (int i = 0; i < NX; i++)
+        for (int k = full * CS_WCODE_BLOCK; k < c->cols; k++) xt[i][k - full * CS_WCODE_BLOCK] = x[i * K + (size_t)k];
+    size_t rb = (size_t)nb * CS_WCODE_BLOCK_BYTES;
+    int per = (r1 - r0) / S;
+    size_t stride = (size_t)per * rb;
+    for (int g = 0; g < per; g++) {
+        const uint8_t *p = c->data + (size_t)(r0 + g) * rb;
+        __m512 a[8][CS_WCODE_MAX_N];
+#pragma GCC unroll 8
+        for (int s = 0; s < S; s++)
+#pragma GCC unroll 4
+            for (int i = 0; i < NX; i++) a[s][i] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const float *xb[CS_WCODE_MAX_N];
+#pragma GCC unroll 4
+            for (int i = 0; i < NX; i++)
+                xb[i] = b < full ? x + i * K + (size_t)b * CS_WCODE_BLOCK : xt[i] + (size_t)(b - full) * CS_WCODE_BLOCK;
+#pragma GCC unroll 8
+            for (int s = 0; s < S; s++) {
+                const uint8_t *row = p + s * stride;
+                if (PF) {
+                    _mm_prefetch((const char *)row + cs_wcode_lo_at(b) + PF, _MM_HINT_T0);
+                    _mm_prefetch((const char *)row + cs_wcode_codes_at(b) + PF, _MM_HINT_T0);
+                }
+                __m512 f[4];
+                wcode_block(row + cs_wcode_lo_at(b), row + cs_wcode_codes_at(b), tbl, f);
+#pragma GCC unroll 4
+                for (int i = 0; i < NX; i++) {
+                    a[s][i] = _mm512_fmadd_ps(f[0], _mm512_loadu_ps(xb[i]), a[s][i]);
+                    a[s][i] = _mm512_fmadd_ps(f[1], _mm512_loadu_ps(xb[i] + 16), a[s][i]);
+                    a[s][i] = _mm512_fmadd_ps(f[2], _mm512_loadu_ps(xb[i] + 32), a[s][i]);
+                    a[s][i] = _mm512_fmadd_ps(f[3], _mm512_loadu_ps(xb[i] + 48), a[s][i]);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int s = 0; s < S; s++) {
+            int r = r0 + s * per + g;
+#pragma GCC unroll 4
+            for (int i = 0; i < NX; i++)
+                y[(size_t)i * ldy + r] = _mm512_reduce_add_ps(a[s][i]) + cs_wcode_exceptions(c, r, x + i * K);
+        }
+    }
+    return r0 + per * S;
+}
+
+AVX512 void cs_wcode_rows_avx512(float *y, int ldy, const float *x, int n, const cs_wcode_t *c, int r0, int r1,
+                                 int streams) {
+    CS_ASSERT(n >= 1 && n <= CS_WCODE_MAX_N);
+    if (n == 1) { cs_wcode_gemv_avx512(y, x, c, r0, r1, streams); return; }
+    int done;
+    switch (n) {
+    case 2: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 2); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 2); break;
+    case 3: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 3); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 3); break;
+    default: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 4); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 4); break;
+    }
+}
+
 AVX512 INLINE void gemv_rows(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1,
                              const int S, const int PF) {
-    if (n == 1 && w->code) { cs_wcode_gemv_avx512(y, x, w->code, r0, r1, S); return; }
+    if (w->code && n <= CS_WCODE_MAX_N) { cs_wcode_rows_avx512(y, ldy, x, n, w->code, r0, r1, S); return; }
     if (n == 1 && w->dtype == CS_DTYPE_BF16) { gemv_bf16_streams(y, x, w->data, w->cols, r0, r1, S, PF); return; }
     for (int i0 = 0; i0 < n; i0 += 4) {
         int m = n - i0 < 4 ? n - i0 : 4;

@@ -88,5 +88,11 @@ static inline float cs_wcode_exceptions(const cs_wcode_t *c, int r, const float 
  * kernels_avx2.c; call only where the CPU has the ISA) ---- */
 void cs_wcode_gemv_avx512(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams);
 void cs_wcode_gemv_avx2(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams);
+/* n rows of x (1 ≤ n ≤ CS_WCODE_MAX_N, cols apart) at once, each block decoded once for all:
+ * y[i · ldy + r] for r in [r0, r1). The CPU backend takes these for decode batches this small
+ * (memory-bound; larger ones read the BF16 weights in its dot tiles). */
+#define CS_WCODE_MAX_N 4
+void cs_wcode_rows_avx512(float *y, int ldy, const float *x, int n, const cs_wcode_t *c, int r0, int r1, int streams);
+void cs_wcode_rows_avx2(float *y, int ldy, const float *x, int n, const cs_wcode_t *c, int r0, int r1, int streams);
 
 #endif

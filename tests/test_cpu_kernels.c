@@ -567,7 +567,55 @@ START_TEST(test_wcode_gemv) {
             }
     for (size_t f = 0; f < CS_ARRAY_LEN(fns); f++)
         if (fns[f].ok) printf("wcode gemv %s: max error %.3g of the sum of |terms|\n", fns[f].name, worst[f]);
-    /* through the backend: with --compress-weights n = 1 reads the code, n = 2 the BF16 */
+    /* 2..CS_WCODE_MAX_N rows of x at once, against the reference row by row */
+    typedef void (*rows_fn)(float *, int, const float *, int, const cs_wcode_t *, int, int, int);
+    struct { const char *name; rows_fn fn; int streams; bool ok; } rfs[] = {
+        {"avx512", cs_wcode_rows_avx512, 4, cs_cpu_has_avx512()}, {"avx512_s8", cs_wcode_rows_avx512, 8, cs_cpu_has_avx512()},
+        {"avx2", cs_wcode_rows_avx2, 4, cs_cpu_has_avx2()}, {"avx2_s6", cs_wcode_rows_avx2, 6, cs_cpu_has_avx2()}};
+    float rworst = 0;
+    for (size_t ri = 0; ri < CS_ARRAY_LEN(rowss); ri++)
+        for (size_t ci = 0; ci < CS_ARRAY_LEN(colss); ci++) {
+            int rows = rowss[ri], cols = colss[ci];
+            uint16_t *w = wcode_matrix(rows, cols, 2);
+            for (size_t i = 0; i < (size_t)rows * cols; i++)
+                if ((w[i] & 0x7f80) >= 0x7000) w[i] = 0x3f80;
+            cs_wcode_t *c = cs_wcode_new(w, rows, cols);
+            cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
+            for (int n = 2; n <= CS_WCODE_MAX_N; n++) {
+                int ldy = rows + 3; /* y's rows apart by more than rows */
+                float *x = randv((size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * n * ldy), *yr = malloc(sizeof(float) * n * rows);
+                cs_matmul_ref(yr, x, n, &wt, NULL);
+                for (size_t f = 0; f < CS_ARRAY_LEN(rfs); f++) {
+                    if (!rfs[f].ok) continue;
+                    int a = (int)(cs_rng_next(&rng) % (unsigned)(rows + 1));
+                    for (int i = 0; i < n * ldy; i++) y[i] = NAN;
+                    rfs[f].fn(y, ldy, x, n, c, 0, a, rfs[f].streams);
+                    rfs[f].fn(y, ldy, x, n, c, a, rows, rfs[f].streams);
+                    for (int i = 0; i < n; i++) {
+                        float scale = 1e-30f;
+                        for (int r = 0; r < rows; r++) {
+                            float t = 0;
+                            for (int col = 0; col < cols; col++)
+                                t += fabsf(cs_bf16_to_f32(w[(size_t)r * cols + col]) * x[(size_t)i * cols + col]);
+                            scale = fmaxf(scale, t);
+                        }
+                        for (int r = 0; r < rows; r++) {
+                            float e = fabsf(y[(size_t)i * ldy + r] - yr[(size_t)i * rows + r]) / scale;
+                            ck_assert_msg(e < 1e-6f, "wcode rows %s n %d %dx%d (0-%d-%d) x row %d, row %d: error %g", rfs[f].name,
+                                          n, rows, cols, a, rows, i, r, e);
+                            rworst = fmaxf(rworst, e);
+                        }
+                        for (int r = rows; r < ldy; r++) ck_assert(isnan(y[(size_t)i * ldy + r])); /* nothing past rows */
+                    }
+                }
+                free(x); free(y); free(yr);
+            }
+            cs_wcode_free(c);
+            free(w);
+        }
+    printf("wcode rows, 2..%d rows of x: max error %.3g of the sum of |terms|\n", CS_WCODE_MAX_N, rworst);
+    /* through the backend: with --compress-weights up to 3 rows (AVX-512) or 4 (AVX2) read
+     * the code, more the BF16 (the same bits as without the flag) */
     for (int th = 1; th <= 3; th += 2) {
         cpu_raw_t *plain = be_for(th), *coded = cpu_raw_new(&(cpu_backend_params_t){.n_threads = th, .compress_weights = true});
         ck_assert(cpu_raw_codes_weights(coded) == (cs_cpu_has_avx512() || cs_cpu_has_avx2()));
@@ -582,7 +630,7 @@ START_TEST(test_wcode_gemv) {
         cs_weight_t wc = wt;
         wc.code = cpu_raw_wcode_new(coded, &wt);
         ck_assert_ptr_nonnull(wc.code);
-        for (int n = 1; n <= 2; n++) {
+        for (int n = 1; n <= CS_WCODE_MAX_N + 1; n++) {
             float *x = randv((size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * n * rows), *yp = malloc(sizeof(float) * n * rows);
             float *yr = malloc(sizeof(float) * n * rows);
             cpu_raw_matmul(coded, y, x, n, &wc, NULL);
@@ -590,7 +638,7 @@ START_TEST(test_wcode_gemv) {
             cs_matmul_ref(yr, x, n, &wt, NULL);
             float e = max_rel_err(y, yr, (size_t)n * rows);
             ck_assert_msg(e < 2e-6f, "backend %d threads, n %d: coded vs reference %g", th, n, e);
-            if (n == 2) /* two rows take the dot tiles on the BF16 weights: the same bits */
+            if (n > (cs_cpu_has_avx512() ? 3 : CS_WCODE_MAX_N)) /* the dot tiles on the BF16 weights: the same bits */
                 ck_assert(!memcmp(y, yp, sizeof(float) * n * rows));
             free(x); free(y); free(yp); free(yr);
         }
