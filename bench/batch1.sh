@@ -11,17 +11,23 @@
 #
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/batch1.sh
 # Env: BUILD (build), THREADS (2), GEN (128), REPS (10), PRECISION (exact), LLAMA_PY,
-# VARIANTS ("no-mmap mmap compress")
+# VARIANTS ("no-mmap mmap compress"), BATCH (1: with more, that many sequences decode together
+# and llama.cpp is left out, its llama-bench tg being one sequence)
 # From a llama.cpp you built yourself, LLAMA_CPP_DIR needs: build/bin/llama-bench,
 # convert_hf_to_gguf.py and gguf-py/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GEN=${GEN:-128} REPS=${REPS:-10} PRECISION=${PRECISION:-exact} VARIANTS=${VARIANTS:-no-mmap mmap compress}
-[ -n "${LLAMA_CPP_DIR:-}" ] || { echo "bench/batch1.sh: set LLAMA_CPP_DIR to a llama.cpp build" >&2; exit 2; }
+BATCH=${BATCH:-1}
+[ -n "${LLAMA_CPP_DIR:-}" ] || [ "$BATCH" -gt 1 ] || { echo "bench/batch1.sh: set LLAMA_CPP_DIR to a llama.cpp build" >&2; exit 2; }
 . bench/common.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-$PY -c "import json, random; random.seed(3); print(json.dumps({'prompt_ids': [random.randrange(3, 32000) for _ in range(16)], 'max_tokens': $GEN, 'ignore_eos': True, 'temperature': 0}))" > "$work/req.jsonl"
+$PY -c "
+import json, random
+random.seed(3)
+for _ in range($BATCH):
+    print(json.dumps({'prompt_ids': [random.randrange(3, 32000) for _ in range(16)], 'max_tokens': $GEN, 'ignore_eos': True, 'temperature': 0}))" > "$work/req.jsonl"
 results="$work/runs.jsonl"
 : > "$results"
 run() { # rep what
@@ -38,7 +44,7 @@ run() { # rep what
         echo "{\"rep\": $1, \"what\": \"$2\", \"stats\": $st}" >> "$results" ;;
     esac
 }
-read -r -a order <<< "$VARIANTS llama.cpp"
+if [ "$BATCH" -gt 1 ]; then read -r -a order <<< "$VARIANTS"; else read -r -a order <<< "$VARIANTS llama.cpp"; fi
 nv=${#order[@]}
 for r in $(seq "$REPS"); do
     for i in $(seq 0 $((nv - 1))); do run "$r" "${order[$(((i + r) % nv))]}"; done
@@ -46,9 +52,9 @@ for r in $(seq "$REPS"); do
 done
 
 out="bench/results/batch1-$(date -u +%Y%m%dT%H%M%SZ).json"
-$PY - "$results" "$out" "$THREADS" "$GEN" "$PRECISION" <<'PYEOF'
+$PY - "$results" "$out" "$THREADS" "$GEN" "$PRECISION" "$BATCH" <<'PYEOF'
 import json, statistics, sys
-runs_path, out, threads, gen, precision = sys.argv[1:6]
+runs_path, out, threads, gen, precision, batch = sys.argv[1:7]
 runs = [json.loads(l) for l in open(runs_path)]
 med = statistics.median
 tok_s = {}
@@ -62,13 +68,13 @@ for r in runs:
 kernels = {r["what"]: r["stats"]["backend"]["kernels"] for r in runs if "stats" in r}
 weights = {r["what"]: r["stats"]["weights"] for r in runs if "stats" in r}
 res = {"benchmark": "batch1", "model": "llama ~200M (1024 hidden, 12 layers, 16 heads), BF16; llama.cpp: F16 GGUF",
-       "threads": int(threads), "gen_tokens": int(gen), "precision": precision, "kernel_path": kernels,
+       "threads": int(threads), "gen_tokens": int(gen), "batch": int(batch), "precision": precision, "kernel_path": kernels,
        "weights": weights,
        "tok_s": {k: {"runs": list(v.values()), "median": med(v.values())} for k, v in tok_s.items()}}
 def paired(a, b):
     x = [tok_s[a][k] / tok_s[b][k] for k in sorted(tok_s[a]) if k in tok_s[b]]
     return {"runs": x, "median": med(x), "reps_above_1": sum(y > 1 for y in x)}
-pairs = [(a, "llama.cpp") for a in tok_s if a != "llama.cpp"]
+pairs = [(a, "llama.cpp") for a in tok_s if a != "llama.cpp" and "llama.cpp" in tok_s]
 pairs += [(a, b) for a, b in (("no-mmap", "mmap"), ("compress", "no-mmap")) if a in tok_s and b in tok_s]
 for a, b in pairs:
     res[f"{a}_vs_{b}".replace("-", "_").replace(".", "_")] = paired(a, b)
