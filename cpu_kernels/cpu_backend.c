@@ -58,11 +58,17 @@ typedef struct cpu_ctx {
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
     bool compress;        /* --compress-weights: the batch-1 GEMV reads BF16 weights coded in 12 bits */
+    bool code_only;       /* --compress-weights-only: and weights may come coded only (data NULL) */
     int wcode_max_n;      /* up to this many rows read coded weights (the rest the BF16 dot tiles):
                            * 3 with AVX-512, where 2 / 3 / 4 rows ran 1.26-1.40x / 0.98-1.19x
                            * (median 1.13x) / 0.99-1.01x the tiles' speed (kernelbench
                            * coded_rows_paired, four runs, Zen 4), 4 with AVX2 (1.20-1.27x /
                            * 1.14-1.44x / 0.95-1.25x, median 1.12x) */
+    /* --compress-weights where the model released the BF16 bytes (cs_weight_t.data NULL):
+     * the rows a task reads, decoded back to BF16 in its thread's buffer */
+    void (*wdecode)(uint16_t *dst, const cs_wcode_t *code, int r0, int r1);
+    uint16_t **wdec;      /* per thread */
+    size_t *wdec_len;     /* bf16 elements */
     char path[56];        /* cpu_raw_path */
     /* the kernels chosen for this CPU at start-up (NULL: none of that kind, the generic path) */
     cs_rows_fn gemv;      /* 1..GEMV_MAX_N rows streaming the weights */
@@ -113,17 +119,61 @@ struct mm_job {
     cs_rows_fn tile;      /* the dot tiles' kernel (on x as it is, or packed for it) */
 };
 
-static void mm_gemv_task(void *p, int task, int thread) {
-    struct mm_job *j = p;
-    (void)thread;
-    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    j->c->gemv(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+/* ---- weights kept only coded ----
+ * With --compress-weights the model may release a matmul weight's BF16 bytes once coded
+ * (cpu_raw_code_only): then cs_weight_t.data is NULL and .code holds the weight. The coded
+ * kernels read the code (the GEMV and up to CS_WCODE_MAX_N rows of x); every other path runs
+ * its own kernel on the task's rows decoded back to BF16 (bit for bit) into the thread's
+ * buffer, a chunk of rows at a time, each chunk a weight of its own with y moved to its first
+ * row: the same kernel on the same values, so the same bits as on the BF16 weights. While a
+ * chunk is decoded and multiplied, the next one's code is fetched into L2. */
+typedef void (*rows_fn)(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread);
+
+#define CODE_ONLY_PASS_MAX_N CPU_CODE_ONLY_PASS_MAX_N
+
+static bool code_only(const cs_weight_t *w) { return !w->data && w->code; }
+
+/* fn over rows [r0, r1) of w (y: the caller's, row 0 at column 0), in chunks of `chunk`
+ * rows where w is coded only (0: the whole range at once) */
+static void run_rows(cpu_ctx_t *c, const cs_weight_t *w, int thread, int r0, int r1, float *y, int chunk, rows_fn fn,
+                     void *job) {
+    if (!code_only(w)) { fn(job, y, w->rows, w, r0, r1, thread); return; }
+    const cs_wcode_t *code = w->code;
+    if (chunk <= 0) chunk = r1 - r0;
+    size_t need = (size_t)chunk * (size_t)w->cols, rb = (size_t)code->blocks * CS_WCODE_BLOCK_BYTES;
+    if (c->wdec_len[thread] < need) { /* this thread's own slot: no other task touches it */
+        free(c->wdec[thread]);
+        c->wdec[thread] = cs_aligned_alloc(64, need * sizeof(uint16_t));
+        CS_ASSERT(c->wdec[thread]);
+        c->wdec_len[thread] = need;
+    }
+    for (int a = r0; a < r1; a += chunk) {
+        int z = CS_MIN(a + chunk, r1);
+        const char *next = (const char *)code->data + (size_t)z * rb;
+        size_t next_bytes = (size_t)(CS_MIN(z + chunk, r1) - z) * rb;
+        for (size_t o = 0; o < next_bytes; o += 64) __builtin_prefetch(next + o, 0, 2);
+        c->wdecode(c->wdec[thread], code, a, z);
+        cs_weight_t view = {CS_DTYPE_BF16, z - a, w->cols, c->wdec[thread], NULL};
+        fn(job, y + a, w->rows, &view, 0, z - a, thread);
+    }
 }
 
-static void mm_gemm_task(void *p, int task, int thread) {
+static void gemv_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread) {
+    struct mm_job *j = job;
+    (void)thread;
+    j->c->gemv(y, ldy, j->x, j->n, w, r0, r1);
+}
+
+static void mm_gemv_task(void *p, int task, int thread) {
     struct mm_job *j = p;
-    const cs_weight_t *w = j->w;
-    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows);
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
+    /* the coded GEMV reads the code itself */
+    if (j->n <= CS_WCODE_MAX_N) j->c->gemv(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+    else run_rows(j->c, j->w, thread, r0, r1, j->y, 8, gemv_rows_fn, j);
+}
+
+static void gemm_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread) {
+    struct mm_job *j = job;
     const float *wt;
     if (w->dtype == CS_DTYPE_F32) {
         wt = (const float *)w->data + (size_t)r0 * w->cols;
@@ -134,18 +184,30 @@ static void mm_gemm_task(void *p, int task, int thread) {
         wt = buf;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, r1 - r0, w->cols, 1.0f, j->x, w->cols, wt, w->cols,
-                0.0f, j->y + r0, w->rows);
+                0.0f, y + r0, ldy);
+}
+
+/* OpenBLAS: a coded-only task decoded whole (sgemm's blocking may depend on the rows it is given) */
+static void mm_gemm_task(void *p, int task, int thread) {
+    struct mm_job *j = p;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
+    run_rows(j->c, j->w, thread, r0, r1, j->y, 0, gemm_rows_fn, j);
 }
 
 static int packed_mr(const cpu_ctx_t *c) { return c->avx512 ? CS_PACKED_MR : CS_PACKED_MR_AVX2; }
 
+static void packed_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread) {
+    struct mm_job *j = job;
+    if (j->c->avx512)
+        cs_gemm_packed_avx512(y, ldy, (const float *)j->c->xpack, j->n, w, r0, r1, j->c->scratch[thread]);
+    else
+        cs_gemm_packed_avx2(y, ldy, (const float *)j->c->xpack, j->n, w, r0, r1, j->c->scratch[thread]);
+}
+
 static void mm_packed_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    if (j->c->avx512)
-        cs_gemm_packed_avx512(j->y, j->w->rows, (const float *)j->c->xpack, j->n, j->w, r0, r1, j->c->scratch[thread]);
-    else
-        cs_gemm_packed_avx2(j->y, j->w->rows, (const float *)j->c->xpack, j->n, j->w, r0, r1, j->c->scratch[thread]);
+    run_rows(j->c, j->w, thread, r0, r1, j->y, 0, packed_rows_fn, j);
 }
 
 static void mm_packed_x_task(void *p, int task, int thread) {
@@ -165,6 +227,7 @@ static void mm_pack_x_task(void *p, int task, int thread) {
 static void mm_amx_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
+    CS_ASSERT(!code_only(j->w)); /* cpu_raw_code_only: never with AMX */
     cs_gemm_bf16_amx(j->y, j->w->rows, j->c->xpack, j->n, j->terms, j->w, r0, r1, (uint16_t *)j->c->scratch[thread]);
 }
 
@@ -196,10 +259,15 @@ static void mm_dp_pack_task(void *p, int task, int thread) {
     cs_dpbf16_pack_x(j->c->xpack, j->x, j->n, j->w->cols, j->terms, r0, CS_MIN(rows, r0 + j->tiles_per_task));
 }
 
+static void dp_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread) {
+    struct mm_job *j = job;
+    cs_gemm_dpbf16(y, ldy, j->c->xpack, j->n, j->terms, w, r0, r1, (uint16_t *)j->c->scratch[thread]);
+}
+
 static void mm_dp_task(void *p, int task, int thread) {
     struct mm_job *j = p;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    cs_gemm_dpbf16(j->y, j->w->rows, j->c->xpack, j->n, j->terms, j->w, r0, r1, (uint16_t *)j->c->scratch[thread]);
+    run_rows(j->c, j->w, thread, r0, r1, j->y, j->n <= CS_DP_SMALL_N ? 8 : 0, dp_rows_fn, j);
 }
 
 /* AVX512-BF16: x packed once (in parallel for many rows), then tasks over weight rows:
@@ -241,11 +309,16 @@ static void mm_amx(cpu_ctx_t *c, struct mm_job *j) {
     threadpool_run(c->pool, tasks, mm_amx_task, j);
 }
 
+static void tile_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread) {
+    struct mm_job *j = job;
+    (void)thread;
+    j->tile(y, ldy, j->x, j->n, w, r0, r1);
+}
+
 static void mm_invariant_task(void *p, int task, int thread) {
     struct mm_job *j = p;
-    (void)thread;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    j->tile(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
+    run_rows(j->c, j->w, thread, r0, r1, j->y, 8, tile_rows_fn, j);
 }
 
 static void split_pack_task(void *p, int task, int thread) {
@@ -285,20 +358,39 @@ static int invariant_rows_per_task(const cpu_ctx_t *c, int rows) {
 static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
     if (!c->tile || c->reference) return false;
     if (c->invariant) return true;
-    if (w->code && n <= c->wcode_max_n) return false;
+    if (w->code && n <= (code_only(w) ? CODE_ONLY_PASS_MAX_N : c->wcode_max_n)) return false;
     if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) return false;
     return !c->no_tile && n >= 2 && n <= TILE_MAX_N;
+}
+
+/* the GEMV kernels over w's rows, a few rows per task (j: y, x, n, w) */
+static void gemv_run(cpu_ctx_t *c, struct mm_job *j) {
+    int tasks = c->n_threads * 8;
+    j->rows_per_task = CS_MAX(4, (j->w->rows + tasks - 1) / tasks);
+    j->rows_per_task = (j->rows_per_task + 3) & ~3;
+    threadpool_run(c->pool, (j->w->rows + j->rows_per_task - 1) / j->rows_per_task, mm_gemv_task, j);
 }
 
 static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
     bool bf16x = c->prec_bf16 && w->dtype == CS_DTYPE_BF16;
+    bool passes = code_only(w) && n <= CODE_ONLY_PASS_MAX_N;
     /* the BF16 kernels round x themselves as they pack it; the others take it rounded */
-    bool packs = bf16x && !c->reference && !c->invariant && n >= 2 && (c->amx || c->dpbf16);
+    bool packs = bf16x && !c->reference && !c->invariant && n >= 2 && (c->amx || c->dpbf16) && !passes;
     if (bf16x && !packs) x = round_input(c, x, (size_t)n * w->cols);
     if (c->reference || (c->invariant && !c->tile)) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0, NULL};
-    if (packs && !c->amx) {
+    if (passes) {
+        /* coded only, few rows: the coded kernel, once per group of at most CS_WCODE_MAX_N
+         * rows of x (the groups as even as they go) */
+        int groups = (n + CS_WCODE_MAX_N - 1) / CS_WCODE_MAX_N, per = (n + groups - 1) / groups;
+        for (int i0 = 0; i0 < n; i0 += per) {
+            j.y = y + (size_t)i0 * w->rows;
+            j.x = x + (size_t)i0 * w->cols;
+            j.n = CS_MIN(per, n - i0);
+            gemv_run(c, &j);
+        }
+    } else if (packs && !c->amx) {
         j.terms = 1;
         mm_dpbf16(c, &j);
     } else if (use_tile(c, w, n)) {
@@ -308,10 +400,7 @@ static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_w
     } else if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) {
         mm_amx(c, &j);
     } else if (n <= GEMV_MAX_N && c->gemv) {
-        int tasks = c->n_threads * 8;
-        j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
-        j.rows_per_task = (j.rows_per_task + 3) & ~3;
-        threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_gemv_task, &j);
+        gemv_run(c, &j);
     } else if (c->packed) {
         int tiles = (n + packed_mr(c) - 1) / packed_mr(c);
         xpack_reserve(c, 2 * cs_gemm_packed_xp_len(n, w->cols, packed_mr(c))); /* in bf16 units */
@@ -339,7 +428,9 @@ static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_w
  * of the workers instead of one per projection) */
 #define MM_MULTI_MAX 4
 struct mm_multi_job {
+    cpu_ctx_t *c;
     cs_rows_fn fn;        /* the dot tiles or the GEMV */
+    bool gemv;
     float *const *ys;
     const float *x;
     int n, count;
@@ -347,14 +438,21 @@ struct mm_multi_job {
     int task0[MM_MULTI_MAX + 1], rows_per_task[MM_MULTI_MAX];
 };
 
+static void multi_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread) {
+    struct mm_multi_job *j = job;
+    (void)thread;
+    j->fn(y, ldy, j->x, j->n, w, r0, r1);
+}
+
 static void mm_multi_task(void *p, int task, int thread) {
     struct mm_multi_job *j = p;
-    (void)thread;
     int k = 0;
     while (task >= j->task0[k + 1]) k++;
     const cs_weight_t *w = j->ws[k];
     int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows);
-    j->fn(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
+    /* the GEMV reads coded weights itself up to CS_WCODE_MAX_N rows of x */
+    if (j->gemv && j->n <= CS_WCODE_MAX_N) j->fn(j->ys[k], w->rows, j->x, j->n, w, r0, r1);
+    else run_rows(j->c, w, thread, r0, r1, j->ys[k], 8, multi_rows_fn, j);
 }
 
 static void add_biases(float *const *ys, int n, const cs_weight_t *const *ws, const float *const *biases, int count) {
@@ -374,13 +472,18 @@ struct mm_dp_multi_job {
     int task0[MM_MULTI_MAX + 1];
 };
 
+static void dp_multi_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread) {
+    struct mm_dp_multi_job *j = job;
+    cs_gemm_dpbf16(y, ldy, j->c->xpack, j->n, 1, w, r0, r1, (uint16_t *)j->c->scratch[thread]);
+}
+
 static void mm_dp_multi_task(void *p, int task, int thread) {
     struct mm_dp_multi_job *j = p;
     int k = 0;
     while (task >= j->task0[k + 1]) k++;
     const cs_weight_t *w = j->ws[k];
     int r0 = (task - j->task0[k]) * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows);
-    cs_gemm_dpbf16(j->ys[k], w->rows, j->c->xpack, j->n, 1, w, r0, r1, (uint16_t *)j->c->scratch[thread]);
+    run_rows(j->c, w, thread, r0, r1, j->ys[k], 8, dp_multi_rows_fn, j);
 }
 
 static void mm_dp_multi(cpu_ctx_t *c, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
@@ -398,11 +501,17 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
                              const float *const *biases, int count) {
     cpu_ctx_t *c = ctx_of(b);
     const float *x_in = x; /* the caller's x: cpu_matmul rounds it again into c->xround */
+    bool passes = false;  /* a weight kept only coded, read in groups of rows of x: one at a time */
+    for (int k = 0; k < count; k++) passes |= code_only(ws[k]) && n <= CODE_ONLY_PASS_MAX_N;
+    if (passes && n > CS_WCODE_MAX_N) {
+        for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x_in, n, ws[k], biases[k]);
+        return;
+    }
     if (c->prec_bf16) { /* rounded once for all (all BF16, n = 1), or one matmul at a time */
         int nb = 0;
         for (int k = 0; k < count; k++) nb += ws[k]->dtype == CS_DTYPE_BF16;
         if (nb == count && n >= 2 && n <= CS_DP_SMALL_N && count <= MM_MULTI_MAX && c->dpbf16 && !c->amx &&
-            !c->reference && !c->invariant) {
+            !c->reference && !c->invariant && !passes) {
             mm_dp_multi(c, ys, x, n, ws, count);
             add_biases(ys, n, ws, biases, count);
             return;
@@ -421,7 +530,7 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
         for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x_in, n, ws[k], biases[k]);
         return;
     }
-    struct mm_multi_job j = {tile ? c->tile : c->gemv, ys, x, n, count, ws, {0}, {0}};
+    struct mm_multi_job j = {c, tile ? c->tile : c->gemv, !tile, ys, x, n, count, ws, {0}, {0}};
     if (tile) { /* BF16 weights take the split tiles, the others not: mixed, one at a time */
         int nb = 0;
         for (int k = 0; k < count; k++) nb += ws[k]->dtype == CS_DTYPE_BF16;
@@ -442,7 +551,7 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
     }
     for (int k = 0; k < count; k++) {
         j.rows_per_task[k] = per;
-        j.task0[k + 1] = j.task0[k] + (ws[k]->rows + per - 1) / per;
+        j.task0[k + 1] = j.task0[k] + (ws[k]->rows + j.rows_per_task[k] - 1) / j.rows_per_task[k];
     }
     threadpool_run(c->pool, j.task0[count], mm_multi_task, &j);
     add_biases(ys, n, ws, biases, count);
@@ -1169,8 +1278,19 @@ static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lor
 }
 
 static void cpu_embed(cpu_raw_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
-    (void)b;
     size_t esz = cs_dtype_size(t->dtype);
+    if (code_only(t)) { /* a tied lm_head kept only coded: the rows decoded, one at a time */
+        cpu_ctx_t *c = ctx_of(b);
+        uint16_t *row = malloc(sizeof *row * (size_t)t->cols);
+        CS_ASSERT(row);
+        for (int i = 0; i < n; i++) {
+            CS_ASSERT(ids[i] >= 0 && ids[i] < t->rows);
+            c->wdecode(row, t->code, ids[i], ids[i] + 1);
+            cs_to_f32(y + (size_t)i * t->cols, row, CS_DTYPE_BF16, (size_t)t->cols);
+        }
+        free(row);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         CS_ASSERT(ids[i] >= 0 && ids[i] < t->rows);
         cs_to_f32(y + (size_t)i * t->cols, (const char *)t->data + (size_t)ids[i] * t->cols * esz, t->dtype,
@@ -1185,6 +1305,9 @@ static void cpu_free(cpu_raw_t *b) {
         for (int t = 0; t < c->n_threads; t++) free(c->scratch[t]);
         free(c->scratch);
         free(c->scratch_len);
+        for (int t = 0; t < c->n_threads && c->wdec; t++) free(c->wdec[t]);
+        free(c->wdec);
+        free(c->wdec_len);
         free(c->gather);
         free(c->lora_t);
         free(c->lora_wide);
@@ -1243,10 +1366,12 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     int streams = p && p->gemv_streams ? p->gemv_streams : __builtin_cpu_is("amd") ? 4 : 0;
     bool s4 = streams == 4 && (c->avx512 || c->avx2) && !c->reference && !c->invariant;
     /* only where the batch-1 GEMV runs (AVX-512 or AVX2, not reference, not batch-invariant) */
-    c->compress = p && p->compress_weights && (c->avx512 || c->avx2) && !c->reference && !c->invariant;
+    c->compress = p && (p->compress_weights || p->compress_weights_only) && (c->avx512 || c->avx2) && !c->reference &&
+                  !c->invariant;
+    c->code_only = c->compress && p->compress_weights_only && !c->amx;
     c->wcode_max_n = c->avx512 ? 3 : CS_WCODE_MAX_N;
     snprintf(c->path, sizeof c->path, "%s%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
-             c->prec_bf16 ? "+bf16" : "", s4 ? "+gemv4" : "", c->compress ? "+wc12" : "");
+             c->prec_bf16 ? "+bf16" : "", s4 ? "+gemv4" : "", c->code_only ? "+wc12only" : c->compress ? "+wc12" : "");
     if (c->avx512) {
         c->gemv = s4 ? cs_gemv_rows_avx512_s4 : cs_gemv_rows_avx512;
         c->tile = cs_gemm_invariant_avx512;
@@ -1266,10 +1391,13 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     /* two terms of x are ~1.3x faster for prefill but move BF16 logprobs from ~2e-6 to
      * ~2.5e-5 against transformers (tests/test_ref_forward.py): exact by default */
     c->amx_terms = p && p->amx_terms == 2 ? 2 : 3;
+    c->wdecode = c->avx512 ? cs_wcode_decode_rows_avx512 : c->avx2 ? cs_wcode_decode_rows_avx2 : cs_wcode_decode_rows_ref;
     c->scratch = calloc((size_t)n, sizeof *c->scratch);
     c->scratch_len = calloc((size_t)n, sizeof *c->scratch_len);
+    c->wdec = calloc((size_t)n, sizeof *c->wdec);
+    c->wdec_len = calloc((size_t)n, sizeof *c->wdec_len);
     c->pool = threadpool_new(n);
-    if (!c->scratch || !c->scratch_len || !c->pool) goto err;
+    if (!c->scratch || !c->scratch_len || !c->wdec || !c->wdec_len || !c->pool) goto err;
 #ifdef HAVE_OPENBLAS_SET_NUM_THREADS
     /* our pool owns the cores; OpenBLAS runs single-threaded inside each task */
     openblas_set_num_threads(1);
@@ -1286,6 +1414,10 @@ err:
 const char *cpu_raw_path(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->path; }
 
 bool cpu_raw_codes_weights(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->compress; }
+
+/* --compress-weights-only where it applies: not on AMX, whose tile kernels read the BF16
+ * weights in place (not decoded per task there: no AMX CPU to test it on) */
+bool cpu_raw_code_only(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->code_only; }
 
 /* coding a matrix on the pool: the high bytes counted in parts, then rows coded, then the
  * exceptions listed, each step over row ranges */

@@ -38,6 +38,13 @@ typedef struct cpu_backend_params {
      * weights' size more memory. Where the GEMV runs (AVX-512 or AVX2; not --reference-kernels
      * or --batch-invariant), else ignored. */
     bool compress_weights;
+    /* --compress-weights-only: the same, and the code is all that is kept (implies
+     * compress_weights): a weight's BF16 bytes over the caller's memory may be released once
+     * coded (backend_weight_prepare says so), 0.75x the weights' memory. Batches of up to
+     * 4 rows read the code as before; 5-16 rows read it once per group of up to 4, and more
+     * decode each task's rows back to BF16 for the BF16 kernels (see cpu_raw.h). Not on AMX
+     * CPUs (their tile kernels read the BF16 weights: there it is compress_weights). */
+    bool compress_weights_only;
 } cpu_backend_params_t;
 
 backend_t *cpu_backend_new(const cpu_backend_params_t *p);

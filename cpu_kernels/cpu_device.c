@@ -34,6 +34,7 @@ struct backend_buf {
     size_t n;
     bool external;          /* buf_from_host: the memory is the caller's */
     struct cs_wcode *code;  /* weight_prepare: the weight coded in 12 bits (--compress-weights) */
+    bool code_only;         /* ... and only the code is read from here on (host bytes released) */
 };
 
 typedef struct slot_mod {
@@ -212,6 +213,11 @@ static cs_weight_t raw_weight(backend_t *b, const backend_weight_t *w, const cha
                      w->buf->code->cols == w->cols
                  ? w->buf->code
                  : NULL;
+    if (w->buf && w->buf->code_only) {
+        /* its BF16 bytes are gone: a view of another shape could not be served */
+        if (!r.code) strict_fail("a weight kept only coded, viewed in another shape");
+        r.data = NULL;
+    }
     return r;
 }
 
@@ -219,7 +225,7 @@ static backend_buf_t *buf_new(backend_t *b, void *p, size_t n, bool external) {
     dev_ctx_t *d = dev(b);
     backend_buf_t *buf = calloc(1, sizeof *buf);
     if (!buf) return NULL;
-    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external, NULL};
+    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external, NULL, false};
     pthread_mutex_lock(&d->mu);
     if (d->strict && !live_add(d, buf)) {
         pthread_mutex_unlock(&d->mu);
@@ -730,7 +736,9 @@ static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float
  * tied lm_head shares the embedding's). Not coded, and read as BF16: a matrix of 2^32
  * weights or more (the exception index is 32-bit), or one whose high bytes are so spread
  * that over 1% of its weights are exceptions (then the code would not be smaller enough to
- * pay: 8 bytes and a scalar step each). Runs the pool from the loading thread: nothing else
+ * pay: 8 bytes and a scalar step each). Where the code serves every path (cpu_raw_code_only:
+ * not on AMX) and the buffer is the caller's memory, only the code is read from here on and
+ * the caller may release that memory. Runs the pool from the loading thread: nothing else
  * uses it while a model loads. */
 static int dev_weight_prepare(backend_t *b, const backend_weight_t *w) {
     dev_ctx_t *d = dev(b);
@@ -738,7 +746,8 @@ static int dev_weight_prepare(backend_t *b, const backend_weight_t *w) {
         (uint64_t)w->rows * (uint64_t)w->cols >= ((uint64_t)1 << 32))
         return CS_OK;
     cs_weight_t rw = raw_weight(b, w, "weight_prepare"); /* the strict device checks the handle here */
-    if (!w->buf || w->buf->code) return CS_OK;
+    if (!w->buf) return CS_OK;
+    if (w->buf->code) return w->buf->code_only ? BACKEND_WEIGHT_HOST_UNUSED : CS_OK;
     struct cs_wcode *code = cpu_raw_wcode_new(d->raw, &rw);
     if (!code) return cs_error_set(CS_ENOMEM, "--compress-weights: out of memory coding a %dx%d weight", w->rows, w->cols);
     if (code->n_exc * 100 > (size_t)w->rows * w->cols) {
@@ -746,12 +755,14 @@ static int dev_weight_prepare(backend_t *b, const backend_weight_t *w) {
         return CS_OK;
     }
     w->buf->code = code;
+    /* only a buffer over the caller's memory is handed back (one of ours keeps its bytes) */
+    w->buf->code_only = w->buf->external && cpu_raw_code_only(d->raw);
     pthread_mutex_lock(&d->mu);
     d->stats.prepared_from += (size_t)w->rows * w->cols * 2;
     d->stats.prepared_bytes += cs_wcode_bytes(code);
     d->stats.prepared_exceptions += code->n_exc;
     pthread_mutex_unlock(&d->mu);
-    return CS_OK;
+    return w->buf->code_only ? BACKEND_WEIGHT_HOST_UNUSED : CS_OK;
 }
 
 /* ---- compute ---- */

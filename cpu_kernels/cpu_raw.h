@@ -78,6 +78,16 @@ const char *cpu_raw_path(const cpu_raw_t *b);
 /* --compress-weights where it applies (the batch-1 GEMV runs): cpu_raw_wcode_new codes a
  * BF16 matrix on the pool (NULL on ENOMEM), to hang on cs_weight_t.code */
 bool cpu_raw_codes_weights(const cpu_raw_t *b);
+/* --compress-weights-only where it applies: a weight may then be given with data NULL and
+ * its code, which every matmul path reads (see CPU_CODE_ONLY_PASS_MAX_N) */
+bool cpu_raw_code_only(const cpu_raw_t *b);
+/* Up to this many rows of x, a weight kept only coded goes through the coded kernel once per
+ * group of up to CS_WCODE_MAX_N rows (the code read again for each group) rather than
+ * through decoded rows: at 5 / 8 / 12 / 16 rows 0.91 / 0.97 / 0.82 / 0.78x the BF16 dot
+ * tiles' speed against 0.63 / 0.60 / 0.71 / 0.75x decoded; at 24 and 32 rows decoded rows
+ * ran 0.87x (Zen 4, 2 threads, one matmul of 2816 x 1024). Above it, the same kernels as on
+ * the BF16 weights, so the same bits. */
+#define CPU_CODE_ONLY_PASS_MAX_N 16
 struct cs_wcode *cpu_raw_wcode_new(cpu_raw_t *b, const cs_weight_t *w);
 
 static inline void cpu_raw_free(cpu_raw_t *b) { if (b) b->iface->free(b); }

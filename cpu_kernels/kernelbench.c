@@ -266,6 +266,50 @@ int main(int argc, char **argv) {
             }
         }
         printf("]");
+        /* --compress-weights-only (the weights kept only coded, data NULL, as after the model
+         * released the BF16 bytes) against no flag (the BF16 weights), paired, at the sizes
+         * the other kernels take: the coded kernel up to 4 rows, then in groups of up to 4
+         * rows (to CPU_CODE_ONLY_PASS_MAX_N), then each task's rows decoded for the dot tiles,
+         * the packed GEMM (prefill) or, with --precision bf16, the AVX512-BF16 GEMMs */
+        printf(",\n  \"code_only_paired\": [");
+        bool first_c = true;
+        for (int isa = 0; isa < 3; isa++) {
+            cpu_raw_t *pb = isa == 2 ? NULL : gb[isa ? 4 : 1];
+            if (isa == 2 && gb[1] && cs_cpu_has_avx512_bf16())
+                pb = cpu_raw_new(&(cpu_backend_params_t){.n_threads = threads, .gemv_streams = 4, .precision_bf16 = true});
+            if (!pb) continue;
+            cpu_raw_t *cb = cpu_raw_new(&(cpu_backend_params_t){.n_threads = threads, .gemv_streams = 4, .no_avx512 = isa == 1,
+                                                                .precision_bf16 = isa == 2, .compress_weights_only = true});
+            cs_weight_t *wo = calloc((size_t)NP * layers, sizeof *wo);
+            for (int p = 0; p < NP * layers; p++) {
+                wo[p] = wc[p];
+                if (wo[p].code && cpu_raw_code_only(cb)) wo[p].data = NULL;
+            }
+            static const int cns[] = {2, 4, 5, 8, 12, 16, 24, 32, 128, 512};
+            for (size_t k = 0; k < sizeof cns / sizeof cns[0]; k++) {
+                int n = cns[k], rr = n >= 128 ? (rounds + 9) / 10 + 2 : rounds;
+                double *ratio = malloc(sizeof(double) * rr);
+                for (int it = 0; it <= rr; it++) {
+                    double t0 = now();
+                    for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(pb, y, x, n, &w[p], NULL);
+                    double t1 = now();
+                    for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(cb, y, x, n, &wo[p], NULL);
+                    double t2 = now();
+                    if (it) ratio[it - 1] = (t1 - t0) / (t2 - t1);
+                }
+                qsort(ratio, (size_t)rr, sizeof *ratio, cmp_double);
+                printf("%s\n   {\"path\": \"%s\", \"base_path\": \"%s\", \"code_only\": %s, \"n\": %d, \"rounds\": %d, "
+                       "\"speed_vs_bf16_median\": %.3f}",
+                       first_c ? "" : ",", cpu_raw_path(cb), cpu_raw_path(pb), cpu_raw_code_only(cb) ? "true" : "false", n, rr,
+                       ratio[rr / 2]);
+                first_c = false;
+                free(ratio);
+            }
+            free(wo);
+            cpu_raw_free(cb);
+            if (isa == 2) cpu_raw_free(pb);
+        }
+        printf("]");
         for (int p = 0; p < NP * layers; p++) cs_wcode_free((cs_wcode_t *)wc[p].code);
         free(wc);
         for (int g = 0; g < NG; g++) cpu_raw_free(gb[g]);

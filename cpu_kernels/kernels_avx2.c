@@ -404,6 +404,45 @@ AVX2 INLINE void wcode_half(const uint8_t *blk, __m256i codes, __m256i tbl, __m2
     f[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, u1));
 }
 
+/* rows back to BF16 (cs_wcode_decode_rows_ref): half h of a block unpacks, in 128-bit lane
+ * L, columns 16m + 8h + 4L + e at word 4m + e (low unpack, m < 2; high, m - 2), so group m's 16
+ * columns are the same 64-bit quarter of both lanes of both halves: one 64-bit unpack and
+ * one permutation each */
+AVX2 void cs_wcode_decode_rows_avx2(uint16_t *dst, const cs_wcode_t *c, int r0, int r1) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->table));
+    int K = c->cols, full = K / CS_WCODE_BLOCK;
+    size_t rb = (size_t)c->blocks * CS_WCODE_BLOCK_BYTES;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = c->data + (size_t)r * rb;
+        uint16_t *d = dst + (size_t)(r - r0) * (size_t)K;
+        for (int b = 0; b * CS_WCODE_BLOCK < K; b++) {
+            const uint8_t *blk = row + cs_wcode_lo_at(b);
+            __m256i nbv = _mm256_loadu_si256((const __m256i *)(row + cs_wcode_codes_at(b))), u[2][2], g[4];
+            for (int h = 0; h < 2; h++) {
+                __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+                __m256i codes = _mm256_and_si256(h ? _mm256_srli_epi16(nbv, 4) : nbv, m0f);
+                __m256i hi = _mm256_shuffle_epi8(tbl, codes);
+                u[h][0] = _mm256_unpacklo_epi8(lo, hi);
+                u[h][1] = _mm256_unpackhi_epi8(lo, hi);
+            }
+            for (int q = 0; q < 2; q++) {
+                g[2 * q] = _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(u[0][q], u[1][q]), _MM_SHUFFLE(3, 1, 2, 0));
+                g[2 * q + 1] = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(u[0][q], u[1][q]), _MM_SHUFFLE(3, 1, 2, 0));
+            }
+            uint16_t *o = d + (size_t)b * CS_WCODE_BLOCK;
+            if (b < full) {
+                for (int m = 0; m < 4; m++) _mm256_storeu_si256((__m256i *)(o + 16 * m), g[m]);
+            } else {
+                uint16_t t[CS_WCODE_BLOCK] __attribute__((aligned(32)));
+                for (int m = 0; m < 4; m++) _mm256_store_si256((__m256i *)(t + 16 * m), g[m]);
+                memcpy(o, t, sizeof(uint16_t) * (size_t)(K - b * CS_WCODE_BLOCK));
+            }
+        }
+        cs_wcode_put_exceptions(c, r, d);
+    }
+}
+
 AVX2 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, const int S,
                                const int PF) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);

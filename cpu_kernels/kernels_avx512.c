@@ -288,6 +288,43 @@ AVX512 void cs_wcode_rows_avx512(float *y, int ldy, const float *x, int n, const
     }
 }
 
+/* rows back to BF16 (wcode.h: cs_wcode_decode_rows_ref): a block's byte unpacks give the
+ * words of positions 16L .. 16L + 7 (low) and 16L + 8 .. 16L + 15 (high) in 128-bit lane L,
+ * i.e. columns 16m + 4L + e at word 8L + 4m + e (m < 2, and m - 2 for the high); one word
+ * permutation puts each half in column order */
+AVX512 void cs_wcode_decode_rows_avx512(uint16_t *dst, const cs_wcode_t *c, int r0, int r1) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)c->table));
+    uint16_t ix[32];
+    for (int j = 0; j < 32; j++) ix[j] = (uint16_t)(8 * ((j >> 2) & 3) + 4 * (j >> 4) + (j & 3));
+    __m512i idx = _mm512_loadu_si512(ix);
+    int K = c->cols, full = K / CS_WCODE_BLOCK;
+    size_t rb = (size_t)c->blocks * CS_WCODE_BLOCK_BYTES;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = c->data + (size_t)r * rb;
+        uint16_t *d = dst + (size_t)(r - r0) * (size_t)K;
+        for (int b = 0; b * CS_WCODE_BLOCK < K; b++) {
+            __m512i lo = _mm512_loadu_si512(row + cs_wcode_lo_at(b));
+            __m256i nb = _mm256_loadu_si256((const __m256i *)(row + cs_wcode_codes_at(b)));
+            __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(nb, m0f)),
+                                               _mm256_and_si256(_mm256_srli_epi16(nb, 4), m0f), 1);
+            __m512i hi = _mm512_shuffle_epi8(tbl, codes);
+            __m512i v0 = _mm512_permutexvar_epi16(idx, _mm512_unpacklo_epi8(lo, hi));
+            __m512i v1 = _mm512_permutexvar_epi16(idx, _mm512_unpackhi_epi8(lo, hi));
+            uint16_t *o = d + (size_t)b * CS_WCODE_BLOCK;
+            if (b < full) {
+                _mm512_storeu_si512(o, v0);
+                _mm512_storeu_si512(o + 32, v1);
+            } else {
+                int left = K - b * CS_WCODE_BLOCK; /* 1 .. 63 */
+                _mm512_mask_storeu_epi16(o, left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1), v0);
+                if (left > 32) _mm512_mask_storeu_epi16(o + 32, (__mmask32)((1u << (left - 32)) - 1), v1);
+            }
+        }
+        cs_wcode_put_exceptions(c, r, d);
+    }
+}
+
 AVX512 INLINE void gemv_rows(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1,
                              const int S, const int PF) {
     if (w->code && n <= CS_WCODE_MAX_N) { cs_wcode_rows_avx512(y, ldy, x, n, w->code, r0, r1, S); return; }

@@ -165,10 +165,11 @@ void cs_wcode_decode_row_ref(const cs_wcode_t *c, int r, uint16_t *out) {
             out[b * CS_WCODE_BLOCK + j] = (uint16_t)(c->table[code] << 8 | lo_p[p]);
         }
     }
-    for (uint32_t k = c->exc_row[r]; k < c->exc_row[r + 1]; k++) {
-        union { float f; uint32_t u; } v = {.f = c->exc_val[k]};
-        out[c->exc_col[k]] = (uint16_t)(v.u >> 16);
-    }
+    cs_wcode_put_exceptions(c, r, out);
+}
+
+void cs_wcode_decode_rows_ref(uint16_t *dst, const cs_wcode_t *c, int r0, int r1) {
+    for (int r = r0; r < r1; r++) cs_wcode_decode_row_ref(c, r, dst + (size_t)(r - r0) * (size_t)c->cols);
 }
 
 void cs_wcode_gemv_ref(float *y, const float *x, const cs_wcode_t *c, int r0, int r1) {

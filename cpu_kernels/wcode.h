@@ -73,9 +73,19 @@ size_t cs_wcode_bytes(const cs_wcode_t *c);
 /* ---- the plain definitions ---- */
 /* row r back to BF16: out[0 .. cols) */
 void cs_wcode_decode_row_ref(const cs_wcode_t *c, int r, uint16_t *out);
+/* rows [r0, r1) back to BF16, row after row (cols apart) at dst */
+void cs_wcode_decode_rows_ref(uint16_t *dst, const cs_wcode_t *c, int r0, int r1);
 /* y[r] = dot(x, row r) for r in [r0, r1): each row decoded, then summed in column order in
  * double, as cs_matmul_ref sums the BF16 matrix (the same bits) */
 void cs_wcode_gemv_ref(float *y, const float *x, const cs_wcode_t *c, int r0, int r1);
+
+/* row r's exceptions written into its decoded BF16 row (out[0 .. cols)) */
+static inline void cs_wcode_put_exceptions(const cs_wcode_t *c, int r, uint16_t *out) {
+    for (uint32_t k = c->exc_row[r]; k < c->exc_row[r + 1]; k++) {
+        union { float f; uint32_t u; } v = {.f = c->exc_val[k]};
+        out[c->exc_col[k]] = (uint16_t)(v.u >> 16);
+    }
+}
 
 /* Σ value · x[column] over row r's exceptions: what the kernels add to the row's sum */
 static inline float cs_wcode_exceptions(const cs_wcode_t *c, int r, const float *x) {
@@ -94,5 +104,9 @@ void cs_wcode_gemv_avx2(float *y, const float *x, const cs_wcode_t *c, int r0, i
 #define CS_WCODE_MAX_N 4
 void cs_wcode_rows_avx512(float *y, int ldy, const float *x, int n, const cs_wcode_t *c, int r0, int r1, int streams);
 void cs_wcode_rows_avx2(float *y, int ldy, const float *x, int n, const cs_wcode_t *c, int r0, int r1, int streams);
+/* cs_wcode_decode_rows_ref's contract: what the CPU backend's batch kernels read, a task's
+ * rows at a time, where the model kept only the code (its BF16 bytes released) */
+void cs_wcode_decode_rows_avx512(uint16_t *dst, const cs_wcode_t *c, int r0, int r1);
+void cs_wcode_decode_rows_avx2(uint16_t *dst, const cs_wcode_t *c, int r0, int r1);
 
 #endif

@@ -41,6 +41,7 @@ typedef struct backend_weight {
     cs_dtype dtype;         /* F32, BF16 or F16 */
     int rows, cols;         /* (out, in) for matrices */
     backend_buf_t *buf;     /* rows * cols elements from its start */
+    void *host;             /* the model's: the host bytes buf was made over (buf_from_host), or NULL */
 } backend_weight_t;
 
 /* ---- the batch description (host side; batch_upload copies what the ops need) ---- */
@@ -123,8 +124,10 @@ struct backend_i {
     backend_buf_t *(*buf_from_host)(backend_t *b, void *p, size_t nbytes);
     /* optional: W, loaded and read-only from here on, is a matmul weight; the backend may
      * keep a form of its own beside it until W's buffer is freed (the CPU backend's
-     * --compress-weights: BF16 coded in 12 bits for the batch-1 GEMV). 0, or an error
-     * code with cs_error set (out of memory). */
+     * --compress-weights: BF16 coded in 12 bits). 0; BACKEND_WEIGHT_HOST_UNUSED when the
+     * backend's own form serves every op on W's buffer from now on, so that the caller may
+     * release the host memory behind a buf_from_host buffer (the buffer stays valid, its
+     * bytes are never read again); or an error code with cs_error set (out of memory). */
     int (*weight_prepare)(backend_t *b, const backend_weight_t *w);
     /* host -> buffer and buffer -> host, synchronous (after every op queued before) */
     void (*buf_set)(backend_t *b, backend_buf_t *dst, size_t off, const void *src, size_t n);
@@ -258,6 +261,7 @@ static inline size_t backend_buf_size(backend_t *b, const backend_buf_t *p) { re
 static inline backend_buf_t *backend_buf_from_host(backend_t *b, void *p, size_t n) {
     return b->iface->buf_from_host ? b->iface->buf_from_host(b, p, n) : NULL;
 }
+#define BACKEND_WEIGHT_HOST_UNUSED 1 /* weight_prepare: see there */
 static inline int backend_weight_prepare(backend_t *b, const backend_weight_t *w) {
     return b->iface->weight_prepare ? b->iface->weight_prepare(b, w) : 0;
 }

@@ -158,6 +158,7 @@ static int load_matrix(model_t *m, const char *name, int rows, int cols, backend
             memcpy(p, t->data, t->nbytes);
         }
         if ((rc = own(m, w->buf = backend_buf_from_host(m->be, p, t->nbytes)))) return rc;
+        w->host = p;
     } else {
         if (!(w->buf = backend_buf_alloc(m->be, t->nbytes)))
             return cs_error_set(CS_ENOMEM, "weight %s (%zu bytes): %s", name, t->nbytes, cs_error_last());
@@ -193,7 +194,7 @@ static int load_norm(model_t *m, const char *name, int n, backend_weight_t *w) {
     backend_buf_t *d;
     int rc = load_vector(m, name, n, &d);
     if (rc) return rc;
-    *w = (backend_weight_t){CS_DTYPE_F32, 1, n, d};
+    *w = (backend_weight_t){CS_DTYPE_F32, 1, n, d, NULL};
     return CS_OK;
 }
 
@@ -229,6 +230,16 @@ static bool tensor_expected(const model_t *m, const char *name) {
     if (m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0) return true;
     return false;
 }
+
+static int prepare_weight(model_t *m, const backend_weight_t *w) {
+    int rc = backend_weight_prepare(m->be, w);
+    if (rc < 0) return rc;
+    if (rc == BACKEND_WEIGHT_HOST_UNUSED && w->host)
+        (void)safetensors_release(m->st, w->host, (size_t)w->rows * w->cols * cs_dtype_size(w->dtype));
+    return CS_OK;
+}
+
+size_t model_weights_released(const model_t *m) { return safetensors_released_bytes(m->st); }
 
 int model_load(const char *dir, backend_t *be, model_t **out) { return model_load_how(dir, be, MODEL_WEIGHTS_AUTO, out); }
 
@@ -294,13 +305,14 @@ int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_
         }
     }
 #undef L
-    /* the matmul weights, all loaded: the backend may keep a form of its own beside each */
-    if ((rc = backend_weight_prepare(m->be, &m->lm_head))) goto err;
+    /* the matmul weights, all loaded: the backend may keep a form of its own beside each,
+     * and where that form serves every op, the bytes in the file's memory are given back */
+    if ((rc = prepare_weight(m, &m->lm_head))) goto err;
     for (int l = 0; l < c->n_layers; l++) {
         layer_w_t *w = &m->layers[l];
         const backend_weight_t *ws[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
         for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++)
-            if ((rc = backend_weight_prepare(m->be, ws[k]))) goto err;
+            if ((rc = prepare_weight(m, ws[k]))) goto err;
     }
     /* a tensor we did not use would be silently ignored math: refuse it */
     size_t n_all = safetensors_count(m->st);

@@ -24,6 +24,9 @@ int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_
 /* bytes of the weights' files read into the process's memory (0: mapped); *huge (may be
  * NULL): of those, in transparent huge pages */
 size_t model_weights_copied(const model_t *m, size_t *huge);
+/* bytes of those weights given back after loading: matmul weights the backend keeps in a
+ * form of its own that serves every op (the CPU backend's --compress-weights) */
+size_t model_weights_released(const model_t *m);
 void model_free(model_t *m);
 const model_config_t *model_get_config(const model_t *m);
 size_t model_n_params(const model_t *m);

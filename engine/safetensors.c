@@ -34,6 +34,7 @@ struct safetensors {
     char **meta;        /* key, value, key, value ... (all shards, first wins on lookup) */
     size_t n_meta;
     st_load_t how;      /* how load_shard brings a file in */
+    size_t released;    /* safetensors_release */
 };
 
 /* dtypes the format defines that we do not handle: refused as unsupported, not malformed */
@@ -506,6 +507,28 @@ static bool shard_name_ok(const char *s) {
 int safetensors_open_dir(const char *dir, const char *basename, safetensors_t **out) {
     return safetensors_open_dir_how(dir, basename, ST_MMAP, out);
 }
+
+size_t safetensors_release(safetensors_t *st, const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p, z = a + n;
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t page = pg > 0 ? (uintptr_t)pg : 4096;
+    for (size_t i = 0; i < st->n_shards; i++) {
+        const st_shard_t *sh = &st->shards[i];
+        uintptr_t base = (uintptr_t)(sh->copy ? sh->copy : sh->map);
+        size_t len = sh->copy ? sh->copy_len : sh->map ? sh->size : 0;
+        if (!base || a < base || z > base + len || z < a) continue;
+        uintptr_t lo = (a + page - 1) & ~(page - 1), hi = z & ~(page - 1);
+        if (hi <= lo) return 0;
+        /* dropped first (the copy's memory is freed, a mapping's pages leave this process),
+         * then no access: a stray read faults rather than reading zeros */
+        if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0 || mprotect((void *)lo, hi - lo, PROT_NONE) != 0) return 0;
+        st->released += hi - lo;
+        return hi - lo;
+    }
+    return 0;
+}
+
+size_t safetensors_released_bytes(const safetensors_t *st) { return st->released; }
 
 size_t safetensors_copied_bytes(const safetensors_t *st, size_t *huge) {
     size_t n = 0, h = 0;

@@ -36,6 +36,12 @@ typedef enum { ST_MMAP, ST_COPY_HUGE } st_load_t;
 int safetensors_open_dir_how(const char *dir, const char *basename, st_load_t how, safetensors_t **out);
 /* bytes read in by ST_COPY_HUGE (0 when mapped); *huge (may be NULL): of those, in huge pages */
 size_t safetensors_copied_bytes(const safetensors_t *st, size_t *huge);
+/* Give back the memory of [p, p + n), which must lie in one file's mapping or copy (0
+ * otherwise): the whole pages inside it are dropped and made inaccessible (a read faults),
+ * for tensors a backend no longer reads (a weight kept in a form of its own). Returns the
+ * bytes released; safetensors_released_bytes sums them. */
+size_t safetensors_release(safetensors_t *st, const void *p, size_t n);
+size_t safetensors_released_bytes(const safetensors_t *st);
 /* the kernel offers transparent huge pages to MADV_HUGEPAGE (its mode is always or madvise) */
 bool safetensors_huge_pages_offered(void);
 /* One safetensors file already in memory (read by the io_uring loader, received over

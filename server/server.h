@@ -57,6 +57,7 @@ typedef struct serve_config {
     bool reference_kernels;
     model_weights_mem weights_mem;  /* --mmap / --no-mmap (default MODEL_WEIGHTS_AUTO) */
     bool compress_weights;          /* --compress-weights */
+    bool compress_weights_only;     /* --compress-weights-only */
     bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
     bool precision_bf16;    /* --precision bf16 */
     bool lora_bf16;         /* --lora-dtype bf16: adapters held in BF16 */

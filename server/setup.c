@@ -79,6 +79,7 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         .gemv_streams = (int)env_num("CS_GEMV_STREAMS", 0),
         .precision_bf16 = o->precision_bf16,
         .compress_weights = o->compress_weights,
+        .compress_weights_only = o->compress_weights_only,
     };
     if (test_dev && *test_dev) {
         if (strcmp(test_dev, "strict")) {

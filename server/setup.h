@@ -21,6 +21,7 @@ typedef struct setup_backend_opts {
     bool batch_invariant;   /* --batch-invariant */
     bool precision_bf16;    /* --precision bf16 (CPU backend; cpu_backend_params_t.precision_bf16) */
     bool compress_weights;  /* --compress-weights (CPU backend; cpu_backend_params_t.compress_weights) */
+    bool compress_weights_only; /* --compress-weights-only (cpu_backend_params_t.compress_weights_only) */
 } setup_backend_opts_t;
 
 /* NULL with cs_error_last() set: an unknown device, cuda where it cannot run, no memory */

@@ -113,7 +113,7 @@ static hweight_t hweight_new(cs_dtype dt, int rows, int cols, float scale) {
 
 static backend_weight_t bweight(backend_t *b, const hweight_t *h) {
     return (backend_weight_t){h->w.dtype, h->w.rows, h->w.cols,
-                              up(b, h->bytes, (size_t)h->w.rows * h->w.cols * cs_dtype_size(h->w.dtype))};
+                              up(b, h->bytes, (size_t)h->w.rows * h->w.cols * cs_dtype_size(h->w.dtype)), NULL};
 }
 
 static void hweight_free(hweight_t *h) {
@@ -288,7 +288,7 @@ START_TEST(test_elementwise) {
         for (int n = 1; n <= 37; n += 12) {
             int dim = dims[di];
             float *x = randv((size_t)n * dim, 3.0f), *wv = randv((size_t)dim, 1.0f), *want = malloc(sizeof(float) * n * dim);
-            backend_weight_t w = {CS_DTYPE_F32, 1, dim, up(b, wv, sizeof(float) * dim)};
+            backend_weight_t w = {CS_DTYPE_F32, 1, dim, up(b, wv, sizeof(float) * dim), NULL};
             backend_buf_t *bx = up(b, x, sizeof(float) * n * dim), *by = backend_buf_alloc(b, sizeof(float) * n * dim);
             cs_rmsnorm_ref(want, x, n, dim, wv, 1e-6f);
             backend_rmsnorm(b, by, bx, n, dim, &w, 1e-6f);
@@ -951,7 +951,8 @@ static void teardown(void) {
 /* weight_prepare with --compress-weights (CPU backend and strict device): a BF16 matrix is
  * coded once (a second call, as for a tied lm_head, does nothing), a matrix whose high
  * bytes are spread over more than 1% exceptions and an F32 one are left as they are, and
- * every matmul still meets the reference; without the flag nothing is coded */
+ * every matmul still meets the reference; without the flag nothing is coded. A weight over
+ * the caller's memory is then read from the code alone (BACKEND_WEIGHT_HOST_UNUSED). */
 START_TEST(test_weight_prepare) {
     cpu_backend_params_t cp = {.n_threads = 2, .compress_weights = true};
     backend_t *bs2[3] = {cpu_backend_new(&cp), strict_device_new(&(strict_device_params_t){.cpu = cp}),
@@ -1001,6 +1002,44 @@ START_TEST(test_weight_prepare) {
         }
         free(x);
         free(want);
+        /* over the caller's memory (the model's weights in place), with
+         * --compress-weights-only where it applies: the backend says so and from then on
+         * reads only the code (the host bytes overwritten with NaN change nothing); with
+         * --compress-weights it keeps reading them, the same bits as the BF16 path */
+        for (int conly = 0; conly < 2; conly++) {
+            backend_t *bh = b;
+            if (conly) {
+                if (k) break;
+                bh = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2, .compress_weights_only = true});
+            }
+            size_t nb = (size_t)rows * cols * 2;
+            uint16_t *host = malloc(nb);
+            memcpy(host, good.bytes, nb);
+            backend_weight_t wh = {CS_DTYPE_BF16, rows, cols, backend_buf_from_host(bh, host, nb), host};
+            ck_assert(!wh.buf == !bh->iface->host_memory); /* the strict device offers no host buffers */
+            if (!wh.buf) wh.buf = up(bh, host, nb);
+            bool only = conly && codes && !cs_cpu_has_amx_bf16();
+            ck_assert_int_eq(backend_weight_prepare(bh, &wh), only ? BACKEND_WEIGHT_HOST_UNUSED : 0);
+            ck_assert_int_eq(backend_weight_prepare(bh, &wh), only ? BACKEND_WEIGHT_HOST_UNUSED : 0); /* coded once */
+            if (only) memset(host, 0xff, nb);
+            for (int n = 1; n <= 40; n += 13) { /* 1, 14, 27, 40: the GEMV, groups or tiles, decoded tiles, packed */
+                float *xn = randv((size_t)n * cols, 1.0f), *yr = malloc(sizeof(float) * n * rows);
+                backend_buf_t *bxn = up(bh, xn, sizeof(float) * n * cols), *byh = backend_buf_alloc(bh, sizeof(float) * n * rows);
+                backend_buf_t *bxg = up(b, xn, sizeof(float) * n * cols), *byg = backend_buf_alloc(b, sizeof(float) * n * rows);
+                backend_matmul(bh, byh, bxn, n, &wh, NULL);
+                backend_matmul(b, byg, bxg, n, &wg, NULL);
+                float *gh = down(bh, byh, (size_t)n * rows), *gg = down(b, byg, (size_t)n * rows);
+                cs_matmul_ref(yr, xn, n, &good.w, NULL);
+                close_to(gh, yr, (size_t)n * rows, 1e-5, "weight over host memory", k);
+                if (!only || n > CPU_CODE_ONLY_PASS_MAX_N) /* the same kernels: the same bits */
+                    ck_assert_msg(!memcmp(gh, gg, sizeof(float) * n * rows), "backend %d, n %d, only %d: bits differ", k, n, only);
+                free(gh); free(gg); free(xn); free(yr);
+                backend_buf_free(bh, bxn); backend_buf_free(bh, byh); backend_buf_free(b, bxg); backend_buf_free(b, byg);
+            }
+            backend_buf_free(bh, wh.buf);
+            free(host);
+            if (conly) backend_free(bh);
+        }
         backend_buf_free(b, bx);
         backend_buf_free(b, by);
         backend_buf_free(b, wg.buf);

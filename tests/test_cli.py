@@ -189,7 +189,7 @@ expect(f"batch: --lora-io direct (O_DIRECT: {bool(fs_direct)}) and buffered load
 # the weights in the file's mapping (--mmap) or read into the process's memory (--no-mmap):
 # the same tokens, and --stats says where they were
 wm = {}
-for flag in ("--mmap", "--no-mmap", "--compress-weights"):
+for flag in ("--mmap", "--no-mmap", "--compress-weights", "--compress-weights-only"):
     p = subprocess.run([reflib.CARASERVE, "batch", "--model", model, flag, "--kv-cache-bytes", "4M", "--stats"],
                        capture_output=True, text=True, timeout=120,
                        input='{"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": true}\n')
@@ -201,15 +201,17 @@ expect("batch: --mmap and --no-mmap give the same tokens; --stats: mapped, or th
        isinstance(wm["--mmap"], tuple) and isinstance(wm["--no-mmap"], tuple) and len(wm["--mmap"][0][0]) == 8
        and wm["--mmap"][0] == wm["--no-mmap"][0]
        and wm["--mmap"][1] == {"memory": "mmap", "copied_bytes": 0, "huge_page_bytes": 0, "coded_bytes": 0,
-                               "coded_from_bytes": 0, "coded_exceptions": 0}
+                               "coded_from_bytes": 0, "coded_exceptions": 0, "released_bytes": 0}
        and wm["--no-mmap"][1]["memory"] == "copy" and wm["--no-mmap"][1]["copied_bytes"] == mfile
        and 0 <= wm["--no-mmap"][1]["huge_page_bytes"] <= mfile, subprocess.CompletedProcess([], 0, str(wm), ""))
 # --compress-weights: the same tokens; on a CPU with AVX2 or AVX-512 every BF16 matmul weight
 # (2 layers x 7 projections, the tied lm_head) is coded, 192 bytes per 128 columns and a row
 # index, with few exceptions
 cw = wm["--compress-weights"]
-avx = subprocess.run([reflib.CARASERVE, "version"], capture_output=True, text=True).stdout
-avx = "avx2" in avx.split("kernels:")[0]
+ver = subprocess.run([reflib.CARASERVE, "version"], capture_output=True, text=True).stdout
+avx = "avx2" in ver.split("kernels:")[0]
+# --compress-weights-only keeps only the code, except on AMX CPUs (the exact path is "amx...")
+code_only = avx and not ver.split("kernels:")[1].strip().startswith("amx")
 cfgm = json.load(open(os.path.join(model, "config.json")))
 H, I, V = cfgm["hidden_size"], cfgm["intermediate_size"], cfgm["vocab_size"]
 mats = [(H, H)] * 4 * 2 + [(I, H), (I, H), (H, I)] * 2 + [(V, H)]  # q, k, v, o (MHA), gate, up, down; lm_head
@@ -218,20 +220,31 @@ want_data = sum(r * -(-c // 128) * 192 + 4 * (r + 1) for r, c in mats)
 expect("batch --compress-weights: the same tokens; --stats counts the coded weights",
        isinstance(cw, tuple) and cw[0] == wm["--mmap"][0]
        and ((cw[1]["coded_from_bytes"] == want_from and want_data <= cw[1]["coded_bytes"] <= want_data + 8 * cw[1]["coded_exceptions"]
-             and cw[1]["coded_exceptions"] < want_from / 2 / 100) if avx else cw[1]["coded_bytes"] == 0),
+             and cw[1]["coded_exceptions"] < want_from / 2 / 100) if avx else cw[1]["coded_bytes"] == 0)
+       and cw[1]["released_bytes"] == 0,
        subprocess.CompletedProcess([], 0, f"{cw} want from {want_from}, data {want_data}", ""))
+# --compress-weights-only: the same, and the BF16 bytes given back (whole pages inside each
+# weight: all but at most 8 KiB of each of the 15 matrices)
+co = wm["--compress-weights-only"]
+expect("batch --compress-weights-only: the same tokens; --stats counts the coded weights and the BF16 bytes released",
+       isinstance(co, tuple) and co[0] == wm["--mmap"][0]
+       and all(co[1][k] == cw[1][k] for k in ("coded_bytes", "coded_from_bytes", "coded_exceptions"))
+       and ((want_from - 8192 * len(mats) <= co[1]["released_bytes"] <= want_from) if code_only else co[1]["released_bytes"] == 0),
+       subprocess.CompletedProcess([], 0, f"{co} want from {want_from}", ""))
 _, gm = gen_ids("--mmap")
 _, gc = gen_ids("--no-mmap")
 _, gz = gen_ids("--compress-weights")
-expect("generate --compress-weights gives the greedy tokens", gz == greedy, subprocess.CompletedProcess([], 0, f"{gz} {greedy}", ""))
+_, go = gen_ids("--compress-weights-only")
+expect("generate --compress-weights and --compress-weights-only give the greedy tokens", gz == greedy and go == greedy,
+       subprocess.CompletedProcess([], 0, f"{gz} {go} {greedy}", ""))
 expect("generate: --mmap and --no-mmap give the greedy tokens", gm == greedy and gc == greedy,
        subprocess.CompletedProcess([], 0, f"{gm} {gc} {greedy}", ""))
-# serve: compress-weights = true in --config codes the weights (its ready line says so), and a
-# greedy completion gives the tokens `batch` gave without it
+# serve: compress-weights-only = true in --config codes the weights and releases the BF16 (its
+# ready line says so), and a greedy completion gives the tokens `batch` gave without it
 import serverlib  # noqa: E402
 conf = os.path.join(root, "cw.conf")
 with open(conf, "w") as f:
-    f.write(f"model = {model}\ncompress-weights = true\nkv-cache-bytes = 4M\n")
+    f.write(f"model = {model}\ncompress-weights-only = true\nkv-cache-bytes = 4M\n")
 srv = serverlib.Server(["--config", conf])
 ready = next((l for l in srv.lines if "caraserve: ready:" in l), "")
 st_, body, _ = srv.request("POST", "/v1/completions", {"model": os.path.basename(model), "prompt": "Hello", "max_tokens": 8,
@@ -240,8 +253,9 @@ srv.kill()
 p = subprocess.run([reflib.CARASERVE, "batch", "--model", model, "--kv-cache-bytes", "4M"], capture_output=True, text=True,
                    timeout=120, input='{"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": true}\n')
 plain_text = json.loads(p.stdout.splitlines()[0])["samples"][0]["text"] if p.returncode == 0 and p.stdout else None
-expect("serve with compress-weights = true in --config: the ready line counts the coded weights, the same greedy text",
+expect("serve with compress-weights-only = true in --config: the ready line counts the coded weights, the same greedy text",
        st_ == 200 and (("coded in" in ready) if avx else ("coded in" not in ready))
+       and ("the BF16 released" in ready) == code_only
        and body["choices"][0]["finish_reason"] == "length" and plain_text is not None
        and body["choices"][0]["text"] == plain_text,
        subprocess.CompletedProcess([], 0, f"{ready} {st_} {body} batch without the flag: {plain_text!r}", ""))

@@ -482,6 +482,30 @@ START_TEST(test_wcode_roundtrip) {
                         ck_assert_msg(back[col] == w[(size_t)r * cols + col], "kind %d %dx%d: [%d,%d] %04x back as %04x", kind,
                                       rows, cols, r, col, w[(size_t)r * cols + col], back[col]);
                 }
+                /* the row-range decoders (the batch kernels' input where only the code is kept),
+                 * on ranges as tasks take them, each beside a guard that must stay untouched */
+                {
+                    typedef void (*dec_fn)(uint16_t *, const cs_wcode_t *, int, int);
+                    struct { const char *name; dec_fn fn; bool ok; } decs[] = {
+                        {"ref", cs_wcode_decode_rows_ref, true},
+                        {"avx512", cs_wcode_decode_rows_avx512, cs_cpu_has_avx512()},
+                        {"avx2", cs_wcode_decode_rows_avx2, cs_cpu_has_avx2()}};
+                    int cuts[][2] = {{0, rows}, {rows / 3, rows - rows / 4}, {rows - 1, rows}};
+                    uint16_t *d = malloc(sizeof *d * ((size_t)rows * cols + 8));
+                    for (size_t f = 0; f < CS_ARRAY_LEN(decs); f++) {
+                        if (!decs[f].ok) continue;
+                        for (size_t k = 0; k < CS_ARRAY_LEN(cuts); k++) {
+                            int a = cuts[k][0], z = cuts[k][1];
+                            size_t len = (size_t)(z - a) * cols;
+                            for (size_t i = 0; i < len + 8; i++) d[i] = 0xabcd;
+                            decs[f].fn(d, c, a, z);
+                            ck_assert_msg(!memcmp(d, w + (size_t)a * cols, sizeof *d * len),
+                                          "decode_rows %s kind %d %dx%d rows [%d, %d)", decs[f].name, kind, rows, cols, a, z);
+                            for (size_t i = len; i < len + 8; i++) ck_assert_uint_eq(d[i], 0xabcd);
+                        }
+                    }
+                    free(d);
+                }
                 /* an exception is a weight whose high byte is neither in the table nor 0x00 */
                 size_t want = 0;
                 for (size_t i = 0; i < (size_t)rows * cols; i++) {
@@ -647,6 +671,121 @@ START_TEST(test_wcode_gemv) {
         cpu_raw_free(plain);
         cpu_raw_free(coded);
     }
+}
+END_TEST
+
+/* within 1e-6 of the sum of |terms| of each row, as the other kernel tests */
+static bool code_only_close(const float *y, const float *yr, const float *x, const uint16_t *w, int n, int rows, int cols) {
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < rows; r++) {
+            double t = 1e-30;
+            for (int c = 0; c < cols; c++) t += fabs((double)cs_bf16_to_f32(w[(size_t)r * cols + c]) * x[(size_t)i * cols + c]);
+            if (fabs((double)y[(size_t)i * rows + r] - yr[(size_t)i * rows + r]) > 1e-6 * t) {
+                fprintf(stderr, "row %d col %d: %.9g vs %.9g (sum |terms| %g)\n", i, r, y[(size_t)i * rows + r], yr[(size_t)i * rows + r], t);
+                return false;
+            }
+        }
+    return true;
+}
+
+/* Weights kept only coded (cs_weight_t.data NULL, as after the model released the BF16
+ * bytes): through the backend with --compress-weights, every path (the GEMV and coded rows,
+ * in groups up to CPU_CODE_ONLY_PASS_MAX_N rows; above, each task's rows decoded for the dot
+ * tiles, the packed GEMM, OpenBLAS, the AVX512-BF16 GEMMs of --precision bf16, the AVX2
+ * kernels, no split, no tiles) meets the reference (on x rounded to BF16 for --precision
+ * bf16), and above the groups gives the same bits as the same backend on the BF16 weights,
+ * at every n from 1 to past the tiles, for matmul and matmul_multi, threads 1 and 3; and
+ * embed decodes the table's rows */
+START_TEST(test_wcode_code_only) {
+    if (!cs_cpu_has_avx2()) return; /* --compress-weights applies to the AVX2 / AVX-512 paths only */
+    struct { const char *name; cpu_backend_params_t p; } vs[] = {
+        {"default", {.compress_weights_only = true}},
+        {"bf16", {.compress_weights_only = true, .precision_bf16 = true}},
+        {"no_avx512", {.compress_weights_only = true, .no_avx512 = true}},
+        {"no_avx512_bf16", {.compress_weights_only = true, .no_avx512 = true, .precision_bf16 = true}},
+        {"no_split", {.compress_weights_only = true, .no_split = true}},
+        {"no_tile", {.compress_weights_only = true, .no_tile = true}},
+        {"no_packed", {.compress_weights_only = true, .no_packed = true}},
+        {"no_dpbf16", {.compress_weights_only = true, .no_dpbf16 = true, .precision_bf16 = true}},
+    };
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 32, 33, 50, 100};
+    static const int shapes[][2] = {{300, 1000}, {97, 65}, {130, 2050}};
+    size_t checked = 0;
+    for (size_t v = 0; v < CS_ARRAY_LEN(vs); v++)
+        for (int th = 1; th <= 3; th += 2) {
+            cpu_backend_params_t p = vs[v].p;
+            p.n_threads = th;
+            cpu_raw_t *be = cpu_raw_new(&p);
+            ck_assert_ptr_nonnull(be);
+            ck_assert(cpu_raw_codes_weights(be));
+            if (!cpu_raw_code_only(be)) { /* AMX */
+                ck_assert(cs_cpu_has_amx_bf16() && !p.no_avx512);
+                cpu_raw_free(be);
+                continue;
+            }
+            for (size_t s = 0; s < CS_ARRAY_LEN(shapes); s++) {
+                int rows = shapes[s][0], cols = shapes[s][1];
+                uint16_t *w = wcode_matrix(rows, cols, 0), *w2 = wcode_matrix(rows / 2 + 1, cols, 0);
+                for (size_t i = 0; i < (size_t)rows * cols; i += 997) /* rare high bytes (tiny values): exceptions */
+                    w[i] = (uint16_t)((0x20 + (i / 997) % 20) << 8 | 0x11);
+                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL}, wt2 = {CS_DTYPE_BF16, rows / 2 + 1, cols, w2, NULL};
+                cs_weight_t wc = {CS_DTYPE_BF16, rows, cols, NULL, cpu_raw_wcode_new(be, &wt)};
+                cs_weight_t wc2 = {CS_DTYPE_BF16, rows / 2 + 1, cols, NULL, cpu_raw_wcode_new(be, &wt2)};
+                ck_assert(wc.code && wc2.code);
+                if (rows * cols >= 100000) ck_assert_uint_gt(wc.code->n_exc, 0); /* written back too */
+                cs_weight_t wb = wt, wb2 = wt2; /* the same weights, BF16 beside the code */
+                wb.code = wc.code;
+                wb2.code = wc2.code;
+                for (size_t k = 0; k < CS_ARRAY_LEN(ns); k++) {
+                    int n = ns[k];
+                    size_t ny = (size_t)n * rows, ny2 = (size_t)n * wt2.rows;
+                    float *x = randv((size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * ny), *yb = malloc(sizeof(float) * ny);
+                    float *y2 = malloc(sizeof(float) * ny2), *yb2 = malloc(sizeof(float) * ny2);
+                    /* the reference: x as the kernels take it (rounded for --precision bf16) */
+                    float *xr = malloc(sizeof(float) * n * cols), *yr = malloc(sizeof(float) * ny),
+                          *yr2 = malloc(sizeof(float) * ny2);
+                    if (p.precision_bf16) cs_round_bf16_ref(xr, x, (size_t)n * cols);
+                    else memcpy(xr, x, sizeof(float) * n * cols);
+                    cs_matmul_ref(yr, xr, n, &wt, NULL);
+                    cs_matmul_ref(yr2, xr, n, &wt2, NULL);
+                    for (int multi = 0; multi < 2; multi++) {
+                        if (!multi) {
+                            cpu_raw_matmul(be, y, x, n, &wc, NULL);
+                            cpu_raw_matmul(be, yb, x, n, &wb, NULL);
+                        } else {
+                            const cs_weight_t *mc[2] = {&wc, &wc2}, *mb[2] = {&wb, &wb2};
+                            float *yc[2] = {y, y2}, *ybb[2] = {yb, yb2};
+                            cpu_raw_matmul_multi(be, yc, x, n, mc, (const float *const[]){NULL, NULL}, 2);
+                            cpu_raw_matmul_multi(be, ybb, x, n, mb, (const float *const[]){NULL, NULL}, 2);
+                            ck_assert_msg(code_only_close(y2, yr2, xr, w2, n, wt2.rows, cols), "%s, %d threads, %dx%d, n %d: multi, second",
+                                          vs[v].name, th, rows, cols, n);
+                            if (n > CPU_CODE_ONLY_PASS_MAX_N) ck_assert(!memcmp(y2, yb2, sizeof(float) * ny2));
+                        }
+                        ck_assert_msg(code_only_close(y, yr, xr, w, n, rows, cols), "%s, %d threads, %dx%d, n %d, multi %d: off the reference",
+                                      vs[v].name, th, rows, cols, n, multi);
+                        /* above the coded kernel's groups, the BF16 path's own kernels: its bits */
+                        if (n > CPU_CODE_ONLY_PASS_MAX_N)
+                            ck_assert_msg(!memcmp(y, yb, sizeof(float) * ny), "%s, %d threads, %dx%d, n %d, multi %d: bits differ",
+                                          vs[v].name, th, rows, cols, n, multi);
+                        checked++;
+                    }
+                    free(xr); free(yr); free(yr2);
+                    free(x); free(y); free(yb); free(y2); free(yb2);
+                }
+                int32_t ids[] = {0, rows - 1, rows / 2, 0};
+                float *e = malloc(sizeof(float) * 4 * cols), *eb = malloc(sizeof(float) * 4 * cols);
+                cpu_raw_embed(be, e, &wc, ids, 4);
+                cpu_raw_embed(be, eb, &wt, ids, 4);
+                ck_assert(!memcmp(e, eb, sizeof(float) * 4 * cols));
+                free(e); free(eb);
+                cs_wcode_free((cs_wcode_t *)wc.code);
+                cs_wcode_free((cs_wcode_t *)wc2.code);
+                free(w); free(w2);
+            }
+            cpu_raw_free(be);
+        }
+    printf("wcode, weights kept only coded: %zu matmuls within 1e-6 of the reference, those above %d rows of x "
+           "bit-identical to the BF16 weights'\n", checked, CPU_CODE_ONLY_PASS_MAX_N);
 }
 END_TEST
 
@@ -827,6 +966,7 @@ int main(void) {
     tcase_add_test(tc, test_gemv_streams);
     tcase_add_test(tc, test_wcode_roundtrip);
     tcase_add_test(tc, test_wcode_gemv);
+    tcase_add_test(tc, test_wcode_code_only);
     tcase_add_test(tc, test_split_tiles);
     tcase_add_test(tc, test_avx2_kernels);
     tcase_add_test(tc, test_half_conversions);

@@ -149,6 +149,21 @@ if g0 != g1 or not cdiff <= 1e-5:
     reflib.fail(f"--compress-weights: tokens {'differ' if g0 != g1 else 'agree'}, logprobs {cdiff:.3g} from the plain weights")
 print(f"ok  --compress-weights ({'coded GEMV' if avx else 'no AVX: flag ignored'}): 48 greedy tokens as without it, "
       f"logprobs within {cdiff:.2e} of the BF16 GEMV's")
+# --compress-weights-only: the BF16 bytes released once coded, every path reads the code (a
+# 64-token prompt: the packed GEMM on decoded rows); tied, the embedding rows decoded too
+CO = ("--compress-weights-only",)
+check("llama bf16 hidden 160 --compress-weights-only", ref, d, BF16, lengths=(3, 64), gen=48, extra=CO)
+dt, reft = make_model("llama", "bfloat16", tied=True, heads=4, kv_heads=2, hidden=160, inter=352, seed=13)
+check("llama bf16 tied hidden 160 --compress-weights-only", reft, dt, BF16, lengths=(5, 40), gen=24, extra=CO)
+only, g2 = reflib.run_engine(d, p0, 48, extra=CO)
+odiff = float(np.abs(reflib.log_softmax64(plain) - reflib.log_softmax64(only)).max())
+if g0 != g2 or not odiff <= 1e-5:
+    reflib.fail(f"--compress-weights-only: tokens {'differ' if g0 != g2 else 'agree'}, logprobs {odiff:.3g} from the plain weights")
+st = subprocess.run([reflib.CARASERVE, "generate", "--model", dt, "--prompt-ids", "5,6,7", "--max-tokens", "2", "--stats",
+                     *CO], capture_output=True, text=True, check=True).stderr
+if avx and not (("+wc12only" in st and "the BF16 released" in st) or st.count("amx")):
+    reflib.fail(f"--compress-weights-only did not take on this CPU: {st}")
+print(f"ok  --compress-weights-only: 48 greedy tokens as without it, logprobs within {odiff:.2e} of the BF16 weights'")
 
 # ---- files written by caraserve-mkmodel load identically in transformers ----
 for arch, dtype, extra in [("llama", "bf16", ["--tied"]), ("qwen2", "f32", []), ("qwen3", "f32", ["--kv-heads", "2"]),
