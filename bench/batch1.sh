@@ -2,12 +2,14 @@
 # bench/batch1.sh: decode at batch 1, caraserve against llama.cpp, in tight alternation: each
 # repetition runs `caraserve batch` in each of VARIANTS (no-mmap: the weights in 2 MiB pages;
 # mmap: in the file's mapping; compress: --no-mmap --compress-weights, the BF16 weights coded
-# losslessly in 12 bits for the GEMV) and llama.cpp's llama-bench tg (F16 GGUF of the same
+# losslessly in 12 bits for the GEMV; compress-only: --no-mmap --compress-weights-only, the
+# code kept alone) and llama.cpp's llama-bench tg (F16 GGUF of the same
 # checkpoint, its default mmap), in an order that rotates every repetition, so a minute of
 # the VM's bandwidth swings hits all of them. Ratios are per repetition, then the median. The
 # ~200M Llama of bench/forward.sh; decode of GEN tokens after a 16-token prompt (llama-bench:
-# GEN tokens from an empty context). The JSON lands in bench/results/ with the CPU, its ISA
-# features and the kernel path.
+# GEN tokens from an empty context). Each variant's resident memory at the end (and its peak)
+# is recorded too. The JSON lands in bench/results/ with the CPU, its ISA features and the
+# kernel path.
 #
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/batch1.sh
 # Env: BUILD (build), THREADS (2), GEN (128), REPS (10), PRECISION (exact), LLAMA_PY,
@@ -39,6 +41,7 @@ run() { # rep what
     *)
         flags=(--"$2")
         [ "$2" = compress ] && flags=(--no-mmap --compress-weights)
+        [ "$2" = compress-only ] && flags=(--no-mmap --compress-weights-only)
         st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/req.jsonl" "${flags[@]}" --precision "$PRECISION" \
             --threads "$THREADS" --stats 2>&1 >/dev/null | grep '^{')
         echo "{\"rep\": $1, \"what\": \"$2\", \"stats\": $st}" >> "$results" ;;
@@ -67,21 +70,29 @@ for r in runs:
     tok_s.setdefault(r["what"], {})[r["rep"]] = v
 kernels = {r["what"]: r["stats"]["backend"]["kernels"] for r in runs if "stats" in r}
 weights = {r["what"]: r["stats"]["weights"] for r in runs if "stats" in r}
+rss = {}
+for r in runs:
+    if "stats" in r and r["stats"].get("rss_bytes"):
+        rss.setdefault(r["what"], []).append((r["stats"]["rss_bytes"], r["stats"]["peak_rss_bytes"]))
 res = {"benchmark": "batch1", "model": "llama ~200M (1024 hidden, 12 layers, 16 heads), BF16; llama.cpp: F16 GGUF",
        "threads": int(threads), "gen_tokens": int(gen), "batch": int(batch), "precision": precision, "kernel_path": kernels,
        "weights": weights,
+       "rss_mib": {k: {"median": med(a for a, _ in v) / 2**20, "peak_median": med(b for _, b in v) / 2**20}
+                   for k, v in rss.items()},
        "tok_s": {k: {"runs": list(v.values()), "median": med(v.values())} for k, v in tok_s.items()}}
 def paired(a, b):
     x = [tok_s[a][k] / tok_s[b][k] for k in sorted(tok_s[a]) if k in tok_s[b]]
     return {"runs": x, "median": med(x), "reps_above_1": sum(y > 1 for y in x)}
 pairs = [(a, "llama.cpp") for a in tok_s if a != "llama.cpp" and "llama.cpp" in tok_s]
-pairs += [(a, b) for a, b in (("no-mmap", "mmap"), ("compress", "no-mmap")) if a in tok_s and b in tok_s]
+pairs += [(a, b) for a, b in (("no-mmap", "mmap"), ("compress", "no-mmap"), ("compress-only", "no-mmap"),
+                               ("compress-only", "compress")) if a in tok_s and b in tok_s]
 for a, b in pairs:
     res[f"{a}_vs_{b}".replace("-", "_").replace(".", "_")] = paired(a, b)
 json.dump(res, open(out, "w"), indent=2)
 print(f"kernels {kernels}, precision {precision}")
 for k, v in res["tok_s"].items():
-    print(f"{k}: median {v['median']:.1f} tok/s")
+    m = res["rss_mib"].get(k)
+    print(f"{k}: median {v['median']:.1f} tok/s" + (f", resident {m['median']:.0f} MiB (peak {m['peak_median']:.0f})" if m else ""))
 for a, b in pairs:
     k = f"{a}_vs_{b}".replace("-", "_").replace(".", "_")
     v = res[k]

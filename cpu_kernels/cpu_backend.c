@@ -64,8 +64,8 @@ typedef struct cpu_ctx {
                            * (median 1.13x) / 0.99-1.01x the tiles' speed (kernelbench
                            * coded_rows_paired, four runs, Zen 4), 4 with AVX2 (1.20-1.27x /
                            * 1.14-1.44x / 0.95-1.25x, median 1.12x) */
-    /* --compress-weights where the model released the BF16 bytes (cs_weight_t.data NULL):
-     * the rows a task reads, decoded back to BF16 in its thread's buffer */
+    /* --compress-weights-only, a weight given coded only (cs_weight_t.data NULL): the rows a
+     * task reads, decoded back to BF16 in its thread's buffer */
     void (*wdecode)(uint16_t *dst, const cs_wcode_t *code, int r0, int r1);
     uint16_t **wdec;      /* per thread */
     size_t *wdec_len;     /* bf16 elements */
@@ -120,13 +120,15 @@ struct mm_job {
 };
 
 /* ---- weights kept only coded ----
- * With --compress-weights the model may release a matmul weight's BF16 bytes once coded
+ * With --compress-weights-only the model may release a matmul weight's BF16 bytes once coded
  * (cpu_raw_code_only): then cs_weight_t.data is NULL and .code holds the weight. The coded
- * kernels read the code (the GEMV and up to CS_WCODE_MAX_N rows of x); every other path runs
- * its own kernel on the task's rows decoded back to BF16 (bit for bit) into the thread's
- * buffer, a chunk of rows at a time, each chunk a weight of its own with y moved to its first
- * row: the same kernel on the same values, so the same bits as on the BF16 weights. While a
- * chunk is decoded and multiplied, the next one's code is fetched into L2. */
+ * kernel reads the code up to CPU_CODE_ONLY_PASS_MAX_N rows of x (in groups of up to
+ * CS_WCODE_MAX_N: cpu_matmul); every other path runs its own kernel on the task's rows
+ * decoded back to BF16 (bit for bit) into the thread's buffer, a chunk of rows at a time (8
+ * for the dot tiles: about 16-45 KiB, in L1 or L2 while x passes), each chunk a weight of
+ * its own with y moved to its first row: the same kernel on the same values, so the same
+ * bits as on the BF16 weights. Prefetching the next chunk's code into L2 before each chunk
+ * did not measurably help (2816 x 1024 at 8 rows of x: 0.38-0.44 ms against 0.41). */
 typedef void (*rows_fn)(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread);
 
 #define CODE_ONLY_PASS_MAX_N CPU_CODE_ONLY_PASS_MAX_N
@@ -140,7 +142,7 @@ static void run_rows(cpu_ctx_t *c, const cs_weight_t *w, int thread, int r0, int
     if (!code_only(w)) { fn(job, y, w->rows, w, r0, r1, thread); return; }
     const cs_wcode_t *code = w->code;
     if (chunk <= 0) chunk = r1 - r0;
-    size_t need = (size_t)chunk * (size_t)w->cols, rb = (size_t)code->blocks * CS_WCODE_BLOCK_BYTES;
+    size_t need = (size_t)chunk * (size_t)w->cols;
     if (c->wdec_len[thread] < need) { /* this thread's own slot: no other task touches it */
         free(c->wdec[thread]);
         c->wdec[thread] = cs_aligned_alloc(64, need * sizeof(uint16_t));
@@ -149,9 +151,6 @@ static void run_rows(cpu_ctx_t *c, const cs_weight_t *w, int thread, int r0, int
     }
     for (int a = r0; a < r1; a += chunk) {
         int z = CS_MIN(a + chunk, r1);
-        const char *next = (const char *)code->data + (size_t)z * rb;
-        size_t next_bytes = (size_t)(CS_MIN(z + chunk, r1) - z) * rb;
-        for (size_t o = 0; o < next_bytes; o += 64) __builtin_prefetch(next + o, 0, 2);
         c->wdecode(c->wdec[thread], code, a, z);
         cs_weight_t view = {CS_DTYPE_BF16, z - a, w->cols, c->wdec[thread], NULL};
         fn(job, y + a, w->rows, &view, 0, z - a, thread);

@@ -23,6 +23,21 @@
 #include "lora/registry.h"
 #include "server/commands.h"
 
+/* a "Key:   N kB" line of /proc/self/status in bytes (0 where there is none: not Linux) */
+static size_t proc_status_bytes(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t v = 0, klen = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, klen)) {
+            v = (size_t)strtoull(line + klen, NULL, 10) * 1024;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
 static void usage_batch(FILE *f) {
     fprintf(f,
             "usage: caraserve batch --model DIR [--lora NAME=DIR ...] [--requests FILE] [options]\n"
@@ -702,7 +717,7 @@ int cmd_batch(int argc, char **argv) {
                 "\"cold_start\": {\"requests\": %llu, \"assisted\": %llu, \"waited\": %llu, \"forwards\": %llu, "
                 "\"host_layers\": %llu, \"device_layers\": %llu, \"host_rows\": %llu, \"streams\": %llu, "
                 "\"stream_ms\": %.3f, \"assist_threads\": %d, \"host_streams\": %llu, \"partial_acquires\": %llu, \"disk_waits\": %llu}, "
-                "\"scheduler\": \"%s\", \"cost_model\": %s}\n",
+                "\"scheduler\": \"%s\", \"cost_model\": %s, \"rss_bytes\": %zu, \"peak_rss_bytes\": %zu}\n",
                 wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
                 (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
                 (unsigned long long)st.decode_only_tokens, (unsigned long long)st.preemptions,
@@ -720,7 +735,8 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)st.cold_host_layers, (unsigned long long)st.cold_device_layers,
                 (unsigned long long)st.cold_host_rows, (unsigned long long)ls.device_streams, ls.device_stream_ms,
                 assist ? lora_assist_threads(assist) : 0, (unsigned long long)ls.host_streams,
-                (unsigned long long)ls.partial_acquires, (unsigned long long)st.cold_disk_waits, sched_name(sched), cm);
+                (unsigned long long)ls.partial_acquires, (unsigned long long)st.cold_disk_waits, sched_name(sched), cm,
+                proc_status_bytes("VmRSS:"), proc_status_bytes("VmHWM:"));
     }
     status = 0;
     for (int i = 0; i < n_jobs; i++)
