@@ -59,6 +59,7 @@ typedef struct cpu_ctx {
     size_t xround_len;    /* floats */
     bool compress;        /* --compress-weights: the batch-1 GEMV reads BF16 weights coded in 12 bits */
     bool code_only;       /* --compress-weights-only: and weights may come coded only (data NULL) */
+    int code_pass_max;    /* up to this many rows of x such weights go through the coded kernel */
     int wcode_max_n;      /* up to this many rows read coded weights (the rest the BF16 dot tiles):
                            * 3 with AVX-512, where 2 / 3 / 4 rows ran 1.26-1.40x / 0.98-1.19x
                            * (median 1.13x) / 0.99-1.01x the tiles' speed (kernelbench
@@ -122,8 +123,8 @@ struct mm_job {
 /* ---- weights kept only coded ----
  * With --compress-weights-only the model may release a matmul weight's BF16 bytes once coded
  * (cpu_raw_code_only): then cs_weight_t.data is NULL and .code holds the weight. The coded
- * kernel reads the code up to CPU_CODE_ONLY_PASS_MAX_N rows of x (in groups of up to
- * CS_WCODE_MAX_N: cpu_matmul); every other path runs its own kernel on the task's rows
+ * kernel reads the code up to c->code_pass_max rows of x (in groups of up to
+ * CS_WCODE_MAX_N: mm_gemv_task); every other path runs its own kernel on the task's rows
  * decoded back to BF16 (bit for bit) into the thread's buffer, a chunk of rows at a time (8
  * for the dot tiles: about 16-45 KiB, in L1 or L2 while x passes), each chunk a weight of
  * its own with y moved to its first row: the same kernel on the same values, so the same
@@ -131,7 +132,7 @@ struct mm_job {
  * did not measurably help (2816 x 1024 at 8 rows of x: 0.38-0.44 ms against 0.41). */
 typedef void (*rows_fn)(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread);
 
-#define CODE_ONLY_PASS_MAX_N CPU_CODE_ONLY_PASS_MAX_N
+#define CODE_ONLY_TASK_BYTES (256u << 10) /* code a task of the grouped passes reads: stays in L2 */
 
 static bool code_only(const cs_weight_t *w) { return !w->data && w->code; }
 
@@ -165,10 +166,19 @@ static void gemv_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int
 
 static void mm_gemv_task(void *p, int task, int thread) {
     struct mm_job *j = p;
-    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, j->w->rows);
-    /* the coded GEMV reads the code itself */
-    if (j->n <= CS_WCODE_MAX_N) j->c->gemv(j->y, j->w->rows, j->x, j->n, j->w, r0, r1);
-    else run_rows(j->c, j->w, thread, r0, r1, j->y, 8, gemv_rows_fn, j);
+    const cs_weight_t *w = j->w;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows);
+    if (j->n <= CS_WCODE_MAX_N) { /* the coded GEMV reads the code itself */
+        j->c->gemv(j->y, w->rows, j->x, j->n, w, r0, r1);
+    } else if (code_only(w) && j->n <= j->c->code_pass_max) {
+        /* the coded kernel once per group of up to CS_WCODE_MAX_N rows of x (as even as they
+         * go): the task's code, read from memory by the first group, is in L2 for the rest */
+        int groups = (j->n + CS_WCODE_MAX_N - 1) / CS_WCODE_MAX_N, per = (j->n + groups - 1) / groups;
+        for (int i0 = 0; i0 < j->n; i0 += per)
+            j->c->gemv(j->y + (size_t)i0 * w->rows, w->rows, j->x + (size_t)i0 * w->cols, CS_MIN(per, j->n - i0), w, r0, r1);
+    } else {
+        run_rows(j->c, w, thread, r0, r1, j->y, 8, gemv_rows_fn, j);
+    }
 }
 
 static void gemm_rows_fn(void *job, float *y, int ldy, const cs_weight_t *w, int r0, int r1, int thread) {
@@ -357,7 +367,7 @@ static int invariant_rows_per_task(const cpu_ctx_t *c, int rows) {
 static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
     if (!c->tile || c->reference) return false;
     if (c->invariant) return true;
-    if (w->code && n <= (code_only(w) ? CODE_ONLY_PASS_MAX_N : c->wcode_max_n)) return false;
+    if (w->code && n <= (code_only(w) ? c->code_pass_max : c->wcode_max_n)) return false;
     if (w->dtype == CS_DTYPE_BF16 && c->amx && n >= AMX_MIN_N) return false;
     return !c->no_tile && n >= 2 && n <= TILE_MAX_N;
 }
@@ -366,6 +376,10 @@ static bool use_tile(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
 static void gemv_run(cpu_ctx_t *c, struct mm_job *j) {
     int tasks = c->n_threads * 8;
     j->rows_per_task = CS_MAX(4, (j->w->rows + tasks - 1) / tasks);
+    if (code_only(j->w) && j->n > CS_WCODE_MAX_N) {
+        size_t rb = (size_t)j->w->code->blocks * CS_WCODE_BLOCK_BYTES;
+        j->rows_per_task = CS_MIN(j->rows_per_task, CS_MAX(4, (int)(CODE_ONLY_TASK_BYTES / rb)));
+    }
     j->rows_per_task = (j->rows_per_task + 3) & ~3;
     threadpool_run(c->pool, (j->w->rows + j->rows_per_task - 1) / j->rows_per_task, mm_gemv_task, j);
 }
@@ -373,22 +387,16 @@ static void gemv_run(cpu_ctx_t *c, struct mm_job *j) {
 static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
     bool bf16x = c->prec_bf16 && w->dtype == CS_DTYPE_BF16;
-    bool passes = code_only(w) && n <= CODE_ONLY_PASS_MAX_N;
+    bool passes = code_only(w) && n <= c->code_pass_max;
     /* the BF16 kernels round x themselves as they pack it; the others take it rounded */
     bool packs = bf16x && !c->reference && !c->invariant && n >= 2 && (c->amx || c->dpbf16) && !passes;
     if (bf16x && !packs) x = round_input(c, x, (size_t)n * w->cols);
     if (c->reference || (c->invariant && !c->tile)) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct mm_job j = {c, y, x, n, w, bias, 0, 0, 0, NULL};
     if (passes) {
-        /* coded only, few rows: the coded kernel, once per group of at most CS_WCODE_MAX_N
-         * rows of x (the groups as even as they go) */
-        int groups = (n + CS_WCODE_MAX_N - 1) / CS_WCODE_MAX_N, per = (n + groups - 1) / groups;
-        for (int i0 = 0; i0 < n; i0 += per) {
-            j.y = y + (size_t)i0 * w->rows;
-            j.x = x + (size_t)i0 * w->cols;
-            j.n = CS_MIN(per, n - i0);
-            gemv_run(c, &j);
-        }
+        /* coded only, few rows: the coded kernel in groups of rows of x (mm_gemv_task), on
+         * tasks of at most CODE_ONLY_TASK_BYTES of code */
+        gemv_run(c, &j);
     } else if (packs && !c->amx) {
         j.terms = 1;
         mm_dpbf16(c, &j);
@@ -501,7 +509,7 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
     cpu_ctx_t *c = ctx_of(b);
     const float *x_in = x; /* the caller's x: cpu_matmul rounds it again into c->xround */
     bool passes = false;  /* a weight kept only coded, read in groups of rows of x: one at a time */
-    for (int k = 0; k < count; k++) passes |= code_only(ws[k]) && n <= CODE_ONLY_PASS_MAX_N;
+    for (int k = 0; k < count; k++) passes |= code_only(ws[k]) && n <= c->code_pass_max;
     if (passes && n > CS_WCODE_MAX_N) {
         for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x_in, n, ws[k], biases[k]);
         return;
@@ -1368,6 +1376,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->compress = p && (p->compress_weights || p->compress_weights_only) && (c->avx512 || c->avx2) && !c->reference &&
                   !c->invariant;
     c->code_only = c->compress && p->compress_weights_only && !c->amx;
+    c->code_pass_max = c->avx512 && !c->prec_bf16 ? CPU_CODE_ONLY_PASS_MAX_N : CPU_CODE_ONLY_PASS_MAX_N / 2;
     c->wcode_max_n = c->avx512 ? 3 : CS_WCODE_MAX_N;
     snprintf(c->path, sizeof c->path, "%s%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
              c->prec_bf16 ? "+bf16" : "", s4 ? "+gemv4" : "", c->code_only ? "+wc12only" : c->compress ? "+wc12" : "");

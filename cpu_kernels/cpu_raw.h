@@ -81,12 +81,16 @@ bool cpu_raw_codes_weights(const cpu_raw_t *b);
 /* --compress-weights-only where it applies: a weight may then be given with data NULL and
  * its code, which every matmul path reads (see CPU_CODE_ONLY_PASS_MAX_N) */
 bool cpu_raw_code_only(const cpu_raw_t *b);
-/* Up to this many rows of x, a weight kept only coded goes through the coded kernel once per
- * group of up to CS_WCODE_MAX_N rows (the code read again for each group) rather than
- * through decoded rows: at 5 / 8 / 12 / 16 rows 0.91 / 0.97 / 0.82 / 0.78x the BF16 dot
- * tiles' speed against 0.63 / 0.60 / 0.71 / 0.75x decoded; at 24 and 32 rows decoded rows
- * ran 0.87x (Zen 4, 2 threads, one matmul of 2816 x 1024). Above it, the same kernels as on
- * the BF16 weights, so the same bits. */
+/* Up to this many rows of x (AVX-512, exact; half as many on AVX2 and with --precision
+ * bf16), a weight kept only coded goes through the coded kernel once per group of up to
+ * CS_WCODE_MAX_N rows, the task's code in L2 for the groups after the first, rather than
+ * through its rows decoded for the BF16 kernels. bench/kernelbench code_only_paired (Zen 4,
+ * 2 threads, against the BF16 weights without the flag): AVX-512 at 5 / 8 / 12 / 16 rows
+ * 0.90-0.97 / 0.94 / 0.90-0.92 / 0.89-0.93x in groups, 0.65 / 0.65 / 0.73 / 0.77x decoded;
+ * AVX2 0.82-0.88x in groups at 5-8 against 0.64-0.76x, decoded ahead from 12 (0.78-0.88x
+ * against 0.75-0.84x); --precision bf16 likewise at 5-8 (0.64-0.81x against 0.57x), decoded
+ * from 16 (0.64x against 0.56x). Above it, the same kernels as on the BF16 weights, so the
+ * same bits. */
 #define CPU_CODE_ONLY_PASS_MAX_N 16
 struct cs_wcode *cpu_raw_wcode_new(cpu_raw_t *b, const cs_weight_t *w);
 
