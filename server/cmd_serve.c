@@ -128,7 +128,7 @@ static void usage_serve(FILE *f) {
             "                                losslessly in 12 bits (0.75x the bytes per token; 0.75x the\n"
             "                                weights' size more memory)\n"
             "  --compress-weights-only       the same, keeping only the code: 0.75x the weights' memory instead\n"
-            "                                of 1.75x; decode of 5-32 sequences 0.75-0.93x as fast (not on AMX\n"
+            "                                of 1.75x; decode of 4-32 sequences 0.84-0.94x as fast (not on AMX\n"
             "                                CPUs: there it is --compress-weights)\n"
             "  --device auto|cpu|cuda        where the model runs (default auto: cuda where a CUDA build sees a GPU)\n"
             "  --gpu-memory-fraction F       of the GPU's memory caraserve may use (0 < F <= 1, default 0.9); on\n"

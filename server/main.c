@@ -55,7 +55,7 @@ static void usage_generate(FILE *f) {
             "                       losslessly in 12 bits (0.75x the bytes per token; 0.75x the weights' size\n"
             "                       more memory)\n"
             "  --compress-weights-only  the same, keeping only the code: 0.75x the weights' memory instead of\n"
-            "                       1.75x; decode of 5-32 sequences 0.75-0.93x as fast (not on AMX CPUs: there\n"
+            "                       1.75x; decode of 4-32 sequences 0.84-0.94x as fast (not on AMX CPUs: there\n"
             "                       it is --compress-weights)\n");
 }
 
