@@ -1309,7 +1309,7 @@ static void cpu_free(cpu_raw_t *b) {
     cpu_ctx_t *c = ctx_of(b);
     if (c) {
         threadpool_free(c->pool);
-        for (int t = 0; t < c->n_threads; t++) free(c->scratch[t]);
+        for (int t = 0; t < c->n_threads && c->scratch; t++) free(c->scratch[t]);
         free(c->scratch);
         free(c->scratch_len);
         for (int t = 0; t < c->n_threads && c->wdec; t++) free(c->wdec[t]);

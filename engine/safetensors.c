@@ -521,7 +521,8 @@ size_t safetensors_release(safetensors_t *st, const void *p, size_t n) {
         if (hi <= lo) return 0;
         /* dropped first (the copy's memory is freed, a mapping's pages leave this process),
          * then no access: a stray read faults rather than reading zeros */
-        if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0 || mprotect((void *)lo, hi - lo, PROT_NONE) != 0) return 0;
+        if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0) return 0;
+        (void)mprotect((void *)lo, hi - lo, PROT_NONE);
         st->released += hi - lo;
         return hi - lo;
     }

@@ -54,6 +54,9 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         }
         backend_t *be = cuda_backend_new(&gp);
         if (!be) cs_error_set(CS_EUNSUPPORTED, "--device cuda: %s", cs_error_last());
+        if (be && (o->compress_weights || o->compress_weights_only))
+            fprintf(stderr, "caraserve: --compress-weights%s: a CPU backend flag, ignored on the GPU\n",
+                    o->compress_weights_only ? "-only" : "");
         return be;
 #else
         cs_error_set(CS_EUNSUPPORTED, "--device cuda: caraserve was built without CUDA (configure --with-cuda)");
@@ -90,7 +93,14 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
                                      env_on("CS_STRICT_LOCKSTEP"), env_on("CS_STRICT_NO_STREAM")};
         return strict_device_new(&sp);
     }
-    return cpu_backend_new(&cp);
+    backend_t *be = cpu_backend_new(&cp);
+    /* said, not refused: the flags are hints about memory and speed, the results are the same */
+    if (be && o->compress_weights_only && !strstr(cpu_backend_path(be), "+wc12only"))
+        fprintf(stderr, "caraserve: --compress-weights-only: %s\n",
+                strstr(cpu_backend_path(be), "+wc12")
+                    ? "this CPU's AMX kernels read the BF16 weights, which stay beside the code (as --compress-weights)"
+                    : "not on this kernel path (it needs AVX2 or AVX-512 kernels): the weights stay as they are");
+    return be;
 }
 
 void setup_backend_describe(const backend_t *be, char *buf, size_t len) {
