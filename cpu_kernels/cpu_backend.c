@@ -558,7 +558,7 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
     }
     for (int k = 0; k < count; k++) {
         j.rows_per_task[k] = per;
-        j.task0[k + 1] = j.task0[k] + (ws[k]->rows + j.rows_per_task[k] - 1) / j.rows_per_task[k];
+        j.task0[k + 1] = j.task0[k] + (ws[k]->rows + per - 1) / per;
     }
     threadpool_run(c->pool, j.task0[count], mm_multi_task, &j);
     add_biases(ys, n, ws, biases, count);

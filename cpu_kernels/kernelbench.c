@@ -98,6 +98,25 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* the median over `rounds` alternating rounds (after one warm-up) of time(base) / time(other):
+ * each round runs the `count` weights of wa on backend a, then those of wb on backend b */
+static double paired_median(cpu_raw_t *a, const cs_weight_t *wa, cpu_raw_t *b, const cs_weight_t *wb, int count, float *y,
+                            const float *x, int n, int rounds) {
+    double *ratio = malloc(sizeof(double) * (size_t)rounds);
+    for (int it = 0; it <= rounds; it++) {
+        double t0 = now();
+        for (int p = 0; p < count; p++) cpu_raw_matmul(a, y, x, n, &wa[p], NULL);
+        double t1 = now();
+        for (int p = 0; p < count; p++) cpu_raw_matmul(b, y, x, n, &wb[p], NULL);
+        double t2 = now();
+        if (it) ratio[it - 1] = (t1 - t0) / (t2 - t1);
+    }
+    qsort(ratio, (size_t)rounds, sizeof *ratio, cmp_double);
+    double med = ratio[rounds / 2];
+    free(ratio);
+    return med;
+}
+
 /* ---- the matmuls ---- */
 typedef struct { const char *name; int rows, cols; } proj_t;
 
@@ -249,20 +268,10 @@ int main(int argc, char **argv) {
             cpu_raw_t *pb = gb[isa ? 4 : 1], *cb = gb[isa ? 5 : 2];
             if (!pb || !cb) continue;
             for (int n = 2; n <= CS_WCODE_MAX_N; n++) {
-                double *ratio = malloc(sizeof(double) * rounds);
-                for (int it = 0; it <= rounds; it++) {
-                    double t0 = now();
-                    for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(pb, y, x, n, &w[p], NULL);
-                    double t1 = now();
-                    for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(cb, y, x, n, &wc[p], NULL);
-                    double t2 = now();
-                    if (it) ratio[it - 1] = (t1 - t0) / (t2 - t1);
-                }
-                qsort(ratio, (size_t)rounds, sizeof *ratio, cmp_double);
+                double med = paired_median(pb, w, cb, wc, NP * layers, y, x, n, rounds);
                 printf("%s\n   {\"isa\": \"%s\", \"n\": %d, \"rounds\": %d, \"coded_speed_vs_bf16_tiles_median\": %.3f}",
-                       first_r ? "" : ",", isa ? "avx2" : "avx512", n, rounds, ratio[rounds / 2]);
+                       first_r ? "" : ",", isa ? "avx2" : "avx512", n, rounds, med);
                 first_r = false;
-                free(ratio);
             }
         }
         printf("]");
@@ -288,22 +297,12 @@ int main(int argc, char **argv) {
             static const int cns[] = {2, 4, 5, 8, 12, 16, 24, 32, 128, 512};
             for (size_t k = 0; k < sizeof cns / sizeof cns[0]; k++) {
                 int n = cns[k], rr = n >= 128 ? (rounds + 9) / 10 + 2 : rounds;
-                double *ratio = malloc(sizeof(double) * rr);
-                for (int it = 0; it <= rr; it++) {
-                    double t0 = now();
-                    for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(pb, y, x, n, &w[p], NULL);
-                    double t1 = now();
-                    for (int p = 0; p < NP * layers; p++) cpu_raw_matmul(cb, y, x, n, &wo[p], NULL);
-                    double t2 = now();
-                    if (it) ratio[it - 1] = (t1 - t0) / (t2 - t1);
-                }
-                qsort(ratio, (size_t)rr, sizeof *ratio, cmp_double);
+                double med = paired_median(pb, w, cb, wo, NP * layers, y, x, n, rr);
                 printf("%s\n   {\"path\": \"%s\", \"base_path\": \"%s\", \"code_only\": %s, \"n\": %d, \"rounds\": %d, "
                        "\"speed_vs_bf16_median\": %.3f}",
                        first_c ? "" : ",", cpu_raw_path(cb), cpu_raw_path(pb), cpu_raw_code_only(cb) ? "true" : "false", n, rr,
-                       ratio[rr / 2]);
+                       med);
                 first_c = false;
-                free(ratio);
             }
             free(wo);
             cpu_raw_free(cb);
