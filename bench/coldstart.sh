@@ -64,7 +64,8 @@ PYEOF
     for mode in cpu-assist wait; do
         env "${envs[@]}" "$BUILD/caraserve" batch --model "$m7" --lora "c=$a" --lora "o=$other" "${devflag[@]}" \
             --requests "$work/req-$r.jsonl" --threads "$THREADS" --sequential --timings --max-loras 1 \
-            --preload-adapters --cold-start "$mode" "${at[@]}" --kv-cache-bytes 2G --stats >"$work/out" 2>"$work/err"
+            --preload-adapters --cold-start "$mode" "${at[@]}" --kv-cache-bytes 2G --stats >"$work/out" 2>"$work/err" ||
+            { echo "coldstart.sh: rank $r $mode: caraserve batch failed:" >&2; tail -20 "$work/err" >&2; exit 1; }
         $PY - "$r" "$mode" "$work/out" "$work/err" >> "$results" <<'PYEOF'
 import json, sys
 rank, mode, out, err = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]

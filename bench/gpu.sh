@@ -74,7 +74,9 @@ EOF
     local lora=()
     for i in $(seq 0 $((na - 1))); do lora+=(--lora "a$i=${adapters[$i]}"); done
     "$BUILD/caraserve" batch --model "$model" --requests "$f" "${device[@]}" --stats --preload-adapters \
-        --max-num-seqs "$b" ${lora[@]+"${lora[@]}"} 2>&1 >/dev/null | grep '^{' | tail -1
+        --max-num-seqs "$b" ${lora[@]+"${lora[@]}"} 2>"$work/err" >/dev/null ||
+        { echo "gpu.sh: decode batch $b, $na adapters: caraserve batch failed:" >&2; tail -20 "$work/err" >&2; exit 1; }
+    grep '^{' "$work/err" | tail -1
 }
 
 rows="$work/rows.jsonl"
@@ -92,8 +94,10 @@ for r in $(seq "$REPS"); do
     echo "rep $r decode batch $bl with $NAD adapters: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,1), 'tok/s')" "$st")" >&2
     for p in $PROMPTS; do
         ids=$($PY -c "import random; random.seed($p); print(','.join(str(random.randrange(3, 500)) for _ in range($p)))")
-        line=$("$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens 1 "${device[@]}" --stats \
-            2>&1 >/dev/null | grep '^stats:')
+        "$BUILD/caraserve" generate --model "$model" --prompt-ids "$ids" --max-tokens 1 "${device[@]}" --stats \
+            2>"$work/err" >/dev/null ||
+            { echo "gpu.sh: prefill $p: caraserve generate failed:" >&2; tail -20 "$work/err" >&2; exit 1; }
+        line=$(grep '^stats:' "$work/err")
         pp=$(sed -E 's/.*prefill [0-9]+ tokens in [0-9.]+ ms \(([0-9.]+) tok\/s\).*/\1/' <<<"$line")
         echo "{\"kind\": \"prefill\", \"rep\": $r, \"tokens\": $p, \"tok_s\": $pp}" >> "$rows"
         echo "rep $r prefill $p: $pp tok/s" >&2

@@ -365,6 +365,37 @@ if "llama_f32" in models:
            expect_rc=1)
     check("lm_head" in p.stderr, f"bad target: {p.stderr!r}")
 
+# the writer makes tensors ahead on worker threads (above 8 MB): the same bytes at any thread
+# count, sharded or not, model and adapter (one random stream per tensor name)
+def mk_threads(threads, *args):
+    p = subprocess.run([MKMODEL, *map(str, args)], capture_output=True, text=True,
+                       env={**os.environ, "CS_MKMODEL_THREADS": str(threads)})
+    if p.returncode != 0:
+        fail(f"caraserve-mkmodel {' '.join(map(str, args))} (threads {threads}): exit {p.returncode}\n{p.stderr}")
+
+
+def dir_bytes(d):
+    return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d)) if f.endswith(".safetensors")}
+
+
+big = ("--arch", "llama", "--hidden", 512, "--layers", 4, "--heads", 8, "--intermediate", 1408, "--vocab", 8000,
+       "--dtype", "bf16", "--seed", 5)
+seen = {}
+for threads in (1, 3, 8):
+    for shards in (1, 2):
+        d = os.path.join(TMP, f"big-t{threads}-s{shards}")
+        mk_threads(threads, "model", "--out", d, *big, "--shards", shards)
+        a = os.path.join(TMP, f"big-t{threads}-s{shards}-lora")
+        mk_threads(threads, "adapter", "--model", d, "--out", a, "--rank", 128, "--seed", 9)
+        got = (dir_bytes(d), dir_bytes(a))
+        check(all(len(v) > 8 << 20 for v in [*got[0].values(), *got[1].values()]),
+              "every file is above the threaded writer's 8 MB threshold")
+        if shards in seen:
+            check(got == seen[shards], f"mkmodel with {threads} threads, {shards} shard(s): other bytes than with 1 thread")
+        else:
+            seen[shards] = got
+print("ok  mkmodel: the same bytes with 1, 3 and 8 writer threads (1 and 2 shards, model and adapter)")
+
 shutil.rmtree(TMP, ignore_errors=True)
 print(f"{len(cases)} models, {time.time() - T0:.1f}s")
 if failures:

@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -469,6 +470,113 @@ static int build_model_tensors(const model_config_t *mc, double std, gen_list_t 
 
 static const char *const pt_meta[] = { "format", "pt", NULL };
 
+/* ---- tensors generated ahead of the writer ----
+ * Each tensor has its own random stream (seeded by its name), so tensors can be generated
+ * in any order and on any thread with the same bytes. Worker threads fill the tensors ahead
+ * of the one the writer asks for (at most `window` of them and AHEAD_MAX_BYTES in flight);
+ * the writer's fill copies the finished one. A 7B-shaped model takes seconds, not minutes.
+ * A worker that cannot allocate leaves the tensor to the writer, which generates it itself. */
+
+#define AHEAD_MAX_BYTES ((size_t)2 << 30)
+#define AHEAD_MAX_THREADS 16
+
+typedef struct ahead {
+    fill_ctx_t *fc;
+    size_t n, next, consumed, window, inflight;
+    size_t *nbytes;
+    void **buf;
+    unsigned char *state;      /* 0 not started, 1 being made, 2 ready (buf may be NULL) */
+    bool stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} ahead_t;
+
+static void *ahead_worker(void *arg) {
+    ahead_t *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->stop && a->next < a->n &&
+               (a->next >= a->consumed + a->window ||
+                (a->inflight > 0 && a->inflight + a->nbytes[a->next] > AHEAD_MAX_BYTES)))
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->stop || a->next >= a->n) break;
+        size_t i = a->next++, nb = a->nbytes[i];
+        a->state[i] = 1;
+        a->inflight += nb;
+        pthread_mutex_unlock(&a->mu);
+        void *b = malloc(nb ? nb : 1);
+        if (b && fill_tensor(a->fc, i, b, nb) != CS_OK) { free(b); b = NULL; }
+        pthread_mutex_lock(&a->mu);
+        a->buf[i] = b;
+        a->state[i] = 2;
+        if (!b) a->inflight -= nb;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static int ahead_fill(void *user, size_t i, void *buf, size_t nbytes) {
+    ahead_t *a = user;
+    pthread_mutex_lock(&a->mu);
+    while (a->state[i] != 2 && a->state[i] != 0) pthread_cond_wait(&a->cv, &a->mu);
+    void *b = a->state[i] == 2 ? a->buf[i] : NULL;
+    if (a->state[i] == 0 && a->next == i) a->next++;   /* not started: the writer makes it */
+    a->buf[i] = NULL;
+    pthread_mutex_unlock(&a->mu);
+    int rc = CS_OK;
+    if (b) memcpy(buf, b, nbytes);
+    else rc = fill_tensor(a->fc, i, buf, nbytes);
+    free(b);
+    pthread_mutex_lock(&a->mu);
+    if (b) a->inflight -= a->nbytes[i];
+    a->consumed = i + 1;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+/* safetensors_write_cb with the tensors made ahead on the machine's cores */
+static int write_tensors(const char *path, const st_write_tensor_t *w, size_t n, fill_ctx_t *fc) {
+    size_t total = 0;
+    bool ok = true;
+    for (size_t i = 0; i < n; i++) total += safetensors_nbytes(w[i].dtype, w[i].n_dims, w[i].shape, &ok);
+    const char *env = getenv("CS_MKMODEL_THREADS");   /* tests: the same bytes at any count */
+    long cpus = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+    int nth = cpus < 1 ? 1 : cpus > AHEAD_MAX_THREADS ? AHEAD_MAX_THREADS : (int)cpus;
+    if (!ok || nth < 2 || n < 2 || total < ((size_t)8 << 20))   /* small: one thread, as before */
+        return safetensors_write_cb(path, w, n, pt_meta, fill_tensor, fc);
+    ahead_t a = { .fc = fc, .n = n, .window = 2 * (size_t)nth };
+    a.nbytes = calloc(n, sizeof *a.nbytes);
+    a.buf = calloc(n, sizeof *a.buf);
+    a.state = calloc(n, 1);
+    pthread_t th[AHEAD_MAX_THREADS];
+    int started = 0, rc;
+    if (!a.nbytes || !a.buf || !a.state) {
+        rc = safetensors_write_cb(path, w, n, pt_meta, fill_tensor, fc);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) a.nbytes[i] = safetensors_nbytes(w[i].dtype, w[i].n_dims, w[i].shape, &ok);
+    pthread_mutex_init(&a.mu, NULL);
+    pthread_cond_init(&a.cv, NULL);
+    for (; started < nth; started++)
+        if (pthread_create(&th[started], NULL, ahead_worker, &a)) break;
+    rc = safetensors_write_cb(path, w, n, pt_meta, ahead_fill, &a);
+    pthread_mutex_lock(&a.mu);
+    a.stop = true;
+    pthread_cond_broadcast(&a.cv);
+    pthread_mutex_unlock(&a.mu);
+    for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+    pthread_cond_destroy(&a.cv);
+    pthread_mutex_destroy(&a.mu);
+    for (size_t i = 0; i < n; i++) free(a.buf[i]);   /* left by a write that stopped early */
+done:
+    free(a.nbytes);
+    free(a.buf);
+    free(a.state);
+    return rc;
+}
+
 static int write_weights(const char *out, const gen_list_t *l, cs_dtype dt, uint64_t seed, long shards,
                          size_t *total_bytes) {
     size_t total = 0, n = l->n;
@@ -482,7 +590,7 @@ static int write_weights(const char *out, const gen_list_t *l, cs_dtype dt, uint
         for (size_t i = 0; i < n; i++) to_write(&l->t[i], dt, &w[i]);
         fill_ctx_t fc = { l->t, NULL, dt, seed };
         char *path = cs_path_join(out, "model.safetensors");
-        int r = safetensors_write_cb(path, w, n, pt_meta, fill_tensor, &fc);
+        int r = write_tensors(path, w, n, &fc);
         free(path);
         if (r) { fail("%s", cs_error_last()); goto done; }
         rc = 0;
@@ -519,7 +627,7 @@ static int write_weights(const char *out, const gen_list_t *l, cs_dtype dt, uint
         }
         fill_ctx_t fc = { l->t, map, dt, seed };
         char *path = cs_path_join(out, fname);
-        int r = safetensors_write_cb(path, w, m, pt_meta, fill_tensor, &fc);
+        int r = write_tensors(path, w, m, &fc);
         free(path);
         if (r) { fail("%s", cs_error_last()); json_decref(index); goto done; }
     }
@@ -772,7 +880,7 @@ static int cmd_adapter(int argc, char **argv) {
     bytes = params * cs_dtype_size(dt);
     fill_ctx_t fc = { l.t, NULL, dt, seed };
     char *path = cs_path_join(out, "adapter_model.safetensors");
-    int r = safetensors_write_cb(path, w, l.n, pt_meta, fill_tensor, &fc);
+    int r = write_tensors(path, w, l.n, &fc);
     free(path);
     if (r) { fail("%s", cs_error_last()); goto done; }
     printf("%s: LoRA r=%ld alpha=%g%s on %zu modules of %s, %zu params, %zu bytes (%s)\n", out, rank, alpha,
