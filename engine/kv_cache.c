@@ -29,6 +29,7 @@ struct kv_cache {
     int32_t *buckets;               /* [n_buckets] heads, -1 empty */
     uint32_t bucket_mask;
     uint64_t lookups, hits, evictions;
+    uint64_t id;
 };
 
 size_t kv_cache_block_bytes(int n_layers, int kv_dim, cs_dtype dtype) {
@@ -54,6 +55,8 @@ int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     if (nb > INT32_MAX / KV_BLOCK_SIZE) nb = INT32_MAX / KV_BLOCK_SIZE;
     kv_cache_t *kv = calloc(1, sizeof *kv);
     if (!kv) return cs_error_set(CS_ENOMEM, "out of memory");
+    static uint64_t next_id;
+    kv->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
     kv->be = be;
     kv->n_layers = p->n_layers;
     kv->kv_dim = p->kv_dim;
@@ -107,6 +110,7 @@ void kv_cache_free(kv_cache_t *kv) {
 }
 
 int kv_cache_n_blocks(const kv_cache_t *kv) { return kv->n_blocks; }
+uint64_t kv_cache_id(const kv_cache_t *kv) { return kv->id; }
 int kv_cache_n_available(const kv_cache_t *kv) { return kv->n_free + kv->n_cached; }
 backend_buf_t *kv_cache_k(kv_cache_t *kv, int layer) { return kv->k[layer]; }
 backend_buf_t *kv_cache_v(kv_cache_t *kv, int layer) { return kv->v[layer]; }

@@ -41,6 +41,9 @@ int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out);
 void kv_cache_free(kv_cache_t *kv);
 
 int kv_cache_n_blocks(const kv_cache_t *kv);
+/* unique to this cache for the process (never reused, unlike its address): a replayed
+ * device graph names one cache's pools */
+uint64_t kv_cache_id(const kv_cache_t *kv);
 /* blocks obtainable right now by kv_block_alloc (free + evictable cached) */
 int kv_cache_n_available(const kv_cache_t *kv);
 void kv_cache_get_stats(const kv_cache_t *kv, kv_cache_stats_t *st);

@@ -57,6 +57,7 @@ struct model {
     uint32_t *flags;             /* 2 per cold segment: input there, parts done */
     int flags_cap;
     model_cold_stats_t cold_st;
+    uint64_t graph_kv;              /* kv_cache_id of the cache the recorded graphs write */
 };
 
 typedef struct cold_seg {
@@ -785,6 +786,10 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
     bool decode_only = n_out == T && T == n_seqs;
     uint64_t gkey = ((uint64_t)T << 1) | (n_segs > 0);
     if (m->n_cold) decode_only = false; /* host-assisted ops are not a graph's */
+    if (decode_only && kv_cache_id(kv) != m->graph_kv) { /* graphs of another cache name its pools */
+        if (m->graph_kv) backend_graph_reset(be);
+        m->graph_kv = kv_cache_id(kv);
+    }
     if (!decode_only || !backend_graph_begin(be, gkey)) {
         forward_ops(m, kv, T, n_out, n_segs);
         if (decode_only) backend_graph_end(be);

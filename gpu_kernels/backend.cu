@@ -419,6 +419,7 @@ static int be_batch_upload(backend_t *b, backend_batch_t **io, const backend_bat
     if (!bt) {
         if (!(bt = (backend_batch_t *)calloc(1, sizeof *bt))) return cs_error_set(CS_ENOMEM, "out of memory");
         if (cudaEventCreateWithFlags(&bt->uploaded, cudaEventDisableTiming) != cudaSuccess) {
+            (void)cudaGetLastError(); /* handled here: not a later launch's error */
             free(bt);
             return cs_error_set(CS_ENOMEM, "cannot create a CUDA event");
         }
@@ -454,6 +455,7 @@ static int be_batch_upload(backend_t *b, backend_batch_t **io, const backend_bat
         bt->stage = NULL;
         bt->stage_cap = 0;
         if (cudaMallocHost((void **)&bt->stage, bt->mem_cap) != cudaSuccess) {
+            (void)cudaGetLastError();
             bt->stage = NULL;
             return cs_error_set(CS_ENOMEM, "out of pinned memory for a batch description");
         }
@@ -1141,8 +1143,8 @@ static void be_free(backend_t *b) {
         graphs_reset(c);
         dfree(c, c->xh, c->xh_cap);
         dfree(c, c->lora_t, c->lora_t_cap * sizeof(float));
+        if (c->blas) CUBLAS_CHECK(cublasDestroy(c->blas)); /* before its workspace goes */
         dfree(c, c->workspace, CUBLAS_WORKSPACE);
-        if (c->blas) CUBLAS_CHECK(cublasDestroy(c->blas));
         CUDA_CHECK(cudaEventDestroy(c->compute_mark));
         CUDA_CHECK(cudaStreamDestroy(c->compute));
         CUDA_CHECK(cudaStreamDestroy(c->copy));
@@ -1244,7 +1246,10 @@ static backend_t *create(const cuda_backend_params_t *p) {
     c->device = p->device;
     c->total = tot;
     c->pub.budget = (size_t)(frac * (double)tot);
-    if (c->pub.budget > fr) c->pub.budget = fr; /* another process holds the rest */
+    /* what is free now, less room for what the runtime takes later on its own (cuBLAS's
+     * modules and heuristics, graph executables): another process may hold the rest */
+    size_t rt_reserve = fr / 8 < ((size_t)512 << 20) ? fr / 8 : ((size_t)512 << 20);
+    if (c->pub.budget > fr - rt_reserve) c->pub.budget = fr - rt_reserve;
     snprintf(c->pub.desc, sizeof c->pub.desc, "%.120s, %.1f GiB, sm_%d%d, budget %.1f GiB", prop.name,
              tot / 1073741824.0, prop.major, prop.minor, c->pub.budget / 1073741824.0);
     pthread_mutex_init(&c->mu, NULL);

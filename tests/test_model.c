@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cpu_kernels/cpu_backend.h"
+#include "gpu_kernels/gpu_backend.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/sampling.h"
@@ -228,6 +229,57 @@ END_TEST
 START_TEST(test_qwen3_f32) { check_prefill_equals_decode("Qwen3ForCausalLM", CS_DTYPE_F32); }
 END_TEST
 
+/* Recorded device graphs name one KV cache's pools. Two sequences of one model (two caches),
+ * decoded in turn on the CUDA backend's code (the emulator) with graphs on, give what each
+ * gives on the same backend without graphs: a graph recorded for one cache is never replayed
+ * on the other (that wrote and read the first cache's pools). */
+START_TEST(test_graphs_two_caches) {
+    char *dir = write_model("m_graphs", "LlamaForCausalLM", CS_DTYPE_F32, NULL, NULL, NULL);
+    backend_t *bg = cuda_emu_backend_new(&(cuda_backend_params_t){.graphs = true});
+    backend_t *bp = cuda_emu_backend_new(&(cuda_backend_params_t){.graphs = false});
+    ck_assert_msg(bg && bp, "%s", cs_error_last());
+    model_t *mg, *mp;
+    ck_assert_msg(model_load(dir, bg, &mg) == 0, "%s", cs_error_last());
+    ck_assert_msg(model_load(dir, bp, &mp) == 0, "%s", cs_error_last());
+    enum { N = 20, STEPS = 6 };
+    model_seq_t *sg[2] = {model_seq_new(mg, N, CS_DTYPE_F32), model_seq_new(mg, N, CS_DTYPE_F32)};
+    model_seq_t *sp[2] = {model_seq_new(mp, N, CS_DTYPE_F32), model_seq_new(mp, N, CS_DTYPE_F32)};
+    float *lg = malloc(sizeof(float) * 8 * VOCAB), *lp = malloc(sizeof(float) * 8 * VOCAB);
+    int32_t ids[2][8];
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 8; i++) ids[k][i] = (int32_t)(cs_rng_next(&rng) % VOCAB);
+        int n = k ? 8 : 5;   /* other prompt lengths: the caches' contents differ */
+        ck_assert_int_eq(model_forward(mg, sg[k], ids[k], n, NULL, lg, false), 0);
+        ck_assert_int_eq(model_forward(mp, sp[k], ids[k], n, NULL, lp, false), 0);
+    }
+    /* runs of steps on one sequence (a graph is recorded on a key's second step and replayed
+     * from its third), then the other, then back */
+    static const int order[] = {0, 1, 0};
+    int done[2] = {0, 0};
+    for (int r = 0; r < 3; r++) {
+        int k = order[r];
+        for (int j = 0; j < STEPS / 2 + 1 && done[k] < 8; j++) {
+            int32_t t = ids[k][done[k]++];
+            ck_assert_int_eq(model_forward(mg, sg[k], &t, 1, NULL, lg, false), 0);
+            ck_assert_int_eq(model_forward(mp, sp[k], &t, 1, NULL, lp, false), 0);
+            float d = max_abs_diff(lg, lp, VOCAB);
+            ck_assert_msg(d < 1e-5f, "sequence %d, step %d: with graphs %g away from without", k, done[k], d);
+        }
+    }
+    backend_stats_t st;
+    backend_get_stats(bg, &st);
+    ck_assert_msg(st.graph_replays > 0, "no graph was replayed: the test does not test graphs");
+    free(lg);
+    free(lp);
+    for (int k = 0; k < 2; k++) { model_seq_free(sg[k]); model_seq_free(sp[k]); }
+    model_free(mg);
+    model_free(mp);
+    backend_free(bg);
+    backend_free(bp);
+    free(dir);
+}
+END_TEST
+
 static void expect_load_error(const char *sub, const char *skip, const char *bad_shape, const char *extra, int code,
                               const char *must_contain) {
     char *dir = write_model(sub, "LlamaForCausalLM", CS_DTYPE_F32, skip, bad_shape, extra);
@@ -268,6 +320,7 @@ int main(void) {
     tcase_add_test(tc, test_misaligned_tensors);
     tcase_add_test(tc, test_weights_memory);
     tcase_add_test(tc, test_qwen3_f32);
+    tcase_add_test(tc, test_graphs_two_caches);
     tcase_add_test(tc, test_missing_tensor);
     tcase_add_test(tc, test_wrong_shape);
     tcase_add_test(tc, test_unexpected_tensor);
