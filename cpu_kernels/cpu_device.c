@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <time.h>
 
@@ -35,6 +36,7 @@ struct backend_buf {
     bool external;          /* buf_from_host: the memory is the caller's */
     struct cs_wcode *code;  /* weight_prepare: the weight coded in 12 bits (--compress-weights) */
     bool code_only;         /* ... and only the code is read from here on (host bytes released) */
+    size_t mapped;          /* an anonymous mapping of this length (freed with munmap), or 0 */
 };
 
 typedef struct slot_mod {
@@ -224,7 +226,7 @@ static backend_buf_t *buf_new(backend_t *b, void *p, size_t n, bool external) {
     dev_ctx_t *d = dev(b);
     backend_buf_t *buf = calloc(1, sizeof *buf);
     if (!buf) return NULL;
-    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external, NULL, false};
+    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external, NULL, false, 0};
     pthread_mutex_lock(&d->mu);
     if (d->strict && !live_add(d, buf)) {
         pthread_mutex_unlock(&d->mu);
@@ -236,12 +238,31 @@ static backend_buf_t *buf_new(backend_t *b, void *p, size_t n, bool external) {
     return buf;
 }
 
+#define DEV_MAP_MIN ((size_t)4 << 20)
+/* A large buffer is an anonymous mapping populated at once (MAP_POPULATE: the kernel faults
+ * and zeroes its pages in one go, several times faster than a memset's page faults), so a
+ * KV pool of a GB is resident from the start and a decode step never waits on a first
+ * touch. Smaller ones come from the heap, not filled (as cudaMalloc's memory is not; the
+ * strict device fills them with NaN so that a read of what nobody wrote shows). */
 static backend_buf_t *dev_buf_alloc(backend_t *b, size_t n) {
-    void *p = cs_aligned_alloc(64, n ? n : 1);
-    if (!p) return NULL;
+    void *p;
+    size_t mapped = 0;
+    if (n >= DEV_MAP_MIN) {
+        mapped = (n + 4095) & ~(size_t)4095;
+        p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+    } else {
+        p = cs_aligned_alloc_uninit(64, n ? n : 1);
+        if (!p) return NULL;
+    }
     if (dev(b)->strict) memset(p, 0xff, n); /* NaN: a read of what nobody wrote shows */
     backend_buf_t *buf = buf_new(b, p, n, false);
-    if (!buf) free(p);
+    if (!buf) {
+        if (mapped) munmap(p, mapped);
+        else free(p);
+        return NULL;
+    }
+    buf->mapped = mapped;
     return buf;
 }
 
@@ -254,7 +275,8 @@ static void dev_buf_free(backend_t *b, backend_buf_t *buf) {
     if (d->strict) live_del(d, buf);
     d->stats.allocated -= buf->n;
     pthread_mutex_unlock(&d->mu);
-    if (!buf->external) free(buf->p);
+    if (buf->mapped) munmap(buf->p, buf->mapped);
+    else if (!buf->external) free(buf->p);
     cs_wcode_free(buf->code);
     buf->magic = 0;
     free(buf);

@@ -116,6 +116,8 @@ struct backend_i {
     bool host_memory;
 
     /* ---- memory ---- */
+    /* the contents are undefined until written (as cudaMalloc's; the strict device fills
+     * them with NaN so that a read of what nobody wrote shows) */
     backend_buf_t *(*buf_alloc)(backend_t *b, size_t nbytes);
     void (*buf_free)(backend_t *b, backend_buf_t *buf);
     size_t (*buf_size)(backend_t *b, const backend_buf_t *buf);

@@ -125,6 +125,11 @@ void cs_to_f32(float *dst, const void *src, cs_dtype t, size_t n) {
     }
 }
 
+void *cs_aligned_alloc_uninit(size_t align, size_t size) {
+    size_t sz = (size + align - 1) / align * align;
+    return aligned_alloc(align, sz ? sz : align);
+}
+
 void *cs_aligned_alloc(size_t align, size_t size) {
     size_t sz = (size + align - 1) / align * align;
     if (sz == 0) sz = align;
