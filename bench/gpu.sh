@@ -149,7 +149,7 @@ print(json.dumps({
               "weight_bytes": weight_bytes},
     "read_gbps": bw, "decode": decode, "prefill": prefill,
     "bandwidth_fraction_batch1": frac, "lora_overhead_32_adapters": overhead,
-    "kernel_path": "cuBLAS GemmEx BF16 in, F32 accumulate; paged attention (warp per row and head); "
+    "kernel_path": "cuBLAS GemmEx BF16 in, F32 accumulate; paged attention (warp per row and head, 32-key tiles); "
                    "grouped LoRA shrink/expand",
 }, indent=1))
 EOF

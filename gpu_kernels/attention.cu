@@ -1,10 +1,13 @@
 /* attention.cu: paged attention for prefill (causal, chunked, over a cached prefix) and
- * decode (GQA, block tables), one kernel for both. A warp owns one (query row, head): its
- * lanes hold the query's head_dim split 32 ways, walk the visible keys through the
- * sequence's block table, reduce each score across the warp and keep an online softmax
- * (running max and sum, rescaled accumulator) in F32, so no score vector is stored.
- * Four warps of a block take four heads of one row. The pools are F32 or BF16 (KT), read
- * as F32. */
+ * decode (GQA, block tables), one kernel for both. A warp owns one (query row, head) and
+ * walks the visible keys 32 at a time: each lane scores one key of the tile (its whole head
+ * row against the query, which every lane reads from the same addresses: one broadcast
+ * load), the tile's max and sum take one warp reduction each for an online softmax (running
+ * max and sum, rescaled accumulator) in F32, and then the lanes, holding the head_dim split
+ * 32 ways, add each key's value row weighted by its probability (one shuffle per key). No
+ * dependent chain of shuffles and exponentials per key, as a warp reduction of every score
+ * would make, and no score vector is stored. Four warps of a block take four heads of one
+ * row. The pools are F32 or BF16 (KT), read as F32. */
 #include "gpu_kernels/ops.cuh"
 
 namespace CS_NS {
@@ -26,30 +29,40 @@ static __global__ void k_attention(float *out, const float *q, const KT *k, cons
     size_t kv_dim = (size_t)nkv * hd, off = (size_t)kvh * hd;
     const float *qh = q + ((size_t)row * nh + h) * hd;
     const int32_t *table = blocks + sq.blk0;
-    float qr[NJ], acc[NJ];
+    float acc[NJ];
 #pragma unroll
-    for (int j = 0; j < NJ; j++) {
-        int e = lane + 32 * j;
-        qr[j] = e < hd ? qh[e] * scale : 0.0f;
-        acc[j] = 0.0f;
-    }
+    for (int j = 0; j < NJ; j++) acc[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int t = first; t <= qpos; t++) {
-        size_t base = ((size_t)table[t / bs] * bs + t % bs) * kv_dim + off;
-        const KT *kr = k + base, *vr = v + base;
-        float d = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            int e = lane + 32 * j;
-            if (e < hd) d += qr[j] * load_f(kr, e);
+    for (int t0 = first; t0 <= qpos; t0 += 32) {
+        int t = t0 + lane, nk = qpos - t0 + 1 < 32 ? qpos - t0 + 1 : 32;
+        float s = -INFINITY;
+        if (lane < nk) { /* this lane's key: its score, four partial sums over the head */
+            const KT *kr = k + ((size_t)table[t / bs] * bs + t % bs) * kv_dim + off;
+            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+            int e = 0;
+            for (; e + 4 <= hd; e += 4) {
+                d0 += qh[e] * load_f(kr, e);
+                d1 += qh[e + 1] * load_f(kr, e + 1);
+                d2 += qh[e + 2] * load_f(kr, e + 2);
+                d3 += qh[e + 3] * load_f(kr, e + 3);
+            }
+            for (; e < hd; e++) d0 += qh[e] * load_f(kr, e);
+            s = ((d0 + d1) + (d2 + d3)) * scale;
         }
-        float s = warp_sum(d);
-        float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
-        l = l * corr + p;
+        float mn = fmaxf(m, warp_max(s)); /* finite: lane 0's key is visible */
+        float corr = expf(m - mn), p = lane < nk ? expf(s - mn) : 0.0f;
+        l = l * corr + warp_sum(p);
 #pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            int e = lane + 32 * j;
-            acc[j] = acc[j] * corr + (e < hd ? p * load_f(vr, e) : 0.0f);
+        for (int j = 0; j < NJ; j++) acc[j] *= corr;
+        for (int i = 0; i < nk; i++) { /* the tile's values, in key order */
+            float pi = __shfl_sync(0xffffffffu, p, i);
+            int ti = t0 + i;
+            const KT *vr = v + ((size_t)table[ti / bs] * bs + ti % bs) * kv_dim + off;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                int e = lane + 32 * j;
+                if (e < hd) acc[j] += pi * load_f(vr, e);
+            }
         }
         m = mn;
     }

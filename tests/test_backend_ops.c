@@ -401,8 +401,10 @@ END_TEST
 START_TEST(test_attention) {
     backend_t *b = bes[_i];
     if (!b) return; /* cuda without a GPU: see main */
-    static const int cfgs[][3] = {{4, 4, 16}, {8, 2, 16}, {6, 1, 32}, {4, 2, 12}}; /* heads, kv heads, head_dim */
-    for (size_t ci = 0; ci < 4; ci++)
+    /* heads, kv heads, head_dim: up to 128 (the CUDA kernel's lanes hold 1, 2 or 4 of a head's
+     * elements; the prompts span several of its 32-key tiles) */
+    static const int cfgs[][3] = {{4, 4, 16}, {8, 2, 16}, {6, 1, 32}, {4, 2, 12}, {4, 2, 64}, {2, 1, 128}};
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
         for (int window = 0; window <= 24; window += 24) {
             int nh = cfgs[ci][0], nkv = cfgs[ci][1], hd = cfgs[ci][2], kvd = nkv * hd;
             tbatch_t t;
