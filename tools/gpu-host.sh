@@ -12,7 +12,8 @@
 # Steps (STEPS, in this order): ops (test_backend_ops, every op CUDA against the references),
 # emu (tests/test_cuda_emu.py on the GPU against the CPU backend), ref (tests/test_gpu_ref.py:
 # BF16 against transformers + peft on the same GPU), gpu (bench/gpu.sh, the 7B-shaped model),
-# cold (bench/coldstart.sh DEVICE=cuda). The 7B-shaped model and its adapters are written in
+# cold (bench/coldstart.sh DEVICE=cuda), serve (bench/coldserve.sh DEVICE=cuda: 128 adapters on
+# CaraServe's popularity, cpu-assist against wait, through caraserve-bench). The 7B-shaped model and its adapters are written in
 # the background from the start (one process for the model, the adapters in parallel), so the
 # tests overlap them. Every step's output goes to $OUT/all.log with its exit status and time;
 # the benches' JSON to $OUT and bench/results/.
@@ -45,7 +46,7 @@ if [ "${1:-}" = pack ]; then
     echo "gpu-carry/bundle.tar.xz: $(ls "$st/g/bin" | wc -l) programs, $(ls "$st/g/lib" | wc -l) libraries, $(du -h gpu-carry/bundle.tar.xz | cut -f1)"
     exit 0
 fi
-OUT=${OUT:-/tmp/gpu-out} STEPS=${STEPS:-"ops emu ref gpu cold"} CACHE=${CACHE:-/tmp/cs-cache}
+OUT=${OUT:-/tmp/gpu-out} STEPS=${STEPS:-"ops emu ref gpu cold serve"} CACHE=${CACHE:-/tmp/cs-cache}
 REPS=${REPS:-1} COLD_REPS=${COLD_REPS:-3} THREADS=${THREADS:-16} STEP_TIMEOUT=${STEP_TIMEOUT:-240}
 mkdir -p "$OUT" "$CACHE" bench/results
 log=$OUT/all.log
@@ -98,7 +99,7 @@ gen() {
             --alpha $((2 * $3)) --seed "$4" --dtype bf16' "$B/caraserve-mkmodel" "$m7"
     wait
 }
-case " $STEPS " in *" gpu "*|*" cold "*) gen > "$OUT/gen.log" 2>&1 & genpid=$!; say "writing the 7B-shaped model in the background" ;; esac
+case " $STEPS " in *" gpu "*|*" cold "*|*" serve "*) gen > "$OUT/gen.log" 2>&1 & genpid=$!; say "writing the 7B-shaped model in the background" ;; esac
 
 step() { # name command...: run with a time limit, output into the log
     local name=$1 s rc; shift
@@ -108,7 +109,7 @@ step() { # name command...: run with a time limit, output into the log
     rc=$?
     say "== $name: exit $rc in $(( $(date +%s) - s ))s"
     echo "$name $rc $(( $(date +%s) - s ))" >> "$OUT/summary"
-    cp bench/results/gpu-*.json bench/results/coldstart-2*.json "$OUT/" 2>/dev/null
+    cp bench/results/gpu-*.json bench/results/coldstart-2*.json bench/results/coldserve-2*.json "$OUT/" 2>/dev/null
 }
 
 for s in $STEPS; do
@@ -116,10 +117,13 @@ for s in $STEPS; do
     ops) step ops env CS_TEST_REQUIRE_CUDA=1 "$B/tests/test_backend_ops" ;;
     emu) step emu env CS_TEST_CUDA_DEVICE=cuda python3 tests/test_cuda_emu.py ;;
     ref) step ref env CS_TEST_CUDA_DEVICE=cuda python3 tests/test_gpu_ref.py ;;
-    gpu|cold)
+    gpu|cold|serve)
         if [ -n "${genpid:-}" ]; then say "waiting for the model"; wait "$genpid"; say "model: exit $?"; genpid=; fi
-        if [ "$s" = gpu ]; then step gpu env REPS="$REPS" bench/gpu.sh
-        else step cold env DEVICE=cuda THREADS="$THREADS" REPS="$COLD_REPS" bench/coldstart.sh; fi ;;
+        case $s in
+        gpu) step gpu env REPS="$REPS" bench/gpu.sh ;;
+        cold) step cold env DEVICE=cuda THREADS="$THREADS" REPS="$COLD_REPS" bench/coldstart.sh ;;
+        serve) step serve env DEVICE=cuda THREADS="$THREADS" bench/coldserve.sh ;;
+        esac ;;
     *) say "unknown step $s" ;;
     esac
 done
