@@ -131,10 +131,8 @@ void *cs_aligned_alloc_uninit(size_t align, size_t size) {
 }
 
 void *cs_aligned_alloc(size_t align, size_t size) {
-    size_t sz = (size + align - 1) / align * align;
-    if (sz == 0) sz = align;
-    void *p = aligned_alloc(align, sz);
-    if (p) memset(p, 0, sz);
+    void *p = cs_aligned_alloc_uninit(align, size);
+    if (p) memset(p, 0, size);
     return p;
 }
 

@@ -81,8 +81,7 @@ uint16_t cs_f32_to_f16(float f);
 void cs_to_f32(float *dst, const void *src, cs_dtype t, size_t n);
 
 void *cs_aligned_alloc(size_t align, size_t size); /* zero-filled; free with free() */
-/* not filled: a large one is fresh pages the kernel supplies as they are first touched, so
- * an allocation of a GB costs nothing until it is used; free with free() */
+/* the same, not filled (for memory written before it is read); free with free() */
 void *cs_aligned_alloc_uninit(size_t align, size_t size);
 char *cs_read_file(const char *path, size_t *len);  /* NUL-terminated; NULL + error set */
 char *cs_path_join(const char *dir, const char *name); /* malloc'd */

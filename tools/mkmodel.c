@@ -538,25 +538,22 @@ static int ahead_fill(void *user, size_t i, void *buf, size_t nbytes) {
 
 /* safetensors_write_cb with the tensors made ahead on the machine's cores */
 static int write_tensors(const char *path, const st_write_tensor_t *w, size_t n, fill_ctx_t *fc) {
-    size_t total = 0;
-    bool ok = true;
-    for (size_t i = 0; i < n; i++) total += safetensors_nbytes(w[i].dtype, w[i].n_dims, w[i].shape, &ok);
     const char *env = getenv("CS_MKMODEL_THREADS");   /* tests: the same bytes at any count */
     long cpus = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
     int nth = cpus < 1 ? 1 : cpus > AHEAD_MAX_THREADS ? AHEAD_MAX_THREADS : (int)cpus;
-    if (!ok || nth < 2 || n < 2 || total < ((size_t)8 << 20))   /* small: one thread, as before */
-        return safetensors_write_cb(path, w, n, pt_meta, fill_tensor, fc);
     ahead_t a = { .fc = fc, .n = n, .window = 2 * (size_t)nth };
     a.nbytes = calloc(n, sizeof *a.nbytes);
     a.buf = calloc(n, sizeof *a.buf);
     a.state = calloc(n, 1);
     pthread_t th[AHEAD_MAX_THREADS];
     int started = 0, rc;
-    if (!a.nbytes || !a.buf || !a.state) {
+    size_t total = 0;
+    bool ok = a.nbytes && a.buf && a.state;
+    for (size_t i = 0; ok && i < n; i++) total += a.nbytes[i] = safetensors_nbytes(w[i].dtype, w[i].n_dims, w[i].shape, &ok);
+    if (!ok || nth < 2 || n < 2 || total < ((size_t)8 << 20)) {   /* small: one thread, as before */
         rc = safetensors_write_cb(path, w, n, pt_meta, fill_tensor, fc);
         goto done;
     }
-    for (size_t i = 0; i < n; i++) a.nbytes[i] = safetensors_nbytes(w[i].dtype, w[i].n_dims, w[i].shape, &ok);
     pthread_mutex_init(&a.mu, NULL);
     pthread_cond_init(&a.cv, NULL);
     for (; started < nth; started++)
