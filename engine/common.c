@@ -132,7 +132,7 @@ void *cs_aligned_alloc_uninit(size_t align, size_t size) {
 
 void *cs_aligned_alloc(size_t align, size_t size) {
     void *p = cs_aligned_alloc_uninit(align, size);
-    if (p) memset(p, 0, size);
+    if (p) memset(p, 0, size ? (size + align - 1) / align * align : align); /* the padding too, as before */
     return p;
 }
 
