@@ -8,6 +8,11 @@
 #   - prefill of a PROMPT-token prompt (tokens/s);
 #   - the memory-bandwidth roofline of batch-1 decode: bench/membw's read bandwidth divided
 #     by the bytes of weights one token reads;
+#   - the compute roofline of batch-32 decode: the peak of the instruction the matmuls run on
+#     (F32 FMA, or vdpbf16ps under --precision bf16; `bench/kernelbench --peak`, beside each
+#     batch-32 run) over the matmuls' flops per token, and from it the most batch 32 can be
+#     over batch 1 on this machine (batch32_vs_batch1_cap: the compute roofline over the
+#     batch 1 measured in the same repetition; not on AMX, whose peak is not measured);
 #   - with LLAMA_CPP_DIR, llama.cpp on the same shapes (F16 GGUF of the same checkpoint):
 #     llama-bench pp/tg and llama-batched-bench decode at the same batch sizes.
 # Configurations alternate within each repetition so machine noise hits all alike, and the
@@ -68,6 +73,10 @@ for r in $(seq "$REPS"); do
             --kv-cache-bytes 2G "${extra[@]}" 2>&1 >/dev/null | grep '^{')
         echo "{\"kind\": \"decode\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
         echo "rep $r batch $b adapters $a: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
+        if [ "$c" = "32:0" ] && [ -x "$BUILD/bench/kernelbench" ]; then # the compute peak, right after batch 32
+            pk=$("$BUILD/bench/kernelbench" --peak --threads "$THREADS" 2>/dev/null | tail -1 || true)
+            [ -n "$pk" ] && echo "{\"kind\": \"peak\", \"rep\": $r, \"out\": $pk}" >> "$results"
+        fi
         if [ "$c" = "1:0" ] && [ -x "$BUILD/bench/membw" ]; then # the bandwidth right after batch 1, too
             bw=$("$BUILD/bench/membw" --threads "$THREADS" 2>/dev/null | tail -1 || true)
             [ -n "$bw" ] && echo "{\"kind\": \"membw_after\", \"rep\": $r, \"out\": $bw}" >> "$results"
@@ -158,6 +167,26 @@ if bws:
             pairs.append(s["decode_only_tokens"] / s["decode_only_ms"] * 1e3 * wbytes1 / (sum(around) / 2 * 1e9))
     if pairs:
         res["batch1_fraction_of_roofline_paired"] = {"runs": pairs, "median": med(pairs)}
+# the compute roofline of batch-32 decode: the matmuls' flops per token (2 per weight; attention
+# over these short contexts is left out, so the roofline is if anything too high) at the peak of
+# the instruction the kernel path multiplies with
+flops = 2 * (L * per_layer + V * h)
+path = kernels or ""
+peak_key = None if "amx" in path else \
+    "dpbf16_peak_gflops" if precision == "bf16" and "avx512bf16" in path else \
+    "fma_peak_gflops_avx512" if path.startswith("avx512") else "fma_peak_gflops_avx2" if path.startswith("avx2") else None
+pk = {r["rep"]: r["out"][peak_key] for r in runs if r["kind"] == "peak" and peak_key and r["out"].get(peak_key)}
+if pk:
+    res["flops_per_token"] = flops
+    res["compute_peak"] = {"instruction": peak_key.replace("_peak_gflops", ""), "gflops": {"runs": list(pk.values()),
+                           "median": med(pk.values())}}
+    roof = med(pk.values()) * 1e9 / flops
+    res["roofline_batch32_tok_s"] = roof
+    res["batch32_fraction_of_compute_roofline"] = d["batch32_adapters0"] / roof
+    res["batch32_vs_batch1_cap"] = roof / d["batch1_adapters0"]
+    v = [pk[rep] * 1e9 / flops / rep_tok_s(rep, 1, 0) for rep in reps if rep in pk and rep_tok_s(rep, 1, 0)]
+    if v:
+        res["batch32_vs_batch1_cap_paired"] = {"runs": v, "median": med(v)}
 lb = [r["out"] for r in runs if r["kind"] == "llama-bench"]
 if lb:
     pp = [x["avg_ts"] for o in lb for x in o if x["n_prompt"] > 0 and x["n_gen"] == 0]
