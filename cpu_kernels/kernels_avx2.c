@@ -217,8 +217,8 @@ AVX2 void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, 
     }
 }
 
-/* the odd BF16 of each 32-bit pair as F32 (shifts: no mask register) */
-AVX2 INLINE __m256 split_odd(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
+/* the odd BF16 of each 32-bit pair as F32 */
+AVX2 INLINE __m256 split_odd(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
 
 /* a weight row's 16 columns at c, zero past the row (as x is) */
 AVX2 INLINE __m256i split_load_w(const uint16_t *w, int c, int cols) {
