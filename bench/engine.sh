@@ -12,7 +12,8 @@
 #     (F32 FMA, or vdpbf16ps under --precision bf16; `bench/kernelbench --peak`, beside each
 #     batch-32 run) over the matmuls' flops per token, and from it the most batch 32 can be
 #     over batch 1 on this machine (batch32_vs_batch1_cap: the compute roofline over the
-#     batch 1 measured in the same repetition; not on AMX, whose peak is not measured);
+#     batch 1 measured in the same repetition; not on AMX, whose peak is not measured), and
+#     the most a prefill on that instruction can be over llama.cpp's (prefill_vs_llama_cpp_cap);
 #   - with LLAMA_CPP_DIR, llama.cpp on the same shapes (F16 GGUF of the same checkpoint):
 #     llama-bench pp/tg and llama-batched-bench decode at the same batch sizes.
 # Configurations alternate within each repetition so machine noise hits all alike, and the
@@ -193,6 +194,9 @@ if lb:
     tg = [x["avg_ts"] for o in lb for x in o if x["n_gen"] > 0 and x["n_prompt"] == 0]
     res["llama_cpp"] = {"weights": "F16", "prefill_tok_s": med(pp), "decode_batch1_tok_s": med(tg)}
     res["prefill_vs_llama_cpp"] = res["prefill_tok_s"]["median"] / med(pp)
+    if "roofline_batch32_tok_s" in res: # the most any kernel on that instruction could be over llama.cpp's prefill
+        res["prefill_vs_llama_cpp_cap"] = res["roofline_batch32_tok_s"] / med(pp)
+        res["prefill_fraction_of_compute_roofline"] = res["prefill_tok_s"]["median"] / res["roofline_batch32_tok_s"]
     res["decode_batch1_vs_llama_cpp"] = d["batch1_adapters0"] / med(tg)
 bb = [r["out"] for r in runs if r["kind"] == "llama-batched-bench"]
 if bb:
@@ -214,7 +218,7 @@ print(f"cpu: {res['cpu']} ({', '.join(res['isa'])}), kernels {kernels}")
 for k, v in d.items():
     print(f"decode {k}: {v:.2f} tok/s")
 for k in sorted(res):
-    if k.startswith(("lora_overhead", "batch32", "roofline", "batch1_fraction", "prefill_vs", "decode_batch")):
+    if k.startswith(("lora_overhead", "batch32", "roofline", "batch1_fraction", "prefill_vs", "prefill_fraction", "decode_batch")):
         v = res[k]["median"] if isinstance(res[k], dict) else res[k]
         print(f"{k}: {v:.3f}")
 print(f"prefill {prompt}: {res['prefill_tok_s']['median']:.1f} tok/s")
