@@ -249,6 +249,7 @@ static const float *round_input(cpu_ctx_t *c, const float *x, size_t count) {
         c->xround_len = count;
     }
     if (c->avx512 && !c->reference) cs_round_bf16_avx512(c->xround, x, count);
+    else if (c->avx2 && !c->reference) cs_round_bf16_avx2(c->xround, x, count);
     else cs_round_bf16_ref(c->xround, x, count);
     return c->xround;
 }

@@ -71,6 +71,7 @@ void cs_gemm_packed_avx512(float *y, int ldy, const float *xp, int n, const cs_w
 /* x rounded to BF16 (nearest even) and back to F32, count floats: the input of every matmul
  * against BF16 weights under --precision bf16. The plain loop is cs_round_bf16_ref. */
 void cs_round_bf16_avx512(float *dst, const float *x, size_t count);
+void cs_round_bf16_avx2(float *dst, const float *x, size_t count);
 /* convert rows [r0, r1) of w to F32 into dst (r1 - r0, w->cols) */
 void cs_convert_rows_avx512(float *dst, const cs_weight_t *w, int r0, int r1);
 

@@ -217,6 +217,23 @@ AVX2 void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, 
     }
 }
 
+/* cs_round_bf16_avx512's rounding 8 at a time: nearest even, a NaN kept a quiet NaN */
+AVX2 void cs_round_bf16_avx2(float *dst, const float *x, size_t count) {
+    size_t c8 = count & ~(size_t)7;
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), hi = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i quiet = _mm256_set1_epi32(0x00400000);
+    for (size_t c = 0; c < c8; c += 8) {
+        __m256 v = _mm256_loadu_ps(x + c);
+        __m256i u = _mm256_castps_si256(v);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+        __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(lsb, half)), hi);
+        __m256i q = _mm256_or_si256(_mm256_and_si256(u, hi), quiet);
+        __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+        _mm256_storeu_ps(dst + c, _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
+    }
+    cs_round_bf16_ref(dst + c8, x + c8, count - c8);
+}
+
 /* the odd BF16 of each 32-bit pair as F32 */
 AVX2 INLINE __m256 split_odd(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
 

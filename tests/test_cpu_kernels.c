@@ -245,15 +245,19 @@ START_TEST(test_matmul_precision_bf16) {
         printf("precision bf16 %s: max rel err %.3g\n", cpu_raw_path(be), worst);
         cpu_raw_free(be);
     }
-    /* the rounding itself: the AVX-512 loop equals the plain one, ties to even included */
-    if (cs_cpu_has_avx512()) {
-        size_t count = 1000;
+    /* the rounding itself: the AVX-512 and AVX2 loops equal the plain one, ties to even included */
+    for (int isa = 0; isa < 2; isa++) {
+        if (isa == 0 ? !cs_cpu_has_avx512() : !cs_cpu_has_avx2()) continue;
+        size_t count = 1003; /* a tail for both vector widths */
         float *x = randv(count, 3.0f), *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
         x[0] = cs_bf16_to_f32(0x3f81) + ldexpf(1, -8);   /* halfway (the ulp is 2^-7), odd below: rounds up */
         x[1] = cs_bf16_to_f32(0x3f80) + ldexpf(1, -8);   /* halfway, even below: stays */
         uint32_t nans[3] = {0x7fffffffu, 0xffffffffu, 0x7f800001u};     /* NaNs that a carry would wreck */
         for (int k = 0; k < 3; k++) memcpy(&x[2 + k], &nans[k], 4);
-        cs_round_bf16_avx512(a, x, count);
+        memcpy(&x[count - 1], &nans[0], 4); /* and in the tail */
+        x[count - 2] = x[0];
+        if (isa == 0) cs_round_bf16_avx512(a, x, count);
+        else cs_round_bf16_avx2(a, x, count);
         cs_round_bf16_ref(b, x, count);
         ck_assert(!memcmp(a, b, count * sizeof(float)));
         ck_assert_float_eq(a[0], cs_bf16_to_f32(0x3f82));
