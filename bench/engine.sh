@@ -170,11 +170,12 @@ if bws:
         res["batch1_fraction_of_roofline_paired"] = {"runs": pairs, "median": med(pairs)}
 # the compute roofline of batch-32 decode: the matmuls' flops per token (2 per weight; attention
 # over these short contexts is left out, so the roofline is if anything too high) at the peak of
-# the instruction the kernel path multiplies with
+# the instruction the kernel path multiplies with (vdpbf16ps only against BF16 weights: F16/F32
+# weights under --precision bf16 stay F32 FMAs)
 flops = 2 * (L * per_layer + V * h)
 path = kernels or ""
 peak_key = None if "amx" in path else \
-    "dpbf16_peak_gflops" if precision == "bf16" and "avx512bf16" in path else \
+    "dpbf16_peak_gflops" if precision == "bf16" and dtype == "bf16" and "avx512bf16" in path else \
     "fma_peak_gflops_avx512" if path.startswith("avx512") else "fma_peak_gflops_avx2" if path.startswith("avx2") else None
 pk = {r["rep"]: r["out"][peak_key] for r in runs if r["kind"] == "peak" and peak_key and r["out"].get(peak_key)}
 if pk:

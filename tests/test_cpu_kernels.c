@@ -254,6 +254,9 @@ START_TEST(test_matmul_precision_bf16) {
         x[1] = cs_bf16_to_f32(0x3f80) + ldexpf(1, -8);   /* halfway, even below: stays */
         uint32_t nans[3] = {0x7fffffffu, 0xffffffffu, 0x7f800001u};     /* NaNs that a carry would wreck */
         for (int k = 0; k < 3; k++) memcpy(&x[2 + k], &nans[k], 4);
+        /* Inf, -Inf, the largest finite values (round up to ±Inf), a denormal, -0 in the vectors */
+        uint32_t edge[7] = {0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu, 0x00018000u, 0x80000000u, 0x3f808000u};
+        for (int k = 0; k < 7; k++) memcpy(&x[5 + k], &edge[k], 4);
         memcpy(&x[count - 1], &nans[0], 4); /* and in the tail */
         x[count - 2] = x[0];
         if (isa == 0) cs_round_bf16_avx512(a, x, count);
