@@ -119,7 +119,8 @@ cfg = json.load(open(os.path.join(model, "config.json")))
 h, L, inter, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
 kvd = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * (h // cfg["num_attention_heads"])
 per_layer = h * h * 2 + h * kvd * 2 + 3 * h * inter
-wbytes = (L * per_layer + V * h) * (2 if dtype in ("bf16", "f16") else 4)
+params = L * per_layer + V * h # the matmuls' weights (the LM head's included)
+wbytes = params * (2 if dtype in ("bf16", "f16") else 4)
 # what batch 1 reads instead with --compress-weights: the same matrices coded (--stats)
 coded = next((r["stats"]["weights"].get("coded_bytes", 0) for r in runs if r["kind"] == "decode"), 0)
 wbytes1 = coded or wbytes
@@ -172,7 +173,7 @@ if bws:
 # over these short contexts is left out, so the roofline is if anything too high) at the peak of
 # the instruction the kernel path multiplies with (vdpbf16ps only against BF16 weights: F16/F32
 # weights under --precision bf16 stay F32 FMAs)
-flops = 2 * (L * per_layer + V * h)
+flops = 2 * params
 path = kernels or ""
 peak_key = None if "amx" in path else \
     "dpbf16_peak_gflops" if precision == "bf16" and dtype == "bf16" and "avx512bf16" in path else \
@@ -182,7 +183,7 @@ if pk:
     res["flops_per_token"] = flops
     res["compute_peak"] = {"instruction": peak_key.replace("_peak_gflops", ""), "gflops": {"runs": list(pk.values()),
                            "median": med(pk.values())}}
-    roof = med(pk.values()) * 1e9 / flops
+    roof = res["compute_peak"]["gflops"]["median"] * 1e9 / flops
     res["roofline_batch32_tok_s"] = roof
     res["batch32_fraction_of_compute_roofline"] = d["batch32_adapters0"] / roof
     res["batch32_vs_batch1_cap"] = roof / d["batch1_adapters0"]
