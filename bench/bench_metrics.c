@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 /* ---- per request ---- */
 bool bm_request_latency(const bm_request_t *r, bm_latency_t *l) {

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 /* ---- generator ---- */
 void bw_rng_seed(bw_rng_t *r, uint64_t seed) { cs_rng_seed(r, seed); }

@@ -22,7 +22,7 @@
 
 #include "bench/bench_metrics.h"
 #include "bench/bench_workload.h"
-#include "engine/common.h"
+#include "base/common.h"
 
 static const char USAGE[] =
 "usage: caraserve-bench [options]\n"

@@ -6,7 +6,7 @@
 #ifndef CS_CPU_BACKEND_H
 #define CS_CPU_BACKEND_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 typedef struct cpu_backend_params {
     int n_threads;      /* 0: number of online CPUs */

@@ -6,7 +6,7 @@
 #define CS_CPU_RAW_H
 
 #include "cpu_kernels/cpu_backend.h"
-#include "engine/common.h"
+#include "base/common.h"
 
 /* a weight in host memory */
 typedef struct cs_weight {

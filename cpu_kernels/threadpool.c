@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 #define SPIN_ITERS 20000
 

@@ -8,7 +8,7 @@
 #ifndef CS_KV_CACHE_H
 #define CS_KV_CACHE_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 #define KV_BLOCK_SIZE 16
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/assist.h"
 
 typedef struct layer_w {

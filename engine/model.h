@@ -4,9 +4,9 @@
 #ifndef CS_MODEL_H
 #define CS_MODEL_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 #include "engine/kv_cache.h"
-#include "engine/model_config.h"
+#include "base/model_config.h"
 #include "lora/peft.h"
 
 typedef struct model model_t;

@@ -40,8 +40,8 @@
 #ifndef CS_SAMPLING_H
 #define CS_SAMPLING_H
 
-#include "engine/common.h"
-#include "engine/rng.h"
+#include "base/common.h"
+#include "base/rng.h"
 
 /* ---- parameters ---- */
 #define SAMPLING_MAX_LOGPROBS 20

@@ -1,4 +1,4 @@
-/* backend.cu: struct backend_i (engine/backend.h) on one CUDA device.
+/* backend.cu: struct backend_i (backend/backend.h) on one CUDA device.
  *
  * Memory: every buffer is a cudaMalloc under the backend's budget (memory_fraction of the
  * device's memory); a request past it fails with a message saying how much was asked, how

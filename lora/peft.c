@@ -16,7 +16,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 
 const char *const lora_target_names[LORA_N_TARGETS] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/loader_uring.h"
 
 

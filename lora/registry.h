@@ -19,9 +19,9 @@
 #ifndef CS_LORA_REGISTRY_H
 #define CS_LORA_REGISTRY_H
 
-#include "engine/backend.h"
-#include "engine/common.h"
-#include "engine/model_config.h"
+#include "backend/backend.h"
+#include "base/common.h"
+#include "base/model_config.h"
 #include "lora/peft.h"
 
 typedef struct lora_registry lora_registry_t;

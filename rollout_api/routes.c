@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/peft.h"
 #include "rollout_api/routes.h"
 #include "server/api_internal.h"

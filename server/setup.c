@@ -1,7 +1,7 @@
 /* setup.c: see setup.h. */
 #include "server/setup.h"
 #include "engine/engine.h"
-#include "engine/rng.h"
+#include "base/rng.h"
 #include "engine/sampling.h"
 #include "engine/sched.h"
 #include "lora/assist.h"

@@ -10,7 +10,7 @@
 #ifndef CS_SETUP_H
 #define CS_SETUP_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 typedef struct setup_backend_opts {
     const char *device;     /* "cpu", "cuda" or "auto" (NULL: auto: cuda where a GPU is visible) */

@@ -1,4 +1,4 @@
-/* test_backend_ops.c: every op and copy of the backend interface (engine/backend.h), on
+/* test_backend_ops.c: every op and copy of the backend interface (backend/backend.h), on
  * every backend built, against plain references computed here on the host (as ggml's
  * test-backend-ops does): the CPU backend with its fast kernels, with AVX-512 off (what an
  * AVX2 CPU runs), with AVX2 off too (plain loops), with the reference kernels, and the

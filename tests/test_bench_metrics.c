@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "bench/bench_metrics.h"
-#include "engine/common.h"
+#include "base/common.h"
 
 #define TOL 1e-9
 

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "bench/bench_workload.h"
-#include "engine/common.h"
+#include "base/common.h"
 
 #define N_DRAWS 100000
 

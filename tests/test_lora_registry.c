@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/loader_uring.h"
 #include "cpu_kernels/cpu_backend.h"
 #include "lora/registry.h"

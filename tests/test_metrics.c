@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 #include "server/metrics.h"
 
 static char *render(metrics_t *m) {

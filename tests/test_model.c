@@ -14,7 +14,7 @@
 #include "cpu_kernels/cpu_backend.h"
 #include "gpu_kernels/gpu_backend.h"
 #include "engine/model.h"
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "engine/sampling.h"
 
 enum { HID = 64, LAYERS = 2, HEADS = 4, KVH = 2, HD = 16, INTER = 96, VOCAB = 50 };

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/model_config.h"
+#include "base/model_config.h"
 
 /* What transformers 5.23 save_pretrained writes for a tiny Llama with llama3 rope scaling. */
 static const char *llama3_hf =

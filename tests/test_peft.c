@@ -13,7 +13,7 @@
 
 #include <pthread.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/assist.h"
 #include "lora/peft.h"
 

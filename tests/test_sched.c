@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/rng.h"
+#include "base/rng.h"
 #include "sched/cost.h"
 #include "sched/fcfs.h"
 #include "sched/route.h"

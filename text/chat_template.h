@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 /* Guards against runaway templates; exceeding one is a render error. */
 #define CHAT_TEMPLATE_MAX_OUTPUT     ((size_t)64 << 20)   /* bytes of rendered text */
@@ -24,7 +24,7 @@
 
 typedef struct chat_template chat_template_t;
 
-/* Parse a template; on failure returns CS_EINVAL (engine/common.h codes) and writes a message
+/* Parse a template; on failure returns CS_EINVAL (base/common.h codes) and writes a message
  * with the line number into err. */
 int chat_template_parse(const char *src, size_t len, chat_template_t **out, char *err, size_t errlen);
 void chat_template_free(chat_template_t *t);

@@ -21,7 +21,7 @@
 
 static int tok_oom(void) { return cs_error_set(CS_ENOMEM, "tokenizer: out of memory"); }
 
-/* Byte string (engine/common.h); the tokenizer's adds report CS_ENOMEM. */
+/* Byte string (base/common.h); the tokenizer's adds report CS_ENOMEM. */
 typedef cs_buf_t sbuf;
 
 static int sbuf_put(sbuf *b, const void *s, size_t n) { return cs_buf_add(b, s, n) ? CS_OK : tok_oom(); }

@@ -4,7 +4,7 @@
 #ifndef CS_MODEL_CONFIG_H
 #define CS_MODEL_CONFIG_H
 
-#include "engine/common.h"
+#include "base/common.h"
 
 typedef enum model_arch {
     MODEL_ARCH_LLAMA = 0,   /* LlamaForCausalLM */

@@ -1,5 +1,5 @@
 /* backend.c: the fallbacks of backend.h's optional methods that need a body. */
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 #include <stdlib.h>
 

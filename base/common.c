@@ -1,7 +1,7 @@
 /* common.c: error strings, the thread-local last-error message, dtype tables, the
  * half-precision conversions every layer uses and the small helpers of several layers (byte
  * strings, UTF-8, JSON fields). */
-#include "engine/common.h"
+#include "base/common.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "engine/common.h"
+#include "base/common.h"
 #include "sched/route.h"
 #include "server/commands.h"
 #include "server/metrics.h"

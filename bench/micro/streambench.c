@@ -24,8 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/backend.h"
-#include "engine/model_config.h"
+#include "backend/backend.h"
+#include "base/model_config.h"
 #include "lora/registry.h"
 
 enum { MAX_REPS = 64 };

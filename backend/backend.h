@@ -24,7 +24,7 @@
 
 #include <limits.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,7 +3,7 @@
  * e.g. num_key_value_heads is 8 for Mistral and 32 for Qwen2/Qwen3 when absent). RoPE is read
  * from either the legacy `rope_scaling` + `rope_theta` layout or the transformers 5
  * `rope_parameters` dict, as transformers' own standardization does. */
-#include "engine/model_config.h"
+#include "base/model_config.h"
 
 #include <jansson.h>
 #include <math.h>

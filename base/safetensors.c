@@ -2,7 +2,7 @@
  * validates the whole header (length, JSON, dtype, shape, offsets in bounds, dtype x shape
  * == byte size, no overlap) before any tensor is handed out, so the engine can trust every
  * st_tensor_t. Sharded checkpoints go through <basename>.safetensors.index.json. */
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

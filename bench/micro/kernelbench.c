@@ -1,4 +1,4 @@
-/* cpu_kernels/kernelbench.c (built as bench/kernelbench): the CPU backend's matmul kernels
+/* bench/micro/kernelbench.c (built as bench/kernelbench): the CPU backend's matmul kernels
  * alone, on the seven projections of one layer of the bench model (hidden 1024, intermediate
  * 2816, BF16 weights; L such layers, 4 by
  * default, so they do not fit the last-level cache as one would), at the row counts
