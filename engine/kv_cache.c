@@ -249,13 +249,3 @@ void kv_prefix_publish(kv_cache_t *kv, int32_t b, uint64_t parent, const int32_t
     m->hashed = true;
 }
 
-void kv_prefix_reset(kv_cache_t *kv) {
-    while (kv->lru_head >= 0) {
-        int32_t b = kv->lru_head;
-        lru_remove(kv, b);
-        table_remove(kv, b);
-        kv->free_stack[kv->n_free++] = b;
-    }
-    for (int32_t b = 0; b < kv->n_blocks; b++)
-        if (kv->meta[b].hashed) table_remove(kv, b);
-}

@@ -78,8 +78,5 @@ int32_t kv_prefix_lookup(kv_cache_t *kv, uint64_t parent, const int32_t *tokens)
 /* Publish block b (full, KV written, referenced) under (parent, tokens). If an equal block
  * is already published, b stays private (and is freed normally). */
 void kv_prefix_publish(kv_cache_t *kv, int32_t b, uint64_t parent, const int32_t *tokens);
-/* Forget every cached block (e.g. after an adapter version is replaced); referenced blocks
- * stay valid but are no longer found. */
-void kv_prefix_reset(kv_cache_t *kv);
 
 #endif

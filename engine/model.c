@@ -462,7 +462,6 @@ void model_seq_free(model_seq_t *s) {
     free(s);
 }
 
-int model_seq_len(const model_seq_t *s) { return s->len; }
 void model_seq_reset(model_seq_t *s) { s->len = 0; }
 
 int model_forward(model_t *m, model_seq_t *s, const int32_t *ids, int n, const lora_adapter_t *lora, float *logits,

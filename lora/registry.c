@@ -922,11 +922,6 @@ int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int
     return add(r, name, dir, 0, true, 0, version);
 }
 
-int lora_registry_add_version(lora_registry_t *r, const char *name, const char *dir, int version) {
-    if (version < 1) return cs_error_set(CS_EINVAL, "adapter '%s': versions start at 1", name);
-    return add(r, name, dir, version, true, 0, NULL);
-}
-
 int lora_registry_add_ex(lora_registry_t *r, const char *name, const char *dir, int version, bool activate,
                          int keep_versions, int *out_version) {
     if (version < 0) return cs_error_set(CS_EINVAL, "adapter '%s': versions start at 1", name);
@@ -1297,13 +1292,6 @@ int lora_registry_ref_failed(lora_registry_t *r, lora_ref_t *ref) {
                                                     e->errmsg ? e->errmsg : cs_strerror(e->err));
     pthread_mutex_unlock(&r->mu);
     return rc;
-}
-
-bool lora_registry_on_device(lora_registry_t *r, lora_ref_t *ref) {
-    pthread_mutex_lock(&r->mu);
-    bool on = entry_of(r, ref)->dslot != NULL;
-    pthread_mutex_unlock(&r->mu);
-    return on;
 }
 
 int lora_registry_info(lora_registry_t *r, const char *name, int version, lora_adapter_info_t *info) {
