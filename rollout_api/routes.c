@@ -472,9 +472,9 @@ enum MHD_Result rollout_route_put_version(server_t *s, struct MHD_Connection *c,
             json_decref(b);
             return http_error(c, 400, "path", "a JSON body is {\"path\": DIR}");
         }
-        int st = lora_path_check(s, path, &dir, err, sizeof err);
+        int st = lora_path_check(s, path, &dir, &e);
         json_decref(b);
-        if (st) return http_error(c, (unsigned)st, "path", "%s", err);
+        if (st) return http_error(c, (unsigned)st, "path", "%s", e.msg);
     } else { /* the raw adapter_model.safetensors */
         json_t *cfg = upload_config(c, body, len, &e);
         if (!cfg) return reply_err(c, &e);

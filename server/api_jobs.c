@@ -465,23 +465,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     gen_job_t *j = cls;
     pthread_mutex_lock(&j->mu);
-    if (j->out_off < j->out.len) {
-        size_t n = j->out.len - j->out_off;
-        if (n > max) n = max;
-        memcpy(buf, j->out.p + j->out_off, n);
-        j->out_off += n;
-        if (j->out_off == j->out.len) j->out_off = j->out.len = 0;
-        pthread_mutex_unlock(&j->mu);
-        return (ssize_t)n;
-    }
-    if (j->finished) {
-        pthread_mutex_unlock(&j->mu);
-        return MHD_CONTENT_READER_END_OF_STREAM;
-    }
-    j->suspended = true;
-    MHD_suspend_connection(j->conn);
+    ssize_t n = http_stream_take(&j->out, &j->out_off, j->finished, &j->suspended, j->conn, buf, max);
     pthread_mutex_unlock(&j->mu);
-    return 0;
+    return n;
 }
 
 static void stream_free(void *cls) { job_unref(cls); }
@@ -540,17 +526,12 @@ enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen
     }
     cn->job = j;
     if (j->stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
-        if (!r) return MHD_NO;
         pthread_mutex_lock(&j->mu);
         j->conn = c;
         j->refs++; /* the reader's */
         pthread_mutex_unlock(&j->mu);
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, j->ro ? "application/x-ndjson" : "text/event-stream");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        enum MHD_Result ret = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        return ret;
+        return http_stream_queue(c, 200, j->ro ? "application/x-ndjson" : "text/event-stream", NULL, NULL,
+                                 stream_reader, j, stream_free);
     }
     pthread_mutex_lock(&j->mu);
     j->conn = c;

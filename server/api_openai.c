@@ -728,8 +728,8 @@ enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b) 
         return reply_err(c, &e);
     if (!name || !path) return http_error(c, 400, name ? "lora_path" : "lora_name", "'lora_name' and 'lora_path' are required");
     char err[1536], *real = NULL;
-    int st = lora_path_check(s, path, &real, err, sizeof err);
-    if (st) return http_error(c, (unsigned)st, "lora_path", "%s", err);
+    int st = lora_path_check(s, path, &real, &e);
+    if (st) return http_error(c, (unsigned)st, "lora_path", "%s", e.msg);
     unsigned status = 200;
     int rc = server_add_adapter(s, name, real, inplace, &status, err, sizeof err);
     free(real);

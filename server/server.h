@@ -17,6 +17,7 @@
 
 #include "text/chat_template.h"
 #include "engine/engine.h"
+#include "server/http.h"
 #include "server/metrics.h"
 
 typedef struct serve_config {
@@ -117,6 +118,7 @@ typedef struct server {
     char **roots;                   /* realpath of each --lora-root */
     int n_roots;
     server_metrics_t m;
+    http_site_t site;               /* what http.c's access handler calls */
     struct MHD_Daemon *d;
     int bound_port;
 
@@ -144,12 +146,6 @@ typedef struct conn conn_t;
 int http_start(server_t *s);
 void http_stop(server_t *s);
 
-/* Responses (each queues exactly one response on the connection). */
-enum MHD_Result http_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
-enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-enum MHD_Result http_text(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len);
-
 /* ---- the endpoints (api.c: the dispatcher; api_jobs.c; api_openai.c) ---- */
 /* body: the request's body (any bytes; "" for none) */
 enum MHD_Result api_dispatch(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method,
@@ -166,14 +162,10 @@ void api_watch_stop(server_t *s);
 /* Every live job: abort its engine requests (shutdown after the timeout). */
 void api_abort_all(server_t *s);
 
-/* per-connection state shared by http.c and the endpoints */
+/* the endpoints' state of a request (http_conn_t.app; its body is http.c's) */
 struct conn {
     server_t *srv;
-    char *body;
-    size_t len, cap;
-    bool too_large, answered, started;
-    size_t discarded;               /* body bytes dropped after too_large */
-    long long limit;                /* body limit of this request */
+    bool answered;                  /* the job's answer is queued */
     char *unload_name;              /* a suspended /v1/unload_lora_adapter waiting for in-flight requests */
     bool unload_waiting;
     struct gen_job *job;
@@ -196,7 +188,7 @@ int server_add_adapter(server_t *s, const char *name, const char *dir, bool inpl
 /* ---- security ---- */
 bool auth_ok(const server_t *s, const char *authorization_header);
 /* realpath(path) inside one of the --lora-root directories: 0 and *real set (malloc'd),
- * else an HTTP status (403 outside, 404 missing) with a message in err. */
-int lora_path_check(const server_t *s, const char *path, char **real, char *err, size_t errlen);
+ * else an HTTP status (403 outside, 404 missing), the error in *e. */
+int lora_path_check(const server_t *s, const char *path, char **real, perr_t *e);
 
 #endif
