@@ -28,6 +28,9 @@ typedef struct perr {
 
 /* sets *e; returns false, so that a parser ends with `return fail(e, ...)` */
 bool fail(perr_t *e, unsigned status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* the HTTP status of a CS_E* code: CS_ENOTFOUND 404, the request's own faults (CS_EINVAL,
+ * CS_EFORMAT, CS_ESHAPE, CS_EUNSUPPORTED) 400, the rest 500 */
+unsigned api_status_of(int cs);
 /* answers the error (400 when it has no status) */
 enum MHD_Result reply_err(struct MHD_Connection *c, const perr_t *e);
 /* a JSON string from bytes that may not be valid UTF-8 (bad bytes become U+FFFD) */
