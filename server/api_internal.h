@@ -19,6 +19,9 @@
 #define MAX_PROMPTS 1024
 
 /* ---- api_util.c ---- */
+/* the HTTP status of a CS_E* code: CS_ENOTFOUND 404, the request's own faults (CS_EINVAL,
+ * CS_EFORMAT, CS_ESHAPE, CS_EUNSUPPORTED) 400, the rest 500 */
+unsigned api_status_of(int cs);
 /* a JSON string from bytes that may not be valid UTF-8 (bad bytes become U+FFFD) */
 json_t *jstr(const char *s, size_t n);
 /* One stream frame of O appended to OUT: SSE ("data: {json}\n\n") or, with ndjson, a line

@@ -303,7 +303,7 @@ static const char *finish_name(engine_finish f) {
     }
 }
 
-static unsigned status_of(int cs) {
+unsigned api_status_of(int cs) {
     switch (cs) {
     case CS_ENOTFOUND: return 404;
     case CS_EINVAL: case CS_EFORMAT: case CS_ESHAPE: case CS_EUNSUPPORTED: return 400;
@@ -409,7 +409,7 @@ static void on_event(void *user, const engine_event_t *ev) {
     }
     const char *fin = finish_name(ev->finish);
     if (ev->finish == ENGINE_FINISH_ERROR && !j->err_status) {
-        j->err_status = status_of(ev->error);
+        j->err_status = api_status_of(ev->error);
         j->err_msg = strdup(ev->error_msg ? ev->error_msg : cs_strerror(ev->error));
     }
     if (fin) c->finish = fin;
@@ -500,7 +500,7 @@ enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen
         uint64_t id = 0;
         int rc = engine_submit(s->engine, &rq, &id);
         if (rc) {
-            fail(&e, status_of(rc), NULL, "%s", cs_error_last());
+            fail(&e, api_status_of(rc), NULL, "%s", cs_error_last());
             pthread_mutex_lock(&j->mu);
             j->refs--;
             pthread_mutex_unlock(&j->mu);

@@ -17,6 +17,7 @@
 #include "server/setup.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "engine/sampling_json.h"
 #include "sched/cost.h"
 #include "sched/slo.h"
 #include "lora/assist.h"
@@ -211,8 +212,6 @@ static int job_parse(job_t *j, const tokenizer_t *tok, char *err, size_t errlen)
     json_t *o = j->in;
     engine_request_t *rq = &j->rq;
     memset(rq, 0, sizeof *rq);
-    sampling_params_default(&rq->sampling);
-    rq->max_tokens = 16;
     json_t *v;
     if ((v = json_object_get(o, "prompt_ids"))) {
         if (json_int_array(v, &j->prompt, &rq->n_prompt, "prompt_ids", err, errlen)) return -1;
@@ -234,67 +233,37 @@ static int job_parse(job_t *j, const tokenizer_t *tok, char *err, size_t errlen)
         if (!json_is_string(v)) { snprintf(err, errlen, "adapter must be a string"); return -1; }
         rq->adapter = json_string_value(v);
     }
-#define INT_FIELD(name, dst)                                                                   \
-    if ((v = json_object_get(o, name)) && !json_is_null(v)) {                                 \
-        if (!json_is_integer(v)) { snprintf(err, errlen, name " must be an integer"); return -1; } \
-        dst = (int)json_integer_value(v);                                                      \
+    sampling_json_opts_t opt = {.style = SAMPLING_JSON_BATCH, .logprobs = SAMPLING_JSON_LOGPROBS_COUNT_MODE,
+                                .max_tokens_default = 16, .seed = true};
+    sampling_json_t sj;
+    if (sampling_params_from_json(o, &opt, &sj)) {
+        snprintf(err, errlen, "%s", cs_error_last());
+        sampling_json_free(&sj);
+        return -1;
     }
-#define NUM_FIELD(name, dst)                                                                   \
-    if ((v = json_object_get(o, name)) && !json_is_null(v)) {                                 \
-        if (!json_is_number(v)) { snprintf(err, errlen, name " must be a number"); return -1; } \
-        dst = (float)json_number_value(v);                                                     \
-    }
-    INT_FIELD("max_tokens", rq->max_tokens);
-    INT_FIELD("min_tokens", rq->min_tokens);
-    INT_FIELD("n", rq->n);
-    INT_FIELD("top_k", rq->sampling.top_k);
-    INT_FIELD("logprobs", rq->sampling.logprobs);
-    INT_FIELD("abort_after", j->abort_after);
-    NUM_FIELD("temperature", rq->sampling.temperature);
-    NUM_FIELD("top_p", rq->sampling.top_p);
-    NUM_FIELD("min_p", rq->sampling.min_p);
-    NUM_FIELD("repetition_penalty", rq->sampling.repetition_penalty);
-    NUM_FIELD("presence_penalty", rq->sampling.presence_penalty);
-    NUM_FIELD("frequency_penalty", rq->sampling.frequency_penalty);
-#undef INT_FIELD
-#undef NUM_FIELD
-    if ((v = json_object_get(o, "seed")) && !json_is_null(v)) {
-        if (!json_is_integer(v)) { snprintf(err, errlen, "seed must be an integer"); return -1; }
-        rq->sampling.seed = (uint64_t)json_integer_value(v);
-        rq->sampling.has_seed = true;
-    }
-    if ((v = json_object_get(o, "logprobs_mode")) && !json_is_null(v)) {
-        const char *m = json_string_value(v);
-        if (m && !strcmp(m, "raw")) rq->sampling.logprobs_mode = SAMPLING_LOGPROBS_RAW;
-        else if (m && !strcmp(m, "processed")) rq->sampling.logprobs_mode = SAMPLING_LOGPROBS_PROCESSED;
-        else { snprintf(err, errlen, "logprobs_mode must be \"raw\" or \"processed\""); return -1; }
-    }
-    if ((v = json_object_get(o, "ignore_eos"))) rq->ignore_eos = json_is_true(v);
-    if (sched_parse_slo(json_object_get(o, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms, err, errlen)) return -1;
-    if ((v = json_object_get(o, "stop")) && !json_is_null(v)) {
-        if (json_is_string(v)) {
-            j->stops = calloc(1, sizeof(char *));
-            j->stops[0] = strdup(json_string_value(v));
-            rq->n_stop = 1;
-        } else if (json_is_array(v)) {
-            size_t k = json_array_size(v);
-            j->stops = calloc(k ? k : 1, sizeof(char *));
-            for (size_t i = 0; i < k; i++) {
-                const char *s = json_string_value(json_array_get(v, i));
-                if (!s) { snprintf(err, errlen, "stop[%zu] must be a string", i); return -1; }
-                j->stops[i] = strdup(s);
-                rq->n_stop = (int)i + 1;
-            }
-        } else {
-            snprintf(err, errlen, "stop must be a string or an array of strings");
-            return -1;
-        }
+    rq->sampling = sj.sampling;
+    rq->max_tokens = sj.max_tokens;
+    rq->min_tokens = sj.min_tokens;
+    rq->ignore_eos = sj.ignore_eos;
+    if (sj.stop) {
+        j->stops = calloc(sj.n_stop ? (size_t)sj.n_stop : 1, sizeof(char *));
+        for (rq->n_stop = 0; rq->n_stop < sj.n_stop; rq->n_stop++) j->stops[rq->n_stop] = strdup(sj.stop[rq->n_stop]);
         rq->stop = (const char *const *)j->stops;
     }
-    if ((v = json_object_get(o, "stop_token_ids")) && !json_is_null(v)) {
-        if (json_int_array(v, &j->stop_ids, &rq->n_stop_token_ids, "stop_token_ids", err, errlen)) return -1;
-        rq->stop_token_ids = j->stop_ids;
+    j->stop_ids = sj.stop_ids;
+    rq->stop_token_ids = j->stop_ids;
+    rq->n_stop_token_ids = sj.n_stop_ids;
+    sj.stop_ids = NULL;
+    sampling_json_free(&sj);
+    if ((v = json_object_get(o, "n")) && !json_is_null(v)) {
+        if (!json_is_integer(v)) { snprintf(err, errlen, "n must be an integer"); return -1; }
+        rq->n = (int)json_integer_value(v);
     }
+    if ((v = json_object_get(o, "abort_after")) && !json_is_null(v)) {
+        if (!json_is_integer(v)) { snprintf(err, errlen, "abort_after must be an integer"); return -1; }
+        j->abort_after = (int)json_integer_value(v);
+    }
+    if (sched_parse_slo(json_object_get(o, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms, err, errlen)) return -1;
     j->n = rq->n > 0 ? rq->n : 1;
     return 0;
 }
