@@ -4,7 +4,8 @@
  * tokenizes or renders the chat template, rollout_api/routes.c the rollout side; both submit
  * jobs (api_jobs.c) to the engine, whose thread feeds each token back through a sink into the
  * waiting connection; api_metrics.c serves /metrics. cmd_serve.c reads flags and the config
- * file, loads the model and runs the lifecycle (signals, graceful drain). */
+ * file (through options.c's table), loads the model and runs the lifecycle (signals,
+ * graceful drain). */
 #ifndef CS_SERVER_H
 #define CS_SERVER_H
 
