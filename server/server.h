@@ -4,7 +4,8 @@
  * tokenizes or renders the chat template, rollout_api/routes.c the rollout side; both submit
  * jobs (api_jobs.c) to the engine, whose thread feeds each token back through a sink into the
  * waiting connection; api_metrics.c serves /metrics. cmd_serve.c reads flags and the config
- * file, loads the model and runs the lifecycle (signals, graceful drain). */
+ * file (through options.c's table), loads the model and runs the lifecycle (signals,
+ * graceful drain). */
 #ifndef CS_SERVER_H
 #define CS_SERVER_H
 
@@ -19,54 +20,10 @@
 #include "engine/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
+#include "server/options.h"
 
-typedef struct serve_config {
-    char *model;
-    char *served_model_name;
-    char *host;
-    int port;
-    char *api_key;
-    char *chat_template;            /* file overriding the tokenizer_config.json template */
-    char **lora_modules;            /* "name=dir" */
-    int n_lora_modules;
-    char **lora_roots;
-    int n_lora_roots;
-    int threads;                    /* CPU compute threads (0: all) */
-    int http_threads;               /* libmicrohttpd pool */
-    long long kv_cache_bytes;
-    double kv_cache_fraction;
-    bool kv_cache_explicit;   /* --kv-cache-bytes was given */
-    double gpu_memory_fraction; /* --gpu-memory-fraction (0: the backend's default) */
-    bool cuda_graphs;         /* --cuda-graphs */
-    int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
-    int max_loras;                  /* adapters in device slots at once (0: unbounded) */
-    char *scheduler;                /* --scheduler: NULL or "fcfs" */
-    double slo_headroom;            /* --slo-headroom (0: the policy's default) */
-    char *cost_model;               /* --cost-model FILE */
-    double profile_seconds;         /* --profile-cost-model S (0: none) */
-    char *adapter_slos;             /* --adapter-slos FILE: per-model SLOs (sched/slo.h) */
-    long long lora_cache_bytes;
-    bool lora_buffered_io;          /* --lora-io buffered */
-    long long max_body_bytes;
-    long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */
-    char *adapter_upload_dir;
-    int max_n;                      /* samples per request (n, times prompts for batches) */
-    int max_logprobs;
-    double shutdown_timeout;        /* seconds */
-    char *metrics_prefix;           /* "caraserve_" */
-    bool no_prefix_caching;
-    bool reference_kernels;
-    model_weights_mem weights_mem;  /* --mmap / --no-mmap (default MODEL_WEIGHTS_AUTO) */
-    bool compress_weights;          /* --compress-weights */
-    bool compress_weights_only;     /* --compress-weights-only */
-    bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
-    bool precision_bf16;    /* --precision bf16 */
-    bool lora_bf16;         /* --lora-dtype bf16: adapters held in BF16 */
-    int kv_cache_dtype;     /* --kv-cache-dtype: SETUP_KV_AUTO or a cs_dtype */
-    char *device;           /* --device: auto (NULL), cpu or cuda */
-    int cold_start;         /* --cold-start: SCHED_COLD_* (0: auto) */
-    int assist_threads;     /* --assist-threads (0: the default) */
-} serve_config_t;
+/* serve's flags and config file (server/options.h) */
+typedef cs_options_t serve_config_t;
 
 /* An adapter served by name, with the requests using it (an unload waits for them). */
 typedef struct served_adapter {

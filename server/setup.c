@@ -126,14 +126,6 @@ size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size) {
     return kv;
 }
 
-bool setup_parse_gpu_fraction(const char *s, double *out) {
-    char *end;
-    double f = strtod(s, &end);
-    if (end == s || *end || !(f > 0 && f <= 1)) return false;
-    *out = f;
-    return true;
-}
-
 int setup_parse_precision(const char *s) {
     if (!strcmp(s, "exact")) return 0;
     if (!strcmp(s, "bf16")) return 1;
