@@ -480,6 +480,11 @@ int model_gen_defaults_parse(const char *label, const char *json_text, model_gen
             rc = cs_error_set(CS_EFORMAT, "%s: field '%s' must be >= %g, got %g", label, f->key, f->lo, x);
             break;
         }
+        if ((f->bit == MODEL_GEN_TOP_P && !(x > 0 && x <= 1)) || (f->bit == MODEL_GEN_MIN_P && x > 1) ||
+            (f->bit == MODEL_GEN_REPETITION_PENALTY && !(x > 0))) {
+            rc = cs_error_set(CS_EFORMAT, "%s: field '%s' = %g is out of range", label, f->key, x);
+            break;
+        }
         if (isnan(f->def) || x != f->def) gen_store(out, f->bit, x);
     }
     json_decref(root);

@@ -138,7 +138,7 @@ static int knobs(const ctx_t *c) {
 static int lengths(const ctx_t *c) {
     const sampling_json_opts_t *opt = c->opt;
     const char *mt = opt->max_completion_tokens && field(c, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    long long v = opt->max_tokens_default;
+    long long v = c->out->max_tokens; /* the default, or the model's */
     char nm[80];
     int rc = get_int(c, mt, LLONG_MIN, LLONG_MAX, &v);
     if (rc) return rc;
@@ -274,11 +274,23 @@ static int logprobs(const ctx_t *c) {
     return CS_OK;
 }
 
+/* the model's recommended values in place of vLLM's defaults, before the request's own */
+static void model_defaults(const model_gen_defaults_t *g, sampling_json_t *out) {
+    sampling_params_t *sp = &out->sampling;
+    if (g->set & MODEL_GEN_TEMPERATURE) sp->temperature = (float)g->temperature;
+    if (g->set & MODEL_GEN_TOP_P) sp->top_p = (float)g->top_p;
+    if (g->set & MODEL_GEN_TOP_K) sp->top_k = g->top_k;
+    if (g->set & MODEL_GEN_MIN_P) sp->min_p = (float)g->min_p;
+    if (g->set & MODEL_GEN_REPETITION_PENALTY) sp->repetition_penalty = (float)g->repetition_penalty;
+    if ((g->set & MODEL_GEN_MAX_TOKENS) && out->max_tokens < 0) out->max_tokens = g->max_tokens;
+}
+
 int sampling_params_from_json(const json_t *o, const sampling_json_opts_t *opt, sampling_json_t *out) {
     ctx_t c = {.o = o, .opt = opt, .out = out};
     memset(out, 0, sizeof *out);
     sampling_params_default(&out->sampling);
     out->max_tokens = opt->max_tokens_default;
+    if (opt->defaults) model_defaults(opt->defaults, out);
     int rc;
     if ((rc = knobs(&c)) || (rc = lengths(&c))) return rc;
     if ((rc = get_bool(&c, "ignore_eos", &out->ignore_eos))) return rc;

@@ -37,6 +37,7 @@
 
 #include <jansson.h>
 
+#include "base/model_config.h"
 #include "engine/sampling.h"
 
 typedef enum sampling_json_style {
@@ -61,6 +62,10 @@ typedef struct sampling_json_opts {
     int max_model_len;           /* OpenAI: max_tokens above it refused */
     int vocab;                   /* stop_token_ids below it; 0: below 2^31 */
     bool seed;                   /* reads "seed" */
+    /* the model's recommended sampling (generation_config.json, --generation-config auto):
+     * what temperature, top_p, top_k, min_p, repetition_penalty and (where the default is up
+     * to the context) max_tokens are when the request leaves them out; NULL: vLLM's defaults */
+    const model_gen_defaults_t *defaults;
 } sampling_json_opts_t;
 
 typedef struct sampling_json {

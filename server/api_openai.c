@@ -130,7 +130,7 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
                                 .logprobs = chat ? SAMPLING_JSON_LOGPROBS_CHAT : SAMPLING_JSON_LOGPROBS_COUNT,
                                 .max_logprobs = s->cfg.max_logprobs, .max_tokens_default = chat ? -1 : 16,
                                 .max_completion_tokens = chat, .max_model_len = s->max_model_len,
-                                .vocab = s->vocab_size, .seed = true};
+                                .vocab = s->vocab_size, .seed = true, .defaults = &s->gen_defaults};
     sampling_json_t sj;
     int rc = sampling_params_from_json(b, &opt, &sj);
     if (!rc && sj.n_stop && !s->tok) {

@@ -164,8 +164,42 @@ usage_err:
     return 2;
 }
 
-/* before the model: the served name, --adapter-slos, the roots, the upload directory, the
- * listener (/health answers 503 while the model loads) */
+/* --generation-config: auto takes the sampling defaults of the model's generation_config.json
+ * (as vLLM does), vllm none, DIR those of DIR/generation_config.json */
+static int serve_generation_config(server_t *s) {
+    const char *gc = s->cfg.generation_config;
+    if (!gc || !strcmp(gc, "vllm")) return 0;
+    bool from_model = !strcmp(gc, "auto");
+    const char *dir = from_model ? s->cfg.model : gc;
+    char *path = cs_path_join(dir, "generation_config.json");
+    if (!path) return -1;
+    int rc = !from_model && !cs_file_exists(path) ? cs_error_set(CS_ENOTFOUND, "no %s", path)
+                                                 : model_gen_defaults_load(dir, &s->gen_defaults);
+    if (rc) {
+        fprintf(stderr, "caraserve serve: --generation-config %s: %s\n", gc, cs_error_last());
+        free(path);
+        return -1;
+    }
+    const model_gen_defaults_t *g = &s->gen_defaults;
+    if (g->set) {
+        char b[256] = "";
+        size_t n = 0;
+        if (g->set & MODEL_GEN_TEMPERATURE) n += (size_t)snprintf(b + n, sizeof b - n, " temperature=%g", g->temperature);
+        if (g->set & MODEL_GEN_TOP_P) n += (size_t)snprintf(b + n, sizeof b - n, " top_p=%g", g->top_p);
+        if (g->set & MODEL_GEN_TOP_K) n += (size_t)snprintf(b + n, sizeof b - n, " top_k=%d", g->top_k);
+        if (g->set & MODEL_GEN_MIN_P) n += (size_t)snprintf(b + n, sizeof b - n, " min_p=%g", g->min_p);
+        if (g->set & MODEL_GEN_REPETITION_PENALTY)
+            n += (size_t)snprintf(b + n, sizeof b - n, " repetition_penalty=%g", g->repetition_penalty);
+        if (g->set & MODEL_GEN_MAX_TOKENS) snprintf(b + n, sizeof b - n, " max_tokens=%d", g->max_tokens);
+        fprintf(stderr, "caraserve: requests' default sampling from %s:%s (a request's own values win; "
+                        "--generation-config vllm: vLLM's defaults)\n", path, b);
+    }
+    free(path);
+    return 0;
+}
+
+/* before the model: the served name, --generation-config, --adapter-slos, the roots, the
+ * upload directory, the listener (/health answers 503 while the model loads) */
 static int serve_prepare(server_t *s) {
     if (!s->cfg.served_model_name) {
         const char *b = s->cfg.model + strlen(s->cfg.model);
@@ -175,6 +209,7 @@ static int serve_prepare(server_t *s) {
         s->cfg.served_model_name = e > b ? strndup(b, (size_t)(e - b)) : strdup(s->cfg.model);
     }
     s->model_name = s->cfg.served_model_name;
+    if (serve_generation_config(s)) return -1;
     if (s->cfg.adapter_slos) { /* before anything slow: a bad file stops the start at once */
         char err[512];
         if (!(s->slos = sched_slo_table_load(s->cfg.adapter_slos, err, sizeof err))) {

@@ -93,6 +93,10 @@ static const opt_t OPTS[] = {
              "refused)"},
     {"config", "FILE", K_CONFIG, SRV,
      .help = "read options from FILE ('name = value' lines; see etc/caraserve.conf); the command line wins"},
+    {"generation-config", "auto|vllm|DIR", K_STRING, SRV, F(generation_config), .def = "auto",
+     .help = "sampling defaults of requests that leave them out: auto, the model's generation_config.json "
+             "(its temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); vllm, vLLM's "
+             "(temperature 1, the rest off); DIR, DIR/generation_config.json's"},
     {"chat-template", "FILE", K_STRING, SRV, F(chat_template),
      .help = "Jinja chat template instead of tokenizer_config.json's"},
 

@@ -25,6 +25,7 @@ typedef struct cs_options {
     char **lora_roots;
     int n_lora_roots;
     char *chat_template;            /* file overriding the tokenizer_config.json template */
+    char *generation_config;        /* auto, vllm or a directory: where requests' sampling defaults come from */
     /* HTTP */
     char *host;
     int port;

@@ -69,6 +69,7 @@ typedef struct server {
     bool tmpl_wants_parts;          /* the template reads content parts (['type']) */
     char *bos_token, *eos_token;    /* strings for the template */
     int max_model_len;
+    model_gen_defaults_t gen_defaults; /* --generation-config: requests' sampling defaults */
     int vocab_size;                 /* the model's: token ids must be below it */
     time_t created;
     char *upload_dir;               /* where uploaded adapter versions are written */

@@ -396,6 +396,9 @@ START_TEST(test_gen_defaults) {
     ck_assert_ptr_nonnull(strstr(cs_error_last(), "'top_k'"));
     ck_assert_int_eq(model_gen_defaults_parse("g", "{\"max_new_tokens\": 0}", &g), CS_EFORMAT);
     ck_assert_int_eq(model_gen_defaults_parse("g", "{\"top_p\": -0.5}", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"top_p\": 0}", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"min_p\": 1.5}", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"repetition_penalty\": 0}", &g), CS_EFORMAT);
     ck_assert_int_eq(model_gen_defaults_parse("g", "[1]", &g), CS_EFORMAT);
     ck_assert_int_eq(model_gen_defaults_parse("g", "{", &g), CS_EFORMAT);
     /* a directory without the file has no defaults */
