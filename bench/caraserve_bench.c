@@ -176,7 +176,7 @@ static int int_arg(const char *flag, const char *v, long lo, long hi) {
     return (int)x;
 }
 
-static void parse_args(int argc, char **argv, opts_t *o) {
+static void opts_default(opts_t *o) {
     memset(o, 0, sizeof *o);
     bw_config_default(&o->wl);
     o->host = "127.0.0.1";
@@ -195,162 +195,216 @@ static void parse_args(int argc, char **argv, opts_t *o) {
     o->mo.bucket_s = 1;
     o->metrics_mask = BM_TTFT | BM_TPOT | BM_ITL | BM_E2EL;
     o->result_dir = ".";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        char flag[64];
-        const char *val = NULL;
-        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
-        if (eq && (size_t)(eq - a) < sizeof flag) {
-            memcpy(flag, a, (size_t)(eq - a));
-            flag[eq - a] = 0;
-            val = eq + 1;
-        } else {
-            snprintf(flag, sizeof flag, "%s", a);
-        }
-#define IS(s) (!strcmp(flag, s))
-#define VAL() (val ? val : (i + 1 < argc ? argv[++i] : (usage_error("%s needs a value", flag), "")))
-/* the values after a many-valued flag: up to the next --flag */
-#define EACH(body)                                                                    \
-    do {                                                                              \
-        int got_ = 0;                                                                 \
-        if (val) { const char *v = val; body; got_++; }                               \
-        while (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {               \
-            const char *v = argv[++i];                                                \
-            body;                                                                     \
-            got_++;                                                                   \
-        }                                                                             \
-        if (!got_) usage_error("%s needs at least one value", flag);                   \
-    } while (0)
-        if (IS("-h") || IS("--help")) { fputs(USAGE, stdout); exit(0); }
-        else if (IS("--version")) { printf("caraserve-bench %s\n", PACKAGE_VERSION); exit(0); }
-        else if (IS("--base-url")) o->base_url = VAL();
-        else if (IS("--host")) o->host = VAL();
-        else if (IS("--port")) o->port = int_arg(flag, VAL(), 1, 65535);
-        else if (IS("--endpoint")) o->endpoint = VAL();
-        else if (IS("--api-key")) o->api_key = VAL();
-        else if (IS("--header")) EACH({
-            if (!strchr(v, '=')) usage_error("--header: '%s' is not KEY=VALUE", v);
-            if (o->n_headers == (int)CS_ARRAY_LEN(o->headers)) usage_error("--header: too many");
-            o->headers[o->n_headers++] = v;
-        });
-        else if (IS("--model")) o->model = VAL();
-        else if (IS("--request-timeout")) o->request_timeout = num_arg(flag, VAL(), 0, 1e7);
-        else if (IS("--insecure")) o->insecure = true;
-        else if (IS("--seed")) {
-            const char *v = VAL();
-            char *end;
-            errno = 0;
-            o->wl.seed = strtoull(v, &end, 10);
-            if (!*v || *end || errno || *v == '-') usage_error("--seed: '%s' is not a non-negative integer", v);
-        } else if (IS("--num-prompts")) { o->wl.num_prompts = int_arg(flag, VAL(), 1, 100000000); o->num_prompts_given = true; }
-        else if (IS("--duration")) o->wl.duration = num_arg(flag, VAL(), 1e-3, 1e7);
-        else if (IS("--request-rate")) {
-            const char *v = VAL();
-            o->wl.arrival.rate = !strcmp(v, "inf") ? INFINITY : num_arg(flag, v, 1e-9, 1e9);
-            o->rate_given = true;
-        } else if (IS("--arrival")) {
-            const char *v = VAL();
-            o->arrival_given = true;
-            if (!strcmp(v, "poisson")) o->wl.arrival.kind = BW_ARRIVAL_POISSON;
-            else if (!strcmp(v, "gamma")) o->wl.arrival.kind = BW_ARRIVAL_GAMMA;
-            else if (!strcmp(v, "constant")) o->wl.arrival.kind = BW_ARRIVAL_CONSTANT;
-            else if (!strcmp(v, "trace")) o->wl.arrival.kind = BW_ARRIVAL_TRACE;
-            else usage_error("--arrival: '%s' is not poisson, gamma, constant or trace", v);
-        } else if (IS("--burstiness")) { o->burstiness = num_arg(flag, VAL(), 1e-6, 1e6); o->burstiness_given = true; }
-        else if (IS("--cv")) { o->cv = num_arg(flag, VAL(), 1e-3, 1e3); o->cv_given = true; }
-        else if (IS("--ramp-up-strategy")) {
-            const char *v = VAL();
-            if (!strcmp(v, "linear")) o->wl.arrival.ramp = BW_RAMP_LINEAR;
-            else if (!strcmp(v, "exponential")) o->wl.arrival.ramp = BW_RAMP_EXPONENTIAL;
-            else usage_error("--ramp-up-strategy: '%s' is not linear or exponential", v);
-        } else if (IS("--ramp-up-start-rps")) o->wl.arrival.ramp_start = num_arg(flag, VAL(), 1e-9, 1e9);
-        else if (IS("--ramp-up-end-rps")) o->wl.arrival.ramp_end = num_arg(flag, VAL(), 1e-9, 1e9);
-        else if (IS("--arrivals-file")) o->wl.arrivals_file = VAL();
-        else if (IS("--time-scale")) o->wl.time_scale = num_arg(flag, VAL(), 1e-9, 1e9);
-        else if (IS("--max-concurrency")) o->max_concurrency = int_arg(flag, VAL(), 1, 1000000);
-        else if (IS("--num-warmups")) o->num_warmups = int_arg(flag, VAL(), 0, 1000000);
-        else if (IS("--lora-modules")) EACH({
-            bw_adapter_t ad;
-            if (bw_adapter_parse(v, &ad)) usage_error("--lora-modules: %s", cs_error_last());
-            bw_adapter_t *na = realloc(o->adapters, (size_t)(o->n_adapters + 1) * sizeof *na);
-            if (!na) usage_error("out of memory");
-            o->adapters = na;
-            o->adapters[o->n_adapters++] = ad;
-        });
-        else if (IS("--num-adapters")) o->wl.num_adapters = int_arg(flag, VAL(), 1, 1000000);
-        else if (IS("--adapter-prefix")) o->wl.adapter_prefix = VAL();
-        else if (IS("--rank-mix")) { if (bw_rank_mix_parse(VAL(), &o->wl.rank_mix)) usage_error("--rank-mix: %s", cs_error_last()); }
-        else if (IS("--popularity")) { o->popularity = VAL(); if (bw_pop_parse(o->popularity, &o->wl.pop)) usage_error("--popularity: %s", cs_error_last()); }
-        else if (IS("--popularity-file")) o->wl.popularity_file = VAL();
-        else if (IS("--base-fraction")) o->wl.base_fraction = num_arg(flag, VAL(), 0, 1);
-        else if (IS("--dataset-name")) {
-            const char *v = VAL();
-            if (!strcmp(v, "random")) o->wl.dataset = BW_DATA_RANDOM;
-            else if (!strcmp(v, "azure-llm")) o->wl.dataset = BW_DATA_AZURE;
-            else if (!strcmp(v, "trace")) o->wl.dataset = BW_DATA_TRACE;
-            else usage_error("--dataset-name: '%s' is not random, azure-llm or trace", v);
-        } else if (IS("--dataset-path")) o->wl.dataset_path = VAL();
-        else if (IS("--random-input-len")) o->wl.input_len = int_arg(flag, VAL(), 1, 10000000);
-        else if (IS("--random-output-len")) o->wl.output_len = int_arg(flag, VAL(), 1, 10000000);
-        else if (IS("--random-range-ratio")) o->wl.range_ratio = num_arg(flag, VAL(), 0, 0.999999);
-        else if (IS("--prompt-format")) {
-            const char *v = VAL();
-            if (!strcmp(v, "ids")) o->text_prompts = false;
-            else if (!strcmp(v, "text")) o->text_prompts = true;
-            else usage_error("--prompt-format: '%s' is not ids or text", v);
-        } else if (IS("--vocab-size")) o->vocab_size = int_arg(flag, VAL(), 2, 100000000);
-        else if (IS("--token-id-min")) o->token_id_min = int_arg(flag, VAL(), 0, 100000000);
-        else if (IS("--ignore-eos")) o->ignore_eos = true;
-        else if (IS("--no-ignore-eos")) o->ignore_eos = false;
-        else if (IS("--temperature")) o->temperature = num_arg(flag, VAL(), 0, 100);
-        else if (IS("--top-p")) { o->top_p = num_arg(flag, VAL(), 0, 1); o->top_p_given = true; }
-        else if (IS("--top-k")) { o->top_k = int_arg(flag, VAL(), -1, 1000000); o->top_k_given = true; }
-        else if (IS("--extra-body")) {
-            json_error_t je;
-            json_decref(o->extra_body);
-            o->extra_body = json_loads(VAL(), 0, &je);
-            if (!json_is_object(o->extra_body)) usage_error("--extra-body: not a JSON object (%s)", je.text);
-        } else if (IS("--rollout-n")) o->rollout_n = int_arg(flag, VAL(), 1, 100000);
-        else if (IS("--rollout-groups")) o->rollout_groups = int_arg(flag, VAL(), 1, 100000);
-        else if (IS("--dump-schedule")) o->dump_schedule = VAL();
-        else if (IS("--dry-run")) o->dry_run = true;
-        else if (IS("--goodput")) EACH({
+}
+
+/* the command line as a cursor: argv[i] is the flag at hand, split into its name and, for
+ * --flag=value, its value */
+typedef struct args {
+    int argc, i;
+    char **argv;
+    char flag[64];
+    const char *val; /* the part after '=', or NULL */
+} args_t;
+
+static void args_load(args_t *a) {
+    const char *s = a->argv[a->i];
+    const char *eq = strncmp(s, "--", 2) == 0 ? strchr(s, '=') : NULL;
+    a->val = NULL;
+    if (eq && (size_t)(eq - s) < sizeof a->flag) {
+        memcpy(a->flag, s, (size_t)(eq - s));
+        a->flag[eq - s] = 0;
+        a->val = eq + 1;
+    } else {
+        snprintf(a->flag, sizeof a->flag, "%s", s);
+    }
+}
+
+static bool arg_is(const args_t *a, const char *s) { return !strcmp(a->flag, s); }
+
+/* the flag's value: after '=', or the next argument */
+static const char *arg_val(args_t *a) {
+    if (a->val) return a->val;
+    if (a->i + 1 < a->argc) return a->argv[++a->i];
+    usage_error("%s needs a value", a->flag);
+}
+
+/* the values of a many-valued flag one by one (the one after '=', or the arguments up to the
+ * next --flag), NULL after the last; *k counts them, from 0 */
+static const char *arg_each(args_t *a, int *k) {
+    const char *v = NULL;
+    if (a->val) v = *k == 0 ? a->val : NULL;
+    else if (a->i + 1 < a->argc && strncmp(a->argv[a->i + 1], "--", 2)) v = a->argv[++a->i];
+    if (!v && *k == 0) usage_error("%s needs at least one value", a->flag);
+    (*k)++;
+    return v;
+}
+
+static double num_flag(args_t *a, double lo, double hi) { return num_arg(a->flag, arg_val(a), lo, hi); }
+static int int_flag(args_t *a, long lo, long hi) { return int_arg(a->flag, arg_val(a), lo, hi); }
+
+/* the values of --header or --metadata: KEY=VALUE each, at most cap of them */
+static void kv_flag(args_t *a, const char **list, int *n, int cap) {
+    const char *v;
+    for (int k = 0; (v = arg_each(a, &k));) {
+        if (!strchr(v, '=')) usage_error("%s: '%s' is not KEY=VALUE", a->flag, v);
+        if (*n == cap) usage_error("%s: too many", a->flag);
+        list[(*n)++] = v;
+    }
+}
+
+/* Each group's flags; false when the flag is none of them. */
+static bool target_flag(args_t *a, opts_t *o) {
+    if (arg_is(a, "--base-url")) o->base_url = arg_val(a);
+    else if (arg_is(a, "--host")) o->host = arg_val(a);
+    else if (arg_is(a, "--port")) o->port = int_flag(a, 1, 65535);
+    else if (arg_is(a, "--endpoint")) o->endpoint = arg_val(a);
+    else if (arg_is(a, "--api-key")) o->api_key = arg_val(a);
+    else if (arg_is(a, "--header")) kv_flag(a, o->headers, &o->n_headers, (int)CS_ARRAY_LEN(o->headers));
+    else if (arg_is(a, "--model")) o->model = arg_val(a);
+    else if (arg_is(a, "--request-timeout")) o->request_timeout = num_flag(a, 0, 1e7);
+    else if (arg_is(a, "--insecure")) o->insecure = true;
+    else return false;
+    return true;
+}
+
+static bool arrival_flag(args_t *a, opts_t *o) {
+    bw_arrival_params_t *ar = &o->wl.arrival;
+    if (arg_is(a, "--seed")) {
+        const char *v = arg_val(a);
+        char *end;
+        errno = 0;
+        o->wl.seed = strtoull(v, &end, 10);
+        if (!*v || *end || errno || *v == '-') usage_error("--seed: '%s' is not a non-negative integer", v);
+    } else if (arg_is(a, "--num-prompts")) { o->wl.num_prompts = int_flag(a, 1, 100000000); o->num_prompts_given = true; }
+    else if (arg_is(a, "--duration")) o->wl.duration = num_flag(a, 1e-3, 1e7);
+    else if (arg_is(a, "--request-rate")) {
+        const char *v = arg_val(a);
+        ar->rate = !strcmp(v, "inf") ? INFINITY : num_arg(a->flag, v, 1e-9, 1e9);
+        o->rate_given = true;
+    } else if (arg_is(a, "--arrival")) {
+        const char *v = arg_val(a);
+        o->arrival_given = true;
+        if (!strcmp(v, "poisson")) ar->kind = BW_ARRIVAL_POISSON;
+        else if (!strcmp(v, "gamma")) ar->kind = BW_ARRIVAL_GAMMA;
+        else if (!strcmp(v, "constant")) ar->kind = BW_ARRIVAL_CONSTANT;
+        else if (!strcmp(v, "trace")) ar->kind = BW_ARRIVAL_TRACE;
+        else usage_error("--arrival: '%s' is not poisson, gamma, constant or trace", v);
+    } else if (arg_is(a, "--burstiness")) { o->burstiness = num_flag(a, 1e-6, 1e6); o->burstiness_given = true; }
+    else if (arg_is(a, "--cv")) { o->cv = num_flag(a, 1e-3, 1e3); o->cv_given = true; }
+    else if (arg_is(a, "--ramp-up-strategy")) {
+        const char *v = arg_val(a);
+        if (!strcmp(v, "linear")) ar->ramp = BW_RAMP_LINEAR;
+        else if (!strcmp(v, "exponential")) ar->ramp = BW_RAMP_EXPONENTIAL;
+        else usage_error("--ramp-up-strategy: '%s' is not linear or exponential", v);
+    } else if (arg_is(a, "--ramp-up-start-rps")) ar->ramp_start = num_flag(a, 1e-9, 1e9);
+    else if (arg_is(a, "--ramp-up-end-rps")) ar->ramp_end = num_flag(a, 1e-9, 1e9);
+    else if (arg_is(a, "--arrivals-file")) o->wl.arrivals_file = arg_val(a);
+    else if (arg_is(a, "--time-scale")) o->wl.time_scale = num_flag(a, 1e-9, 1e9);
+    else if (arg_is(a, "--max-concurrency")) o->max_concurrency = int_flag(a, 1, 1000000);
+    else if (arg_is(a, "--num-warmups")) o->num_warmups = int_flag(a, 0, 1000000);
+    else return false;
+    return true;
+}
+
+static void add_lora_module(opts_t *o, const char *v) {
+    bw_adapter_t ad;
+    if (bw_adapter_parse(v, &ad)) usage_error("--lora-modules: %s", cs_error_last());
+    bw_adapter_t *na = realloc(o->adapters, (size_t)(o->n_adapters + 1) * sizeof *na);
+    if (!na) usage_error("out of memory");
+    o->adapters = na;
+    o->adapters[o->n_adapters++] = ad;
+}
+
+static bool dataset_flag(args_t *a, opts_t *o) {
+    if (arg_is(a, "--lora-modules")) {
+        const char *v;
+        for (int k = 0; (v = arg_each(a, &k));) add_lora_module(o, v);
+    } else if (arg_is(a, "--num-adapters")) o->wl.num_adapters = int_flag(a, 1, 1000000);
+    else if (arg_is(a, "--adapter-prefix")) o->wl.adapter_prefix = arg_val(a);
+    else if (arg_is(a, "--rank-mix")) { if (bw_rank_mix_parse(arg_val(a), &o->wl.rank_mix)) usage_error("--rank-mix: %s", cs_error_last()); }
+    else if (arg_is(a, "--popularity")) { o->popularity = arg_val(a); if (bw_pop_parse(o->popularity, &o->wl.pop)) usage_error("--popularity: %s", cs_error_last()); }
+    else if (arg_is(a, "--popularity-file")) o->wl.popularity_file = arg_val(a);
+    else if (arg_is(a, "--base-fraction")) o->wl.base_fraction = num_flag(a, 0, 1);
+    else if (arg_is(a, "--dataset-name")) {
+        const char *v = arg_val(a);
+        if (!strcmp(v, "random")) o->wl.dataset = BW_DATA_RANDOM;
+        else if (!strcmp(v, "azure-llm")) o->wl.dataset = BW_DATA_AZURE;
+        else if (!strcmp(v, "trace")) o->wl.dataset = BW_DATA_TRACE;
+        else usage_error("--dataset-name: '%s' is not random, azure-llm or trace", v);
+    } else if (arg_is(a, "--dataset-path")) o->wl.dataset_path = arg_val(a);
+    else if (arg_is(a, "--random-input-len")) o->wl.input_len = int_flag(a, 1, 10000000);
+    else if (arg_is(a, "--random-output-len")) o->wl.output_len = int_flag(a, 1, 10000000);
+    else if (arg_is(a, "--random-range-ratio")) o->wl.range_ratio = num_flag(a, 0, 0.999999);
+    else if (arg_is(a, "--prompt-format")) {
+        const char *v = arg_val(a);
+        if (!strcmp(v, "ids")) o->text_prompts = false;
+        else if (!strcmp(v, "text")) o->text_prompts = true;
+        else usage_error("--prompt-format: '%s' is not ids or text", v);
+    } else if (arg_is(a, "--vocab-size")) o->vocab_size = int_flag(a, 2, 100000000);
+    else if (arg_is(a, "--token-id-min")) o->token_id_min = int_flag(a, 0, 100000000);
+    else return false;
+    return true;
+}
+
+static bool sampling_flag(args_t *a, opts_t *o) {
+    if (arg_is(a, "--ignore-eos")) o->ignore_eos = true;
+    else if (arg_is(a, "--no-ignore-eos")) o->ignore_eos = false;
+    else if (arg_is(a, "--temperature")) o->temperature = num_flag(a, 0, 100);
+    else if (arg_is(a, "--top-p")) { o->top_p = num_flag(a, 0, 1); o->top_p_given = true; }
+    else if (arg_is(a, "--top-k")) { o->top_k = int_flag(a, -1, 1000000); o->top_k_given = true; }
+    else if (arg_is(a, "--extra-body")) {
+        json_error_t je;
+        json_decref(o->extra_body);
+        o->extra_body = json_loads(arg_val(a), 0, &je);
+        if (!json_is_object(o->extra_body)) usage_error("--extra-body: not a JSON object (%s)", je.text);
+    } else if (arg_is(a, "--rollout-n")) o->rollout_n = int_flag(a, 1, 100000);
+    else if (arg_is(a, "--rollout-groups")) o->rollout_groups = int_flag(a, 1, 100000);
+    else return false;
+    return true;
+}
+
+static void percentiles_flag(args_t *a, opts_t *o) {
+    char *dup = strdup(arg_val(a)), *save = NULL;
+    o->mo.n_pct = 0;
+    for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->mo.n_pct == BM_MAX_PCT) usage_error("--metric-percentiles: at most %d", BM_MAX_PCT);
+        o->mo.pct[o->mo.n_pct++] = num_arg(a->flag, t, 0, 100);
+    }
+    free(dup);
+    if (o->mo.n_pct == 0) usage_error("--metric-percentiles: empty");
+}
+
+static bool output_flag(args_t *a, opts_t *o) {
+    if (arg_is(a, "--dump-schedule")) o->dump_schedule = arg_val(a);
+    else if (arg_is(a, "--dry-run")) o->dry_run = true;
+    else if (arg_is(a, "--goodput")) {
+        const char *v;
+        for (int k = 0; (v = arg_each(a, &k));) {
             if (bm_slo_parse(v, &o->mo.slo)) usage_error("--goodput: %s", cs_error_last());
             o->mo.has_slo = true;
             if (o->n_goodput < (int)CS_ARRAY_LEN(o->goodput)) o->goodput[o->n_goodput++] = v;
-        });
-        else if (IS("--percentile-metrics")) { if (bm_metrics_parse(VAL(), &o->metrics_mask)) usage_error("--percentile-metrics: %s", cs_error_last()); }
-        else if (IS("--metric-percentiles")) {
-            char *dup = strdup(VAL()), *save = NULL;
-            o->mo.n_pct = 0;
-            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (o->mo.n_pct == BM_MAX_PCT) usage_error("--metric-percentiles: at most %d", BM_MAX_PCT);
-                o->mo.pct[o->mo.n_pct++] = num_arg(flag, t, 0, 100);
-            }
-            free(dup);
-            if (o->mo.n_pct == 0) usage_error("--metric-percentiles: empty");
-        } else if (IS("--per-adapter")) o->per_adapter = true;
-        else if (IS("--per-rank")) o->per_rank = true;
-        else if (IS("--save-result")) o->save_result = true;
-        else if (IS("--save-detailed")) o->save_detailed = true;
-        else if (IS("--result-dir")) o->result_dir = VAL();
-        else if (IS("--result-filename")) o->result_filename = VAL();
-        else if (IS("--label")) o->label = VAL();
-        else if (IS("--metadata")) EACH({
-            if (!strchr(v, '=')) usage_error("--metadata: '%s' is not KEY=VALUE", v);
-            if (o->n_metadata == (int)CS_ARRAY_LEN(o->metadata)) usage_error("--metadata: too many");
-            o->metadata[o->n_metadata++] = v;
-        });
-        else if (IS("--requests-csv")) o->requests_csv = VAL();
-        else if (IS("--plot")) o->plot = VAL();
-        else if (IS("--timeseries-bucket")) o->mo.bucket_s = num_arg(flag, VAL(), 1e-3, 1e6);
-        else if (IS("--no-progress")) o->no_progress = true;
-        else usage_error("unknown option '%s'", a);
-#undef IS
-#undef VAL
-#undef EACH
-    }
-    /* what follows from what */
+        }
+    } else if (arg_is(a, "--percentile-metrics")) { if (bm_metrics_parse(arg_val(a), &o->metrics_mask)) usage_error("--percentile-metrics: %s", cs_error_last()); }
+    else if (arg_is(a, "--metric-percentiles")) percentiles_flag(a, o);
+    else if (arg_is(a, "--per-adapter")) o->per_adapter = true;
+    else if (arg_is(a, "--per-rank")) o->per_rank = true;
+    else if (arg_is(a, "--save-result")) o->save_result = true;
+    else if (arg_is(a, "--save-detailed")) o->save_detailed = true;
+    else if (arg_is(a, "--result-dir")) o->result_dir = arg_val(a);
+    else if (arg_is(a, "--result-filename")) o->result_filename = arg_val(a);
+    else if (arg_is(a, "--label")) o->label = arg_val(a);
+    else if (arg_is(a, "--metadata")) kv_flag(a, o->metadata, &o->n_metadata, (int)CS_ARRAY_LEN(o->metadata));
+    else if (arg_is(a, "--requests-csv")) o->requests_csv = arg_val(a);
+    else if (arg_is(a, "--plot")) o->plot = arg_val(a);
+    else if (arg_is(a, "--timeseries-bucket")) o->mo.bucket_s = num_flag(a, 1e-3, 1e6);
+    else if (arg_is(a, "--no-progress")) o->no_progress = true;
+    else return false;
+    return true;
+}
+
+/* what follows from what: the arrivals' kind and shape, the count, the popularity, and the
+ * combinations of flags that contradict each other */
+static void opts_derive(opts_t *o) {
     bw_arrival_params_t *ar = &o->wl.arrival;
     if (o->burstiness_given && o->cv_given) usage_error("--burstiness and --cv say the same thing: give one");
     ar->shape = o->cv_given ? 1 / (o->cv * o->cv) : o->burstiness;
@@ -382,6 +436,20 @@ static void parse_args(int argc, char **argv, opts_t *o) {
     if (o->token_id_min >= o->vocab_size) usage_error("--token-id-min must be below --vocab-size");
     if (strstr(o->endpoint, "rollout") && o->mo.slo.tpot_ms >= 0 && o->mo.slo.ttft_ms < 0 && o->mo.slo.e2el_ms < 0)
         usage_error("--goodput tpot: /v1/rollout streams whole groups, so TPOT is not measured; bound ttft or e2el");
+}
+
+static void parse_args(int argc, char **argv, opts_t *o) {
+    opts_default(o);
+    args_t a = {.argc = argc, .argv = argv};
+    for (a.i = 1; a.i < argc; a.i++) {
+        args_load(&a);
+        if (arg_is(&a, "-h") || arg_is(&a, "--help")) { fputs(USAGE, stdout); exit(0); }
+        else if (arg_is(&a, "--version")) { printf("caraserve-bench %s\n", PACKAGE_VERSION); exit(0); }
+        else if (!target_flag(&a, o) && !arrival_flag(&a, o) && !dataset_flag(&a, o) && !sampling_flag(&a, o) &&
+                 !output_flag(&a, o))
+            usage_error("unknown option '%s'", argv[a.i]);
+    }
+    opts_derive(o);
 }
 
 /* ---- the run ---- */
