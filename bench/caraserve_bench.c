@@ -490,8 +490,9 @@ struct bench {
     CURLM *multi;
     struct curl_slist *headers;
     char *url;
-    const char *base;
+    char base[1024];         /* the server's root */
     const char *model;
+    char *model_owned;       /* the model's name from GET /v1/models */
     bool rollout;
     double t0;               /* CLOCK_MONOTONIC of the benchmark's start */
     int inflight;
@@ -1142,244 +1143,320 @@ static void raise_fd_limit(void) { /* one socket per request in flight */
     }
 }
 
-int main(int argc, char **argv) {
-    opts_t o;
-    parse_args(argc, argv, &o);
-    bench_t b = {.o = &o};
-    int status = 1;
-    bm_result_t *res = NULL;
-    char *model_owned = NULL;
-    if (o.wl.dataset == BW_DATA_TRACE) {
-        if (bw_schedule_load(o.wl.dataset_path, &b.s)) {
+/* ---- main: set-up, the run, the report ---- */
+
+/* the schedule: replayed from --dataset-name trace's file or drawn; 0, or the exit status */
+static int load_schedule(bench_t *b) {
+    const opts_t *o = b->o;
+    if (o->wl.dataset == BW_DATA_TRACE) {
+        if (bw_schedule_load(o->wl.dataset_path, &b->s)) {
             fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
             return 1;
         }
     } else {
-        int rc = bw_schedule_build(&o.wl, &b.s);
+        int rc = bw_schedule_build(&o->wl, &b->s);
         if (rc) {
             fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
             return rc == CS_EINVAL ? 2 : 1; /* a bad combination of flags, or a file */
         }
     }
-    b.rollout = strstr(o.endpoint, "rollout") != NULL;
-    o.mo.no_token_timing = b.rollout; /* one chunk per group: no per-token time to measure */
-    if (b.rollout) /* a call's tokens are counted in an int: groups x prompt, groups x n x output */
-        for (int i = 0; i < b.s->n; i++) {
-            const bw_request_t *q = &b.s->req[i];
-            long long in = (long long)q->input_len * o.rollout_groups;
-            long long out = (long long)q->output_len * o.rollout_groups * o.rollout_n;
-            if (in > INT_MAX || out > INT_MAX) {
-                fprintf(stderr, "caraserve-bench: request %d: %d groups x %d prompt tokens and %d groups x n=%d x %d "
-                        "output tokens in one rollout call: more than %d; lower --rollout-groups, --rollout-n or "
-                        "the lengths\n", q->id, o.rollout_groups, q->input_len, o.rollout_groups, o.rollout_n,
-                        q->output_len, INT_MAX);
-                status = 2;
-                goto done;
-            }
+    return 0;
+}
+
+/* a rollout call's tokens are counted in an int: groups x prompt, groups x n x output */
+static bool rollout_fits(const bench_t *b) {
+    const opts_t *o = b->o;
+    for (int i = 0; i < b->s->n; i++) {
+        const bw_request_t *q = &b->s->req[i];
+        long long in = (long long)q->input_len * o->rollout_groups;
+        long long out = (long long)q->output_len * o->rollout_groups * o->rollout_n;
+        if (in > INT_MAX || out > INT_MAX) {
+            fprintf(stderr, "caraserve-bench: request %d: %d groups x %d prompt tokens and %d groups x n=%d x %d "
+                    "output tokens in one rollout call: more than %d; lower --rollout-groups, --rollout-n or "
+                    "the lengths\n", q->id, o->rollout_groups, q->input_len, o->rollout_groups, o->rollout_n,
+                    q->output_len, INT_MAX);
+            return false;
         }
-    if (b.rollout && o.mo.slo.tpot_ms >= 0)
+    }
+    return true;
+}
+
+static void print_dry_run(const bw_schedule_t *s) {
+    long long in = 0, out = 0;
+    int base = 0;
+    for (int i = 0; i < s->n; i++) {
+        in += s->req[i].input_len;
+        out += s->req[i].output_len;
+        base += s->req[i].adapter < 0;
+    }
+    printf("schedule: %d requests over %.3f s, %d adapters (%d requests to the base model), %lld input and %lld "
+           "output tokens\n", s->n, s->req[s->n - 1].t, s->n_adapters, base, in, out);
+}
+
+/* the schedule's checks, its dump and --dry-run: -1 to go on with the run, or the exit status */
+static int prepare_schedule(bench_t *b) {
+    opts_t *o = b->o;
+    b->rollout = strstr(o->endpoint, "rollout") != NULL;
+    o->mo.no_token_timing = b->rollout; /* one chunk per group: no per-token time to measure */
+    if (b->rollout && !rollout_fits(b)) return 2;
+    if (b->rollout && o->mo.slo.tpot_ms >= 0)
         fprintf(stderr, "caraserve-bench: --goodput tpot:%g does not apply to /v1/rollout (groups arrive whole, so "
-                "TPOT is not measured); goodput uses the other bounds\n", o.mo.slo.tpot_ms);
-    if (o.dump_schedule && bw_schedule_dump(b.s, o.dump_schedule)) {
+                "TPOT is not measured); goodput uses the other bounds\n", o->mo.slo.tpot_ms);
+    if (o->dump_schedule && bw_schedule_dump(b->s, o->dump_schedule)) {
         fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
-        goto done;
+        return 1;
     }
-    if (o.dry_run) {
-        long long in = 0, out = 0;
-        int base = 0;
-        for (int i = 0; i < b.s->n; i++) {
-            in += b.s->req[i].input_len;
-            out += b.s->req[i].output_len;
-            base += b.s->req[i].adapter < 0;
-        }
-        printf("schedule: %d requests over %.3f s, %d adapters (%d requests to the base model), %lld input and %lld "
-               "output tokens\n", b.s->n, b.s->req[b.s->n - 1].t, b.s->n_adapters, base, in, out);
-        status = 0;
-        goto done;
+    if (o->dry_run) {
+        print_dry_run(b->s);
+        return 0;
     }
+    return -1;
+}
+
+/* the server's root (b->base), the endpoint's URL and the request headers */
+static void set_target(bench_t *b) {
+    const opts_t *o = b->o;
+    if (o->base_url) snprintf(b->base, sizeof b->base, "%s", o->base_url);
+    else if (strchr(o->host, ':')) snprintf(b->base, sizeof b->base, "http://[%s]:%d", o->host, o->port); /* IPv6 */
+    else snprintf(b->base, sizeof b->base, "http://%s:%d", o->host, o->port);
+    size_t bl = strlen(b->base);
+    while (bl > 0 && b->base[bl - 1] == '/') b->base[--bl] = 0;
+    size_t ul = bl + strlen(o->endpoint) + 2;
+    b->url = malloc(ul);
+    snprintf(b->url, ul, "%s%s%s", b->base, o->endpoint[0] == '/' ? "" : "/", o->endpoint);
+    b->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    b->headers = curl_slist_append(b->headers, "Expect:"); /* no 100-continue round trip for big prompts */
+    char hb[2048];
+    if (o->api_key && *o->api_key) {
+        snprintf(hb, sizeof hb, "Authorization: Bearer %s", o->api_key);
+        b->headers = curl_slist_append(b->headers, hb);
+    }
+    for (int i = 0; i < o->n_headers; i++) {
+        const char *eq = strchr(o->headers[i], '=');
+        snprintf(hb, sizeof hb, "%.*s: %s", (int)(eq - o->headers[i]), o->headers[i], eq + 1);
+        b->headers = curl_slist_append(b->headers, hb);
+    }
+}
+
+/* libcurl, the target, the model's name, the records and the signal handlers; 0 or -1 (said) */
+static int setup(bench_t *b) {
+    const opts_t *o = b->o;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fprintf(stderr, "caraserve-bench: curl_global_init failed\n");
-        goto done;
+        return -1;
     }
     raise_fd_limit();
-    char base[1024];
-    if (o.base_url) snprintf(base, sizeof base, "%s", o.base_url);
-    else if (strchr(o.host, ':')) snprintf(base, sizeof base, "http://[%s]:%d", o.host, o.port); /* IPv6 */
-    else snprintf(base, sizeof base, "http://%s:%d", o.host, o.port);
-    size_t bl = strlen(base);
-    while (bl > 0 && base[bl - 1] == '/') base[--bl] = 0;
-    size_t ul = bl + strlen(o.endpoint) + 2;
-    b.url = malloc(ul);
-    b.base = base;
-    snprintf(b.url, ul, "%s%s%s", base, o.endpoint[0] == '/' ? "" : "/", o.endpoint);
-    b.headers = curl_slist_append(NULL, "Content-Type: application/json");
-    b.headers = curl_slist_append(b.headers, "Expect:"); /* no 100-continue round trip for big prompts */
-    char hb[2048];
-    if (o.api_key && *o.api_key) {
-        snprintf(hb, sizeof hb, "Authorization: Bearer %s", o.api_key);
-        b.headers = curl_slist_append(b.headers, hb);
-    }
-    for (int i = 0; i < o.n_headers; i++) {
-        const char *eq = strchr(o.headers[i], '=');
-        snprintf(hb, sizeof hb, "%.*s: %s", (int)(eq - o.headers[i]), o.headers[i], eq + 1);
-        b.headers = curl_slist_append(b.headers, hb);
-    }
-    b.model = o.model;
-    if (!b.model) {
-        if (!(model_owned = first_model(base, b.headers, o.insecure))) {
+    set_target(b);
+    b->model = o->model;
+    if (!b->model) {
+        if (!(b->model_owned = first_model(b->base, b->headers, o->insecure))) {
             fprintf(stderr, "caraserve-bench: give the base model's name with --model\n");
-            goto done;
+            return -1;
         }
-        b.model = model_owned;
+        b->model = b->model_owned;
     }
-    b.multi = curl_multi_init();
-    b.recs = calloc((size_t)b.s->n, sizeof *b.recs);
-    if (!b.multi || !b.recs || !b.url) { fprintf(stderr, "caraserve-bench: out of memory\n"); goto done; }
-    long maxconn = o.max_concurrency > 0 ? o.max_concurrency : b.s->n;
-    curl_multi_setopt(b.multi, CURLMOPT_MAXCONNECTS, maxconn < 16 ? 16L : maxconn);
-    b.progress = !o.no_progress && isatty(STDERR_FILENO);
+    b->multi = curl_multi_init();
+    b->recs = calloc((size_t)b->s->n, sizeof *b->recs);
+    if (!b->multi || !b->recs || !b->url) { fprintf(stderr, "caraserve-bench: out of memory\n"); return -1; }
+    long maxconn = o->max_concurrency > 0 ? o->max_concurrency : b->s->n;
+    curl_multi_setopt(b->multi, CURLMOPT_MAXCONNECTS, maxconn < 16 ? 16L : maxconn);
+    b->progress = !o->no_progress && isatty(STDERR_FILENO);
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint;
     sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C ends the program at once */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    return 0;
+}
 
+/* the line that says what is about to run */
+static void announce(const bench_t *b) {
+    const opts_t *o = b->o;
+    const bw_arrival_params_t *a = &o->wl.arrival;
     char how[1200];
-    if (o.wl.dataset == BW_DATA_TRACE) snprintf(how, sizeof how, "the schedule of %s", o.wl.dataset_path);
-    else if (o.wl.arrival.kind == BW_ARRIVAL_TRACE) snprintf(how, sizeof how, "trace arrivals");
-    else if (o.wl.arrival.ramp) snprintf(how, sizeof how, "%s arrivals ramped from %g to %g/s", arrival_name(o.wl.arrival.kind), o.wl.arrival.ramp_start, o.wl.arrival.ramp_end);
-    else if (isinf(o.wl.arrival.rate)) snprintf(how, sizeof how, "every request at t = 0");
-    else snprintf(how, sizeof how, "%s arrivals at %g/s", arrival_name(o.wl.arrival.kind), o.wl.arrival.rate);
-    fprintf(stderr, "caraserve-bench: %d requests to %s (model %s, %d adapters), %s%s\n", b.s->n, b.url, b.model,
-            b.s->n_adapters, how, o.max_concurrency ? ", concurrency capped" : "");
-    if (run_warmups(&b) || run(&b)) {
-        fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
-        goto done;
-    }
-    double duration = now_rel(&b);
-    if (interrupted) fprintf(stderr, "caraserve-bench: interrupted after %.1f s; reporting what finished\n", duration);
+    if (o->wl.dataset == BW_DATA_TRACE) snprintf(how, sizeof how, "the schedule of %s", o->wl.dataset_path);
+    else if (a->kind == BW_ARRIVAL_TRACE) snprintf(how, sizeof how, "trace arrivals");
+    else if (a->ramp) snprintf(how, sizeof how, "%s arrivals ramped from %g to %g/s", arrival_name(a->kind), a->ramp_start, a->ramp_end);
+    else if (isinf(a->rate)) snprintf(how, sizeof how, "every request at t = 0");
+    else snprintf(how, sizeof how, "%s arrivals at %g/s", arrival_name(a->kind), a->rate);
+    fprintf(stderr, "caraserve-bench: %d requests to %s (model %s, %d adapters), %s%s\n", b->s->n, b->url, b->model,
+            b->s->n_adapters, how, o->max_concurrency ? ", concurrency capped" : "");
+}
 
-    const char **names = malloc((size_t)(b.s->n_adapters + 1) * sizeof *names);
-    int *ranks = malloc((size_t)(b.s->n_adapters + 1) * sizeof *ranks);
-    if (!names || !ranks) { free(names); free(ranks); fprintf(stderr, "caraserve-bench: out of memory\n"); goto done; }
-    for (int i = 0; i < b.s->n_adapters; i++) {
-        names[i] = b.s->adapters[i].name;
-        ranks[i] = b.s->adapters[i].rank;
-    }
-    int rc = bm_compute(b.recs, b.s->n, duration, &o.mo, names, ranks, b.s->n_adapters, b.model, &res);
-    free(ranks);
-    if (rc) { free(names); fprintf(stderr, "caraserve-bench: %s\n", cs_error_last()); goto done; }
-    int shown = 0;
-    for (int i = 0; i < b.s->n && shown < 10; i++)
-        if (!b.recs[i].ok && b.recs[i].error) {
-            if (!shown++) fprintf(stderr, "Failed requests (first 10):\n");
-            fprintf(stderr, "  request %d: %s\n", b.recs[i].id, b.recs[i].error);
+/* the server's own per-sample timing of the rollout calls, from the start of each call */
+static json_t *server_timing_json(const bench_t *b) {
+    const opts_t *o = b->o;
+    bm_stat_t st[3];
+    static const char *what[3] = {"ttft", "e2e", "tpot"};
+    bm_stat_compute(b->srv_ttft, b->n_srv_ttft, &o->mo, &st[0]);
+    bm_stat_compute(b->srv_e2e, b->n_srv_e2e, &o->mo, &st[1]);
+    bm_stat_compute(b->srv_tpot, b->n_srv_tpot, &o->mo, &st[2]);
+    json_t *ro = json_pack("{s:i, s:i, s:i, s:i, s:i}", "n", o->rollout_n, "groups", o->rollout_groups,
+                           "samples", b->n_srv, "samples_without_tokens", b->n_srv_untimed,
+                           "samples_with_tpot", b->n_srv_tpot);
+    for (int m = 0; m < 3; m++) {
+        char key[64];
+        snprintf(key, sizeof key, "mean_server_%s_ms", what[m]);
+        json_object_set_new(ro, key, json_real(st[m].mean));
+        snprintf(key, sizeof key, "median_server_%s_ms", what[m]);
+        json_object_set_new(ro, key, json_real(st[m].median));
+        for (int k = 0; k < o->mo.n_pct; k++) {
+            char pw[32];
+            snprintf(pw, sizeof pw, "%g", o->mo.pct[k]);
+            snprintf(key, sizeof key, "p%s_server_%s_ms", pw, what[m]);
+            json_object_set_new(ro, key, json_real(st[m].pct[k]));
         }
-    bm_table_opts_t to = {o.metrics_mask, o.max_concurrency,
-                          o.wl.dataset == BW_DATA_TRACE || o.wl.arrival.kind == BW_ARRIVAL_TRACE || o.wl.arrival.ramp
-                              ? INFINITY : o.wl.arrival.rate,
-                          o.per_adapter, o.per_rank};
-    bm_print_table(stdout, res, &to);
+    }
+    return ro;
+}
+
+/* the JSON result: bm_result_json's keys, then vLLM's run keys, ours and --metadata's */
+static json_t *result_json(const bench_t *b, const bm_result_t *res, const char *date) {
+    const opts_t *o = b->o;
+    const bw_arrival_params_t *a = &o->wl.arrival;
+    json_t *j = bm_result_json(res, b->recs, b->s->n, o->save_detailed);
+    json_object_set_new(j, "date", json_string(date));
+    json_object_set_new(j, "backend", json_string(b->rollout ? "caraserve-rollout" : "openai"));
+    json_object_set_new(j, "label", o->label ? json_string(o->label) : json_null());
+    json_object_set_new(j, "model_id", json_string(b->model));
+    json_object_set_new(j, "tokenizer_id", json_null());
+    json_object_set_new(j, "num_prompts", json_integer(b->s->n));
+    json_object_set_new(j, "request_rate", request_rate_json(o));
+    json_object_set_new(j, "arrival", json_string(arrival_used(o)));
+    if (o->wl.dataset != BW_DATA_TRACE && a->kind != BW_ARRIVAL_TRACE && a->ramp) {
+        json_object_set_new(j, "ramp_up_strategy", json_string(a->ramp == BW_RAMP_LINEAR ? "linear" : "exponential"));
+        json_object_set_new(j, "ramp_up_start_rps", json_real(a->ramp_start));
+        json_object_set_new(j, "ramp_up_end_rps", json_real(a->ramp_end));
+    }
+    json_object_set_new(j, "burstiness", json_real(a->shape));
+    json_object_set_new(j, "max_concurrency", o->max_concurrency ? json_integer(o->max_concurrency) : json_null());
+    json_object_set_new(j, "interrupted", json_boolean(interrupted));
+    json_object_set_new(j, "config", config_json(b));
+    if (b->rollout) json_object_set_new(j, "rollout", server_timing_json(b));
+    for (int i = 0; i < o->n_metadata; i++) {
+        const char *eq = strchr(o->metadata[i], '=');
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - o->metadata[i]), o->metadata[i]);
+        json_object_set_new(j, key, json_string(eq + 1));
+    }
+    return j;
+}
+
+/* --save-result: 0, or 1 when the file could not be written */
+static int save_result(const bench_t *b, const bm_result_t *res, const char *date) {
+    int status = 0;
+    json_t *j = result_json(b, res, date);
+    char *path = result_path(b, date);
+    if (!path || json_dump_file(j, path, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) != 0) {
+        fprintf(stderr, "caraserve-bench: could not write %s\n", path ? path : "the result");
+        status = 1;
+    } else {
+        fprintf(stderr, "caraserve-bench: wrote %s\n", path);
+    }
+    free(path);
+    json_decref(j);
+    return status;
+}
+
+static void print_failures(const bench_t *b) {
+    int shown = 0;
+    for (int i = 0; i < b->s->n && shown < 10; i++)
+        if (!b->recs[i].ok && b->recs[i].error) {
+            if (!shown++) fprintf(stderr, "Failed requests (first 10):\n");
+            fprintf(stderr, "  request %d: %s\n", b->recs[i].id, b->recs[i].error);
+        }
+}
+
+/* the table on stdout, then the files asked for; *res gets the metrics (the caller frees them);
+ * the exit status */
+static int report(bench_t *b, double duration, bm_result_t **res) {
+    const opts_t *o = b->o;
+    const bw_schedule_t *s = b->s;
+    const char **names = malloc((size_t)(s->n_adapters + 1) * sizeof *names);
+    int *ranks = malloc((size_t)(s->n_adapters + 1) * sizeof *ranks);
+    if (!names || !ranks) { free(names); free(ranks); fprintf(stderr, "caraserve-bench: out of memory\n"); return 1; }
+    for (int i = 0; i < s->n_adapters; i++) {
+        names[i] = s->adapters[i].name;
+        ranks[i] = s->adapters[i].rank;
+    }
+    int rc = bm_compute(b->recs, s->n, duration, &o->mo, names, ranks, s->n_adapters, b->model, res);
+    free(ranks);
+    if (rc) { free(names); fprintf(stderr, "caraserve-bench: %s\n", cs_error_last()); return 1; }
+    print_failures(b);
+    const bw_arrival_params_t *a = &o->wl.arrival;
+    bm_table_opts_t to = {o->metrics_mask, o->max_concurrency,
+                          o->wl.dataset == BW_DATA_TRACE || a->kind == BW_ARRIVAL_TRACE || a->ramp ? INFINITY : a->rate,
+                          o->per_adapter, o->per_rank};
+    bm_print_table(stdout, *res, &to);
     fflush(stdout);
-    status = res->all.completed > 0 ? 0 : 1;
+    int status = (*res)->all.completed > 0 ? 0 : 1;
     if (status) fprintf(stderr, "caraserve-bench: no request completed\n");
     char date[32];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y%m%d-%H%M%S", localtime(&now));
-    if (o.save_result) {
-        json_t *j = bm_result_json(res, b.recs, b.s->n, o.save_detailed);
-        json_object_set_new(j, "date", json_string(date));
-        json_object_set_new(j, "backend", json_string(b.rollout ? "caraserve-rollout" : "openai"));
-        json_object_set_new(j, "label", o.label ? json_string(o.label) : json_null());
-        json_object_set_new(j, "model_id", json_string(b.model));
-        json_object_set_new(j, "tokenizer_id", json_null());
-        json_object_set_new(j, "num_prompts", json_integer(b.s->n));
-        json_object_set_new(j, "request_rate", request_rate_json(&o));
-        json_object_set_new(j, "arrival", json_string(arrival_used(&o)));
-        if (o.wl.dataset != BW_DATA_TRACE && o.wl.arrival.kind != BW_ARRIVAL_TRACE && o.wl.arrival.ramp) {
-            json_object_set_new(j, "ramp_up_strategy",
-                                json_string(o.wl.arrival.ramp == BW_RAMP_LINEAR ? "linear" : "exponential"));
-            json_object_set_new(j, "ramp_up_start_rps", json_real(o.wl.arrival.ramp_start));
-            json_object_set_new(j, "ramp_up_end_rps", json_real(o.wl.arrival.ramp_end));
-        }
-        json_object_set_new(j, "burstiness", json_real(o.wl.arrival.shape));
-        json_object_set_new(j, "max_concurrency", o.max_concurrency ? json_integer(o.max_concurrency) : json_null());
-        json_object_set_new(j, "interrupted", json_boolean(interrupted));
-        json_object_set_new(j, "config", config_json(&b));
-        if (b.rollout) { /* the server's own per-sample timing, from the start of each rollout call */
-            bm_stat_t st[3];
-            static const char *what[3] = {"ttft", "e2e", "tpot"};
-            bm_stat_compute(b.srv_ttft, b.n_srv_ttft, &o.mo, &st[0]);
-            bm_stat_compute(b.srv_e2e, b.n_srv_e2e, &o.mo, &st[1]);
-            bm_stat_compute(b.srv_tpot, b.n_srv_tpot, &o.mo, &st[2]);
-            json_t *ro = json_pack("{s:i, s:i, s:i, s:i, s:i}", "n", o.rollout_n, "groups", o.rollout_groups,
-                                   "samples", b.n_srv, "samples_without_tokens", b.n_srv_untimed,
-                                   "samples_with_tpot", b.n_srv_tpot);
-            for (int m = 0; m < 3; m++) {
-                char key[64];
-                snprintf(key, sizeof key, "mean_server_%s_ms", what[m]);
-                json_object_set_new(ro, key, json_real(st[m].mean));
-                snprintf(key, sizeof key, "median_server_%s_ms", what[m]);
-                json_object_set_new(ro, key, json_real(st[m].median));
-                for (int k = 0; k < o.mo.n_pct; k++) {
-                    char pw[32];
-                    snprintf(pw, sizeof pw, "%g", o.mo.pct[k]);
-                    snprintf(key, sizeof key, "p%s_server_%s_ms", pw, what[m]);
-                    json_object_set_new(ro, key, json_real(st[m].pct[k]));
-                }
-            }
-            json_object_set_new(j, "rollout", ro);
-        }
-        for (int i = 0; i < o.n_metadata; i++) {
-            const char *eq = strchr(o.metadata[i], '=');
-            char key[256];
-            snprintf(key, sizeof key, "%.*s", (int)(eq - o.metadata[i]), o.metadata[i]);
-            json_object_set_new(j, key, json_string(eq + 1));
-        }
-        char *path = result_path(&b, date);
-        if (!path || json_dump_file(j, path, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) != 0) {
-            fprintf(stderr, "caraserve-bench: could not write %s\n", path ? path : "the result");
-            status = 1;
-        } else {
-            fprintf(stderr, "caraserve-bench: wrote %s\n", path);
-        }
-        free(path);
-        json_decref(j);
-    }
-    if (o.requests_csv && bm_write_requests_csv(o.requests_csv, res, b.recs, b.s->n, names, b.model)) {
+    if (o->save_result && save_result(b, *res, date)) status = 1;
+    if (o->requests_csv && bm_write_requests_csv(o->requests_csv, *res, b->recs, s->n, names, b->model)) {
         fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
         status = 1;
     }
-    if (o.plot) {
+    if (o->plot) {
         char title[512];
-        snprintf(title, sizeof title, "caraserve-bench: %s %s (%s)", b.model, o.endpoint, date);
-        if (bm_write_svg(o.plot, res, b.recs, b.s->n, title)) {
+        snprintf(title, sizeof title, "caraserve-bench: %s %s (%s)", b->model, o->endpoint, date);
+        if (bm_write_svg(o->plot, *res, b->recs, s->n, title)) {
             fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
             status = 1;
         }
     }
     free(names);
-done:
-    bm_result_free(res);
-    if (b.recs)
-        for (int i = 0; i < b.s->n; i++) {
-            free(b.recs[i].chunk_t);
-            free(b.recs[i].chunk_tokens);
-            free(b.recs[i].error);
+    return status;
+}
+
+static void bench_free(bench_t *b) {
+    opts_t *o = b->o;
+    if (b->recs)
+        for (int i = 0; i < b->s->n; i++) {
+            free(b->recs[i].chunk_t);
+            free(b->recs[i].chunk_tokens);
+            free(b->recs[i].error);
         }
-    free(b.recs);
-    free(b.ttfts);
-    free(b.srv_ttft);
-    free(b.srv_e2e);
-    free(b.srv_tpot);
-    if (b.multi) curl_multi_cleanup(b.multi);
-    curl_slist_free_all(b.headers);
-    free(b.url);
-    free(model_owned);
-    bw_schedule_free(b.s);
-    for (int i = 0; i < o.n_adapters; i++) free(o.adapters[i].name);
-    free(o.adapters);
-    json_decref(o.extra_body);
+    free(b->recs);
+    free(b->ttfts);
+    free(b->srv_ttft);
+    free(b->srv_e2e);
+    free(b->srv_tpot);
+    if (b->multi) curl_multi_cleanup(b->multi);
+    curl_slist_free_all(b->headers);
+    free(b->url);
+    free(b->model_owned);
+    bw_schedule_free(b->s);
+    for (int i = 0; i < o->n_adapters; i++) free(o->adapters[i].name);
+    free(o->adapters);
+    json_decref(o->extra_body);
+}
+
+int main(int argc, char **argv) {
+    opts_t o;
+    parse_args(argc, argv, &o);
+    bench_t b = {.o = &o};
+    bm_result_t *res = NULL;
+    int status = load_schedule(&b);
+    if (status) return status;
+    status = prepare_schedule(&b);
+    if (status < 0) {
+        status = 1;
+        if (setup(&b) == 0) {
+            announce(&b);
+            if (run_warmups(&b) || run(&b)) {
+                fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
+            } else {
+                double duration = now_rel(&b);
+                if (interrupted) fprintf(stderr, "caraserve-bench: interrupted after %.1f s; reporting what finished\n", duration);
+                status = report(&b, duration, &res);
+            }
+        }
+    }
+    bm_result_free(res);
+    bench_free(&b);
     curl_global_cleanup();
     return status;
 }
