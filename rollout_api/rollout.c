@@ -340,9 +340,8 @@ static int parse_sampling(rollout_t *r, rollout_request_t *rq, engine_request_t 
     base->n_stop_token_ids = sj->n_stop_ids;
     r->want_lp = sj->sampling.logprobs >= 0;
     r->top_k = CS_MAX(sj->sampling.logprobs, 0);
-    char serr[200];
-    if (sched_parse_slo(json_object_get(rq->body, "slo"), &base->slo_ttft_ms, &base->slo_tpot_ms, serr, sizeof serr))
-        BAD(CS_EINVAL, "slo", "%s", serr);
+    if (sched_parse_slo(json_object_get(rq->body, "slo"), &base->slo_ttft_ms, &base->slo_tpot_ms))
+        BAD(CS_EINVAL, "slo", "%s", cs_error_last());
     if (sampling_params_validate(&base->sampling)) BAD(CS_EINVAL, "sampling", "%s", cs_error_last());
     return CS_OK;
 fail:

@@ -159,9 +159,8 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
     sampling_json_free(&sj);
     j->logprobs = rq->sampling.logprobs;
     if (!parse_n(s, b, j, o, n_prompts, e)) return false;
-    char serr[200];
-    if (sched_parse_slo(json_object_get(b, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms, serr, sizeof serr))
-        return fail(e, 400, "slo", "%s", serr);
+    if (sched_parse_slo(json_object_get(b, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms))
+        return fail(e, 400, "slo", "%s", cs_error_last());
     /* what the request left unset: its model's bounds from --adapter-slos (label: the served name) */
     sched_slo_table_apply(s->slos, j->label, &rq->slo_ttft_ms, &rq->slo_tpot_ms);
     if (!parse_output(b, j, o, e)) return false;
@@ -593,23 +592,19 @@ enum MHD_Result api_models(server_t *s, struct MHD_Connection *c) {
 
 /* Register NAME -> DIR (a new version when it exists and inplace). Validates the adapter
  * against the base model first, so a bad one is refused here and not at its first request. */
-int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
-                       size_t errlen) {
+int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, perr_t *e) {
     lora_adapter_t *a = NULL;
     if (!valid_adapter_name(name)) {
-        *status = 400;
-        snprintf(err, errlen, "invalid adapter name '%s'", name);
+        fail(e, 400, "lora_path", "invalid adapter name '%s'", name);
         return CS_EINVAL;
     }
     if (!strcmp(name, s->model_name)) {
-        *status = 400;
-        snprintf(err, errlen, "'%s' is the base model's name", name);
+        fail(e, 400, "lora_path", "'%s' is the base model's name", name);
         return CS_EINVAL;
     }
     int rc = lora_adapter_load(dir, model_get_config(s->model), &a);
     if (rc) {
-        *status = rc == CS_ENOTFOUND ? 404 : 400;
-        snprintf(err, errlen, "adapter '%s' at %s: %s", name, dir, cs_error_last());
+        fail(e, rc == CS_ENOTFOUND ? 404 : 400, "lora_path", "adapter '%s' at %s: %s", name, dir, cs_error_last());
         return rc;
     }
     lora_adapter_free(a);
@@ -617,22 +612,19 @@ int server_add_adapter(server_t *s, const char *name, const char *dir, bool inpl
     served_adapter_t *ad = adapter_find(s, name);
     if (ad && !inplace) {
         pthread_mutex_unlock(&s->mu);
-        *status = 400;
-        snprintf(err, errlen, "adapter '%s' is already loaded (use load_inplace: true to replace its weights)", name);
+        fail(e, 400, "lora_path", "adapter '%s' is already loaded (use load_inplace: true to replace its weights)", name);
         return CS_EINVAL;
     }
     if (ad && ad->unloading) {
         pthread_mutex_unlock(&s->mu);
-        *status = 409;
-        snprintf(err, errlen, "adapter '%s' is being unloaded", name);
+        fail(e, 409, "lora_path", "adapter '%s' is being unloaded", name);
         return CS_EINVAL;
     }
     int ver = 0;
     rc = lora_registry_add(s->reg, name, dir, &ver);
     if (rc) {
         pthread_mutex_unlock(&s->mu);
-        *status = 500;
-        snprintf(err, errlen, "%s", cs_error_last());
+        fail(e, 500, "lora_path", "%s", cs_error_last());
         return rc;
     }
     if (!ad) {
@@ -656,13 +648,12 @@ enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b) 
         !get_bool(b, "load_inplace", &inplace, &e))
         return reply_err(c, &e);
     if (!name || !path) return http_error(c, 400, name ? "lora_path" : "lora_name", "'lora_name' and 'lora_path' are required");
-    char err[1536], *real = NULL;
+    char *real = NULL;
     int st = lora_path_check(s, path, &real, &e);
     if (st) return http_error(c, (unsigned)st, "lora_path", "%s", e.msg);
-    unsigned status = 200;
-    int rc = server_add_adapter(s, name, real, inplace, &status, err, sizeof err);
+    int rc = server_add_adapter(s, name, real, inplace, &e);
     free(real);
-    if (rc) return http_error(c, status, "lora_path", "%s", err);
+    if (rc) return reply_err(c, &e);
     char msg[512];
     snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' added successfully.", name);
     return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), strlen(msg));

@@ -126,16 +126,15 @@ static void sink(void *user, const engine_event_t *ev) {
     }
 }
 
-static int json_int_array(json_t *a, int32_t **out, int *n, const char *what, char *err, size_t errlen) {
-    if (!json_is_array(a)) { snprintf(err, errlen, "%s must be an array of integers", what); return -1; }
+static int json_int_array(json_t *a, int32_t **out, int *n, const char *what) {
+    if (!json_is_array(a)) return cs_error_set(CS_EINVAL, "%s must be an array of integers", what);
     size_t k = json_array_size(a);
     int32_t *v = malloc(sizeof(int32_t) * (k ? k : 1));
     for (size_t i = 0; i < k; i++) {
         json_t *x = json_array_get(a, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
-            snprintf(err, errlen, "%s[%zu] is not a token id", what, i);
             free(v);
-            return -1;
+            return cs_error_set(CS_EINVAL, "%s[%zu] is not a token id", what, i);
         }
         v[i] = (int32_t)json_integer_value(x);
     }
@@ -144,39 +143,36 @@ static int json_int_array(json_t *a, int32_t **out, int *n, const char *what, ch
     return 0;
 }
 
-/* fill j->rq from the JSON line; returns -1 with err set on a bad field */
-static int job_parse(job_t *j, const tokenizer_t *tok, char *err, size_t errlen) {
+/* fill j->rq from the JSON line: CS_OK, or CS_EINVAL with cs_error_set's message on a bad field */
+static int job_parse(job_t *j, const tokenizer_t *tok) {
     json_t *o = j->in;
     engine_request_t *rq = &j->rq;
     memset(rq, 0, sizeof *rq);
     json_t *v;
     if ((v = json_object_get(o, "prompt_ids"))) {
-        if (json_int_array(v, &j->prompt, &rq->n_prompt, "prompt_ids", err, errlen)) return -1;
+        if (json_int_array(v, &j->prompt, &rq->n_prompt, "prompt_ids")) return CS_EINVAL;
     } else if ((v = json_object_get(o, "prompt"))) {
-        if (!json_is_string(v)) { snprintf(err, errlen, "prompt must be a string"); return -1; }
-        if (!tok) { snprintf(err, errlen, "the model has no tokenizer.json: give prompt_ids"); return -1; }
+        if (!json_is_string(v)) return cs_error_set(CS_EINVAL, "prompt must be a string");
+        if (!tok) return cs_error_set(CS_EINVAL, "the model has no tokenizer.json: give prompt_ids");
         size_t n;
         if (tokenizer_encode(tok, json_string_value(v), json_string_length(v), true, &j->prompt, &n)) {
-            snprintf(err, errlen, "tokenize: %s", cs_error_last());
-            return -1;
+            return cs_error_set(CS_EINVAL, "tokenize: %s", cs_error_last());
         }
         rq->n_prompt = (int)n;
     } else {
-        snprintf(err, errlen, "a request needs prompt_ids or prompt");
-        return -1;
+        return cs_error_set(CS_EINVAL, "a request needs prompt_ids or prompt");
     }
     rq->prompt = j->prompt;
     if ((v = json_object_get(o, "adapter")) && !json_is_null(v)) {
-        if (!json_is_string(v)) { snprintf(err, errlen, "adapter must be a string"); return -1; }
+        if (!json_is_string(v)) return cs_error_set(CS_EINVAL, "adapter must be a string");
         rq->adapter = json_string_value(v);
     }
     sampling_json_opts_t opt = {.style = SAMPLING_JSON_BATCH, .logprobs = SAMPLING_JSON_LOGPROBS_COUNT_MODE,
                                 .max_tokens_default = 16, .seed = true};
     sampling_json_t sj;
     if (sampling_params_from_json(o, &opt, &sj)) {
-        snprintf(err, errlen, "%s", cs_error_last());
         sampling_json_free(&sj);
-        return -1;
+        return CS_EINVAL;
     }
     rq->sampling = sj.sampling;
     rq->max_tokens = sj.max_tokens;
@@ -193,16 +189,16 @@ static int job_parse(job_t *j, const tokenizer_t *tok, char *err, size_t errlen)
     sj.stop_ids = NULL;
     sampling_json_free(&sj);
     if ((v = json_object_get(o, "n")) && !json_is_null(v)) {
-        if (!json_is_integer(v)) { snprintf(err, errlen, "n must be an integer"); return -1; }
+        if (!json_is_integer(v)) return cs_error_set(CS_EINVAL, "n must be an integer");
         rq->n = (int)json_integer_value(v);
     }
     if ((v = json_object_get(o, "abort_after")) && !json_is_null(v)) {
-        if (!json_is_integer(v)) { snprintf(err, errlen, "abort_after must be an integer"); return -1; }
+        if (!json_is_integer(v)) return cs_error_set(CS_EINVAL, "abort_after must be an integer");
         j->abort_after = (int)json_integer_value(v);
     }
-    if (sched_parse_slo(json_object_get(o, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms, err, errlen)) return -1;
+    if (sched_parse_slo(json_object_get(o, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms)) return CS_EINVAL;
     j->n = rq->n > 0 ? rq->n : 1;
-    return 0;
+    return CS_OK;
 }
 
 static json_t *job_result(job_t *j) {
@@ -457,9 +453,9 @@ static void batch_read_jobs(batch_t *b) {
                 j->submit_error = strdup("add_adapter needs {\"name\": ..., \"dir\": ...}");
             continue;
         }
-        if (job_parse(j, b->tok, err, sizeof err)) {
+        if (job_parse(j, b->tok)) {
             char full[600];
-            snprintf(full, sizeof full, "line %d: %s", lineno, err);
+            snprintf(full, sizeof full, "line %d: %s", lineno, cs_error_last());
             j->submit_error = strdup(full);
         }
     }

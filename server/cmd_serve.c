@@ -211,9 +211,8 @@ static int serve_prepare(server_t *s) {
     s->model_name = s->cfg.served_model_name;
     if (serve_generation_config(s)) return -1;
     if (s->cfg.adapter_slos) { /* before anything slow: a bad file stops the start at once */
-        char err[512];
-        if (!(s->slos = sched_slo_table_load(s->cfg.adapter_slos, err, sizeof err))) {
-            fprintf(stderr, "caraserve serve: --adapter-slos %s: %s\n", s->cfg.adapter_slos, err);
+        if (sched_slo_table_load(s->cfg.adapter_slos, &s->slos)) {
+            fprintf(stderr, "caraserve serve: --adapter-slos %s: %s\n", s->cfg.adapter_slos, cs_error_last());
             return -1;
         }
     }
@@ -345,10 +344,9 @@ static int serve_make_engine(server_t *s, cs_dtype *kv_dtype) {
 /* the --lora-modules adapters, --profile-cost-model, then the engine thread and the watcher */
 static int serve_start(server_t *s, const serve_modules_t *m) {
     for (int i = 0; i < m->n; i++) {
-        unsigned st;
-        char err[1536];
-        if (server_add_adapter(s, m->names[i], m->dirs[i], false, &st, err, sizeof err)) {
-            fprintf(stderr, "caraserve serve: --lora-modules %s=%s: %s\n", m->names[i], m->dirs[i], err);
+        perr_t e;
+        if (server_add_adapter(s, m->names[i], m->dirs[i], false, &e)) {
+            fprintf(stderr, "caraserve serve: --lora-modules %s=%s: %s\n", m->names[i], m->dirs[i], e.msg);
             return -1;
         }
     }

@@ -139,9 +139,9 @@ void server_metrics_free(server_t *s);
 void server_on_dropped(void *user, const char *name, int version, const char *dir); /* the registry's on_dropped */
 void server_drain_drops(server_t *s);  /* delete the dropped uploads' files (no lock held) */
 /* ---- adapters (api_openai.c) ---- */
-/* Register NAME -> DIR (a new version when it exists and inplace), validated first. */
-int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
-                       size_t errlen);
+/* Register NAME -> DIR (a new version when it exists and inplace), validated first. CS_OK, or
+ * a CS_E* code with *E the HTTP error (param "lora_path"). */
+int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, perr_t *e);
 
 /* ---- security ---- */
 bool auth_ok(const server_t *s, const char *authorization_header);

@@ -579,7 +579,8 @@ static sched_slo_table_t *table_of(const char *text, char *err, size_t errlen) {
     json_error_t je;
     json_t *root = json_loads(text, 0, &je);
     ck_assert_msg(root != NULL, "%s: %s", text, je.text);
-    sched_slo_table_t *t = sched_slo_table_parse(root, err, errlen);
+    sched_slo_table_t *t;
+    if (sched_slo_table_parse(root, &t)) snprintf(err, errlen, "%s", cs_error_last());
     json_decref(root);
     return t;
 }
@@ -629,10 +630,13 @@ START_TEST(slo_table) {
     const char *dup = "{\"a\": {}, \"a\": {}}";
     ck_assert(write(fd, dup, strlen(dup)) == (ssize_t)strlen(dup));
     close(fd);
-    ck_assert(sched_slo_table_load(path, err, sizeof err) == NULL);
-    ck_assert_msg(strstr(err, "duplicate") != NULL, "%s", err);
+    t = NULL;
+    ck_assert_int_eq(sched_slo_table_load(path, &t), CS_EFORMAT);
+    ck_assert(t == NULL);
+    ck_assert_msg(strstr(cs_error_last(), "duplicate") != NULL, "%s", cs_error_last());
     unlink(path);
-    ck_assert(sched_slo_table_load(path, err, sizeof err) == NULL); /* gone */
+    ck_assert_int_ne(sched_slo_table_load(path, &t), CS_OK); /* gone */
+    ck_assert(t == NULL);
 }
 END_TEST
 
