@@ -497,305 +497,398 @@ static val reversed_iter(rctx *r, const val *items, size_t n) {
     return v_iter(r, l);
 }
 
-const char *const P_NONE[] = {NULL};
-
-val do_filter(rctx *r, int fid, const char *fname, val v, const args *a) {
-    val p[6];
+/* One filter call; p holds the arguments bound to the parameters its table entry names. */
+typedef struct fcall {
+    int fid;
+    const char *fname;
+    const args *a;
     char what[64];
-    snprintf(what, sizeof what, "filter '%s'", fname);
-#define BIND(...)                                                                  \
-    do {                                                                           \
-        static const char *const names_[] = {__VA_ARGS__};                         \
-        bind_args(r, what, a, names_, (int)(sizeof names_ / sizeof names_[0]), p); \
-    } while (0)
-#define NOARGS() bind_args(r, what, a, P_NONE, 0, p)
-    switch (fid) {
-    case F_ABS:
-        NOARGS();
-        if (v.t == T_UNDEF) undef_fail(r, v);
-        if (v.t == T_FLOAT) return v_float(fabs(v.u.f));
-        if (!is_intlike(v)) rfail(r, "bad operand type for abs(): '%s'", type_name(v));
-        if (as_int(v) == INT64_MIN) overflow(r);
-        return v_int(llabs(as_int(v)));
-    case F_ATTR: {
-        BIND("name");
-        val name = required(r, p[0], what, "name");
-        if (v.t == T_UNDEF) undef_fail(r, v);
-        if (name.t != T_STR) rfail(r, "attribute name must be a string");
-        const char *nm = arena_strndup(&r->a, name.u.s.p, name.u.s.n);
-        bool found;
-        val x = attr_only(r, v, nm, lookup_attr(nm), &found);
-        return found ? x : no_attr(r, v, nm);
+    val p[6];
+} fcall;
+
+/* filter_defs: a filter's function, with the parameters bound before it runs (np < 0: none,
+ * the function takes the arguments itself); a generator also has the function that yields
+ * its items, run by lazy_filter */
+typedef val (*filter_fn)(rctx *r, val v, const fcall *c);
+typedef void (*gen_fn)(rctx *r, val v, const fcall *c, list **out);
+struct filter_def {
+    filter_fn fn;
+    gen_fn gen;
+    int np;
+    const char *params[4];
+};
+static val f_abs(rctx *r, val v, const fcall *c) {
+    (void)c;
+    if (v.t == T_UNDEF) undef_fail(r, v);
+    if (v.t == T_FLOAT) return v_float(fabs(v.u.f));
+    if (!is_intlike(v)) rfail(r, "bad operand type for abs(): '%s'", type_name(v));
+    if (as_int(v) == INT64_MIN) overflow(r);
+    return v_int(llabs(as_int(v)));
+}
+
+static val f_attr(rctx *r, val v, const fcall *c) {
+    val name = required(r, c->p[0], c->what, "name");
+    if (v.t == T_UNDEF) undef_fail(r, v);
+    if (name.t != T_STR) rfail(r, "attribute name must be a string");
+    const char *nm = arena_strndup(&r->a, name.u.s.p, name.u.s.n);
+    bool found;
+    val x = attr_only(r, v, nm, lookup_attr(nm), &found);
+    return found ? x : no_attr(r, v, nm);
+}
+
+/* the generators: a call with bad arguments fails at once, the rest when consumed */
+static val f_lazy(rctx *r, val v, const fcall *c) {
+    if (c->fid == F_BATCH || c->fid == F_SLICE)
+        required(r, c->p[0], c->what, c->fid == F_BATCH ? "linecount" : "slices");
+    return lazy_filter(r, c->fid, c->fname, v, c->a);
+}
+
+static val f_case(rctx *r, val v, const fcall *c) {
+    int mode = c->fid == F_LOWER ? M_LOWER : c->fid == F_UPPER ? M_UPPER : M_CAPITALIZE;
+    return str_case(r, soft_str(r, v), mode);
+}
+
+static val f_center(rctx *r, val v, const fcall *c) {
+    val s = soft_str(r, v);
+    sbuf b;
+    sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
+    put_padded(&b, s, int_arg(r, opt(c->p[0], v_int(80)), c->what), '^', " ", 1);
+    return out_str(&b, s.k);
+}
+
+static val f_default(rctx *r, val v, const fcall *c) {
+    (void)r;
+    if (v.t == T_UNDEF || (truthy(opt(c->p[1], v_bool(false))) && !truthy(v))) return opt(c->p[0], v_str("", 0));
+    return v;
+}
+
+static val f_dictsort(rctx *r, val v, const fcall *c) {
+    const val *p = c->p;
+    if (v.t == T_UNDEF) undef_fail(r, v);
+    if (v.t != T_DICT) rfail(r, "dictsort needs a dict, not %s", type_name(v));
+    val by = opt(p[1], v_cstr("key"));
+    int pos;
+    if (by.t == T_STR && by.u.s.n == 3 && !memcmp(by.u.s.p, "key", 3)) pos = 0;
+    else if (by.t == T_STR && by.u.s.n == 5 && !memcmp(by.u.s.p, "value", 5)) pos = 1;
+    else rfail(r, "You can only sort by either \"key\" or \"value\"");
+    bool lower = !truthy(opt(p[0], v_bool(false)));
+    const dict *d = v.u.d;
+    list *l = list_new(r, d->n);
+    val *keys = arena_alloc(&r->a, (d->n ? d->n : 1) * sizeof *keys);
+    for (size_t i = 0; i < d->n; i++) {
+        l->v[i] = v_tuple2(r, d->k[i], d->v[i]);
+        keys[i] = pos ? d->v[i] : d->k[i];
+        if (lower) keys[i] = lower_if_str(r, keys[i]);
     }
-    /* generators: a call with bad arguments fails at once, the rest when consumed */
-    case F_BATCH:
-        BIND("linecount", "fill_with");
-        required(r, p[0], what, "linecount");
-        return lazy_filter(r, fid, fname, v, a);
-    case F_SLICE:
-        BIND("slices", "fill_with");
-        required(r, p[0], what, "slices");
-        return lazy_filter(r, fid, fname, v, a);
-    case F_UNIQUE: BIND("case_sensitive", "attribute"); return lazy_filter(r, fid, fname, v, a);
-    case F_ITEMS: NOARGS(); return lazy_filter(r, fid, fname, v, a);
-    case F_MAP:
-    case F_REJECT:
-    case F_SELECT:
-    case F_REJECTATTR:
-    case F_SELECTATTR: return lazy_filter(r, fid, fname, v, a);
-    case F_CAPITALIZE: NOARGS(); return str_case(r, soft_str(r, v), M_CAPITALIZE);
-    case F_CENTER: {
-        BIND("width");
-        val s = soft_str(r, v);
-        sbuf b;
-        sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
-        put_padded(&b, s, int_arg(r, opt(p[0], v_int(80)), what), '^', " ", 1);
-        return out_str(&b, s.k);
-    }
-    case F_DEFAULT:
-        BIND("default_value", "boolean");
-        if (v.t == T_UNDEF || (truthy(opt(p[1], v_bool(false))) && !truthy(v))) return opt(p[0], v_str("", 0));
-        return v;
-    case F_DICTSORT: {
-        BIND("case_sensitive", "by", "reverse");
-        if (v.t == T_UNDEF) undef_fail(r, v);
-        if (v.t != T_DICT) rfail(r, "dictsort needs a dict, not %s", type_name(v));
-        val by = opt(p[1], v_cstr("key"));
-        int pos;
-        if (by.t == T_STR && by.u.s.n == 3 && !memcmp(by.u.s.p, "key", 3)) pos = 0;
-        else if (by.t == T_STR && by.u.s.n == 5 && !memcmp(by.u.s.p, "value", 5)) pos = 1;
-        else rfail(r, "You can only sort by either \"key\" or \"value\"");
-        bool lower = !truthy(opt(p[0], v_bool(false)));
-        const dict *d = v.u.d;
-        list *l = list_new(r, d->n);
-        val *keys = arena_alloc(&r->a, (d->n ? d->n : 1) * sizeof *keys);
-        for (size_t i = 0; i < d->n; i++) {
-            l->v[i] = v_tuple2(r, d->k[i], d->v[i]);
-            keys[i] = pos ? d->v[i] : d->k[i];
-            if (lower) keys[i] = lower_if_str(r, keys[i]);
-        }
-        sort_by_keys(r, l->v, keys, l->n, truthy(opt(p[2], v_bool(false))));
-        return v_list(l, LK_LIST);
-    }
-    case F_ESCAPE: NOARGS(); return html_escape(r, v);
-    case F_FORCEESCAPE: {
-        NOARGS();
-        val s = str_of(r, v);
-        s.k = 0;
-        return html_escape(r, s);
-    }
-    case F_FIRST: {
-        NOARGS();
-        if (v.t == T_ITER) {
-            iterobj *it = v.u.it;
-            if (it->pos < it->l->n) return it->l->v[it->pos++];
-            if (it->err) throw_status(&r->ec, CS_EINVAL, "%s", it->err);
-        } else {
-            size_t n;
-            const val *items = iterate(r, v, &n);
-            if (n) return items[0];
-        }
-        return v_undef("No first item, sequence was empty.");
-    }
-    case F_FLOAT: {
-        BIND("default");
-        val dflt = opt(p[0], v_float(0.0));
-        if (v.t == T_UNDEF) undef_fail(r, v);
-        if (is_num(v)) return v_float(as_float(v));
-        double x;
-        if (v.t == T_STR && parse_py_float(v.u.s.p, v.u.s.n, &x)) return v_float(x);
-        return dflt;
-    }
-    case F_FORMAT: {
-        if (a->npos && a->nkw) rfail(r, "can't handle positional and keyword arguments at the same time");
-        val s = soft_str(r, v), fargs;
-        if (a->nkw) {
-            dict *d = dict_new(r, (size_t)a->nkw);
-            for (int k = 0; k < a->nkw; k++) dict_set(r, d, v_cstr(a->kwn[k]), a->kwv[k]);
-            fargs = v_dict(d);
-        } else {
-            list *l = list_new(r, (size_t)a->npos);
-            for (int k = 0; k < a->npos; k++) l->v[k] = a->pos[k];
-            fargs = v_list(l, LK_TUPLE);
-        }
-        return percent_format(r, s, fargs);
-    }
-    case F_INDENT: BIND("width", "first", "blank"); return filter_indent(r, v, p[0], p[1], p[2]);
-    case F_INT: {
-        BIND("default", "base");
-        val dflt = opt(p[0], v_int(0));
-        int64_t base = int_arg(r, opt(p[1], v_int(10)), what), x;
-        if (v.t == T_UNDEF) undef_fail(r, v);
-        if (is_intlike(v)) return v_int(as_int(v));
-        if (v.t == T_FLOAT) return float_to_int(r, v.u.f);
-        if (v.t != T_STR) return dflt;
-        int rc = parse_py_int(v.u.s.p, v.u.s.n, base, &x);
-        if (rc == 0) return v_int(x);
-        if (rc == -2) overflow(r);
-        double f;
-        if (parse_py_float(v.u.s.p, v.u.s.n, &f) && isfinite(f)) return float_to_int(r, f);
-        return dflt;
-    }
-    case F_JOIN: {
-        BIND("d", "attribute");
-        val sep = str_of(r, opt(p[0], v_str("", 0)));
-        getter g = make_getter(r, opt(p[1], v_none()), false, v_missing());
+    sort_by_keys(r, l->v, keys, l->n, truthy(opt(p[2], v_bool(false))));
+    return v_list(l, LK_LIST);
+}
+
+static val f_escape(rctx *r, val v, const fcall *c) {
+    (void)c;
+    return html_escape(r, v);
+}
+
+static val f_forceescape(rctx *r, val v, const fcall *c) {
+    (void)c;
+    val s = str_of(r, v);
+    s.k = 0;
+    return html_escape(r, s);
+}
+
+static val f_first(rctx *r, val v, const fcall *c) {
+    (void)c;
+    if (v.t == T_ITER) {
+        iterobj *it = v.u.it;
+        if (it->pos < it->l->n) return it->l->v[it->pos++];
+        if (it->err) throw_status(&r->ec, CS_EINVAL, "%s", it->err);
+    } else {
         size_t n;
         const val *items = iterate(r, v, &n);
-        sbuf b;
-        sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
-        for (size_t i = 0; i < n; i++) {
-            if (i) sb_put(&b, sep.u.s.p, sep.u.s.n);
-            put_str(r, &b, get_path(r, &g, items[i]));
-        }
-        return sb_val(&b);
+        if (n) return items[0];
     }
-    case F_LAST: {
-        NOARGS();
-        if (v.t == T_ITER) rfail(r, "'generator' object is not reversible");
-        if (v.t == T_STR || v.t == T_LIST || v.t == T_DICT || v.t == T_UNDEF) {
-            size_t n;
-            const val *items = iterate(r, v, &n);
-            if (n) return items[n - 1];
-            return v_undef("No last item, sequence was empty.");
-        }
-        rfail(r, "'%s' object is not reversible", type_name(v));
+    return v_undef("No first item, sequence was empty.");
+}
+
+static val f_float(rctx *r, val v, const fcall *c) {
+    val dflt = opt(c->p[0], v_float(0.0));
+    if (v.t == T_UNDEF) undef_fail(r, v);
+    if (is_num(v)) return v_float(as_float(v));
+    double x;
+    if (v.t == T_STR && parse_py_float(v.u.s.p, v.u.s.n, &x)) return v_float(x);
+    return dflt;
+}
+
+static val f_format(rctx *r, val v, const fcall *c) {
+    const args *a = c->a;
+    if (a->npos && a->nkw) rfail(r, "can't handle positional and keyword arguments at the same time");
+    val s = soft_str(r, v), fargs;
+    if (a->nkw) {
+        dict *d = dict_new(r, (size_t)a->nkw);
+        for (int k = 0; k < a->nkw; k++) dict_set(r, d, v_cstr(a->kwn[k]), a->kwv[k]);
+        fargs = v_dict(d);
+    } else {
+        list *l = list_new(r, (size_t)a->npos);
+        for (int k = 0; k < a->npos; k++) l->v[k] = a->pos[k];
+        fargs = v_list(l, LK_TUPLE);
     }
-    case F_LENGTH: NOARGS(); return v_int(py_len(r, v));
-    case F_LIST: NOARGS(); return v_list(to_list(r, v), LK_LIST);
-    case F_LOWER: NOARGS(); return str_case(r, soft_str(r, v), M_LOWER);
-    case F_UPPER: NOARGS(); return str_case(r, soft_str(r, v), M_UPPER);
-    case F_MAX:
-    case F_MIN: BIND("case_sensitive", "attribute"); return min_max(r, v, p, fid == F_MAX);
-    case F_REPLACE: {
-        BIND("old", "new", "count");
-        val s = str_of(r, v), old = str_of(r, required(r, p[0], what, "old")), rep = str_of(r, required(r, p[1], what, "new"));
-        val count = opt(p[2], v_none());
-        s.k = 0;
-        return str_replace(r, s, old, rep, count.t == T_NONE ? -1 : int_arg(r, count, what));
+    return percent_format(r, s, fargs);
+}
+
+static val f_indent(rctx *r, val v, const fcall *c) { return filter_indent(r, v, c->p[0], c->p[1], c->p[2]); }
+
+static val f_int(rctx *r, val v, const fcall *c) {
+    val dflt = opt(c->p[0], v_int(0));
+    int64_t base = int_arg(r, opt(c->p[1], v_int(10)), c->what), x;
+    if (v.t == T_UNDEF) undef_fail(r, v);
+    if (is_intlike(v)) return v_int(as_int(v));
+    if (v.t == T_FLOAT) return float_to_int(r, v.u.f);
+    if (v.t != T_STR) return dflt;
+    int rc = parse_py_int(v.u.s.p, v.u.s.n, base, &x);
+    if (rc == 0) return v_int(x);
+    if (rc == -2) overflow(r);
+    double f;
+    if (parse_py_float(v.u.s.p, v.u.s.n, &f) && isfinite(f)) return float_to_int(r, f);
+    return dflt;
+}
+
+static val f_join(rctx *r, val v, const fcall *c) {
+    val sep = str_of(r, opt(c->p[0], v_str("", 0)));
+    getter g = make_getter(r, opt(c->p[1], v_none()), false, v_missing());
+    size_t n;
+    const val *items = iterate(r, v, &n);
+    sbuf b;
+    sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
+    for (size_t i = 0; i < n; i++) {
+        if (i) sb_put(&b, sep.u.s.p, sep.u.s.n);
+        put_str(r, &b, get_path(r, &g, items[i]));
     }
-    case F_REVERSE: {
-        NOARGS();
-        if (v.t == T_STR) return get_slice(r, v, v_none(), v_none(), v_int(-1));
-        if (v.t == T_ITER) {
-            list *l = to_list(r, v);
-            list *out = list_new(r, l->n);
-            for (size_t i = 0; i < l->n; i++) out->v[i] = l->v[l->n - 1 - i];
-            return v_list(out, LK_LIST);
-        }
-        if (v.t == T_LIST || v.t == T_DICT || v.t == T_UNDEF) {
-            size_t n;
-            const val *items = iterate(r, v, &n);
-            return reversed_iter(r, items, n);
-        }
-        rfail(r, "argument must be iterable");
-    }
-    case F_ROUND: BIND("precision", "method"); return filter_round(r, v, p[0], p[1]);
-    case F_SAFE: NOARGS(); return v_markup(str_of(r, v));
-    case F_SORT: BIND("reverse", "case_sensitive", "attribute"); return filter_sort(r, v, p);
-    case F_STRING: NOARGS(); return soft_str(r, v);
-    case F_SUM: {
-        BIND("attribute", "start");
-        val acc = opt(p[1], v_int(0));
-        if (acc.t == T_STR) rfail(r, "sum() can't sum strings [use ''.join(seq) instead]");
-        getter g = make_getter(r, opt(p[0], v_none()), false, v_missing());
+    return sb_val(&b);
+}
+
+static val f_last(rctx *r, val v, const fcall *c) {
+    (void)c;
+    if (v.t == T_ITER) rfail(r, "'generator' object is not reversible");
+    if (v.t == T_STR || v.t == T_LIST || v.t == T_DICT || v.t == T_UNDEF) {
         size_t n;
         const val *items = iterate(r, v, &n);
-        for (size_t i = 0; i < n; i++) acc = arith(r, OP_ADD, acc, get_path(r, &g, items[i]));
-        return acc;
+        if (n) return items[n - 1];
+        return v_undef("No last item, sequence was empty.");
     }
-    case F_TITLE: NOARGS(); return jinja_title(r, soft_str(r, v));
-    case F_TOJSON: BIND("ensure_ascii", "indent", "separators", "sort_keys"); return filter_tojson(r, v, p);
-    case F_TRIM: BIND("chars"); return str_strip(r, soft_str(r, v), opt(p[0], v_none()), 3);
-    case F_TRUNCATE: BIND("length", "killwords", "end", "leeway"); return filter_truncate(r, v, p);
-    case F_WORDCOUNT: NOARGS(); return filter_wordcount(r, v);
+    rfail(r, "'%s' object is not reversible", type_name(v));
+}
+
+static val f_length(rctx *r, val v, const fcall *c) {
+    (void)c;
+    return v_int(py_len(r, v));
+}
+
+static val f_list(rctx *r, val v, const fcall *c) {
+    (void)c;
+    return v_list(to_list(r, v), LK_LIST);
+}
+
+static val f_min_max(rctx *r, val v, const fcall *c) { return min_max(r, v, c->p, c->fid == F_MAX); }
+
+static val f_replace(rctx *r, val v, const fcall *c) {
+    const val *p = c->p;
+    val s = str_of(r, v), old = str_of(r, required(r, p[0], c->what, "old"));
+    val rep = str_of(r, required(r, p[1], c->what, "new"));
+    val count = opt(p[2], v_none());
+    s.k = 0;
+    return str_replace(r, s, old, rep, count.t == T_NONE ? -1 : int_arg(r, count, c->what));
+}
+
+static val f_reverse(rctx *r, val v, const fcall *c) {
+    (void)c;
+    if (v.t == T_STR) return get_slice(r, v, v_none(), v_none(), v_int(-1));
+    if (v.t == T_ITER) {
+        list *l = to_list(r, v);
+        list *out = list_new(r, l->n);
+        for (size_t i = 0; i < l->n; i++) out->v[i] = l->v[l->n - 1 - i];
+        return v_list(out, LK_LIST);
     }
-#undef BIND
-#undef NOARGS
-    rfail(r, "filter '%s' is not implemented", fname);
+    if (v.t == T_LIST || v.t == T_DICT || v.t == T_UNDEF) {
+        size_t n;
+        const val *items = iterate(r, v, &n);
+        return reversed_iter(r, items, n);
+    }
+    rfail(r, "argument must be iterable");
+}
+
+static val f_round(rctx *r, val v, const fcall *c) { return filter_round(r, v, c->p[0], c->p[1]); }
+
+static val f_safe(rctx *r, val v, const fcall *c) {
+    (void)c;
+    return v_markup(str_of(r, v));
+}
+
+static val f_sort(rctx *r, val v, const fcall *c) { return filter_sort(r, v, c->p); }
+
+static val f_string(rctx *r, val v, const fcall *c) {
+    (void)c;
+    return soft_str(r, v);
+}
+
+static val f_sum(rctx *r, val v, const fcall *c) {
+    val acc = opt(c->p[1], v_int(0));
+    if (acc.t == T_STR) rfail(r, "sum() can't sum strings [use ''.join(seq) instead]");
+    getter g = make_getter(r, opt(c->p[0], v_none()), false, v_missing());
+    size_t n;
+    const val *items = iterate(r, v, &n);
+    for (size_t i = 0; i < n; i++) acc = arith(r, OP_ADD, acc, get_path(r, &g, items[i]));
+    return acc;
+}
+
+static val f_title(rctx *r, val v, const fcall *c) {
+    (void)c;
+    return jinja_title(r, soft_str(r, v));
+}
+
+static val f_tojson(rctx *r, val v, const fcall *c) { return filter_tojson(r, v, c->p); }
+static val f_trim(rctx *r, val v, const fcall *c) { return str_strip(r, soft_str(r, v), opt(c->p[0], v_none()), 3); }
+static val f_truncate(rctx *r, val v, const fcall *c) { return filter_truncate(r, v, c->p); }
+
+static val f_wordcount(rctx *r, val v, const fcall *c) {
+    (void)c;
+    return filter_wordcount(r, v);
 }
 
 /* The generator filters, run by lazy_filter: what they yield goes to *out as it comes. */
+static void g_map(rctx *r, val v, const fcall *c, list **out) { filter_map(r, v, c->a, out); }
+
+static void g_select_reject(rctx *r, val v, const fcall *c, list **out) {
+    int fid = c->fid;
+    select_reject(r, v, c->a, fid == F_REJECT || fid == F_REJECTATTR, fid == F_SELECTATTR || fid == F_REJECTATTR,
+                  out);
+}
+
+static void g_items(rctx *r, val v, const fcall *c, list **out) {
+    (void)c;
+    if (v.t == T_UNDEF) return;
+    if (v.t != T_DICT) rfail(r, "Can only get item pairs from a mapping.");
+    list *l = *out = list_new(r, v.u.d->n);
+    for (size_t i = 0; i < l->n; i++) l->v[i] = v_tuple2(r, v.u.d->k[i], v.u.d->v[i]);
+}
+
+static void g_batch(rctx *r, val v, const fcall *c, list **out) {
+    int64_t count = int_arg(r, required(r, c->p[0], c->what, "linecount"), c->what);
+    if (count < 1) rfail(r, "batch: linecount must be at least 1");
+    val fill = opt(c->p[1], v_none());
+    size_t n;
+    const val *items = iterate(r, v, &n);
+    size_t nb = (n + (size_t)count - 1) / (size_t)count;
+    list *l = *out = list_new(r, nb);
+    for (size_t i = 0; i < nb; i++) {
+        size_t len = n - i * (size_t)count < (size_t)count ? n - i * (size_t)count : (size_t)count;
+        size_t full = fill.t != T_NONE ? (size_t)count : len;
+        list *batch = list_new(r, full);
+        for (size_t j = 0; j < full; j++) batch->v[j] = j < len ? items[i * (size_t)count + j] : fill;
+        l->v[i] = v_list(batch, LK_LIST);
+    }
+}
+
+static void g_slice(rctx *r, val v, const fcall *c, list **out) {
+    int64_t slices = int_arg(r, required(r, c->p[0], c->what, "slices"), c->what);
+    if (slices < 1) rfail(r, "slice: slices must be at least 1");
+    val fill = opt(c->p[1], v_none());
+    list *seq = to_list(r, v);
+    size_t length = seq->n, per = length / (size_t)slices, extra = length % (size_t)slices, offset = 0;
+    list *l = *out = list_new(r, (size_t)slices);
+    for (size_t k = 0; k < (size_t)slices; k++) {
+        size_t start = offset + k * per;
+        if (k < extra) offset++;
+        size_t end = offset + (k + 1) * per;
+        bool pad = fill.t != T_NONE && k >= extra;
+        list *part = list_new(r, end - start + pad);
+        for (size_t j = start; j < end; j++) part->v[j - start] = seq->v[j];
+        if (pad) part->v[end - start] = fill;
+        l->v[k] = v_list(part, LK_LIST);
+    }
+}
+
+static void g_unique(rctx *r, val v, const fcall *c, list **out) {
+    getter g = make_getter(r, opt(c->p[1], v_none()), !truthy(opt(c->p[0], v_bool(false))), v_missing());
+    size_t n;
+    const val *items = iterate(r, v, &n);
+    list *l = *out = list_new(r, n), *seen = list_new(r, n);
+    l->n = seen->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        val k = get_path(r, &g, items[i]);
+        if (!hashable(k)) rfail(r, "unhashable type: '%s'", type_name(k));
+        if (list_contains(r, seen, k)) continue;
+        seen->v[seen->n++] = k;
+        l->v[l->n++] = items[i];
+    }
+}
+
+static const struct filter_def filter_defs[] = {
+    [F_ABS] = {f_abs, NULL, 0, {NULL}},
+    [F_ATTR] = {f_attr, NULL, 1, {"name"}},
+    [F_BATCH] = {f_lazy, g_batch, 2, {"linecount", "fill_with"}},
+    [F_CAPITALIZE] = {f_case, NULL, 0, {NULL}},
+    [F_CENTER] = {f_center, NULL, 1, {"width"}},
+    [F_DEFAULT] = {f_default, NULL, 2, {"default_value", "boolean"}},
+    [F_DICTSORT] = {f_dictsort, NULL, 3, {"case_sensitive", "by", "reverse"}},
+    [F_ESCAPE] = {f_escape, NULL, 0, {NULL}},
+    [F_FIRST] = {f_first, NULL, 0, {NULL}},
+    [F_FLOAT] = {f_float, NULL, 1, {"default"}},
+    [F_FORCEESCAPE] = {f_forceescape, NULL, 0, {NULL}},
+    [F_FORMAT] = {f_format, NULL, -1, {NULL}},
+    [F_INDENT] = {f_indent, NULL, 3, {"width", "first", "blank"}},
+    [F_INT] = {f_int, NULL, 2, {"default", "base"}},
+    [F_ITEMS] = {f_lazy, g_items, 0, {NULL}},
+    [F_JOIN] = {f_join, NULL, 2, {"d", "attribute"}},
+    [F_LAST] = {f_last, NULL, 0, {NULL}},
+    [F_LENGTH] = {f_length, NULL, 0, {NULL}},
+    [F_LIST] = {f_list, NULL, 0, {NULL}},
+    [F_LOWER] = {f_case, NULL, 0, {NULL}},
+    [F_MAP] = {f_lazy, g_map, -1, {NULL}},
+    [F_MAX] = {f_min_max, NULL, 2, {"case_sensitive", "attribute"}},
+    [F_MIN] = {f_min_max, NULL, 2, {"case_sensitive", "attribute"}},
+    [F_REJECT] = {f_lazy, g_select_reject, -1, {NULL}},
+    [F_REJECTATTR] = {f_lazy, g_select_reject, -1, {NULL}},
+    [F_REPLACE] = {f_replace, NULL, 3, {"old", "new", "count"}},
+    [F_REVERSE] = {f_reverse, NULL, 0, {NULL}},
+    [F_ROUND] = {f_round, NULL, 2, {"precision", "method"}},
+    [F_SAFE] = {f_safe, NULL, 0, {NULL}},
+    [F_SELECT] = {f_lazy, g_select_reject, -1, {NULL}},
+    [F_SELECTATTR] = {f_lazy, g_select_reject, -1, {NULL}},
+    [F_SLICE] = {f_lazy, g_slice, 2, {"slices", "fill_with"}},
+    [F_SORT] = {f_sort, NULL, 3, {"reverse", "case_sensitive", "attribute"}},
+    [F_STRING] = {f_string, NULL, 0, {NULL}},
+    [F_SUM] = {f_sum, NULL, 2, {"attribute", "start"}},
+    [F_TITLE] = {f_title, NULL, 0, {NULL}},
+    [F_TOJSON] = {f_tojson, NULL, 4, {"ensure_ascii", "indent", "separators", "sort_keys"}},
+    [F_TRIM] = {f_trim, NULL, 1, {"chars"}},
+    [F_TRUNCATE] = {f_truncate, NULL, 4, {"length", "killwords", "end", "leeway"}},
+    [F_UNIQUE] = {f_lazy, g_unique, 2, {"case_sensitive", "attribute"}},
+    [F_UPPER] = {f_case, NULL, 0, {NULL}},
+    [F_WORDCOUNT] = {f_wordcount, NULL, 0, {NULL}},
+};
+
+static void fcall_init(rctx *r, fcall *c, int fid, const char *fname, const args *a) {
+    c->fid = fid;
+    c->fname = fname;
+    c->a = a;
+    snprintf(c->what, sizeof c->what, "filter '%s'", fname);
+    const struct filter_def *d = &filter_defs[fid];
+    if (d->np >= 0) bind_args(r, c->what, a, d->params, d->np, c->p);
+}
+
+val do_filter(rctx *r, int fid, const char *fname, val v, const args *a) {
+    if (fid < 0 || fid >= (int)(sizeof filter_defs / sizeof filter_defs[0]) || !filter_defs[fid].fn)
+        rfail(r, "filter '%s' is not implemented", fname);
+    fcall c;
+    fcall_init(r, &c, fid, fname, a);
+    return filter_defs[fid].fn(r, v, &c);
+}
+
 static void gen_filter(rctx *r, int fid, const char *fname, val v, const args *a, list **out) {
-    val p[2];
-    char what[64];
-    snprintf(what, sizeof what, "filter '%s'", fname);
-#define BIND(...)                                                                  \
-    do {                                                                           \
-        static const char *const names_[] = {__VA_ARGS__};                         \
-        bind_args(r, what, a, names_, (int)(sizeof names_ / sizeof names_[0]), p); \
-    } while (0)
-    switch (fid) {
-    case F_MAP: filter_map(r, v, a, out); return;
-    case F_REJECT: select_reject(r, v, a, true, false, out); return;
-    case F_SELECT: select_reject(r, v, a, false, false, out); return;
-    case F_REJECTATTR: select_reject(r, v, a, true, true, out); return;
-    case F_SELECTATTR: select_reject(r, v, a, false, true, out); return;
-    case F_ITEMS: {
-        bind_args(r, what, a, P_NONE, 0, p);
-        if (v.t == T_UNDEF) return;
-        if (v.t != T_DICT) rfail(r, "Can only get item pairs from a mapping.");
-        list *l = *out = list_new(r, v.u.d->n);
-        for (size_t i = 0; i < l->n; i++) l->v[i] = v_tuple2(r, v.u.d->k[i], v.u.d->v[i]);
-        return;
-    }
-    case F_BATCH: {
-        BIND("linecount", "fill_with");
-        int64_t count = int_arg(r, required(r, p[0], what, "linecount"), what);
-        if (count < 1) rfail(r, "batch: linecount must be at least 1");
-        val fill = opt(p[1], v_none());
-        size_t n;
-        const val *items = iterate(r, v, &n);
-        size_t nb = (n + (size_t)count - 1) / (size_t)count;
-        list *l = *out = list_new(r, nb);
-        for (size_t i = 0; i < nb; i++) {
-            size_t len = n - i * (size_t)count < (size_t)count ? n - i * (size_t)count : (size_t)count;
-            size_t full = fill.t != T_NONE ? (size_t)count : len;
-            list *batch = list_new(r, full);
-            for (size_t j = 0; j < full; j++) batch->v[j] = j < len ? items[i * (size_t)count + j] : fill;
-            l->v[i] = v_list(batch, LK_LIST);
-        }
-        return;
-    }
-    case F_SLICE: {
-        BIND("slices", "fill_with");
-        int64_t slices = int_arg(r, required(r, p[0], what, "slices"), what);
-        if (slices < 1) rfail(r, "slice: slices must be at least 1");
-        val fill = opt(p[1], v_none());
-        list *seq = to_list(r, v);
-        size_t length = seq->n, per = length / (size_t)slices, extra = length % (size_t)slices, offset = 0;
-        list *l = *out = list_new(r, (size_t)slices);
-        for (size_t k = 0; k < (size_t)slices; k++) {
-            size_t start = offset + k * per;
-            if (k < extra) offset++;
-            size_t end = offset + (k + 1) * per;
-            bool pad = fill.t != T_NONE && k >= extra;
-            list *part = list_new(r, end - start + pad);
-            for (size_t j = start; j < end; j++) part->v[j - start] = seq->v[j];
-            if (pad) part->v[end - start] = fill;
-            l->v[k] = v_list(part, LK_LIST);
-        }
-        return;
-    }
-    case F_UNIQUE: {
-        BIND("case_sensitive", "attribute");
-        getter g = make_getter(r, opt(p[1], v_none()), !truthy(opt(p[0], v_bool(false))), v_missing());
-        size_t n;
-        const val *items = iterate(r, v, &n);
-        list *l = *out = list_new(r, n), *seen = list_new(r, n);
-        l->n = seen->n = 0;
-        for (size_t i = 0; i < n; i++) {
-            val k = get_path(r, &g, items[i]);
-            if (!hashable(k)) rfail(r, "unhashable type: '%s'", type_name(k));
-            if (list_contains(r, seen, k)) continue;
-            seen->v[seen->n++] = k;
-            l->v[l->n++] = items[i];
-        }
-        return;
-    }
-    }
-#undef BIND
-    rfail(r, "filter '%s' is not a generator", fname);
+    if (!filter_defs[fid].gen) rfail(r, "filter '%s' is not a generator", fname);
+    fcall c;
+    fcall_init(r, &c, fid, fname, a);
+    filter_defs[fid].gen(r, v, &c, out);
 }
 
 bool do_test(rctx *r, int tid, const char *tname, val v, const args *a) {

@@ -476,7 +476,6 @@ int64_t int_arg(rctx *r, val v, const char *what);
 void dict_set(rctx *r, dict *d, val k, val v);
 bool do_test(rctx *r, int tid, const char *tname, val v, const args *a);
 val do_filter(rctx *r, int fid, const char *fname, val v, const args *a);
-extern const char *const P_NONE[];
 
 /* methods.c */
 val call_method(rctx *r, const struct bound *bm, const args *a);

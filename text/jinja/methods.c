@@ -612,195 +612,269 @@ static val str_format(rctx *r, val s, const val *pos, int npos, const char **kwn
     return out_str(&b, s.k);
 }
 
-static val view(rctx *r, const dict *d, int kind) {
+/* One method call; p holds the arguments bound to the parameters its table entry names. */
+typedef struct mcall {
+    int mid;
+    const args *a;
+    char what[64];
+    val p[3];
+} mcall;
+
+/* method_defs: a method's function, with the parameters bound before it runs (np < 0: none,
+ * the function takes the arguments itself) */
+typedef val (*method_fn)(rctx *r, val self, mcall *c);
+struct method_def {
+    method_fn fn;
+    int np;
+    const char *params[3];
+};
+
+static val m_strip(rctx *r, val self, mcall *c) {
+    return str_strip(r, self, c->p[0], c->mid == M_STRIP ? 3 : c->mid == M_LSTRIP ? 1 : 2);
+}
+
+static val m_split(rctx *r, val self, mcall *c) { return str_split(r, self, c->p[0], c->p[1], c->mid == M_RSPLIT); }
+
+static val m_splitlines(rctx *r, val self, mcall *c) {
+    return str_splitlines(r, self, truthy(opt(c->p[0], v_bool(false))));
+}
+
+static val m_affix(rctx *r, val self, mcall *c) {
+    val affix = required(r, c->p[0], c->what, "prefix");
+    return v_bool(str_affix(r, self, affix, c->p[1], c->p[2], c->mid == M_ENDSWITH));
+}
+
+static val m_case(rctx *r, val self, mcall *c) { return str_case(r, self, c->mid); }
+
+static val m_replace(rctx *r, val self, mcall *c) {
+    val old = required(r, c->p[0], c->what, "old"), rep = required(r, c->p[1], c->what, "new");
+    if (self.k) { /* Markup escapes its arguments */
+        old = html_escape(r, old);
+        rep = html_escape(r, rep);
+    }
+    return str_replace(r, self, old, rep, int_arg(r, opt(c->p[2], v_int(-1)), c->what));
+}
+
+/* find, rfind, index, rindex, count: of a str, or index and count of a list or tuple */
+static val m_search(rctx *r, val self, mcall *c) {
+    val *p = c->p;
+    int mid = c->mid;
+    if (self.t != T_STR) {
+        static const char *const params[] = {"value", "start", "stop"};
+        bind_args(r, c->what, c->a, params, 3, p);
+        val x = required(r, p[0], c->what, "value");
+        const list *l = self.u.l;
+        if (mid == M_COUNT) {
+            int64_t k = 0;
+            for (size_t i = 0; i < l->n; i++) k += py_eq(r, l->v[i], x);
+            return v_int(k);
+        }
+        int64_t start, end;
+        adjust_range(p[1], p[2], (int64_t)l->n, &start, &end);
+        for (int64_t i = start; i < end; i++)
+            if (py_eq(r, l->v[i], x)) return v_int(i);
+        rfail(r, "%s.index(x): x not in %s", type_name(self), type_name(self));
+    }
+    static const char *const params[] = {"sub", "start", "end"};
+    bind_args(r, c->what, c->a, params, 3, p);
+    int mode = mid == M_RFIND || mid == M_RINDEX ? M_RFIND : mid == M_COUNT ? M_COUNT : M_FIND;
+    int64_t k = str_search(r, self, required(r, p[0], c->what, "sub"), p[1], p[2], mode);
+    if (k < 0 && (mid == M_INDEX || mid == M_RINDEX)) rfail(r, "substring not found");
+    return v_int(k);
+}
+
+static val m_join(rctx *r, val self, mcall *c) { return str_join(r, self, required(r, c->p[0], c->what, "iterable")); }
+
+static val m_format(rctx *r, val self, mcall *c) {
+    const args *a = c->a;
+    return str_format(r, self, a->pos, a->npos, a->kwn, a->kwv, a->nkw);
+}
+
+static val m_pad(rctx *r, val self, mcall *c) {
+    char align = c->mid == M_CENTER ? '^' : c->mid == M_LJUST ? '<' : '>';
+    int64_t width = int_arg(r, required(r, c->p[0], c->what, "width"), c->what);
+    val fill = opt(c->p[1], v_cstr(" "));
+    if (fill.t != T_STR || cs_utf8_count(fill.u.s.p, fill.u.s.n) != 1)
+        rfail(r, "The fill character must be exactly one character long");
+    sbuf b;
+    sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
+    put_padded(&b, self, width, align, fill.u.s.p, fill.u.s.n);
+    return out_str(&b, self.k);
+}
+
+static val m_zfill(rctx *r, val self, mcall *c) {
+    int64_t width = int_arg(r, required(r, c->p[0], c->what, "width"), c->what), len = py_len(r, self);
+    sbuf b;
+    sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
+    size_t skip = self.u.s.n && (self.u.s.p[0] == '+' || self.u.s.p[0] == '-');
+    sb_put(&b, self.u.s.p, skip);
+    for (int64_t i = len; i < width; i++) sb_putc(&b, '0');
+    sb_put(&b, self.u.s.p + skip, self.u.s.n - skip);
+    return out_str(&b, self.k);
+}
+
+static val m_partition(rctx *r, val self, mcall *c) {
+    bool first = c->mid == M_PARTITION;
+    val sep = required(r, c->p[0], c->what, "sep");
+    if (sep.t != T_STR) rfail(r, "must be str, not %s", type_name(sep));
+    if (!sep.u.s.n) rfail(r, "empty separator");
+    int64_t at = str_search(r, self, sep, v_missing(), v_missing(), first ? M_FIND : M_RFIND);
+    list *l = list_new(r, 3);
+    val empty = v_str("", 0);
+    empty.k = self.k;
+    if (at < 0) {
+        l->v[0] = first ? self : empty;
+        l->v[1] = empty;
+        l->v[2] = first ? empty : self;
+    } else {
+        size_t off = utf8_off(self.u.s.p, self.u.s.n, (size_t)at);
+        l->v[0] = v_str(self.u.s.p, off);
+        l->v[1] = sep;
+        l->v[2] = v_str(self.u.s.p + off + sep.u.s.n, self.u.s.n - off - sep.u.s.n);
+        for (int i = 0; i < 3; i++) l->v[i].k = self.k;
+    }
+    return v_list(l, LK_TUPLE);
+}
+
+static val m_removeaffix(rctx *r, val self, mcall *c) {
+    val x = required(r, c->p[0], c->what, "affix");
+    if (x.t != T_STR) rfail(r, "must be str, not %s", type_name(x));
+    if (x.u.s.n <= self.u.s.n) {
+        if (c->mid == M_REMOVEPREFIX && !memcmp(self.u.s.p, x.u.s.p, x.u.s.n)) {
+            self.u.s.p += x.u.s.n;
+            self.u.s.n -= x.u.s.n;
+        } else if (c->mid == M_REMOVESUFFIX && !memcmp(self.u.s.p + self.u.s.n - x.u.s.n, x.u.s.p, x.u.s.n)) {
+            self.u.s.n -= x.u.s.n;
+        }
+    }
+    return self;
+}
+
+static val m_pred(rctx *r, val self, mcall *c) {
+    (void)r;
+    return v_bool(str_pred(self, c->mid));
+}
+
+/* items(), keys(), values() of a dict */
+static val m_view(rctx *r, val self, mcall *c) {
+    const dict *d = self.u.d;
+    int kind = c->mid == M_ITEMS ? LK_ITEMS : c->mid == M_KEYS ? LK_KEYS : LK_VALUES;
     list *l = list_new(r, d->n);
     for (size_t i = 0; i < d->n; i++)
         l->v[i] = kind == LK_KEYS ? d->k[i] : kind == LK_VALUES ? d->v[i] : v_tuple2(r, d->k[i], d->v[i]);
     return v_list(l, kind);
 }
 
-static val pad_method(rctx *r, val s, const val *p, char align, const char *what) {
-    int64_t width = int_arg(r, required(r, p[0], what, "width"), what);
-    val fill = opt(p[1], v_cstr(" "));
-    if (fill.t != T_STR || cs_utf8_count(fill.u.s.p, fill.u.s.n) != 1)
-        rfail(r, "The fill character must be exactly one character long");
-    sbuf b;
-    sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
-    put_padded(&b, s, width, align, fill.u.s.p, fill.u.s.n);
-    return out_str(&b, s.k);
+static val m_get(rctx *r, val self, mcall *c) {
+    val key = required(r, c->p[0], c->what, "key");
+    if (!hashable(key)) rfail(r, "unhashable type: '%s'", type_name(key));
+    long i = dict_find(r, self.u.d, key);
+    return i >= 0 ? self.u.d->v[i] : opt(c->p[1], v_none());
 }
 
+static val m_copy(rctx *r, val self, mcall *c) {
+    (void)c;
+    if (self.t == T_DICT) {
+        dict *d = dict_new(r, self.u.d->n);
+        for (size_t i = 0; i < self.u.d->n; i++) dict_set(r, d, self.u.d->k[i], self.u.d->v[i]);
+        return v_dict(d);
+    }
+    list *l = list_new(r, self.u.l->n);
+    if (l->n) memcpy(l->v, self.u.l->v, l->n * sizeof *l->v);
+    return v_list(l, LK_LIST);
+}
+
+static val m_cycle(rctx *r, val self, mcall *c) {
+    const args *a = c->a;
+    if (a->nkw) rfail(r, "loop.cycle() takes no keyword arguments");
+    if (!a->npos) rfail(r, "no items for cycling given");
+    return a->pos[self.u.lp->i % (size_t)a->npos];
+}
+
+static val m_changed(rctx *r, val self, mcall *c) {
+    const args *a = c->a;
+    if (a->nkw) rfail(r, "loop.changed() takes no keyword arguments");
+    list *l = list_new(r, (size_t)a->npos);
+    for (int i = 0; i < a->npos; i++) l->v[i] = a->pos[i];
+    val now = v_list(l, LK_TUPLE);
+    struct loopctx *lp = self.u.lp;
+    if (lp->changed_set && py_eq(r, lp->last_changed, now)) return v_bool(false);
+    lp->last_changed = now;
+    lp->changed_set = true;
+    return v_bool(true);
+}
+
+static val m_next(rctx *r, val self, mcall *c) {
+    (void)r;
+    (void)c;
+    struct cycler *cy = self.u.cy;
+    val v = cy->items[cy->pos];
+    cy->pos = (cy->pos + 1) % cy->n;
+    return v;
+}
+
+static val m_reset(rctx *r, val self, mcall *c) {
+    (void)r;
+    (void)c;
+    self.u.cy->pos = 0;
+    return v_none();
+}
+
+static const struct method_def method_defs[M_COUNT_] = {
+    [M_STRIP] = {m_strip, 1, {"chars"}},
+    [M_LSTRIP] = {m_strip, 1, {"chars"}},
+    [M_RSTRIP] = {m_strip, 1, {"chars"}},
+    [M_SPLIT] = {m_split, 2, {"sep", "maxsplit"}},
+    [M_RSPLIT] = {m_split, 2, {"sep", "maxsplit"}},
+    [M_SPLITLINES] = {m_splitlines, 1, {"keepends"}},
+    [M_STARTSWITH] = {m_affix, 3, {"prefix", "start", "end"}},
+    [M_ENDSWITH] = {m_affix, 3, {"prefix", "start", "end"}},
+    [M_UPPER] = {m_case, 0, {NULL}},
+    [M_LOWER] = {m_case, 0, {NULL}},
+    [M_TITLE] = {m_case, 0, {NULL}},
+    [M_CAPITALIZE] = {m_case, 0, {NULL}},
+    [M_REPLACE] = {m_replace, 3, {"old", "new", "count"}},
+    [M_FIND] = {m_search, -1, {NULL}},
+    [M_RFIND] = {m_search, -1, {NULL}},
+    [M_INDEX] = {m_search, -1, {NULL}},
+    [M_RINDEX] = {m_search, -1, {NULL}},
+    [M_COUNT] = {m_search, -1, {NULL}},
+    [M_JOIN] = {m_join, 1, {"iterable"}},
+    [M_FORMAT] = {m_format, -1, {NULL}},
+    [M_CENTER] = {m_pad, 2, {"width", "fillchar"}},
+    [M_LJUST] = {m_pad, 2, {"width", "fillchar"}},
+    [M_RJUST] = {m_pad, 2, {"width", "fillchar"}},
+    [M_ZFILL] = {m_zfill, 1, {"width"}},
+    [M_PARTITION] = {m_partition, 1, {"sep"}},
+    [M_RPARTITION] = {m_partition, 1, {"sep"}},
+    [M_REMOVEPREFIX] = {m_removeaffix, 1, {"affix"}},
+    [M_REMOVESUFFIX] = {m_removeaffix, 1, {"affix"}},
+    [M_ISDIGIT] = {m_pred, 0, {NULL}},
+    [M_ISALPHA] = {m_pred, 0, {NULL}},
+    [M_ISALNUM] = {m_pred, 0, {NULL}},
+    [M_ISSPACE] = {m_pred, 0, {NULL}},
+    [M_ISLOWER] = {m_pred, 0, {NULL}},
+    [M_ISUPPER] = {m_pred, 0, {NULL}},
+    [M_ISNUMERIC] = {m_pred, 0, {NULL}},
+    [M_ISDECIMAL] = {m_pred, 0, {NULL}},
+    [M_ITEMS] = {m_view, 0, {NULL}},
+    [M_KEYS] = {m_view, 0, {NULL}},
+    [M_VALUES] = {m_view, 0, {NULL}},
+    [M_GET] = {m_get, 2, {"key", "default"}},
+    [M_COPY] = {m_copy, 0, {NULL}},
+    [M_CYCLE] = {m_cycle, -1, {NULL}},
+    [M_CHANGED] = {m_changed, -1, {NULL}},
+    [M_NEXT] = {m_next, 0, {NULL}},
+    [M_RESET] = {m_reset, 0, {NULL}},
+};
+
 val call_method(rctx *r, const struct bound *bm, const args *a) {
-    val self = bm->self, p[3];
-    int mid = bm->mid;
-    char what[64];
-    snprintf(what, sizeof what, "%s.%s()", type_name(self), method_names[mid]);
-#define BIND(...)                                                                  \
-    do {                                                                           \
-        static const char *const names_[] = {__VA_ARGS__};                         \
-        bind_args(r, what, a, names_, (int)(sizeof names_ / sizeof names_[0]), p); \
-    } while (0)
-#define NOARGS() bind_args(r, what, a, P_NONE, 0, p)
-    switch (mid) {
-    case M_STRIP: BIND("chars"); return str_strip(r, self, p[0], 3);
-    case M_LSTRIP: BIND("chars"); return str_strip(r, self, p[0], 1);
-    case M_RSTRIP: BIND("chars"); return str_strip(r, self, p[0], 2);
-    case M_SPLIT: BIND("sep", "maxsplit"); return str_split(r, self, p[0], p[1], false);
-    case M_RSPLIT: BIND("sep", "maxsplit"); return str_split(r, self, p[0], p[1], true);
-    case M_SPLITLINES: BIND("keepends"); return str_splitlines(r, self, truthy(opt(p[0], v_bool(false))));
-    case M_STARTSWITH:
-    case M_ENDSWITH:
-        BIND("prefix", "start", "end");
-        return v_bool(str_affix(r, self, required(r, p[0], what, "prefix"), p[1], p[2], mid == M_ENDSWITH));
-    case M_UPPER:
-    case M_LOWER:
-    case M_TITLE:
-    case M_CAPITALIZE: NOARGS(); return str_case(r, self, mid);
-    case M_REPLACE: {
-        BIND("old", "new", "count");
-        val old = required(r, p[0], what, "old"), rep = required(r, p[1], what, "new");
-        if (self.k) { /* Markup escapes its arguments */
-            old = html_escape(r, old);
-            rep = html_escape(r, rep);
-        }
-        return str_replace(r, self, old, rep, int_arg(r, opt(p[2], v_int(-1)), what));
-    }
-    case M_FIND:
-    case M_RFIND:
-    case M_INDEX:
-    case M_RINDEX:
-    case M_COUNT:
-        if (self.t != T_STR) {
-            BIND("value", "start", "stop");
-            val x = required(r, p[0], what, "value");
-            const list *l = self.u.l;
-            if (mid == M_COUNT) {
-                int64_t k = 0;
-                for (size_t i = 0; i < l->n; i++) k += py_eq(r, l->v[i], x);
-                return v_int(k);
-            }
-            int64_t start, end;
-            adjust_range(p[1], p[2], (int64_t)l->n, &start, &end);
-            for (int64_t i = start; i < end; i++)
-                if (py_eq(r, l->v[i], x)) return v_int(i);
-            rfail(r, "%s.index(x): x not in %s", type_name(self), type_name(self));
-        } else {
-            BIND("sub", "start", "end");
-            int mode = mid == M_RFIND || mid == M_RINDEX ? M_RFIND : mid == M_COUNT ? M_COUNT : M_FIND;
-            int64_t k = str_search(r, self, required(r, p[0], what, "sub"), p[1], p[2], mode);
-            if (k < 0 && (mid == M_INDEX || mid == M_RINDEX)) rfail(r, "substring not found");
-            return v_int(k);
-        }
-    case M_JOIN: BIND("iterable"); return str_join(r, self, required(r, p[0], what, "iterable"));
-    case M_FORMAT: return str_format(r, self, a->pos, a->npos, a->kwn, a->kwv, a->nkw);
-    case M_CENTER: BIND("width", "fillchar"); return pad_method(r, self, p, '^', what);
-    case M_LJUST: BIND("width", "fillchar"); return pad_method(r, self, p, '<', what);
-    case M_RJUST: BIND("width", "fillchar"); return pad_method(r, self, p, '>', what);
-    case M_ZFILL: {
-        BIND("width");
-        int64_t width = int_arg(r, required(r, p[0], what, "width"), what), len = py_len(r, self);
-        sbuf b;
-        sb_init(&b, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
-        size_t skip = self.u.s.n && (self.u.s.p[0] == '+' || self.u.s.p[0] == '-');
-        sb_put(&b, self.u.s.p, skip);
-        for (int64_t i = len; i < width; i++) sb_putc(&b, '0');
-        sb_put(&b, self.u.s.p + skip, self.u.s.n - skip);
-        return out_str(&b, self.k);
-    }
-    case M_PARTITION:
-    case M_RPARTITION: {
-        BIND("sep");
-        val sep = required(r, p[0], what, "sep");
-        if (sep.t != T_STR) rfail(r, "must be str, not %s", type_name(sep));
-        if (!sep.u.s.n) rfail(r, "empty separator");
-        int64_t at = str_search(r, self, sep, v_missing(), v_missing(), mid == M_PARTITION ? M_FIND : M_RFIND);
-        list *l = list_new(r, 3);
-        val empty = v_str("", 0);
-        empty.k = self.k;
-        if (at < 0) {
-            l->v[0] = mid == M_PARTITION ? self : empty;
-            l->v[1] = empty;
-            l->v[2] = mid == M_PARTITION ? empty : self;
-        } else {
-            size_t off = utf8_off(self.u.s.p, self.u.s.n, (size_t)at);
-            l->v[0] = v_str(self.u.s.p, off);
-            l->v[1] = sep;
-            l->v[2] = v_str(self.u.s.p + off + sep.u.s.n, self.u.s.n - off - sep.u.s.n);
-            for (int i = 0; i < 3; i++) l->v[i].k = self.k;
-        }
-        return v_list(l, LK_TUPLE);
-    }
-    case M_REMOVEPREFIX:
-    case M_REMOVESUFFIX: {
-        BIND("affix");
-        val x = required(r, p[0], what, "affix");
-        if (x.t != T_STR) rfail(r, "must be str, not %s", type_name(x));
-        if (x.u.s.n <= self.u.s.n) {
-            if (mid == M_REMOVEPREFIX && !memcmp(self.u.s.p, x.u.s.p, x.u.s.n)) {
-                self.u.s.p += x.u.s.n;
-                self.u.s.n -= x.u.s.n;
-            } else if (mid == M_REMOVESUFFIX && !memcmp(self.u.s.p + self.u.s.n - x.u.s.n, x.u.s.p, x.u.s.n)) {
-                self.u.s.n -= x.u.s.n;
-            }
-        }
-        return self;
-    }
-    case M_ISDIGIT:
-    case M_ISALPHA:
-    case M_ISALNUM:
-    case M_ISSPACE:
-    case M_ISLOWER:
-    case M_ISUPPER:
-    case M_ISNUMERIC:
-    case M_ISDECIMAL: NOARGS(); return v_bool(str_pred(self, mid));
-    case M_ITEMS: NOARGS(); return view(r, self.u.d, LK_ITEMS);
-    case M_KEYS: NOARGS(); return view(r, self.u.d, LK_KEYS);
-    case M_VALUES: NOARGS(); return view(r, self.u.d, LK_VALUES);
-    case M_GET: {
-        BIND("key", "default");
-        val key = required(r, p[0], what, "key");
-        if (!hashable(key)) rfail(r, "unhashable type: '%s'", type_name(key));
-        long i = dict_find(r, self.u.d, key);
-        return i >= 0 ? self.u.d->v[i] : opt(p[1], v_none());
-    }
-    case M_COPY:
-        NOARGS();
-        if (self.t == T_DICT) {
-            dict *d = dict_new(r, self.u.d->n);
-            for (size_t i = 0; i < self.u.d->n; i++) dict_set(r, d, self.u.d->k[i], self.u.d->v[i]);
-            return v_dict(d);
-        } else {
-            list *l = list_new(r, self.u.l->n);
-            if (l->n) memcpy(l->v, self.u.l->v, l->n * sizeof *l->v);
-            return v_list(l, LK_LIST);
-        }
-    case M_CYCLE:
-        if (a->nkw) rfail(r, "loop.cycle() takes no keyword arguments");
-        if (!a->npos) rfail(r, "no items for cycling given");
-        return a->pos[self.u.lp->i % (size_t)a->npos];
-    case M_CHANGED: {
-        if (a->nkw) rfail(r, "loop.changed() takes no keyword arguments");
-        list *l = list_new(r, (size_t)a->npos);
-        for (int i = 0; i < a->npos; i++) l->v[i] = a->pos[i];
-        val now = v_list(l, LK_TUPLE);
-        struct loopctx *lp = self.u.lp;
-        if (lp->changed_set && py_eq(r, lp->last_changed, now)) return v_bool(false);
-        lp->last_changed = now;
-        lp->changed_set = true;
-        return v_bool(true);
-    }
-    case M_NEXT: {
-        NOARGS();
-        struct cycler *c = self.u.cy;
-        val v = c->items[c->pos];
-        c->pos = (c->pos + 1) % c->n;
-        return v;
-    }
-    case M_RESET: NOARGS(); self.u.cy->pos = 0; return v_none();
-    }
-#undef BIND
-#undef NOARGS
-    rfail(r, "method %s is not implemented", what);
+    mcall c = {.mid = bm->mid, .a = a};
+    snprintf(c.what, sizeof c.what, "%s.%s()", type_name(bm->self), method_names[c.mid]);
+    const struct method_def *d = c.mid >= 0 && c.mid < M_COUNT_ ? &method_defs[c.mid] : NULL;
+    if (!d || !d->fn) rfail(r, "method %s is not implemented", c.what);
+    if (d->np >= 0) bind_args(r, c.what, a, d->params, d->np, c.p);
+    return d->fn(r, bm->self, &c);
 }
 
 /* dict(*args, **kwargs) as used by namespace() and dict() */
