@@ -763,157 +763,189 @@ static void set_macro_flags(node *n) {
     n->flags = flags;
 }
 
+/* The body of a block tag up to its one end tag, which is dropped. */
+static node **parse_body(parser *p, const char *end, int *count) {
+    const char *const ends[] = {end, NULL};
+    return parse_statements(p, ends, true, count);
+}
+
+/* The body of a macro or a call block: break and continue there do not reach an enclosing loop. */
+static void parse_macro_body(parser *p, node *n, const char *end) {
+    int loops = p->loops;
+    p->loops = 0;
+    n->v = parse_body(p, end, &n->nv);
+    p->loops = loops;
+    set_macro_flags(n);
+}
+
+/* The statements below parse a tag's rest, the tag name consumed. */
+static node *parse_if(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *result = new_node(p, S_IF, line), *cur_if = result;
+    for (;;) {
+        cur_if->a = parse_tuple(p, false, false, NULL, false, false);
+        static const char *const ends[] = {"elif", "else", "endif", NULL};
+        cur_if->v = parse_statements(p, ends, false, &cur_if->nv);
+        token *e = cur(p);
+        advance(p);
+        if (is_name(e, "elif")) {
+            node *next_if = new_node(p, S_IF, e->line);
+            next_if->flags = IF_ELIF;
+            cur_if->w = arena_alloc(p->a, sizeof *cur_if->w);
+            cur_if->w[0] = next_if;
+            cur_if->nw = 1;
+            cur_if = next_if;
+            continue;
+        }
+        if (is_name(e, "else")) cur_if->w = parse_body(p, "endif", &cur_if->nw);
+        return result;
+    }
+}
+
+static node *parse_for(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *n = new_node(p, S_FOR, line);
+    n->a = parse_assign_target(p, "in", false);
+    expect_kw(p, "in");
+    n->b = parse_tuple(p, false, false, "recursive", false, false);
+    if (is_name(cur(p), "if")) {
+        advance(p);
+        n->x = parse_expression(p, true);
+    }
+    if (is_name(cur(p), "recursive")) pfail(p, cur(p)->line, "recursive for loops are not supported");
+    static const char *const ends[] = {"endfor", "else", NULL};
+    p->loops++;
+    n->v = parse_statements(p, ends, false, &n->nv);
+    p->loops--;
+    token *e = cur(p);
+    advance(p);
+    if (is_name(e, "else")) n->w = parse_body(p, "endfor", &n->nw);
+    return n;
+}
+
+static node *parse_set(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *n, *target = parse_assign_target(p, NULL, true);
+    if (is_op(cur(p), OP_ASSIGN)) {
+        advance(p);
+        n = new_node(p, S_SET, line);
+        n->a = target;
+        n->b = parse_tuple(p, false, true, NULL, false, false);
+        if (target->kind == E_NAME && n->b->kind == E_CALL && n->b->a->kind == E_NAME &&
+            !strcmp(n->b->a->name, "joiner"))
+            nv_push(p, &p->defs, n);
+    } else {
+        n = new_node(p, S_SETBLOCK, line);
+        n->a = target;
+        n->b = parse_filter(p, NULL, false);
+        n->v = parse_body(p, "endset", &n->nv);
+    }
+    return n;
+}
+
+static node *parse_macro(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *n = new_node(p, S_MACRO, line);
+    n->name = expect_name(p)->s;
+    parse_signature(p, n);
+    parse_macro_body(p, n, "endmacro");
+    nv_push(p, &p->defs, n);
+    return n;
+}
+
+static node *parse_callblock(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *n = new_node(p, S_CALLBLOCK, line);
+    if (is_op(cur(p), OP_LPAREN)) parse_signature(p, n);
+    n->a = parse_expression(p, true);
+    if (n->a->kind != E_CALL) pfail(p, line, "expected call");
+    parse_macro_body(p, n, "endcall");
+    return n;
+}
+
+static node *parse_filterblock(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *n = new_node(p, S_FILTERBLOCK, line);
+    n->b = parse_filter(p, NULL, true);
+    n->v = parse_body(p, "endfilter", &n->nv);
+    return n;
+}
+
+static node *parse_with(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *n = new_node(p, S_WITH, line);
+    nvec vals = {0};
+    int cap = 0;
+    while (cur(p)->type != TK_BLOCK_END) {
+        if (n->nkw) expect_op(p, OP_COMMA);
+        node *target = parse_assign_target(p, NULL, false);
+        if (target->kind != E_NAME) pfail(p, line, "only plain names are supported as with targets");
+        expect_op(p, OP_ASSIGN);
+        if (n->nkw == cap) {
+            cap = cap ? cap * 2 : 4;
+            const char **k2 = arena_alloc(p->a, (size_t)cap * sizeof *k2);
+            if (n->nkw) memcpy(k2, n->kw, (size_t)n->nkw * sizeof *k2);
+            n->kw = k2;
+        }
+        n->kw[n->nkw++] = target->name;
+        nv_push(p, &vals, parse_expression(p, true));
+    }
+    n->w = vals.v;
+    n->nw = vals.n;
+    n->v = parse_body(p, "endwith", &n->nv);
+    return n;
+}
+
+static node *parse_print(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *n = new_node(p, S_OUTPUT, line);
+    nvec items = {0};
+    while (cur(p)->type != TK_BLOCK_END) {
+        if (items.n) expect_op(p, OP_COMMA);
+        nv_push(p, &items, parse_expression(p, true));
+    }
+    n->v = items.v;
+    n->nv = items.n;
+    return n;
+}
+
+static node *parse_loop_control(parser *p, int line, const char *tag) {
+    if (!p->loops) pfail(p, line, "'%s' outside of a loop", tag);
+    return new_node(p, tag[0] == 'b' ? S_BREAK : S_CONTINUE, line);
+}
+
+static node *parse_generation(parser *p, int line, const char *tag) {
+    (void)tag;
+    node *n = new_node(p, S_SCOPE, line);
+    n->v = parse_body(p, "endgeneration", &n->nv);
+    return n;
+}
+
+static const struct {
+    const char *tag;
+    node *(*parse)(parser *p, int line, const char *tag); /* NULL: a jinja2 tag refused here */
+} statement_tags[] = {
+    {"if", parse_if}, {"for", parse_for}, {"set", parse_set}, {"macro", parse_macro},
+    {"call", parse_callblock}, {"filter", parse_filterblock}, {"with", parse_with}, {"print", parse_print},
+    {"break", parse_loop_control}, {"continue", parse_loop_control}, {"generation", parse_generation},
+    {"block", NULL}, {"extends", NULL}, {"include", NULL}, {"import", NULL}, {"from", NULL}, {"autoescape", NULL},
+};
+
 static node *parse_statement(parser *p) {
     token *t = cur(p);
     int line = t->line;
     if (t->type != TK_NAME) pfail(p, line, "tag name expected");
     const char *tag = t->s;
-    node *n;
     enter(p);
-    if (!strcmp(tag, "if")) {
+    for (size_t i = 0; i < sizeof statement_tags / sizeof statement_tags[0]; i++) {
+        if (strcmp(tag, statement_tags[i].tag)) continue;
+        if (!statement_tags[i].parse) pfail(p, line, "tag '%s' is not supported", tag);
         advance(p);
-        node *result = new_node(p, S_IF, line), *cur_if = result;
-        for (;;) {
-            cur_if->a = parse_tuple(p, false, false, NULL, false, false);
-            static const char *const ends[] = {"elif", "else", "endif", NULL};
-            cur_if->v = parse_statements(p, ends, false, &cur_if->nv);
-            token *e = cur(p);
-            advance(p);
-            if (is_name(e, "elif")) {
-                node *next_if = new_node(p, S_IF, e->line);
-                next_if->flags = IF_ELIF;
-                cur_if->w = arena_alloc(p->a, sizeof *cur_if->w);
-                cur_if->w[0] = next_if;
-                cur_if->nw = 1;
-                cur_if = next_if;
-                continue;
-            }
-            if (is_name(e, "else")) {
-                static const char *const endif[] = {"endif", NULL};
-                cur_if->w = parse_statements(p, endif, true, &cur_if->nw);
-            }
-            break;
-        }
-        n = result;
-    } else if (!strcmp(tag, "for")) {
-        advance(p);
-        n = new_node(p, S_FOR, line);
-        n->a = parse_assign_target(p, "in", false);
-        expect_kw(p, "in");
-        n->b = parse_tuple(p, false, false, "recursive", false, false);
-        if (is_name(cur(p), "if")) {
-            advance(p);
-            n->x = parse_expression(p, true);
-        }
-        if (is_name(cur(p), "recursive")) pfail(p, cur(p)->line, "recursive for loops are not supported");
-        static const char *const ends[] = {"endfor", "else", NULL};
-        p->loops++;
-        n->v = parse_statements(p, ends, false, &n->nv);
-        p->loops--;
-        token *e = cur(p);
-        advance(p);
-        if (is_name(e, "else")) {
-            static const char *const endfor[] = {"endfor", NULL};
-            n->w = parse_statements(p, endfor, true, &n->nw);
-        }
-    } else if (!strcmp(tag, "set")) {
-        advance(p);
-        node *target = parse_assign_target(p, NULL, true);
-        if (is_op(cur(p), OP_ASSIGN)) {
-            advance(p);
-            n = new_node(p, S_SET, line);
-            n->a = target;
-            n->b = parse_tuple(p, false, true, NULL, false, false);
-            if (target->kind == E_NAME && n->b->kind == E_CALL && n->b->a->kind == E_NAME &&
-                !strcmp(n->b->a->name, "joiner"))
-                nv_push(p, &p->defs, n);
-        } else {
-            n = new_node(p, S_SETBLOCK, line);
-            n->a = target;
-            n->b = parse_filter(p, NULL, false);
-            static const char *const ends[] = {"endset", NULL};
-            n->v = parse_statements(p, ends, true, &n->nv);
-        }
-    } else if (!strcmp(tag, "macro")) {
-        advance(p);
-        n = new_node(p, S_MACRO, line);
-        n->name = expect_name(p)->s;
-        parse_signature(p, n);
-        static const char *const ends[] = {"endmacro", NULL};
-        int loops = p->loops;
-        p->loops = 0;
-        n->v = parse_statements(p, ends, true, &n->nv);
-        p->loops = loops;
-        set_macro_flags(n);
-        nv_push(p, &p->defs, n);
-    } else if (!strcmp(tag, "call")) {
-        advance(p);
-        n = new_node(p, S_CALLBLOCK, line);
-        if (is_op(cur(p), OP_LPAREN)) parse_signature(p, n);
-        n->a = parse_expression(p, true);
-        if (n->a->kind != E_CALL) pfail(p, line, "expected call");
-        static const char *const ends[] = {"endcall", NULL};
-        int loops = p->loops;
-        p->loops = 0;
-        n->v = parse_statements(p, ends, true, &n->nv);
-        p->loops = loops;
-        set_macro_flags(n);
-    } else if (!strcmp(tag, "filter")) {
-        advance(p);
-        n = new_node(p, S_FILTERBLOCK, line);
-        n->b = parse_filter(p, NULL, true);
-        static const char *const ends[] = {"endfilter", NULL};
-        n->v = parse_statements(p, ends, true, &n->nv);
-    } else if (!strcmp(tag, "with")) {
-        advance(p);
-        n = new_node(p, S_WITH, line);
-        nvec vals = {0};
-        int cap = 0;
-        while (cur(p)->type != TK_BLOCK_END) {
-            if (n->nkw) expect_op(p, OP_COMMA);
-            node *target = parse_assign_target(p, NULL, false);
-            if (target->kind != E_NAME) pfail(p, line, "only plain names are supported as with targets");
-            expect_op(p, OP_ASSIGN);
-            if (n->nkw == cap) {
-                cap = cap ? cap * 2 : 4;
-                const char **k2 = arena_alloc(p->a, (size_t)cap * sizeof *k2);
-                if (n->nkw) memcpy(k2, n->kw, (size_t)n->nkw * sizeof *k2);
-                n->kw = k2;
-            }
-            n->kw[n->nkw++] = target->name;
-            nv_push(p, &vals, parse_expression(p, true));
-        }
-        n->w = vals.v;
-        n->nw = vals.n;
-        static const char *const ends[] = {"endwith", NULL};
-        n->v = parse_statements(p, ends, true, &n->nv);
-    } else if (!strcmp(tag, "print")) {
-        advance(p);
-        n = new_node(p, S_OUTPUT, line);
-        nvec items = {0};
-        while (cur(p)->type != TK_BLOCK_END) {
-            if (items.n) expect_op(p, OP_COMMA);
-            nv_push(p, &items, parse_expression(p, true));
-        }
-        n->v = items.v;
-        n->nv = items.n;
-    } else if (!strcmp(tag, "break") || !strcmp(tag, "continue")) {
-        advance(p);
-        if (!p->loops) pfail(p, line, "'%s' outside of a loop", tag);
-        n = new_node(p, tag[0] == 'b' ? S_BREAK : S_CONTINUE, line);
-    } else if (!strcmp(tag, "generation")) {
-        advance(p);
-        n = new_node(p, S_SCOPE, line);
-        static const char *const ends[] = {"endgeneration", NULL};
-        n->v = parse_statements(p, ends, true, &n->nv);
-    } else if (!strcmp(tag, "block") || !strcmp(tag, "extends") || !strcmp(tag, "include") ||
-               !strcmp(tag, "import") || !strcmp(tag, "from") || !strcmp(tag, "autoescape")) {
-        pfail(p, line, "tag '%s' is not supported", tag);
-    } else {
-        pfail(p, line, "unknown tag '%s'", tag);
+        node *n = statement_tags[i].parse(p, line, tag);
+        p->depth--;
+        return n;
     }
-    p->depth--;
-    return n;
+    pfail(p, line, "unknown tag '%s'", tag);
 }
 
 /* Parses statements and text up to a block whose tag is one of ends (NULL: end of source),
