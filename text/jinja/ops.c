@@ -409,6 +409,95 @@ void put_padded(sbuf *b, val s, int64_t width, char align, const char *fill, siz
     for (int64_t i = left; i < pad; i++) sb_put(b, fill, filln);
 }
 
+/* One conversion of printf-style formatting: %[(key)][flags][width][.precision]conv */
+typedef struct pct_spec {
+    char flags[8];
+    int width, prec; /* -1: not given */
+    char conv;
+} pct_spec;
+
+/* Parses the flags, width, precision and conversion after a '%' (and its key); returns the end. */
+static const char *pct_parse(rctx *r, const char *p, const char *end, pct_spec *sp) {
+    int nf = 0;
+    while (p < end && strchr("-+ #0", *p) && nf < 7) sp->flags[nf++] = *p++;
+    sp->flags[nf] = 0;
+    sp->width = sp->prec = -1;
+    if (p < end && *p == '*') rfail(r, "'*' widths in format strings are not supported");
+    if (p < end && *p >= '0' && *p <= '9') {
+        sp->width = 0;
+        while (p < end && *p >= '0' && *p <= '9') {
+            sp->width = sp->width * 10 + (*p++ - '0');
+            if (sp->width > (int)CHAT_TEMPLATE_MAX_OUTPUT) rfail(r, "format width is too large");
+        }
+    }
+    if (p < end && *p == '.') {
+        p++;
+        sp->prec = 0;
+        while (p < end && *p >= '0' && *p <= '9') {
+            sp->prec = sp->prec * 10 + (*p++ - '0');
+            if (sp->prec > (int)CHAT_TEMPLATE_MAX_OUTPUT) rfail(r, "format precision is too large");
+        }
+    }
+    while (p < end && (*p == 'h' || *p == 'l' || *p == 'L')) p++;
+    if (p >= end) rfail(r, "incomplete format");
+    sp->conv = *p++;
+    return p;
+}
+
+/* The C format of sp for C's conversion conv with length modifier len, precision prec. */
+static void pct_c_format(const pct_spec *sp, const char *len, char conv, int prec, char *out, size_t n) {
+    int k = snprintf(out, n, "%%%s", sp->flags);
+    if (sp->width >= 0) k += snprintf(out + k, n - (size_t)k, "%d", sp->width);
+    if (prec >= 0) k += snprintf(out + k, n - (size_t)k, ".%d", prec);
+    snprintf(out + k, n - (size_t)k, "%s%c", len, conv);
+}
+
+/* %s %r %a: str() (escaped in a Markup format) or repr(), cut to the precision, padded */
+static void pct_put_str(rctx *r, sbuf *b, const pct_spec *sp, val arg, bool markup) {
+    sbuf t;
+    sb_init(&t, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
+    if (sp->conv == 's') put_str(r, &t, markup ? html_escape(r, arg) : arg);
+    else put_repr(r, &t, arg);
+    val s = sb_val(&t);
+    if (sp->prec >= 0) s.u.s.n = utf8_off(s.u.s.p, s.u.s.n, (size_t)sp->prec);
+    put_padded(b, s, sp->width, strchr(sp->flags, '-') ? '<' : '>', " ", 1);
+}
+
+/* %d %i %u %x %X %o %c */
+static void pct_put_int(rctx *r, sbuf *b, const pct_spec *sp, val arg) {
+    char conv = sp->conv, spec[48];
+    int64_t x;
+    if (is_intlike(arg)) x = as_int(arg);
+    else if (arg.t == T_FLOAT && conv != 'c' && conv != 'x' && conv != 'X' && conv != 'o') {
+        if (!isfinite(arg.u.f) || fabs(arg.u.f) >= 9.2e18) rfail(r, "cannot convert float to integer");
+        x = (int64_t)arg.u.f;
+    } else {
+        rfail(r, "%%%c format: a number is required, not %s", conv, type_name(arg));
+    }
+    if (conv == 'c') {
+        sb_putcp(b, (int32_t)x);
+        return;
+    }
+    char c = conv == 'i' || conv == 'u' ? 'd' : conv;
+    pct_c_format(sp, "ll", c, sp->prec, spec, sizeof spec);
+    if (c == 'd') {
+        sb_printf(b, spec, (long long)x);
+        return;
+    }
+    bool neg = x < 0;
+    unsigned long long ux = neg ? (unsigned long long)(-(x + 1)) + 1 : (unsigned long long)x;
+    if (neg) sb_putc(b, '-'); /* Python prints -0x.., C would print two's complement */
+    sb_printf(b, spec, ux);
+}
+
+/* %f %F %e %E %g %G */
+static void pct_put_float(rctx *r, sbuf *b, const pct_spec *sp, val arg) {
+    if (!is_num(arg)) rfail(r, "must be real number, not %s", type_name(arg));
+    char spec[48];
+    pct_c_format(sp, "", sp->conv, sp->prec < 0 ? 6 : sp->prec, spec, sizeof spec);
+    sb_printf(b, spec, as_float(arg));
+}
+
 /* Python's printf-style "fmt % args" for the common conversions (s r d i f e g x o c %). */
 val percent_format(rctx *r, val fmt, val fargs) {
     const val *items = &fargs;
@@ -443,31 +532,9 @@ val percent_format(rctx *r, val fmt, val fargs) {
             arg = map->v[i];
             p = q + 1;
         }
-        char flags[8];
-        int nf = 0;
-        while (p < end && strchr("-+ #0", *p) && nf < 7) flags[nf++] = *p++;
-        flags[nf] = 0;
-        int width = -1, prec = -1;
-        if (p < end && *p == '*') rfail(r, "'*' widths in format strings are not supported");
-        if (p < end && *p >= '0' && *p <= '9') {
-            width = 0;
-            while (p < end && *p >= '0' && *p <= '9') {
-                width = width * 10 + (*p++ - '0');
-                if (width > (int)CHAT_TEMPLATE_MAX_OUTPUT) rfail(r, "format width is too large");
-            }
-        }
-        if (p < end && *p == '.') {
-            p++;
-            prec = 0;
-            while (p < end && *p >= '0' && *p <= '9') {
-                prec = prec * 10 + (*p++ - '0');
-                if (prec > (int)CHAT_TEMPLATE_MAX_OUTPUT) rfail(r, "format precision is too large");
-            }
-        }
-        while (p < end && (*p == 'h' || *p == 'l' || *p == 'L')) p++;
-        if (p >= end) rfail(r, "incomplete format");
-        char conv = *p++;
-        if (conv == '%') {
+        pct_spec sp;
+        p = pct_parse(r, p, end, &sp);
+        if (sp.conv == '%') {
             sb_putc(&b, '%');
             continue;
         }
@@ -475,62 +542,11 @@ val percent_format(rctx *r, val fmt, val fargs) {
             if (used >= n) rfail(r, "not enough arguments for format string");
             arg = items[used++];
         }
-        char spec[32];
-        switch (conv) {
-        case 's':
-        case 'r':
-        case 'a': {
-            sbuf t;
-            sb_init(&t, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, false);
-            if (conv == 's') put_str(r, &t, fmt.k ? html_escape(r, arg) : arg);
-            else put_repr(r, &t, arg);
-            val s = sb_val(&t);
-            if (prec >= 0) s.u.s.n = utf8_off(s.u.s.p, s.u.s.n, (size_t)prec);
-            put_padded(&b, s, width, strchr(flags, '-') ? '<' : '>', " ", 1);
-            break;
-        }
-        case 'd': case 'i': case 'u': case 'x': case 'X': case 'o': case 'c': {
-            int64_t x;
-            if (is_intlike(arg)) x = as_int(arg);
-            else if (arg.t == T_FLOAT && conv != 'c' && conv != 'x' && conv != 'X' && conv != 'o') {
-                if (!isfinite(arg.u.f) || fabs(arg.u.f) >= 9.2e18) rfail(r, "cannot convert float to integer");
-                x = (int64_t)arg.u.f;
-            } else {
-                rfail(r, "%%%c format: a number is required, not %s", conv, type_name(arg));
-            }
-            if (conv == 'c') {
-                sb_putcp(&b, (int32_t)x);
-                break;
-            }
-            char c = conv == 'i' || conv == 'u' ? 'd' : conv;
-            if (c == 'd') snprintf(spec, sizeof spec, "%%%s%s%s%s", flags, width >= 0 ? "*" : "", prec >= 0 ? ".*" : "", "lld");
-            else snprintf(spec, sizeof spec, "%%%s%s%sll%c", flags, width >= 0 ? "*" : "", prec >= 0 ? ".*" : "", c);
-            bool neg = x < 0 && c != 'd';
-            unsigned long long ux = neg ? (unsigned long long)(-(x + 1)) + 1 : (unsigned long long)x;
-            if (neg) sb_putc(&b, '-'); /* Python prints -0x.., C would print two's complement */
-            if (c == 'd') {
-                if (width >= 0 && prec >= 0) sb_printf(&b, spec, width, prec, (long long)x);
-                else if (width >= 0) sb_printf(&b, spec, width, (long long)x);
-                else if (prec >= 0) sb_printf(&b, spec, prec, (long long)x);
-                else sb_printf(&b, spec, (long long)x);
-            } else {
-                if (width >= 0 && prec >= 0) sb_printf(&b, spec, width, prec, ux);
-                else if (width >= 0) sb_printf(&b, spec, width, ux);
-                else if (prec >= 0) sb_printf(&b, spec, prec, ux);
-                else sb_printf(&b, spec, ux);
-            }
-            break;
-        }
-        case 'f': case 'F': case 'e': case 'E': case 'g': case 'G': {
-            if (!is_num(arg)) rfail(r, "must be real number, not %s", type_name(arg));
-            double x = as_float(arg);
-            snprintf(spec, sizeof spec, "%%%s%s.*%c", flags, width >= 0 ? "*" : "", conv);
-            if (prec < 0) prec = 6;
-            if (width >= 0) sb_printf(&b, spec, width, prec, x);
-            else sb_printf(&b, spec, prec, x);
-            break;
-        }
-        default: rfail(r, "unsupported format character '%c'", conv);
+        switch (sp.conv) {
+        case 's': case 'r': case 'a': pct_put_str(r, &b, &sp, arg, fmt.k); break;
+        case 'd': case 'i': case 'u': case 'x': case 'X': case 'o': case 'c': pct_put_int(r, &b, &sp, arg); break;
+        case 'f': case 'F': case 'e': case 'E': case 'g': case 'G': pct_put_float(r, &b, &sp, arg); break;
+        default: rfail(r, "unsupported format character '%c'", sp.conv);
         }
     }
     /* a tuple must be used up; a single value too unless it is a mapping (Python treats lists
