@@ -74,6 +74,13 @@ void arena_free(arena *a) {
     a->total = 0;
 }
 
+/* A new array of cap elements of size elem holding the first n of old. */
+void *arena_grow(arena *a, const void *old, size_t n, size_t cap, size_t elem) {
+    void *p = arena_alloc(a, cap * elem);
+    if (n) memcpy(p, old, n * elem);
+    return p;
+}
+
 char *arena_strndup(arena *a, const char *s, size_t n) {
     char *p = arena_alloc(a, n + 1);
     memcpy(p, s, n);
@@ -100,9 +107,7 @@ void sb_reserve(sbuf *b, size_t extra) {
         if (!p) throw_status(b->a->ec, CS_ENOMEM, "out of memory");
         b->p = p;
     } else {
-        char *p = arena_alloc(b->a, cap);
-        if (b->n) memcpy(p, b->p, b->n);
-        b->p = p;
+        b->p = arena_grow(b->a, b->p, b->n, cap, 1);
     }
     b->cap = cap;
 }

@@ -449,12 +449,8 @@ static int exec_stmt(rctx *r, const node *n, scope *s) {
         val f = eval(r, call->a, s);
         args a;
         eval_args(r, call, s, &a);
-        const char **kwn = arena_alloc(&r->a, (size_t)(a.nkw + 1) * sizeof *kwn);
-        val *kwv = arena_alloc(&r->a, (size_t)(a.nkw + 1) * sizeof *kwv);
-        if (a.nkw) {
-            memcpy(kwn, a.kwn, (size_t)a.nkw * sizeof *kwn);
-            memcpy(kwv, a.kwv, (size_t)a.nkw * sizeof *kwv);
-        }
+        const char **kwn = arena_grow(&r->a, a.kwn, (size_t)a.nkw, (size_t)(a.nkw + 1), sizeof *kwn);
+        val *kwv = arena_grow(&r->a, a.kwv, (size_t)a.nkw, (size_t)(a.nkw + 1), sizeof *kwv);
         kwn[a.nkw] = "caller";
         kwv[a.nkw] = (val){.t = T_MACRO, .u.m = m};
         r->line = n->line;

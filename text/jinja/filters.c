@@ -41,13 +41,8 @@ void dict_set(rctx *r, dict *d, val k, val v) {
     }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 4;
-        val *nk = arena_alloc(&r->a, cap * sizeof *nk), *nv = arena_alloc(&r->a, cap * sizeof *nv);
-        if (d->n) {
-            memcpy(nk, d->k, d->n * sizeof *nk);
-            memcpy(nv, d->v, d->n * sizeof *nv);
-        }
-        d->k = nk;
-        d->v = nv;
+        d->k = arena_grow(&r->a, d->k, d->n, cap, sizeof *d->k);
+        d->v = arena_grow(&r->a, d->v, d->n, cap, sizeof *d->v);
         d->cap = cap;
     }
     d->k[d->n] = k;

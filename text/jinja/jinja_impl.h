@@ -376,6 +376,7 @@ _Noreturn void throw_limit(errctx *ec, const char *fmt, ...) __attribute__((form
 void *arena_alloc(arena *a, size_t n);
 void *arena_zalloc(arena *a, size_t n);
 void arena_free(arena *a);
+void *arena_grow(arena *a, const void *old, size_t n, size_t cap, size_t elem);
 char *arena_strndup(arena *a, const char *s, size_t n);
 void sb_init(sbuf *b, arena *a, size_t limit, bool heap);
 void sb_reserve(sbuf *b, size_t extra);

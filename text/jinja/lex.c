@@ -40,9 +40,7 @@ static _Noreturn void lex_fail(lexer *lx, size_t pos, const char *fmt, ...) {
 static token *lex_push(lexer *lx, uint8_t type, size_t at) {
     if (lx->ntok == lx->cap) {
         size_t cap = lx->cap ? lx->cap * 2 : 256;
-        token *t = arena_alloc(lx->a, cap * sizeof *t);
-        if (lx->ntok) memcpy(t, lx->toks, lx->ntok * sizeof *t);
-        lx->toks = t;
+        lx->toks = arena_grow(lx->a, lx->toks, lx->ntok, cap, sizeof *lx->toks);
         lx->cap = cap;
     }
     token *t = &lx->toks[lx->ntok++];

@@ -69,9 +69,7 @@ size_t prev_cp(const char *p, size_t i) {
 static void push_val(rctx *r, val **items, size_t *n, size_t *cap, val v) {
     if (*n == *cap) {
         size_t c = *cap ? *cap * 2 : 8;
-        val *x = arena_alloc(&r->a, c * sizeof *x);
-        if (*n) memcpy(x, *items, *n * sizeof *x);
-        *items = x;
+        *items = arena_grow(&r->a, *items, *n, c, sizeof **items);
         *cap = c;
     }
     (*items)[(*n)++] = v;

@@ -118,12 +118,20 @@ _Noreturn void pfail(parser *p, int line, const char *fmt, ...) {
 static void nv_push(parser *p, nvec *v, node *x) {
     if (v->n == v->cap) {
         int cap = v->cap ? v->cap * 2 : 8;
-        node **nv = arena_alloc(p->a, (size_t)cap * sizeof *nv);
-        if (v->n) memcpy(nv, v->v, (size_t)v->n * sizeof *nv);
-        v->v = nv;
+        v->v = arena_grow(p->a, v->v, (size_t)v->n, (size_t)cap, sizeof *v->v);
         v->cap = cap;
     }
     v->v[v->n++] = x;
+}
+
+/* Appends name to a growable array of names (*n used of *cap); returns the array. */
+static const char **push_name(parser *p, const char **names, int *n, int *cap, const char *name) {
+    if (*n == *cap) {
+        *cap = *cap ? *cap * 2 : 4;
+        names = arena_grow(p->a, names, (size_t)*n, (size_t)*cap, sizeof *names);
+    }
+    names[(*n)++] = name;
+    return names;
 }
 
 node *new_node(parser *p, int kind, int line) {
@@ -243,13 +251,7 @@ static void parse_call_args(parser *p, node *n) {
             const char *key = cur(p)->s;
             advance(p);
             advance(p);
-            if (nkw == capkw) {
-                capkw = capkw ? capkw * 2 : 4;
-                const char **k2 = arena_alloc(p->a, (size_t)capkw * sizeof *k2);
-                if (nkw) memcpy(k2, kw, (size_t)nkw * sizeof *k2);
-                kw = k2;
-            }
-            kw[nkw++] = key;
+            kw = push_name(p, kw, &nkw, &capkw, key);
             nv_push(p, &kwv, parse_expression(p, true));
         } else {
             if (nkw) pfail(p, line, "invalid syntax for function call expression");
@@ -547,24 +549,35 @@ static node *binop(parser *p, int kind, int op, int line, node *a, node *b) {
     return n;
 }
 
-static node *parse_pow(parser *p) {
-    node *left = parse_unary(p, true);
-    while (is_op(cur(p), OP_POW)) {
-        int line = cur(p)->line;
+/* operand (op operand)*, left-associative: the operators of one level are the name word or,
+ * without one, the operator tokens ops (ended by OP_NONE) */
+static node *parse_left_assoc(parser *p, node *(*operand)(parser *), int kind, const char *word, const int *ops) {
+    node *left = operand(p);
+    for (;;) {
+        token *t = cur(p);
+        int op = OP_NONE;
+        if (word) {
+            if (!is_name(t, word)) return left;
+        } else {
+            for (int i = 0; ops[i] != OP_NONE && op == OP_NONE; i++)
+                if (is_op(t, ops[i])) op = ops[i];
+            if (op == OP_NONE) return left;
+        }
         advance(p);
-        left = binop(p, E_BIN, OP_POW, line, left, parse_unary(p, true));
+        left = binop(p, kind, op, t->line, left, operand(p));
     }
-    return left;
+}
+
+static node *parse_unary_filtered(parser *p) { return parse_unary(p, true); }
+
+static node *parse_pow(parser *p) {
+    static const int ops[] = {OP_POW, OP_NONE};
+    return parse_left_assoc(p, parse_unary_filtered, E_BIN, NULL, ops);
 }
 
 static node *parse_math2(parser *p) {
-    node *left = parse_pow(p);
-    for (;;) {
-        token *t = cur(p);
-        if (!(is_op(t, OP_MUL) || is_op(t, OP_DIV) || is_op(t, OP_FDIV) || is_op(t, OP_MOD))) return left;
-        advance(p);
-        left = binop(p, E_BIN, t->op, t->line, left, parse_pow(p));
-    }
+    static const int ops[] = {OP_MUL, OP_DIV, OP_FDIV, OP_MOD, OP_NONE};
+    return parse_left_assoc(p, parse_pow, E_BIN, NULL, ops);
 }
 
 static node *parse_concat(parser *p) {
@@ -584,13 +597,8 @@ static node *parse_concat(parser *p) {
 }
 
 static node *parse_math1(parser *p) {
-    node *left = parse_concat(p);
-    for (;;) {
-        token *t = cur(p);
-        if (!(is_op(t, OP_ADD) || is_op(t, OP_SUB))) return left;
-        advance(p);
-        left = binop(p, E_BIN, t->op, t->line, left, parse_concat(p));
-    }
+    static const int ops[] = {OP_ADD, OP_SUB, OP_NONE};
+    return parse_left_assoc(p, parse_concat, E_BIN, NULL, ops);
 }
 
 static node *parse_compare(parser *p) {
@@ -643,25 +651,8 @@ static node *parse_not(parser *p) {
     return parse_compare(p);
 }
 
-static node *parse_and(parser *p) {
-    node *left = parse_not(p);
-    while (is_name(cur(p), "and")) {
-        int line = cur(p)->line;
-        advance(p);
-        left = binop(p, E_AND, 0, line, left, parse_not(p));
-    }
-    return left;
-}
-
-static node *parse_or(parser *p) {
-    node *left = parse_and(p);
-    while (is_name(cur(p), "or")) {
-        int line = cur(p)->line;
-        advance(p);
-        left = binop(p, E_OR, 0, line, left, parse_and(p));
-    }
-    return left;
-}
+static node *parse_and(parser *p) { return parse_left_assoc(p, parse_not, E_AND, "and", NULL); }
+static node *parse_or(parser *p) { return parse_left_assoc(p, parse_and, E_OR, "or", NULL); }
 
 static node *parse_condexpr(parser *p) {
     node *e1 = parse_or(p);
@@ -721,13 +712,7 @@ static void parse_signature(parser *p, node *n) {
         } else if (have_default) {
             pfail(p, t->line, "non-default argument follows default argument");
         }
-        if (count == cap) {
-            cap = cap ? cap * 2 : 4;
-            const char **n2 = arena_alloc(p->a, (size_t)cap * sizeof *n2);
-            if (count) memcpy(n2, names, (size_t)count * sizeof *n2);
-            names = n2;
-        }
-        names[count++] = t->s;
+        names = push_name(p, names, &count, &cap, t->s);
         nv_push(p, &defaults, d);
     }
     expect_op(p, OP_RPAREN);
@@ -881,13 +866,7 @@ static node *parse_with(parser *p, int line, const char *tag) {
         node *target = parse_assign_target(p, NULL, false);
         if (target->kind != E_NAME) pfail(p, line, "only plain names are supported as with targets");
         expect_op(p, OP_ASSIGN);
-        if (n->nkw == cap) {
-            cap = cap ? cap * 2 : 4;
-            const char **k2 = arena_alloc(p->a, (size_t)cap * sizeof *k2);
-            if (n->nkw) memcpy(k2, n->kw, (size_t)n->nkw * sizeof *k2);
-            n->kw = k2;
-        }
-        n->kw[n->nkw++] = target->name;
+        n->kw = push_name(p, n->kw, &n->nkw, &cap, target->name);
         nv_push(p, &vals, parse_expression(p, true));
     }
     n->w = vals.v;

@@ -55,9 +55,7 @@ static void sym_define(parser *p, symtab *st, const char *name, int load) {
     }
     if (st->nrefs == st->caprefs) {
         int cap = st->caprefs ? st->caprefs * 2 : 8;
-        symref *r = arena_alloc(p->a, (size_t)cap * sizeof *r);
-        if (st->nrefs) memcpy(r, st->refs, (size_t)st->nrefs * sizeof *r);
-        st->refs = r;
+        st->refs = arena_grow(p->a, st->refs, (size_t)st->nrefs, (size_t)cap, sizeof *st->refs);
         st->caprefs = cap;
     }
     st->refs[st->nrefs++] = (symref){name, load};
@@ -67,9 +65,7 @@ static void sym_add_store(parser *p, symtab *st, const char *name) {
     if (sym_stored(st, name)) return;
     if (st->nstores == st->capstores) {
         int cap = st->capstores ? st->capstores * 2 : 8;
-        const char **s2 = arena_alloc(p->a, (size_t)cap * sizeof *s2);
-        if (st->nstores) memcpy(s2, st->stores, (size_t)st->nstores * sizeof *s2);
-        st->stores = s2;
+        st->stores = arena_grow(p->a, st->stores, (size_t)st->nstores, (size_t)cap, sizeof *st->stores);
         st->capstores = cap;
     }
     st->stores[st->nstores++] = name;

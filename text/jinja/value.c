@@ -45,14 +45,8 @@ void scope_set(rctx *r, scope *s, const char *name, val v) {
         }
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 4;
-        const char **names = arena_alloc(&r->a, cap * sizeof *names);
-        val *vals = arena_alloc(&r->a, cap * sizeof *vals);
-        if (s->n) {
-            memcpy(names, s->names, s->n * sizeof *names);
-            memcpy(vals, s->vals, s->n * sizeof *vals);
-        }
-        s->names = names;
-        s->vals = vals;
+        s->names = arena_grow(&r->a, s->names, s->n, cap, sizeof *s->names);
+        s->vals = arena_grow(&r->a, s->vals, s->n, cap, sizeof *s->vals);
         s->cap = cap;
     }
     s->names[s->n] = name;
