@@ -10,10 +10,12 @@
 
 /* ---------------------------------------------------------- filters, tests, methods ---- */
 
-static const struct {
+struct name_id {
     const char *name;
     int id;
-} filter_names[] = {
+};
+
+static const struct name_id filter_names[] = {
     {"abs", F_ABS}, {"attr", F_ATTR}, {"batch", F_BATCH}, {"capitalize", F_CAPITALIZE}, {"center", F_CENTER},
     {"count", F_LENGTH}, {"d", F_DEFAULT}, {"default", F_DEFAULT}, {"dictsort", F_DICTSORT}, {"e", F_ESCAPE},
     {"escape", F_ESCAPE}, {"first", F_FIRST}, {"float", F_FLOAT}, {"forceescape", F_FORCEESCAPE},
@@ -31,10 +33,7 @@ static const char *const unsupported_filters[] = {
     "filesizeformat", "groupby", "pprint", "random", "striptags", "urlencode", "urlize", "wordwrap", "xmlattr",
 };
 
-static const struct {
-    const char *name;
-    int id;
-} test_names[] = {
+static const struct name_id test_names[] = {
     {"odd", X_ODD}, {"even", X_EVEN}, {"divisibleby", X_DIVISIBLEBY}, {"defined", X_DEFINED},
     {"undefined", X_UNDEFINED}, {"filter", X_FILTER}, {"test", X_TEST}, {"none", X_NONE}, {"boolean", X_BOOLEAN},
     {"false", X_FALSE}, {"true", X_TRUE}, {"integer", X_INTEGER}, {"float", X_FLOAT}, {"lower", X_LOWER},
@@ -71,38 +70,35 @@ const char *const method_names[A_COUNT_] = {
     [A_STEP] = "step", [A_CURRENT] = "current",
 };
 
-int lookup_filter(const char *name) {
-    for (size_t i = 0; i < sizeof filter_names / sizeof filter_names[0]; i++)
-        if (strcmp(filter_names[i].name, name) == 0) return filter_names[i].id;
+#define COUNT_OF(t) (sizeof(t) / sizeof((t)[0]))
+
+/* The id of name in table t of n entries, -1 if none. */
+static int lookup_id(const struct name_id *t, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(t[i].name, name) == 0) return t[i].id;
     return -1;
 }
+
+/* The index of name in names (n of them), -1 if none. */
+static int lookup_index(const char *const *names, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(names[i], name) == 0) return (int)i;
+    return -1;
+}
+
+int lookup_filter(const char *name) { return lookup_id(filter_names, COUNT_OF(filter_names), name); }
 
 /* A jinja2 filter the interpreter knows but refuses. */
 bool is_unsupported_filter(const char *name) {
-    for (size_t i = 0; i < sizeof unsupported_filters / sizeof unsupported_filters[0]; i++)
-        if (strcmp(unsupported_filters[i], name) == 0) return true;
-    return false;
+    return lookup_index(unsupported_filters, COUNT_OF(unsupported_filters), name) >= 0;
 }
 
-int lookup_test(const char *name) {
-    for (size_t i = 0; i < sizeof test_names / sizeof test_names[0]; i++)
-        if (strcmp(test_names[i].name, name) == 0) return test_names[i].id;
-    return -1;
-}
-
-int lookup_func(const char *name) {
-    for (size_t i = 0; i < sizeof func_names / sizeof func_names[0]; i++)
-        if (strcmp(func_names[i], name) == 0) return (int)i;
-    return -1;
-}
+int lookup_test(const char *name) { return lookup_id(test_names, COUNT_OF(test_names), name); }
+int lookup_func(const char *name) { return lookup_index(func_names, COUNT_OF(func_names), name); }
 
 /* A method or one of the other attributes the interpreter knows (loop.index, ...); -1 if
  * none. "index" is both list.index() and loop.index: the method id is returned. */
-int lookup_attr(const char *name) {
-    for (int i = 0; i < A_COUNT_; i++)
-        if (strcmp(method_names[i], name) == 0) return i;
-    return -1;
-}
+int lookup_attr(const char *name) { return lookup_index(method_names, A_COUNT_, name); }
 
 /* -------------------------------------------------------------------------- parser ---- */
 
