@@ -631,10 +631,9 @@ int cmd_serve(int argc, char **argv) {
     tsrc = template_source(s->cfg.model, s->cfg.chat_template, &tcfg);
     if (s->cfg.chat_template && !tsrc) { fprintf(stderr, "caraserve serve: --chat-template %s: %s\n", s->cfg.chat_template, cs_error_last()); goto out; }
     if (tsrc) {
-        char err[1024];
-        if (chat_template_parse(tsrc, strlen(tsrc), &s->tmpl, err, sizeof err)) {
+        if (chat_template_parse(tsrc, strlen(tsrc), &s->tmpl)) {
             fprintf(stderr, "caraserve serve: the chat template of %s cannot be served: %s\n",
-                    s->cfg.chat_template ? s->cfg.chat_template : s->cfg.model, err);
+                    s->cfg.chat_template ? s->cfg.chat_template : s->cfg.model, cs_error_last());
             goto out;
         }
         s->tmpl_wants_parts = strstr(tsrc, "['type']") || strstr(tsrc, "[\"type\"]");

@@ -16,46 +16,23 @@ struct chat_template {
     node *root; /* an S_SCOPE holding the template's statements */
 };
 
-static void set_err(char *err, size_t errlen, const char *msg) {
-    if (err && errlen) snprintf(err, errlen, "%s", msg);
-}
-
 typedef struct parse_state {
     errctx ec;
     lexer lx;
     parser p;
 } parse_state;
 
-int chat_template_parse(const char *src, size_t len, chat_template_t **out, char *err, size_t errlen) {
-    *out = NULL;
-    chat_template_t *t = calloc(1, sizeof *t);
-    parse_state *ps = calloc(1, sizeof *ps);
-    if (!t || !ps) {
-        free(t);
-        free(ps);
-        set_err(err, errlen, "out of memory");
-        return CS_ENOMEM;
-    }
-    t->a.limit = (size_t)256 << 20;
-    t->a.ec = &ps->ec;
-    if (setjmp(ps->ec.jb)) {
-        int status = ps->ec.status;
-        set_err(err, errlen, ps->ec.msg);
-        arena_free(&t->a);
-        free(t);
-        free(ps);
-        return status;
-    }
-    if (!src && len) throw_status(&ps->ec, CS_EINVAL, "no template source");
-    /* the source must be UTF-8 (Python reads it as str); newlines become \n and one trailing
-     * newline is dropped, as jinja2 does */
+/* The source as jinja2 reads it, in the arena: it must be UTF-8 (Python reads it as str);
+ * newlines become \n and one trailing newline is dropped. *out_len: its length. */
+static char *normalize_source(errctx *ec, arena *a, const char *src, size_t len, size_t *out_len) {
+    if (!src && len) throw_status(ec, CS_EINVAL, "no template source");
     for (size_t i = 0; i < len;) {
         utf8proc_int32_t c;
         utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)src + i, (utf8proc_ssize_t)(len - i), &c);
-        if (k <= 0) throw_status(&ps->ec, CS_EINVAL, "template is not valid UTF-8 (at byte %zu)", i);
+        if (k <= 0) throw_status(ec, CS_EINVAL, "template is not valid UTF-8 (at byte %zu)", i);
         i += (size_t)k;
     }
-    char *norm = arena_alloc(&t->a, len + 1);
+    char *norm = arena_alloc(a, len + 1);
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
         if (src[i] == '\r') {
@@ -67,11 +44,32 @@ int chat_template_parse(const char *src, size_t len, chat_template_t **out, char
     }
     if (n && norm[n - 1] == '\n') n--;
     norm[n] = 0;
+    *out_len = n;
+    return norm;
+}
+
+int chat_template_parse(const char *src, size_t len, chat_template_t **out) {
+    *out = NULL;
+    chat_template_t *t = calloc(1, sizeof *t);
+    parse_state *ps = calloc(1, sizeof *ps);
+    if (!t || !ps) {
+        free(t);
+        free(ps);
+        return cs_error_set(CS_ENOMEM, "out of memory");
+    }
+    t->a.limit = (size_t)256 << 20;
+    t->a.ec = &ps->ec;
+    if (setjmp(ps->ec.jb)) {
+        int status = cs_error_set(ps->ec.status, "%s", ps->ec.msg);
+        arena_free(&t->a);
+        free(t);
+        free(ps);
+        return status;
+    }
     lexer *lx = &ps->lx;
     lx->ec = &ps->ec;
     lx->a = &t->a;
-    lx->src = norm;
-    lx->len = n;
+    lx->src = normalize_source(&ps->ec, &t->a, src, len, &lx->len);
     lx->line = 1;
     lex_source(lx);
     parser *p = &ps->p;
@@ -93,28 +91,22 @@ void chat_template_free(chat_template_t *t) {
     free(t);
 }
 
-int chat_template_render(const chat_template_t *t, const json_t *ctx, char **out, size_t *out_len, char *err,
-                         size_t errlen) {
+int chat_template_render(const chat_template_t *t, const json_t *ctx, char **out, size_t *out_len) {
     *out = NULL;
     if (out_len) *out_len = 0;
-    if (!t) {
-        set_err(err, errlen, "no template");
-        return CS_EINVAL;
-    }
+    if (!t) return cs_error_set(CS_EINVAL, "no template");
     rctx *r = calloc(1, sizeof *r);
     sbuf *result = calloc(1, sizeof *result);
     if (!r || !result) {
         free(r);
         free(result);
-        set_err(err, errlen, "out of memory");
-        return CS_ENOMEM;
+        return cs_error_set(CS_ENOMEM, "out of memory");
     }
     r->a.limit = CHAT_TEMPLATE_MAX_MEMORY;
     r->a.ec = &r->ec;
     sb_init(result, &r->a, CHAT_TEMPLATE_MAX_OUTPUT, true);
     if (setjmp(r->ec.jb)) {
-        int status = r->ec.status;
-        set_err(err, errlen, r->ec.msg);
+        int status = cs_error_set(r->ec.status, "%s", r->ec.msg);
         free(result->p);
         free(result);
         arena_free(&r->a);
