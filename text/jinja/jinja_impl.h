@@ -35,6 +35,8 @@
 
 #include "text/chat_template.h"
 
+/* -------------------------------------------------------- errors, memory (arena.c) ---- */
+
 typedef struct errctx {
     jmp_buf jb;
     int status;
@@ -62,6 +64,8 @@ typedef struct sbuf {
     bool heap;
     arena *a;
 } sbuf;
+
+/* ------------------------------------------------------------- unicode (unicode.c) ---- */
 
 enum { CASE_UPPER, CASE_LOWER, CASE_TITLE };
 
@@ -254,6 +258,8 @@ struct node {
     int nuninit, nuninit2;
 };
 
+/* ------------------------------------------------------------------- lexer (lex.c) ---- */
+
 enum tk { TK_EOF, TK_DATA, TK_VAR_BEGIN, TK_VAR_END, TK_BLOCK_BEGIN, TK_BLOCK_END, TK_NAME, TK_STRING, TK_INT, TK_FLOAT, TK_OP };
 
 enum op {
@@ -286,6 +292,8 @@ typedef struct lexer {
     token *toks;
     size_t ntok, cap;
 } lexer;
+
+/* ---------------------------------------------- filters, tests, functions, methods ---- */
 
 enum filter_id {
     F_ABS, F_ATTR, F_BATCH, F_CAPITALIZE, F_CENTER, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT,
@@ -321,6 +329,8 @@ enum method_id {
     A_COUNT_,
 };
 
+/* ----------------------------------------------------- parser (parse.c, resolve.c) ---- */
+
 typedef struct nvec {
     node **v;
     int n, cap;
@@ -336,6 +346,8 @@ typedef struct parser {
     nvec calls; /* calls of a plain name, checked once all macros are known */
     nvec defs;  /* macro definitions and "set x = joiner(...)" */
 } parser;
+
+/* ---------------------------------------------------------------------- evaluation ---- */
 
 struct scope {
     scope *parent;
@@ -369,6 +381,8 @@ typedef struct args {
     const val *kwv;
     int nkw;
 } args;
+
+/* ---------------------------------------- functions, by the file that defines them ---- */
 
 /* arena.c */
 _Noreturn void throw_status(errctx *ec, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
