@@ -395,11 +395,10 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
     chat_template_t *t = s->tmpl, *own = NULL;
     bool wants_parts = s->tmpl_wants_parts;
     const char *req_tmpl = NULL;
-    char err[1024];
     if (!get_str(b, "chat_template", &req_tmpl, e)) goto fail;
     if (req_tmpl) {
-        if (chat_template_parse(req_tmpl, strlen(req_tmpl), &own, err, sizeof err)) {
-            fail(e, 400, "chat_template", "chat_template: %s", err);
+        if (chat_template_parse(req_tmpl, strlen(req_tmpl), &own)) {
+            fail(e, 400, "chat_template", "chat_template: %s", cs_error_last());
             goto fail;
         }
         t = own;
@@ -440,9 +439,9 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
         }
         json_object_update(ctx, kw);
     }
-    int rc = chat_template_render(t, ctx, text, len, err, sizeof err);
+    int rc = chat_template_render(t, ctx, text, len);
     json_decref(ctx);
-    if (rc) { fail(e, 400, "messages", "chat template: %s", err); goto fail; }
+    if (rc) { fail(e, 400, "messages", "chat template: %s", cs_error_last()); goto fail; }
     chat_template_free(own);
     return true;
 fail:

@@ -279,10 +279,9 @@ static int serve_load_model(server_t *s) {
         fprintf(stderr, "caraserve serve: --chat-template %s: %s\n", s->cfg.chat_template, cs_error_last());
         rc = -1;
     } else if (tsrc) {
-        char err[1024];
-        if (chat_template_parse(tsrc, strlen(tsrc), &s->tmpl, err, sizeof err)) {
+        if (chat_template_parse(tsrc, strlen(tsrc), &s->tmpl)) {
             fprintf(stderr, "caraserve serve: the chat template of %s cannot be served: %s\n",
-                    s->cfg.chat_template ? s->cfg.chat_template : s->cfg.model, err);
+                    s->cfg.chat_template ? s->cfg.chat_template : s->cfg.model, cs_error_last());
             rc = -1;
         }
         s->tmpl_wants_parts = strstr(tsrc, "['type']") || strstr(tsrc, "[\"type\"]");

@@ -37,9 +37,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     }
     s->vocab_size = tokenizer_vocab_size(s->tok);
     const char *src = tokenizer_chat_template(s->tok);
-    char err[512];
-    if (!src || chat_template_parse(src, strlen(src), &s->tmpl, err, sizeof err)) {
-        fprintf(stderr, "fuzz_request: the Llama 3.1 template: %s\n", src ? err : "missing");
+    if (!src || chat_template_parse(src, strlen(src), &s->tmpl)) {
+        fprintf(stderr, "fuzz_request: the Llama 3.1 template: %s\n", src ? cs_error_last() : "missing");
         abort();
     }
     s->bos_token = "<|begin_of_text|>";
