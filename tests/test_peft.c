@@ -16,6 +16,7 @@
 #include "base/safetensors.h"
 #include "lora/assist.h"
 #include "lora/peft.h"
+#include "testutil.h"
 
 static char dir[256];
 static model_config_t base;
@@ -747,36 +748,17 @@ START_TEST(test_assist_pool) {
 }
 END_TEST
 
-static Suite *peft_suite(void) {
-    Suite *s = suite_create("peft");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_target_dims);
-    tcase_add_test(tc, test_all_targets);
-    tcase_add_test(tc, test_rslora);
-    tcase_add_test(tc, test_rank_alpha_pattern);
-    tcase_add_test(tc, test_partial_targets);
-    tcase_add_test(tc, test_target_regex_and_all_linear);
-    tcase_add_test(tc, test_layers_to_transform);
-    tcase_add_test(tc, test_exclude_modules);
-    tcase_add_test(tc, test_config_refusals);
-    tcase_add_test(tc, test_refused_tensors);
-    tcase_add_test(tc, test_wrong_shapes);
-    tcase_add_test(tc, test_missing_tensor);
-    tcase_add_test(tc, test_dtypes);
-    tcase_add_test(tc, test_sharded_and_files);
-    suite_add_tcase(s, tc);
-    TCase *ta = tcase_create("assist");
-    tcase_add_test(ta, test_assist_term);
-    tcase_add_test(ta, test_assist_pool);
-    suite_add_tcase(s, ta);
-    return s;
-}
-
 int main(void) {
-    SRunner *sr = srunner_create(peft_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("peft");
+    const TTest *const core[] = {
+        test_target_dims, test_all_targets, test_rslora, test_rank_alpha_pattern, test_partial_targets,
+        test_target_regex_and_all_linear, test_layers_to_transform, test_exclude_modules,
+        test_config_refusals, test_refused_tensors, test_wrong_shapes, test_missing_tensor, test_dtypes,
+        test_sharded_and_files,
+    };
+    TCase *tc = cs_tcase(s, "core", core, CS_ARRAY_LEN(core), 0);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    const TTest *const assist[] = {test_assist_term, test_assist_pool};
+    cs_tcase(s, "assist", assist, CS_ARRAY_LEN(assist), 0);
+    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "text/tokenizer.h"
+#include "testutil.h"
 
 /* ---------------------------------------------------------------- fixtures ---- */
 
@@ -487,29 +488,14 @@ START_TEST(test_load_errors) {
 }
 END_TEST
 
-static Suite *tokenizer_suite(void) {
-    Suite *s = suite_create("tokenizer");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_bytelevel_encode);
-    tcase_add_test(tc, test_bytelevel_decode);
-    tcase_add_test(tc, test_bytelevel_stream);
-    tcase_add_test(tc, test_invalid_input);
-    tcase_add_test(tc, test_spm_encode_decode);
-    tcase_add_test(tc, test_spm_stream);
-    tcase_add_test(tc, test_unk);
-    tcase_add_test(tc, test_metaspace);
-    tcase_add_test(tc, test_config);
-    tcase_add_test(tc, test_threads);
-    tcase_add_test(tc, test_load_errors);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void) {
-    SRunner *sr = srunner_create(tokenizer_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("tokenizer");
+    const TTest *const tests[] = {
+        test_bytelevel_encode, test_bytelevel_decode, test_bytelevel_stream, test_invalid_input,
+        test_spm_encode_decode, test_spm_stream, test_unk, test_metaspace, test_config, test_threads,
+        test_load_errors,
+    };
+    TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
 }
