@@ -746,8 +746,6 @@ int main(void) {
         prompts, azure_trace, bad_rows_rejected, spec_parsing,
     };
     int rc = cs_check_main("bench_workload", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    if (cs_rmtree(tmpdir) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
     return rc;
 }

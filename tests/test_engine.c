@@ -490,8 +490,6 @@ int main(void) {
     sched_free(fcfs);
     backend_free(be);
     sampling_scratch_free();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) nf++;
+    if (cs_rmtree(dir)) nf++;
     return nf ? 1 : 0;
 }

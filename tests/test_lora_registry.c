@@ -4,11 +4,10 @@
  * adapter equal to lora_adapter_load's, held adapters never evicted (a 6th waits for a
  * release), corrupt adapters failing only themselves, versions, remove, threads acquiring
  * and re-adding at once, and freeing with loads in flight. */
-#include "config.h" /* _GNU_SOURCE: nftw, rand_r */
+#include "config.h" /* _GNU_SOURCE: rand_r */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -35,18 +34,13 @@ static const char *base_json =
     "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
     "\"num_key_value_heads\": 2}";
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 static void setup(void) {
     snprintf(root, sizeof root, "/tmp/cs_test_lreg_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(root));
     ck_assert_int_eq(model_config_parse(base_json, &base), CS_OK);
 }
 
-static void teardown(void) { nftw(root, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+static void teardown(void) { cs_rmtree(root); }
 
 /* ---- adapters on disk ---- */
 

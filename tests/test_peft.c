@@ -4,7 +4,6 @@
  * list / regex / all-linear, layers_to_transform, exclude_modules, and refusals (DoRA,
  * modules_to_save, lm_head / embeddings, wrong shapes naming both shapes, missing tensors). */
 #include <check.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,29 +27,13 @@ static const char *base_json =
     "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
     "\"num_key_value_heads\": 2}";
 
-static void rm_dir_files(const char *d) {
-    DIR *dd = opendir(d);
-    if (!dd) return;
-    struct dirent *e;
-    while ((e = readdir(dd))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", d, e->d_name);
-        unlink(p);
-    }
-    closedir(dd);
-}
-
 static void setup(void) {
     snprintf(dir, sizeof dir, "/tmp/cs_test_peft_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     ck_assert_int_eq(model_config_parse(base_json, &base), CS_OK);
 }
 
-static void teardown(void) {
-    rm_dir_files(dir);
-    rmdir(dir);
-}
+static void teardown(void) { cs_rmtree(dir); }
 
 /* ---- building adapter files ---- */
 

@@ -3,7 +3,6 @@
  * refused with the right status and a message naming the tensor, never a crash. */
 #define _GNU_SOURCE /* memfd_create */
 #include <check.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,20 +20,7 @@ static void setup(void) {
     ck_assert_ptr_nonnull(mkdtemp(tmpdir));
 }
 
-static void teardown(void) {
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char p[512];
-            snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-}
+static void teardown(void) { cs_rmtree(tmpdir); }
 
 static char *path_in(const char *name) {
     static char p[512];

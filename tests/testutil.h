@@ -2,12 +2,19 @@
  * tests in one array (START_TEST(name) declares `static const TTest *name`, so the array is
  * an automatic one inside a function), cs_tcase() turns it into a test case in that order,
  * and cs_check_run() runs the suite and returns the number of failed tests; cs_check_main()
- * does both for a file with one test case "core" and returns its exit status. */
+ * does both for a file with one test case "core" and returns its exit status; cs_rmtree()
+ * removes the temporary directory a suite writes its files in. */
 #ifndef CS_TESTUTIL_H
 #define CS_TESTUTIL_H
 
 #include <check.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/common.h" /* CS_ARRAY_LEN */
 
@@ -45,6 +52,25 @@ static inline int cs_check_main(const char *suite, const TTest *const *tests, si
     Suite *s = suite_create(suite);
     cs_tcase(s, "core", tests, n, timeout);
     return cs_check_run(s, fork) ? 1 : 0;
+}
+
+/* Removes PATH and, if it is a directory, everything below it, as `rm -rf` does (symbolic
+ * links are removed, not followed); 0 if nothing is left, -1 if something could not go. */
+static inline int cs_rmtree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(st.st_mode)) return unlink(path) == 0 ? 0 : -1;
+    int rc = 0;
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[4096];
+        if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) >= (int)sizeof p || cs_rmtree(p) != 0) rc = -1;
+    }
+    closedir(d);
+    return rmdir(path) == 0 ? rc : -1;
 }
 
 #endif
