@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "text/chat_template.h"
+#include "testutil.h"
 
 static chat_template_t *parse_ok(const char *src) {
     chat_template_t *t = NULL;
@@ -356,21 +357,10 @@ START_TEST(test_fuzz_sources) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("chat_template");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120); /* test_limits runs ten million loop iterations; slower under sanitizers */
-    tcase_add_test(tc, test_whitespace_control);
-    tcase_add_test(tc, test_values_like_python);
-    tcase_add_test(tc, test_parse_errors_have_lines);
-    tcase_add_test(tc, test_runtime_errors);
-    tcase_add_test(tc, test_limits);
-    tcase_add_test(tc, test_concurrent_renders);
-    tcase_add_test(tc, test_hf_messages);
-    tcase_add_test(tc, test_fuzz_sources);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const TTest *const tests[] = {
+        test_whitespace_control, test_values_like_python, test_parse_errors_have_lines, test_runtime_errors,
+        test_limits, test_concurrent_renders, test_hf_messages, test_fuzz_sources,
+    };
+    /* test_limits runs ten million loop iterations; slower under sanitizers */
+    return cs_check_main("chat_template", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

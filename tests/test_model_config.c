@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/model_config.h"
+#include "testutil.h"
 
 /* What transformers 5.23 save_pretrained writes for a tiny Llama with llama3 rope scaling. */
 static const char *llama3_hf =
@@ -421,31 +422,11 @@ START_TEST(test_gen_defaults) {
 }
 END_TEST
 
-static Suite *model_config_suite(void) {
-    Suite *s = suite_create("model_config");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_llama_hf_llama3);
-    tcase_add_test(tc, test_llama_defaults);
-    tcase_add_test(tc, test_gqa);
-    tcase_add_test(tc, test_mistral);
-    tcase_add_test(tc, test_qwen2);
-    tcase_add_test(tc, test_qwen2_sliding);
-    tcase_add_test(tc, test_qwen3);
-    tcase_add_test(tc, test_rope_layouts);
-    tcase_add_test(tc, test_rope_refused);
-    tcase_add_test(tc, test_refusals);
-    tcase_add_test(tc, test_missing_and_types);
-    tcase_add_test(tc, test_load_dir);
-    tcase_add_test(tc, test_no_crash_on_corruption);
-    tcase_add_test(tc, test_gen_defaults);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void) {
-    SRunner *sr = srunner_create(model_config_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        test_llama_hf_llama3, test_llama_defaults, test_gqa, test_mistral, test_qwen2, test_qwen2_sliding,
+        test_qwen3, test_rope_layouts, test_rope_refused, test_refusals, test_missing_and_types,
+        test_load_dir, test_no_crash_on_corruption, test_gen_defaults,
+    };
+    return cs_check_main("model_config", tests, CS_ARRAY_LEN(tests), 0, CK_FORK);
 }

@@ -13,6 +13,7 @@
 
 #include "engine/sampling.h"
 #include "engine/sampling_json.h"
+#include "testutil.h"
 
 static sampling_params_t params(float t, int k, float p, float min_p) {
     sampling_params_t sp;
@@ -686,30 +687,12 @@ START_TEST(test_low_temperature_clamp) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("sampling");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_argmax_ties);
-    tcase_add_test(tc, test_rng_reproducible);
-    tcase_add_test(tc, test_temperature_distribution);
-    tcase_add_test(tc, test_log_softmax);
-    tcase_add_test(tc, test_penalties_by_hand);
-    tcase_add_test(tc, test_process_grid);
-    tcase_add_test(tc, test_inverse_cdf_matches_reference);
-    tcase_add_test(tc, test_frequencies);
-    tcase_add_test(tc, test_logprobs_raw_vs_processed);
-    tcase_add_test(tc, test_topn_ordering_and_ties);
-    tcase_add_test(tc, test_banned);
-    tcase_add_test(tc, test_determinism);
-    tcase_add_test(tc, test_large_vocab_top_p);
-    tcase_add_test(tc, test_sparse_counts);
-    tcase_add_test(tc, test_validation);
-    tcase_add_test(tc, test_low_temperature_clamp);
-    tcase_add_test(tc, test_from_json);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const TTest *const tests[] = {
+        test_argmax_ties, test_rng_reproducible, test_temperature_distribution, test_log_softmax,
+        test_penalties_by_hand, test_process_grid, test_inverse_cdf_matches_reference, test_frequencies,
+        test_logprobs_raw_vs_processed, test_topn_ordering_and_ties, test_banned, test_determinism,
+        test_large_vocab_top_p, test_sparse_counts, test_validation, test_low_temperature_clamp,
+        test_from_json,
+    };
+    return cs_check_main("sampling", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

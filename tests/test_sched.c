@@ -15,6 +15,7 @@
 #include "sched/fcfs.h"
 #include "sched/route.h"
 #include "sched/slo.h"
+#include "testutil.h"
 
 static cs_rng_t rng;
 
@@ -642,27 +643,10 @@ END_TEST
 
 int main(void) {
     cs_rng_seed(&rng, 12345);
-    Suite *s = suite_create("sched");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, cost_recovers_coefficients);
-    tcase_add_test(tc, cost_nonnegative);
-    tcase_add_test(tc, cost_follows_drift);
-    tcase_add_test(tc, cost_save_load);
-    tcase_add_test(tc, fcfs_policy);
-    tcase_add_test(tc, slo_admits_what_fits);
-    tcase_add_test(tc, slo_groups_adapters);
-    tcase_add_test(tc, slo_tpot_budget);
-    tcase_add_test(tc, slo_headroom);
-    tcase_add_test(tc, slo_drift);
-    tcase_add_test(tc, slo_order_and_victim);
-    tcase_add_test(tc, route_rank_aware);
-    tcase_add_test(tc, route_queue_and_pause);
-    tcase_add_test(tc, route_queue_and_ties);
-    tcase_add_test(tc, slo_table);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        cost_recovers_coefficients, cost_nonnegative, cost_follows_drift, cost_save_load, fcfs_policy,
+        slo_admits_what_fits, slo_groups_adapters, slo_tpot_budget, slo_headroom, slo_drift,
+        slo_order_and_victim, route_rank_aware, route_queue_and_pause, route_queue_and_ties, slo_table,
+    };
+    return cs_check_main("sched", tests, CS_ARRAY_LEN(tests), 0, CK_FORK);
 }
