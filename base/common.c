@@ -237,6 +237,18 @@ json_t *cs_json_get(const json_t *o, const char *key) {
     return json_is_null(v) ? NULL : v;
 }
 
+const char *cs_json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
 json_t *cs_json_logprob(float v) {
     if (isnan(v)) return json_null();
     if (isinf(v)) return json_real(-9999.0);

@@ -28,18 +28,6 @@ static const struct arch_info {
     { "Qwen3ForCausalLM",   MODEL_ARCH_QWEN3,   32, 32768,  128 },
 };
 
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 static int get_int(const char *label, const json_t *obj, const char *key, bool required, int def,
                    int *out) {
     json_t *v = cs_json_get(obj, key);
@@ -49,7 +37,7 @@ static int get_int(const char *label, const json_t *obj, const char *key, bool r
         return CS_OK;
     }
     if (!json_is_integer(v))
-        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be an integer, got %s", label, key, jtype(v));
+        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be an integer, got %s", label, key, cs_json_type_name(v));
     json_int_t x = json_integer_value(v);
     if (x < -2147483647LL || x > 2147483647LL)
         return cs_error_set(CS_EFORMAT, "%s: field '%s' = %lld is out of range", label, key, (long long)x);
@@ -68,7 +56,7 @@ static int get_num(const char *label, const char *where, const json_t *obj, cons
     }
     if (!json_is_number(v))
         return cs_error_set(CS_EFORMAT, "%s: field '%s%s' must be a number, got %s", label, where,
-                            key, jtype(v));
+                            key, cs_json_type_name(v));
     *out = json_number_value(v);
     if (!isfinite(*out))
         return cs_error_set(CS_EFORMAT, "%s: field '%s%s' is not finite", label, where, key);
@@ -79,7 +67,7 @@ static int get_bool(const char *label, const json_t *obj, const char *key, bool 
     json_t *v = cs_json_get(obj, key);
     if (!v) { *out = def; return CS_OK; }
     if (!json_is_boolean(v))
-        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a boolean, got %s", label, key, jtype(v));
+        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a boolean, got %s", label, key, cs_json_type_name(v));
     *out = json_is_true(v);
     return CS_OK;
 }
@@ -95,9 +83,9 @@ static int get_token_id(const char *label, const json_t *v, const char *key, int
 static int parse_rope(const char *label, const json_t *root, model_config_t *c) {
     json_t *rs = cs_json_get(root, "rope_scaling"), *rp = cs_json_get(root, "rope_parameters");
     if (rs && !json_is_object(rs))
-        return cs_error_set(CS_EFORMAT, "%s: field 'rope_scaling' must be an object, got %s", label, jtype(rs));
+        return cs_error_set(CS_EFORMAT, "%s: field 'rope_scaling' must be an object, got %s", label, cs_json_type_name(rs));
     if (rp && !json_is_object(rp))
-        return cs_error_set(CS_EFORMAT, "%s: field 'rope_parameters' must be an object, got %s", label, jtype(rp));
+        return cs_error_set(CS_EFORMAT, "%s: field 'rope_parameters' must be an object, got %s", label, cs_json_type_name(rp));
     /* `rope_scaling or rope_parameters`: an empty rope_scaling falls through */
     const json_t *rope = (rs && json_object_size(rs) > 0) ? rs : rp;
     const char *field = rope == rs ? "rope_scaling" : "rope_parameters";
@@ -130,7 +118,7 @@ static int parse_rope(const char *label, const json_t *root, model_config_t *c) 
         json_t *t = cs_json_get(rope, "rope_type");
         if (!t) t = cs_json_get(rope, "type");
         if (t && !json_is_string(t))
-            return cs_error_set(CS_EFORMAT, "%s: field '%srope_type' must be a string, got %s", label, where, jtype(t));
+            return cs_error_set(CS_EFORMAT, "%s: field '%srope_type' must be a string, got %s", label, where, cs_json_type_name(t));
         if (t) type = json_string_value(t);
     }
     c->rope_scaling = ROPE_SCALING_NONE;
@@ -308,7 +296,7 @@ static int parse_misc(const char *label, const json_t *root, const struct arch_i
 
     json_t *act = cs_json_get(root, "hidden_act");
     if (act && !json_is_string(act))
-        return cs_error_set(CS_EFORMAT, "%s: field 'hidden_act' must be a string, got %s", label, jtype(act));
+        return cs_error_set(CS_EFORMAT, "%s: field 'hidden_act' must be a string, got %s", label, cs_json_type_name(act));
     if (act && strcmp(json_string_value(act), "silu") != 0 && strcmp(json_string_value(act), "swish") != 0)
         return cs_error_set(CS_EUNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)", label,
                             json_string_value(act));
@@ -349,7 +337,7 @@ static int parse_dtype(const char *label, const json_t *root, model_config_t *c)
     c->torch_dtype = CS_DTYPE_F32;
     if (!dt) return CS_OK;
     const char *s = json_string_value(dt);
-    if (!s) return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a string, got %s", label, dkey, jtype(dt));
+    if (!s) return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a string, got %s", label, dkey, cs_json_type_name(dt));
     if (!strcmp(s, "float32") || !strcmp(s, "float")) c->torch_dtype = CS_DTYPE_F32;
     else if (!strcmp(s, "bfloat16")) c->torch_dtype = CS_DTYPE_BF16;
     else if (!strcmp(s, "float16") || !strcmp(s, "half")) c->torch_dtype = CS_DTYPE_F16;
