@@ -20,7 +20,7 @@ typedef struct kv_cache_params {
     size_t bytes;        /* budget for K and V of all layers; rounded down to whole blocks */
     cs_dtype dtype;      /* of the pools: F32 (the default, 0), or BF16 (half the bytes; K and V
                           * rounded as a BF16 model's are) where the backend reads it
-                          * (backend_supports_kv_dtype), else CS_EUNSUPPORTED */
+                          * (backend_caps: kv_dtypes), else CS_EUNSUPPORTED */
 } kv_cache_params_t;
 
 typedef struct kv_cache_stats {

@@ -777,7 +777,7 @@ int lora_registry_new(const lora_registry_params_t *p, lora_registry_t **out) {
     lora_registry_t *r = calloc(1, sizeof *r);
     if (!r) return cs_error_set(CS_ENOMEM, "lora registry: out of memory");
     r->p = *p;
-    r->stream_host = p->stream_host && p->stream_group > 0 && p->device && backend_can_feed(p->device);
+    r->stream_host = p->stream_host && p->stream_group > 0 && p->device && backend_caps(p->device)->adapter_feed;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->smu, NULL);
     r->n_buckets = 64;
@@ -1217,7 +1217,7 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
     backend_adapter_t *s = NULL;
     dstream_t *ds = NULL;
     int rc;
-    if (r->p.stream_group > 0 && backend_can_stream(r->p.device)) {
+    if (r->p.stream_group > 0 && backend_caps(r->p.device)->adapter_stream) {
         ds = calloc(1, sizeof *ds);
         if (!ds) {
             rc = cs_error_set(CS_ENOMEM, "out of memory");

@@ -64,7 +64,7 @@ typedef struct lora_registry_params {
                                       * (backend_adapter_stream), usable from its first group
                                       * on (the cold start); 0: uploaded whole before use */
     bool stream_host;                /* with stream_group, on a device that can take it
-                                      * (backend_can_feed): an adapter file is read chunk by
+                                      * (backend_caps: adapter_feed): an adapter file is read chunk by
                                       * chunk in layer order, and acquire hands the adapter out
                                       * (CS_OK, state still LOADING) once its header is read:
                                       * its layers come in behind (lora_adapter_t.host_layers,

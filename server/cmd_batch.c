@@ -532,7 +532,7 @@ static void batch_print_stats(batch_t *b, double wall) {
             st.kv.n_free, st.kv.n_cached, cs_dtype_name(st.kv.dtype), (unsigned long long)st.kv.lookups, (unsigned long long)st.kv.hits,
             (unsigned long long)ls.loads, (unsigned long long)ls.loads_direct, (unsigned long long)ls.evictions, (unsigned long long)ls.load_failures,
             (unsigned long long)ls.device_uploads, (unsigned long long)ls.device_evictions,
-            (unsigned long long)ls.device_waits, b->be->n_threads, copied ? "copy" : "mmap", copied, huge, bs.prepared_bytes, bs.prepared_from,
+            (unsigned long long)ls.device_waits, backend_n_threads(b->be), copied ? "copy" : "mmap", copied, huge, bs.prepared_bytes, bs.prepared_from,
             (unsigned long long)bs.prepared_exceptions, model_weights_released(b->model), backend_name(b->be), cpu_backend_path(b->be), (unsigned long long)bs.h2d_bytes,
             (unsigned long long)bs.d2h_bytes, (unsigned long long)bs.d2d_bytes, (unsigned long long)bs.h2d_copies,
             (unsigned long long)bs.d2h_copies, (unsigned long long)bs.d2d_copies, (unsigned long long)bs.batch_uploads,

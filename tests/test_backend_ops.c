@@ -348,7 +348,7 @@ START_TEST(test_rope_embed_rows) {
     float *pool0 = randv((size_t)pool_rows * row, 1.0f), *src = randv((size_t)t.T * row, 1.0f);
     backend_buf_t *pool = up(b, pool0, sizeof(float) * pool_rows * row), *bsrc = up(b, src, sizeof(float) * t.T * row);
     backend_kv_store(b, pool, CS_DTYPE_F32, bsrc, bt, row);
-    ck_assert(backend_supports_kv_dtype(b, CS_DTYPE_BF16)); /* every backend here reads BF16 pools */
+    ck_assert(backend_caps(b)->kv_dtypes >> CS_DTYPE_BF16 & 1u); /* every backend here reads BF16 pools */
     { /* a BF16 pool: each element rounded to nearest even */
         uint16_t *hb = malloc(sizeof(uint16_t) * pool_rows * row), *gb = malloc(sizeof(uint16_t) * pool_rows * row);
         for (int i = 0; i < pool_rows * row; i++) hb[i] = (uint16_t)(0x3f80 + i); /* what the store must keep */
@@ -418,7 +418,7 @@ START_TEST(test_attention) {
             cs_attention_paged_ref(want, q, k, v, t.hseqs, t.n_seqs, BS, nh, nkv, hd, window);
             backend_buf_t *bk = up(b, k, sizeof(float) * pool_n), *bv = up(b, v, sizeof(float) * pool_n);
             backend_buf_t *bq = up(b, q, sizeof(float) * t.T * nh * hd), *bo = backend_buf_alloc(b, sizeof(float) * t.T * nh * hd);
-            ck_assert(backend_supports_kv_dtype(b, CS_DTYPE_F32));
+            ck_assert(backend_caps(b)->kv_dtypes >> CS_DTYPE_F32 & 1u);
             backend_attention(b, bo, bq, bk, bv, CS_DTYPE_F32, bt, BS, nh, nkv, hd, window);
             float *got = down(b, bo, (size_t)t.T * nh * hd);
             close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "attention", _i);
@@ -575,13 +575,12 @@ START_TEST(test_copies) {
     backend_event_wait(b, ev);                          /* completed: returns */
     backend_event_free(b, ev);
     backend_get_stats(b, &s1);
-    if (b->iface->get_stats) {
-        ck_assert_uint_eq(s1.h2d_bytes - s0.h2d_bytes, n + 333 + n);
-        ck_assert_uint_eq(s1.h2d_copies - s0.h2d_copies, 3);
-        ck_assert_uint_eq(s1.d2h_bytes - s0.d2h_bytes, 1000 + n + n);
-        ck_assert_uint_eq(s1.d2d_bytes - s0.d2d_bytes, 1000);
-        ck_assert_uint_eq(s1.allocated - s0.allocated, 2 * n);
-    }
+    /* every backend here counts its copies */
+    ck_assert_uint_eq(s1.h2d_bytes - s0.h2d_bytes, n + 333 + n);
+    ck_assert_uint_eq(s1.h2d_copies - s0.h2d_copies, 3);
+    ck_assert_uint_eq(s1.d2h_bytes - s0.d2h_bytes, 1000 + n + n);
+    ck_assert_uint_eq(s1.d2d_bytes - s0.d2d_bytes, 1000);
+    ck_assert_uint_eq(s1.allocated - s0.allocated, 2 * n);
     backend_host_free(b, pinned);
     backend_host_free(b, pinned2);
     backend_buf_free(b, x);
@@ -661,7 +660,7 @@ START_TEST(test_cold_start) {
         backend_adapter_desc_t d = {.n_layers = NL, .mods = md, .host_stays = true};
         backend_adapter_t *su = NULL, *ss = NULL;
         ck_assert_int_eq(backend_adapter_upload(b, &d, &su), CS_OK);
-        if (backend_can_stream(b)) {
+        if (backend_caps(b)->adapter_stream) {
             ck_assert_int_eq(backend_adapter_arrived(b, su), NL); /* uploaded: every layer */
             uint32_t groups = 0;
             ck_assert_int_eq(backend_adapter_stream(b, &d, 1, count_group, &groups, &ss), CS_OK);
@@ -732,7 +731,7 @@ START_TEST(test_cold_start) {
             for (int k = 0; k < 3; k++) free(mem[m][k]);
         }
     }
-    if (!backend_has_host_assist(b)) return;
+    if (!backend_caps(b)->host_assist) return;
     /* get_signal / wait_add, two rounds: x += z; rows of x out; y += 2x + round from the host */
     const size_t NX = 25000, NY = 26000, XO = 100, YO = 700, N = 20000, ROUNDS = 2;
     float *x = randv(NX, 1.0f), *z = randv(NX, 1.0f), *y0 = randv(NY, 1.0f);
@@ -1018,7 +1017,7 @@ START_TEST(test_weight_prepare) {
             uint16_t *host = malloc(nb);
             memcpy(host, good.bytes, nb);
             backend_weight_t wh = {CS_DTYPE_BF16, rows, cols, backend_buf_from_host(bh, host, nb), host};
-            ck_assert(!wh.buf == !bh->iface->host_memory); /* the strict device offers no host buffers */
+            ck_assert(!wh.buf == !backend_caps(bh)->host_memory); /* the strict device offers no host buffers */
             if (!wh.buf) wh.buf = up(bh, host, nb);
             bool only = conly && codes && !cs_cpu_has_amx_bf16();
             ck_assert_int_eq(backend_weight_prepare(bh, &wh), only ? BACKEND_WEIGHT_HOST_UNUSED : 0);
