@@ -3,20 +3,25 @@
  * an automatic one inside a function), cs_tcase() turns it into a test case in that order,
  * and cs_check_run() runs the suite and returns the number of failed tests; cs_check_main()
  * does both for a file with one test case "core" and returns its exit status; cs_rmtree()
- * removes the temporary directory a suite writes its files in. */
+ * removes the temporary directory a suite writes its files in. Beside them: random inputs
+ * from a test's own generator and error measures between a result and its reference. */
 #ifndef CS_TESTUTIL_H
 #define CS_TESTUTIL_H
 
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/common.h" /* CS_ARRAY_LEN */
+#include "base/rng.h"
 
 /* Adds tests[0..n) to TC in order. */
 static inline void cs_tcase_add_tests(TCase *tc, const TTest *const *tests, size_t n) {
@@ -71,6 +76,32 @@ static inline int cs_rmtree(const char *path) {
     }
     closedir(d);
     return rmdir(path) == 0 ? rc : -1;
+}
+
+/* n values uniform in [-scale, scale), one cs_rng_uniform(rng) each, in order; never NULL
+ * for n = 0 */
+static inline float *test_randv(cs_rng_t *rng, size_t n, float scale) {
+    float *v = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(rng) * 2 - 1) * scale;
+    return v;
+}
+
+/* max |a - b| (a NaN counts as the largest) */
+static inline float test_max_abs_diff(const float *a, const float *b, size_t n) {
+    float mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= mx)) mx = d;
+    }
+    return mx;
+}
+
+/* max |a - b| over max(|b|, 1e-3): the error relative to the reference's scale (a NaN counts
+ * as the largest) */
+static inline float test_max_rel_err(const float *a, const float *b, size_t n) {
+    float ref = 1e-3f;
+    for (size_t i = 0; i < n; i++) ref = fmaxf(ref, fabsf(b[i]));
+    return test_max_abs_diff(a, b, n) / ref;
 }
 
 #endif
