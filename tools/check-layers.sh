@@ -9,9 +9,9 @@ srcdir=${1:-.}
 cd "$srcdir" || exit 2
 [ -f Makefile.am ] || { echo "check-layers: no Makefile.am in $srcdir" >&2; exit 2; }
 # "path layer" lines, longest path first; "layer: uses..." lines
-table=$(sed -n 's/^LAYER_\([a-z]*\)[[:space:]]*=[[:space:]]*\(.*\)$/\1 \2/p' Makefile.am |
+table=$(sed -n 's/^LAYER_\([a-z_]*\)[[:space:]]*=[[:space:]]*\(.*\)$/\1 \2/p' Makefile.am |
     while read -r name paths; do for p in $paths; do echo "${#p} $p $name"; done; done | sort -rn | cut -d' ' -f2-)
-uses=$(sed -n 's/^USES_\([a-z]*\)[[:space:]]*=[[:space:]]*\(.*\)$/\1: \2/p; s/^USES_\([a-z]*\)[[:space:]]*=[[:space:]]*$/\1: /p' Makefile.am)
+uses=$(sed -n 's/^USES_\([a-z_]*\)[[:space:]]*=[[:space:]]*\(.*\)$/\1: \2/p; s/^USES_\([a-z_]*\)[[:space:]]*=[[:space:]]*$/\1: /p' Makefile.am)
 [ -n "$table" ] || { echo "check-layers: no LAYER_ lines in Makefile.am" >&2; exit 2; }
 layer_of() { # FILE -> its layer, or nothing
     printf '%s\n' "$table" | while read -r p name; do
