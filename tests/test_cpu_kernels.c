@@ -957,26 +957,11 @@ END_TEST
 
 int main(void) {
     cs_rng_seed(&rng, 1234);
-    Suite *s = suite_create("cpu_kernels");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_matmul_vs_ref);
-    tcase_add_test(tc, test_matmul_sweep);
-    tcase_add_test(tc, test_gemm_bf16_amx);
-    tcase_add_test(tc, test_gemm_dpbf16);
-    tcase_add_test(tc, test_matmul_precision_bf16);
-    tcase_add_test(tc, test_attention_vs_ref);
-    tcase_add_test(tc, test_attention_ref_definition);
-    tcase_add_test(tc, test_lora_vs_ref);
-    tcase_add_test(tc, test_norm_rope_silu);
-    tcase_add_test(tc, test_gemv_streams);
-    tcase_add_test(tc, test_wcode_roundtrip);
-    tcase_add_test(tc, test_wcode_gemv);
-    tcase_add_test(tc, test_wcode_code_only);
-    tcase_add_test(tc, test_split_tiles);
-    tcase_add_test(tc, test_avx2_kernels);
-    tcase_add_test(tc, test_half_conversions);
-    tcase_add_test(tc, test_threadpool_exactly_once);
-    suite_add_tcase(s, tc);
-    return cs_check_run(s, CK_FORK) ? 1 : 0;
+    const TTest *const tests[] = {
+        test_matmul_vs_ref, test_matmul_sweep, test_gemm_bf16_amx, test_gemm_dpbf16,
+        test_matmul_precision_bf16, test_attention_vs_ref, test_attention_ref_definition, test_lora_vs_ref,
+        test_norm_rope_silu, test_gemv_streams, test_wcode_roundtrip, test_wcode_gemv, test_wcode_code_only,
+        test_split_tiles, test_avx2_kernels, test_half_conversions, test_threadpool_exactly_once
+    };
+    return cs_check_main("cpu_kernels", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

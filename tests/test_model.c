@@ -308,21 +308,12 @@ int main(void) {
     root = mkdtemp(tmpl);
     if (!root) return 99;
     Suite *s = suite_create("model");
-    TCase *tc = tcase_create("forward");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_llama_f32);
-    tcase_add_test(tc, test_llama_bf16);
-    tcase_add_test(tc, test_misaligned_tensors);
-    tcase_add_test(tc, test_weights_memory);
-    tcase_add_test(tc, test_qwen3_f32);
-    tcase_add_test(tc, test_graphs_two_caches);
-    tcase_add_test(tc, test_missing_tensor);
-    tcase_add_test(tc, test_wrong_shape);
-    tcase_add_test(tc, test_unexpected_tensor);
-    suite_add_tcase(s, tc);
+    const TTest *const tests[] = {
+        test_llama_f32, test_llama_bf16, test_misaligned_tensors, test_weights_memory, test_qwen3_f32,
+        test_graphs_two_caches, test_missing_tensor, test_wrong_shape, test_unexpected_tensor
+    };
+    cs_tcase(s, "forward", tests, CS_ARRAY_LEN(tests), 120);
     int failed = cs_check_run(s, CK_FORK);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    if (cs_rmtree(root)) fprintf(stderr, "could not remove %s\n", root);
     return failed ? 1 : 0;
 }
