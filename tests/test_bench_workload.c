@@ -309,7 +309,7 @@ START_TEST(popularity_file_and_weights) {
         if (p[i] > top) top = p[i];
     }
     ck_assert_double_eq_tol(sum, 1, 1e-9);
-    ck_assert_double_eq_tol(top, 0.140, 0.001); /* the README: top adapter 14.0% */
+    ck_assert_double_eq_tol(top, 0.140, 0.001); /* docs/benchmarks.md: the top adapter's 14.0% */
     bw_config_t c = cfg(0, "trace");
     c.popularity_file = data_path("maf-popularity-128.csv");
     c.adapter_prefix = "maf-";

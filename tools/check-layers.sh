@@ -1,7 +1,7 @@
 #!/bin/sh
 # tools/check-layers.sh SRCDIR: every #include "dir/file.h" in a layer's sources must point to
 # its own layer or one the layer may use. The layers and their rules are the LAYER_<name> and
-# USES_<name> lines of Makefile.am, the one table of them (docs: README's source layout); a
+# USES_<name> lines of Makefile.am, the one table of them (README.md's source code layout); a
 # file belongs to the layer whose path is the longest prefix of its own. Run by the build
 # (Makefile.am's layers.stamp), so a wrong include fails `make`; prints each violation as
 # FILE:LINE. tests/ may include anything.
