@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 /* ---- per request ---- */
 bool bm_request_latency(const bm_request_t *r, bm_latency_t *l) {
@@ -529,6 +529,25 @@ static void stat_json(json_t *o, const char *prefix, const char *key, const bm_s
     }
 }
 
+/* a group's requests that completed and failed, their tokens and the request throughput */
+static void group_counts_json(json_t *j, const bm_group_t *g) {
+    json_object_set_new(j, "completed", json_integer(g->completed));
+    json_object_set_new(j, "failed", json_integer(g->failed));
+    json_object_set_new(j, "total_input_tokens", json_integer(g->input_tokens));
+    json_object_set_new(j, "total_output_tokens", json_integer(g->output_tokens));
+    json_object_set_new(j, "request_throughput", json_real(g->request_throughput));
+}
+
+/* the latency statistics of a group; TPOT and ITL null when the run measures no per-token time */
+static void group_stats_json(json_t *j, const bm_group_t *g, const bm_opts_t *o) {
+    bool tok = !o->no_token_timing;
+    stat_json(j, "", "ttft", &g->ttft, o, true);
+    stat_json(j, "", "tpot", &g->tpot, o, tok);
+    stat_json(j, "", "itl", &g->itl, o, tok);
+    stat_json(j, "", "e2el", &g->e2el, o, true);
+    stat_json(j, "", "sched_ttft", &g->sched_ttft, o, true);
+}
+
 static json_t *attain_json(const bm_group_t *g, const bm_result_t *r) {
     const bm_opts_t *o = &r->opts;
     if (!o->has_slo) return json_null();
@@ -542,23 +561,14 @@ static json_t *attain_json(const bm_group_t *g, const bm_result_t *r) {
 
 static json_t *group_json(const bm_group_t *g, const bm_result_t *r, bool is_adapter) {
     const bm_opts_t *o = &r->opts;
-    bool tok = !o->no_token_timing;
     json_t *j = json_object();
     json_object_set_new(j, is_adapter ? "adapter" : "name", json_string(g->name));
     json_object_set_new(j, "rank", g->rank >= 0 ? json_integer(g->rank) : json_null());
     json_object_set_new(j, "requests", json_integer(g->requests));
-    json_object_set_new(j, "completed", json_integer(g->completed));
-    json_object_set_new(j, "failed", json_integer(g->failed));
-    json_object_set_new(j, "total_input_tokens", json_integer(g->input_tokens));
-    json_object_set_new(j, "total_output_tokens", json_integer(g->output_tokens));
-    json_object_set_new(j, "request_throughput", json_real(g->request_throughput));
+    group_counts_json(j, g);
     json_object_set_new(j, "output_throughput", json_real(g->output_throughput));
     json_object_set_new(j, "request_goodput", o->has_slo ? json_real(g->request_goodput) : json_null());
-    stat_json(j, "", "ttft", &g->ttft, o, true);
-    stat_json(j, "", "tpot", &g->tpot, o, tok);
-    stat_json(j, "", "itl", &g->itl, o, tok);
-    stat_json(j, "", "e2el", &g->e2el, o, true);
-    stat_json(j, "", "sched_ttft", &g->sched_ttft, o, true);
+    group_stats_json(j, g, o);
     json_object_set_new(j, "slo_attainment", attain_json(g, r));
     return j;
 }
@@ -568,11 +578,7 @@ json_t *bm_result_json(const bm_result_t *r, const bm_request_t *reqs, int n, bo
     const bm_opts_t *o = &r->opts;
     json_t *j = json_object();
     json_object_set_new(j, "duration", json_real(r->duration));
-    json_object_set_new(j, "completed", json_integer(a->completed));
-    json_object_set_new(j, "failed", json_integer(a->failed));
-    json_object_set_new(j, "total_input_tokens", json_integer(a->input_tokens));
-    json_object_set_new(j, "total_output_tokens", json_integer(a->output_tokens));
-    json_object_set_new(j, "request_throughput", json_real(a->request_throughput));
+    group_counts_json(j, a);
     json_object_set_new(j, "request_goodput", o->has_slo ? json_real(a->request_goodput) : json_null());
     json_object_set_new(j, "output_throughput", json_real(a->output_throughput));
     json_object_set_new(j, "total_token_throughput", json_real(a->total_token_throughput));
@@ -580,11 +586,7 @@ json_t *bm_result_json(const bm_result_t *r, const bm_request_t *reqs, int n, bo
     json_object_set_new(j, "max_concurrent_requests", json_integer(r->max_concurrent_requests));
     json_object_set_new(j, "max_concurrent_requests_exact", json_integer(r->max_concurrent_requests_exact));
     bool tok = !o->no_token_timing;
-    stat_json(j, "", "ttft", &a->ttft, o, true);
-    stat_json(j, "", "tpot", &a->tpot, o, tok);
-    stat_json(j, "", "itl", &a->itl, o, tok);
-    stat_json(j, "", "e2el", &a->e2el, o, true);
-    stat_json(j, "", "sched_ttft", &a->sched_ttft, o, true);
+    group_stats_json(j, a, o);
     if (!tok) json_object_set_new(j, "tpot_itl", json_string(BM_NO_TOKEN_TIMING_NOTE));
     json_object_set_new(j, "schema_version", json_integer(1));
     json_object_set_new(j, "total_requests", json_integer(a->requests));

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 /* ---- generator ---- */
 void bw_rng_seed(bw_rng_t *r, uint64_t seed) { cs_rng_seed(r, seed); }
@@ -360,6 +360,17 @@ static void csv_close(csv_t *c) {
 }
 
 #define CSV_BAD(c, ...) cs_error_set(CS_EFORMAT, "%s:%d: %s", (c)->path, (c)->line, csv_msg(__VA_ARGS__))
+/* room for element len of the array *p, which has room for *cap, doubling from first */
+static int grow(void **p, int *cap, int len, size_t elem, int first) {
+    if (len < *cap) return CS_OK;
+    int nc = *cap ? 2 * *cap : first;
+    void *np = realloc(*p, (size_t)nc * elem);
+    if (!np) return cs_error_set(CS_ENOMEM, "out of memory");
+    *p = np;
+    *cap = nc;
+    return CS_OK;
+}
+
 static const char *csv_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static const char *csv_msg(const char *fmt, ...) {
     static _Thread_local char buf[512];
@@ -436,12 +447,7 @@ int bw_trace_load_azure(const char *path, bw_trace_row_t **rows, int *n) {
         if (row.t < prev) { rc = CSV_BAD(&c, "TIMESTAMP goes backwards (%s)", c.field[col_t]); goto err; }
         prev = row.t;
         row.t -= t0;
-        if (len == cap) {
-            cap = cap ? 2 * cap : 256;
-            bw_trace_row_t *nr = realloc(r, (size_t)cap * sizeof *r);
-            if (!nr) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
-            r = nr;
-        }
+        if ((rc = grow((void **)&r, &cap, len, sizeof *r, 256))) goto err;
         r[len++] = row;
     }
     if (rc < 0) goto err;
@@ -475,12 +481,7 @@ int bw_arrivals_load(const char *path, double **times, int *n) {
         if (v < 0) { rc = CSV_BAD(&c, "negative arrival time %s", c.field[0]); goto err; }
         if (len > 0 && v < prev) { rc = CSV_BAD(&c, "arrival time %s goes backwards", c.field[0]); goto err; }
         prev = v;
-        if (len == cap) {
-            cap = cap ? 2 * cap : 256;
-            double *nt = realloc(t, (size_t)cap * sizeof *t);
-            if (!nt) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
-            t = nt;
-        }
+        if ((rc = grow((void **)&t, &cap, len, sizeof *t, 256))) goto err;
         t[len++] = v;
     }
     if (rc < 0) goto err;
@@ -504,7 +505,7 @@ int bw_popularity_load(const char *path, char ***names, double **prob, int *n) {
     if (rc) return rc;
     char **nm = NULL;
     double *p = NULL, sum = 0;
-    int len = 0, cap = 0;
+    int len = 0, cap = 0, cap_p = 0;
     while ((rc = csv_next(&c)) == 1) {
         double v;
         if (c.nf != 2) { rc = CSV_BAD(&c, "%d fields, expected adapter,probability", c.nf); goto err; }
@@ -517,15 +518,8 @@ int bw_popularity_load(const char *path, char ***names, double **prob, int *n) {
         if (!*c.field[0]) { rc = CSV_BAD(&c, "empty adapter name"); goto err; }
         for (int i = 0; i < len; i++)
             if (!strcmp(nm[i], c.field[0])) { rc = CSV_BAD(&c, "adapter '%s' listed twice", c.field[0]); goto err; }
-        if (len == cap) {
-            cap = cap ? 2 * cap : 128;
-            char **nn = realloc(nm, (size_t)cap * sizeof *nm);
-            if (!nn) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
-            nm = nn;
-            double *np = realloc(p, (size_t)cap * sizeof *p);
-            if (!np) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
-            p = np;
-        }
+        if ((rc = grow((void **)&nm, &cap, len, sizeof *nm, 128))) goto err;
+        if ((rc = grow((void **)&p, &cap_p, len, sizeof *p, 128))) goto err;
         nm[len] = strdup(c.field[0]);
         if (!nm[len]) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
         p[len++] = v;
@@ -829,12 +823,7 @@ int bw_schedule_load(const char *path, bw_schedule_t **out) {
                 goto err;
             }
         }
-        if (s->n == cap) {
-            cap = cap ? 2 * cap : 256;
-            bw_request_t *nr = realloc(s->req, (size_t)cap * sizeof *nr);
-            if (!nr) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
-            s->req = nr;
-        }
+        if ((rc = grow((void **)&s->req, &cap, s->n, sizeof *s->req, 256))) goto err;
         s->req[s->n++] = q;
     }
     if (rc < 0) goto err;

@@ -3,14 +3,14 @@
  * ramp-up, trace replay), adapter popularity (uniform, zipf, S-LoRA's power law, round-robin,
  * measured), rank mixes, prompt/output lengths, and the CSV files that feed or record it (the
  * Azure LLM inference trace, arrival and popularity files, the dumped schedule). Errors follow
- * engine/common.h: negative CS_E* codes with a "file:line: reason" message in cs_error_last(). */
+ * base/common.h: negative CS_E* codes with a "file:line: reason" message in cs_error_last(). */
 #ifndef CS_BENCH_WORKLOAD_H
 #define CS_BENCH_WORKLOAD_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/rng.h"
+#include "base/rng.h"
 
 /* ---- the generator: the engine's xoshiro256** (cs_rng_t), with the draws a schedule needs ---- */
 typedef cs_rng_t bw_rng_t;

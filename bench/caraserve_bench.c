@@ -22,7 +22,7 @@
 
 #include "bench/bench_metrics.h"
 #include "bench/bench_workload.h"
-#include "engine/common.h"
+#include "base/common.h"
 
 static const char USAGE[] =
 "usage: caraserve-bench [options]\n"
@@ -176,7 +176,7 @@ static int int_arg(const char *flag, const char *v, long lo, long hi) {
     return (int)x;
 }
 
-static void parse_args(int argc, char **argv, opts_t *o) {
+static void opts_default(opts_t *o) {
     memset(o, 0, sizeof *o);
     bw_config_default(&o->wl);
     o->host = "127.0.0.1";
@@ -195,162 +195,216 @@ static void parse_args(int argc, char **argv, opts_t *o) {
     o->mo.bucket_s = 1;
     o->metrics_mask = BM_TTFT | BM_TPOT | BM_ITL | BM_E2EL;
     o->result_dir = ".";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        char flag[64];
-        const char *val = NULL;
-        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
-        if (eq && (size_t)(eq - a) < sizeof flag) {
-            memcpy(flag, a, (size_t)(eq - a));
-            flag[eq - a] = 0;
-            val = eq + 1;
-        } else {
-            snprintf(flag, sizeof flag, "%s", a);
-        }
-#define IS(s) (!strcmp(flag, s))
-#define VAL() (val ? val : (i + 1 < argc ? argv[++i] : (usage_error("%s needs a value", flag), "")))
-/* the values after a many-valued flag: up to the next --flag */
-#define EACH(body)                                                                    \
-    do {                                                                              \
-        int got_ = 0;                                                                 \
-        if (val) { const char *v = val; body; got_++; }                               \
-        while (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {               \
-            const char *v = argv[++i];                                                \
-            body;                                                                     \
-            got_++;                                                                   \
-        }                                                                             \
-        if (!got_) usage_error("%s needs at least one value", flag);                   \
-    } while (0)
-        if (IS("-h") || IS("--help")) { fputs(USAGE, stdout); exit(0); }
-        else if (IS("--version")) { printf("caraserve-bench %s\n", PACKAGE_VERSION); exit(0); }
-        else if (IS("--base-url")) o->base_url = VAL();
-        else if (IS("--host")) o->host = VAL();
-        else if (IS("--port")) o->port = int_arg(flag, VAL(), 1, 65535);
-        else if (IS("--endpoint")) o->endpoint = VAL();
-        else if (IS("--api-key")) o->api_key = VAL();
-        else if (IS("--header")) EACH({
-            if (!strchr(v, '=')) usage_error("--header: '%s' is not KEY=VALUE", v);
-            if (o->n_headers == (int)CS_ARRAY_LEN(o->headers)) usage_error("--header: too many");
-            o->headers[o->n_headers++] = v;
-        });
-        else if (IS("--model")) o->model = VAL();
-        else if (IS("--request-timeout")) o->request_timeout = num_arg(flag, VAL(), 0, 1e7);
-        else if (IS("--insecure")) o->insecure = true;
-        else if (IS("--seed")) {
-            const char *v = VAL();
-            char *end;
-            errno = 0;
-            o->wl.seed = strtoull(v, &end, 10);
-            if (!*v || *end || errno || *v == '-') usage_error("--seed: '%s' is not a non-negative integer", v);
-        } else if (IS("--num-prompts")) { o->wl.num_prompts = int_arg(flag, VAL(), 1, 100000000); o->num_prompts_given = true; }
-        else if (IS("--duration")) o->wl.duration = num_arg(flag, VAL(), 1e-3, 1e7);
-        else if (IS("--request-rate")) {
-            const char *v = VAL();
-            o->wl.arrival.rate = !strcmp(v, "inf") ? INFINITY : num_arg(flag, v, 1e-9, 1e9);
-            o->rate_given = true;
-        } else if (IS("--arrival")) {
-            const char *v = VAL();
-            o->arrival_given = true;
-            if (!strcmp(v, "poisson")) o->wl.arrival.kind = BW_ARRIVAL_POISSON;
-            else if (!strcmp(v, "gamma")) o->wl.arrival.kind = BW_ARRIVAL_GAMMA;
-            else if (!strcmp(v, "constant")) o->wl.arrival.kind = BW_ARRIVAL_CONSTANT;
-            else if (!strcmp(v, "trace")) o->wl.arrival.kind = BW_ARRIVAL_TRACE;
-            else usage_error("--arrival: '%s' is not poisson, gamma, constant or trace", v);
-        } else if (IS("--burstiness")) { o->burstiness = num_arg(flag, VAL(), 1e-6, 1e6); o->burstiness_given = true; }
-        else if (IS("--cv")) { o->cv = num_arg(flag, VAL(), 1e-3, 1e3); o->cv_given = true; }
-        else if (IS("--ramp-up-strategy")) {
-            const char *v = VAL();
-            if (!strcmp(v, "linear")) o->wl.arrival.ramp = BW_RAMP_LINEAR;
-            else if (!strcmp(v, "exponential")) o->wl.arrival.ramp = BW_RAMP_EXPONENTIAL;
-            else usage_error("--ramp-up-strategy: '%s' is not linear or exponential", v);
-        } else if (IS("--ramp-up-start-rps")) o->wl.arrival.ramp_start = num_arg(flag, VAL(), 1e-9, 1e9);
-        else if (IS("--ramp-up-end-rps")) o->wl.arrival.ramp_end = num_arg(flag, VAL(), 1e-9, 1e9);
-        else if (IS("--arrivals-file")) o->wl.arrivals_file = VAL();
-        else if (IS("--time-scale")) o->wl.time_scale = num_arg(flag, VAL(), 1e-9, 1e9);
-        else if (IS("--max-concurrency")) o->max_concurrency = int_arg(flag, VAL(), 1, 1000000);
-        else if (IS("--num-warmups")) o->num_warmups = int_arg(flag, VAL(), 0, 1000000);
-        else if (IS("--lora-modules")) EACH({
-            bw_adapter_t ad;
-            if (bw_adapter_parse(v, &ad)) usage_error("--lora-modules: %s", cs_error_last());
-            bw_adapter_t *na = realloc(o->adapters, (size_t)(o->n_adapters + 1) * sizeof *na);
-            if (!na) usage_error("out of memory");
-            o->adapters = na;
-            o->adapters[o->n_adapters++] = ad;
-        });
-        else if (IS("--num-adapters")) o->wl.num_adapters = int_arg(flag, VAL(), 1, 1000000);
-        else if (IS("--adapter-prefix")) o->wl.adapter_prefix = VAL();
-        else if (IS("--rank-mix")) { if (bw_rank_mix_parse(VAL(), &o->wl.rank_mix)) usage_error("--rank-mix: %s", cs_error_last()); }
-        else if (IS("--popularity")) { o->popularity = VAL(); if (bw_pop_parse(o->popularity, &o->wl.pop)) usage_error("--popularity: %s", cs_error_last()); }
-        else if (IS("--popularity-file")) o->wl.popularity_file = VAL();
-        else if (IS("--base-fraction")) o->wl.base_fraction = num_arg(flag, VAL(), 0, 1);
-        else if (IS("--dataset-name")) {
-            const char *v = VAL();
-            if (!strcmp(v, "random")) o->wl.dataset = BW_DATA_RANDOM;
-            else if (!strcmp(v, "azure-llm")) o->wl.dataset = BW_DATA_AZURE;
-            else if (!strcmp(v, "trace")) o->wl.dataset = BW_DATA_TRACE;
-            else usage_error("--dataset-name: '%s' is not random, azure-llm or trace", v);
-        } else if (IS("--dataset-path")) o->wl.dataset_path = VAL();
-        else if (IS("--random-input-len")) o->wl.input_len = int_arg(flag, VAL(), 1, 10000000);
-        else if (IS("--random-output-len")) o->wl.output_len = int_arg(flag, VAL(), 1, 10000000);
-        else if (IS("--random-range-ratio")) o->wl.range_ratio = num_arg(flag, VAL(), 0, 0.999999);
-        else if (IS("--prompt-format")) {
-            const char *v = VAL();
-            if (!strcmp(v, "ids")) o->text_prompts = false;
-            else if (!strcmp(v, "text")) o->text_prompts = true;
-            else usage_error("--prompt-format: '%s' is not ids or text", v);
-        } else if (IS("--vocab-size")) o->vocab_size = int_arg(flag, VAL(), 2, 100000000);
-        else if (IS("--token-id-min")) o->token_id_min = int_arg(flag, VAL(), 0, 100000000);
-        else if (IS("--ignore-eos")) o->ignore_eos = true;
-        else if (IS("--no-ignore-eos")) o->ignore_eos = false;
-        else if (IS("--temperature")) o->temperature = num_arg(flag, VAL(), 0, 100);
-        else if (IS("--top-p")) { o->top_p = num_arg(flag, VAL(), 0, 1); o->top_p_given = true; }
-        else if (IS("--top-k")) { o->top_k = int_arg(flag, VAL(), -1, 1000000); o->top_k_given = true; }
-        else if (IS("--extra-body")) {
-            json_error_t je;
-            json_decref(o->extra_body);
-            o->extra_body = json_loads(VAL(), 0, &je);
-            if (!json_is_object(o->extra_body)) usage_error("--extra-body: not a JSON object (%s)", je.text);
-        } else if (IS("--rollout-n")) o->rollout_n = int_arg(flag, VAL(), 1, 100000);
-        else if (IS("--rollout-groups")) o->rollout_groups = int_arg(flag, VAL(), 1, 100000);
-        else if (IS("--dump-schedule")) o->dump_schedule = VAL();
-        else if (IS("--dry-run")) o->dry_run = true;
-        else if (IS("--goodput")) EACH({
+}
+
+/* the command line as a cursor: argv[i] is the flag at hand, split into its name and, for
+ * --flag=value, its value */
+typedef struct args {
+    int argc, i;
+    char **argv;
+    char flag[64];
+    const char *val; /* the part after '=', or NULL */
+} args_t;
+
+static void args_load(args_t *a) {
+    const char *s = a->argv[a->i];
+    const char *eq = strncmp(s, "--", 2) == 0 ? strchr(s, '=') : NULL;
+    a->val = NULL;
+    if (eq && (size_t)(eq - s) < sizeof a->flag) {
+        memcpy(a->flag, s, (size_t)(eq - s));
+        a->flag[eq - s] = 0;
+        a->val = eq + 1;
+    } else {
+        snprintf(a->flag, sizeof a->flag, "%s", s);
+    }
+}
+
+static bool arg_is(const args_t *a, const char *s) { return !strcmp(a->flag, s); }
+
+/* the flag's value: after '=', or the next argument */
+static const char *arg_val(args_t *a) {
+    if (a->val) return a->val;
+    if (a->i + 1 < a->argc) return a->argv[++a->i];
+    usage_error("%s needs a value", a->flag);
+}
+
+/* the values of a many-valued flag one by one (the one after '=', or the arguments up to the
+ * next --flag), NULL after the last; *k counts them, from 0 */
+static const char *arg_each(args_t *a, int *k) {
+    const char *v = NULL;
+    if (a->val) v = *k == 0 ? a->val : NULL;
+    else if (a->i + 1 < a->argc && strncmp(a->argv[a->i + 1], "--", 2)) v = a->argv[++a->i];
+    if (!v && *k == 0) usage_error("%s needs at least one value", a->flag);
+    (*k)++;
+    return v;
+}
+
+static double num_flag(args_t *a, double lo, double hi) { return num_arg(a->flag, arg_val(a), lo, hi); }
+static int int_flag(args_t *a, long lo, long hi) { return int_arg(a->flag, arg_val(a), lo, hi); }
+
+/* the values of --header or --metadata: KEY=VALUE each, at most cap of them */
+static void kv_flag(args_t *a, const char **list, int *n, int cap) {
+    const char *v;
+    for (int k = 0; (v = arg_each(a, &k));) {
+        if (!strchr(v, '=')) usage_error("%s: '%s' is not KEY=VALUE", a->flag, v);
+        if (*n == cap) usage_error("%s: too many", a->flag);
+        list[(*n)++] = v;
+    }
+}
+
+/* Each group's flags; false when the flag is none of them. */
+static bool target_flag(args_t *a, opts_t *o) {
+    if (arg_is(a, "--base-url")) o->base_url = arg_val(a);
+    else if (arg_is(a, "--host")) o->host = arg_val(a);
+    else if (arg_is(a, "--port")) o->port = int_flag(a, 1, 65535);
+    else if (arg_is(a, "--endpoint")) o->endpoint = arg_val(a);
+    else if (arg_is(a, "--api-key")) o->api_key = arg_val(a);
+    else if (arg_is(a, "--header")) kv_flag(a, o->headers, &o->n_headers, (int)CS_ARRAY_LEN(o->headers));
+    else if (arg_is(a, "--model")) o->model = arg_val(a);
+    else if (arg_is(a, "--request-timeout")) o->request_timeout = num_flag(a, 0, 1e7);
+    else if (arg_is(a, "--insecure")) o->insecure = true;
+    else return false;
+    return true;
+}
+
+static bool arrival_flag(args_t *a, opts_t *o) {
+    bw_arrival_params_t *ar = &o->wl.arrival;
+    if (arg_is(a, "--seed")) {
+        const char *v = arg_val(a);
+        char *end;
+        errno = 0;
+        o->wl.seed = strtoull(v, &end, 10);
+        if (!*v || *end || errno || *v == '-') usage_error("--seed: '%s' is not a non-negative integer", v);
+    } else if (arg_is(a, "--num-prompts")) { o->wl.num_prompts = int_flag(a, 1, 100000000); o->num_prompts_given = true; }
+    else if (arg_is(a, "--duration")) o->wl.duration = num_flag(a, 1e-3, 1e7);
+    else if (arg_is(a, "--request-rate")) {
+        const char *v = arg_val(a);
+        ar->rate = !strcmp(v, "inf") ? INFINITY : num_arg(a->flag, v, 1e-9, 1e9);
+        o->rate_given = true;
+    } else if (arg_is(a, "--arrival")) {
+        const char *v = arg_val(a);
+        o->arrival_given = true;
+        if (!strcmp(v, "poisson")) ar->kind = BW_ARRIVAL_POISSON;
+        else if (!strcmp(v, "gamma")) ar->kind = BW_ARRIVAL_GAMMA;
+        else if (!strcmp(v, "constant")) ar->kind = BW_ARRIVAL_CONSTANT;
+        else if (!strcmp(v, "trace")) ar->kind = BW_ARRIVAL_TRACE;
+        else usage_error("--arrival: '%s' is not poisson, gamma, constant or trace", v);
+    } else if (arg_is(a, "--burstiness")) { o->burstiness = num_flag(a, 1e-6, 1e6); o->burstiness_given = true; }
+    else if (arg_is(a, "--cv")) { o->cv = num_flag(a, 1e-3, 1e3); o->cv_given = true; }
+    else if (arg_is(a, "--ramp-up-strategy")) {
+        const char *v = arg_val(a);
+        if (!strcmp(v, "linear")) ar->ramp = BW_RAMP_LINEAR;
+        else if (!strcmp(v, "exponential")) ar->ramp = BW_RAMP_EXPONENTIAL;
+        else usage_error("--ramp-up-strategy: '%s' is not linear or exponential", v);
+    } else if (arg_is(a, "--ramp-up-start-rps")) ar->ramp_start = num_flag(a, 1e-9, 1e9);
+    else if (arg_is(a, "--ramp-up-end-rps")) ar->ramp_end = num_flag(a, 1e-9, 1e9);
+    else if (arg_is(a, "--arrivals-file")) o->wl.arrivals_file = arg_val(a);
+    else if (arg_is(a, "--time-scale")) o->wl.time_scale = num_flag(a, 1e-9, 1e9);
+    else if (arg_is(a, "--max-concurrency")) o->max_concurrency = int_flag(a, 1, 1000000);
+    else if (arg_is(a, "--num-warmups")) o->num_warmups = int_flag(a, 0, 1000000);
+    else return false;
+    return true;
+}
+
+static void add_lora_module(opts_t *o, const char *v) {
+    bw_adapter_t ad;
+    if (bw_adapter_parse(v, &ad)) usage_error("--lora-modules: %s", cs_error_last());
+    bw_adapter_t *na = realloc(o->adapters, (size_t)(o->n_adapters + 1) * sizeof *na);
+    if (!na) usage_error("out of memory");
+    o->adapters = na;
+    o->adapters[o->n_adapters++] = ad;
+}
+
+static bool dataset_flag(args_t *a, opts_t *o) {
+    if (arg_is(a, "--lora-modules")) {
+        const char *v;
+        for (int k = 0; (v = arg_each(a, &k));) add_lora_module(o, v);
+    } else if (arg_is(a, "--num-adapters")) o->wl.num_adapters = int_flag(a, 1, 1000000);
+    else if (arg_is(a, "--adapter-prefix")) o->wl.adapter_prefix = arg_val(a);
+    else if (arg_is(a, "--rank-mix")) { if (bw_rank_mix_parse(arg_val(a), &o->wl.rank_mix)) usage_error("--rank-mix: %s", cs_error_last()); }
+    else if (arg_is(a, "--popularity")) { o->popularity = arg_val(a); if (bw_pop_parse(o->popularity, &o->wl.pop)) usage_error("--popularity: %s", cs_error_last()); }
+    else if (arg_is(a, "--popularity-file")) o->wl.popularity_file = arg_val(a);
+    else if (arg_is(a, "--base-fraction")) o->wl.base_fraction = num_flag(a, 0, 1);
+    else if (arg_is(a, "--dataset-name")) {
+        const char *v = arg_val(a);
+        if (!strcmp(v, "random")) o->wl.dataset = BW_DATA_RANDOM;
+        else if (!strcmp(v, "azure-llm")) o->wl.dataset = BW_DATA_AZURE;
+        else if (!strcmp(v, "trace")) o->wl.dataset = BW_DATA_TRACE;
+        else usage_error("--dataset-name: '%s' is not random, azure-llm or trace", v);
+    } else if (arg_is(a, "--dataset-path")) o->wl.dataset_path = arg_val(a);
+    else if (arg_is(a, "--random-input-len")) o->wl.input_len = int_flag(a, 1, 10000000);
+    else if (arg_is(a, "--random-output-len")) o->wl.output_len = int_flag(a, 1, 10000000);
+    else if (arg_is(a, "--random-range-ratio")) o->wl.range_ratio = num_flag(a, 0, 0.999999);
+    else if (arg_is(a, "--prompt-format")) {
+        const char *v = arg_val(a);
+        if (!strcmp(v, "ids")) o->text_prompts = false;
+        else if (!strcmp(v, "text")) o->text_prompts = true;
+        else usage_error("--prompt-format: '%s' is not ids or text", v);
+    } else if (arg_is(a, "--vocab-size")) o->vocab_size = int_flag(a, 2, 100000000);
+    else if (arg_is(a, "--token-id-min")) o->token_id_min = int_flag(a, 0, 100000000);
+    else return false;
+    return true;
+}
+
+static bool sampling_flag(args_t *a, opts_t *o) {
+    if (arg_is(a, "--ignore-eos")) o->ignore_eos = true;
+    else if (arg_is(a, "--no-ignore-eos")) o->ignore_eos = false;
+    else if (arg_is(a, "--temperature")) o->temperature = num_flag(a, 0, 100);
+    else if (arg_is(a, "--top-p")) { o->top_p = num_flag(a, 0, 1); o->top_p_given = true; }
+    else if (arg_is(a, "--top-k")) { o->top_k = int_flag(a, -1, 1000000); o->top_k_given = true; }
+    else if (arg_is(a, "--extra-body")) {
+        json_error_t je;
+        json_decref(o->extra_body);
+        o->extra_body = json_loads(arg_val(a), 0, &je);
+        if (!json_is_object(o->extra_body)) usage_error("--extra-body: not a JSON object (%s)", je.text);
+    } else if (arg_is(a, "--rollout-n")) o->rollout_n = int_flag(a, 1, 100000);
+    else if (arg_is(a, "--rollout-groups")) o->rollout_groups = int_flag(a, 1, 100000);
+    else return false;
+    return true;
+}
+
+static void percentiles_flag(args_t *a, opts_t *o) {
+    char *dup = strdup(arg_val(a)), *save = NULL;
+    o->mo.n_pct = 0;
+    for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->mo.n_pct == BM_MAX_PCT) usage_error("--metric-percentiles: at most %d", BM_MAX_PCT);
+        o->mo.pct[o->mo.n_pct++] = num_arg(a->flag, t, 0, 100);
+    }
+    free(dup);
+    if (o->mo.n_pct == 0) usage_error("--metric-percentiles: empty");
+}
+
+static bool output_flag(args_t *a, opts_t *o) {
+    if (arg_is(a, "--dump-schedule")) o->dump_schedule = arg_val(a);
+    else if (arg_is(a, "--dry-run")) o->dry_run = true;
+    else if (arg_is(a, "--goodput")) {
+        const char *v;
+        for (int k = 0; (v = arg_each(a, &k));) {
             if (bm_slo_parse(v, &o->mo.slo)) usage_error("--goodput: %s", cs_error_last());
             o->mo.has_slo = true;
             if (o->n_goodput < (int)CS_ARRAY_LEN(o->goodput)) o->goodput[o->n_goodput++] = v;
-        });
-        else if (IS("--percentile-metrics")) { if (bm_metrics_parse(VAL(), &o->metrics_mask)) usage_error("--percentile-metrics: %s", cs_error_last()); }
-        else if (IS("--metric-percentiles")) {
-            char *dup = strdup(VAL()), *save = NULL;
-            o->mo.n_pct = 0;
-            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (o->mo.n_pct == BM_MAX_PCT) usage_error("--metric-percentiles: at most %d", BM_MAX_PCT);
-                o->mo.pct[o->mo.n_pct++] = num_arg(flag, t, 0, 100);
-            }
-            free(dup);
-            if (o->mo.n_pct == 0) usage_error("--metric-percentiles: empty");
-        } else if (IS("--per-adapter")) o->per_adapter = true;
-        else if (IS("--per-rank")) o->per_rank = true;
-        else if (IS("--save-result")) o->save_result = true;
-        else if (IS("--save-detailed")) o->save_detailed = true;
-        else if (IS("--result-dir")) o->result_dir = VAL();
-        else if (IS("--result-filename")) o->result_filename = VAL();
-        else if (IS("--label")) o->label = VAL();
-        else if (IS("--metadata")) EACH({
-            if (!strchr(v, '=')) usage_error("--metadata: '%s' is not KEY=VALUE", v);
-            if (o->n_metadata == (int)CS_ARRAY_LEN(o->metadata)) usage_error("--metadata: too many");
-            o->metadata[o->n_metadata++] = v;
-        });
-        else if (IS("--requests-csv")) o->requests_csv = VAL();
-        else if (IS("--plot")) o->plot = VAL();
-        else if (IS("--timeseries-bucket")) o->mo.bucket_s = num_arg(flag, VAL(), 1e-3, 1e6);
-        else if (IS("--no-progress")) o->no_progress = true;
-        else usage_error("unknown option '%s'", a);
-#undef IS
-#undef VAL
-#undef EACH
-    }
-    /* what follows from what */
+        }
+    } else if (arg_is(a, "--percentile-metrics")) { if (bm_metrics_parse(arg_val(a), &o->metrics_mask)) usage_error("--percentile-metrics: %s", cs_error_last()); }
+    else if (arg_is(a, "--metric-percentiles")) percentiles_flag(a, o);
+    else if (arg_is(a, "--per-adapter")) o->per_adapter = true;
+    else if (arg_is(a, "--per-rank")) o->per_rank = true;
+    else if (arg_is(a, "--save-result")) o->save_result = true;
+    else if (arg_is(a, "--save-detailed")) o->save_detailed = true;
+    else if (arg_is(a, "--result-dir")) o->result_dir = arg_val(a);
+    else if (arg_is(a, "--result-filename")) o->result_filename = arg_val(a);
+    else if (arg_is(a, "--label")) o->label = arg_val(a);
+    else if (arg_is(a, "--metadata")) kv_flag(a, o->metadata, &o->n_metadata, (int)CS_ARRAY_LEN(o->metadata));
+    else if (arg_is(a, "--requests-csv")) o->requests_csv = arg_val(a);
+    else if (arg_is(a, "--plot")) o->plot = arg_val(a);
+    else if (arg_is(a, "--timeseries-bucket")) o->mo.bucket_s = num_flag(a, 1e-3, 1e6);
+    else if (arg_is(a, "--no-progress")) o->no_progress = true;
+    else return false;
+    return true;
+}
+
+/* what follows from what: the arrivals' kind and shape, the count, the popularity, and the
+ * combinations of flags that contradict each other */
+static void opts_derive(opts_t *o) {
     bw_arrival_params_t *ar = &o->wl.arrival;
     if (o->burstiness_given && o->cv_given) usage_error("--burstiness and --cv say the same thing: give one");
     ar->shape = o->cv_given ? 1 / (o->cv * o->cv) : o->burstiness;
@@ -382,6 +436,20 @@ static void parse_args(int argc, char **argv, opts_t *o) {
     if (o->token_id_min >= o->vocab_size) usage_error("--token-id-min must be below --vocab-size");
     if (strstr(o->endpoint, "rollout") && o->mo.slo.tpot_ms >= 0 && o->mo.slo.ttft_ms < 0 && o->mo.slo.e2el_ms < 0)
         usage_error("--goodput tpot: /v1/rollout streams whole groups, so TPOT is not measured; bound ttft or e2el");
+}
+
+static void parse_args(int argc, char **argv, opts_t *o) {
+    opts_default(o);
+    args_t a = {.argc = argc, .argv = argv};
+    for (a.i = 1; a.i < argc; a.i++) {
+        args_load(&a);
+        if (arg_is(&a, "-h") || arg_is(&a, "--help")) { fputs(USAGE, stdout); exit(0); }
+        else if (arg_is(&a, "--version")) { printf("caraserve-bench %s\n", PACKAGE_VERSION); exit(0); }
+        else if (!target_flag(&a, o) && !arrival_flag(&a, o) && !dataset_flag(&a, o) && !sampling_flag(&a, o) &&
+                 !output_flag(&a, o))
+            usage_error("unknown option '%s'", argv[a.i]);
+    }
+    opts_derive(o);
 }
 
 /* ---- the run ---- */
@@ -422,8 +490,9 @@ struct bench {
     CURLM *multi;
     struct curl_slist *headers;
     char *url;
-    const char *base;
+    char base[1024];         /* the server's root */
     const char *model;
+    char *model_owned;       /* the model's name from GET /v1/models */
     bool rollout;
     double t0;               /* CLOCK_MONOTONIC of the benchmark's start */
     int inflight;
@@ -1074,244 +1143,320 @@ static void raise_fd_limit(void) { /* one socket per request in flight */
     }
 }
 
-int main(int argc, char **argv) {
-    opts_t o;
-    parse_args(argc, argv, &o);
-    bench_t b = {.o = &o};
-    int status = 1;
-    bm_result_t *res = NULL;
-    char *model_owned = NULL;
-    if (o.wl.dataset == BW_DATA_TRACE) {
-        if (bw_schedule_load(o.wl.dataset_path, &b.s)) {
+/* ---- main: set-up, the run, the report ---- */
+
+/* the schedule: replayed from --dataset-name trace's file or drawn; 0, or the exit status */
+static int load_schedule(bench_t *b) {
+    const opts_t *o = b->o;
+    if (o->wl.dataset == BW_DATA_TRACE) {
+        if (bw_schedule_load(o->wl.dataset_path, &b->s)) {
             fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
             return 1;
         }
     } else {
-        int rc = bw_schedule_build(&o.wl, &b.s);
+        int rc = bw_schedule_build(&o->wl, &b->s);
         if (rc) {
             fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
             return rc == CS_EINVAL ? 2 : 1; /* a bad combination of flags, or a file */
         }
     }
-    b.rollout = strstr(o.endpoint, "rollout") != NULL;
-    o.mo.no_token_timing = b.rollout; /* one chunk per group: no per-token time to measure */
-    if (b.rollout) /* a call's tokens are counted in an int: groups x prompt, groups x n x output */
-        for (int i = 0; i < b.s->n; i++) {
-            const bw_request_t *q = &b.s->req[i];
-            long long in = (long long)q->input_len * o.rollout_groups;
-            long long out = (long long)q->output_len * o.rollout_groups * o.rollout_n;
-            if (in > INT_MAX || out > INT_MAX) {
-                fprintf(stderr, "caraserve-bench: request %d: %d groups x %d prompt tokens and %d groups x n=%d x %d "
-                        "output tokens in one rollout call: more than %d; lower --rollout-groups, --rollout-n or "
-                        "the lengths\n", q->id, o.rollout_groups, q->input_len, o.rollout_groups, o.rollout_n,
-                        q->output_len, INT_MAX);
-                status = 2;
-                goto done;
-            }
+    return 0;
+}
+
+/* a rollout call's tokens are counted in an int: groups x prompt, groups x n x output */
+static bool rollout_fits(const bench_t *b) {
+    const opts_t *o = b->o;
+    for (int i = 0; i < b->s->n; i++) {
+        const bw_request_t *q = &b->s->req[i];
+        long long in = (long long)q->input_len * o->rollout_groups;
+        long long out = (long long)q->output_len * o->rollout_groups * o->rollout_n;
+        if (in > INT_MAX || out > INT_MAX) {
+            fprintf(stderr, "caraserve-bench: request %d: %d groups x %d prompt tokens and %d groups x n=%d x %d "
+                    "output tokens in one rollout call: more than %d; lower --rollout-groups, --rollout-n or "
+                    "the lengths\n", q->id, o->rollout_groups, q->input_len, o->rollout_groups, o->rollout_n,
+                    q->output_len, INT_MAX);
+            return false;
         }
-    if (b.rollout && o.mo.slo.tpot_ms >= 0)
+    }
+    return true;
+}
+
+static void print_dry_run(const bw_schedule_t *s) {
+    long long in = 0, out = 0;
+    int base = 0;
+    for (int i = 0; i < s->n; i++) {
+        in += s->req[i].input_len;
+        out += s->req[i].output_len;
+        base += s->req[i].adapter < 0;
+    }
+    printf("schedule: %d requests over %.3f s, %d adapters (%d requests to the base model), %lld input and %lld "
+           "output tokens\n", s->n, s->req[s->n - 1].t, s->n_adapters, base, in, out);
+}
+
+/* the schedule's checks, its dump and --dry-run: -1 to go on with the run, or the exit status */
+static int prepare_schedule(bench_t *b) {
+    opts_t *o = b->o;
+    b->rollout = strstr(o->endpoint, "rollout") != NULL;
+    o->mo.no_token_timing = b->rollout; /* one chunk per group: no per-token time to measure */
+    if (b->rollout && !rollout_fits(b)) return 2;
+    if (b->rollout && o->mo.slo.tpot_ms >= 0)
         fprintf(stderr, "caraserve-bench: --goodput tpot:%g does not apply to /v1/rollout (groups arrive whole, so "
-                "TPOT is not measured); goodput uses the other bounds\n", o.mo.slo.tpot_ms);
-    if (o.dump_schedule && bw_schedule_dump(b.s, o.dump_schedule)) {
+                "TPOT is not measured); goodput uses the other bounds\n", o->mo.slo.tpot_ms);
+    if (o->dump_schedule && bw_schedule_dump(b->s, o->dump_schedule)) {
         fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
-        goto done;
+        return 1;
     }
-    if (o.dry_run) {
-        long long in = 0, out = 0;
-        int base = 0;
-        for (int i = 0; i < b.s->n; i++) {
-            in += b.s->req[i].input_len;
-            out += b.s->req[i].output_len;
-            base += b.s->req[i].adapter < 0;
-        }
-        printf("schedule: %d requests over %.3f s, %d adapters (%d requests to the base model), %lld input and %lld "
-               "output tokens\n", b.s->n, b.s->req[b.s->n - 1].t, b.s->n_adapters, base, in, out);
-        status = 0;
-        goto done;
+    if (o->dry_run) {
+        print_dry_run(b->s);
+        return 0;
     }
+    return -1;
+}
+
+/* the server's root (b->base), the endpoint's URL and the request headers */
+static void set_target(bench_t *b) {
+    const opts_t *o = b->o;
+    if (o->base_url) snprintf(b->base, sizeof b->base, "%s", o->base_url);
+    else if (strchr(o->host, ':')) snprintf(b->base, sizeof b->base, "http://[%s]:%d", o->host, o->port); /* IPv6 */
+    else snprintf(b->base, sizeof b->base, "http://%s:%d", o->host, o->port);
+    size_t bl = strlen(b->base);
+    while (bl > 0 && b->base[bl - 1] == '/') b->base[--bl] = 0;
+    size_t ul = bl + strlen(o->endpoint) + 2;
+    b->url = malloc(ul);
+    snprintf(b->url, ul, "%s%s%s", b->base, o->endpoint[0] == '/' ? "" : "/", o->endpoint);
+    b->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    b->headers = curl_slist_append(b->headers, "Expect:"); /* no 100-continue round trip for big prompts */
+    char hb[2048];
+    if (o->api_key && *o->api_key) {
+        snprintf(hb, sizeof hb, "Authorization: Bearer %s", o->api_key);
+        b->headers = curl_slist_append(b->headers, hb);
+    }
+    for (int i = 0; i < o->n_headers; i++) {
+        const char *eq = strchr(o->headers[i], '=');
+        snprintf(hb, sizeof hb, "%.*s: %s", (int)(eq - o->headers[i]), o->headers[i], eq + 1);
+        b->headers = curl_slist_append(b->headers, hb);
+    }
+}
+
+/* libcurl, the target, the model's name, the records and the signal handlers; 0 or -1 (said) */
+static int setup(bench_t *b) {
+    const opts_t *o = b->o;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fprintf(stderr, "caraserve-bench: curl_global_init failed\n");
-        goto done;
+        return -1;
     }
     raise_fd_limit();
-    char base[1024];
-    if (o.base_url) snprintf(base, sizeof base, "%s", o.base_url);
-    else if (strchr(o.host, ':')) snprintf(base, sizeof base, "http://[%s]:%d", o.host, o.port); /* IPv6 */
-    else snprintf(base, sizeof base, "http://%s:%d", o.host, o.port);
-    size_t bl = strlen(base);
-    while (bl > 0 && base[bl - 1] == '/') base[--bl] = 0;
-    size_t ul = bl + strlen(o.endpoint) + 2;
-    b.url = malloc(ul);
-    b.base = base;
-    snprintf(b.url, ul, "%s%s%s", base, o.endpoint[0] == '/' ? "" : "/", o.endpoint);
-    b.headers = curl_slist_append(NULL, "Content-Type: application/json");
-    b.headers = curl_slist_append(b.headers, "Expect:"); /* no 100-continue round trip for big prompts */
-    char hb[2048];
-    if (o.api_key && *o.api_key) {
-        snprintf(hb, sizeof hb, "Authorization: Bearer %s", o.api_key);
-        b.headers = curl_slist_append(b.headers, hb);
-    }
-    for (int i = 0; i < o.n_headers; i++) {
-        const char *eq = strchr(o.headers[i], '=');
-        snprintf(hb, sizeof hb, "%.*s: %s", (int)(eq - o.headers[i]), o.headers[i], eq + 1);
-        b.headers = curl_slist_append(b.headers, hb);
-    }
-    b.model = o.model;
-    if (!b.model) {
-        if (!(model_owned = first_model(base, b.headers, o.insecure))) {
+    set_target(b);
+    b->model = o->model;
+    if (!b->model) {
+        if (!(b->model_owned = first_model(b->base, b->headers, o->insecure))) {
             fprintf(stderr, "caraserve-bench: give the base model's name with --model\n");
-            goto done;
+            return -1;
         }
-        b.model = model_owned;
+        b->model = b->model_owned;
     }
-    b.multi = curl_multi_init();
-    b.recs = calloc((size_t)b.s->n, sizeof *b.recs);
-    if (!b.multi || !b.recs || !b.url) { fprintf(stderr, "caraserve-bench: out of memory\n"); goto done; }
-    long maxconn = o.max_concurrency > 0 ? o.max_concurrency : b.s->n;
-    curl_multi_setopt(b.multi, CURLMOPT_MAXCONNECTS, maxconn < 16 ? 16L : maxconn);
-    b.progress = !o.no_progress && isatty(STDERR_FILENO);
+    b->multi = curl_multi_init();
+    b->recs = calloc((size_t)b->s->n, sizeof *b->recs);
+    if (!b->multi || !b->recs || !b->url) { fprintf(stderr, "caraserve-bench: out of memory\n"); return -1; }
+    long maxconn = o->max_concurrency > 0 ? o->max_concurrency : b->s->n;
+    curl_multi_setopt(b->multi, CURLMOPT_MAXCONNECTS, maxconn < 16 ? 16L : maxconn);
+    b->progress = !o->no_progress && isatty(STDERR_FILENO);
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint;
     sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C ends the program at once */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    return 0;
+}
 
+/* the line that says what is about to run */
+static void announce(const bench_t *b) {
+    const opts_t *o = b->o;
+    const bw_arrival_params_t *a = &o->wl.arrival;
     char how[1200];
-    if (o.wl.dataset == BW_DATA_TRACE) snprintf(how, sizeof how, "the schedule of %s", o.wl.dataset_path);
-    else if (o.wl.arrival.kind == BW_ARRIVAL_TRACE) snprintf(how, sizeof how, "trace arrivals");
-    else if (o.wl.arrival.ramp) snprintf(how, sizeof how, "%s arrivals ramped from %g to %g/s", arrival_name(o.wl.arrival.kind), o.wl.arrival.ramp_start, o.wl.arrival.ramp_end);
-    else if (isinf(o.wl.arrival.rate)) snprintf(how, sizeof how, "every request at t = 0");
-    else snprintf(how, sizeof how, "%s arrivals at %g/s", arrival_name(o.wl.arrival.kind), o.wl.arrival.rate);
-    fprintf(stderr, "caraserve-bench: %d requests to %s (model %s, %d adapters), %s%s\n", b.s->n, b.url, b.model,
-            b.s->n_adapters, how, o.max_concurrency ? ", concurrency capped" : "");
-    if (run_warmups(&b) || run(&b)) {
-        fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
-        goto done;
-    }
-    double duration = now_rel(&b);
-    if (interrupted) fprintf(stderr, "caraserve-bench: interrupted after %.1f s; reporting what finished\n", duration);
+    if (o->wl.dataset == BW_DATA_TRACE) snprintf(how, sizeof how, "the schedule of %s", o->wl.dataset_path);
+    else if (a->kind == BW_ARRIVAL_TRACE) snprintf(how, sizeof how, "trace arrivals");
+    else if (a->ramp) snprintf(how, sizeof how, "%s arrivals ramped from %g to %g/s", arrival_name(a->kind), a->ramp_start, a->ramp_end);
+    else if (isinf(a->rate)) snprintf(how, sizeof how, "every request at t = 0");
+    else snprintf(how, sizeof how, "%s arrivals at %g/s", arrival_name(a->kind), a->rate);
+    fprintf(stderr, "caraserve-bench: %d requests to %s (model %s, %d adapters), %s%s\n", b->s->n, b->url, b->model,
+            b->s->n_adapters, how, o->max_concurrency ? ", concurrency capped" : "");
+}
 
-    const char **names = malloc((size_t)(b.s->n_adapters + 1) * sizeof *names);
-    int *ranks = malloc((size_t)(b.s->n_adapters + 1) * sizeof *ranks);
-    if (!names || !ranks) { free(names); free(ranks); fprintf(stderr, "caraserve-bench: out of memory\n"); goto done; }
-    for (int i = 0; i < b.s->n_adapters; i++) {
-        names[i] = b.s->adapters[i].name;
-        ranks[i] = b.s->adapters[i].rank;
-    }
-    int rc = bm_compute(b.recs, b.s->n, duration, &o.mo, names, ranks, b.s->n_adapters, b.model, &res);
-    free(ranks);
-    if (rc) { free(names); fprintf(stderr, "caraserve-bench: %s\n", cs_error_last()); goto done; }
-    int shown = 0;
-    for (int i = 0; i < b.s->n && shown < 10; i++)
-        if (!b.recs[i].ok && b.recs[i].error) {
-            if (!shown++) fprintf(stderr, "Failed requests (first 10):\n");
-            fprintf(stderr, "  request %d: %s\n", b.recs[i].id, b.recs[i].error);
+/* the server's own per-sample timing of the rollout calls, from the start of each call */
+static json_t *server_timing_json(const bench_t *b) {
+    const opts_t *o = b->o;
+    bm_stat_t st[3];
+    static const char *what[3] = {"ttft", "e2e", "tpot"};
+    bm_stat_compute(b->srv_ttft, b->n_srv_ttft, &o->mo, &st[0]);
+    bm_stat_compute(b->srv_e2e, b->n_srv_e2e, &o->mo, &st[1]);
+    bm_stat_compute(b->srv_tpot, b->n_srv_tpot, &o->mo, &st[2]);
+    json_t *ro = json_pack("{s:i, s:i, s:i, s:i, s:i}", "n", o->rollout_n, "groups", o->rollout_groups,
+                           "samples", b->n_srv, "samples_without_tokens", b->n_srv_untimed,
+                           "samples_with_tpot", b->n_srv_tpot);
+    for (int m = 0; m < 3; m++) {
+        char key[64];
+        snprintf(key, sizeof key, "mean_server_%s_ms", what[m]);
+        json_object_set_new(ro, key, json_real(st[m].mean));
+        snprintf(key, sizeof key, "median_server_%s_ms", what[m]);
+        json_object_set_new(ro, key, json_real(st[m].median));
+        for (int k = 0; k < o->mo.n_pct; k++) {
+            char pw[32];
+            snprintf(pw, sizeof pw, "%g", o->mo.pct[k]);
+            snprintf(key, sizeof key, "p%s_server_%s_ms", pw, what[m]);
+            json_object_set_new(ro, key, json_real(st[m].pct[k]));
         }
-    bm_table_opts_t to = {o.metrics_mask, o.max_concurrency,
-                          o.wl.dataset == BW_DATA_TRACE || o.wl.arrival.kind == BW_ARRIVAL_TRACE || o.wl.arrival.ramp
-                              ? INFINITY : o.wl.arrival.rate,
-                          o.per_adapter, o.per_rank};
-    bm_print_table(stdout, res, &to);
+    }
+    return ro;
+}
+
+/* the JSON result: bm_result_json's keys, then vLLM's run keys, ours and --metadata's */
+static json_t *result_json(const bench_t *b, const bm_result_t *res, const char *date) {
+    const opts_t *o = b->o;
+    const bw_arrival_params_t *a = &o->wl.arrival;
+    json_t *j = bm_result_json(res, b->recs, b->s->n, o->save_detailed);
+    json_object_set_new(j, "date", json_string(date));
+    json_object_set_new(j, "backend", json_string(b->rollout ? "caraserve-rollout" : "openai"));
+    json_object_set_new(j, "label", o->label ? json_string(o->label) : json_null());
+    json_object_set_new(j, "model_id", json_string(b->model));
+    json_object_set_new(j, "tokenizer_id", json_null());
+    json_object_set_new(j, "num_prompts", json_integer(b->s->n));
+    json_object_set_new(j, "request_rate", request_rate_json(o));
+    json_object_set_new(j, "arrival", json_string(arrival_used(o)));
+    if (o->wl.dataset != BW_DATA_TRACE && a->kind != BW_ARRIVAL_TRACE && a->ramp) {
+        json_object_set_new(j, "ramp_up_strategy", json_string(a->ramp == BW_RAMP_LINEAR ? "linear" : "exponential"));
+        json_object_set_new(j, "ramp_up_start_rps", json_real(a->ramp_start));
+        json_object_set_new(j, "ramp_up_end_rps", json_real(a->ramp_end));
+    }
+    json_object_set_new(j, "burstiness", json_real(a->shape));
+    json_object_set_new(j, "max_concurrency", o->max_concurrency ? json_integer(o->max_concurrency) : json_null());
+    json_object_set_new(j, "interrupted", json_boolean(interrupted));
+    json_object_set_new(j, "config", config_json(b));
+    if (b->rollout) json_object_set_new(j, "rollout", server_timing_json(b));
+    for (int i = 0; i < o->n_metadata; i++) {
+        const char *eq = strchr(o->metadata[i], '=');
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - o->metadata[i]), o->metadata[i]);
+        json_object_set_new(j, key, json_string(eq + 1));
+    }
+    return j;
+}
+
+/* --save-result: 0, or 1 when the file could not be written */
+static int save_result(const bench_t *b, const bm_result_t *res, const char *date) {
+    int status = 0;
+    json_t *j = result_json(b, res, date);
+    char *path = result_path(b, date);
+    if (!path || json_dump_file(j, path, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) != 0) {
+        fprintf(stderr, "caraserve-bench: could not write %s\n", path ? path : "the result");
+        status = 1;
+    } else {
+        fprintf(stderr, "caraserve-bench: wrote %s\n", path);
+    }
+    free(path);
+    json_decref(j);
+    return status;
+}
+
+static void print_failures(const bench_t *b) {
+    int shown = 0;
+    for (int i = 0; i < b->s->n && shown < 10; i++)
+        if (!b->recs[i].ok && b->recs[i].error) {
+            if (!shown++) fprintf(stderr, "Failed requests (first 10):\n");
+            fprintf(stderr, "  request %d: %s\n", b->recs[i].id, b->recs[i].error);
+        }
+}
+
+/* the table on stdout, then the files asked for; *res gets the metrics (the caller frees them);
+ * the exit status */
+static int report(bench_t *b, double duration, bm_result_t **res) {
+    const opts_t *o = b->o;
+    const bw_schedule_t *s = b->s;
+    const char **names = malloc((size_t)(s->n_adapters + 1) * sizeof *names);
+    int *ranks = malloc((size_t)(s->n_adapters + 1) * sizeof *ranks);
+    if (!names || !ranks) { free(names); free(ranks); fprintf(stderr, "caraserve-bench: out of memory\n"); return 1; }
+    for (int i = 0; i < s->n_adapters; i++) {
+        names[i] = s->adapters[i].name;
+        ranks[i] = s->adapters[i].rank;
+    }
+    int rc = bm_compute(b->recs, s->n, duration, &o->mo, names, ranks, s->n_adapters, b->model, res);
+    free(ranks);
+    if (rc) { free(names); fprintf(stderr, "caraserve-bench: %s\n", cs_error_last()); return 1; }
+    print_failures(b);
+    const bw_arrival_params_t *a = &o->wl.arrival;
+    bm_table_opts_t to = {o->metrics_mask, o->max_concurrency,
+                          o->wl.dataset == BW_DATA_TRACE || a->kind == BW_ARRIVAL_TRACE || a->ramp ? INFINITY : a->rate,
+                          o->per_adapter, o->per_rank};
+    bm_print_table(stdout, *res, &to);
     fflush(stdout);
-    status = res->all.completed > 0 ? 0 : 1;
+    int status = (*res)->all.completed > 0 ? 0 : 1;
     if (status) fprintf(stderr, "caraserve-bench: no request completed\n");
     char date[32];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y%m%d-%H%M%S", localtime(&now));
-    if (o.save_result) {
-        json_t *j = bm_result_json(res, b.recs, b.s->n, o.save_detailed);
-        json_object_set_new(j, "date", json_string(date));
-        json_object_set_new(j, "backend", json_string(b.rollout ? "caraserve-rollout" : "openai"));
-        json_object_set_new(j, "label", o.label ? json_string(o.label) : json_null());
-        json_object_set_new(j, "model_id", json_string(b.model));
-        json_object_set_new(j, "tokenizer_id", json_null());
-        json_object_set_new(j, "num_prompts", json_integer(b.s->n));
-        json_object_set_new(j, "request_rate", request_rate_json(&o));
-        json_object_set_new(j, "arrival", json_string(arrival_used(&o)));
-        if (o.wl.dataset != BW_DATA_TRACE && o.wl.arrival.kind != BW_ARRIVAL_TRACE && o.wl.arrival.ramp) {
-            json_object_set_new(j, "ramp_up_strategy",
-                                json_string(o.wl.arrival.ramp == BW_RAMP_LINEAR ? "linear" : "exponential"));
-            json_object_set_new(j, "ramp_up_start_rps", json_real(o.wl.arrival.ramp_start));
-            json_object_set_new(j, "ramp_up_end_rps", json_real(o.wl.arrival.ramp_end));
-        }
-        json_object_set_new(j, "burstiness", json_real(o.wl.arrival.shape));
-        json_object_set_new(j, "max_concurrency", o.max_concurrency ? json_integer(o.max_concurrency) : json_null());
-        json_object_set_new(j, "interrupted", json_boolean(interrupted));
-        json_object_set_new(j, "config", config_json(&b));
-        if (b.rollout) { /* the server's own per-sample timing, from the start of each rollout call */
-            bm_stat_t st[3];
-            static const char *what[3] = {"ttft", "e2e", "tpot"};
-            bm_stat_compute(b.srv_ttft, b.n_srv_ttft, &o.mo, &st[0]);
-            bm_stat_compute(b.srv_e2e, b.n_srv_e2e, &o.mo, &st[1]);
-            bm_stat_compute(b.srv_tpot, b.n_srv_tpot, &o.mo, &st[2]);
-            json_t *ro = json_pack("{s:i, s:i, s:i, s:i, s:i}", "n", o.rollout_n, "groups", o.rollout_groups,
-                                   "samples", b.n_srv, "samples_without_tokens", b.n_srv_untimed,
-                                   "samples_with_tpot", b.n_srv_tpot);
-            for (int m = 0; m < 3; m++) {
-                char key[64];
-                snprintf(key, sizeof key, "mean_server_%s_ms", what[m]);
-                json_object_set_new(ro, key, json_real(st[m].mean));
-                snprintf(key, sizeof key, "median_server_%s_ms", what[m]);
-                json_object_set_new(ro, key, json_real(st[m].median));
-                for (int k = 0; k < o.mo.n_pct; k++) {
-                    char pw[32];
-                    snprintf(pw, sizeof pw, "%g", o.mo.pct[k]);
-                    snprintf(key, sizeof key, "p%s_server_%s_ms", pw, what[m]);
-                    json_object_set_new(ro, key, json_real(st[m].pct[k]));
-                }
-            }
-            json_object_set_new(j, "rollout", ro);
-        }
-        for (int i = 0; i < o.n_metadata; i++) {
-            const char *eq = strchr(o.metadata[i], '=');
-            char key[256];
-            snprintf(key, sizeof key, "%.*s", (int)(eq - o.metadata[i]), o.metadata[i]);
-            json_object_set_new(j, key, json_string(eq + 1));
-        }
-        char *path = result_path(&b, date);
-        if (!path || json_dump_file(j, path, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) != 0) {
-            fprintf(stderr, "caraserve-bench: could not write %s\n", path ? path : "the result");
-            status = 1;
-        } else {
-            fprintf(stderr, "caraserve-bench: wrote %s\n", path);
-        }
-        free(path);
-        json_decref(j);
-    }
-    if (o.requests_csv && bm_write_requests_csv(o.requests_csv, res, b.recs, b.s->n, names, b.model)) {
+    if (o->save_result && save_result(b, *res, date)) status = 1;
+    if (o->requests_csv && bm_write_requests_csv(o->requests_csv, *res, b->recs, s->n, names, b->model)) {
         fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
         status = 1;
     }
-    if (o.plot) {
+    if (o->plot) {
         char title[512];
-        snprintf(title, sizeof title, "caraserve-bench: %s %s (%s)", b.model, o.endpoint, date);
-        if (bm_write_svg(o.plot, res, b.recs, b.s->n, title)) {
+        snprintf(title, sizeof title, "caraserve-bench: %s %s (%s)", b->model, o->endpoint, date);
+        if (bm_write_svg(o->plot, *res, b->recs, s->n, title)) {
             fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
             status = 1;
         }
     }
     free(names);
-done:
-    bm_result_free(res);
-    if (b.recs)
-        for (int i = 0; i < b.s->n; i++) {
-            free(b.recs[i].chunk_t);
-            free(b.recs[i].chunk_tokens);
-            free(b.recs[i].error);
+    return status;
+}
+
+static void bench_free(bench_t *b) {
+    opts_t *o = b->o;
+    if (b->recs)
+        for (int i = 0; i < b->s->n; i++) {
+            free(b->recs[i].chunk_t);
+            free(b->recs[i].chunk_tokens);
+            free(b->recs[i].error);
         }
-    free(b.recs);
-    free(b.ttfts);
-    free(b.srv_ttft);
-    free(b.srv_e2e);
-    free(b.srv_tpot);
-    if (b.multi) curl_multi_cleanup(b.multi);
-    curl_slist_free_all(b.headers);
-    free(b.url);
-    free(model_owned);
-    bw_schedule_free(b.s);
-    for (int i = 0; i < o.n_adapters; i++) free(o.adapters[i].name);
-    free(o.adapters);
-    json_decref(o.extra_body);
+    free(b->recs);
+    free(b->ttfts);
+    free(b->srv_ttft);
+    free(b->srv_e2e);
+    free(b->srv_tpot);
+    if (b->multi) curl_multi_cleanup(b->multi);
+    curl_slist_free_all(b->headers);
+    free(b->url);
+    free(b->model_owned);
+    bw_schedule_free(b->s);
+    for (int i = 0; i < o->n_adapters; i++) free(o->adapters[i].name);
+    free(o->adapters);
+    json_decref(o->extra_body);
+}
+
+int main(int argc, char **argv) {
+    opts_t o;
+    parse_args(argc, argv, &o);
+    bench_t b = {.o = &o};
+    bm_result_t *res = NULL;
+    int status = load_schedule(&b);
+    if (status) return status;
+    status = prepare_schedule(&b);
+    if (status < 0) {
+        status = 1;
+        if (setup(&b) == 0) {
+            announce(&b);
+            if (run_warmups(&b) || run(&b)) {
+                fprintf(stderr, "caraserve-bench: %s\n", cs_error_last());
+            } else {
+                double duration = now_rel(&b);
+                if (interrupted) fprintf(stderr, "caraserve-bench: interrupted after %.1f s; reporting what finished\n", duration);
+                status = report(&b, duration, &res);
+            }
+        }
+    }
+    bm_result_free(res);
+    bench_free(&b);
     curl_global_cleanup();
     return status;
 }

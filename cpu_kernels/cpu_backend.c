@@ -1,6 +1,7 @@
-/* cpu_backend.c: the CPU kernels (struct cpu_raw_i, on host pointers) and the CPU backend
- * (struct backend_i over them: buffers are host allocations behind handles). Work is split into tasks over output rows
- * (GEMM/GEMV), heads (attention) or tokens (LoRA, norms) and run on the thread pool.
+/* cpu_backend.c: the CPU kernels on host pointers (cpu_raw.h's struct cpu_raw_i, made by
+ * cpu_raw_new), which cpu_device.c puts behind the backend interface. Work is split into
+ * tasks over output rows (GEMM/GEMV), heads (attention) or tokens (LoRA, norms) and run on
+ * the thread pool.
  * Large-n GEMMs widen a cache-sized tile of weight rows to F32 and call single-threaded
  * cblas_sgemm on it; small-n (decode) uses the AVX-512 GEMV that streams BF16 weights. */
 #include "cpu_kernels/cpu_backend.h"
@@ -1326,7 +1327,7 @@ static void cpu_free(cpu_raw_t *b) {
     free(b);
 }
 
-static const struct cpu_raw_i cpu_iface = {
+static const struct cpu_raw_i cpu_raw_iface = {
     .matmul = cpu_matmul,
     .matmul_multi = cpu_matmul_multi,
     .rmsnorm = cpu_rmsnorm,
@@ -1348,7 +1349,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     cpu_raw_t *b = calloc(1, sizeof *b);
     cpu_ctx_t *c = calloc(1, sizeof *c);
     if (!b || !c) goto err;
-    b->iface = &cpu_iface;
+    b->iface = &cpu_raw_iface;
     b->ctx = c;
     int n = p && p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;

@@ -1,12 +1,13 @@
-/* cpu_backend.h: the CPU backend (always built), and the strict test device that runs the
- * same kernels behind device-like memory. OpenBLAS single-threaded GEMMs on tiles,
- * parallelised by our own pool so one threading model owns the cores; AVX-512 or AVX2 GEMV and dot
- * tiles for decode with BF16/F16 weights widened in registers; AMX for BF16 prefill where
- * the CPU has it; plain reference kernels otherwise. */
+/* cpu_backend.h: how the CPU backend (always built) and the strict test device are made, with
+ * their parameters; both are backend_t's (backend/backend.h), built in cpu_device.c over the
+ * kernels of cpu_backend.c (cpu_raw.h): OpenBLAS single-threaded GEMMs on tiles, parallelised
+ * by our own pool so one threading model owns the cores; AVX-512 or AVX2 GEMV and dot tiles
+ * for decode with BF16/F16 weights widened in registers; AMX for BF16 prefill where the CPU
+ * has it; plain reference kernels otherwise. */
 #ifndef CS_CPU_BACKEND_H
 #define CS_CPU_BACKEND_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 typedef struct cpu_backend_params {
     int n_threads;      /* 0: number of online CPUs */

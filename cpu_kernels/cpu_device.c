@@ -1,4 +1,6 @@
-/* cpu_device.c: struct backend_i over the CPU kernels (cpu_raw.h), twice.
+/* cpu_device.c: the CPU backend and the strict test device of cpu_backend.h: two method tables
+ * (struct backend_i, backend/backend_impl.h) over the CPU kernels (cpu_raw.h), with the
+ * capabilities each declares.
  *
  * The CPU backend: a buffer handle wraps a host allocation (or, from buf_from_host, host
  * memory the caller owns, such as a weight in the checkpoint's mmap); copies are memcpy;
@@ -19,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/backend_impl.h"
 #include "cpu_kernels/cpu_backend.h"
 #include "cpu_kernels/cpu_raw.h"
 #include "cpu_kernels/wcode.h"
@@ -946,6 +949,7 @@ static void dev_free(backend_t *b) {
     free(b);
 }
 
+#define KV_DTYPES .kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16
 #define COMMON_OPS                                                                                          \
     .buf_alloc = dev_buf_alloc, .buf_free = dev_buf_free, .buf_size = dev_buf_size, .buf_set = dev_buf_set,  \
     .buf_get = dev_buf_get, .buf_copy = dev_buf_copy, .batch_upload = dev_batch_upload,                     \
@@ -953,19 +957,19 @@ static void dev_free(backend_t *b) {
     .adapter_bytes = dev_adapter_bytes, .embed = dev_embed, .matmul = dev_matmul,                           \
     .matmul_multi = dev_matmul_multi, .rmsnorm = dev_rmsnorm, .rope = dev_rope, .kv_store = dev_kv_store,   \
     .attention = dev_attention, .get_out_rows = dev_get_out_rows, .silu_mul = dev_silu_mul, .add = dev_add, \
-    .lora = dev_lora, .kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16,     \
-    .synchronize = dev_synchronize, .weight_prepare = dev_weight_prepare, \
+    .lora = dev_lora, .synchronize = dev_synchronize, .weight_prepare = dev_weight_prepare,                \
     .get_stats = dev_get_stats, .free = dev_free
 
-static const struct backend_i cpu_iface = {
+static const struct backend_i cpu_backend_iface = {
     .name = "cpu",
-    .host_memory = true,
     .buf_from_host = dev_buf_from_host,
     COMMON_OPS,
 };
+/* host memory read in place; copies are memcpy (synchronous) */
+static const backend_caps_t cpu_backend_caps = {.host_memory = true, KV_DTYPES};
 
 #define STRICT_OPS                                                                                          \
-    .host_memory = false, .buf_set_async = dev_buf_set_async, .buf_get_async = dev_buf_get_async,           \
+    .buf_set_async = dev_buf_set_async, .buf_get_async = dev_buf_get_async,                                 \
     .host_alloc = dev_host_alloc, .host_free = dev_host_free, .event_new = dev_event_new,                   \
     .event_free = dev_event_free, .event_record = dev_event_record, .event_wait = dev_event_wait,            \
     .event_query = dev_event_query, .event_synchronize = dev_event_synchronize, COMMON_OPS
@@ -979,18 +983,27 @@ static const struct backend_i strict_iface = {
     .wait_add = dev_wait_add,
     STRICT_OPS,
 };
+/* a device's: no host memory in the ops, copies over the link on its copy thread with
+ * events, page-aligned host buffers standing for pinned ones */
+#define STRICT_CAPS .async_copies = true, .pinned_host = true, .events = true, KV_DTYPES
+static const backend_caps_t strict_caps = {
+    .adapter_stream = true, .adapter_feed = true, .host_assist = true, STRICT_CAPS,
+};
 
 /* the same without streaming slots or host-assisted ops: a device that uploads whole */
 static const struct backend_i strict_whole_iface = {
     .name = "strict",
     STRICT_OPS,
 };
+static const backend_caps_t strict_whole_caps = {STRICT_CAPS};
 
-static backend_t *dev_new(const struct backend_i *iface, const cpu_backend_params_t *cp, bool strict) {
+static backend_t *dev_new(const struct backend_i *iface, const backend_caps_t *caps, const cpu_backend_params_t *cp,
+                          bool strict) {
     backend_t *b = calloc(1, sizeof *b);
     dev_ctx_t *d = calloc(1, sizeof *d);
     if (!b || !d) goto err;
     b->iface = iface;
+    b->caps = *caps;
     b->ctx = d;
     d->strict = strict;
     pthread_mutex_init(&d->mu, NULL);
@@ -1018,15 +1031,17 @@ err:
     return NULL;
 }
 
-backend_t *cpu_backend_new(const cpu_backend_params_t *p) { return dev_new(&cpu_iface, p, false); }
+backend_t *cpu_backend_new(const cpu_backend_params_t *p) { return dev_new(&cpu_backend_iface, &cpu_backend_caps, p, false); }
 
 const char *cpu_backend_path(const backend_t *b) {
-    if (b->iface != &cpu_iface && b->iface != &strict_iface && b->iface != &strict_whole_iface) return "?";
+    if (b->iface != &cpu_backend_iface && b->iface != &strict_iface && b->iface != &strict_whole_iface) return "?";
     return cpu_raw_path(((const dev_ctx_t *)b->ctx)->raw);
 }
 
 backend_t *strict_device_new(const strict_device_params_t *p) {
-    backend_t *b = dev_new(p && p->no_stream ? &strict_whole_iface : &strict_iface, p ? &p->cpu : NULL, true);
+    bool whole = p && p->no_stream;
+    backend_t *b = dev_new(whole ? &strict_whole_iface : &strict_iface, whole ? &strict_whole_caps : &strict_caps,
+                           p ? &p->cpu : NULL, true);
     if (b && p) {
         dev(b)->bytes_per_s = p->bytes_per_s;
         dev(b)->lockstep = p->lockstep;

@@ -1,12 +1,13 @@
-/* cpu_raw.h: the CPU kernels behind the backend interface, on host pointers. The CPU
- * backend (cpu_backend.c) and the strict test device (strict_device.c) both resolve their
- * buffer handles to host memory and call these; the kernel tests call them directly. Not
- * part of the backend interface: nothing outside cpu_kernels/ and tests/ includes it. */
+/* cpu_raw.h: the CPU kernels behind the backend interface, on host pointers (implemented in
+ * cpu_backend.c). The CPU backend and the strict test device (cpu_device.c) both resolve
+ * their buffer handles to host memory and call these; the kernel tests and bench/micro's
+ * kernelbench call them directly. Not part of the backend interface: nothing outside
+ * cpu_kernels/, tests/ and bench/micro/ includes it. */
 #ifndef CS_CPU_RAW_H
 #define CS_CPU_RAW_H
 
 #include "cpu_kernels/cpu_backend.h"
-#include "engine/common.h"
+#include "base/common.h"
 
 /* a weight in host memory */
 typedef struct cs_weight {

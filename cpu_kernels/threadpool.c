@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 #define SPIN_ITERS 20000
 
@@ -132,7 +132,6 @@ void threadpool_free(threadpool_t *tp) {
     free(tp);
 }
 
-int threadpool_size(const threadpool_t *tp) { return tp ? tp->n : 1; }
 
 void threadpool_run(threadpool_t *tp, int n_tasks, threadpool_fn fn, void *ctx) {
     if (n_tasks <= 0) return;

@@ -9,7 +9,6 @@ typedef void (*threadpool_fn)(void *ctx, int task, int thread);
 
 threadpool_t *threadpool_new(int n_threads); /* n_threads includes the caller */
 void threadpool_free(threadpool_t *tp);
-int threadpool_size(const threadpool_t *tp);
 void threadpool_run(threadpool_t *tp, int n_tasks, threadpool_fn fn, void *ctx);
 
 #endif

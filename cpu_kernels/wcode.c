@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 void cs_wcode_hist(const uint16_t *w, size_t n, uint64_t hist[256]) {
     uint32_t h[4][256] = {{0}}; /* four tables: no stall on runs of one high byte */

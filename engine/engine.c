@@ -487,6 +487,13 @@ static bool seq_device(engine_t *e, seq_t *s, bool *failed) {
     return true;
 }
 
+/* a request whose adapter could not be made usable fails with the registry's reason */
+static void req_fail_load(engine_t *e, req_t *r, int rc) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "adapter '%s': %s", r->adapter, cs_error_last());
+    req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
+}
+
 /* the slot part of seq_device */
 static bool seq_slot(engine_t *e, seq_t *s, bool *failed) {
     req_t *r = s->req;
@@ -495,9 +502,7 @@ static bool seq_slot(engine_t *e, seq_t *s, bool *failed) {
     int rc = lora_registry_device_acquire(e->p.loras, r->lora, &s->dslot);
     if (rc == CS_EAGAIN) return false;
     if (rc) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "adapter '%s': %s", r->adapter, cs_error_last());
-        req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
+        req_fail_load(e, r, rc);
         *failed = true;
         return false;
     }
@@ -961,38 +966,55 @@ static int adapter_order(const lora_ref_t *a, const lora_ref_t *b) {
     return c ? c : (a->version > b->version) - (a->version < b->version);
 }
 
-static int step(engine_t *e) {
-    take_inbox(e); /* aborts are taken even while paused */
+/* A step's start: the inbox (aborts are taken even while paused), the newest pause mode
+ * (whatever this step does obeys it) and the versions followed. */
+static engine_pause_mode step_begin(engine_t *e) {
+    take_inbox(e);
     pthread_mutex_lock(&e->mu);
     engine_pause_mode pause = e->pause;
     bool follows = e->follows != NULL;
-    if (e->pause_seen != e->pause_gen) { /* whatever this step does obeys the newest mode */
+    if (e->pause_seen != e->pause_gen) {
         e->pause_seen = e->pause_gen;
         pthread_cond_broadcast(&e->pause_cv);
     }
     pthread_mutex_unlock(&e->mu);
     if (follows) take_follows(e); /* paused or not */
-    if (pause == ENGINE_PAUSE_HOLD) return 0;
-    double t0 = now_ms();
-    int budget = e->p.max_num_batched_tokens, nb = 0;
-    bool preempted = false;
+    return pause;
+}
 
-    /* 0. running sequences without their adapter's device slot (a fork's new samples, a
-     * move to another version) take it now; with every slot in use they sit this one out */
+/* 0. running sequences without their adapter's device slot (a fork's new samples, a move to
+ * another version) take it now; with every slot in use they sit this one out */
+static void step_device_slots(engine_t *e) {
     e->step_partial = e->step_others = false;
     for (seq_t *s = e->running.head; s;) {
         bool failed;
         s->dwait = !seq_device(e, s, &failed);
         s = failed ? e->running.head : s->next; /* its request (and maybe s->next) is gone */
     }
+}
 
-    /* 1. running sequences, in the policy's order: decode rows and continuing prefill
-     * chunks of the sizes it chooses; when the cache is short, it names the victim */
+/* drop VICTIM from the NB rows batched so far, if it is there, giving its tokens back */
+static void batch_drop(engine_t *e, int *nb, int *budget, const seq_t *victim) {
+    for (int i = 0; i < *nb; i++)
+        if (e->batch_seq[i] == victim) {
+            *budget += e->batch_chunk[i];
+            memmove(e->batch_seq + i, e->batch_seq + i + 1, sizeof *e->batch_seq * (size_t)(*nb - i - 1));
+            memmove(e->batch_chunk + i, e->batch_chunk + i + 1, sizeof *e->batch_chunk * (size_t)(*nb - i - 1));
+            (*nb)--;
+            return;
+        }
+}
+
+/* 1. running sequences, in the policy's order: decode rows and continuing prefill chunks of
+ * the sizes it chooses; when the cache is short, it names the victim. True when any
+ * sequence was preempted. */
+static bool step_running(engine_t *e, int *nb, int *budget) {
+    bool preempted = false;
     int nv = views_running(e);
-    for (int k = 0; k < nv && budget > 0; k++) {
+    for (int k = 0; k < nv && *budget > 0; k++) {
         seq_t *s = e->vseqs[e->perm[k]];
         if (s->state != SEQ_RUNNING || s->dwait) continue; /* preempted as a victim meanwhile */
-        int max = CS_MIN(s->n_tokens - s->n_computed, budget);
+        int max = CS_MIN(s->n_tokens - s->n_computed, *budget);
         if (max <= 0) continue;
         if (wants_plp(s)) max = CS_MIN(max, PLP_MAX_CHUNK);
         int chunk = CS_MIN(e->p.sched->iface->chunk(e->p.sched, &e->views[e->perm[k]], max), max);
@@ -1001,28 +1023,41 @@ static int step(engine_t *e) {
         while (!seq_reserve(e, s, s->n_computed + chunk)) {
             seq_t *victim = pick_victim(e);
             if (victim == s) { preempt(e, s); self_preempted = true; break; }
-            /* a victim already in this batch: drop it from the batch */
-            for (int i = 0; i < nb; i++)
-                if (e->batch_seq[i] == victim) {
-                    budget += e->batch_chunk[i];
-                    memmove(e->batch_seq + i, e->batch_seq + i + 1, sizeof *e->batch_seq * (size_t)(nb - i - 1));
-                    memmove(e->batch_chunk + i, e->batch_chunk + i + 1, sizeof *e->batch_chunk * (size_t)(nb - i - 1));
-                    nb--;
-                    break;
-                }
+            batch_drop(e, nb, budget, victim); /* a victim already in this batch */
             preempt(e, victim);
             preempted = true;
         }
         if (self_preempted) { preempted = true; continue; }
-        batch_add(e, &nb, s, chunk);
-        budget -= chunk;
+        batch_add(e, nb, s, chunk);
+        *budget -= chunk;
     }
+    return preempted;
+}
 
-    /* 2. waiting sequences in the policy's order, while the budget, the sequence cap and the
-     * cache allow (none after a preemption: the cache is short) */
+/* a waiting sequence admitted: the request's first admission is counted, the sequence
+ * runs from now on */
+static void admit(engine_t *e, req_t *r, seq_t *s, bool first) {
+    if (first) {
+        s->admitted_once = true;
+        if (r->t_admit == 0) r->t_admit = now_ms();
+        if (s->index == 0) {
+            r->n_cached = s->n_computed;
+            e->st.cached_prompt_tokens += (uint64_t)s->n_computed;
+            e->st.prompt_tokens += (uint64_t)r->p.n_prompt;
+        }
+    }
+    list_remove(&e->waiting, s);
+    s->state = SEQ_RUNNING;
+    s->admit_order = ++e->admit_counter;
+    list_push_back(&e->running, s);
+}
+
+/* 2. waiting sequences in the policy's order, while the budget, the sequence cap and the
+ * cache allow (the caller skips this after a preemption: the cache is short) */
+static void step_waiting(engine_t *e, int *nb, int *budget, engine_pause_mode pause) {
     int n_running = e->running.n;
-    nv = preempted ? 0 : views_waiting(e);
-    for (int k = 0; k < nv && budget > 0; k++) {
+    int nv = views_waiting(e);
+    for (int k = 0; k < nv && *budget > 0; k++) {
         int vi = e->perm[k];
         req_t *r = req_table_find(e, e->vids[vi]); /* a failure below frees its request's sequences */
         seq_t *s = r ? e->vseqs[vi] : NULL;
@@ -1033,14 +1068,12 @@ static int step(engine_t *e) {
         int rc = req_adapter(e, r);
         if (rc == CS_EAGAIN) continue;  /* loading: let others pass */
         if (rc) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "adapter '%s': %s", r->adapter, cs_error_last());
-            req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
+            req_fail_load(e, r, rc);
             continue;
         }
         bool first = !s->admitted_once;
         seq_match_prefix(e, s);
-        int max = CS_MIN(s->n_tokens - s->n_computed, budget);
+        int max = CS_MIN(s->n_tokens - s->n_computed, *budget);
         if (wants_plp(s)) max = CS_MIN(max, PLP_MAX_CHUNK);
         view_fill(e, s, &e->views[vi]); /* the prefix match changed what it has to compute */
         int chunk = CS_MIN(e->p.sched->iface->chunk(e->p.sched, &e->views[vi], max), max);
@@ -1062,25 +1095,16 @@ static int step(engine_t *e) {
             if (!failed) seq_release_blocks(e, s); /* failed: its request is gone */
             continue;
         }
-        if (first) {
-            s->admitted_once = true;
-            if (r->t_admit == 0) r->t_admit = now_ms();
-            if (s->index == 0) {
-                r->n_cached = s->n_computed;
-                e->st.cached_prompt_tokens += (uint64_t)s->n_computed;
-                e->st.prompt_tokens += (uint64_t)r->p.n_prompt;
-            }
-        }
-        list_remove(&e->waiting, s);
-        s->state = SEQ_RUNNING;
-        s->admit_order = ++e->admit_counter;
-        list_push_back(&e->running, s);
+        admit(e, r, s, first);
         n_running += want;
-        batch_add(e, &nb, s, chunk);
-        budget -= chunk;
+        batch_add(e, nb, s, chunk);
+        *budget -= chunk;
     }
-    /* start loading the adapters of the next waiting requests now, so the loads overlap
-     * this iteration (only those still on disk: no reference is taken for the others) */
+}
+
+/* start loading the adapters of the next waiting requests now, so the loads overlap this
+ * iteration (only those still on disk: no reference is taken for the others) */
+static void step_load_ahead(engine_t *e) {
     int ahead = 0;
     for (seq_t *s = e->waiting.head, *nx; s && ahead < 16 && e->p.loras; s = nx) {
         nx = s->next;
@@ -1090,19 +1114,16 @@ static int step(engine_t *e) {
         lora_state st;
         if (lora_registry_state(e->p.loras, r->adapter, &st, NULL) == CS_OK && st == LORA_ON_DISK) {
             int rc = req_adapter(e, r);
-            if (rc && rc != CS_EAGAIN) {
-                char msg[512];
-                snprintf(msg, sizeof msg, "adapter '%s': %s", r->adapter, cs_error_last());
-                req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
-            }
+            if (rc && rc != CS_EAGAIN) req_fail_load(e, r, rc);
         }
     }
-    if (nb == 0) return 0;
+}
 
-    /* 3. the batch, with sequences of one adapter next to each other: an insertion sort
-     * (stable) by adapter name and version, the base model first. Not by the adapter's
-     * address: that differs from run to run, and a row's place in the batch changes its
-     * last bits (the kernels group rows), so a repeated run would not repeat its logprobs. */
+/* 3. the batch, with sequences of one adapter next to each other: an insertion sort (stable)
+ * by adapter name and version, the base model first. Not by the adapter's address: that
+ * differs from run to run, and a row's place in the batch changes its last bits (the kernels
+ * group rows), so a repeated run would not repeat its logprobs. */
+static void step_sort(engine_t *e, int nb) {
     for (int i = 1; i < nb; i++) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i], j = i;
@@ -1116,9 +1137,15 @@ static int step(engine_t *e) {
         e->batch_seq[j] = s;
         e->batch_chunk[j] = c;
     }
-    int n_logits = 0, n_tok = 0;
-    bool decode_only = true;
-    sched_step_t fb = {.n_seqs = nb};
+}
+
+/* The model's rows of the sorted batch and the policy's feedback on it: how many rows want
+ * logits; *n_tok the tokens, *decode_only whether every row decodes one token. */
+static int step_rows(engine_t *e, int nb, sched_step_t *fb, int *n_tok, bool *decode_only) {
+    int n_logits = 0;
+    *n_tok = 0;
+    *decode_only = true;
+    *fb = (sched_step_t){.n_seqs = nb};
     for (int i = 0; i < nb; i++) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i];
@@ -1127,20 +1154,26 @@ static int step(engine_t *e) {
         e->batch[i] = (model_batch_seq_t){s->tokens + s->n_computed, c, s->n_computed, s->blocks,
                                           s->req->lora ? s->req->lora->adapter : NULL, nl, s->dslot};
         n_logits += nl;
-        n_tok += c;
+        *n_tok += c;
         bool decode = c == 1 && last && s->n_generated > 0;
-        if (!decode) decode_only = false;
-        if (decode) fb.decode_rows++;
-        else fb.prefill_tokens += c;
-        if (e->batch[i].lora && s->req->lora_known) fb.row_rank_sum += (long)c * s->req->lora_info.max_rank;
+        if (!decode) *decode_only = false;
+        if (decode) fb->decode_rows++;
+        else fb->prefill_tokens += c;
+        if (e->batch[i].lora && s->req->lora_known) fb->row_rank_sum += (long)c * s->req->lora_info.max_rank;
         /* the batch is sorted by adapter: a new one starts where the adapter changes */
         if (e->batch[i].lora && (i == 0 || e->batch[i - 1].lora != e->batch[i].lora)) {
             int rank = s->req->lora_known ? s->req->lora_info.max_rank : 0;
-            fb.n_adapters++;
-            fb.rank_sum += rank;
-            fb.max_rank = CS_MAX(fb.max_rank, rank);
+            fb->n_adapters++;
+            fb->rank_sum += rank;
+            fb->max_rank = CS_MAX(fb->max_rank, rank);
         }
     }
+    return n_logits;
+}
+
+/* The forward pass of the batch's NB rows into e->logits; on failure every request of the
+ * batch fails and the error code is returned. */
+static int step_forward(engine_t *e, int nb, int n_logits) {
     /* at least one row: a batch of prefill chunks only wants none, and malloc(0) may be NULL
      * (the engine's first step, a prompt longer than the token budget, failed on that) */
     size_t need = (size_t)CS_MAX(n_logits, 1) * e->vocab;
@@ -1158,25 +1191,45 @@ static int step(engine_t *e) {
             req_t *r = e->batch_seq[i]->req;
             if (req_table_find(e, r->id)) req_fail(e, r, ENGINE_FINISH_ERROR, rc, msg);
         }
-        return nb;
     }
+    return rc;
+}
 
-    /* a row whose adapter failed part way in from disk ran with zeros for the layers that
-     * never came: its request fails after the loop, nothing of it is kept (blocks, tokens) */
-    int n_bad = 0;
-    uint64_t *bad = NULL;
+/* the last row of a prompt or a decode: the first of n samples forks the others, which all
+ * draw from these logits; any other row draws its own token */
+static void step_draw(engine_t *e, seq_t *s, const float *lg) {
+    req_t *r = s->req;
+    if (!r->forked && r->n > 1 && s == r->seqs[0]) {
+        if (req_fork(e, r)) {
+            req_fail(e, r, ENGINE_FINISH_ERROR, CS_ENOMEM, cs_error_last());
+            return;
+        }
+        /* every sample with its KV in place draws from these logits */
+        int n = r->n;
+        uint64_t rid = r->id;
+        for (int k = 0; k < n && req_table_find(e, rid); k++) {
+            seq_t *c2 = r->seqs[k];
+            if (c2 && c2->state == SEQ_RUNNING && c2->n_computed == c2->n_tokens) seq_sample(e, c2, lg);
+        }
+    } else {
+        seq_sample(e, s, lg);
+    }
+}
 
-    /* 4. bookkeeping and sampling */
+/* 4. bookkeeping and sampling. A row whose adapter failed part way in from disk ran with
+ * zeros for the layers that never came: its request's id goes to *BAD (malloc'd, *N_BAD
+ * of them) and fails after the loop, nothing of it kept (blocks, tokens). */
+static void step_sample(engine_t *e, int nb, uint64_t **bad, int *n_bad) {
     int row = 0;
     for (int i = 0; i < nb; i++) {
         seq_t *s = e->batch_seq[i];
         int c = e->batch_chunk[i];
         int nl = e->batch[i].n_logits;
         if (e->batch[i].lora && lora_adapter_failed(e->batch[i].lora)) {
-            uint64_t *nbad = realloc(bad, sizeof *bad * (size_t)(n_bad + 1));
+            uint64_t *nbad = realloc(*bad, sizeof **bad * (size_t)(*n_bad + 1));
             CS_ASSERT(nbad); /* a few ids: out of memory here is fatal */
-            bad = nbad;
-            bad[n_bad++] = s->req->id;
+            *bad = nbad;
+            (*bad)[(*n_bad)++] = s->req->id;
             row += nl;
             continue;
         }
@@ -1198,27 +1251,17 @@ static int step(engine_t *e) {
         s->n_computed += c;
         seq_publish(e, s);
         row += nl;
-        if (!last) continue;
-        const float *lg = e->logits + (size_t)(row - 1) * e->vocab;
-        if (!r->forked && r->n > 1 && s == r->seqs[0]) {
-            if (req_fork(e, r)) {
-                req_fail(e, r, ENGINE_FINISH_ERROR, CS_ENOMEM, cs_error_last());
-                continue;
-            }
-            /* every sample with its KV in place draws from these logits */
-            int n = r->n;
-            uint64_t rid = r->id;
-            for (int k = 0; k < n && req_table_find(e, rid); k++) {
-                seq_t *c2 = r->seqs[k];
-                if (c2 && c2->state == SEQ_RUNNING && c2->n_computed == c2->n_tokens) seq_sample(e, c2, lg);
-            }
-        } else {
-            seq_sample(e, s, lg);
-        }
+        if (last) step_draw(e, s, e->logits + (size_t)(row - 1) * e->vocab);
     }
-    /* the logits of many rows (echo or prompt logprobs of long prompts: up to the token budget
-     * x vocab floats, 262 MB at 2048 x 32000) go back to the system after their step; what a
-     * decode step of max_num_seqs rows needs (or 64 MB) stays */
+}
+
+/* The step's end: large logits go back to the system, the policy's feedback, the counters,
+ * and the requests whose adapter failed part way in fail. */
+static void step_end(engine_t *e, sched_step_t *fb, double t0, bool decode_only, int n_tok, uint64_t *bad,
+                     int n_bad) {
+    /* the logits of many rows (echo or prompt logprobs of long prompts: up to the token
+     * budget x vocab floats, 262 MB at 2048 x 32000) go back to the system after their step;
+     * what a decode step of max_num_seqs rows needs (or 64 MB) stays */
     size_t keep_floats = CS_MAX(e->p.logits_keep_bytes / sizeof(float), (size_t)e->p.max_num_seqs * e->vocab);
     if (e->logits_cap > keep_floats) {
         free(e->logits);
@@ -1228,8 +1271,8 @@ static int step(engine_t *e) {
         e->st.logits_releases++;
     }
     double dt = now_ms() - t0;
-    fb.forward_ms = dt;
-    if (e->p.sched->iface->feedback) e->p.sched->iface->feedback(e->p.sched, &fb);
+    fb->forward_ms = dt;
+    if (e->p.sched->iface->feedback) e->p.sched->iface->feedback(e->p.sched, fb);
     e->st.steps++;
     e->st.busy_ms += dt;
     if (decode_only) {
@@ -1240,6 +1283,31 @@ static int step(engine_t *e) {
         req_t *r = req_table_find(e, bad[i]);
         if (r) req_fail_adapter(e, r);
     }
+}
+
+/* One iteration: choose the batch (running sequences first, then waiting ones), run it,
+ * sample. Returns how many sequences ran. */
+static int step(engine_t *e) {
+    engine_pause_mode pause = step_begin(e);
+    if (pause == ENGINE_PAUSE_HOLD) return 0;
+    double t0 = now_ms();
+    int budget = e->p.max_num_batched_tokens, nb = 0;
+    step_device_slots(e);
+    bool preempted = step_running(e, &nb, &budget);
+    if (!preempted) step_waiting(e, &nb, &budget, pause);
+    step_load_ahead(e);
+    if (nb == 0) return 0;
+
+    step_sort(e, nb);
+    sched_step_t fb;
+    int n_tok;
+    bool decode_only;
+    int n_logits = step_rows(e, nb, &fb, &n_tok, &decode_only);
+    if (step_forward(e, nb, n_logits)) return nb;
+    uint64_t *bad = NULL;
+    int n_bad = 0;
+    step_sample(e, nb, &bad, &n_bad);
+    step_end(e, &fb, t0, decode_only, n_tok, bad, n_bad);
     free(bad);
     return nb;
 }

@@ -39,10 +39,11 @@ size_t kv_cache_block_bytes(int n_layers, int kv_dim, cs_dtype dtype) {
 int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     *out = NULL;
     if (p->n_layers <= 0 || p->kv_dim <= 0) return cs_error_set(CS_EINVAL, "kv cache: bad shape");
-    if (!backend_supports_kv_dtype(be, p->dtype)) {
+    unsigned kv_dtypes = backend_caps(be)->kv_dtypes;
+    if (!(kv_dtypes >> (unsigned)p->dtype & 1u)) {
         char can[64] = "";
         for (int t = 0; t < CS_DTYPE_COUNT; t++)
-            if (backend_supports_kv_dtype(be, (cs_dtype)t))
+            if (kv_dtypes >> (unsigned)t & 1u)
                 snprintf(can + strlen(can), sizeof can - strlen(can), "%s%s", can[0] ? ", " : "", cs_dtype_name((cs_dtype)t));
         return cs_error_set(CS_EUNSUPPORTED, "a %s KV cache: the %s backend's attention reads %s pools only",
                             cs_dtype_name(p->dtype), backend_name(be), can);
@@ -249,13 +250,3 @@ void kv_prefix_publish(kv_cache_t *kv, int32_t b, uint64_t parent, const int32_t
     m->hashed = true;
 }
 
-void kv_prefix_reset(kv_cache_t *kv) {
-    while (kv->lru_head >= 0) {
-        int32_t b = kv->lru_head;
-        lru_remove(kv, b);
-        table_remove(kv, b);
-        kv->free_stack[kv->n_free++] = b;
-    }
-    for (int32_t b = 0; b < kv->n_blocks; b++)
-        if (kv->meta[b].hashed) table_remove(kv, b);
-}

@@ -8,7 +8,7 @@
 #ifndef CS_KV_CACHE_H
 #define CS_KV_CACHE_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 #define KV_BLOCK_SIZE 16
 
@@ -20,7 +20,7 @@ typedef struct kv_cache_params {
     size_t bytes;        /* budget for K and V of all layers; rounded down to whole blocks */
     cs_dtype dtype;      /* of the pools: F32 (the default, 0), or BF16 (half the bytes; K and V
                           * rounded as a BF16 model's are) where the backend reads it
-                          * (backend_supports_kv_dtype), else CS_EUNSUPPORTED */
+                          * (backend_caps: kv_dtypes), else CS_EUNSUPPORTED */
 } kv_cache_params_t;
 
 typedef struct kv_cache_stats {
@@ -78,8 +78,5 @@ int32_t kv_prefix_lookup(kv_cache_t *kv, uint64_t parent, const int32_t *tokens)
 /* Publish block b (full, KV written, referenced) under (parent, tokens). If an equal block
  * is already published, b stays private (and is freed normally). */
 void kv_prefix_publish(kv_cache_t *kv, int32_t b, uint64_t parent, const int32_t *tokens);
-/* Forget every cached block (e.g. after an adapter version is replaced); referenced blocks
- * stay valid but are no longer found. */
-void kv_prefix_reset(kv_cache_t *kv);
 
 #endif

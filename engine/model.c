@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/assist.h"
 
 typedef struct layer_w {
@@ -149,7 +149,7 @@ static int load_matrix(model_t *m, const char *name, int rows, int cols, backend
     w->rows = rows;
     w->cols = cols;
     bool aligned = (uintptr_t)t->data % cs_dtype_size(t->dtype) == 0;
-    if (m->be->iface->host_memory) {
+    if (backend_caps(m->be)->host_memory) {
         /* used in place in the mmap; safetensors does not promise element alignment, so a
          * misaligned tensor is copied rather than misread */
         void *p = (void *)t->data;
@@ -256,7 +256,7 @@ int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_
     /* a backend that reads the weights in place in host memory streams them at every decode
      * step: there they go into huge pages (auto: where the kernel offers them). A device
      * backend copies them once to its memory: the mapping is enough. */
-    bool copy = be->iface->host_memory &&
+    bool copy = backend_caps(be)->host_memory &&
                 (how == MODEL_WEIGHTS_COPY || (how == MODEL_WEIGHTS_AUTO && safetensors_huge_pages_offered()));
     if ((rc = safetensors_open_dir_how(dir, "model", copy ? ST_COPY_HUGE : ST_MMAP, &m->st))) goto err;
     const model_config_t *c = &m->cfg;
@@ -462,7 +462,6 @@ void model_seq_free(model_seq_t *s) {
     free(s);
 }
 
-int model_seq_len(const model_seq_t *s) { return s->len; }
 void model_seq_reset(model_seq_t *s) { s->len = 0; }
 
 int model_forward(model_t *m, model_seq_t *s, const int32_t *ids, int n, const lora_adapter_t *lora, float *logits,
@@ -491,7 +490,7 @@ static int lora_segments(model_t *m, const model_batch_seq_t *seqs, int n_seqs, 
             int rc = slot ? CS_OK : lora_adapter_slot((lora_adapter_t *)a, m->be, &slot);
             if (rc) return rc;
             int arrived = backend_adapter_arrived(m->be, slot);
-            if (arrived < a->n_layers && !(m->assist && backend_has_host_assist(m->be))) {
+            if (arrived < a->n_layers && !(m->assist && backend_caps(m->be)->host_assist)) {
                 m->cold_st.waits++; /* nobody to assist: wait for the slot (the engine's wait mode keeps this rare) */
                 while ((arrived = backend_adapter_arrived(m->be, slot)) < a->n_layers) {
                     if (lora_adapter_failed(a)) /* it will not come */
@@ -616,7 +615,7 @@ static void cold_end(model_t *m, int l, const lora_target *ts, int nt, backend_b
 }
 
 void model_set_assist(model_t *m, lora_assist_t *pool) { m->assist = pool; }
-bool model_can_assist(const model_t *m) { return m->assist && backend_has_host_assist(m->be); }
+bool model_can_assist(const model_t *m) { return m->assist && backend_caps(m->be)->host_assist; }
 void model_get_cold_stats(const model_t *m, model_cold_stats_t *st) { *st = m->cold_st; }
 
 static void apply_lora(model_t *m, backend_buf_t *y, const backend_buf_t *x, int n_segs, int layer, lora_target t) {

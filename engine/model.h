@@ -4,9 +4,9 @@
 #ifndef CS_MODEL_H
 #define CS_MODEL_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 #include "engine/kv_cache.h"
-#include "engine/model_config.h"
+#include "base/model_config.h"
 #include "lora/peft.h"
 
 typedef struct model model_t;
@@ -36,7 +36,6 @@ backend_t *model_backend(const model_t *m);
 /* A sequence's KV cache with room for `capacity` tokens. */
 model_seq_t *model_seq_new(model_t *m, int capacity, cs_dtype kv_dtype);
 void model_seq_free(model_seq_t *s);
-int model_seq_len(const model_seq_t *s);
 void model_seq_reset(model_seq_t *s);
 
 /* Append n tokens to s and run them. logits (host memory) receives

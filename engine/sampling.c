@@ -172,7 +172,6 @@ void sampler_free(sampler_t *s) {
     free(s);
 }
 
-const sampling_params_t *sampler_params(const sampler_t *s) { return &s->p; }
 
 void sampler_accept(sampler_t *s, int32_t token) {
     if (!s->track_output || token < 0 || token >= s->vocab) return;

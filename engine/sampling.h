@@ -40,8 +40,8 @@
 #ifndef CS_SAMPLING_H
 #define CS_SAMPLING_H
 
-#include "engine/common.h"
-#include "engine/rng.h"
+#include "base/common.h"
+#include "base/rng.h"
 
 /* ---- parameters ---- */
 #define SAMPLING_MAX_LOGPROBS 20
@@ -112,7 +112,6 @@ int32_t sampler_sample(sampler_t *s, const float *logits, const int32_t *banned,
  * out_logits gets vocab floats, masked tokens -inf. For tests and debugging. */
 void sampler_process(sampler_t *s, const float *logits, const int32_t *banned, int n_banned,
                      float *out_logits);
-const sampling_params_t *sampler_params(const sampler_t *s);
 
 /* Frees this thread's vocab-sized scratch (call before a sampling thread exits). */
 void sampling_scratch_free(void);

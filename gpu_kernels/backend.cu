@@ -1,4 +1,4 @@
-/* backend.cu: struct backend_i (engine/backend.h) on one CUDA device.
+/* backend.cu: struct backend_i (backend/backend_impl.h) on one CUDA device.
  *
  * Memory: every buffer is a cudaMalloc under the backend's budget (memory_fraction of the
  * device's memory); a request past it fails with a message saying how much was asked, how
@@ -40,6 +40,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "gpu_kernels/cuda_pub.h"
 #include "gpu_kernels/gpu_backend.h"
 
@@ -1164,7 +1165,6 @@ static backend_i make_iface() {
     backend_i i;
     memset(&i, 0, sizeof i);
     i.name = PUB_NAME;
-    i.host_memory = false;
     i.buf_alloc = be_buf_alloc;
     i.buf_free = be_buf_free;
     i.buf_size = be_buf_size;
@@ -1202,7 +1202,6 @@ static backend_i make_iface() {
     i.lora = be_lora;
     i.get_signal = be_get_signal;
     i.wait_add = be_wait_add;
-    i.kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16;
     i.graph_begin = be_graph_begin;
     i.graph_end = be_graph_end;
     i.graph_reset = be_graph_reset;
@@ -1212,6 +1211,18 @@ static backend_i make_iface() {
     return i;
 }
 static const backend_i iface = make_iface();
+
+/* device memory; pinned host buffers, copy and load streams with events, streaming slots fed
+ * from the loader, host-assisted ops; graphs when asked for */
+static backend_caps_t make_caps(bool graphs) {
+    backend_caps_t k;
+    memset(&k, 0, sizeof k);
+    k.async_copies = k.pinned_host = k.events = true;
+    k.adapter_stream = k.adapter_feed = k.host_assist = true;
+    k.graphs = graphs;
+    k.kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16;
+    return k;
+}
 
 static backend_t *create(const cuda_backend_params_t *p) {
     int n = 0;
@@ -1283,6 +1294,7 @@ static backend_t *create(const cuda_backend_params_t *p) {
     }
     CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->workspace, CUBLAS_WORKSPACE));
     b->iface = &iface;
+    b->caps = make_caps(p->graphs);
     b->ctx = c;
     b->n_threads = 1;
     return b;

@@ -42,7 +42,7 @@ namespace CS_NS {
     } while (0)
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
-/* dtypes of weights as the kernels see them (engine/common.h's cs_dtype values) */
+/* dtypes of weights as the kernels see them (base/common.h's cs_dtype values) */
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
 
 static __device__ __forceinline__ float load_f(const float *p, size_t i) { return p[i]; }

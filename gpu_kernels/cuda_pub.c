@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "gpu_kernels/cuda_pub.h"
 
 bool backend_is_cuda(const backend_t *b) {

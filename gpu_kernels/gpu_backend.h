@@ -2,7 +2,7 @@
  * gpu_kernels/ include CUDA headers).
  *
  * The backend (backend.cu over the kernels in the other .cu files) implements
- * engine/backend.h on one GPU: weights, the KV pools, adapter slots and activations in
+ * backend/backend.h on one GPU: weights, the KV pools, adapter slots and activations in
  * device memory under a budget (a fraction of the GPU's memory), cuBLAS GEMMs with F32
  * accumulation (activations rounded to the weights' BF16/F16 on the way in; F32 weights
  * stay F32), paged attention and grouped LoRA kernels, a compute stream and a copy stream.
@@ -14,7 +14,7 @@
 #ifndef CS_GPU_BACKEND_H
 #define CS_GPU_BACKEND_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -32,7 +32,7 @@ void op_rmsnorm(cudaStream_t st, float *y, const float *x, int n, int dim, const
 /* rope.cu: rotate-half RoPE in place on x[n, nh, hd] at positions pos[n] */
 void op_rope(cudaStream_t st, float *x, int n, int nh, int hd, const int32_t *pos, const float *inv_freq);
 
-/* attention.cu: paged attention over the batch's sequences (engine/backend.h's attention),
+/* attention.cu: paged attention over the batch's sequences (backend/backend.h's attention),
  * pools of kv_dtype (DT_F32 or DT_BF16) */
 struct attn_seq { int32_t row0, n, pos0, blk0; };
 void op_attention(cudaStream_t st, float *out, const float *q, const void *k, const void *v, int kv_dtype,

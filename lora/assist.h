@@ -11,7 +11,7 @@
 #ifndef CS_LORA_ASSIST_H
 #define CS_LORA_ASSIST_H
 
-#include "engine/common.h"
+#include "base/common.h"
 #include "lora/peft.h"
 
 typedef struct lora_assist lora_assist_t;

@@ -10,7 +10,7 @@
 #ifndef CS_LORA_LOADER_URING_H
 #define CS_LORA_LOADER_URING_H
 
-#include "engine/common.h"
+#include "base/common.h"
 
 #define LORA_LOADER_ALIGN 4096
 

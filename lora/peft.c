@@ -16,7 +16,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 
 const char *const lora_target_names[LORA_N_TARGETS] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
@@ -94,18 +94,6 @@ typedef struct peft_cfg {
     bool rslora;
 } peft_cfg_t;
 
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 /* None, "", [] and {} are all "not set" for peft's truthiness checks */
 static bool truthy(const json_t *v) {
     if (!v || json_is_null(v) || json_is_false(v)) return false;
@@ -137,7 +125,7 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
     if (!v) return cs_error_set(CS_EFORMAT, "%s: missing required field 'peft_type'", label);
     if (!json_is_string(v) || strcmp(json_string_value(v), "LORA") != 0)
         return cs_error_set(CS_EUNSUPPORTED, "%s: peft_type %s%s%s is not supported (only LORA)", label,
-                            json_is_string(v) ? "'" : "", json_is_string(v) ? json_string_value(v) : jtype(v),
+                            json_is_string(v) ? "'" : "", json_is_string(v) ? json_string_value(v) : cs_json_type_name(v),
                             json_is_string(v) ? "'" : "");
 
     /* options that change the forward math or the base model: refused by name */
@@ -173,7 +161,7 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
     v = cs_json_get(root, "bias");
     if (v && (!json_is_string(v) || strcmp(json_string_value(v), "none") != 0))
         return cs_error_set(CS_EUNSUPPORTED, "%s: bias %s%s%s is not supported (only \"none\")", label,
-                            json_is_string(v) ? "'" : "", json_is_string(v) ? json_string_value(v) : jtype(v),
+                            json_is_string(v) ? "'" : "", json_is_string(v) ? json_string_value(v) : cs_json_type_name(v),
                             json_is_string(v) ? "'" : "");
     /* inits that leave the adapter tied to a modified base model (unless converted on save,
      * which rewrites init_lora_weights to true) */
@@ -196,7 +184,7 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
     v = cs_json_get(root, "lora_alpha");
     if (!v) c->alpha = 8;
     else if (json_is_number(v) && isfinite(json_number_value(v))) c->alpha = json_number_value(v);
-    else return cs_error_set(CS_EFORMAT, "%s: field 'lora_alpha' must be a number, got %s", label, jtype(v));
+    else return cs_error_set(CS_EFORMAT, "%s: field 'lora_alpha' must be a number, got %s", label, cs_json_type_name(v));
     v = cs_json_get(root, "use_rslora");
     if (v && !json_is_boolean(v)) return cs_error_set(CS_EFORMAT, "%s: field 'use_rslora' must be a boolean", label);
     c->rslora = json_is_true(v);

@@ -6,11 +6,11 @@
 #ifndef CS_PEFT_H
 #define CS_PEFT_H
 
-#include "engine/backend.h"
-#include "engine/common.h"
-#include "engine/model_config.h"
+#include "backend/backend.h"
+#include "base/common.h"
+#include "base/model_config.h"
 
-struct safetensors; /* engine/safetensors.h */
+struct safetensors; /* base/safetensors.h */
 
 typedef enum lora_target {
     LORA_Q = 0, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN,

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/loader_uring.h"
 
 
@@ -777,7 +777,7 @@ int lora_registry_new(const lora_registry_params_t *p, lora_registry_t **out) {
     lora_registry_t *r = calloc(1, sizeof *r);
     if (!r) return cs_error_set(CS_ENOMEM, "lora registry: out of memory");
     r->p = *p;
-    r->stream_host = p->stream_host && p->stream_group > 0 && p->device && backend_can_feed(p->device);
+    r->stream_host = p->stream_host && p->stream_group > 0 && p->device && backend_caps(p->device)->adapter_feed;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->smu, NULL);
     r->n_buckets = 64;
@@ -920,11 +920,6 @@ static int add(lora_registry_t *r, const char *name, const char *dir, int want, 
 
 int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version) {
     return add(r, name, dir, 0, true, 0, version);
-}
-
-int lora_registry_add_version(lora_registry_t *r, const char *name, const char *dir, int version) {
-    if (version < 1) return cs_error_set(CS_EINVAL, "adapter '%s': versions start at 1", name);
-    return add(r, name, dir, version, true, 0, NULL);
 }
 
 int lora_registry_add_ex(lora_registry_t *r, const char *name, const char *dir, int version, bool activate,
@@ -1222,7 +1217,7 @@ int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_ad
     backend_adapter_t *s = NULL;
     dstream_t *ds = NULL;
     int rc;
-    if (r->p.stream_group > 0 && backend_can_stream(r->p.device)) {
+    if (r->p.stream_group > 0 && backend_caps(r->p.device)->adapter_stream) {
         ds = calloc(1, sizeof *ds);
         if (!ds) {
             rc = cs_error_set(CS_ENOMEM, "out of memory");
@@ -1297,13 +1292,6 @@ int lora_registry_ref_failed(lora_registry_t *r, lora_ref_t *ref) {
                                                     e->errmsg ? e->errmsg : cs_strerror(e->err));
     pthread_mutex_unlock(&r->mu);
     return rc;
-}
-
-bool lora_registry_on_device(lora_registry_t *r, lora_ref_t *ref) {
-    pthread_mutex_lock(&r->mu);
-    bool on = entry_of(r, ref)->dslot != NULL;
-    pthread_mutex_unlock(&r->mu);
-    return on;
 }
 
 int lora_registry_info(lora_registry_t *r, const char *name, int version, lora_adapter_info_t *info) {

@@ -19,9 +19,9 @@
 #ifndef CS_LORA_REGISTRY_H
 #define CS_LORA_REGISTRY_H
 
-#include "engine/backend.h"
-#include "engine/common.h"
-#include "engine/model_config.h"
+#include "backend/backend.h"
+#include "base/common.h"
+#include "base/model_config.h"
 #include "lora/peft.h"
 
 typedef struct lora_registry lora_registry_t;
@@ -64,7 +64,7 @@ typedef struct lora_registry_params {
                                       * (backend_adapter_stream), usable from its first group
                                       * on (the cold start); 0: uploaded whole before use */
     bool stream_host;                /* with stream_group, on a device that can take it
-                                      * (backend_can_feed): an adapter file is read chunk by
+                                      * (backend_caps: adapter_feed): an adapter file is read chunk by
                                       * chunk in layer order, and acquire hands the adapter out
                                       * (CS_OK, state still LOADING) once its header is read:
                                       * its layers come in behind (lora_adapter_t.host_layers,
@@ -104,9 +104,6 @@ void lora_registry_free(lora_registry_t *r);
  * older version still loading is dropped when its load ends. CS_EINVAL for an empty name or
  * dir, CS_ENOMEM. */
 int lora_registry_add(lora_registry_t *r, const char *name, const char *dir, int *version);
-/* The same with the version number chosen by the caller (a trainer's step): it must be
- * newer than every version NAME had; CS_EINVAL otherwise. */
-int lora_registry_add_version(lora_registry_t *r, const char *name, const char *dir, int version);
 
 /* The general form. VERSION 0 numbers it after the last one. ACTIVATE makes it what
  * acquire of NAME gets (else it is staged: acquirable by number, activated later; a name's
@@ -188,17 +185,15 @@ int lora_registry_info(lora_registry_t *r, const char *name, int version, lora_a
  * room because running sequences use every slot (nothing was evicted: retry when one ends);
  * CS_ENOMEM when the adapter alone exceeds the device budget; an upload error. Held while
  * the caller's sequence runs; one lora_registry_device_release each, before the host
- * reference is released. Engine thread only (the upload runs without the registry lock). */
+ * reference is released. Engine thread only (the upload runs without the registry lock).
+ * A device reference to an adapter still streaming in from disk (stream_host) makes a slot
+ * that the loader feeds as its layers come; an adapter that failed part way answers its
+ * load's error. */
 int lora_registry_device_acquire(lora_registry_t *r, lora_ref_t *ref, backend_adapter_t **slot);
 void lora_registry_device_release(lora_registry_t *r, lora_ref_t *ref);
 /* CS_OK, or the load's error (cs_error_last names adapter, version and file) when REF's
  * adapter failed part way in from disk (stream_host; lora_adapter_failed says so first). */
 int lora_registry_ref_failed(lora_registry_t *r, lora_ref_t *ref);
-/* Whether REF's adapter holds a device slot now. */
-bool lora_registry_on_device(lora_registry_t *r, lora_ref_t *ref);
-/* A device reference to an adapter still streaming in from disk (stream_host) makes a
- * slot that the loader feeds as its layers come; an adapter that failed part way answers
- * its load's error. */
 /* Layers of SLOT (from device_acquire of REF) in place: REF's n_layers once it is complete
  * (always, without streaming). Engine thread; no lock. */
 int lora_registry_device_arrived(lora_registry_t *r, lora_ref_t *ref, backend_adapter_t *slot);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "rollout_api/rollout.h"
+#include "engine/sampling_json.h"
 #include "sched/slo.h"
 
 typedef struct ro_sample {
@@ -57,6 +58,7 @@ struct rollout {
 };
 
 static void rollout_free(rollout_t *r) {
+    if (!r) return;
     for (int g = 0; g < r->n_groups; g++) {
         ro_group_t *gr = &r->groups[g];
         for (int i = 0; gr->samples && i < gr->n; i++) {
@@ -253,8 +255,9 @@ int rollout_abort_adapter(rollout_t *r, const char *adapter) {
 const char *rollout_batch_id(const rollout_t *r) { return r->batch_id; }
 
 /* ---- parsing ---- */
+/* a refusal: the status with cs_error_set's message, the field it is about in rq->param */
 #define BAD(status, p, ...) \
-    do { snprintf(err, errlen, __VA_ARGS__); snprintf(param, paramlen, "%s", p); rc = status; goto fail; } while (0)
+    do { rc = cs_error_set(status, __VA_ARGS__); rq->param = (p); goto fail; } while (0)
 
 /* an integer, or a real with an integer value that a long long holds (1e300 is not one) */
 static bool is_int(json_t *v) {
@@ -264,290 +267,247 @@ static bool is_int(json_t *v) {
 }
 static long long int_of(json_t *v) { return json_is_integer(v) ? (long long)json_integer_value(v) : (long long)json_real_value(v); }
 
-static int ids_of(json_t *a, int vocab, int32_t **out, int *n, const char *what, char *err, size_t errlen) {
-    if (!json_is_array(a)) { snprintf(err, errlen, "%s must be a list of token ids", what); return -1; }
+static int ids_of(json_t *a, int vocab, int32_t **out, int *n, const char *what) {
+    if (!json_is_array(a)) return cs_error_set(CS_EINVAL, "%s must be a list of token ids", what);
     size_t len = json_array_size(a);
     int32_t *ids = malloc(sizeof(int32_t) * (len + 1));
-    if (!ids) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!ids) return cs_error_set(CS_ENOMEM, "out of memory");
     for (size_t i = 0; i < len; i++) {
         json_t *x = json_array_get(a, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= vocab) {
             free(ids);
-            snprintf(err, errlen, "%s[%zu] is not a token id in [0, %d)", what, i, vocab);
-            return -1;
+            return cs_error_set(CS_EINVAL, "%s[%zu] is not a token id in [0, %d)", what, i, vocab);
         }
         ids[i] = (int32_t)json_integer_value(x);
     }
     *out = ids;
     *n = (int)len;
-    return 0;
+    return CS_OK;
 }
 
 /* the adapter of the request or a group: "name", {"name", "version"} or null */
-static int adapter_of(json_t *a, const rollout_limits_t *lim, char **name, int *version, char *err, size_t errlen) {
+static int adapter_of(json_t *a, const rollout_limits_t *lim, char **name, int *version) {
     *name = NULL;
     *version = 0;
-    if (!a || json_is_null(a)) return 0;
+    if (!a || json_is_null(a)) return CS_OK;
     const char *n = NULL;
     if (json_is_string(a)) n = json_string_value(a);
-    else if (json_is_object(a)) {
-        n = json_string_value(json_object_get(a, "name"));
-    }
-    if (!n) { snprintf(err, errlen, "'adapter' must be a name or {\"name\": ...}"); return -1; }
+    else if (json_is_object(a)) n = json_string_value(json_object_get(a, "name"));
+    if (!n) return cs_error_set(CS_EINVAL, "'adapter' must be a name or {\"name\": ...}");
     json_t *v = json_is_object(a) ? json_object_get(a, "version") : NULL;
     if (v && !json_is_null(v)) { /* pinned: exactly that kept version (checked at submission) */
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX) {
-            snprintf(err, errlen, "adapter '%s': 'version' must be a positive integer", n);
-            return -1;
-        }
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX)
+            return cs_error_set(CS_EINVAL, "adapter '%s': 'version' must be a positive integer", n);
         *version = (int)json_integer_value(v);
     }
     if (lim->base_name && !strcmp(n, lim->base_name)) {
-        if (*version) {
-            snprintf(err, errlen, "'%s' is the base model: it has no versions", n);
-            return -1;
-        }
-        return 0;
+        if (*version) return cs_error_set(CS_EINVAL, "'%s' is the base model: it has no versions", n);
+        return CS_OK;
     }
     *name = strdup(n);
-    return 0;
+    return *name ? CS_OK : cs_error_set(CS_ENOMEM, "out of memory");
 }
 
-/* rollout_start, or (e NULL) rollout_validate: everything up to the submission */
-static int start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_emit_fn emit, void *user,
-                 rollout_t **out, char *err, size_t errlen, char *param, size_t paramlen) {
-    int rc = 400;
-    char *req_adapter = NULL;
-    int32_t *stop_ids = NULL;
-    *out = NULL;
-    param[0] = 0;
+/* a rollout with nothing parsed yet */
+static rollout_t *rollout_new(const rollout_request_t *rq) {
     rollout_t *r = calloc(1, sizeof *r);
-    if (!r) { snprintf(err, errlen, "out of memory"); return 500; }
+    if (!r) return NULL;
     pthread_mutex_init(&r->mu, NULL);
     r->refs = 1;
-    r->e = e;
-    r->emit = emit;
-    r->user = user;
+    r->emit = rq->emit;
+    r->user = rq->user;
     r->want_lp = true;
-    r->obs = lim->obs;
+    r->obs = rq->lim->obs;
+    return r;
+}
+
+/* "sampling" (sampling_json.h) and the request's SLO into *base, with r's logprobs */
+static int parse_sampling(rollout_t *r, rollout_request_t *rq, engine_request_t *base, sampling_json_t *sj) {
+    int rc;
+    json_t *sp = json_object_get(rq->body, "sampling");
+    if (sp && !json_is_null(sp) && !json_is_object(sp)) BAD(CS_EINVAL, "sampling", "'sampling' must be an object");
+    sampling_json_opts_t opt = {.style = SAMPLING_JSON_ROLLOUT, .logprobs = SAMPLING_JSON_LOGPROBS_OBJECT,
+                                .max_logprobs = rq->lim->max_logprobs, .max_tokens_default = -1,
+                                .vocab = rq->lim->vocab};
+    if ((rc = sampling_params_from_json(json_is_object(sp) ? sp : NULL, &opt, sj))) BAD(rc, sj->param, "%s", cs_error_last());
+    base->sampling = sj->sampling;
+    base->max_tokens = sj->max_tokens;
+    base->min_tokens = sj->min_tokens;
+    base->ignore_eos = sj->ignore_eos;
+    base->stop = sj->stop;
+    base->n_stop = sj->n_stop;
+    base->stop_token_ids = sj->stop_ids;
+    base->n_stop_token_ids = sj->n_stop_ids;
+    r->want_lp = sj->sampling.logprobs >= 0;
+    r->top_k = CS_MAX(sj->sampling.logprobs, 0);
+    if (sched_parse_slo(json_object_get(rq->body, "slo"), &base->slo_ttft_ms, &base->slo_tpot_ms))
+        BAD(CS_EINVAL, "slo", "%s", cs_error_last());
+    if (sampling_params_validate(&base->sampling)) BAD(CS_EINVAL, "sampling", "%s", cs_error_last());
+    return CS_OK;
+fail:
+    return rc;
+}
+
+/* the request's fields other than its groups: r's batch id and target, *base, the request's
+ * adapter (*adapter, *version) */
+static int parse_request(rollout_t *r, rollout_request_t *rq, engine_request_t *base, sampling_json_t *sj,
+                         char **adapter, int *version) {
+    int rc;
+    json_t *req = rq->body;
     json_t *groups = json_object_get(req, "groups");
-    if (!json_is_array(groups) || json_array_size(groups) == 0) BAD(400, "groups", "'groups' must be a non-empty list");
+    if (!json_is_array(groups) || json_array_size(groups) == 0) BAD(CS_EINVAL, "groups", "'groups' must be a non-empty list");
     json_t *bid = json_object_get(req, "batch_id");
     if (bid && !json_is_null(bid)) {
-        if (!json_is_string(bid)) BAD(400, "batch_id", "'batch_id' must be a string");
+        if (!json_is_string(bid)) BAD(CS_EINVAL, "batch_id", "'batch_id' must be a string");
         r->batch_id = strdup(json_string_value(bid));
     }
     json_t *st = json_object_get(req, "stream");
-    if (st && !json_is_null(st) && !json_is_boolean(st)) BAD(400, "stream", "'stream' must be true or false");
-
-    /* sampling: every engine field */
-    engine_request_t base = {0};
-    sampling_params_default(&base.sampling);
-    base.max_tokens = -1;
-    json_t *sp = json_object_get(req, "sampling");
-    if (sp && !json_is_null(sp) && !json_is_object(sp)) BAD(400, "sampling", "'sampling' must be an object");
-    static const struct { const char *name; int kind; } F[] = {
-        {"max_tokens", 1}, {"min_tokens", 1}, {"temperature", 0}, {"top_p", 0}, {"top_k", 1}, {"min_p", 0},
-        {"repetition_penalty", 0}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"ignore_eos", 2},
-    };
-    for (size_t i = 0; sp && i < sizeof F / sizeof F[0]; i++) {
-        json_t *v = json_object_get(sp, F[i].name);
-        if (!v || json_is_null(v)) continue;
-        if (F[i].kind == 0 && !json_is_number(v)) BAD(400, "sampling", "sampling.%s must be a number", F[i].name);
-        if (F[i].kind == 1 && !is_int(v)) BAD(400, "sampling", "sampling.%s must be an integer", F[i].name);
-        if (F[i].kind == 1 && (int_of(v) > INT32_MAX || int_of(v) < INT32_MIN))
-            BAD(400, "sampling", "sampling.%s is out of range", F[i].name);
-        if (F[i].kind == 2 && !json_is_boolean(v)) BAD(400, "sampling", "sampling.%s must be true or false", F[i].name);
-        double x = json_number_value(v);
-        switch (i) {
-        case 0: if (int_of(v) < 1) BAD(400, "sampling", "sampling.max_tokens must be at least 1"); base.max_tokens = (int)int_of(v); break;
-        case 1: if (int_of(v) < 0) BAD(400, "sampling", "sampling.min_tokens must be at least 0"); base.min_tokens = (int)int_of(v); break;
-        case 2: base.sampling.temperature = (float)x; break;
-        case 3: base.sampling.top_p = (float)x; break;
-        case 4: base.sampling.top_k = (int)int_of(v); break;
-        case 5: base.sampling.min_p = (float)x; break;
-        case 6: base.sampling.repetition_penalty = (float)x; break;
-        case 7: base.sampling.presence_penalty = (float)x; break;
-        case 8: base.sampling.frequency_penalty = (float)x; break;
-        case 9: base.ignore_eos = json_is_true(v); break;
-        }
-    }
-    char serr[200];
-    if (sched_parse_slo(json_object_get(req, "slo"), &base.slo_ttft_ms, &base.slo_tpot_ms, serr, sizeof serr))
-        BAD(400, "slo", "%s", serr);
-    const char *stops[64];
-    json_t *stop = sp ? json_object_get(sp, "stop") : NULL;
-    if (stop && !json_is_null(stop)) {
-        if (json_is_string(stop)) stops[base.n_stop++] = json_string_value(stop);
-        else if (json_is_array(stop) && json_array_size(stop) <= 64) {
-            size_t i;
-            json_t *x;
-            json_array_foreach(stop, i, x) {
-                if (!json_is_string(x)) BAD(400, "sampling", "sampling.stop must be a string or a list of strings");
-                stops[base.n_stop++] = json_string_value(x);
-            }
-        } else BAD(400, "sampling", "sampling.stop must be a string or a list of at most 64 strings");
-        base.stop = stops;
-    }
-    json_t *sti = sp ? json_object_get(sp, "stop_token_ids") : NULL;
-    if (sti && !json_is_null(sti)) {
-        if (ids_of(sti, lim->vocab, &stop_ids, &base.n_stop_token_ids,
-                   "sampling.stop_token_ids", err, errlen)) { snprintf(param, paramlen, "sampling"); goto fail; }
-        base.stop_token_ids = stop_ids;
-    }
-    base.sampling.logprobs = 0;
-    base.sampling.logprobs_mode = SAMPLING_LOGPROBS_RAW;
-    json_t *lp = sp ? json_object_get(sp, "logprobs") : NULL;
-    if (json_is_false(lp)) {
-        r->want_lp = false;
-        base.sampling.logprobs = -1;
-    } else if (json_is_object(lp)) {
-        const char *mode = json_string_value(json_object_get(lp, "mode"));
-        if (mode && !strcmp(mode, "processed")) base.sampling.logprobs_mode = SAMPLING_LOGPROBS_PROCESSED;
-        else if (mode && strcmp(mode, "raw")) BAD(400, "sampling", "sampling.logprobs.mode is \"raw\" or \"processed\"");
-        json_t *k = json_object_get(lp, "top_k");
-        if (k && !json_is_null(k)) {
-            if (!is_int(k) || int_of(k) < 0 || int_of(k) > lim->max_logprobs)
-                BAD(400, "sampling", "sampling.logprobs.top_k must be between 0 and %d", lim->max_logprobs);
-            r->top_k = (int)int_of(k);
-            base.sampling.logprobs = r->top_k;
-        }
-    } else if (lp && !json_is_null(lp) && !json_is_true(lp)) {
-        BAD(400, "sampling", "sampling.logprobs must be true, false or {\"mode\", \"top_k\"}");
-    }
-    if (sampling_params_validate(&base.sampling)) BAD(400, "sampling", "%s", cs_error_last());
-    int req_version = 0;
-    if (adapter_of(json_object_get(req, "adapter"), lim, &req_adapter, &req_version, err, errlen)) {
-        snprintf(param, paramlen, "adapter");
-        goto fail;
-    }
+    if (st && !json_is_null(st) && !json_is_boolean(st)) BAD(CS_EINVAL, "stream", "'stream' must be true or false");
+    if ((rc = parse_sampling(r, rq, base, sj))) return rc;
+    if ((rc = adapter_of(json_object_get(req, "adapter"), rq->lim, adapter, version))) BAD(rc, "adapter", "%s", cs_error_last());
     json_t *comp = json_object_get(req, "completion");
     if (comp && !json_is_null(comp)) {
         json_t *t = json_object_get(comp, "target_groups");
         if (t && !json_is_null(t)) {
-            if (!is_int(t) || int_of(t) < 1 || int_of(t) > INT32_MAX) { BAD(400, "completion", "completion.target_groups must be a positive integer"); }
+            if (!is_int(t) || int_of(t) < 1 || int_of(t) > INT32_MAX)
+                BAD(CS_EINVAL, "completion", "completion.target_groups must be a positive integer");
             r->target = (int)int_of(t);
         }
         const char *on = json_string_value(json_object_get(comp, "on_target"));
-        if (on && strcmp(on, "abort_return_partial")) {
-            BAD(400, "completion", "completion.on_target: only \"abort_return_partial\" is supported");
-        }
+        if (on && strcmp(on, "abort_return_partial"))
+            BAD(CS_EINVAL, "completion", "completion.on_target: only \"abort_return_partial\" is supported");
     }
+    return CS_OK;
+fail:
+    return rc;
+}
 
-    /* groups */
-    int vocab_size = lim->vocab;
-    r->n_groups = (int)json_array_size(groups);
+/* group g's prompt: input_ids, then continue_from's output_ids (n must be 1 then) */
+static int parse_prompt(ro_group_t *gr, rollout_request_t *rq, json_t *jg, const char *gp) {
+    int rc;
+    int32_t *in = NULL, *cont = NULL;
+    int n_in = 0, n_cont = 0;
+    char what[128];
+    snprintf(what, sizeof what, "%s.input_ids", gp);
+    if ((rc = ids_of(json_object_get(jg, "input_ids"), rq->lim->vocab, &in, &n_in, what))) BAD(rc, "groups", "%s", cs_error_last());
+    if (n_in == 0) BAD(CS_EINVAL, "groups", "%s.input_ids is empty", gp);
+    json_t *cf = json_object_get(jg, "continue_from");
+    if (cf && !json_is_null(cf)) {
+        snprintf(what, sizeof what, "%s.continue_from.output_ids", gp);
+        if (!json_is_object(cf)) BAD(CS_EINVAL, "groups", "%s.continue_from must be {\"output_ids\": [...]}", gp);
+        if ((rc = ids_of(json_object_get(cf, "output_ids"), rq->lim->vocab, &cont, &n_cont, what)))
+            BAD(rc, "groups", "%s", cs_error_last());
+        if (gr->n != 1) BAD(CS_EINVAL, "groups", "%s: continue_from needs n = 1", gp);
+    }
+    gr->prompt = malloc(sizeof(int32_t) * (size_t)(n_in + n_cont));
+    if (!gr->prompt) BAD(CS_ENOMEM, NULL, "out of memory");
+    memcpy(gr->prompt, in, sizeof(int32_t) * (size_t)n_in);
+    if (n_cont) memcpy(gr->prompt + n_in, cont, sizeof(int32_t) * (size_t)n_cont);
+    gr->n_input = n_in;
+    gr->n_prompt = n_in + n_cont;
+    gr->resumed_len = n_cont;
+    rc = CS_OK;
+fail:
+    free(in);
+    free(cont);
+    return rc;
+}
+
+/* group g of the request: its id, n, seed, prompt, max_tokens and adapter (else the
+ * request's); *samples counts the batch's samples */
+static int parse_group(rollout_t *r, rollout_request_t *rq, int g, const engine_request_t *base, const char *req_adapter,
+                       int req_version, long long *samples) {
+    int rc;
+    const rollout_limits_t *lim = rq->lim;
+    json_t *jg = json_array_get(json_object_get(rq->body, "groups"), (size_t)g);
+    ro_group_t *gr = &r->groups[g];
+    gr->r = r;
+    gr->index = g;
+    char gp[48];
+    snprintf(gp, sizeof gp, "groups[%d]", g);
+    if (!json_is_object(jg)) BAD(CS_EINVAL, "groups", "%s must be an object", gp);
+    json_t *gid = json_object_get(jg, "group_id");
+    char defid[32];
+    snprintf(defid, sizeof defid, "%d", g);
+    if (gid && !json_is_null(gid) && !json_is_string(gid)) BAD(CS_EINVAL, "groups", "%s.group_id must be a string", gp);
+    gr->group_id = strdup(json_is_string(gid) ? json_string_value(gid) : defid);
+    json_t *n = json_object_get(jg, "n");
+    gr->n = 1;
+    if (n && !json_is_null(n)) {
+        if (!is_int(n) || int_of(n) < 1 || int_of(n) > lim->max_samples)
+            BAD(CS_EINVAL, "groups", "%s.n must be between 1 and %d", gp, lim->max_samples);
+        gr->n = (int)int_of(n);
+    }
+    *samples += gr->n;
+    if (*samples > lim->max_samples) BAD(CS_EINVAL, "groups", "the batch asks for more than %d samples", lim->max_samples);
+    json_t *seed = json_object_get(jg, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) BAD(CS_EINVAL, "groups", "%s.seed must be an integer", gp);
+        gr->seed = (long long)json_integer_value(seed);
+    } else { /* a fresh one, reported, so the sample can be reproduced */
+        sampling_params_t fresh;
+        sampling_params_default(&fresh);
+        gr->seed = (long long)(sampling_seed_for(&fresh, 0) >> 2);
+    }
+    gr->has_seed = true;
+    if ((rc = parse_prompt(gr, rq, jg, gp))) return rc;
+    gr->max_tokens = base->max_tokens;
+    if (base->max_tokens > 0) { /* max_tokens counts the whole sample */
+        gr->max_tokens = base->max_tokens - gr->resumed_len;
+        if (gr->max_tokens < 1)
+            BAD(CS_EINVAL, "groups", "%s: continue_from already has %d of max_tokens %d", gp, gr->resumed_len,
+                base->max_tokens);
+    }
+    json_t *ga = json_object_get(jg, "adapter");
+    if (ga && !json_is_null(ga)) {
+        if ((rc = adapter_of(ga, lim, &gr->adapter, &gr->adapter_version))) BAD(rc, "groups", "%s", cs_error_last());
+    } else if (req_adapter) {
+        gr->adapter = strdup(req_adapter);
+        gr->adapter_version = req_version;
+    }
+    gr->samples = calloc((size_t)gr->n, sizeof *gr->samples);
+    if (!gr->samples) BAD(CS_ENOMEM, NULL, "out of memory");
+    for (int i = 0; i < gr->n; i++) {
+        gr->samples[i].ids = json_array();
+        gr->samples[i].lps = json_array();
+        gr->samples[i].tops = json_array();
+        gr->samples[i].spans = json_array();
+    }
+    return CS_OK;
+fail:
+    return rc;
+}
+
+/* Every check of the request short of the engine's own: r's groups and *base filled. */
+static int parse(rollout_t *r, rollout_request_t *rq, engine_request_t *base, sampling_json_t *sj) {
+    char *req_adapter = NULL;
+    int req_version = 0;
+    int rc = parse_request(r, rq, base, sj, &req_adapter, &req_version);
+    if (rc) return rc;
+    r->n_groups = (int)json_array_size(json_object_get(rq->body, "groups"));
     r->groups = calloc((size_t)r->n_groups, sizeof *r->groups);
-    if (!r->groups) { BAD(500, "", "out of memory"); }
+    if (!r->groups) BAD(CS_ENOMEM, NULL, "out of memory");
     long long samples = 0;
-    for (int g = 0; g < r->n_groups; g++) {
-        json_t *jg = json_array_get(groups, (size_t)g);
-        ro_group_t *gr = &r->groups[g];
-        gr->r = r;
-        gr->index = g;
-        char gp[48];
-        snprintf(gp, sizeof gp, "groups[%d]", g);
-        if (!json_is_object(jg)) { BAD(400, "groups", "%s must be an object", gp); }
-        json_t *gid = json_object_get(jg, "group_id");
-        char defid[32];
-        snprintf(defid, sizeof defid, "%d", g);
-        if (gid && !json_is_null(gid) && !json_is_string(gid)) { BAD(400, "groups", "%s.group_id must be a string", gp); }
-        gr->group_id = strdup(json_is_string(gid) ? json_string_value(gid) : defid);
-        json_t *n = json_object_get(jg, "n");
-        gr->n = 1;
-        if (n && !json_is_null(n)) {
-            if (!is_int(n) || int_of(n) < 1 || int_of(n) > lim->max_samples) {
-                BAD(400, "groups", "%s.n must be between 1 and %d", gp, lim->max_samples);
-            }
-            gr->n = (int)int_of(n);
-        }
-        samples += gr->n;
-        if (samples > lim->max_samples) {
-            BAD(400, "groups", "the batch asks for more than %d samples", lim->max_samples);
-        }
-        json_t *seed = json_object_get(jg, "seed");
-        if (seed && !json_is_null(seed)) {
-            if (!json_is_integer(seed)) { BAD(400, "groups", "%s.seed must be an integer", gp); }
-            gr->seed = (long long)json_integer_value(seed);
-        } else { /* a fresh one, reported, so the sample can be reproduced */
-            sampling_params_t fresh;
-            sampling_params_default(&fresh);
-            gr->seed = (long long)(sampling_seed_for(&fresh, 0) >> 2);
-        }
-        gr->has_seed = true;
-        int32_t *in = NULL, *cont = NULL;
-        int n_in = 0, n_cont = 0;
-        char what[128];
-        snprintf(what, sizeof what, "%s.input_ids", gp);
-        if (ids_of(json_object_get(jg, "input_ids"), vocab_size, &in, &n_in, what, err, errlen)) {
-            snprintf(param, paramlen, "groups");
-            goto fail;
-        }
-        if (n_in == 0) { free(in); BAD(400, "groups", "%s.input_ids is empty", gp); }
-        json_t *cf = json_object_get(jg, "continue_from");
-        if (cf && !json_is_null(cf)) {
-            snprintf(what, sizeof what, "%s.continue_from.output_ids", gp);
-            if (!json_is_object(cf) || ids_of(json_object_get(cf, "output_ids"), vocab_size, &cont, &n_cont, what, err, errlen)) {
-                if (!json_is_object(cf)) snprintf(err, errlen, "%s.continue_from must be {\"output_ids\": [...]}", gp);
-                free(in);
-                snprintf(param, paramlen, "groups");
-                goto fail;
-            }
-            if (gr->n != 1) { free(in); free(cont); BAD(400, "groups", "%s: continue_from needs n = 1", gp); }
-        }
-        gr->prompt = malloc(sizeof(int32_t) * (size_t)(n_in + n_cont));
-        if (!gr->prompt) { free(in); free(cont); BAD(500, "", "out of memory"); }
-        memcpy(gr->prompt, in, sizeof(int32_t) * (size_t)n_in);
-        if (n_cont) memcpy(gr->prompt + n_in, cont, sizeof(int32_t) * (size_t)n_cont);
-        free(in);
-        free(cont);
-        gr->n_input = n_in;
-        gr->n_prompt = n_in + n_cont;
-        gr->resumed_len = n_cont;
-        gr->max_tokens = base.max_tokens;
-        if (base.max_tokens > 0) { /* max_tokens counts the whole sample */
-            gr->max_tokens = base.max_tokens - n_cont;
-            if (gr->max_tokens < 1) {
-                BAD(400, "groups", "%s: continue_from already has %d of max_tokens %d", gp, n_cont, base.max_tokens);
-            }
-        }
-        json_t *ga = json_object_get(jg, "adapter");
-        if (ga && !json_is_null(ga)) {
-            if (adapter_of(ga, lim, &gr->adapter, &gr->adapter_version, err, errlen)) {
-                snprintf(param, paramlen, "groups");
-                goto fail;
-            }
-        } else if (req_adapter) {
-            gr->adapter = strdup(req_adapter);
-            gr->adapter_version = req_version;
-        }
-        gr->samples = calloc((size_t)gr->n, sizeof *gr->samples);
-        if (!gr->samples) { BAD(500, "", "out of memory"); }
-        for (int i = 0; i < gr->n; i++) {
-            gr->samples[i].ids = json_array();
-            gr->samples[i].lps = json_array();
-            gr->samples[i].tops = json_array();
-            gr->samples[i].spans = json_array();
-        }
-    }
+    for (int g = 0; g < r->n_groups && !rc; g++) rc = parse_group(r, rq, g, base, req_adapter, req_version, &samples);
+fail:
     free(req_adapter);
-    req_adapter = NULL;
-    if (!e) { /* validation only */
-        free(stop_ids);
-        rollout_free(r);
-        return 0;
-    }
+    return rc;
+}
 
-    /* every group at once: they reach the engine in one intake, so the batch they form does
-     * not depend on thread timing; the ids are written before any sink can run */
+/* every group at once: they reach the engine in one intake, so the batch they form does not
+ * depend on thread timing; the ids are written before any sink can run */
+static int submit(rollout_t *r, engine_t *e, rollout_request_t *rq, const engine_request_t *base) {
+    int rc;
+    const rollout_limits_t *lim = rq->lim;
+    r->e = e;
     r->t0 = cs_time_ms();
     engine_request_t *qs = calloc((size_t)r->n_groups, sizeof *qs);
     r->ids = calloc((size_t)r->n_groups, sizeof *r->ids);
-    if (!qs || !r->ids) { free(qs); BAD(500, "", "out of memory"); }
+    if (!qs || !r->ids) BAD(CS_ENOMEM, NULL, "out of memory");
     for (int g = 0; g < r->n_groups; g++) {
         ro_group_t *gr = &r->groups[g];
         engine_request_t *q = &qs[g];
-        *q = base;
+        *q = *base;
         /* the bounds the request left unset: its model's (--adapter-slos) */
         sched_slo_table_apply(lim->slos, gr->adapter ? gr->adapter : lim->base_name, &q->slo_ttft_ms, &q->slo_tpot_ms);
         gr->slo_ttft_ms = q->slo_ttft_ms;
@@ -559,7 +519,7 @@ static int start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_
         q->adapter = gr->adapter;
         q->adapter_version = gr->adapter_version;
         q->n_resumed = gr->resumed_len;
-        q->min_tokens = base.min_tokens > gr->resumed_len ? base.min_tokens - gr->resumed_len : 0;
+        q->min_tokens = base->min_tokens > gr->resumed_len ? base->min_tokens - gr->resumed_len : 0;
         q->sampling.has_seed = true;
         q->sampling.seed = (uint64_t)gr->seed;
         q->sink = on_event;
@@ -569,29 +529,53 @@ static int start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_
     r->refs += r->n_groups;
     int failed = 0;
     int src = engine_submit_batch(e, qs, r->n_groups, r->ids, &failed);
-    free(qs);
-    if (src) {
+    if (src) { /* the engine refuses a group: an unknown adapter, else a bad request */
         r->refs -= r->n_groups;
         for (int g = 0; g < r->n_groups; g++) r->groups[g].submitted = false;
-        BAD(src == CS_ENOTFOUND ? 404 : 400, "groups", "groups[%d]: %s", failed, cs_error_last());
+        BAD(src == CS_ENOTFOUND ? CS_ENOTFOUND : CS_EINVAL, "groups", "groups[%d]: %s", failed, cs_error_last());
     }
-    free(stop_ids);
-    *out = r;
-    return 0;
+    rc = CS_OK;
 fail:
-    free(stop_ids);
-    free(req_adapter);
-    rollout_free(r);
+    free(qs);
     return rc;
 }
 
-int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_emit_fn emit, void *user,
-                  rollout_t **out, char *err, size_t errlen, char *param, size_t paramlen) {
-    CS_ASSERT(e);
-    return start(e, lim, req, emit, user, out, err, errlen, param, paramlen);
+/* A rollout with every check of rq short of the engine's own passed: its groups, *base and
+ * *sj (freed by the caller) filled; NULL with the error in *rc. */
+static rollout_t *rollout_parse(rollout_request_t *rq, engine_request_t *base, sampling_json_t *sj, int *rc) {
+    rq->param = NULL;
+    rollout_t *r = rollout_new(rq);
+    if (!r) {
+        *rc = cs_error_set(CS_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if ((*rc = parse(r, rq, base, sj))) {
+        rollout_free(r);
+        return NULL;
+    }
+    return r;
 }
 
-int rollout_validate(const rollout_limits_t *lim, json_t *req, char *err, size_t errlen, char *param, size_t paramlen) {
-    rollout_t *r = NULL;
-    return start(NULL, lim, req, NULL, NULL, &r, err, errlen, param, paramlen);
+int rollout_start(engine_t *e, rollout_request_t *rq, rollout_t **out) {
+    CS_ASSERT(e);
+    engine_request_t base = {0};
+    sampling_json_t sj = {0};
+    int rc;
+    rollout_t *r = rollout_parse(rq, &base, &sj, &rc);
+    if (r && (rc = submit(r, e, rq, &base))) {
+        rollout_free(r);
+        r = NULL;
+    }
+    sampling_json_free(&sj); /* the engine copied the stops */
+    *out = r;
+    return rc;
+}
+
+int rollout_validate(rollout_request_t *rq) {
+    engine_request_t base = {0};
+    sampling_json_t sj = {0};
+    int rc;
+    rollout_free(rollout_parse(rq, &base, &sj, &rc));
+    sampling_json_free(&sj);
+    return rc;
 }

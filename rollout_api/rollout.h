@@ -45,14 +45,23 @@ typedef struct rollout_limits {
     const struct sched_slo_table *slos; /* per-model SLOs (sched/slo.h) for what the request leaves unset; NULL: none */
 } rollout_limits_t;
 
-/* Validate req and submit every group. On a bad request: an HTTP status (400, 404) with the
- * message in err and the field in param, nothing submitted, emit never called. On success
- * 0, and *out until rollout_release. */
-int rollout_start(engine_t *e, const rollout_limits_t *lim, json_t *req, rollout_emit_fn emit, void *user,
-                  rollout_t **out, char *err, size_t errlen, char *param, size_t paramlen);
+/* A rollout request: the parsed JSON body (../shared/ROLLOUT.md), the server's limits, and
+ * where its lines go. param is set on a refusal: the field it is about (NULL: none). */
+typedef struct rollout_request {
+    json_t *body;
+    const rollout_limits_t *lim;
+    rollout_emit_fn emit;       /* rollout_start only */
+    void *user;
+    const char *param;
+} rollout_request_t;
+
+/* Validate rq and submit every group: CS_OK and *out until rollout_release. On a bad request
+ * CS_EINVAL (an adapter the engine does not know: CS_ENOTFOUND; CS_ENOMEM) with cs_error_set's
+ * message and rq->param, nothing submitted, emit never called. */
+int rollout_start(engine_t *e, rollout_request_t *rq, rollout_t **out);
 /* The same checks as rollout_start short of the engine's own (adapters, lengths), nothing
- * submitted: 0, or the status with err and param as there (the fuzz target's entry). */
-int rollout_validate(const rollout_limits_t *lim, json_t *req, char *err, size_t errlen, char *param, size_t paramlen);
+ * submitted: CS_OK, or the error as there (the fuzz target's entry). */
+int rollout_validate(rollout_request_t *rq);
 /* Abort every sample still running (the client went away, or /v1/rollout/abort); they are
  * returned with finish_reason "abort" and their partial tokens. Any thread. */
 void rollout_abort(rollout_t *r);

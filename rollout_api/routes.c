@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/peft.h"
 #include "rollout_api/routes.h"
 #include "server/api_internal.h"
@@ -78,15 +78,15 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
                             .base_name = s->model_name, .vocab = s->vocab_size,
                             .obs = {ro_obs_token, ro_obs_done, ro_obs_slo, s}, .slos = s->slos};
-    char err[1536], param[64];
+    rollout_request_t rq = {.body = b, .lim = &lim, .emit = ro_emit, .user = j};
     rollout_t *ro = NULL;
-    int st = rollout_start(s->engine, &lim, b, ro_emit, j, &ro, err, sizeof err, param, sizeof param);
-    if (st) { /* nothing was emitted and nothing will be */
+    int rc = rollout_start(s->engine, &rq, &ro);
+    if (rc) { /* nothing was emitted and nothing will be */
         pthread_mutex_lock(&j->mu);
         j->refs--;
         pthread_mutex_unlock(&j->mu);
         job_unref(j);
-        return http_error(c, (unsigned)st, param[0] ? param : NULL, "%s", err);
+        return http_error(c, api_status_of(rc), rq.param, "%s", cs_error_last());
     }
     pthread_mutex_lock(&j->mu);
     j->ro = ro;
@@ -414,121 +414,129 @@ static json_t *kept_versions_json(server_t *s, const char *name, bool detail) {
     return kept_versions_json_ex(s, name, detail, NULL);
 }
 
-enum MHD_Result rollout_route_put_version(server_t *s, struct MHD_Connection *c, const char *url, const char *body,
-                                          size_t len) {
-    perr_t e = {0};
-    char name[257];
-    int version;
-    if (!parse_version_url(url, name, sizeof name, &version))
-        return http_error(c, 404, NULL, "PUT /v1/adapters/NAME/versions/V (V a positive integer)");
-    if (!valid_adapter_name(name) || !strcmp(name, s->model_name)) return http_error(c, 400, NULL, "invalid adapter name '%s'", name);
+/* the query of PUT /v1/adapters/NAME/versions/V: apply, activate, keep_versions */
+typedef struct put_query {
+    const char *apply;          /* NULL: next_request */
+    bool activate;
+    int keep;                   /* 0: the registry's default */
+} put_query_t;
+
+static bool put_query(struct MHD_Connection *c, put_query_t *q, perr_t *e) {
     const char *apply = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "apply");
     const char *activate_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "activate");
     const char *keep_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "keep_versions");
     if (apply && strcmp(apply, "next_request") && strcmp(apply, "abort_inflight") && strcmp(apply, "pause_keep"))
-        return http_error(c, 400, "apply", "apply is next_request, abort_inflight or pause_keep");
+        return fail(e, 400, "apply", "apply is next_request, abort_inflight or pause_keep");
     if (activate_s && strcmp(activate_s, "true") && strcmp(activate_s, "false"))
-        return http_error(c, 400, "activate", "activate is true or false");
-    bool activate = !activate_s || !strcmp(activate_s, "true");
-    if (!activate && apply && strcmp(apply, "next_request"))
-        return http_error(c, 400, "apply", "apply=%s needs activate=true (a staged version runs nothing yet)", apply);
-    int keep = 0;
+        return fail(e, 400, "activate", "activate is true or false");
+    q->apply = apply;
+    q->activate = !activate_s || !strcmp(activate_s, "true");
+    if (!q->activate && apply && strcmp(apply, "next_request"))
+        return fail(e, 400, "apply", "apply=%s needs activate=true (a staged version runs nothing yet)", apply);
+    q->keep = 0;
     if (keep_s) {
         char *end;
         long k = strtol(keep_s, &end, 10);
         if (*end || end == keep_s || k < 1 || k > 1000)
-            return http_error(c, 400, "keep_versions", "keep_versions is an integer from 1 to 1000");
-        keep = (int)k;
+            return fail(e, 400, "keep_versions", "keep_versions is an integer from 1 to 1000");
+        q->keep = (int)k;
     }
-    double t0 = cs_time_ms();
-    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-    char *dir = NULL;
-    char err[1536];
-    size_t nbytes = 0;
-    bool uploaded = false; /* dir is ours: removed again when the upload is refused */
+    return true;
+}
+
+/* the served adapter NAME now runs the files in dir (taken over) */
+static void served_path_set(served_adapter_t *ad, char *dir) {
+    free(ad->path);
+    ad->path = dir;
+    ad->created = time(NULL);
+}
+
+/* an empty PUT: activate the kept (staged or older) version */
+static bool activate_kept(server_t *s, const char *name, int version, const put_query_t *q, perr_t *e) {
     char prev_dir[4096] = "";
-    if (len == 0) { /* no body: activate a kept (staged or older) version */
-        if (!activate) return http_error(c, 400, NULL, "an empty PUT activates a kept version: activate=false makes no sense");
-        if (lora_registry_activate(s->reg, name, version, keep, prev_dir, sizeof prev_dir))
-            return http_error(c, 404, "version", "%s (an empty body activates a kept version)", cs_error_last());
-        pthread_mutex_lock(&s->mu);
-        served_adapter_t *ad = adapter_find(s, name);
-        if (ad) {
-            free(ad->path);
-            ad->path = strdup(prev_dir);
-            ad->created = time(NULL);
-        }
-        pthread_mutex_unlock(&s->mu);
-        goto applied;
-    }
-    lora_state st0;
-    if (!activate && lora_registry_state(s->reg, name, &st0, NULL))
-        return http_error(c, 400, "activate", "adapter '%s' has no active version: its first version must be activated", name);
-    if (ct && !strncmp(ct, "application/json", 16)) { /* {"path": DIR} under --lora-root */
+    if (!q->activate) return fail(e, 400, NULL, "an empty PUT activates a kept version: activate=false makes no sense");
+    if (lora_registry_activate(s->reg, name, version, q->keep, prev_dir, sizeof prev_dir))
+        return fail(e, 404, "version", "%s (an empty body activates a kept version)", cs_error_last());
+    pthread_mutex_lock(&s->mu);
+    served_adapter_t *ad = adapter_find(s, name);
+    if (ad) served_path_set(ad, strdup(prev_dir));
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
+/* The upload's directory in *dir: {"path": DIR} under --lora-root, or the raw
+ * adapter_model.safetensors stored with its adapter_config.json in a directory of its own
+ * (UPLOAD_DIR/NAME/vV-XXXXXX: an upload refused later, or a concurrent one, never touches the
+ * files of a version already kept; *uploaded then). */
+static bool store_upload(server_t *s, struct MHD_Connection *c, const char *name, int version, const char *body,
+                         size_t len, char **dir, bool *uploaded, perr_t *e) {
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (ct && !strncmp(ct, "application/json", 16)) {
         json_error_t je;
         json_t *b = json_loadb(body, len, 0, &je);
         const char *path = json_string_value(json_object_get(b, "path"));
         if (!path) {
             json_decref(b);
-            return http_error(c, 400, "path", "a JSON body is {\"path\": DIR}");
+            return fail(e, 400, "path", "a JSON body is {\"path\": DIR}");
         }
-        int st = lora_path_check(s, path, &dir, err, sizeof err);
+        perr_t pe;
+        int st = lora_path_check(s, path, dir, &pe);
         json_decref(b);
-        if (st) return http_error(c, (unsigned)st, "path", "%s", err);
-    } else { /* the raw adapter_model.safetensors */
-        json_t *cfg = upload_config(c, body, len, &e);
-        if (!cfg) return reply_err(c, &e);
-        /* a directory of its own (UPLOAD_DIR/NAME/vV-XXXXXX): an upload refused below, or a
-         * concurrent one, never touches the files of a version already kept */
-        char sub[512];
-        snprintf(sub, sizeof sub, "%s/%s", s->upload_dir, name);
-        mkdir(sub, 0700);
-        size_t dl = strlen(sub) + 40;
-        dir = malloc(dl);
-        if (dir) snprintf(dir, dl, "%s/v%d-XXXXXX", sub, version);
-        if (!dir || !mkdtemp(dir)) {
-            free(dir);
-            json_decref(cfg);
-            return http_error(c, 500, NULL, "cannot create a directory under %s", s->upload_dir);
-        }
-        uploaded = true;
-        char *f1 = cs_path_join(dir, "adapter_model.safetensors"), *f2 = cs_path_join(dir, "adapter_config.json");
-        char *cj = json_dumps(cfg, JSON_INDENT(1));
+        return !st || fail(e, (unsigned)st, "path", "%s", pe.msg);
+    }
+    json_t *cfg = upload_config(c, body, len, e);
+    if (!cfg) return false;
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s/%s", s->upload_dir, name);
+    mkdir(sub, 0700);
+    size_t dl = strlen(sub) + 40;
+    char *d = malloc(dl);
+    if (d) snprintf(d, dl, "%s/v%d-XXXXXX", sub, version);
+    if (!d || !mkdtemp(d)) {
+        free(d);
         json_decref(cfg);
-        bool ok = f1 && f2 && cj && write_file(f1, body, len) && write_file(f2, cj, strlen(cj));
-        free(f1);
-        free(f2);
-        free(cj);
-        if (!ok) {
-            remove_upload(dir);
-            free(dir);
-            return http_error(c, 500, NULL, "cannot store the upload under %s", s->upload_dir);
-        }
+        return fail(e, 500, NULL, "cannot create a directory under %s", s->upload_dir);
     }
-    lora_adapter_t *a = NULL; /* refused here if it does not fit the base model */
+    char *f1 = cs_path_join(d, "adapter_model.safetensors"), *f2 = cs_path_join(d, "adapter_config.json");
+    char *cj = json_dumps(cfg, JSON_INDENT(1));
+    json_decref(cfg);
+    bool ok = f1 && f2 && cj && write_file(f1, body, len) && write_file(f2, cj, strlen(cj));
+    free(f1);
+    free(f2);
+    free(cj);
+    if (!ok) {
+        remove_upload(d);
+        free(d);
+        return fail(e, 500, NULL, "cannot store the upload under %s", s->upload_dir);
+    }
+    *dir = d;
+    *uploaded = true;
+    return true;
+}
+
+/* Version VERSION of NAME from dir (taken over; an upload's files removed when refused): it
+ * must fit the base model; kept in the registry, and served (activate). *nbytes: its size. */
+static bool add_version(server_t *s, const char *name, int version, char *dir, bool uploaded, const put_query_t *q,
+                        size_t *nbytes, perr_t *e) {
+    lora_adapter_t *a = NULL;
     if (lora_adapter_load(dir, model_get_config(s->model), &a)) {
-        snprintf(err, sizeof err, "adapter '%s' version %d: %s", name, version, cs_error_last());
-        if (uploaded) remove_upload(dir);
-        free(dir);
-        return http_error(c, 400, NULL, "%s", err);
+        fail(e, 400, NULL, "adapter '%s' version %d: %s", name, version, cs_error_last());
+        goto refused;
     }
-    nbytes = a->nbytes;
+    *nbytes = a->nbytes;
     lora_adapter_free(a);
     pthread_mutex_lock(&s->mu);
     served_adapter_t *ad = adapter_find(s, name);
     if (ad && ad->unloading) {
         pthread_mutex_unlock(&s->mu);
-        if (uploaded) remove_upload(dir);
-        free(dir);
-        return http_error(c, 409, NULL, "adapter '%s' is being unloaded", name);
+        fail(e, 409, NULL, "adapter '%s' is being unloaded", name);
+        goto refused;
     }
-    int arc = lora_registry_add_ex(s->reg, name, dir, version, activate, keep, NULL);
+    int arc = lora_registry_add_ex(s->reg, name, dir, version, q->activate, q->keep, NULL);
     if (arc) {
-        snprintf(err, sizeof err, "%s", cs_error_last());
+        fail(e, arc == CS_ENOMEM ? 500 : 409, "version", "%s", cs_error_last());
         pthread_mutex_unlock(&s->mu);
-        if (uploaded) remove_upload(dir);
-        free(dir);
-        return http_error(c, arc == CS_ENOMEM ? 500 : 409, "version", "%s", err);
+        goto refused;
     }
     if (!ad) {
         ad = calloc(1, sizeof *ad);
@@ -536,19 +544,23 @@ enum MHD_Result rollout_route_put_version(server_t *s, struct MHD_Connection *c,
         ad->next = s->adapters;
         s->adapters = ad;
     }
-    if (activate) {
-        free(ad->path);
-        ad->path = dir;
-        ad->created = time(NULL);
-    } else {
-        free(dir);
-    }
+    if (q->activate) served_path_set(ad, dir);
+    else free(dir);
     pthread_mutex_unlock(&s->mu);
-applied:;
+    return true;
+refused:
+    if (uploaded) remove_upload(dir);
+    free(dir);
+    return false;
+}
+
+/* the new active version applied to the running requests (apply=), and the answer */
+static enum MHD_Result put_applied(server_t *s, struct MHD_Connection *c, const char *name, int version,
+                                   const put_query_t *q, size_t nbytes, double t0) {
     int aborted = 0, moved = 0;
     bool pending = false;
-    if (activate && apply && !strcmp(apply, "abort_inflight")) aborted = abort_adapter_requests(s, name);
-    if (activate && apply && !strcmp(apply, "pause_keep")) {
+    if (q->activate && q->apply && !strcmp(q->apply, "abort_inflight")) aborted = abort_adapter_requests(s, name);
+    if (q->activate && q->apply && !strcmp(q->apply, "pause_keep")) {
         /* the running requests that follow the active version go on with the new weights from
          * the next iteration, keeping their KV cache (engine_follow_active). That needs the new
          * version loaded beside the old one: if the host cache has no room for both yet, the
@@ -566,6 +578,33 @@ applied:;
                             "aborted_requests", aborted, "moved_requests", moved, "kept_versions",
                             kept_versions_json(s, name, false), "move_pending", pending);
     return http_json(c, pending ? 202 : 200, out);
+}
+
+enum MHD_Result rollout_route_put_version(server_t *s, struct MHD_Connection *c, const char *url, const char *body,
+                                          size_t len) {
+    perr_t e = {0};
+    char name[257];
+    int version;
+    if (!parse_version_url(url, name, sizeof name, &version))
+        return http_error(c, 404, NULL, "PUT /v1/adapters/NAME/versions/V (V a positive integer)");
+    if (!valid_adapter_name(name) || !strcmp(name, s->model_name)) return http_error(c, 400, NULL, "invalid adapter name '%s'", name);
+    put_query_t q;
+    if (!put_query(c, &q, &e)) return reply_err(c, &e);
+    double t0 = cs_time_ms();
+    size_t nbytes = 0;
+    if (len == 0) { /* no body: activate a kept (staged or older) version */
+        if (!activate_kept(s, name, version, &q, &e)) return reply_err(c, &e);
+        return put_applied(s, c, name, version, &q, nbytes, t0);
+    }
+    lora_state st0;
+    if (!q.activate && lora_registry_state(s->reg, name, &st0, NULL))
+        return http_error(c, 400, "activate", "adapter '%s' has no active version: its first version must be activated", name);
+    char *dir = NULL;
+    bool uploaded = false; /* dir is ours: removed again when the upload is refused */
+    if (!store_upload(s, c, name, version, body, len, &dir, &uploaded, &e) ||
+        !add_version(s, name, version, dir, uploaded, &q, &nbytes, &e))
+        return reply_err(c, &e);
+    return put_applied(s, c, name, version, &q, nbytes, t0);
 }
 
 enum MHD_Result rollout_route_delete_version(server_t *s, struct MHD_Connection *c, const char *url) {

@@ -1,5 +1,5 @@
 /* cost.h: the cost model of one engine iteration: its latency from the batch's composition,
- * linear in a few terms CaraServe measured to matter (../README: "Rank-aware scheduling"):
+ * linear in a few terms CaraServe measured to matter (docs/design/scheduler.md):
  *
  *   t = c0                      fixed per iteration (the pool's wake-ups, norms, sampling)
  *     + c1 · prefill tokens     base GEMMs, compute-bound

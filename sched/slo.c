@@ -290,29 +290,21 @@ sched_t *sched_slo_new(const sched_slo_params_t *p) {
     return &q->s;
 }
 
-int sched_parse_slo(json_t *v, double *ttft_ms, double *tpot_ms, char *err, size_t errlen) {
+int sched_parse_slo(json_t *v, double *ttft_ms, double *tpot_ms) {
     *ttft_ms = *tpot_ms = 0;
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_object(v)) {
-        snprintf(err, errlen, "'slo' must be an object {\"ttft_ms\": X, \"tpot_ms\": Y}");
-        return -1;
-    }
+    if (!v || json_is_null(v)) return CS_OK;
+    if (!json_is_object(v)) return cs_error_set(CS_EINVAL, "'slo' must be an object {\"ttft_ms\": X, \"tpot_ms\": Y}");
     const char *k;
     json_t *x;
     json_object_foreach(v, k, x) {
         double *out = !strcmp(k, "ttft_ms") ? ttft_ms : !strcmp(k, "tpot_ms") ? tpot_ms : NULL;
-        if (!out) {
-            snprintf(err, errlen, "slo.%s: unknown (slo has ttft_ms and tpot_ms)", k);
-            return -1;
-        }
+        if (!out) return cs_error_set(CS_EINVAL, "slo.%s: unknown (slo has ttft_ms and tpot_ms)", k);
         if (json_is_null(x)) continue;
-        if (!json_is_number(x) || !(json_number_value(x) > 0) || !isfinite(json_number_value(x))) {
-            snprintf(err, errlen, "slo.%s must be a number of milliseconds > 0", k);
-            return -1;
-        }
+        if (!json_is_number(x) || !(json_number_value(x) > 0) || !isfinite(json_number_value(x)))
+            return cs_error_set(CS_EINVAL, "slo.%s must be a number of milliseconds > 0", k);
         *out = json_number_value(x);
     }
-    return 0;
+    return CS_OK;
 }
 
 /* ---- per-model SLOs (serve --adapter-slos FILE) ---- */
@@ -343,68 +335,64 @@ void sched_slo_table_free(sched_slo_table_t *t) {
 
 /* one entry: sched_parse_slo's rules, then a key given as null (or the whole entry null) is
  * "none" rather than "not given" */
-static int parse_entry(const char *name, json_t *v, slo_entry_t *out, char *err, size_t errlen) {
-    char e2[200];
-    if (sched_parse_slo(v, &out->ttft_ms, &out->tpot_ms, e2, sizeof e2)) {
-        snprintf(err, errlen, "\"%s\": %s", name, e2);
-        return -1;
-    }
+static int parse_entry(const char *name, json_t *v, slo_entry_t *out) {
+    if (sched_parse_slo(v, &out->ttft_ms, &out->tpot_ms)) return cs_error_set(CS_EINVAL, "\"%s\": %s", name, cs_error_last());
     if (json_is_null(v) || json_is_null(json_object_get(v, "ttft_ms"))) out->ttft_ms = -1;
     if (json_is_null(v) || json_is_null(json_object_get(v, "tpot_ms"))) out->tpot_ms = -1;
-    return 0;
+    return CS_OK;
 }
 
-sched_slo_table_t *sched_slo_table_parse(json_t *root, char *err, size_t errlen) {
-    if (!json_is_object(root)) {
-        snprintf(err, errlen, "must be a JSON object {\"NAME\": {\"ttft_ms\": X, \"tpot_ms\": Y}, ..., \"*\": {...}}");
-        return NULL;
-    }
+int sched_slo_table_parse(json_t *root, sched_slo_table_t **out) {
+    *out = NULL;
+    if (!json_is_object(root))
+        return cs_error_set(CS_EINVAL, "must be a JSON object {\"NAME\": {\"ttft_ms\": X, \"tpot_ms\": Y}, ..., \"*\": {...}}");
     sched_slo_table_t *t = calloc(1, sizeof *t);
     size_t cap = json_object_size(root);
     if (!t || !(t->e = calloc(cap ? cap : 1, sizeof *t->e))) {
         free(t);
-        snprintf(err, errlen, "out of memory");
-        return NULL;
+        return cs_error_set(CS_ENOMEM, "out of memory");
     }
     const char *k;
     json_t *v;
+    int rc = CS_OK;
     json_object_foreach(root, k, v) {
         slo_entry_t en = {0};
-        if (parse_entry(k, v, &en, err, errlen)) goto fail;
+        if ((rc = parse_entry(k, v, &en))) goto fail;
         if (!strcmp(k, "*")) {
             t->has_star = true;
             t->star = en;
             continue;
         }
         if (!*k) {
-            snprintf(err, errlen, "\"\": an empty name (name an adapter, the base model, or \"*\")");
+            rc = cs_error_set(CS_EINVAL, "\"\": an empty name (name an adapter, the base model, or \"*\")");
             goto fail;
         }
         if (!(en.name = strdup(k))) {
-            snprintf(err, errlen, "out of memory");
+            rc = cs_error_set(CS_ENOMEM, "out of memory");
             goto fail;
         }
         t->e[t->n++] = en;
     }
     qsort(t->e, (size_t)t->n, sizeof *t->e, entry_cmp);
-    return t;
+    *out = t;
+    return CS_OK;
 fail:
     sched_slo_table_free(t);
-    return NULL;
+    return rc;
 }
 
-sched_slo_table_t *sched_slo_table_load(const char *path, char *err, size_t errlen) {
+int sched_slo_table_load(const char *path, sched_slo_table_t **out) {
     json_error_t je;
+    *out = NULL;
     /* a duplicate name is a mistake in the file, not a second thought: refused */
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        if (je.line > 0) snprintf(err, errlen, "not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
-        else snprintf(err, errlen, "%s", je.text);
-        return NULL;
+        if (je.line > 0) return cs_error_set(CS_EFORMAT, "not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return cs_error_set(CS_EIO, "%s", je.text);
     }
-    sched_slo_table_t *t = sched_slo_table_parse(root, err, errlen);
+    int rc = sched_slo_table_parse(root, out);
     json_decref(root);
-    return t;
+    return rc;
 }
 
 static double pick(double own, double entry, double star) {

@@ -49,10 +49,11 @@ typedef struct sched_slo_params {
 sched_t *sched_slo_new(const sched_slo_params_t *p);
 
 /* A request's "slo" object: {"ttft_ms": X, "tpot_ms": Y}, both optional, each a number > 0
- * (null or absent: none). -1 with a message in ERR for anything else (an unknown key
- * included); 0 otherwise, *ttft_ms / *tpot_ms set (0: none). V NULL or null: 0, none. */
+ * (null or absent: none). CS_EINVAL with cs_error_set's message for anything else (an
+ * unknown key included); CS_OK otherwise, *ttft_ms / *tpot_ms set (0: none). V NULL or null:
+ * CS_OK, none. */
 struct json_t;
-int sched_parse_slo(struct json_t *v, double *ttft_ms, double *tpot_ms, char *err, size_t errlen);
+int sched_parse_slo(struct json_t *v, double *ttft_ms, double *tpot_ms);
 
 /* Per-model SLOs (`serve --adapter-slos FILE`): a JSON object from the names requests give as
  * their model (an adapter's, or the base model's served name) to an "slo" object as above,
@@ -60,10 +61,11 @@ int sched_parse_slo(struct json_t *v, double *ttft_ms, double *tpot_ms, char *er
  * model's included). A bound given as null, or a whole entry null, means none: "*" does not
  * fill it in. A name nothing serves (yet) is fine: adapters loaded later find their entry. */
 typedef struct sched_slo_table sched_slo_table_t;
-/* NULL with a message in ERR: not an object, an entry sched_parse_slo refuses (the message
- * names its key), an empty name; _load also: unreadable, not JSON, a name twice */
-sched_slo_table_t *sched_slo_table_parse(struct json_t *root, char *err, size_t errlen);
-sched_slo_table_t *sched_slo_table_load(const char *path, char *err, size_t errlen);
+/* CS_OK with *out, or a CS_E* code with cs_error_set's message (*out NULL): not an object, an
+ * entry sched_parse_slo refuses (the message names its key), an empty name; _load also:
+ * unreadable, not JSON, a name twice */
+int sched_slo_table_parse(struct json_t *root, sched_slo_table_t **out);
+int sched_slo_table_load(const char *path, sched_slo_table_t **out);
 void sched_slo_table_free(sched_slo_table_t *t);
 /* A request for model NAME: each bound the request left at 0 (none of its own) comes from
  * NAME's entry, else from "*", else stays 0 (the policy's defaults). T NULL: nothing changes.

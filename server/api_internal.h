@@ -19,17 +19,9 @@
 #define MAX_PROMPTS 1024
 
 /* ---- api_util.c ---- */
-/* a request's error: its HTTP status, the field it concerns ("" for none) and the message */
-typedef struct perr {
-    unsigned status;
-    char param[64];
-    char msg[1536];
-} perr_t;
-
-/* sets *e; returns false, so that a parser ends with `return fail(e, ...)` */
-bool fail(perr_t *e, unsigned status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-/* answers the error (400 when it has no status) */
-enum MHD_Result reply_err(struct MHD_Connection *c, const perr_t *e);
+/* the HTTP status of a CS_E* code: CS_ENOTFOUND 404, the request's own faults (CS_EINVAL,
+ * CS_EFORMAT, CS_ESHAPE, CS_EUNSUPPORTED) 400, the rest 500 */
+unsigned api_status_of(int cs);
 /* a JSON string from bytes that may not be valid UTF-8 (bad bytes become U+FFFD) */
 json_t *jstr(const char *s, size_t n);
 /* One stream frame of O appended to OUT: SSE ("data: {json}\n\n") or, with ndjson, a line

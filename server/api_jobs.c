@@ -303,7 +303,7 @@ static const char *finish_name(engine_finish f) {
     }
 }
 
-static unsigned status_of(int cs) {
+unsigned api_status_of(int cs) {
     switch (cs) {
     case CS_ENOTFOUND: return 404;
     case CS_EINVAL: case CS_EFORMAT: case CS_ESHAPE: case CS_EUNSUPPORTED: return 400;
@@ -409,7 +409,7 @@ static void on_event(void *user, const engine_event_t *ev) {
     }
     const char *fin = finish_name(ev->finish);
     if (ev->finish == ENGINE_FINISH_ERROR && !j->err_status) {
-        j->err_status = status_of(ev->error);
+        j->err_status = api_status_of(ev->error);
         j->err_msg = strdup(ev->error_msg ? ev->error_msg : cs_strerror(ev->error));
     }
     if (fin) c->finish = fin;
@@ -465,23 +465,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     gen_job_t *j = cls;
     pthread_mutex_lock(&j->mu);
-    if (j->out_off < j->out.len) {
-        size_t n = j->out.len - j->out_off;
-        if (n > max) n = max;
-        memcpy(buf, j->out.p + j->out_off, n);
-        j->out_off += n;
-        if (j->out_off == j->out.len) j->out_off = j->out.len = 0;
-        pthread_mutex_unlock(&j->mu);
-        return (ssize_t)n;
-    }
-    if (j->finished) {
-        pthread_mutex_unlock(&j->mu);
-        return MHD_CONTENT_READER_END_OF_STREAM;
-    }
-    j->suspended = true;
-    MHD_suspend_connection(j->conn);
+    ssize_t n = http_stream_take(&j->out, &j->out_off, j->finished, &j->suspended, j->conn, buf, max);
     pthread_mutex_unlock(&j->mu);
-    return 0;
+    return n;
 }
 
 static void stream_free(void *cls) { job_unref(cls); }
@@ -514,7 +500,7 @@ enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen
         uint64_t id = 0;
         int rc = engine_submit(s->engine, &rq, &id);
         if (rc) {
-            fail(&e, status_of(rc), NULL, "%s", cs_error_last());
+            fail(&e, api_status_of(rc), NULL, "%s", cs_error_last());
             pthread_mutex_lock(&j->mu);
             j->refs--;
             pthread_mutex_unlock(&j->mu);
@@ -540,17 +526,12 @@ enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen
     }
     cn->job = j;
     if (j->stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
-        if (!r) return MHD_NO;
         pthread_mutex_lock(&j->mu);
         j->conn = c;
         j->refs++; /* the reader's */
         pthread_mutex_unlock(&j->mu);
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, j->ro ? "application/x-ndjson" : "text/event-stream");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        enum MHD_Result ret = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        return ret;
+        return http_stream_queue(c, 200, j->ro ? "application/x-ndjson" : "text/event-stream", NULL, NULL,
+                                 stream_reader, j, stream_free);
     }
     pthread_mutex_lock(&j->mu);
     j->conn = c;

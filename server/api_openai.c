@@ -8,20 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/sampling_json.h"
 #include "sched/slo.h"
 #include "server/api_internal.h"
 
 /* ---- optional fields: absent or null keeps the default ---- */
-static bool get_num(json_t *o, const char *k, double lo, double hi, double *out, perr_t *e) {
-    json_t *v = cs_json_get(o, k);
-    if (!v) return true;
-    if (!json_is_number(v)) return fail(e, 400, k, "'%s' must be a number", k);
-    double x = json_number_value(v);
-    if (!(x >= lo && x <= hi)) return fail(e, 400, k, "'%s' must be between %g and %g, got %g", k, lo, hi, x);
-    *out = x;
-    return true;
-}
-
 static bool get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, perr_t *e) {
     json_t *v = cs_json_get(o, k);
     if (!v) return true;
@@ -74,48 +65,14 @@ static bool resolve_model(server_t *s, json_t *body, served_adapter_t **ad, char
 }
 
 /* ---- request fields shared by completions and chat ---- */
-static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_opts_t *o, int n_prompts, perr_t *e) {
-    engine_request_t *rq = &o->rq;
-    sampling_params_t *sp = &rq->sampling;
-    sampling_params_default(sp);
-    double d;
-    long long v;
-    d = sp->temperature;
-    if (!get_num(b, "temperature", 0, 100, &d, e)) return false;
-    sp->temperature = (float)d;
-    d = sp->top_p;
-    if (!get_num(b, "top_p", 0, 1, &d, e)) return false;
-    if (cs_json_get(b, "top_p") && d <= 0) return fail(e, 400, "top_p", "'top_p' must be in (0, 1], got %g", d);
-    sp->top_p = (float)d;
-    v = sp->top_k;
-    if (!get_int(b, "top_k", -1, 1 << 30, &v, e)) return false;
-    sp->top_k = (int)v;
-    d = sp->min_p;
-    if (!get_num(b, "min_p", 0, 1, &d, e)) return false;
-    sp->min_p = (float)d;
-    d = sp->presence_penalty;
-    if (!get_num(b, "presence_penalty", -2, 2, &d, e)) return false;
-    sp->presence_penalty = (float)d;
-    d = sp->frequency_penalty;
-    if (!get_num(b, "frequency_penalty", -2, 2, &d, e)) return false;
-    sp->frequency_penalty = (float)d;
-    d = sp->repetition_penalty;
-    if (!get_num(b, "repetition_penalty", 0, 100, &d, e)) return false;
-    if (cs_json_get(b, "repetition_penalty") && d <= 0)
-        return fail(e, 400, "repetition_penalty", "'repetition_penalty' must be > 0, got %g", d);
-    sp->repetition_penalty = (float)d;
-    if (cs_json_get(b, "seed")) {
-        v = 0;
-        if (!get_int(b, "seed", LLONG_MIN, LLONG_MAX, &v, e)) return false;
-        sp->seed = (uint64_t)v;
-        sp->has_seed = true;
-    }
-    v = 1;
+/* n (with the job's choices sized for it), best_of, logit_bias */
+static bool parse_n(server_t *s, json_t *b, gen_job_t *j, gen_opts_t *o, int n_prompts, perr_t *e) {
+    long long v = 1;
     if (!get_int(b, "n", 1, 1 << 20, &v, e)) return false;
     if (v * n_prompts > s->cfg.max_n)
         return fail(e, 400, "n", "n = %lld%s exceeds this server's limit of %d samples per request", v,
                     n_prompts > 1 ? " times the number of prompts" : "", s->cfg.max_n);
-    rq->n = (int)v;
+    o->rq.n = (int)v;
     gen_choice_t *nc = calloc((size_t)j->n_parts * (size_t)v, sizeof *nc);
     if (!nc) return fail(e, 500, NULL, "out of memory");
     free(j->choices); /* still empty: sized for n = 1 */
@@ -125,71 +82,14 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
         return fail(e, 400, "best_of", "best_of is not supported (only best_of == n)");
     if (cs_json_get(b, "logit_bias") && !(json_is_object(cs_json_get(b, "logit_bias")) && json_object_size(cs_json_get(b, "logit_bias")) == 0))
         return fail(e, 400, "logit_bias", "logit_bias is not supported");
-    /* max_tokens: completions default 16 (OpenAI), chat: up to the context */
-    v = chat ? -1 : 16;
-    const char *mt = chat && cs_json_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    if (cs_json_get(b, mt)) {
-        if (!get_int(b, mt, LLONG_MIN, LLONG_MAX, &v, e)) return false;
-        if (v < 0) return fail(e, 400, mt, "'%s' must be at least 0, got %lld", mt, v);
-        if (v > s->max_model_len)
-            return fail(e, 400, mt, "'%s' = %lld exceeds this model's maximum context length of %d tokens", mt, v,
-                        s->max_model_len);
-    }
-    rq->max_tokens = (int)v;
-    v = 0;
-    if (!get_int(b, "min_tokens", 0, 1 << 30, &v, e)) return false;
-    rq->min_tokens = (int)v;
-    json_t *stop = cs_json_get(b, "stop");
-    if (stop) {
-        if (json_is_string(stop)) {
-            o->stops[0] = json_string_value(stop);
-            rq->n_stop = 1;
-        } else if (json_is_array(stop)) {
-            if (json_array_size(stop) > MAX_STOP_STRINGS)
-                return fail(e, 400, "stop", "at most %d stop strings", MAX_STOP_STRINGS);
-            size_t i;
-            json_t *x;
-            json_array_foreach(stop, i, x) {
-                if (!json_is_string(x)) return fail(e, 400, "stop", "'stop' must be a string or a list of strings");
-                o->stops[i] = json_string_value(x);
-            }
-            rq->n_stop = (int)json_array_size(stop);
-        } else {
-            return fail(e, 400, "stop", "'stop' must be a string or a list of strings");
-        }
-        for (int i = 0; i < rq->n_stop; i++)
-            if (!o->stops[i][0]) return fail(e, 400, "stop", "stop strings must not be empty");
-        rq->stop = o->stops;
-        if (rq->n_stop && !s->tok) return fail(e, 400, "stop", "stop strings need the model's tokenizer");
-    }
-    json_t *sti = cs_json_get(b, "stop_token_ids");
-    if (sti) {
-        if (!json_is_array(sti) || json_array_size(sti) > 256)
-            return fail(e, 400, "stop_token_ids", "'stop_token_ids' must be a list of at most 256 token ids");
-        o->stop_ids = malloc(sizeof(int32_t) * (json_array_size(sti) + 1));
-        size_t i;
-        json_t *x;
-        json_array_foreach(sti, i, x) {
-            if (!json_is_integer(x)) return fail(e, 400, "stop_token_ids", "'stop_token_ids' must be a list of integers");
-            long long t = json_integer_value(x);
-            if (t < 0 || t >= s->vocab_size)
-                return fail(e, 400, "stop_token_ids", "stop token id %lld is out of range", t);
-            o->stop_ids[i] = (int32_t)t;
-        }
-        rq->stop_token_ids = o->stop_ids;
-        rq->n_stop_token_ids = (int)json_array_size(sti);
-    }
-    char serr[200];
-    if (sched_parse_slo(json_object_get(b, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms, serr, sizeof serr))
-        return fail(e, 400, "slo", "%s", serr);
-    /* what the request left unset: its model's bounds from --adapter-slos (label: the served name) */
-    sched_slo_table_apply(s->slos, j->label, &rq->slo_ttft_ms, &rq->slo_tpot_ms);
-    bool b1 = false;
-    if (!get_bool(b, "ignore_eos", &b1, e)) return false;
-    rq->ignore_eos = b1;
-    b1 = true;
+    return true;
+}
+
+/* what the response carries (special tokens, token ids, stream) and the fields refused */
+static bool parse_output(json_t *b, gen_job_t *j, gen_opts_t *o, perr_t *e) {
+    bool b1 = true;
     if (!get_bool(b, "skip_special_tokens", &b1, e)) return false;
-    rq->keep_special_text = !b1;
+    o->rq.keep_special_text = !b1;
     j->skip_special = b1;
     b1 = false;
     if (!get_bool(b, "return_tokens_as_token_ids", &b1, e)) return false;
@@ -209,22 +109,6 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
     if (tc && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
         return fail(e, 400, "tool_choice", "tool_choice other than \"none\" or \"auto\" is not supported (tools are "
                                             "shown to the chat template; tool calls are not parsed out of the text)");
-    /* logprobs: completions an integer, chat a boolean plus top_logprobs */
-    sp->logprobs = -1;
-    if (chat) {
-        bool lp = false;
-        if (!get_bool(b, "logprobs", &lp, e)) return false;
-        v = 0;
-        if (!get_int(b, "top_logprobs", 0, s->cfg.max_logprobs, &v, e)) return false;
-        if (v > 0 && !lp) return fail(e, 400, "top_logprobs", "top_logprobs needs logprobs: true");
-        if (lp) sp->logprobs = (int)v;
-    } else {
-        v = -1;
-        if (!get_int(b, "logprobs", 0, s->cfg.max_logprobs, &v, e)) return false;
-        sp->logprobs = (int)v;
-    }
-    sp->logprobs_mode = SAMPLING_LOGPROBS_RAW;
-    j->logprobs = sp->logprobs;
     bool stream = false;
     if (!get_bool(b, "stream", &stream, e)) return false;
     j->stream = stream;
@@ -236,7 +120,51 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
         if (!get_bool(so, "include_usage", &iu, e)) return false;
         j->include_usage = iu;
     }
-    if (sampling_params_validate(sp)) return fail(e, 400, NULL, "%s", cs_error_last());
+    return true;
+}
+
+static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_opts_t *o, int n_prompts, perr_t *e) {
+    engine_request_t *rq = &o->rq;
+    /* max_tokens: completions default 16 (OpenAI), chat: up to the context */
+    sampling_json_opts_t opt = {.style = SAMPLING_JSON_OPENAI,
+                                .logprobs = chat ? SAMPLING_JSON_LOGPROBS_CHAT : SAMPLING_JSON_LOGPROBS_COUNT,
+                                .max_logprobs = s->cfg.max_logprobs, .max_tokens_default = chat ? -1 : 16,
+                                .max_completion_tokens = chat, .max_model_len = s->max_model_len,
+                                .vocab = s->vocab_size, .seed = true, .defaults = &s->gen_defaults};
+    sampling_json_t sj;
+    int rc = sampling_params_from_json(b, &opt, &sj);
+    if (!rc && sj.n_stop && !s->tok) {
+        sj.param = "stop";
+        rc = cs_error_set(CS_EINVAL, "stop strings need the model's tokenizer");
+    }
+    if (rc) {
+        sampling_json_free(&sj);
+        return fail(e, api_status_of(rc), sj.param, "%s", cs_error_last());
+    }
+    rq->sampling = sj.sampling;
+    rq->max_tokens = sj.max_tokens;
+    rq->min_tokens = sj.min_tokens;
+    rq->ignore_eos = sj.ignore_eos;
+    if (sj.stop) {
+        memcpy(o->stops, sj.stop, sizeof(char *) * (size_t)sj.n_stop); /* at most MAX_STOP_STRINGS */
+        rq->stop = o->stops;
+        rq->n_stop = sj.n_stop;
+    }
+    if (sj.stop_ids) {
+        o->stop_ids = sj.stop_ids;
+        sj.stop_ids = NULL;
+        rq->stop_token_ids = o->stop_ids;
+        rq->n_stop_token_ids = sj.n_stop_ids;
+    }
+    sampling_json_free(&sj);
+    j->logprobs = rq->sampling.logprobs;
+    if (!parse_n(s, b, j, o, n_prompts, e)) return false;
+    if (sched_parse_slo(json_object_get(b, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms))
+        return fail(e, 400, "slo", "%s", cs_error_last());
+    /* what the request left unset: its model's bounds from --adapter-slos (label: the served name) */
+    sched_slo_table_apply(s->slos, j->label, &rq->slo_ttft_ms, &rq->slo_tpot_ms);
+    if (!parse_output(b, j, o, e)) return false;
+    if (sampling_params_validate(&rq->sampling)) return fail(e, 400, NULL, "%s", cs_error_last());
     return true;
 }
 
@@ -467,11 +395,10 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
     chat_template_t *t = s->tmpl, *own = NULL;
     bool wants_parts = s->tmpl_wants_parts;
     const char *req_tmpl = NULL;
-    char err[1024];
     if (!get_str(b, "chat_template", &req_tmpl, e)) goto fail;
     if (req_tmpl) {
-        if (chat_template_parse(req_tmpl, strlen(req_tmpl), &own, err, sizeof err)) {
-            fail(e, 400, "chat_template", "chat_template: %s", err);
+        if (chat_template_parse(req_tmpl, strlen(req_tmpl), &own)) {
+            fail(e, 400, "chat_template", "chat_template: %s", cs_error_last());
             goto fail;
         }
         t = own;
@@ -512,9 +439,9 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
         }
         json_object_update(ctx, kw);
     }
-    int rc = chat_template_render(t, ctx, text, len, err, sizeof err);
+    int rc = chat_template_render(t, ctx, text, len);
     json_decref(ctx);
-    if (rc) { fail(e, 400, "messages", "chat template: %s", err); goto fail; }
+    if (rc) { fail(e, 400, "messages", "chat template: %s", cs_error_last()); goto fail; }
     chat_template_free(own);
     return true;
 fail:
@@ -664,23 +591,19 @@ enum MHD_Result api_models(server_t *s, struct MHD_Connection *c) {
 
 /* Register NAME -> DIR (a new version when it exists and inplace). Validates the adapter
  * against the base model first, so a bad one is refused here and not at its first request. */
-int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
-                       size_t errlen) {
+int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, perr_t *e) {
     lora_adapter_t *a = NULL;
     if (!valid_adapter_name(name)) {
-        *status = 400;
-        snprintf(err, errlen, "invalid adapter name '%s'", name);
+        fail(e, 400, "lora_path", "invalid adapter name '%s'", name);
         return CS_EINVAL;
     }
     if (!strcmp(name, s->model_name)) {
-        *status = 400;
-        snprintf(err, errlen, "'%s' is the base model's name", name);
+        fail(e, 400, "lora_path", "'%s' is the base model's name", name);
         return CS_EINVAL;
     }
     int rc = lora_adapter_load(dir, model_get_config(s->model), &a);
     if (rc) {
-        *status = rc == CS_ENOTFOUND ? 404 : 400;
-        snprintf(err, errlen, "adapter '%s' at %s: %s", name, dir, cs_error_last());
+        fail(e, rc == CS_ENOTFOUND ? 404 : 400, "lora_path", "adapter '%s' at %s: %s", name, dir, cs_error_last());
         return rc;
     }
     lora_adapter_free(a);
@@ -688,22 +611,19 @@ int server_add_adapter(server_t *s, const char *name, const char *dir, bool inpl
     served_adapter_t *ad = adapter_find(s, name);
     if (ad && !inplace) {
         pthread_mutex_unlock(&s->mu);
-        *status = 400;
-        snprintf(err, errlen, "adapter '%s' is already loaded (use load_inplace: true to replace its weights)", name);
+        fail(e, 400, "lora_path", "adapter '%s' is already loaded (use load_inplace: true to replace its weights)", name);
         return CS_EINVAL;
     }
     if (ad && ad->unloading) {
         pthread_mutex_unlock(&s->mu);
-        *status = 409;
-        snprintf(err, errlen, "adapter '%s' is being unloaded", name);
+        fail(e, 409, "lora_path", "adapter '%s' is being unloaded", name);
         return CS_EINVAL;
     }
     int ver = 0;
     rc = lora_registry_add(s->reg, name, dir, &ver);
     if (rc) {
         pthread_mutex_unlock(&s->mu);
-        *status = 500;
-        snprintf(err, errlen, "%s", cs_error_last());
+        fail(e, 500, "lora_path", "%s", cs_error_last());
         return rc;
     }
     if (!ad) {
@@ -727,13 +647,12 @@ enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b) 
         !get_bool(b, "load_inplace", &inplace, &e))
         return reply_err(c, &e);
     if (!name || !path) return http_error(c, 400, name ? "lora_path" : "lora_name", "'lora_name' and 'lora_path' are required");
-    char err[1536], *real = NULL;
-    int st = lora_path_check(s, path, &real, err, sizeof err);
-    if (st) return http_error(c, (unsigned)st, "lora_path", "%s", err);
-    unsigned status = 200;
-    int rc = server_add_adapter(s, name, real, inplace, &status, err, sizeof err);
+    char *real = NULL;
+    int st = lora_path_check(s, path, &real, &e);
+    if (st) return http_error(c, (unsigned)st, "lora_path", "%s", e.msg);
+    int rc = server_add_adapter(s, name, real, inplace, &e);
     free(real);
-    if (rc) return http_error(c, status, "lora_path", "%s", err);
+    if (rc) return reply_err(c, &e);
     char msg[512];
     snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' added successfully.", name);
     return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), strlen(msg));

@@ -1,27 +1,11 @@
-/* api_util.c: the small helpers the endpoint files share (api_internal.h): request errors,
- * JSON strings from bytes that may not be valid UTF-8, and the list of served adapters with
- * the requests pinning them. */
-#include <stdarg.h>
+/* api_util.c: the small helpers the endpoint files share (api_internal.h): JSON strings
+ * from bytes that may not be valid UTF-8, and the list of served adapters with the requests
+ * pinning them. (Request errors, perr_t, are http.c's.) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "server/api_internal.h"
-
-/* ---- errors ---- */
-bool fail(perr_t *e, unsigned status, const char *param, const char *fmt, ...) {
-    e->status = status;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
-enum MHD_Result reply_err(struct MHD_Connection *c, const perr_t *e) {
-    return http_error(c, e->status ? e->status : 400, e->param[0] ? e->param : NULL, "%s", e->msg);
-}
 
 /* ---- JSON strings ---- */
 /* The bytes as they are when they are valid UTF-8, else a character at a time, judged as

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 typedef enum metric_kind { METRIC_COUNTER, METRIC_GAUGE, METRIC_HISTOGRAM } metric_kind;
 
@@ -355,7 +355,7 @@ void metric_remove(metric_t *f, const char *const *label_values) {
 
 /* ---- rendering ---- */
 
-/* the text so far (engine/common.h's byte string); after a failed allocation nothing more is
+/* the text so far (base/common.h's byte string); after a failed allocation nothing more is
  * added, and the render fails */
 typedef struct sbuf {
     cs_buf_t b;

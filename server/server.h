@@ -4,7 +4,8 @@
  * tokenizes or renders the chat template, rollout_api/routes.c the rollout side; both submit
  * jobs (api_jobs.c) to the engine, whose thread feeds each token back through a sink into the
  * waiting connection; api_metrics.c serves /metrics. cmd_serve.c reads flags and the config
- * file, loads the model and runs the lifecycle (signals, graceful drain). */
+ * file (through options.c's table), loads the model and runs the lifecycle (signals,
+ * graceful drain). */
 #ifndef CS_SERVER_H
 #define CS_SERVER_H
 
@@ -17,55 +18,12 @@
 
 #include "text/chat_template.h"
 #include "engine/engine.h"
+#include "server/http.h"
 #include "server/metrics.h"
+#include "server/options.h"
 
-typedef struct serve_config {
-    char *model;
-    char *served_model_name;
-    char *host;
-    int port;
-    char *api_key;
-    char *chat_template;            /* file overriding the tokenizer_config.json template */
-    char **lora_modules;            /* "name=dir" */
-    int n_lora_modules;
-    char **lora_roots;
-    int n_lora_roots;
-    int threads;                    /* CPU compute threads (0: all) */
-    int http_threads;               /* libmicrohttpd pool */
-    long long kv_cache_bytes;
-    double kv_cache_fraction;
-    bool kv_cache_explicit;   /* --kv-cache-bytes was given */
-    double gpu_memory_fraction; /* --gpu-memory-fraction (0: the backend's default) */
-    bool cuda_graphs;         /* --cuda-graphs */
-    int max_num_seqs, max_num_batched_tokens, max_model_len, max_cpu_loras;
-    int max_loras;                  /* adapters in device slots at once (0: unbounded) */
-    char *scheduler;                /* --scheduler: NULL or "fcfs" */
-    double slo_headroom;            /* --slo-headroom (0: the policy's default) */
-    char *cost_model;               /* --cost-model FILE */
-    double profile_seconds;         /* --profile-cost-model S (0: none) */
-    char *adapter_slos;             /* --adapter-slos FILE: per-model SLOs (sched/slo.h) */
-    long long lora_cache_bytes;
-    bool lora_buffered_io;          /* --lora-io buffered */
-    long long max_body_bytes;
-    long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */
-    char *adapter_upload_dir;
-    int max_n;                      /* samples per request (n, times prompts for batches) */
-    int max_logprobs;
-    double shutdown_timeout;        /* seconds */
-    char *metrics_prefix;           /* "caraserve_" */
-    bool no_prefix_caching;
-    bool reference_kernels;
-    model_weights_mem weights_mem;  /* --mmap / --no-mmap (default MODEL_WEIGHTS_AUTO) */
-    bool compress_weights;          /* --compress-weights */
-    bool compress_weights_only;     /* --compress-weights-only */
-    bool batch_invariant;   /* --batch-invariant: the CPU backend's batch-invariant kernels */
-    bool precision_bf16;    /* --precision bf16 */
-    bool lora_bf16;         /* --lora-dtype bf16: adapters held in BF16 */
-    int kv_cache_dtype;     /* --kv-cache-dtype: SETUP_KV_AUTO or a cs_dtype */
-    char *device;           /* --device: auto (NULL), cpu or cuda */
-    int cold_start;         /* --cold-start: SCHED_COLD_* (0: auto) */
-    int assist_threads;     /* --assist-threads (0: the default) */
-} serve_config_t;
+/* serve's flags and config file (server/options.h) */
+typedef cs_options_t serve_config_t;
 
 /* An adapter served by name, with the requests using it (an unload waits for them). */
 typedef struct served_adapter {
@@ -111,12 +69,14 @@ typedef struct server {
     bool tmpl_wants_parts;          /* the template reads content parts (['type']) */
     char *bos_token, *eos_token;    /* strings for the template */
     int max_model_len;
+    model_gen_defaults_t gen_defaults; /* --generation-config: requests' sampling defaults */
     int vocab_size;                 /* the model's: token ids must be below it */
     time_t created;
     char *upload_dir;               /* where uploaded adapter versions are written */
     char **roots;                   /* realpath of each --lora-root */
     int n_roots;
     server_metrics_t m;
+    http_site_t site;               /* what http.c's access handler calls */
     struct MHD_Daemon *d;
     int bound_port;
 
@@ -144,12 +104,6 @@ typedef struct conn conn_t;
 int http_start(server_t *s);
 void http_stop(server_t *s);
 
-/* Responses (each queues exactly one response on the connection). */
-enum MHD_Result http_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
-enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-enum MHD_Result http_text(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len);
-
 /* ---- the endpoints (api.c: the dispatcher; api_jobs.c; api_openai.c) ---- */
 /* body: the request's body (any bytes; "" for none) */
 enum MHD_Result api_dispatch(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method,
@@ -166,14 +120,10 @@ void api_watch_stop(server_t *s);
 /* Every live job: abort its engine requests (shutdown after the timeout). */
 void api_abort_all(server_t *s);
 
-/* per-connection state shared by http.c and the endpoints */
+/* the endpoints' state of a request (http_conn_t.app; its body is http.c's) */
 struct conn {
     server_t *srv;
-    char *body;
-    size_t len, cap;
-    bool too_large, answered, started;
-    size_t discarded;               /* body bytes dropped after too_large */
-    long long limit;                /* body limit of this request */
+    bool answered;                  /* the job's answer is queued */
     char *unload_name;              /* a suspended /v1/unload_lora_adapter waiting for in-flight requests */
     bool unload_waiting;
     struct gen_job *job;
@@ -189,14 +139,14 @@ void server_metrics_free(server_t *s);
 void server_on_dropped(void *user, const char *name, int version, const char *dir); /* the registry's on_dropped */
 void server_drain_drops(server_t *s);  /* delete the dropped uploads' files (no lock held) */
 /* ---- adapters (api_openai.c) ---- */
-/* Register NAME -> DIR (a new version when it exists and inplace), validated first. */
-int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, unsigned *status, char *err,
-                       size_t errlen);
+/* Register NAME -> DIR (a new version when it exists and inplace), validated first. CS_OK, or
+ * a CS_E* code with *E the HTTP error (param "lora_path"). */
+int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, perr_t *e);
 
 /* ---- security ---- */
 bool auth_ok(const server_t *s, const char *authorization_header);
 /* realpath(path) inside one of the --lora-root directories: 0 and *real set (malloc'd),
- * else an HTTP status (403 outside, 404 missing) with a message in err. */
-int lora_path_check(const server_t *s, const char *path, char **real, char *err, size_t errlen);
+ * else an HTTP status (403 outside, 404 missing), the error in *e. */
+int lora_path_check(const server_t *s, const char *path, char **real, perr_t *e);
 
 #endif

@@ -1,7 +1,7 @@
 /* setup.c: see setup.h. */
 #include "server/setup.h"
 #include "engine/engine.h"
-#include "engine/rng.h"
+#include "base/rng.h"
 #include "engine/sampling.h"
 #include "engine/sched.h"
 #include "lora/assist.h"
@@ -111,7 +111,7 @@ void setup_backend_describe(const backend_t *be, char *buf, size_t len) {
         return;
     }
     snprintf(buf, len, "%s%s (%s kernels, %d threads)", backend_is_strict_device(be) ? "strict test device" : "",
-             backend_is_strict_device(be) ? "" : backend_name(be), cpu_backend_path(be), be->n_threads);
+             backend_is_strict_device(be) ? "" : backend_name(be), cpu_backend_path(be), backend_n_threads(be));
 }
 
 size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size) {
@@ -124,14 +124,6 @@ size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size) {
     cs_log("KV cache: %.2f GiB of the GPU's budget (%.2f GiB in use after the weights, %.2f GiB kept for "
            "activations and adapter slots)", kv / 1073741824.0, used / 1073741824.0, reserve / 1073741824.0);
     return kv;
-}
-
-bool setup_parse_gpu_fraction(const char *s, double *out) {
-    char *end;
-    double f = strtod(s, &end);
-    if (end == s || *end || !(f > 0 && f <= 1)) return false;
-    *out = f;
-    return true;
 }
 
 int setup_parse_precision(const char *s) {
@@ -156,7 +148,7 @@ int setup_parse_kv_dtype(const char *s) {
 cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16, cs_dtype weights) {
     if (choice != SETUP_KV_AUTO) return (cs_dtype)choice;
     bool rounds = weights == CS_DTYPE_BF16 && (precision_bf16 || backend_is_cuda(be));
-    return rounds && backend_supports_kv_dtype(be, CS_DTYPE_BF16) ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+    return rounds && (backend_caps(be)->kv_dtypes >> CS_DTYPE_BF16 & 1u) ? CS_DTYPE_BF16 : CS_DTYPE_F32;
 }
 
 int setup_parse_cold_start(const char *s) {
@@ -168,7 +160,7 @@ int setup_parse_cold_start(const char *s) {
 
 lora_assist_t *setup_assist(backend_t *be, int mode, int threads, bool *failed) {
     *failed = false;
-    if (mode == SCHED_COLD_WAIT || !backend_can_stream(be) || !backend_has_host_assist(be)) return NULL;
+    if (mode == SCHED_COLD_WAIT || !backend_caps(be)->adapter_stream || !backend_caps(be)->host_assist) return NULL;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = (int)CS_MIN(8, CS_MAX(1, n / 4));

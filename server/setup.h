@@ -10,7 +10,7 @@
 #ifndef CS_SETUP_H
 #define CS_SETUP_H
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 typedef struct setup_backend_opts {
     const char *device;     /* "cpu", "cuda" or "auto" (NULL: auto: cuda where a GPU is visible) */
@@ -33,8 +33,6 @@ void setup_backend_describe(const backend_t *be, char *buf, size_t len);
  * on a GPU without a flag, what its memory budget leaves after the weights, less a reserve
  * for activations and adapter slots (10%, at least 512 MiB), as vLLM sizes its KV cache. */
 size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size);
-/* parses --gpu-memory-fraction's value: 0 < F <= 1 */
-bool setup_parse_gpu_fraction(const char *s, double *out);
 
 /* --precision's value: "exact" 0, "bf16" 1, anything else -1 */
 int setup_parse_precision(const char *s);

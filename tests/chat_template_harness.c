@@ -1,4 +1,4 @@
-/* chat_template_harness.c: renders chat-template test cases with engine/chat_template.c so
+/* chat_template_harness.c: renders chat-template test cases with text/chat_template.c so
  * that tests/test_ref_chat_template.py can compare them with transformers.
  *   chat_template_harness TEMPLATE CASES.json
  * TEMPLATE is a tokenizer_config.json (a name ending in .json; its "chat_template": a string,
@@ -85,10 +85,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     chat_template_t *t;
-    int rc = chat_template_parse(src, len, &t, err, sizeof err);
+    int rc = chat_template_parse(src, len, &t);
     free(src);
     if (rc != CS_OK) {
-        print_line("parse_error", err, strlen(err));
+        print_line("parse_error", cs_error_last(), strlen(cs_error_last()));
         return 1;
     }
     json_error_t jerr;
@@ -109,12 +109,12 @@ int main(int argc, char **argv) {
         if (!json_object_get(ctx, "add_generation_prompt")) json_object_set_new(ctx, "add_generation_prompt", json_false());
         char *text;
         size_t n;
-        rc = chat_template_render(t, ctx, &text, &n, err, sizeof err);
+        rc = chat_template_render(t, ctx, &text, &n);
         if (rc == CS_OK) {
             print_line("text", text, n);
             free(text);
         } else {
-            print_line("error", err, strlen(err));
+            print_line("error", cs_error_last(), strlen(cs_error_last()));
         }
         json_decref(ctx);
     }

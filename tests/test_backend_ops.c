@@ -1,11 +1,13 @@
-/* test_backend_ops.c: every op and copy of the backend interface (engine/backend.h), on
+/* test_backend_ops.c: every op and copy of the backend interface (backend/backend.h), on
  * every backend built, against plain references computed here on the host (as ggml's
  * test-backend-ops does): the CPU backend with its fast kernels, with AVX-512 off (what an
  * AVX2 CPU runs), with AVX2 off too (plain loops), with the reference kernels, and the
  * strict test device (handles checked, copies on its copy thread over a link with a set
  * bandwidth), the CUDA backend's own sources run on the host CUDA emulator (cuda-emu,
- * always), and the CUDA backend on a GPU (cuda: in CUDA builds where a GPU is visible; with
- * CS_TEST_REQUIRE_CUDA=1, as tests/test_gpu runs it, a missing GPU fails). Adapter slots are
+ * always). The same source built with -DTEST_BACKEND_GPU is tests/test_backend_ops_gpu: the
+ * CUDA backend on a GPU (cuda), which exits 77 (automake SKIP) without a CUDA build or a
+ * visible GPU, and fails instead with CS_TEST_REQUIRE_CUDA=1 (as tests/test_gpu runs it).
+ * Every backend a program tests must be there: none passes by not running. Adapter slots are
  * tested with F32 and BF16 weights, uploaded whole and streaming in (the cold start, with the
  * host-assisted get_signal / wait_add, where a backend has them).
  *
@@ -31,8 +33,14 @@
 #include "gpu_kernels/gpu_backend.h"
 #include "cpu_kernels/kernels_paged.h"
 #include "engine/sampling.h"
+#include "tests/testutil.h"
 
 enum { N_BACKENDS = 8, CUDA_EMU = 6, CUDA_GPU = 7 };
+#ifdef TEST_BACKEND_GPU
+enum { FIRST_BACKEND = CUDA_GPU, END_BACKENDS = N_BACKENDS }; /* the GPU alone */
+#else
+enum { FIRST_BACKEND = 0, END_BACKENDS = CUDA_GPU };          /* every backend but the GPU */
+#endif
 static const char *names[N_BACKENDS] = {"cpu", "cpu-reference", "strict", "strict-slow-link", "cpu-no-avx512",
                                         "cpu-plain", "cuda-emu", "cuda"};
 static backend_t *bes[N_BACKENDS];
@@ -57,12 +65,6 @@ static backend_t *make_backend(int i) {
 #endif
     }
     return NULL;
-}
-
-static float *randv(size_t n, float scale) {
-    float *v = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(&rng) * 2 - 1) * scale;
-    return v;
 }
 
 static backend_buf_t *up(backend_t *b, const void *host, size_t nbytes) {
@@ -96,7 +98,7 @@ typedef struct hweight {
 static hweight_t hweight_new(cs_dtype dt, int rows, int cols, float scale) {
     hweight_t h;
     size_t n = (size_t)rows * cols;
-    h.f32 = randv(n, scale);
+    h.f32 = test_randv(&rng, n, scale);
     h.bytes = malloc(n * cs_dtype_size(dt));
     if (dt == CS_DTYPE_F32) {
         memcpy(h.bytes, h.f32, n * sizeof(float));
@@ -186,7 +188,6 @@ static float *gemm_x(const backend_t *b, const float *x, size_t n, cs_dtype dt) 
 
 START_TEST(test_matmul) {
     backend_t *b = bes[_i];
-    if (!b) return; /* cuda without a GPU: see main */
     static const cs_dtype dts[] = {CS_DTYPE_F32, CS_DTYPE_BF16, CS_DTYPE_F16};
     static const int ns[] = {1, 2, 3, 5, 8, 9, 17, 32, 33, 45, 70};
     static const int shapes[][2] = {{96, 64}, {33, 130}, {256, 300}, {7, 17}};
@@ -195,11 +196,11 @@ START_TEST(test_matmul) {
             int rows = shapes[si][0], cols = shapes[si][1];
             hweight_t h = hweight_new(dts[di], rows, cols, 0.5f);
             backend_weight_t w = bweight(b, &h);
-            float *bias = randv((size_t)rows, 0.5f);
+            float *bias = test_randv(&rng, (size_t)rows, 0.5f);
             backend_buf_t *bb = up(b, bias, sizeof(float) * rows);
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
                 int n = ns[ni];
-                float *x = randv((size_t)n * cols, 1.0f), *want = malloc(sizeof(float) * n * rows);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *want = malloc(sizeof(float) * n * rows);
                 backend_buf_t *bx = up(b, x, sizeof(float) * n * cols), *by = backend_buf_alloc(b, sizeof(float) * n * rows);
                 float *xr = gemm_x(b, x, (size_t)n * cols, dts[di]);
                 for (int with_bias = 0; with_bias < 2; with_bias++) {
@@ -219,7 +220,7 @@ START_TEST(test_matmul) {
             hweight_t h2 = hweight_new(dts[di], rows + 3, cols, 0.5f), h3 = hweight_new(dts[di], 5, cols, 0.5f);
             backend_weight_t w2 = bweight(b, &h2), w3 = bweight(b, &h3);
             for (int n = 1; n <= 40; n += 13) {
-                float *x = randv((size_t)n * cols, 1.0f);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f);
                 backend_buf_t *bx = up(b, x, sizeof(float) * n * cols);
                 backend_buf_t *ys[3] = {backend_buf_alloc(b, sizeof(float) * n * rows),
                                         backend_buf_alloc(b, sizeof(float) * n * (rows + 3)),
@@ -259,9 +260,9 @@ END_TEST
 /* ---- elementwise, norms, rope, embed ---- */
 START_TEST(test_elementwise) {
     backend_t *b = bes[_i];
-    if (!b) return; /* cuda without a GPU: see main */
     for (int n = 1; n <= 1000; n = n * 3 + 1) {
-        float *g = randv((size_t)n, 4.0f), *u = randv((size_t)n, 2.0f), *want = malloc(sizeof(float) * n);
+        float *g = test_randv(&rng, (size_t)n, 4.0f), *u = test_randv(&rng, (size_t)n, 2.0f);
+        float *want = malloc(sizeof(float) * n);
         backend_buf_t *bg = up(b, g, sizeof(float) * n), *bu = up(b, u, sizeof(float) * n);
         memcpy(want, g, sizeof(float) * n);
         cs_silu_mul_ref(want, u, (size_t)n);
@@ -287,7 +288,8 @@ START_TEST(test_elementwise) {
     for (size_t di = 0; di < 4; di++)
         for (int n = 1; n <= 37; n += 12) {
             int dim = dims[di];
-            float *x = randv((size_t)n * dim, 3.0f), *wv = randv((size_t)dim, 1.0f), *want = malloc(sizeof(float) * n * dim);
+            float *x = test_randv(&rng, (size_t)n * dim, 3.0f), *wv = test_randv(&rng, (size_t)dim, 1.0f);
+            float *want = malloc(sizeof(float) * n * dim);
             backend_weight_t w = {CS_DTYPE_F32, 1, dim, up(b, wv, sizeof(float) * dim), NULL};
             backend_buf_t *bx = up(b, x, sizeof(float) * n * dim), *by = backend_buf_alloc(b, sizeof(float) * n * dim);
             cs_rmsnorm_ref(want, x, n, dim, wv, 1e-6f);
@@ -311,7 +313,6 @@ END_TEST
 
 START_TEST(test_rope_embed_rows) {
     backend_t *b = bes[_i];
-    if (!b) return; /* cuda without a GPU: see main */
     const int vocab = 50, H = 24, nh = 3, hd = 8;
     tbatch_t t;
     int cached[3] = {0, 21, 40}, n_new[3] = {7, 1, 12};
@@ -321,7 +322,7 @@ START_TEST(test_rope_embed_rows) {
     float inv[hd / 2];
     for (int i = 0; i < hd / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / hd);
     backend_buf_t *binv = up(b, inv, sizeof inv);
-    float *x = randv((size_t)t.T * nh * hd, 1.0f), *want = malloc(sizeof(float) * t.T * nh * hd);
+    float *x = test_randv(&rng, (size_t)t.T * nh * hd, 1.0f), *want = malloc(sizeof(float) * t.T * nh * hd);
     memcpy(want, x, sizeof(float) * t.T * nh * hd);
     cs_rope_ref(want, t.T, nh, hd, t.pos, inv);
     backend_buf_t *bx = up(b, x, sizeof(float) * t.T * nh * hd);
@@ -345,10 +346,10 @@ START_TEST(test_rope_embed_rows) {
     }
     /* kv_store scatters rows to the slots; get_out_rows gathers the output rows */
     const int row = 12, pool_rows = 16 * BS;
-    float *pool0 = randv((size_t)pool_rows * row, 1.0f), *src = randv((size_t)t.T * row, 1.0f);
+    float *pool0 = test_randv(&rng, (size_t)pool_rows * row, 1.0f), *src = test_randv(&rng, (size_t)t.T * row, 1.0f);
     backend_buf_t *pool = up(b, pool0, sizeof(float) * pool_rows * row), *bsrc = up(b, src, sizeof(float) * t.T * row);
     backend_kv_store(b, pool, CS_DTYPE_F32, bsrc, bt, row);
-    ck_assert(backend_supports_kv_dtype(b, CS_DTYPE_BF16)); /* every backend here reads BF16 pools */
+    ck_assert(backend_caps(b)->kv_dtypes >> CS_DTYPE_BF16 & 1u); /* every backend here reads BF16 pools */
     { /* a BF16 pool: each element rounded to nearest even */
         uint16_t *hb = malloc(sizeof(uint16_t) * pool_rows * row), *gb = malloc(sizeof(uint16_t) * pool_rows * row);
         for (int i = 0; i < pool_rows * row; i++) hb[i] = (uint16_t)(0x3f80 + i); /* what the store must keep */
@@ -400,7 +401,6 @@ END_TEST
 /* ---- paged attention ---- */
 START_TEST(test_attention) {
     backend_t *b = bes[_i];
-    if (!b) return; /* cuda without a GPU: see main */
     /* heads, kv heads, head_dim: up to 128 (the CUDA kernel's lanes hold 1, 2 or 4 of a head's
      * elements; the prompts span several of its 32-key tiles) */
     static const int cfgs[][3] = {{4, 4, 16}, {8, 2, 16}, {6, 1, 32}, {4, 2, 12}, {4, 2, 64}, {2, 1, 128}};
@@ -413,12 +413,13 @@ START_TEST(test_attention) {
             tbatch_make(&t, 5, cached, n_new, 32, 10);
             backend_batch_t *bt = tbatch_upload(b, &t, NULL);
             size_t pool_n = (size_t)32 * BS * kvd;
-            float *k = randv(pool_n, 1.0f), *v = randv(pool_n, 1.0f), *q = randv((size_t)t.T * nh * hd, 1.0f);
+            float *k = test_randv(&rng, pool_n, 1.0f), *v = test_randv(&rng, pool_n, 1.0f);
+            float *q = test_randv(&rng, (size_t)t.T * nh * hd, 1.0f);
             float *want = malloc(sizeof(float) * t.T * nh * hd);
             cs_attention_paged_ref(want, q, k, v, t.hseqs, t.n_seqs, BS, nh, nkv, hd, window);
             backend_buf_t *bk = up(b, k, sizeof(float) * pool_n), *bv = up(b, v, sizeof(float) * pool_n);
             backend_buf_t *bq = up(b, q, sizeof(float) * t.T * nh * hd), *bo = backend_buf_alloc(b, sizeof(float) * t.T * nh * hd);
-            ck_assert(backend_supports_kv_dtype(b, CS_DTYPE_F32));
+            ck_assert(backend_caps(b)->kv_dtypes >> CS_DTYPE_F32 & 1u);
             backend_attention(b, bo, bq, bk, bv, CS_DTYPE_F32, bt, BS, nh, nkv, hd, window);
             float *got = down(b, bo, (size_t)t.T * nh * hd);
             close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "attention", _i);
@@ -451,9 +452,47 @@ START_TEST(test_attention) {
 END_TEST
 
 /* ---- grouped LoRA over adapter slots ---- */
+/* a lora op's operands over batch t: x[T, d_in] and y0[T, d_out] random, on the device too */
+typedef struct lora_io {
+    int T, d_in, d_out;
+    backend_batch_t *bt;
+    float *x, *y0;
+    backend_buf_t *bx, *by;
+} lora_io_t;
+
+static lora_io_t lora_io_new(backend_t *b, const tbatch_t *t, int d_in, int d_out) {
+    lora_io_t io = {t->T, d_in, d_out, tbatch_upload(b, t, NULL), NULL, NULL, NULL, NULL};
+    io.x = test_randv(&rng, (size_t)t->T * d_in, 1.0f);
+    io.y0 = test_randv(&rng, (size_t)t->T * d_out, 1.0f);
+    io.bx = up(b, io.x, sizeof(float) * t->T * d_in);
+    io.by = backend_buf_alloc(b, sizeof(float) * t->T * d_out);
+    return io;
+}
+
+/* a copy of y0, for the reference to add to */
+static float *lora_io_y0(const lora_io_t *io) {
+    float *y = malloc(sizeof(float) * io->T * io->d_out);
+    memcpy(y, io->y0, sizeof(float) * io->T * io->d_out);
+    return y;
+}
+
+/* y = y0, the lora op of (layer, target), y back on the host */
+static float *lora_io_run(backend_t *b, lora_io_t *io, int layer, int target) {
+    backend_buf_set(b, io->by, 0, io->y0, sizeof(float) * io->T * io->d_out);
+    backend_lora(b, io->by, io->bx, io->bt, layer, target, io->d_in, io->d_out);
+    return down(b, io->by, (size_t)io->T * io->d_out);
+}
+
+static void lora_io_free(backend_t *b, lora_io_t *io) {
+    free(io->x);
+    free(io->y0);
+    backend_buf_free(b, io->bx);
+    backend_buf_free(b, io->by);
+    backend_batch_free(b, io->bt);
+}
+
 START_TEST(test_lora) {
     backend_t *b = bes[_i];
-    if (!b) return; /* cuda without a GPU: see main */
     enum { NL = 2, NA = 3 };
     const int d_in = 48, d_out = 40;
     static const int ranks[NA] = {8, 1, 16};
@@ -467,7 +506,8 @@ START_TEST(test_lora) {
         for (int m = 0; m < NL * BACKEND_LORA_TARGETS; m++) {
             int t = m % BACKEND_LORA_TARGETS, r = (t == 2 && a == 1) ? 0 : ranks[a]; /* adapter 1 skips target 2 */
             size_t na = (size_t)r * d_in, nb = (size_t)d_out * r;
-            float *A = randv(na, 0.3f), *B = randv(nb, 0.3f), *Bt = malloc(sizeof(float) * (r ? r : 1) * d_out);
+            float *A = test_randv(&rng, na, 0.3f), *B = test_randv(&rng, nb, 0.3f);
+            float *Bt = malloc(sizeof(float) * (r ? r : 1) * d_out);
             uint16_t *A16 = malloc(2 * (na + 1)), *B16 = malloc(2 * (nb + 1)), *Bt16 = malloc(2 * (nb + 1));
             /* values BF16 holds exactly: one reference for both dtypes */
             for (size_t k = 0; k < na; k++) A[k] = cs_bf16_to_f32(A16[k] = cs_f32_to_bf16(A[k]));
@@ -504,31 +544,22 @@ START_TEST(test_lora) {
     t.lora[2] = (backend_lora_seg_desc_t){9, 21, slot[2], INT_MAX};
     t.lora[3] = (backend_lora_seg_desc_t){30, 1, slot[0], INT_MAX};
     t.n_lora = 4;
-    backend_batch_t *bt = tbatch_upload(b, &t, NULL);
-    float *x = randv((size_t)t.T * d_in, 1.0f), *y0 = randv((size_t)t.T * d_out, 1.0f);
-    backend_buf_t *bx = up(b, x, sizeof(float) * t.T * d_in), *by = backend_buf_alloc(b, sizeof(float) * t.T * d_out);
+    lora_io_t io = lora_io_new(b, &t, d_in, d_out);
     for (int layer = 0; layer < NL; layer++)
         for (int tg = 0; tg < BACKEND_LORA_TARGETS; tg++) {
-            float *want = malloc(sizeof(float) * t.T * d_out);
-            memcpy(want, y0, sizeof(float) * t.T * d_out);
+            float *want = lora_io_y0(&io);
             for (int s = 0; s < t.n_lora; s++) {
                 int a = s == 3 ? 0 : s, m = layer * BACKEND_LORA_TARGETS + tg;
                 if (md[a][m].rank)
-                    cs_lora_ref(want + (size_t)t.lora[s].row0 * d_out, x + (size_t)t.lora[s].row0 * d_in, t.lora[s].n,
-                                mem[a][m][0], mem[a][m][1], md[a][m].rank, d_in, d_out, md[a][m].scale);
+                    cs_lora_ref(want + (size_t)t.lora[s].row0 * d_out, io.x + (size_t)t.lora[s].row0 * d_in,
+                                t.lora[s].n, mem[a][m][0], mem[a][m][1], md[a][m].rank, d_in, d_out, md[a][m].scale);
             }
-            backend_buf_set(b, by, 0, y0, sizeof(float) * t.T * d_out);
-            backend_lora(b, by, bx, bt, layer, tg, d_in, d_out);
-            float *got = down(b, by, (size_t)t.T * d_out);
+            float *got = lora_io_run(b, &io, layer, tg);
             close_to(got, want, (size_t)t.T * d_out, 5e-5, bf16 ? "lora bf16" : "lora f32", _i);
             free(got);
             free(want);
         }
-    free(x);
-    free(y0);
-    backend_buf_free(b, bx);
-    backend_buf_free(b, by);
-    backend_batch_free(b, bt);
+    lora_io_free(b, &io);
     for (int a = 0; a < NA; a++) {
         backend_adapter_free(b, slot[a]);
         for (int m = 0; m < NL * BACKEND_LORA_TARGETS; m++)
@@ -544,7 +575,6 @@ END_TEST
 /* ---- copies, events, stats ---- */
 START_TEST(test_copies) {
     backend_t *b = bes[_i];
-    if (!b) return; /* cuda without a GPU: see main */
     const size_t n = 100000;
     unsigned char *h = malloc(n), *back = malloc(n);
     for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 7 + 3);
@@ -575,13 +605,12 @@ START_TEST(test_copies) {
     backend_event_wait(b, ev);                          /* completed: returns */
     backend_event_free(b, ev);
     backend_get_stats(b, &s1);
-    if (b->iface->get_stats) {
-        ck_assert_uint_eq(s1.h2d_bytes - s0.h2d_bytes, n + 333 + n);
-        ck_assert_uint_eq(s1.h2d_copies - s0.h2d_copies, 3);
-        ck_assert_uint_eq(s1.d2h_bytes - s0.d2h_bytes, 1000 + n + n);
-        ck_assert_uint_eq(s1.d2d_bytes - s0.d2d_bytes, 1000);
-        ck_assert_uint_eq(s1.allocated - s0.allocated, 2 * n);
-    }
+    /* every backend here counts its copies */
+    ck_assert_uint_eq(s1.h2d_bytes - s0.h2d_bytes, n + 333 + n);
+    ck_assert_uint_eq(s1.h2d_copies - s0.h2d_copies, 3);
+    ck_assert_uint_eq(s1.d2h_bytes - s0.d2h_bytes, 1000 + n + n);
+    ck_assert_uint_eq(s1.d2d_bytes - s0.d2d_bytes, 1000);
+    ck_assert_uint_eq(s1.allocated - s0.allocated, 2 * n);
     backend_host_free(b, pinned);
     backend_host_free(b, pinned2);
     backend_buf_free(b, x);
@@ -621,121 +650,119 @@ static void *assist_helper_main(void *p) {
     return NULL;
 }
 
-START_TEST(test_cold_start) {
-    backend_t *b = bes[_i];
-    if (!b) return; /* cuda without a GPU: see main */
-    enum { NL = 3, NM = NL * BACKEND_LORA_TARGETS };
-    const int d_in = 40, d_out = 24, rank = 4;
-    for (int bf16 = 0; bf16 < 2; bf16++) {
-        cs_dtype dt = bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
-        backend_lora_module_desc_t md[NM];
-        float *A[NM], *B[NM];
-        void *mem[NM][3];
-        for (int m = 0; m < NM; m++) {
-            int t = m % BACKEND_LORA_TARGETS, r = t == 2 ? 0 : rank; /* target 2 not adapted */
-            size_t na = (size_t)r * d_in, nb = (size_t)d_out * r, es = cs_dtype_size(dt);
-            A[m] = randv(na, 0.3f);
-            B[m] = randv(nb, 0.3f);
-            void *a = malloc(es * (na + 1)), *bb = malloc(es * (nb + 1)), *bt = malloc(es * (nb + 1));
-            for (size_t k = 0; k < na; k++) { /* values BF16 holds exactly: one reference for both dtypes */
-                uint16_t v = cs_f32_to_bf16(A[m][k]);
-                A[m][k] = cs_bf16_to_f32(v);
-                if (bf16) ((uint16_t *)a)[k] = v;
-                else ((float *)a)[k] = A[m][k];
-            }
-            for (size_t k = 0; k < nb; k++) {
-                uint16_t v = cs_f32_to_bf16(B[m][k]);
-                B[m][k] = cs_bf16_to_f32(v);
-                if (bf16) ((uint16_t *)bb)[k] = v;
-                else ((float *)bb)[k] = B[m][k];
-            }
-            for (int o = 0; o < d_out; o++)
-                for (int j = 0; j < r; j++)
-                    memcpy((char *)bt + ((size_t)j * d_out + o) * es, (char *)bb + ((size_t)o * r + j) * es, es);
-            mem[m][0] = a;
-            mem[m][1] = bb;
-            mem[m][2] = bt;
-            /* odd targets leave B transposed to the backend */
-            md[m] = (backend_lora_module_desc_t){r, d_in, d_out, 0.75f, dt, a, bb, t % 2 ? NULL : bt};
-        }
-        backend_adapter_desc_t d = {.n_layers = NL, .mods = md, .host_stays = true};
-        backend_adapter_t *su = NULL, *ss = NULL;
-        ck_assert_int_eq(backend_adapter_upload(b, &d, &su), CS_OK);
-        if (backend_can_stream(b)) {
-            ck_assert_int_eq(backend_adapter_arrived(b, su), NL); /* uploaded: every layer */
-            uint32_t groups = 0;
-            ck_assert_int_eq(backend_adapter_stream(b, &d, 1, count_group, &groups, &ss), CS_OK);
-            int a0 = backend_adapter_arrived(b, ss);
-            ck_assert_int_ge(a0, 0);
-            ck_assert_int_le(a0, NL);
-            cs_flag_wait_geq(&groups, NL); /* on_group runs after arrived is raised */
-            ck_assert_int_eq(backend_adapter_arrived(b, ss), NL);
-            ck_assert_uint_eq(backend_adapter_bytes(b, ss), backend_adapter_bytes(b, su));
-            /* groups of 2: two reports, the last group short */
-            uint32_t g2 = 0;
-            backend_adapter_t *s2 = NULL;
-            ck_assert_int_eq(backend_adapter_stream(b, &d, 2, count_group, &g2, &s2), CS_OK);
-            cs_flag_wait_geq(&g2, 2);
-            ck_assert_int_eq(backend_adapter_arrived(b, s2), NL);
-            backend_adapter_free(b, s2);
-            ck_assert_uint_eq(__atomic_load_n(&g2, __ATOMIC_ACQUIRE), 2);
-            /* freed while streaming in: the backend waits for (or drops) the copies */
-            backend_adapter_t *s3 = NULL, *s4 = NULL;
-            ck_assert_int_eq(backend_adapter_stream(b, &d, 1, NULL, NULL, &s3), CS_OK);
-            ck_assert_int_eq(backend_adapter_stream(b, &d, 1, NULL, NULL, &s4), CS_OK);
-            backend_adapter_free(b, s4);
-            backend_adapter_free(b, s3);
-        } else {
-            ck_assert_int_eq(backend_adapter_arrived(b, su), INT_MAX);
-        }
-        /* rows [0,3): the streamed slot (or the uploaded one); [3,6): the uploaded slot;
-         * [6,9): the streamed slot with layer 0 only on the device */
-        tbatch_t t;
-        int cached[3] = {0, 4, 1}, n_new[3] = {3, 3, 3};
-        tbatch_make(&t, 3, cached, n_new, 8, 10);
-        backend_adapter_t *sd = ss ? ss : su;
-        t.lora[0] = (backend_lora_seg_desc_t){0, 3, sd, INT_MAX};
-        t.lora[1] = (backend_lora_seg_desc_t){3, 3, su, INT_MAX};
-        t.lora[2] = (backend_lora_seg_desc_t){6, 3, sd, 1};
-        t.n_lora = 3;
-        backend_batch_t *bt = tbatch_upload(b, &t, NULL);
-        float *x = randv((size_t)t.T * d_in, 1.0f), *y0 = randv((size_t)t.T * d_out, 1.0f);
-        backend_buf_t *bx = up(b, x, sizeof(float) * t.T * d_in), *by = backend_buf_alloc(b, sizeof(float) * t.T * d_out);
-        for (int layer = 0; layer < NL; layer++)
-            for (int tg = 0; tg < BACKEND_LORA_TARGETS; tg++) {
-                int m = layer * BACKEND_LORA_TARGETS + tg;
-                float *want = malloc(sizeof(float) * t.T * d_out);
-                memcpy(want, y0, sizeof(float) * t.T * d_out);
-                for (int s = 0; s < t.n_lora; s++)
-                    if (md[m].rank && layer < t.lora[s].device_layers)
-                        cs_lora_ref(want + (size_t)t.lora[s].row0 * d_out, x + (size_t)t.lora[s].row0 * d_in, t.lora[s].n,
-                                    A[m], B[m], md[m].rank, d_in, d_out, md[m].scale);
-                backend_buf_set(b, by, 0, y0, sizeof(float) * t.T * d_out);
-                backend_lora(b, by, bx, bt, layer, tg, d_in, d_out);
-                float *got = down(b, by, (size_t)t.T * d_out);
-                close_to(got, want, (size_t)t.T * d_out, 5e-5, bf16 ? "cold lora bf16" : "cold lora f32", _i);
-                if (layer >= 1) /* the device_layers = 1 rows: untouched */
-                    ck_assert_int_eq(memcmp(got + 6 * d_out, y0 + 6 * d_out, sizeof(float) * 3 * d_out), 0);
-                free(got);
-                free(want);
-            }
-        free(x);
-        free(y0);
-        backend_buf_free(b, bx);
-        backend_buf_free(b, by);
-        backend_batch_free(b, bt);
-        backend_adapter_free(b, ss);
-        backend_adapter_free(b, su);
-        for (int m = 0; m < NM; m++) {
-            free(A[m]);
-            free(B[m]);
-            for (int k = 0; k < 3; k++) free(mem[m][k]);
-        }
+/* one cold-start adapter: NL layers of rank-RANK modules (target 2 not adapted) in dtype dt,
+ * with values BF16 holds exactly so that one F32 reference (a, b) serves both dtypes */
+enum { COLD_NL = 3, COLD_NM = COLD_NL * BACKEND_LORA_TARGETS, COLD_D_IN = 40, COLD_D_OUT = 24, COLD_RANK = 4 };
+typedef struct cold_adapter {
+    backend_lora_module_desc_t md[COLD_NM];
+    float *a[COLD_NM], *b[COLD_NM]; /* the reference's F32 values */
+    void *mem[COLD_NM][3];          /* the host bytes of a, b and b transposed in dt */
+} cold_adapter_t;
+
+/* N values as F32 (rounded to BF16 in place) into DST, in dt */
+static void cold_store(void *dst, float *f, size_t n, cs_dtype dt) {
+    for (size_t k = 0; k < n; k++) {
+        uint16_t v = cs_f32_to_bf16(f[k]);
+        f[k] = cs_bf16_to_f32(v);
+        if (dt == CS_DTYPE_BF16) ((uint16_t *)dst)[k] = v;
+        else ((float *)dst)[k] = f[k];
     }
-    if (!backend_has_host_assist(b)) return;
-    /* get_signal / wait_add, two rounds: x += z; rows of x out; y += 2x + round from the host */
+}
+
+static void cold_adapter_make(cold_adapter_t *c, cs_dtype dt) {
+    const int d_in = COLD_D_IN, d_out = COLD_D_OUT;
+    for (int m = 0; m < COLD_NM; m++) {
+        int t = m % BACKEND_LORA_TARGETS, r = t == 2 ? 0 : COLD_RANK;
+        size_t na = (size_t)r * d_in, nb = (size_t)d_out * r, es = cs_dtype_size(dt);
+        c->a[m] = test_randv(&rng, na, 0.3f);
+        c->b[m] = test_randv(&rng, nb, 0.3f);
+        void *a = malloc(es * (na + 1)), *bb = malloc(es * (nb + 1)), *bt = malloc(es * (nb + 1));
+        cold_store(a, c->a[m], na, dt);
+        cold_store(bb, c->b[m], nb, dt);
+        for (int o = 0; o < d_out; o++)
+            for (int j = 0; j < r; j++)
+                memcpy((char *)bt + ((size_t)j * d_out + o) * es, (char *)bb + ((size_t)o * r + j) * es, es);
+        c->mem[m][0] = a;
+        c->mem[m][1] = bb;
+        c->mem[m][2] = bt;
+        /* odd targets leave B transposed to the backend */
+        c->md[m] = (backend_lora_module_desc_t){r, d_in, d_out, 0.75f, dt, a, bb, t % 2 ? NULL : bt};
+    }
+}
+
+static void cold_adapter_free(cold_adapter_t *c) {
+    for (int m = 0; m < COLD_NM; m++) {
+        free(c->a[m]);
+        free(c->b[m]);
+        for (int k = 0; k < 3; k++) free(c->mem[m][k]);
+    }
+}
+
+/* the slot SU uploaded whole has every layer; D streamed one layer a group (into *SS) and two
+ * a group arrives whole, reporting each group; slots freed while streaming go cleanly */
+static void cold_check_stream(backend_t *b, const backend_adapter_desc_t *d, backend_adapter_t *su,
+                              backend_adapter_t **ss) {
+    ck_assert_int_eq(backend_adapter_arrived(b, su), COLD_NL); /* uploaded: every layer */
+    uint32_t groups = 0;
+    ck_assert_int_eq(backend_adapter_stream(b, d, 1, count_group, &groups, ss), CS_OK);
+    int a0 = backend_adapter_arrived(b, *ss);
+    ck_assert_int_ge(a0, 0);
+    ck_assert_int_le(a0, COLD_NL);
+    cs_flag_wait_geq(&groups, COLD_NL); /* on_group runs after arrived is raised */
+    ck_assert_int_eq(backend_adapter_arrived(b, *ss), COLD_NL);
+    ck_assert_uint_eq(backend_adapter_bytes(b, *ss), backend_adapter_bytes(b, su));
+    /* groups of 2: two reports, the last group short */
+    uint32_t g2 = 0;
+    backend_adapter_t *s2 = NULL;
+    ck_assert_int_eq(backend_adapter_stream(b, d, 2, count_group, &g2, &s2), CS_OK);
+    cs_flag_wait_geq(&g2, 2);
+    ck_assert_int_eq(backend_adapter_arrived(b, s2), COLD_NL);
+    backend_adapter_free(b, s2);
+    ck_assert_uint_eq(__atomic_load_n(&g2, __ATOMIC_ACQUIRE), 2);
+    /* freed while streaming in: the backend waits for (or drops) the copies */
+    backend_adapter_t *s3 = NULL, *s4 = NULL;
+    ck_assert_int_eq(backend_adapter_stream(b, d, 1, NULL, NULL, &s3), CS_OK);
+    ck_assert_int_eq(backend_adapter_stream(b, d, 1, NULL, NULL, &s4), CS_OK);
+    backend_adapter_free(b, s4);
+    backend_adapter_free(b, s3);
+}
+
+/* rows [0,3): slot SD (streamed, or the uploaded one); [3,6): the uploaded slot SU; [6,9): SD
+ * with layer 0 only on the device. Every layer's and target's lora op against the reference. */
+static void cold_check_lora(backend_t *b, const cold_adapter_t *c, backend_adapter_t *sd, backend_adapter_t *su,
+                            const char *what, int be) {
+    const int d_in = COLD_D_IN, d_out = COLD_D_OUT;
+    tbatch_t t;
+    int cached[3] = {0, 4, 1}, n_new[3] = {3, 3, 3};
+    tbatch_make(&t, 3, cached, n_new, 8, 10);
+    t.lora[0] = (backend_lora_seg_desc_t){0, 3, sd, INT_MAX};
+    t.lora[1] = (backend_lora_seg_desc_t){3, 3, su, INT_MAX};
+    t.lora[2] = (backend_lora_seg_desc_t){6, 3, sd, 1};
+    t.n_lora = 3;
+    lora_io_t io = lora_io_new(b, &t, d_in, d_out);
+    for (int layer = 0; layer < COLD_NL; layer++)
+        for (int tg = 0; tg < BACKEND_LORA_TARGETS; tg++) {
+            int m = layer * BACKEND_LORA_TARGETS + tg;
+            const backend_lora_module_desc_t *md = &c->md[m];
+            float *want = lora_io_y0(&io);
+            for (int s = 0; s < t.n_lora; s++)
+                if (md->rank && layer < t.lora[s].device_layers)
+                    cs_lora_ref(want + (size_t)t.lora[s].row0 * d_out, io.x + (size_t)t.lora[s].row0 * d_in,
+                                t.lora[s].n, c->a[m], c->b[m], md->rank, d_in, d_out, md->scale);
+            float *got = lora_io_run(b, &io, layer, tg);
+            close_to(got, want, (size_t)t.T * d_out, 5e-5, what, be);
+            if (layer >= 1) /* the device_layers = 1 rows: untouched */
+                ck_assert_int_eq(memcmp(got + 6 * d_out, io.y0 + 6 * d_out, sizeof(float) * 3 * d_out), 0);
+            free(got);
+            free(want);
+        }
+    lora_io_free(b, &io);
+}
+
+/* get_signal / wait_add, two rounds: x += z; rows of x out; y += 2x + round from the host */
+static void cold_check_host_assist(backend_t *b, int be) {
     const size_t NX = 25000, NY = 26000, XO = 100, YO = 700, N = 20000, ROUNDS = 2;
-    float *x = randv(NX, 1.0f), *z = randv(NX, 1.0f), *y0 = randv(NY, 1.0f);
+    float *x = test_randv(&rng, NX, 1.0f), *z = test_randv(&rng, NX, 1.0f), *y0 = test_randv(&rng, NY, 1.0f);
     backend_buf_t *bx = up(b, x, sizeof(float) * NX), *bz = up(b, z, sizeof(float) * NX), *by = up(b, y0, sizeof(float) * NY);
     backend_buf_t *by2 = backend_buf_alloc(b, sizeof(float) * NY);
     float *hx = backend_host_alloc(b, sizeof(float) * N), *hy = backend_host_alloc(b, sizeof(float) * N);
@@ -757,7 +784,7 @@ START_TEST(test_cold_start) {
         for (size_t i = 0; i < N; i++) want[YO + i] += 2 * xr[XO + i] + (float)r;
         if (r == 1) { /* the copy taken after round 1 */
             float *got = down(b, by2, NY);
-            close_to(got, want, NY, 1e-6, "wait_add (round 1)", _i);
+            close_to(got, want, NY, 1e-6, "wait_add (round 1)", be);
             free(got);
         }
     }
@@ -766,10 +793,10 @@ START_TEST(test_cold_start) {
     ck_assert_uint_eq(cs_flag_load(&flags[0]), ROUNDS);
     ck_assert_uint_eq(cs_flag_load(&flags[1]), ROUNDS);
     float *got = down(b, by2, NY);
-    close_to(got, want, NY, 1e-6, "wait_add", _i);
+    close_to(got, want, NY, 1e-6, "wait_add", be);
     free(got);
     got = down(b, bx, NX);
-    close_to(got, xr, NX, 0, "x after the rounds", _i);
+    close_to(got, xr, NX, 0, "x after the rounds", be);
     free(got);
     free(want);
     free(xr);
@@ -784,8 +811,27 @@ START_TEST(test_cold_start) {
     backend_buf_free(b, by);
     backend_buf_free(b, by2);
 }
+
+START_TEST(test_cold_start) {
+    backend_t *b = bes[_i];
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        cold_adapter_t c;
+        cold_adapter_make(&c, bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32);
+        backend_adapter_desc_t d = {.n_layers = COLD_NL, .mods = c.md, .host_stays = true};
+        backend_adapter_t *su = NULL, *ss = NULL;
+        ck_assert_int_eq(backend_adapter_upload(b, &d, &su), CS_OK);
+        if (backend_caps(b)->adapter_stream) cold_check_stream(b, &d, su, &ss);
+        else ck_assert_int_eq(backend_adapter_arrived(b, su), INT_MAX);
+        cold_check_lora(b, &c, ss ? ss : su, su, bf16 ? "cold lora bf16" : "cold lora f32", _i);
+        backend_adapter_free(b, ss);
+        backend_adapter_free(b, su);
+        cold_adapter_free(&c);
+    }
+    if (backend_caps(b)->host_assist) cold_check_host_assist(b, _i);
+}
 END_TEST
 
+#ifndef TEST_BACKEND_GPU /* the CPU backend's and strict device's own tests */
 /* ---- the strict device refuses what is not its own ---- */
 START_TEST(test_strict_rejects_host_pointer) {
     backend_t *b = bes[2];
@@ -825,12 +871,8 @@ START_TEST(test_strict_fresh_memory_is_nan) {
     backend_buf_free(b, x);
 }
 END_TEST
+#endif
 
-
-static bool require_cuda(void) {
-    const char *v = getenv("CS_TEST_REQUIRE_CUDA");
-    return v && *v && strcmp(v, "0");
-}
 
 /* ---- device graphs (the CUDA backends with graphs on) ----
  * Decode steps of one key (4 rows, adapters present) run through graph_begin/graph_end: the
@@ -846,10 +888,7 @@ START_TEST(test_graphs) {
 #else
                            : NULL;
 #endif
-    if (!b) {
-        ck_assert_msg(_i == 1 && !require_cuda(), "graphs on %s: %s", _i ? "cuda" : "cuda-emu", cs_error_last());
-        return;
-    }
+    ck_assert_msg(b != NULL, "graphs on %s: %s", _i ? "cuda" : "cuda-emu", cs_error_last());
     enum { NA = 3, T = 4 };
     const int nh = 4, nkv = 2, hd = 16, kvd = nkv * hd, d_in = 40, d_out = 24, pool_blocks = 32;
     static const int ranks[NA] = {4, 8, 32};
@@ -857,15 +896,15 @@ START_TEST(test_graphs) {
     backend_lora_module_desc_t md[NA][BACKEND_LORA_TARGETS];
     backend_adapter_t *slot[NA];
     for (int a = 0; a < NA; a++) {
-        A[a] = randv((size_t)ranks[a] * d_in, 0.3f);
-        B[a] = randv((size_t)d_out * ranks[a], 0.3f);
+        A[a] = test_randv(&rng, (size_t)ranks[a] * d_in, 0.3f);
+        B[a] = test_randv(&rng, (size_t)d_out * ranks[a], 0.3f);
         for (int t = 0; t < BACKEND_LORA_TARGETS; t++)
             md[a][t] = (backend_lora_module_desc_t){t == 0 ? ranks[a] : 0, d_in, d_out, 0.5f, CS_DTYPE_F32, A[a], B[a], NULL};
         backend_adapter_desc_t d = {.n_layers = 1, .mods = md[a], .host_stays = true};
         ck_assert_int_eq(backend_adapter_upload(b, &d, &slot[a]), CS_OK);
     }
     size_t pool_n = (size_t)pool_blocks * BS * kvd;
-    float *k = randv(pool_n, 1.0f), *v = randv(pool_n, 1.0f);
+    float *k = test_randv(&rng, pool_n, 1.0f), *v = test_randv(&rng, pool_n, 1.0f);
     backend_buf_t *bk = up(b, k, sizeof(float) * pool_n), *bv = up(b, v, sizeof(float) * pool_n);
     backend_buf_t *bq = backend_buf_alloc(b, sizeof(float) * T * nh * hd), *bo = backend_buf_alloc(b, sizeof(float) * T * nh * hd);
     backend_buf_t *bx = backend_buf_alloc(b, sizeof(float) * T * d_in), *by = backend_buf_alloc(b, sizeof(float) * T * d_out);
@@ -881,7 +920,8 @@ START_TEST(test_graphs) {
         for (int r = 0; r < T; r++) /* a segment per row with an adapter */
             if (who[step][r] >= 0) t.lora[t.n_lora++] = (backend_lora_seg_desc_t){r, 1, slot[who[step][r]], INT_MAX};
         bt = tbatch_upload(b, &t, bt);
-        float *q = randv((size_t)T * nh * hd, 1.0f), *x = randv((size_t)T * d_in, 1.0f), *y0 = randv((size_t)T * d_out, 1.0f);
+        float *q = test_randv(&rng, (size_t)T * nh * hd, 1.0f), *x = test_randv(&rng, (size_t)T * d_in, 1.0f);
+        float *y0 = test_randv(&rng, (size_t)T * d_out, 1.0f);
         /* inputs first (outside the graph), then the graph's ops */
         backend_buf_set(b, bq, 0, q, sizeof(float) * T * nh * hd);
         backend_buf_set(b, bx, 0, x, sizeof(float) * T * d_in);
@@ -939,17 +979,20 @@ END_TEST
 
 static void setup(void) {
     cs_rng_seed(&rng, 1234);
-    for (int i = 0; i < N_BACKENDS; i++) {
+    for (int i = FIRST_BACKEND; i < END_BACKENDS; i++) {
         bes[i] = make_backend(i);
-        if (i == CUDA_GPU && !bes[i] && !require_cuda()) continue; /* no GPU here: main says so */
         ck_assert_msg(bes[i] != NULL, "%s: %s", names[i], cs_error_last());
     }
 }
 
 static void teardown(void) {
-    for (int i = 0; i < N_BACKENDS; i++) backend_free(bes[i]);
+    for (int i = 0; i < N_BACKENDS; i++) {
+        backend_free(bes[i]);
+        bes[i] = NULL;
+    }
 }
 
+#ifndef TEST_BACKEND_GPU
 /* weight_prepare with --compress-weights (CPU backend and strict device): a BF16 matrix is
  * coded once (a second call, as for a tied lm_head, does nothing), a matrix whose high
  * bytes are spread over more than 1% exceptions and an F32 one are left as they are, and
@@ -985,7 +1028,7 @@ START_TEST(test_weight_prepare) {
         }
         hweight_t *hs[3] = {&good, &spread, &f32};
         backend_weight_t *bw[3] = {&wg, &ws, &wf};
-        float *x = randv((size_t)cols, 1.0f), *want = malloc(sizeof(float) * rows);
+        float *x = test_randv(&rng, (size_t)cols, 1.0f), *want = malloc(sizeof(float) * rows);
         backend_buf_t *bx = up(b, x, sizeof(float) * cols), *by = backend_buf_alloc(b, sizeof(float) * rows);
         for (int m = 0; m < 3; m++) {
             cs_matmul_ref(want, x, 1, &hs[m]->w, NULL);
@@ -1018,14 +1061,14 @@ START_TEST(test_weight_prepare) {
             uint16_t *host = malloc(nb);
             memcpy(host, good.bytes, nb);
             backend_weight_t wh = {CS_DTYPE_BF16, rows, cols, backend_buf_from_host(bh, host, nb), host};
-            ck_assert(!wh.buf == !bh->iface->host_memory); /* the strict device offers no host buffers */
+            ck_assert(!wh.buf == !backend_caps(bh)->host_memory); /* the strict device offers no host buffers */
             if (!wh.buf) wh.buf = up(bh, host, nb);
             bool only = conly && codes && !cs_cpu_has_amx_bf16();
             ck_assert_int_eq(backend_weight_prepare(bh, &wh), only ? BACKEND_WEIGHT_HOST_UNUSED : 0);
             ck_assert_int_eq(backend_weight_prepare(bh, &wh), only ? BACKEND_WEIGHT_HOST_UNUSED : 0); /* coded once */
             if (only) memset(host, 0xff, nb);
             for (int n = 1; n <= 40; n += 13) { /* 1, 14, 27, 40: the GEMV, groups or tiles, decoded tiles, packed */
-                float *xn = randv((size_t)n * cols, 1.0f), *yr = malloc(sizeof(float) * n * rows);
+                float *xn = test_randv(&rng, (size_t)n * cols, 1.0f), *yr = malloc(sizeof(float) * n * rows);
                 backend_buf_t *bxn = up(bh, xn, sizeof(float) * n * cols), *byh = backend_buf_alloc(bh, sizeof(float) * n * rows);
                 backend_buf_t *bxg = up(b, xn, sizeof(float) * n * cols), *byg = backend_buf_alloc(b, sizeof(float) * n * rows);
                 backend_matmul(bh, byh, bxn, n, &wh, NULL);
@@ -1054,24 +1097,51 @@ START_TEST(test_weight_prepare) {
     }
 }
 END_TEST
+#endif
 
+/* the op tests, each on every backend of this program */
+static void add_op_tests(TCase *tc) {
+    tcase_add_loop_test(tc, test_matmul, FIRST_BACKEND, END_BACKENDS);
+    tcase_add_loop_test(tc, test_elementwise, FIRST_BACKEND, END_BACKENDS);
+    tcase_add_loop_test(tc, test_rope_embed_rows, FIRST_BACKEND, END_BACKENDS);
+    tcase_add_loop_test(tc, test_attention, FIRST_BACKEND, END_BACKENDS);
+    tcase_add_loop_test(tc, test_lora, FIRST_BACKEND, END_BACKENDS);
+    tcase_add_loop_test(tc, test_copies, FIRST_BACKEND, END_BACKENDS);
+    tcase_add_loop_test(tc, test_cold_start, FIRST_BACKEND, END_BACKENDS);
+}
+
+#ifdef TEST_BACKEND_GPU
+static bool require_cuda(void) {
+    const char *v = getenv("CS_TEST_REQUIRE_CUDA");
+    return v && *v && strcmp(v, "0");
+}
+
+/* the GPU's ops and graphs; without a GPU: SKIP (77), or FAIL where one is required */
 int main(void) {
     backend_t *gpu = make_backend(CUDA_GPU);
-    if (gpu) printf("cuda: %s\n", backend_name(gpu));
-    else printf("cuda: %s: its op tests pass without running (tests/test_gpu runs them on a GPU host)\n", cs_error_last());
+    if (!gpu) {
+        printf("%s: cuda: %s\n", require_cuda() ? "FAIL" : "SKIP", cs_error_last());
+        return require_cuda() ? 1 : 77;
+    }
+    printf("cuda: %s\n", backend_name(gpu));
     backend_free(gpu);
+    Suite *s = suite_create("backend_ops_gpu");
+    TCase *tc = tcase_create("ops");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 600);
+    add_op_tests(tc);
+    tcase_add_loop_test(tc, test_graphs, 1, 2); /* cuda */
+    suite_add_tcase(s, tc);
+    return cs_check_run(s, CK_FORK) ? 1 : 0;
+}
+#else
+int main(void) {
     Suite *s = suite_create("backend_ops");
     TCase *tc = tcase_create("ops");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 600);
-    tcase_add_loop_test(tc, test_matmul, 0, N_BACKENDS);
-    tcase_add_loop_test(tc, test_elementwise, 0, N_BACKENDS);
-    tcase_add_loop_test(tc, test_rope_embed_rows, 0, N_BACKENDS);
-    tcase_add_loop_test(tc, test_attention, 0, N_BACKENDS);
-    tcase_add_loop_test(tc, test_lora, 0, N_BACKENDS);
-    tcase_add_loop_test(tc, test_copies, 0, N_BACKENDS);
-    tcase_add_loop_test(tc, test_cold_start, 0, N_BACKENDS);
-    tcase_add_loop_test(tc, test_graphs, 0, 2); /* cuda-emu, cuda */
+    add_op_tests(tc);
+    tcase_add_loop_test(tc, test_graphs, 0, 1); /* cuda-emu */
     tcase_add_test(tc, test_weight_prepare);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("strict");
@@ -1082,9 +1152,6 @@ int main(void) {
     tcase_add_test_raise_signal(ts, test_strict_rejects_out_of_range, SIGABRT);
     tcase_add_test(ts, test_strict_fresh_memory_is_nan);
     suite_add_tcase(s, ts);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return cs_check_run(s, CK_FORK) ? 1 : 0;
 }
+#endif

@@ -15,24 +15,9 @@
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/kernels_paged.h"
 #include "engine/sampling.h"
+#include "tests/testutil.h"
 
 static cs_rng_t rng;
-
-static float *randv(size_t n, float scale) {
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(&rng) * 2 - 1) * scale;
-    return v;
-}
-
-static float max_rel_err(const float *a, const float *b, size_t n) {
-    float mx = 0, ref = 1e-3f;
-    for (size_t i = 0; i < n; i++) ref = fmaxf(ref, fabsf(b[i]));
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]) / ref;
-        if (!(d <= mx)) mx = d; /* NaN counts */
-    }
-    return mx;
-}
 
 /* the second pass on an AVX-512 CPU takes the AVX2 kernels, as an AVX2-only CPU would */
 static bool no_avx512;
@@ -43,7 +28,7 @@ static cpu_raw_t *inv_backend(int threads) {
 
 static cs_weight_t make_weight(int rows, int cols, cs_dtype dt, void **mem) {
     size_t n = (size_t)rows * cols;
-    float *f = randv(n, 0.5f);
+    float *f = test_randv(&rng, n, 0.5f);
     if (dt == CS_DTYPE_F32) { *mem = f; return (cs_weight_t){dt, rows, cols, f, NULL}; }
     uint16_t *h = malloc(n * 2);
     for (size_t i = 0; i < n; i++) h[i] = dt == CS_DTYPE_BF16 ? cs_f32_to_bf16(f[i]) : cs_f32_to_f16(f[i]);
@@ -63,12 +48,12 @@ START_TEST(matmul_rows_independent_of_batch) {
             int rows = shapes[s][0], cols = shapes[s][1];
             void *mem;
             cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
-            float *x = randv((size_t)N * cols, 1.0f), *bias = randv((size_t)rows, 0.1f);
+            float *x = test_randv(&rng, (size_t)N * cols, 1.0f), *bias = test_randv(&rng, (size_t)rows, 0.1f);
             float *y = malloc(sizeof(float) * N * rows), *yr = malloc(sizeof(float) * N * rows);
             float *y1 = malloc(sizeof(float) * N * rows), *yp = malloc(sizeof(float) * N * rows);
             cpu_raw_matmul(b3, y, x, N, &w, bias);
             cs_matmul_ref(yr, x, N, &w, bias);
-            float e = max_rel_err(y, yr, (size_t)N * rows);
+            float e = test_max_rel_err(y, yr, (size_t)N * rows);
             ck_assert_msg(e < 2e-6f, "invariant matmul %dx%d %s vs reference: %g", rows, cols, cs_dtype_name(dts[d]), e);
             /* each row alone, on one thread */
             for (int i = 0; i < N; i++) {
@@ -108,7 +93,7 @@ START_TEST(matmul_multi_equals_each) {
     cs_weight_t w2 = make_weight(50, 80, CS_DTYPE_F32, &m2);
     const cs_weight_t *ws[3] = {&w0, &w1, &w2};
     for (int n = 1; n <= 40; n += 13) {
-        float *x = randv((size_t)n * 80, 1.0f);
+        float *x = test_randv(&rng, (size_t)n * 80, 1.0f);
         float *ya[3], *yb[3];
         for (int k = 0; k < 3; k++) {
             ya[k] = malloc(sizeof(float) * n * ws[k]->rows);
@@ -142,16 +127,16 @@ static void attention_case(int nh, int nkv, int hd, int window) {
         int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
     }
     const int32_t *blocks = perm, *oblocks = perm + nb;
-    float *k = randv((size_t)pool * BS * kvd, 1.0f), *v = randv((size_t)pool * BS * kvd, 1.0f);
+    float *k = test_randv(&rng, (size_t)pool * BS * kvd, 1.0f), *v = test_randv(&rng, (size_t)pool * BS * kvd, 1.0f);
     size_t qd = (size_t)nh * hd;
-    float *q = randv((size_t)L * qd, 1.0f), *oq = randv((size_t)OTHER * qd, 1.0f);
+    float *q = test_randv(&rng, (size_t)L * qd, 1.0f), *oq = test_randv(&rng, (size_t)OTHER * qd, 1.0f);
     float *all = malloc(sizeof(float) * L * qd), *want = malloc(sizeof(float) * L * qd);
     float *part = malloc(sizeof(float) * (L + OTHER) * qd), *qpart = malloc(sizeof(float) * (L + OTHER) * qd);
     cpu_raw_t *b = inv_backend(3);
     cpu_attn_seq_t one = {0, L, 0, blocks};
     cpu_raw_attention_paged(b, all, q, k, v, &one, 1, BS, nh, nkv, hd, window);
     cs_attention_paged_ref(want, q, k, v, &one, 1, BS, nh, nkv, hd, window);
-    float e = max_rel_err(all, want, (size_t)L * qd);
+    float e = test_max_rel_err(all, want, (size_t)L * qd);
     ck_assert_msg(e < 2e-5f, "invariant paged attention vs reference: %g (hd %d)", e, hd);
     /* chunks [0, 30) [30, 31) [31, 70), the last beside a decode row of another sequence */
     static const int cuts[][2] = {{0, 30}, {30, 31}, {31, L}};
@@ -190,15 +175,15 @@ START_TEST(lora_rows_independent_of_segment) {
         int ranks[2] = {16, 64};
         float *a[2], *bm[2], *bt[2];
         for (int s = 0; s < 2; s++) {
-            a[s] = randv((size_t)ranks[s] * DIN, 0.1f);
-            bm[s] = randv((size_t)DOUT * ranks[s], 0.1f);
+            a[s] = test_randv(&rng, (size_t)ranks[s] * DIN, 0.1f);
+            bm[s] = test_randv(&rng, (size_t)DOUT * ranks[s], 0.1f);
             bt[s] = malloc(sizeof(float) * DOUT * ranks[s]);
             for (int o = 0; o < DOUT; o++)
                 for (int r = 0; r < ranks[s]; r++) bt[s][(size_t)r * DOUT + o] = bm[s][(size_t)o * ranks[s] + r];
         }
         cpu_lora_seg_t segs[2] = {{0, N, a[0], bm[0], ranks[0], 2.0f, with_bt ? bt[0] : NULL, CS_DTYPE_F32},
                                       {N, 3, a[1], bm[1], ranks[1], 0.5f, with_bt ? bt[1] : NULL, CS_DTYPE_F32}};
-        float *x = randv((size_t)(N + 3) * DIN, 1.0f), *y0 = randv((size_t)(N + 3) * DOUT, 1.0f);
+        float *x = test_randv(&rng, (size_t)(N + 3) * DIN, 1.0f), *y0 = test_randv(&rng, (size_t)(N + 3) * DOUT, 1.0f);
         float *y = malloc(sizeof(float) * (N + 3) * DOUT), *yr = malloc(sizeof(float) * (N + 3) * DOUT);
         float *y1 = malloc(sizeof(float) * DOUT);
         memcpy(y, y0, sizeof(float) * (N + 3) * DOUT);
@@ -207,7 +192,7 @@ START_TEST(lora_rows_independent_of_segment) {
         for (int s = 0; s < 2; s++)
             cs_lora_ref(yr + (size_t)segs[s].row0 * DOUT, x + (size_t)segs[s].row0 * DIN, segs[s].n, a[s], bm[s], ranks[s],
                         DIN, DOUT, segs[s].scale);
-        float e = max_rel_err(y, yr, (size_t)(N + 3) * DOUT);
+        float e = test_max_rel_err(y, yr, (size_t)(N + 3) * DOUT);
         ck_assert_msg(e < 1e-6f, "invariant lora_batch vs reference: %g", e);
         for (int i = 0; i < N + 3; i++) {
             int s = i < N ? 0 : 1;

@@ -316,7 +316,7 @@ print(f"ok  failures: {bad} requests to a missing adapter fail with 404 and coun
 
 # ---- 5. documentation ----
 src = open(os.path.join(reflib.SRCDIR, "bench", "caraserve_bench.c")).read()
-flags = sorted(set(re.findall(r'IS\("(--[a-z0-9-]+)"\)', src)))
+flags = sorted(set(re.findall(r'arg_is\([^,]+, "(--[a-z0-9-]+)"\)', src)))
 helptext = subprocess.run([BENCH, "--help"], capture_output=True, text=True).stdout
 readme = open(os.path.join(reflib.SRCDIR, "bench", "README.md")).read()
 missing = [f for f in flags if f not in helptext]

@@ -13,7 +13,8 @@
 #include <string.h>
 
 #include "bench/bench_metrics.h"
-#include "engine/common.h"
+#include "base/common.h"
+#include "testutil.h"
 
 #define TOL 1e-9
 
@@ -528,22 +529,9 @@ START_TEST(flag_parsing) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("bench_metrics");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, one_request);
-    tcase_add_test(tc, tpot_with_one_output_token);
-    tcase_add_test(tc, itl_pooled);
-    tcase_add_test(tc, numpy_statistics);
-    tcase_add_test(tc, goodput_counts_failures);
-    tcase_add_test(tc, peaks_as_vllm);
-    tcase_add_test(tc, rollout_no_token_timing);
-    tcase_add_test(tc, time_series);
-    tcase_add_test(tc, outputs);
-    tcase_add_test(tc, flag_parsing);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const TTest *const tests[] = {
+        one_request, tpot_with_one_output_token, itl_pooled, numpy_statistics, goodput_counts_failures,
+        peaks_as_vllm, rollout_no_token_timing, time_series, outputs, flag_parsing,
+    };
+    return cs_check_main("bench_metrics", tests, CS_ARRAY_LEN(tests), 0, CK_FORK);
 }

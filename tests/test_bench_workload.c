@@ -13,7 +13,8 @@
 #include <unistd.h>
 
 #include "bench/bench_workload.h"
-#include "engine/common.h"
+#include "base/common.h"
+#include "testutil.h"
 
 #define N_DRAWS 100000
 
@@ -308,7 +309,7 @@ START_TEST(popularity_file_and_weights) {
         if (p[i] > top) top = p[i];
     }
     ck_assert_double_eq_tol(sum, 1, 1e-9);
-    ck_assert_double_eq_tol(top, 0.140, 0.001); /* the README: top adapter 14.0% */
+    ck_assert_double_eq_tol(top, 0.140, 0.001); /* docs/benchmarks.md: the top adapter's 14.0% */
     bw_config_t c = cfg(0, "trace");
     c.popularity_file = data_path("maf-popularity-128.csv");
     c.adapter_prefix = "maf-";
@@ -739,30 +740,12 @@ END_TEST
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/cs_bench_wl_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
-    Suite *s = suite_create("bench_workload");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, rng_reproducible);
-    tcase_add_test(tc, gamma_moments);
-    tcase_add_test(tc, arrival_rate_and_burstiness);
-    tcase_add_test(tc, arrival_modes);
-    tcase_add_test(tc, ramp_up);
-    tcase_add_test(tc, popularity_distributions);
-    tcase_add_test(tc, popularity_file_and_weights);
-    tcase_add_test(tc, base_fraction);
-    tcase_add_test(tc, rank_mix);
-    tcase_add_test(tc, reproducible_by_seed);
-    tcase_add_test(tc, prompts);
-    tcase_add_test(tc, azure_trace);
-    tcase_add_test(tc, bad_rows_rejected);
-    tcase_add_test(tc, spec_parsing);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
-    return failed ? 1 : 0;
+    const TTest *const tests[] = {
+        rng_reproducible, gamma_moments, arrival_rate_and_burstiness, arrival_modes, ramp_up,
+        popularity_distributions, popularity_file_and_weights, base_fraction, rank_mix, reproducible_by_seed,
+        prompts, azure_trace, bad_rows_rejected, spec_parsing,
+    };
+    int rc = cs_check_main("bench_workload", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
+    if (cs_rmtree(tmpdir) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return rc;
 }

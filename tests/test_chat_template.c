@@ -11,26 +11,26 @@
 #include <string.h>
 
 #include "text/chat_template.h"
+#include "testutil.h"
 
 static chat_template_t *parse_ok(const char *src) {
     chat_template_t *t = NULL;
-    char err[512] = "";
-    int rc = chat_template_parse(src, strlen(src), &t, err, sizeof err);
-    ck_assert_msg(rc == CS_OK, "parse failed: %s\n%s", err, src);
+    int rc = chat_template_parse(src, strlen(src), &t);
+    ck_assert_msg(rc == CS_OK, "parse failed: %s\n%s", cs_error_last(), src);
     ck_assert_ptr_nonnull(t);
     return t;
 }
 
 /* Renders src with ctx (a JSON object text, or NULL); returns the malloc'd text or NULL with
- * the message in err. */
-static char *render(const char *src, const char *ctx_json, char *err, size_t errlen) {
+ * the message in cs_error_last(). */
+static char *render(const char *src, const char *ctx_json) {
     chat_template_t *t = NULL;
-    if (chat_template_parse(src, strlen(src), &t, err, errlen) != CS_OK) return NULL;
+    if (chat_template_parse(src, strlen(src), &t) != CS_OK) return NULL;
     json_t *ctx = ctx_json ? json_loads(ctx_json, 0, NULL) : NULL;
     if (ctx_json) ck_assert_msg(ctx != NULL, "bad test JSON: %s", ctx_json);
     char *out = NULL;
     size_t len = 0;
-    int rc = chat_template_render(t, ctx, &out, &len, err, errlen);
+    int rc = chat_template_render(t, ctx, &out, &len);
     if (rc == CS_OK) {
         ck_assert_ptr_nonnull(out);
         ck_assert_uint_eq(strlen(out), len);
@@ -43,9 +43,8 @@ static char *render(const char *src, const char *ctx_json, char *err, size_t err
 }
 
 static void expect(const char *src, const char *ctx_json, const char *want) {
-    char err[1024] = "";
-    char *got = render(src, ctx_json, err, sizeof err);
-    ck_assert_msg(got != NULL, "template %s failed: %s", src, err);
+    char *got = render(src, ctx_json);
+    ck_assert_msg(got != NULL, "template %s failed: %s", src, cs_error_last());
     ck_assert_msg(strcmp(got, want) == 0, "template %s\n  got  [%s]\n  want [%s]", src, got, want);
     free(got);
 }
@@ -53,8 +52,8 @@ static void expect(const char *src, const char *ctx_json, const char *want) {
 /* The parse must fail with a message that contains each of the given parts. */
 static void expect_parse_error(const char *src, const char *part1, const char *part2) {
     chat_template_t *t = NULL;
-    char err[512] = "";
-    int rc = chat_template_parse(src, strlen(src), &t, err, sizeof err);
+    int rc = chat_template_parse(src, strlen(src), &t);
+    const char *err = cs_error_last();
     ck_assert_msg(rc == CS_EINVAL, "template %s parsed (rc %d)", src, rc);
     ck_assert_ptr_null(t);
     ck_assert_msg(strstr(err, part1) != NULL, "template %s: error [%s] lacks [%s]", src, err, part1);
@@ -62,8 +61,8 @@ static void expect_parse_error(const char *src, const char *part1, const char *p
 }
 
 static void expect_render_error(const char *src, const char *ctx_json, const char *part) {
-    char err[1024] = "";
-    char *got = render(src, ctx_json, err, sizeof err);
+    char *got = render(src, ctx_json);
+    const char *err = cs_error_last();
     ck_assert_msg(got == NULL, "template %s rendered [%s]", src, got ? got : "");
     ck_assert_msg(strstr(err, part) != NULL, "template %s: error [%s] lacks [%s]", src, err, part);
 }
@@ -150,10 +149,9 @@ START_TEST(test_runtime_errors) {
     /* raise_exception's message comes back as it is */
     expect_render_error("{{ raise_exception('Conversation roles must alternate') }}", NULL,
                         "Conversation roles must alternate");
-    char err[256];
-    char *got = render("{% if true %}\n{{ raise_exception('exact') }}{% endif %}", NULL, err, sizeof err);
+    char *got = render("{% if true %}\n{{ raise_exception('exact') }}{% endif %}", NULL);
     ck_assert_ptr_null(got);
-    ck_assert_str_eq(err, "exact");
+    ck_assert_str_eq(cs_error_last(), "exact");
     expect_render_error("line one\n{{ 1 + 'a' }}", NULL, "line 2");
     expect_render_error("{{ x.y }}", NULL, "'x' is undefined");
     expect_render_error("{{ m[0].role }}", "{\"m\": []}", "has no element 0");
@@ -174,10 +172,10 @@ START_TEST(test_runtime_errors) {
     chat_template_t *t = parse_ok("x");
     json_t *arr = json_array();
     char *out = NULL;
-    ck_assert_int_eq(chat_template_render(t, arr, &out, NULL, err, sizeof err), CS_EINVAL);
+    ck_assert_int_eq(chat_template_render(t, arr, &out, NULL), CS_EINVAL);
     ck_assert_ptr_null(out);
     json_decref(arr);
-    ck_assert_int_eq(chat_template_render(t, NULL, &out, NULL, err, sizeof err), CS_OK);
+    ck_assert_int_eq(chat_template_render(t, NULL, &out, NULL), CS_OK);
     ck_assert_str_eq(out, "x");
     free(out);
     chat_template_free(t);
@@ -228,11 +226,10 @@ typedef struct worker {
 
 static void *render_many(void *arg) {
     worker *w = arg;
-    char err[256];
     for (int i = 0; i < 300; i++) {
         char *out = NULL;
         size_t len = 0;
-        if (chat_template_render(w->t, w->ctx, &out, &len, err, sizeof err) != CS_OK || strcmp(out, w->want) != 0)
+        if (chat_template_render(w->t, w->ctx, &out, &len) != CS_OK || strcmp(out, w->want) != 0)
             w->failures++;
         free(out);
     }
@@ -246,8 +243,8 @@ START_TEST(test_concurrent_renders) {
                              "{\"role\": \"user\", \"content\": \"日本語 😀\", \"tools\": [{\"a\": 1}]}]}",
                              0, NULL);
     ck_assert_ptr_nonnull(ctx);
-    char err[256], *want = NULL;
-    ck_assert_int_eq(chat_template_render(t, ctx, &want, NULL, err, sizeof err), CS_OK);
+    char *want = NULL;
+    ck_assert_int_eq(chat_template_render(t, ctx, &want, NULL), CS_OK);
     ck_assert_str_eq(want, "<system>be brief</system><user>日本語 😀[{\"a\": 1}]</user><assistant>");
     enum { N = 4 };
     pthread_t th[N];
@@ -293,16 +290,16 @@ END_TEST
 /* Parse (and render when it parses) must return OK or EINVAL, never crash or leak. */
 static void try_source(const char *src, size_t len, const json_t *ctx) {
     chat_template_t *t = NULL;
-    char err[256];
-    int rc = chat_template_parse(src, len, &t, err, sizeof err);
+    int rc = chat_template_parse(src, len, &t);
     ck_assert(rc == CS_OK || rc == CS_EINVAL);
     if (rc != CS_OK) {
         ck_assert_ptr_null(t);
+        const char *err = cs_error_last();
         ck_assert(strncmp(err, "line ", 5) == 0 || strstr(err, "UTF-8") != NULL);
         return;
     }
     char *out = NULL;
-    rc = chat_template_render(t, ctx, &out, NULL, err, sizeof err);
+    rc = chat_template_render(t, ctx, &out, NULL);
     ck_assert(rc == CS_OK || rc == CS_EINVAL);
     free(out);
     chat_template_free(t);
@@ -360,21 +357,10 @@ START_TEST(test_fuzz_sources) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("chat_template");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120); /* test_limits runs ten million loop iterations; slower under sanitizers */
-    tcase_add_test(tc, test_whitespace_control);
-    tcase_add_test(tc, test_values_like_python);
-    tcase_add_test(tc, test_parse_errors_have_lines);
-    tcase_add_test(tc, test_runtime_errors);
-    tcase_add_test(tc, test_limits);
-    tcase_add_test(tc, test_concurrent_renders);
-    tcase_add_test(tc, test_hf_messages);
-    tcase_add_test(tc, test_fuzz_sources);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const TTest *const tests[] = {
+        test_whitespace_control, test_values_like_python, test_parse_errors_have_lines, test_runtime_errors,
+        test_limits, test_concurrent_renders, test_hf_messages, test_fuzz_sources,
+    };
+    /* test_limits runs ten million loop iterations; slower under sanitizers */
+    return cs_check_main("chat_template", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

@@ -13,6 +13,7 @@
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/kernels_paged.h"
 #include "engine/sampling.h"
+#include "tests/testutil.h"
 
 static cpu_raw_t *fast, *ref;
 /* the kernel variants: the fastest this CPU has, AVX-512 off (an AVX2 CPU's), AVX2 off too
@@ -24,21 +25,11 @@ static const cpu_backend_params_t lora_variants[] = {
 static const char *const lora_variant_names[] = {"fastest", "no-avx512", "plain", "invariant"};
 static cs_rng_t rng;
 
-static float *randv(size_t n) {
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(&rng) * 2 - 1);
-    return v;
-}
-
 /* max |a - b| over max |b|: the error relative to the output's scale */
 static float max_scaled_err(const float *a, const float *b, size_t n) {
-    float worst = 0, scale = 0;
+    float scale = 0;
     for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(b[i]));
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= worst)) worst = d;
-    }
-    return worst / (scale > 0 ? scale : 1);
+    return test_max_abs_diff(a, b, n) / (scale > 0 ? scale : 1);
 }
 
 static float max_rel_err(const float *a, const float *b, size_t n) {
@@ -69,7 +60,7 @@ static void run_paged_kv(int n_seqs, const int *n_new, const int *cached, int nh
             int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
         }
     size_t pool_n = (size_t)pool_blocks * BS * kvd;
-    float *k = randv(pool_n), *v = randv(pool_n);
+    float *k = test_randv(&rng, pool_n, 1.0f), *v = test_randv(&rng, pool_n, 1.0f);
     /* BF16 pools hold k and v rounded; k and v become what they hold (for the contiguous check) */
     uint16_t *kb = malloc(pool_n * 2), *vb = malloc(pool_n * 2);
     if (kvt == CS_DTYPE_BF16)
@@ -78,7 +69,7 @@ static void run_paged_kv(int n_seqs, const int *n_new, const int *cached, int nh
             k[i] = cs_bf16_to_f32(kb[i]), v[i] = cs_bf16_to_f32(vb[i]);
         }
     const void *kp = kvt == CS_DTYPE_BF16 ? (const void *)kb : k, *vp = kvt == CS_DTYPE_BF16 ? (const void *)vb : v;
-    float *q = randv((size_t)total_rows * nh * hd);
+    float *q = test_randv(&rng, (size_t)total_rows * nh * hd, 1.0f);
     float *o1 = calloc((size_t)total_rows * nh * hd, sizeof(float)), *o2 = calloc((size_t)total_rows * nh * hd, sizeof(float));
     float *o3 = calloc((size_t)total_rows * nh * hd, sizeof(float));
     cpu_attn_seq_t *seqs = malloc(sizeof *seqs * n_seqs);
@@ -177,8 +168,8 @@ START_TEST(lora_batch_segments) {
         uint16_t *a16[5], *b16[5], *bt16[5];
         for (int i = 0; i < n_segs; i++) {
             size_t na = (size_t)ranks[i] * d_in, nb = (size_t)d_out * ranks[i];
-            a[i] = randv(na);
-            b[i] = randv(nb);
+            a[i] = test_randv(&rng, na, 1.0f);
+            b[i] = test_randv(&rng, nb, 1.0f);
             bt[i] = malloc(sizeof(float) * nb);
             a16[i] = malloc(2 * na);
             b16[i] = malloc(2 * nb);
@@ -200,7 +191,7 @@ START_TEST(lora_batch_segments) {
                                              with_bt ? bt[i] : NULL, dt};
             total = segs[i].row0 + rows[i];
         }
-        float *x = randv((size_t)total * d_in), *y0 = randv((size_t)total * d_out);
+        float *x = test_randv(&rng, (size_t)total * d_in, 1.0f), *y0 = test_randv(&rng, (size_t)total * d_out, 1.0f);
         float *y1 = malloc(sizeof(float) * (size_t)total * d_out), *y2 = malloc(sizeof(float) * (size_t)total * d_out);
         memcpy(y1, y0, sizeof(float) * (size_t)total * d_out);
         memcpy(y2, y0, sizeof(float) * (size_t)total * d_out);
@@ -259,7 +250,7 @@ START_TEST(matmul_multi_equals_each) {
             void *data[3];
             float *bias[3], *y[3], *yr[3];
             for (int k = 0; k < 3; k++) {
-                float *f = randv((size_t)rows[k] * cols);
+                float *f = test_randv(&rng, (size_t)rows[k] * cols, 1.0f);
                 size_t esz = cs_dtype_size(dts[di]);
                 data[k] = malloc(esz * (size_t)rows[k] * cols);
                 for (size_t e = 0; e < (size_t)rows[k] * cols; e++) {
@@ -269,11 +260,11 @@ START_TEST(matmul_multi_equals_each) {
                 }
                 free(f);
                 w[k] = (cs_weight_t){dts[di], rows[k], cols, data[k], NULL};
-                bias[k] = k == 1 ? NULL : randv((size_t)rows[k]);
+                bias[k] = k == 1 ? NULL : test_randv(&rng, (size_t)rows[k], 1.0f);
                 y[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
                 yr[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
             }
-            float *x = randv((size_t)n * cols);
+            float *x = test_randv(&rng, (size_t)n * cols, 1.0f);
             float *const ys[3] = {y[0], y[1], y[2]};
             const cs_weight_t *const ws[3] = {&w[0], &w[1], &w[2]};
             const float *const bs[3] = {bias[0], bias[1], bias[2]};
@@ -290,7 +281,7 @@ START_TEST(matmul_multi_equals_each) {
 END_TEST
 
 START_TEST(rows_scatter_gather) {
-    float *src = randv(5 * 7), dst[10 * 7] = {0}, back[5 * 7];
+    float *src = test_randv(&rng, 5 * 7, 1.0f), dst[10 * 7] = {0}, back[5 * 7];
     int32_t idx[5] = {9, 0, 4, 2, 7};
     cpu_raw_set_rows(fast, dst, src, idx, 5, 7);
     cpu_raw_get_rows(fast, back, dst, idx, 5, 7);
@@ -309,7 +300,7 @@ START_TEST(kv_store_bf16) {
                                        0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0x3f80ffffu, 0xbf80c000u};
     for (int len = 1; len <= 49; len += 12) {
         enum { N = 3, ROWS = 5 };
-        float *src = randv((size_t)N * len);
+        float *src = test_randv(&rng, (size_t)N * len, 1.0f);
         for (size_t i = 0; i < CS_ARRAY_LEN(special) && i < (size_t)N * len; i++)
             memcpy(&src[(i * 7) % ((size_t)N * len)], &special[i], 4);
         int32_t slots[N] = {4, 0, 2};
@@ -344,11 +335,7 @@ int main(void) {
     tcase_add_test(tc, rows_scatter_gather);
     tcase_add_loop_test(tc, kv_store_bf16, 0, (int)CS_ARRAY_LEN(lora_variants));
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int nf = cs_check_run(s, CK_NOFORK);
     cpu_raw_free(fast);
     cpu_raw_free(ref);
     return nf ? 1 : 0;

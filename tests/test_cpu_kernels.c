@@ -15,26 +15,14 @@
 
 #include <stdatomic.h>
 #include "engine/sampling.h"
+#include "tests/testutil.h"
 
 static cs_rng_t rng;
-
-static float *randv(size_t n, float scale) {
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) v[i] = (float)(cs_rng_uniform(&rng) * 2 - 1) * scale;
-    return v;
-}
-
-static float max_rel_err(const float *a, const float *b, size_t n) {
-    float mx = 0, ref = 1e-3f;
-    for (size_t i = 0; i < n; i++) ref = fmaxf(ref, fabsf(b[i]));
-    for (size_t i = 0; i < n; i++) mx = fmaxf(mx, fabsf(a[i] - b[i]) / ref);
-    return mx;
-}
 
 /* weight of the given dtype with values rounded to that dtype */
 static cs_weight_t make_weight(int rows, int cols, cs_dtype dt, void **mem) {
     size_t n = (size_t)rows * cols;
-    float *f = randv(n, 0.5f);
+    float *f = test_randv(&rng, n, 0.5f);
     void *d;
     if (dt == CS_DTYPE_F32) d = f;
     else {
@@ -60,12 +48,12 @@ START_TEST(test_matmul_vs_ref) {
                 int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
                 void *mem;
                 cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
-                float *x = randv((size_t)n * cols, 1.0f), *bias = randv((size_t)rows, 0.1f);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *bias = test_randv(&rng, (size_t)rows, 0.1f);
                 float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
                 for (int use_bias = 0; use_bias < 2; use_bias++) {
                     cpu_raw_matmul(be, y, x, n, &w, use_bias ? bias : NULL);
                     cs_matmul_ref(yr, x, n, &w, use_bias ? bias : NULL);
-                    float e = max_rel_err(y, yr, (size_t)n * rows);
+                    float e = test_max_rel_err(y, yr, (size_t)n * rows);
                     ck_assert_msg(e < 1e-5f, "matmul n=%d %dx%d %s threads=%d: rel err %g", n, rows, cols,
                                   cs_dtype_name(dts[d]), th, e);
                 }
@@ -100,11 +88,12 @@ START_TEST(test_matmul_sweep) {
                 int cols = dims[cs_rng_next(&rng) % CS_ARRAY_LEN(dims)] + (int)(cs_rng_next(&rng) % 40);
                 void *mem;
                 cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
-                float *x = randv((size_t)n * cols, 1.0f), *bias = n % 2 ? randv((size_t)rows, 0.1f) : NULL;
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f);
+                float *bias = n % 2 ? test_randv(&rng, (size_t)rows, 0.1f) : NULL;
                 float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
                 cpu_raw_matmul(be, y, x, n, &w, bias);
                 cs_matmul_ref(yr, x, n, &w, bias);
-                float e = max_rel_err(y, yr, (size_t)n * rows);
+                float e = test_max_rel_err(y, yr, (size_t)n * rows);
                 bool big = n > CS_AMX_SMALL_N;
                 worst[d][big] = fmaxf(worst[d][big], e);
                 /* BF16 with two terms of x (CS_AMX_TERMS=2): ~2^-17 relative per element, 3e-6 seen */
@@ -130,7 +119,7 @@ START_TEST(test_gemm_bf16_amx) {
             int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
             void *mem;
             cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
-            float *x = randv((size_t)n * cols, 1.0f);
+            float *x = test_randv(&rng, (size_t)n * cols, 1.0f);
             float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
             uint16_t *xp = cs_aligned_alloc(64, 2 * cs_gemm_bf16_xp_len(n, cols, terms));
             uint16_t *wp = cs_aligned_alloc(64, 2 * cs_gemm_bf16_wp_len(n, rows, cols, terms));
@@ -140,7 +129,7 @@ START_TEST(test_gemm_bf16_amx) {
             cs_gemm_bf16_amx(y, rows, xp, n, terms, &w, 0, half, wp);
             cs_gemm_bf16_amx(y, rows, xp, n, terms, &w, half, rows, wp);
             cs_matmul_ref(yr, x, n, &w, NULL);
-            float e = max_rel_err(y, yr, (size_t)n * rows);
+            float e = test_max_rel_err(y, yr, (size_t)n * rows);
             printf("amx n=%d %dx%d terms=%d: max rel err %.3g\n", n, rows, cols, terms, e);
             ck_assert_msg(e < (terms == 3 ? 1e-6f : 5e-6f), "amx n=%d %dx%d terms=%d: rel err %g", n, rows, cols, terms, e);
             free(mem); free(x); free(y); free(yr); free(xp); free(wp);
@@ -165,7 +154,7 @@ START_TEST(test_gemm_dpbf16) {
             int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
             void *mem;
             cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
-            float *x = randv((size_t)n * cols, 1.0f), *xr = malloc(sizeof(float) * n * cols);
+            float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *xr = malloc(sizeof(float) * n * cols);
             float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
             uint16_t *xp = cs_aligned_alloc(64, 2 * cs_dpbf16_xp_len(n, cols, terms));
             uint16_t *wp = cs_aligned_alloc(64, 2 * cs_dpbf16_wp_len(n, rows, cols) + 64);
@@ -189,7 +178,7 @@ START_TEST(test_gemm_dpbf16) {
             if (terms == 1) cs_round_bf16_ref(xr, x, (size_t)n * cols);
             else memcpy(xr, x, sizeof(float) * n * cols);
             cs_matmul_ref(yr, xr, n, &w, NULL);
-            float e = max_rel_err(y, yr, (size_t)n * rows);
+            float e = test_max_rel_err(y, yr, (size_t)n * rows);
             printf("dpbf16 n=%d %dx%d terms=%d: max rel err %.3g\n", n, rows, cols, terms, e);
             ck_assert_msg(e < (terms == 2 ? 5e-6f : 1e-6f), "dpbf16 n=%d %dx%d terms=%d: rel err %g", n, rows, cols,
                           terms, e);
@@ -222,21 +211,22 @@ START_TEST(test_matmul_precision_bf16) {
                 int n = ns[k], rows = 40 + (int)(cs_rng_next(&rng) % 90), cols = 30 + (int)(cs_rng_next(&rng) % 300);
                 void *mem, *mem2;
                 cs_weight_t w = make_weight(rows, cols, dts[d], &mem), w2 = make_weight(rows / 2, cols, dts[d], &mem2);
-                float *x = randv((size_t)n * cols, 1.0f), *xr = malloc(sizeof(float) * n * cols);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *xr = malloc(sizeof(float) * n * cols);
                 float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
                 float *y2 = malloc(sizeof(float) * n * rows), *yr2 = malloc(sizeof(float) * n * rows);
                 if (dts[d] == CS_DTYPE_BF16) cs_round_bf16_ref(xr, x, (size_t)n * cols);
                 else memcpy(xr, x, sizeof(float) * n * cols);
                 cpu_raw_matmul(be, y, x, n, &w, NULL);
                 cs_matmul_ref(yr, xr, n, &w, NULL);
-                float e = max_rel_err(y, yr, (size_t)n * rows);
+                float e = test_max_rel_err(y, yr, (size_t)n * rows);
                 const cs_weight_t *ws[2] = {&w, &w2};
                 float *ys[2] = {y, y2};
-                float *bias2 = randv((size_t)(rows / 2), 1.0f); /* one of the two with a bias */
+                float *bias2 = test_randv(&rng, (size_t)(rows / 2), 1.0f); /* one of the two with a bias */
                 const float *bs[2] = {NULL, bias2};
                 cpu_raw_matmul_multi(be, ys, x, n, ws, bs, 2);
                 cs_matmul_ref(yr2, xr, n, &w2, bias2);
-                e = fmaxf(e, fmaxf(max_rel_err(y, yr, (size_t)n * rows), max_rel_err(y2, yr2, (size_t)n * (rows / 2))));
+                e = fmaxf(e, fmaxf(test_max_rel_err(y, yr, (size_t)n * rows),
+                                   test_max_rel_err(y2, yr2, (size_t)n * (rows / 2))));
                 worst = fmaxf(worst, e);
                 ck_assert_msg(e < 2e-6f, "precision bf16 (%s) n=%d %dx%d %s: rel err %g", cpu_raw_path(be), n, rows,
                               cols, cs_dtype_name(dts[d]), e);
@@ -249,7 +239,7 @@ START_TEST(test_matmul_precision_bf16) {
     for (int isa = 0; isa < 2; isa++) {
         if (isa == 0 ? !cs_cpu_has_avx512() : !cs_cpu_has_avx2()) continue;
         size_t count = 1003; /* a tail for both vector widths */
-        float *x = randv(count, 3.0f), *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
+        float *x = test_randv(&rng, count, 3.0f), *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
         x[0] = cs_bf16_to_f32(0x3f81) + ldexpf(1, -8);   /* halfway (the ulp is 2^-7), odd below: rounds up */
         x[1] = cs_bf16_to_f32(0x3f80) + ldexpf(1, -8);   /* halfway, even below: stays */
         uint32_t nans[3] = {0x7fffffffu, 0xffffffffu, 0x7f800001u};     /* NaNs that a carry would wreck */
@@ -283,11 +273,12 @@ START_TEST(test_attention_vs_ref) {
     for (size_t c = 0; c < CS_ARRAY_LEN(cfg); c++) {
         int n = cfg[c][0], pos0 = cfg[c][1], nh = cfg[c][2], nkv = cfg[c][3], hd = cfg[c][4], win = cfg[c][5];
         size_t L = (size_t)(pos0 + n);
-        float *q = randv((size_t)n * nh * hd, 1.0f), *k = randv(L * nkv * hd, 1.0f), *v = randv(L * nkv * hd, 1.0f);
+        float *q = test_randv(&rng, (size_t)n * nh * hd, 1.0f), *k = test_randv(&rng, L * nkv * hd, 1.0f);
+        float *v = test_randv(&rng, L * nkv * hd, 1.0f);
         float *o = malloc(sizeof(float) * n * nh * hd), *orf = malloc(sizeof(float) * n * nh * hd);
         cpu_raw_attention(be, o, q, k, v, n, pos0, nh, nkv, hd, win);
         cs_attention_ref(orf, q, k, v, n, pos0, nh, nkv, hd, win);
-        float e = max_rel_err(o, orf, (size_t)n * nh * hd);
+        float e = test_max_rel_err(o, orf, (size_t)n * nh * hd);
         ck_assert_msg(e < 1e-5f, "attention case %zu: rel err %g", c, e);
         free(q); free(k); free(v); free(o); free(orf);
     }
@@ -298,7 +289,8 @@ END_TEST
 /* the reference attention itself against a direct softmax computed in double */
 START_TEST(test_attention_ref_definition) {
     int n = 3, nh = 2, nkv = 1, hd = 4;
-    float *q = randv((size_t)n * nh * hd, 1.0f), *k = randv((size_t)n * nkv * hd, 1.0f), *v = randv((size_t)n * nkv * hd, 1.0f);
+    float *q = test_randv(&rng, (size_t)n * nh * hd, 1.0f), *k = test_randv(&rng, (size_t)n * nkv * hd, 1.0f);
+    float *v = test_randv(&rng, (size_t)n * nkv * hd, 1.0f);
     float o[3 * 2 * 4];
     cs_attention_ref(o, q, k, v, n, 0, nh, nkv, hd, 0);
     for (int i = 0; i < n; i++)
@@ -326,12 +318,13 @@ START_TEST(test_lora_vs_ref) {
     static const int cfg[][4] = {{1, 8, 64, 96}, {7, 16, 100, 40}, {33, 64, 128, 128}, {2, 1, 5, 3}};
     for (size_t c = 0; c < CS_ARRAY_LEN(cfg); c++) {
         int n = cfg[c][0], r = cfg[c][1], din = cfg[c][2], dout = cfg[c][3];
-        float *x = randv((size_t)n * din, 1), *a = randv((size_t)r * din, 0.3f), *b = randv((size_t)dout * r, 0.3f);
-        float *y = randv((size_t)n * dout, 1), *yr = malloc(sizeof(float) * n * dout);
+        float *x = test_randv(&rng, (size_t)n * din, 1), *a = test_randv(&rng, (size_t)r * din, 0.3f);
+        float *b = test_randv(&rng, (size_t)dout * r, 0.3f);
+        float *y = test_randv(&rng, (size_t)n * dout, 1), *yr = malloc(sizeof(float) * n * dout);
         memcpy(yr, y, sizeof(float) * n * dout);
         cpu_raw_lora(be, y, x, n, a, b, r, din, dout, 1.5f);
         cs_lora_ref(yr, x, n, a, b, r, din, dout, 1.5f);
-        float e = max_rel_err(y, yr, (size_t)n * dout);
+        float e = test_max_rel_err(y, yr, (size_t)n * dout);
         ck_assert_msg(e < 1e-5f, "lora case %zu: rel err %g", c, e);
         free(x); free(a); free(b); free(y); free(yr);
     }
@@ -342,27 +335,27 @@ END_TEST
 START_TEST(test_norm_rope_silu) {
     cpu_raw_t *be = be_for(3);
     int n = 70, dim = 320;
-    float *x = randv((size_t)n * dim, 2), *w = randv((size_t)dim, 1);
+    float *x = test_randv(&rng, (size_t)n * dim, 2), *w = test_randv(&rng, (size_t)dim, 1);
     float *y = malloc(sizeof(float) * n * dim), *yr = malloc(sizeof(float) * n * dim);
     cs_weight_t nw = {CS_DTYPE_F32, 1, dim, w, NULL};
     cpu_raw_rmsnorm(be, y, x, n, dim, &nw, 1e-6f);
     cs_rmsnorm_ref(yr, x, n, dim, w, 1e-6f);
-    ck_assert_float_lt(max_rel_err(y, yr, (size_t)n * dim), 1e-6f);
+    ck_assert_float_lt(test_max_rel_err(y, yr, (size_t)n * dim), 1e-6f);
     /* RoPE: rotation preserves the norm of each (j, j + half) pair and position 0 is identity */
     int nh = 5, hd = 64;
     float inv[32];
     for (int j = 0; j < 32; j++) inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / hd);
     int32_t pos[70];
     for (int i = 0; i < n; i++) pos[i] = i * 3;
-    float *r1 = randv((size_t)n * nh * hd, 1), *r2 = malloc(sizeof(float) * n * nh * hd);
+    float *r1 = test_randv(&rng, (size_t)n * nh * hd, 1), *r2 = malloc(sizeof(float) * n * nh * hd);
     memcpy(r2, r1, sizeof(float) * n * nh * hd);
     cpu_raw_rope(be, r1, n, nh, hd, pos, inv);
     cs_rope_ref(r2, n, nh, hd, pos, inv);
-    ck_assert_float_lt(max_rel_err(r1, r2, (size_t)n * nh * hd), 1e-6f);
+    ck_assert_float_lt(test_max_rel_err(r1, r2, (size_t)n * nh * hd), 1e-6f);
     /* the backend's SwiGLU (AVX2 where the CPU has it) against the plain loop, with gates
      * out to where e^-g overflows and underflows */
     size_t ns = 20011;
-    float *g1 = randv(ns, 30), *g2 = malloc(sizeof(float) * ns), *u1 = randv(ns, 2);
+    float *g1 = test_randv(&rng, ns, 30), *g2 = malloc(sizeof(float) * ns), *u1 = test_randv(&rng, ns, 2);
     g1[5] = -120.0f; g1[6] = 120.0f; g1[7] = 0.0f;
     memcpy(g2, g1, sizeof(float) * ns);
     cpu_raw_silu_mul(be, g1, u1, ns);
@@ -425,7 +418,8 @@ START_TEST(test_gemv_streams) {
                 int rows = rowss[ri], cols = colss[ci];
                 void *mem;
                 cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
-                float *x = randv((size_t)cols, 1.0f), *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
+                float *x = test_randv(&rng, (size_t)cols, 1.0f), *y = malloc(sizeof(float) * rows);
+                float *yr = malloc(sizeof(float) * rows);
                 int a = (int)(cs_rng_next(&rng) % (unsigned)(rows + 1)), b = a + (int)(cs_rng_next(&rng) % (unsigned)(rows - a + 1));
                 fns[f].fn(y, rows, x, 1, &w, 0, a); /* three ranges, as three tasks would take them */
                 fns[f].fn(y, rows, x, 1, &w, a, b);
@@ -567,7 +561,8 @@ START_TEST(test_wcode_gemv) {
                         if ((w[i] & 0x7f80) >= 0x7000) w[i] = 0x3f80;
                 cs_wcode_t *c = cs_wcode_new(w, rows, cols);
                 cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
-                float *x = randv((size_t)cols, 1.0f), *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
+                float *x = test_randv(&rng, (size_t)cols, 1.0f), *y = malloc(sizeof(float) * rows);
+                float *yr = malloc(sizeof(float) * rows);
                 float *yc = malloc(sizeof(float) * rows);
                 cs_matmul_ref(yr, x, 1, &wt, NULL);
                 cs_wcode_gemv_ref(yc, x, c, 0, rows);
@@ -614,7 +609,8 @@ START_TEST(test_wcode_gemv) {
             cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
             for (int n = 2; n <= CS_WCODE_MAX_N; n++) {
                 int ldy = rows + 3; /* y's rows apart by more than rows */
-                float *x = randv((size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * n * ldy), *yr = malloc(sizeof(float) * n * rows);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * n * ldy);
+                float *yr = malloc(sizeof(float) * n * rows);
                 cs_matmul_ref(yr, x, n, &wt, NULL);
                 for (size_t f = 0; f < CS_ARRAY_LEN(rfs); f++) {
                     if (!rfs[f].ok) continue;
@@ -662,12 +658,13 @@ START_TEST(test_wcode_gemv) {
         wc.code = cpu_raw_wcode_new(coded, &wt);
         ck_assert_ptr_nonnull(wc.code);
         for (int n = 1; n <= CS_WCODE_MAX_N + 1; n++) {
-            float *x = randv((size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * n * rows), *yp = malloc(sizeof(float) * n * rows);
+            float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * n * rows);
+            float *yp = malloc(sizeof(float) * n * rows);
             float *yr = malloc(sizeof(float) * n * rows);
             cpu_raw_matmul(coded, y, x, n, &wc, NULL);
             cpu_raw_matmul(plain, yp, x, n, &wt, NULL);
             cs_matmul_ref(yr, x, n, &wt, NULL);
-            float e = max_rel_err(y, yr, (size_t)n * rows);
+            float e = test_max_rel_err(y, yr, (size_t)n * rows);
             ck_assert_msg(e < 2e-6f, "backend %d threads, n %d: coded vs reference %g", th, n, e);
             if (n > (cs_cpu_has_avx512() ? 3 : CS_WCODE_MAX_N)) /* the dot tiles on the BF16 weights: the same bits */
                 ck_assert(!memcmp(y, yp, sizeof(float) * n * rows));
@@ -746,7 +743,8 @@ START_TEST(test_wcode_code_only) {
                 for (size_t k = 0; k < CS_ARRAY_LEN(ns); k++) {
                     int n = ns[k];
                     size_t ny = (size_t)n * rows, ny2 = (size_t)n * wt2.rows;
-                    float *x = randv((size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * ny), *yb = malloc(sizeof(float) * ny);
+                    float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * ny);
+                    float *yb = malloc(sizeof(float) * ny);
                     float *y2 = malloc(sizeof(float) * ny2), *yb2 = malloc(sizeof(float) * ny2);
                     /* the reference: x as the kernels take it (rounded for --precision bf16) */
                     float *xr = malloc(sizeof(float) * n * cols), *yr = malloc(sizeof(float) * ny),
@@ -820,7 +818,7 @@ START_TEST(test_split_tiles) {
                 size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
                 void *mem;
                 cs_weight_t w = make_weight(rows, cols, CS_DTYPE_BF16, &mem);
-                float *x = randv((size_t)n * cols, 1.0f);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f);
                 ck_assert_uint_eq(cs_split_xs_len(n, cols), (size_t)n * kp);
                 float *xs = cs_aligned_alloc(64, sizeof(float) * cs_split_xs_len(n, cols));
                 memset(xs, 0xff, sizeof(float) * cs_split_xs_len(n, cols)); /* NaN: every place must be written */
@@ -841,7 +839,7 @@ START_TEST(test_split_tiles) {
                 isas[v].tile(y2, rows, xs, n, &w, 0, split);
                 isas[v].tile(y2, rows, xs, n, &w, split, rows);
                 cs_matmul_ref(yr, x, n, &w, NULL);
-                float e = max_rel_err(y, yr, (size_t)n * rows);
+                float e = test_max_rel_err(y, yr, (size_t)n * rows);
                 worst = fmaxf(worst, e);
                 ck_assert_msg(e < 2e-6f, "%s split tiles n=%d %dx%d: rel err %g", isas[v].name, n, rows, cols, e);
                 ck_assert_msg(!memcmp(y, y2, sizeof(float) * n * rows), "%s split tiles n=%d %dx%d: rows split at %d differ",
@@ -872,7 +870,7 @@ START_TEST(test_avx2_kernels) {
                 int rows = 13 + (int)(cs_rng_next(&rng) % 40), cols = colss[ci];
                 void *mem;
                 cs_weight_t w = make_weight(rows, cols, dts[d], &mem);
-                float *x = randv((size_t)n * cols, 1.0f);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f);
                 float *y = malloc(sizeof(float) * n * rows), *yt = malloc(sizeof(float) * n * rows);
                 float *yr = malloc(sizeof(float) * n * rows);
                 int split = rows / 3; /* two calls, as two tasks would make them */
@@ -880,7 +878,7 @@ START_TEST(test_avx2_kernels) {
                 cs_gemv_rows_avx2(y, rows, x, n, &w, split, rows);
                 cs_gemm_invariant_avx2(yt, rows, x, n, &w, 0, rows);
                 cs_matmul_ref(yr, x, n, &w, NULL);
-                float e = fmaxf(max_rel_err(y, yr, (size_t)n * rows), max_rel_err(yt, yr, (size_t)n * rows));
+                float e = fmaxf(test_max_rel_err(y, yr, (size_t)n * rows), test_max_rel_err(yt, yr, (size_t)n * rows));
                 worst = fmaxf(worst, e);
                 ck_assert_msg(e < 2e-6f, "avx2 gemv/tiles n=%d %dx%d %s: rel err %g", n, rows, cols,
                               cs_dtype_name(dts[d]), e);
@@ -901,7 +899,7 @@ START_TEST(test_avx2_kernels) {
             }
     printf("avx2 gemv and dot tiles: max rel err %.3g\n", worst);
     for (int n = 1; n <= 300; n += 13) {
-        float *a = randv((size_t)n, 40.0f), *b = malloc(sizeof(float) * n);
+        float *a = test_randv(&rng, (size_t)n, 40.0f), *b = malloc(sizeof(float) * n);
         if (n > 5) a[3] = -200.0f; /* exp underflows to 0 */
         memcpy(b, a, sizeof(float) * n);
         cs_softmax_avx2(a, n);
@@ -916,11 +914,12 @@ START_TEST(test_avx2_kernels) {
         cs_dtype kvt = h < CS_ARRAY_LEN(hds) ? CS_DTYPE_F32 : CS_DTYPE_BF16;
         int32_t blocks[4] = {3, 0, 2, 1}; /* out of order on purpose */
         size_t kv_dim = (size_t)nkv * hd, pool = (size_t)4 * bs * kv_dim;
-        float *k = randv(pool, 1.0f), *v = randv(pool, 1.0f);
+        float *k = test_randv(&rng, pool, 1.0f), *v = test_randv(&rng, pool, 1.0f);
         uint16_t *kb = malloc(pool * 2), *vb = malloc(pool * 2);
         for (size_t i = 0; i < pool; i++) kb[i] = cs_f32_to_bf16(k[i]), vb[i] = cs_f32_to_bf16(v[i]);
         const void *kp = kvt == CS_DTYPE_BF16 ? (const void *)kb : k, *vp = kvt == CS_DTYPE_BF16 ? (const void *)vb : v;
-        float *q = randv((size_t)2 * hd, 1.0f), *o = malloc(sizeof(float) * 2 * hd), *orf = malloc(sizeof(float) * 2 * hd);
+        float *q = test_randv(&rng, (size_t)2 * hd, 1.0f), *o = malloc(sizeof(float) * 2 * hd);
+        float *orf = malloc(sizeof(float) * 2 * hd);
         float s[2 * 64], *o1 = malloc(sizeof(float) * 2 * hd);
         /* both heads in one call, and one head per call (a query's heads split over tasks):
          * the same bits */
@@ -931,7 +930,7 @@ START_TEST(test_avx2_kernels) {
         ck_assert(!memcmp(o, o1, sizeof(float) * 2 * hd));
         cpu_attn_seq_t sq = {.row0 = 0, .n = 1, .pos0 = len - 1, .blocks = blocks};
         cs_attention_paged_kv_ref(orf, q, kp, vp, kvt, &sq, 1, bs, 2, nkv, hd, 0);
-        float e = max_rel_err(o, orf, (size_t)2 * hd);
+        float e = test_max_rel_err(o, orf, (size_t)2 * hd);
         ck_assert_msg(e < 1e-5f, "avx2 paged rows hd=%d (%d blocks, %s pools): rel err %g", hd, nb, cs_dtype_name(kvt), e);
         free(o1);
         free(k); free(v); free(kb); free(vb); free(q); free(o); free(orf);
@@ -958,30 +957,11 @@ END_TEST
 
 int main(void) {
     cs_rng_seed(&rng, 1234);
-    Suite *s = suite_create("cpu_kernels");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_matmul_vs_ref);
-    tcase_add_test(tc, test_matmul_sweep);
-    tcase_add_test(tc, test_gemm_bf16_amx);
-    tcase_add_test(tc, test_gemm_dpbf16);
-    tcase_add_test(tc, test_matmul_precision_bf16);
-    tcase_add_test(tc, test_attention_vs_ref);
-    tcase_add_test(tc, test_attention_ref_definition);
-    tcase_add_test(tc, test_lora_vs_ref);
-    tcase_add_test(tc, test_norm_rope_silu);
-    tcase_add_test(tc, test_gemv_streams);
-    tcase_add_test(tc, test_wcode_roundtrip);
-    tcase_add_test(tc, test_wcode_gemv);
-    tcase_add_test(tc, test_wcode_code_only);
-    tcase_add_test(tc, test_split_tiles);
-    tcase_add_test(tc, test_avx2_kernels);
-    tcase_add_test(tc, test_half_conversions);
-    tcase_add_test(tc, test_threadpool_exactly_once);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const TTest *const tests[] = {
+        test_matmul_vs_ref, test_matmul_sweep, test_gemm_bf16_amx, test_gemm_dpbf16,
+        test_matmul_precision_bf16, test_attention_vs_ref, test_attention_ref_definition, test_lora_vs_ref,
+        test_norm_rope_silu, test_gemv_streams, test_wcode_roundtrip, test_wcode_gemv, test_wcode_code_only,
+        test_split_tiles, test_avx2_kernels, test_half_conversions, test_threadpool_exactly_once
+    };
+    return cs_check_main("cpu_kernels", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

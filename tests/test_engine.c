@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/sched.h"
 #include "sched/fcfs.h"
+#include "testutil.h"
 
 static char dir[] = "/tmp/cs_test_engine_XXXXXX";
 static char model_dir[512], adapter_dir[512];
@@ -476,28 +477,19 @@ int main(void) {
     fcfs = sched_fcfs_new(NULL);
     if (model_load(model_dir, be, &model)) { fprintf(stderr, "test_engine: %s\n", cs_error_last()); return 1; }
     Suite *s = suite_create("engine");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, loading_adapter_does_not_block);
-    tcase_add_test(tc, abort_within_one_iteration);
-    tcase_add_test(tc, preemption_no_leak);
-    tcase_add_test(tc, samples_share_prompt_blocks);
-    tcase_add_test(tc, submit_validation);
-    tcase_add_test(tc, engine_thread);
+    const TTest *const tests[] = {
+        loading_adapter_does_not_block, abort_within_one_iteration, preemption_no_leak,
+        samples_share_prompt_blocks, submit_validation, engine_thread,
+    };
+    const TTest *const more[] = {policy_decides, first_step_prefill_chunk};
+    TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
     tcase_add_loop_test(tc, prompt_logprobs, 0, 3);
-    tcase_add_test(tc, policy_decides);
-    tcase_add_test(tc, first_step_prefill_chunk);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    cs_tcase_add_tests(tc, more, CS_ARRAY_LEN(more));
+    int nf = cs_check_run(s, CK_NOFORK);
     model_free(model);
     sched_free(fcfs);
     backend_free(be);
     sampling_scratch_free();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) nf++;
+    if (cs_rmtree(dir)) nf++;
     return nf ? 1 : 0;
 }

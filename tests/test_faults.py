@@ -1,4 +1,4 @@
-"""test_faults.py: what a client sees when things go wrong under `caraserve serve` (README's
+"""test_faults.py: what a client sees when things go wrong under `caraserve serve` (docs/errors.md's
 reliability table names this test for these rows).
 
 1. The disk answers an adapter's reads with EIO (CS_FAULT_EIO_PATH: the loader's fault

@@ -1,8 +1,8 @@
 /* test_gpu.c: the CUDA backend on a GPU. Built everywhere; without a CUDA build or without a
  * GPU at run time it exits 77 (automake SKIP). On a GPU host it must pass:
  *   1. the toolchain check (a saxpy kernel against the host);
- *   2. tests/test_backend_ops with CS_TEST_REQUIRE_CUDA=1: every op of the CUDA backend on
- *      the GPU against the plain references, as on every other backend (its tolerances);
+ *   2. tests/test_backend_ops_gpu with CS_TEST_REQUIRE_CUDA=1: every op of the CUDA backend
+ *      on the GPU against the plain references, as on every other backend (its tolerances);
  *   3. tests/test_cuda_emu.py and tests/test_gpu_ref.py with CS_TEST_CUDA_DEVICE=cuda: the
  *      engine end to end on the GPU against the CPU backend (F32 models: same tokens,
  *      logprobs within 2e-5) and against transformers + peft in bfloat16 on the same GPU. */
@@ -31,7 +31,7 @@ int main(void) {
         return 1;
     }
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "CS_TEST_REQUIRE_CUDA=1 '%s/tests/test_backend_ops'", bd);
+    snprintf(cmd, sizeof cmd, "CS_TEST_REQUIRE_CUDA=1 '%s/tests/test_backend_ops_gpu'", bd);
     printf("running %s\n", cmd);
     fflush(stdout);
     if (system(cmd) != 0) {

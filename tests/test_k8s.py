@@ -169,7 +169,7 @@ conf = cfgmap["data"].get(conf_key or "", "")
 active = re.findall(r"^\s*([A-Za-z][\w-]*)\s*=", conf, re.M)
 commented = re.findall(r"^\s*#\s*([a-z][a-z0-9-]*)\s*=\s*\S", conf, re.M)
 timeout = re.findall(r"^\s*shutdown-timeout\s*=\s*([0-9.]+)\s*$", conf, re.M)
-drain = float(timeout[-1]) if timeout else 30.0  # server/cmd_serve.c's default
+drain = float(timeout[-1]) if timeout else 30.0  # server/options.c's default
 check(f"terminationGracePeriodSeconds covers the drain ({drain:g} s + 5 s for the aborts)",
       pod.get("terminationGracePeriodSeconds", 30) > drain + 5, str(pod.get("terminationGracePeriodSeconds")))
 claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]

@@ -9,6 +9,7 @@
 #include "cpu_kernels/cpu_backend.h"
 #include "engine/kv_cache.h"
 #include "engine/sampling.h"
+#include "testutil.h"
 
 static backend_t *be;
 
@@ -218,18 +219,10 @@ END_TEST
 
 int main(void) {
     be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 1});
-    Suite *s = suite_create("kv_cache");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, budget_and_exhaustion);
-    tcase_add_test(tc, prefix_publish_lookup_evict);
-    tcase_add_test(tc, copy_partial_block);
-    tcase_add_test(tc, randomized_shadow);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    const TTest *const tests[] = {
+        budget_and_exhaustion, prefix_publish_lookup_evict, copy_partial_block, randomized_shadow,
+    };
+    int rc = cs_check_main("kv_cache", tests, CS_ARRAY_LEN(tests), 0, CK_NOFORK);
     backend_free(be);
-    return nf ? 1 : 0;
+    return rc;
 }

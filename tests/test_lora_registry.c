@@ -4,11 +4,10 @@
  * adapter equal to lora_adapter_load's, held adapters never evicted (a 6th waits for a
  * release), corrupt adapters failing only themselves, versions, remove, threads acquiring
  * and re-adding at once, and freeing with loads in flight. */
-#include "config.h" /* _GNU_SOURCE: nftw, rand_r */
+#include "config.h" /* _GNU_SOURCE: rand_r */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -19,10 +18,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/loader_uring.h"
 #include "cpu_kernels/cpu_backend.h"
 #include "lora/registry.h"
+#include "testutil.h"
 
 static char root[256];
 static model_config_t base;
@@ -34,18 +34,13 @@ static const char *base_json =
     "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
     "\"num_key_value_heads\": 2}";
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 static void setup(void) {
     snprintf(root, sizeof root, "/tmp/cs_test_lreg_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(root));
     ck_assert_int_eq(model_config_parse(base_json, &base), CS_OK);
 }
 
-static void teardown(void) { nftw(root, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+static void teardown(void) { cs_rmtree(root); }
 
 /* ---- adapters on disk ---- */
 
@@ -1560,42 +1555,19 @@ START_TEST(test_stream_host) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("lora_registry");
-    TCase *tc = tcase_create("loader");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_loader_files);
-    tcase_add_test(tc, test_loader_many_jobs);
-    tcase_add_test(tc, test_loader_pool);
-    tcase_add_test(tc, test_loader_stream);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("registry");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_basic);
-    tcase_add_test(tc, test_many_by_count);
-    tcase_add_test(tc, test_many_by_bytes);
-    tcase_add_test(tc, test_bytes_by_dtype);
-    tcase_add_test(tc, test_device_tier);
-    tcase_add_test(tc, test_stream_host);
-    tcase_add_test(tc, test_pinned_by_count);
-    tcase_add_test(tc, test_pinned_by_bytes);
-    tcase_add_test(tc, test_corrupt);
-    tcase_add_test(tc, test_versions);
-    tcase_add_test(tc, test_kept_versions);
-    tcase_add_test(tc, test_remove);
-    tcase_add_test(tc, test_concurrent);
-    tcase_add_test(tc, test_fresh_grace);
-    tcase_add_test(tc, test_free_while_loading);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void) {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("lora_registry");
+    const TTest *const loader[] = {
+        test_loader_files, test_loader_many_jobs, test_loader_pool, test_loader_stream,
+    };
+    TCase *tc = cs_tcase(s, "loader", loader, CS_ARRAY_LEN(loader), 120);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    const TTest *const registry[] = {
+        test_basic, test_many_by_count, test_many_by_bytes, test_bytes_by_dtype, test_device_tier,
+        test_stream_host, test_pinned_by_count, test_pinned_by_bytes, test_corrupt, test_versions,
+        test_kept_versions, test_remove, test_concurrent, test_fresh_grace, test_free_while_loading,
+    };
+    tc = cs_tcase(s, "registry", registry, CS_ARRAY_LEN(registry), 300);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -14,8 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 #include "server/metrics.h"
+#include "testutil.h"
 
 static char *render(metrics_t *m) {
     size_t len = 0;
@@ -652,17 +653,11 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("metrics");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_counter_gauge_no_labels);
-    tcase_add_test(tc, test_labels);
-    tcase_add_test(tc, test_histogram);
-    tcase_add_test(tc, test_histogram_cumulative);
-    tcase_add_test(tc, test_escaping);
-    tcase_add_test(tc, test_numbers);
-    tcase_add_test(tc, test_remove);
-    tcase_add_test(tc, test_registration_errors);
-    tcase_add_test(tc, test_concurrent);
-    tcase_add_test(tc, test_promtool);
+    const TTest *const tests[] = {
+        test_counter_gauge_no_labels, test_labels, test_histogram, test_histogram_cumulative, test_escaping,
+        test_numbers, test_remove, test_registration_errors, test_concurrent, test_promtool,
+    };
+    TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
     /* aborting tests need a forked child each */
     const char *fork_env = getenv("CK_FORK");
     if (!fork_env || strcmp(fork_env, "no") != 0) {
@@ -670,10 +665,5 @@ int main(void) {
         tcase_add_test_raise_signal(tc, test_wrong_kind_aborts, SIGABRT);
         tcase_add_test_raise_signal(tc, test_missing_labels_abort, SIGABRT);
     }
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return cs_check_run(s, CK_FORK) ? 1 : 0;
 }

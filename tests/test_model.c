@@ -14,8 +14,9 @@
 #include "cpu_kernels/cpu_backend.h"
 #include "gpu_kernels/gpu_backend.h"
 #include "engine/model.h"
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "engine/sampling.h"
+#include "tests/testutil.h"
 
 enum { HID = 64, LAYERS = 2, HEADS = 4, KVH = 2, HD = 16, INTER = 96, VOCAB = 50 };
 
@@ -27,8 +28,8 @@ static char tmpl[] = "/tmp/cs_test_model_XXXXXX";
 static char *root;
 
 static float *randv(size_t n, float scale, float offset) {
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) v[i] = offset + (float)(cs_rng_uniform(&rng) * 2 - 1) * scale;
+    float *v = test_randv(&rng, n, scale);
+    for (size_t i = 0; i < n; i++) v[i] += offset;
     return v;
 }
 
@@ -122,12 +123,6 @@ static char *write_model(const char *sub, const char *arch, cs_dtype dt, const c
     return dir;
 }
 
-static float max_abs_diff(const float *a, const float *b, size_t n) {
-    float m = 0;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
-    return m;
-}
-
 static void check_prefill_equals_decode(const char *arch, cs_dtype dt) {
     char sub[64];
     snprintf(sub, sizeof sub, "m_%s_%d", arch, dt);
@@ -145,15 +140,15 @@ static void check_prefill_equals_decode(const char *arch, cs_dtype dt) {
     model_seq_t *s = model_seq_new(mf, N, CS_DTYPE_F32), *sr = model_seq_new(mr, N, CS_DTYPE_F32);
     ck_assert_int_eq(model_forward(mf, s, ids, N, NULL, all, true), 0);
     ck_assert_int_eq(model_forward(mr, sr, ids, N, NULL, allr, true), 0);
-    ck_assert_msg(max_abs_diff(all, allr, (size_t)N * VOCAB) < 1e-4f, "fast vs reference kernels differ");
+    ck_assert_msg(test_max_abs_diff(all, allr, (size_t)N * VOCAB) < 1e-4f, "fast vs reference kernels differ");
     /* the same prompt fed as a 5-token prefill then one token at a time */
     model_seq_reset(s);
     float *chunk = malloc(sizeof(float) * 5 * VOCAB);
     ck_assert_int_eq(model_forward(mf, s, ids, 5, NULL, chunk, true), 0);
-    ck_assert(max_abs_diff(chunk, all, 5 * VOCAB) < 1e-4f);
+    ck_assert(test_max_abs_diff(chunk, all, 5 * VOCAB) < 1e-4f);
     for (int i = 5; i < N; i++) {
         ck_assert_int_eq(model_forward(mf, s, &ids[i], 1, NULL, one, false), 0);
-        float d = max_abs_diff(one, all + (size_t)i * VOCAB, VOCAB);
+        float d = test_max_abs_diff(one, all + (size_t)i * VOCAB, VOCAB);
         ck_assert_msg(d < 1e-4f, "%s pos %d: decode differs from prefill by %g", arch, i, d);
     }
     /* the cache is full now */
@@ -188,7 +183,7 @@ START_TEST(test_misaligned_tensors) {
     model_seq_t *sa = model_seq_new(ma, 9, CS_DTYPE_F32), *sb = model_seq_new(mb, 9, CS_DTYPE_F32);
     ck_assert_int_eq(model_forward(ma, sa, ids, 9, NULL, la, true), 0);
     ck_assert_int_eq(model_forward(mb, sb, ids, 9, NULL, lb, true), 0);
-    ck_assert_float_eq(max_abs_diff(la, lb, 9 * VOCAB), 0.0f);
+    ck_assert_float_eq(test_max_abs_diff(la, lb, 9 * VOCAB), 0.0f);
     model_seq_free(sa); model_seq_free(sb);
     model_free(ma); model_free(mb);
     backend_free(be);
@@ -262,7 +257,7 @@ START_TEST(test_graphs_two_caches) {
             int32_t t = ids[k][done[k]++];
             ck_assert_int_eq(model_forward(mg, sg[k], &t, 1, NULL, lg, false), 0);
             ck_assert_int_eq(model_forward(mp, sp[k], &t, 1, NULL, lp, false), 0);
-            float d = max_abs_diff(lg, lp, VOCAB);
+            float d = test_max_abs_diff(lg, lp, VOCAB);
             ck_assert_msg(d < 1e-5f, "sequence %d, step %d: with graphs %g away from without", k, done[k], d);
         }
     }
@@ -313,24 +308,12 @@ int main(void) {
     root = mkdtemp(tmpl);
     if (!root) return 99;
     Suite *s = suite_create("model");
-    TCase *tc = tcase_create("forward");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_llama_f32);
-    tcase_add_test(tc, test_llama_bf16);
-    tcase_add_test(tc, test_misaligned_tensors);
-    tcase_add_test(tc, test_weights_memory);
-    tcase_add_test(tc, test_qwen3_f32);
-    tcase_add_test(tc, test_graphs_two_caches);
-    tcase_add_test(tc, test_missing_tensor);
-    tcase_add_test(tc, test_wrong_shape);
-    tcase_add_test(tc, test_unexpected_tensor);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    const TTest *const tests[] = {
+        test_llama_f32, test_llama_bf16, test_misaligned_tensors, test_weights_memory, test_qwen3_f32,
+        test_graphs_two_caches, test_missing_tensor, test_wrong_shape, test_unexpected_tensor
+    };
+    cs_tcase(s, "forward", tests, CS_ARRAY_LEN(tests), 120);
+    int failed = cs_check_run(s, CK_FORK);
+    if (cs_rmtree(root)) fprintf(stderr, "could not remove %s\n", root);
     return failed ? 1 : 0;
 }

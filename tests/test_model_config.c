@@ -8,7 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/model_config.h"
+#include "base/model_config.h"
+#include "testutil.h"
 
 /* What transformers 5.23 save_pretrained writes for a tiny Llama with llama3 rope scaling. */
 static const char *llama3_hf =
@@ -371,30 +372,61 @@ START_TEST(test_no_crash_on_corruption) {
 }
 END_TEST
 
-static Suite *model_config_suite(void) {
-    Suite *s = suite_create("model_config");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_llama_hf_llama3);
-    tcase_add_test(tc, test_llama_defaults);
-    tcase_add_test(tc, test_gqa);
-    tcase_add_test(tc, test_mistral);
-    tcase_add_test(tc, test_qwen2);
-    tcase_add_test(tc, test_qwen2_sliding);
-    tcase_add_test(tc, test_qwen3);
-    tcase_add_test(tc, test_rope_layouts);
-    tcase_add_test(tc, test_rope_refused);
-    tcase_add_test(tc, test_refusals);
-    tcase_add_test(tc, test_missing_and_types);
-    tcase_add_test(tc, test_load_dir);
-    tcase_add_test(tc, test_no_crash_on_corruption);
-    suite_add_tcase(s, tc);
-    return s;
+/* generation_config.json: the fields that differ from transformers' GenerationConfig
+ * defaults become the model's sampling defaults (as vLLM's --generation-config auto) */
+START_TEST(test_gen_defaults) {
+    model_gen_defaults_t g;
+    /* SmolLM2's recommended sampling, with what transformers writes beside it */
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"bos_token_id\": 1, \"eos_token_id\": 2, \"temperature\": 0.2,"
+                                                   " \"top_p\": 0.9, \"do_sample\": true}", &g), CS_OK);
+    ck_assert_uint_eq(g.set, MODEL_GEN_TEMPERATURE | MODEL_GEN_TOP_P);
+    ck_assert(g.temperature == 0.2 && g.top_p == 0.9);
+    /* values equal to transformers' defaults are no recommendation; null is absent */
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"temperature\": 1.0, \"top_p\": 1, \"top_k\": 50,"
+                                                   " \"repetition_penalty\": 1.0, \"min_p\": null}", &g), CS_OK);
+    ck_assert_uint_eq(g.set, 0);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"top_k\": 20, \"min_p\": 0.0, \"repetition_penalty\": 1.1,"
+                                                   " \"max_new_tokens\": 64}", &g), CS_OK);
+    ck_assert_uint_eq(g.set, MODEL_GEN_TOP_K | MODEL_GEN_MIN_P | MODEL_GEN_REPETITION_PENALTY | MODEL_GEN_MAX_TOKENS);
+    ck_assert(g.top_k == 20 && g.min_p == 0.0 && g.repetition_penalty == 1.1 && g.max_tokens == 64);
+    /* wrong types and ranges are refused by name, leaving no defaults */
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"temperature\": \"hot\"}", &g), CS_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(cs_error_last(), "'temperature'"));
+    ck_assert_uint_eq(g.set, 0);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"top_k\": 2.5}", &g), CS_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(cs_error_last(), "'top_k'"));
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"max_new_tokens\": 0}", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"top_p\": -0.5}", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"top_p\": 0}", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"min_p\": 1.5}", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{\"repetition_penalty\": 0}", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "[1]", &g), CS_EFORMAT);
+    ck_assert_int_eq(model_gen_defaults_parse("g", "{", &g), CS_EFORMAT);
+    /* a directory without the file has no defaults */
+    char dir[] = "/tmp/cs_gencfg_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    g.set = 99;
+    ck_assert_int_eq(model_gen_defaults_load(dir, &g), CS_OK);
+    ck_assert_uint_eq(g.set, 0);
+    char path[128];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{\"temperature\": 0.6, \"top_p\": 0.95, \"top_k\": 20}\n", f);
+    fclose(f);
+    ck_assert_int_eq(model_gen_defaults_load(dir, &g), CS_OK);
+    ck_assert_uint_eq(g.set, MODEL_GEN_TEMPERATURE | MODEL_GEN_TOP_P | MODEL_GEN_TOP_K);
+    ck_assert(g.temperature == 0.6 && g.top_p == 0.95 && g.top_k == 20);
+    unlink(path);
+    rmdir(dir);
 }
+END_TEST
 
 int main(void) {
-    SRunner *sr = srunner_create(model_config_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        test_llama_hf_llama3, test_llama_defaults, test_gqa, test_mistral, test_qwen2, test_qwen2_sliding,
+        test_qwen3, test_rope_layouts, test_rope_refused, test_refusals, test_missing_and_types,
+        test_load_dir, test_no_crash_on_corruption, test_gen_defaults,
+    };
+    return cs_check_main("model_config", tests, CS_ARRAY_LEN(tests), 0, CK_FORK);
 }

@@ -4,7 +4,6 @@
  * list / regex / all-linear, layers_to_transform, exclude_modules, and refusals (DoRA,
  * modules_to_save, lm_head / embeddings, wrong shapes naming both shapes, missing tensors). */
 #include <check.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +12,10 @@
 
 #include <pthread.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "lora/assist.h"
 #include "lora/peft.h"
+#include "testutil.h"
 
 static char dir[256];
 static model_config_t base;
@@ -27,29 +27,13 @@ static const char *base_json =
     "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
     "\"num_key_value_heads\": 2}";
 
-static void rm_dir_files(const char *d) {
-    DIR *dd = opendir(d);
-    if (!dd) return;
-    struct dirent *e;
-    while ((e = readdir(dd))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", d, e->d_name);
-        unlink(p);
-    }
-    closedir(dd);
-}
-
 static void setup(void) {
     snprintf(dir, sizeof dir, "/tmp/cs_test_peft_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     ck_assert_int_eq(model_config_parse(base_json, &base), CS_OK);
 }
 
-static void teardown(void) {
-    rm_dir_files(dir);
-    rmdir(dir);
-}
+static void teardown(void) { cs_rmtree(dir); }
 
 /* ---- building adapter files ---- */
 
@@ -747,36 +731,17 @@ START_TEST(test_assist_pool) {
 }
 END_TEST
 
-static Suite *peft_suite(void) {
-    Suite *s = suite_create("peft");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_target_dims);
-    tcase_add_test(tc, test_all_targets);
-    tcase_add_test(tc, test_rslora);
-    tcase_add_test(tc, test_rank_alpha_pattern);
-    tcase_add_test(tc, test_partial_targets);
-    tcase_add_test(tc, test_target_regex_and_all_linear);
-    tcase_add_test(tc, test_layers_to_transform);
-    tcase_add_test(tc, test_exclude_modules);
-    tcase_add_test(tc, test_config_refusals);
-    tcase_add_test(tc, test_refused_tensors);
-    tcase_add_test(tc, test_wrong_shapes);
-    tcase_add_test(tc, test_missing_tensor);
-    tcase_add_test(tc, test_dtypes);
-    tcase_add_test(tc, test_sharded_and_files);
-    suite_add_tcase(s, tc);
-    TCase *ta = tcase_create("assist");
-    tcase_add_test(ta, test_assist_term);
-    tcase_add_test(ta, test_assist_pool);
-    suite_add_tcase(s, ta);
-    return s;
-}
-
 int main(void) {
-    SRunner *sr = srunner_create(peft_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("peft");
+    const TTest *const core[] = {
+        test_target_dims, test_all_targets, test_rslora, test_rank_alpha_pattern, test_partial_targets,
+        test_target_regex_and_all_linear, test_layers_to_transform, test_exclude_modules,
+        test_config_refusals, test_refused_tensors, test_wrong_shapes, test_missing_tensor, test_dtypes,
+        test_sharded_and_files,
+    };
+    TCase *tc = cs_tcase(s, "core", core, CS_ARRAY_LEN(core), 0);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    const TTest *const assist[] = {test_assist_term, test_assist_pool};
+    cs_tcase(s, "assist", assist, CS_ARRAY_LEN(assist), 0);
+    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

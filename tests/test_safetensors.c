@@ -3,7 +3,6 @@
  * refused with the right status and a message naming the tensor, never a crash. */
 #define _GNU_SOURCE /* memfd_create */
 #include <check.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
+#include "testutil.h"
 
 static char tmpdir[256];
 
@@ -20,20 +20,7 @@ static void setup(void) {
     ck_assert_ptr_nonnull(mkdtemp(tmpdir));
 }
 
-static void teardown(void) {
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char p[512];
-            snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-}
+static void teardown(void) { cs_rmtree(tmpdir); }
 
 static char *path_in(const char *name) {
     static char p[512];
@@ -477,27 +464,14 @@ START_TEST(test_no_crash_on_corruption) {
 }
 END_TEST
 
-static Suite *safetensors_suite(void) {
-    Suite *s = suite_create("safetensors");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_round_trip);
-    tcase_add_test(tc, test_write_no_metadata_and_errors);
-    tcase_add_test(tc, test_sharded);
-    tcase_add_test(tc, test_copy_huge);
-    tcase_add_test(tc, test_sharded_errors);
-    tcase_add_test(tc, test_single_dir);
-    tcase_add_test(tc, test_bad_files);
-    tcase_add_test(tc, test_good_edge_cases);
-    tcase_add_test(tc, test_no_crash_on_corruption);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void) {
-    SRunner *sr = srunner_create(safetensors_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("safetensors");
+    const TTest *const tests[] = {
+        test_round_trip, test_write_no_metadata_and_errors, test_sharded, test_copy_huge,
+        test_sharded_errors, test_single_dir, test_bad_files, test_good_edge_cases,
+        test_no_crash_on_corruption,
+    };
+    TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

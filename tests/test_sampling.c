@@ -7,10 +7,13 @@
  * parameter validation; the legacy stateless helpers. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/sampling.h"
+#include "engine/sampling_json.h"
+#include "testutil.h"
 
 static sampling_params_t params(float t, int k, float p, float min_p) {
     sampling_params_t sp;
@@ -573,6 +576,95 @@ START_TEST(test_validation) {
 }
 END_TEST
 
+/* one body through sampling_params_from_json in style st: the status, with the message in msg
+ * (the body lives until the next call: out's stop strings are its) */
+static int from_json(const char *body, sampling_json_style st, sampling_json_t *out, char *msg, size_t n) {
+    sampling_json_logprobs lp[] = {SAMPLING_JSON_LOGPROBS_COUNT, SAMPLING_JSON_LOGPROBS_OBJECT,
+                                   SAMPLING_JSON_LOGPROBS_COUNT_MODE};
+    sampling_json_opts_t opt = {.style = st, .logprobs = lp[st], .max_logprobs = 20, .max_tokens_default = 16,
+                                .max_model_len = 100, .vocab = 1000, .seed = st != SAMPLING_JSON_ROLLOUT};
+    static json_t *o;
+    json_decref(o);
+    o = json_loads(body, 0, NULL);
+    ck_assert_ptr_nonnull(o);
+    int rc = sampling_params_from_json(o, &opt, out);
+    snprintf(msg, n, "%s", rc ? cs_error_last() : "");
+    return rc;
+}
+
+START_TEST(test_from_json) {
+    sampling_json_t sj;
+    char msg[256];
+    /* the same fields in the three styles */
+    const char *ok = "{\"temperature\": 0.5, \"top_k\": 5.0, \"stop\": [\"a\", \"b\"], \"stop_token_ids\": [7], "
+                     "\"max_tokens\": 9, \"min_tokens\": 2, \"ignore_eos\": true, \"seed\": 3}";
+    for (int st = 0; st < 3; st++) {
+        int rc = from_json(ok, (sampling_json_style)st, &sj, msg, sizeof msg);
+        if (st == SAMPLING_JSON_BATCH) { /* JSON integers only */
+            ck_assert_int_eq(rc, CS_EINVAL);
+            ck_assert_str_eq(msg, "top_k must be an integer");
+            sampling_json_free(&sj);
+            continue;
+        }
+        ck_assert_int_eq(rc, CS_OK);
+        ck_assert_float_eq(sj.sampling.temperature, 0.5f);
+        ck_assert_int_eq(sj.sampling.top_k, 5);
+        ck_assert_int_eq(sj.n_stop, 2);
+        ck_assert_str_eq(sj.stop[1], "b");
+        ck_assert_int_eq(sj.n_stop_ids, 1);
+        ck_assert_int_eq(sj.stop_ids[0], 7);
+        ck_assert_int_eq(sj.max_tokens, 9);
+        ck_assert_int_eq(sj.min_tokens, 2);
+        ck_assert(sj.ignore_eos);
+        ck_assert(sj.sampling.has_seed == (st == SAMPLING_JSON_OPENAI)); /* a rollout's seed is each group's */
+        ck_assert_int_eq(sj.sampling.logprobs, st == SAMPLING_JSON_ROLLOUT ? 0 : -1);
+        sampling_json_free(&sj);
+    }
+    /* defaults: every knob off, null is absent */
+    ck_assert_int_eq(from_json("{\"temperature\": null}", SAMPLING_JSON_BATCH, &sj, msg, sizeof msg), CS_OK);
+    ck_assert_float_eq(sj.sampling.temperature, 1.0f);
+    ck_assert_int_eq(sj.max_tokens, 16);
+    ck_assert_ptr_null(sj.stop);
+    ck_assert_ptr_null(sj.stop_ids);
+    sampling_json_free(&sj);
+    /* a range: checked here for OpenAI (naming the field), left to sampling_params_validate otherwise */
+    ck_assert_int_eq(from_json("{\"top_p\": 2}", SAMPLING_JSON_OPENAI, &sj, msg, sizeof msg), CS_EINVAL);
+    ck_assert_str_eq(msg, "'top_p' must be between 0 and 1, got 2");
+    ck_assert_str_eq(sj.param, "top_p");
+    sampling_json_free(&sj);
+    ck_assert_int_eq(from_json("{\"top_p\": 2}", SAMPLING_JSON_ROLLOUT, &sj, msg, sizeof msg), CS_OK);
+    ck_assert_int_eq(sampling_params_validate(&sj.sampling), CS_EINVAL);
+    sampling_json_free(&sj);
+    ck_assert_int_eq(from_json("{\"max_tokens\": 0}", SAMPLING_JSON_ROLLOUT, &sj, msg, sizeof msg), CS_EINVAL);
+    ck_assert_str_eq(msg, "sampling.max_tokens must be at least 1");
+    ck_assert_str_eq(sj.param, "sampling");
+    sampling_json_free(&sj);
+    ck_assert_int_eq(from_json("{\"max_tokens\": 101}", SAMPLING_JSON_OPENAI, &sj, msg, sizeof msg), CS_EINVAL);
+    ck_assert_str_eq(msg, "'max_tokens' = 101 exceeds this model's maximum context length of 100 tokens");
+    sampling_json_free(&sj);
+    ck_assert_int_eq(from_json("{\"stop\": [\"a\", 1]}", SAMPLING_JSON_BATCH, &sj, msg, sizeof msg), CS_EINVAL);
+    ck_assert_str_eq(msg, "stop[1] must be a string");
+    sampling_json_free(&sj);
+    ck_assert_int_eq(from_json("{\"stop_token_ids\": [1000]}", SAMPLING_JSON_ROLLOUT, &sj, msg, sizeof msg), CS_EINVAL);
+    ck_assert_str_eq(msg, "sampling.stop_token_ids[0] is not a token id in [0, 1000)");
+    sampling_json_free(&sj);
+    /* the logprobs syntaxes */
+    ck_assert_int_eq(from_json("{\"logprobs\": {\"mode\": \"processed\", \"top_k\": 3}}", SAMPLING_JSON_ROLLOUT, &sj,
+                               msg, sizeof msg), CS_OK);
+    ck_assert_int_eq(sj.sampling.logprobs, 3);
+    ck_assert_int_eq(sj.sampling.logprobs_mode, SAMPLING_LOGPROBS_PROCESSED);
+    sampling_json_free(&sj);
+    ck_assert_int_eq(from_json("{\"logprobs\": 2, \"logprobs_mode\": \"processed\"}", SAMPLING_JSON_BATCH, &sj, msg,
+                               sizeof msg), CS_OK);
+    ck_assert_int_eq(sj.sampling.logprobs, 2);
+    ck_assert_int_eq(sj.sampling.logprobs_mode, SAMPLING_LOGPROBS_PROCESSED);
+    sampling_json_free(&sj);
+    ck_assert_int_eq(from_json("{\"logprobs\": 21}", SAMPLING_JSON_OPENAI, &sj, msg, sizeof msg), CS_EINVAL);
+    ck_assert_str_eq(msg, "'logprobs' must be between 0 and 20, got 21");
+    sampling_json_free(&sj);
+}
+END_TEST
+
 START_TEST(test_low_temperature_clamp) {
     /* 0 < T < 0.01 behaves as 0.01 (vLLM); below 1e-5 it is greedy */
     float x[3] = {0, 0.02f, 0.01f}, a[3], b[3];
@@ -595,29 +687,12 @@ START_TEST(test_low_temperature_clamp) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("sampling");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_argmax_ties);
-    tcase_add_test(tc, test_rng_reproducible);
-    tcase_add_test(tc, test_temperature_distribution);
-    tcase_add_test(tc, test_log_softmax);
-    tcase_add_test(tc, test_penalties_by_hand);
-    tcase_add_test(tc, test_process_grid);
-    tcase_add_test(tc, test_inverse_cdf_matches_reference);
-    tcase_add_test(tc, test_frequencies);
-    tcase_add_test(tc, test_logprobs_raw_vs_processed);
-    tcase_add_test(tc, test_topn_ordering_and_ties);
-    tcase_add_test(tc, test_banned);
-    tcase_add_test(tc, test_determinism);
-    tcase_add_test(tc, test_large_vocab_top_p);
-    tcase_add_test(tc, test_sparse_counts);
-    tcase_add_test(tc, test_validation);
-    tcase_add_test(tc, test_low_temperature_clamp);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const TTest *const tests[] = {
+        test_argmax_ties, test_rng_reproducible, test_temperature_distribution, test_log_softmax,
+        test_penalties_by_hand, test_process_grid, test_inverse_cdf_matches_reference, test_frequencies,
+        test_logprobs_raw_vs_processed, test_topn_ordering_and_ties, test_banned, test_determinism,
+        test_large_vocab_top_p, test_sparse_counts, test_validation, test_low_temperature_clamp,
+        test_from_json,
+    };
+    return cs_check_main("sampling", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

@@ -10,11 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/rng.h"
+#include "base/rng.h"
 #include "sched/cost.h"
 #include "sched/fcfs.h"
 #include "sched/route.h"
 #include "sched/slo.h"
+#include "testutil.h"
 
 static cs_rng_t rng;
 
@@ -579,7 +580,8 @@ static sched_slo_table_t *table_of(const char *text, char *err, size_t errlen) {
     json_error_t je;
     json_t *root = json_loads(text, 0, &je);
     ck_assert_msg(root != NULL, "%s: %s", text, je.text);
-    sched_slo_table_t *t = sched_slo_table_parse(root, err, errlen);
+    sched_slo_table_t *t;
+    if (sched_slo_table_parse(root, &t)) snprintf(err, errlen, "%s", cs_error_last());
     json_decref(root);
     return t;
 }
@@ -629,36 +631,22 @@ START_TEST(slo_table) {
     const char *dup = "{\"a\": {}, \"a\": {}}";
     ck_assert(write(fd, dup, strlen(dup)) == (ssize_t)strlen(dup));
     close(fd);
-    ck_assert(sched_slo_table_load(path, err, sizeof err) == NULL);
-    ck_assert_msg(strstr(err, "duplicate") != NULL, "%s", err);
+    t = NULL;
+    ck_assert_int_eq(sched_slo_table_load(path, &t), CS_EFORMAT);
+    ck_assert(t == NULL);
+    ck_assert_msg(strstr(cs_error_last(), "duplicate") != NULL, "%s", cs_error_last());
     unlink(path);
-    ck_assert(sched_slo_table_load(path, err, sizeof err) == NULL); /* gone */
+    ck_assert_int_ne(sched_slo_table_load(path, &t), CS_OK); /* gone */
+    ck_assert(t == NULL);
 }
 END_TEST
 
 int main(void) {
     cs_rng_seed(&rng, 12345);
-    Suite *s = suite_create("sched");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, cost_recovers_coefficients);
-    tcase_add_test(tc, cost_nonnegative);
-    tcase_add_test(tc, cost_follows_drift);
-    tcase_add_test(tc, cost_save_load);
-    tcase_add_test(tc, fcfs_policy);
-    tcase_add_test(tc, slo_admits_what_fits);
-    tcase_add_test(tc, slo_groups_adapters);
-    tcase_add_test(tc, slo_tpot_budget);
-    tcase_add_test(tc, slo_headroom);
-    tcase_add_test(tc, slo_drift);
-    tcase_add_test(tc, slo_order_and_victim);
-    tcase_add_test(tc, route_rank_aware);
-    tcase_add_test(tc, route_queue_and_pause);
-    tcase_add_test(tc, route_queue_and_ties);
-    tcase_add_test(tc, slo_table);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        cost_recovers_coefficients, cost_nonnegative, cost_follows_drift, cost_save_load, fcfs_policy,
+        slo_admits_what_fits, slo_groups_adapters, slo_tpot_budget, slo_headroom, slo_drift,
+        slo_order_and_victim, route_rank_aware, route_queue_and_pause, route_queue_and_ties, slo_table,
+    };
+    return cs_check_main("sched", tests, CS_ARRAY_LEN(tests), 0, CK_FORK);
 }

@@ -1,6 +1,6 @@
 """test_serve_errors.py: what `caraserve serve` does with bad input and through its lifecycle.
 
-1. Every bad input of the README's table gets its 4xx status and an OpenAI error object
+1. Every bad input of docs/errors.md's table gets its 4xx status and an OpenAI error object
    {"error": {"message", "type", "param", "code"}}, and a good request right after it succeeds.
    (Run with --print-table to print the table's rows.)
 2. Disconnects: 20 streaming clients hang up mid-stream; /metrics shows running requests back

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "text/stop.h"
+#include "testutil.h"
 
 /* Reference: read the text byte by byte; the first end position where some stop ends wins
  * (the longest one there, then the lowest index). Returns the emitted length; *stop the
@@ -251,19 +252,9 @@ START_TEST(test_validation) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("stop");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_basic_cross_boundary);
-    tcase_add_test(tc, test_overlapping_and_prefix);
-    tcase_add_test(tc, test_stop_at_start);
-    tcase_add_test(tc, test_utf8);
-    tcase_add_test(tc, test_flush);
-    tcase_add_test(tc, test_long_delta_and_max_len);
-    tcase_add_test(tc, test_validation);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const TTest *const tests[] = {
+        test_basic_cross_boundary, test_overlapping_and_prefix, test_stop_at_start, test_utf8, test_flush,
+        test_long_delta_and_max_len, test_validation,
+    };
+    return cs_check_main("stop", tests, CS_ARRAY_LEN(tests), 0, CK_FORK);
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "text/tokenizer.h"
+#include "testutil.h"
 
 /* ---------------------------------------------------------------- fixtures ---- */
 
@@ -31,15 +32,7 @@ static void setup(void) {
     ck_assert(mkdtemp(g_dir) != NULL);
 }
 
-static void teardown(void) {
-    static const char *names[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
-    char path[128];
-    for (size_t i = 0; i < 3; i++) {
-        snprintf(path, sizeof path, "%s/%s", g_dir, names[i]);
-        unlink(path);
-    }
-    rmdir(g_dir);
-}
+static void teardown(void) { cs_rmtree(g_dir); }
 
 /* Byte-level BPE in the GPT-2 mould. Byte-level alphabet: ' ' -> Ġ, é (C3 A9) -> Ã ©,
  * 😀 (F0 9F 98 80) -> ð Ł ĺ Ģ. */
@@ -487,29 +480,14 @@ START_TEST(test_load_errors) {
 }
 END_TEST
 
-static Suite *tokenizer_suite(void) {
-    Suite *s = suite_create("tokenizer");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_bytelevel_encode);
-    tcase_add_test(tc, test_bytelevel_decode);
-    tcase_add_test(tc, test_bytelevel_stream);
-    tcase_add_test(tc, test_invalid_input);
-    tcase_add_test(tc, test_spm_encode_decode);
-    tcase_add_test(tc, test_spm_stream);
-    tcase_add_test(tc, test_unk);
-    tcase_add_test(tc, test_metaspace);
-    tcase_add_test(tc, test_config);
-    tcase_add_test(tc, test_threads);
-    tcase_add_test(tc, test_load_errors);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void) {
-    SRunner *sr = srunner_create(tokenizer_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("tokenizer");
+    const TTest *const tests[] = {
+        test_bytelevel_encode, test_bytelevel_decode, test_bytelevel_stream, test_invalid_input,
+        test_spm_encode_decode, test_spm_stream, test_unk, test_metaspace, test_config, test_threads,
+        test_load_errors,
+    };
+    TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

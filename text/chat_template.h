@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 
 /* Guards against runaway templates; exceeding one is a render error. */
 #define CHAT_TEMPLATE_MAX_OUTPUT     ((size_t)64 << 20)   /* bytes of rendered text */
@@ -24,21 +24,20 @@
 
 typedef struct chat_template chat_template_t;
 
-/* Parse a template; on failure returns CS_EINVAL (engine/common.h codes) and writes a message
- * with the line number into err. */
-int chat_template_parse(const char *src, size_t len, chat_template_t **out, char *err, size_t errlen);
+/* Parse a template; on failure returns CS_EINVAL (CS_ENOMEM when out of memory) and sets the
+ * message, with the line number, for cs_error_last() (base/common.h). */
+int chat_template_parse(const char *src, size_t len, chat_template_t **out);
 void chat_template_free(chat_template_t *t);
 
 /* Render with a context object: keys become the template's variables (messages,
  * add_generation_prompt, bos_token, eos_token, tools, any chat_template_kwargs). Output
  * malloc'd, NUL-terminated. On failure (raise_exception, a type error, a limit) returns
- * CS_EINVAL (CS_ENOMEM when out of memory) with the message in err.
+ * CS_EINVAL (CS_ENOMEM when out of memory) and sets the message for cs_error_last().
  *
  * transformers always passes tools and documents (None when absent) and
  * add_generation_prompt; pass them as null / false to match it exactly ("tools is defined"
  * is true there even without tools). */
-int chat_template_render(const chat_template_t *t, const json_t *ctx, char **out, size_t *out_len, char *err,
-                         size_t errlen);
+int chat_template_render(const chat_template_t *t, const json_t *ctx, char **out, size_t *out_len);
 
 /* The messages as transformers hands them to the template: a new array of new objects where
  * reasoning given as "reasoning_content", "thinking" or "reasoning" is also stored under

@@ -11,7 +11,7 @@
 #ifndef CS_STOP_H
 #define CS_STOP_H
 
-#include "engine/common.h"
+#include "base/common.h"
 
 #define STOP_MAX_STRINGS 16
 #define STOP_MAX_LEN 256    /* bytes */

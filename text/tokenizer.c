@@ -21,7 +21,7 @@
 
 static int tok_oom(void) { return cs_error_set(CS_ENOMEM, "tokenizer: out of memory"); }
 
-/* Byte string (engine/common.h); the tokenizer's adds report CS_ENOMEM. */
+/* Byte string (base/common.h); the tokenizer's adds report CS_ENOMEM. */
 typedef cs_buf_t sbuf;
 
 static int sbuf_put(sbuf *b, const void *s, size_t n) { return cs_buf_add(b, s, n) ? CS_OK : tok_oom(); }
@@ -842,6 +842,26 @@ static const char *j_type(json_t *o) { return j_str(o, "type"); }
                                 "\"type\"", what);                                         \
     } while (0)
 
+/* A Sequence component x: its kids, each parsed with parse, from the list o[key]. On failure
+ * sets rc and jumps to err (the caller frees x with its kids). */
+#define PARSE_SEQUENCE(x, o, key, what, parse)                                                 \
+    do {                                                                                       \
+        json_t *arr_ = json_object_get(o, key);                                                \
+        if (!json_is_array(arr_)) {                                                            \
+            rc = cs_error_set(CS_EFORMAT, "tokenizer.json: %s Sequence without list", what);   \
+            goto err;                                                                          \
+        }                                                                                      \
+        (x)->kids = calloc(json_array_size(arr_) + 1, sizeof *(x)->kids);                      \
+        if (!(x)->kids) {                                                                      \
+            rc = tok_oom();                                                                    \
+            goto err;                                                                          \
+        }                                                                                      \
+        for (size_t i_ = 0; i_ < json_array_size(arr_); i_++) {                                \
+            if ((rc = parse(json_array_get(arr_, i_), &(x)->kids[i_])) < 0) goto err;          \
+            (x)->n_kids++;                                                                     \
+        }                                                                                      \
+    } while (0)
+
 /* Unicode normalization as the tokenizers library does it. Its tables (the crate
  * unicode-normalization-alignments) are Unicode 9.0: marks added later have combining
  * class 0 there and later (compatibility) decompositions do not exist. So decomposition,
@@ -969,17 +989,7 @@ static int parse_normalizer(json_t *o, normalizer **out) {
     int rc = CS_OK;
     if (strcmp(ty, "Sequence") == 0) {
         n->type = NORM_SEQUENCE;
-        json_t *arr = json_object_get(o, "normalizers");
-        if (!json_is_array(arr)) {
-            rc = cs_error_set(CS_EFORMAT, "tokenizer.json: normalizer Sequence without list");
-            goto err;
-        }
-        n->kids = calloc(json_array_size(arr) + 1, sizeof *n->kids);
-        if (!n->kids) { rc = tok_oom(); goto err; }
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            if ((rc = parse_normalizer(json_array_get(arr, i), &n->kids[i])) < 0) goto err;
-            n->n_kids++;
-        }
+        PARSE_SEQUENCE(n, o, "normalizers", "normalizer", parse_normalizer);
     } else if (strcmp(ty, "NFC") == 0) n->type = NORM_NFC;
     else if (strcmp(ty, "NFD") == 0) n->type = NORM_NFD;
     else if (strcmp(ty, "NFKC") == 0) n->type = NORM_NFKC;
@@ -1108,17 +1118,7 @@ static int parse_pretok(json_t *o, pretok **out) {
     int rc = CS_OK;
     if (strcmp(ty, "Sequence") == 0) {
         p->type = PT_SEQUENCE;
-        json_t *arr = json_object_get(o, "pretokenizers");
-        if (!json_is_array(arr)) {
-            rc = cs_error_set(CS_EFORMAT, "tokenizer.json: pre_tokenizer Sequence without list");
-            goto err;
-        }
-        p->kids = calloc(json_array_size(arr) + 1, sizeof *p->kids);
-        if (!p->kids) { rc = tok_oom(); goto err; }
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            if ((rc = parse_pretok(json_array_get(arr, i), &p->kids[i])) < 0) goto err;
-            p->n_kids++;
-        }
+        PARSE_SEQUENCE(p, o, "pretokenizers", "pre_tokenizer", parse_pretok);
     } else if (strcmp(ty, "Split") == 0) {
         p->type = PT_SPLIT;
         if ((rc = j_pattern(o, "Split pre_tokenizer", &p->re)) < 0) goto err;
@@ -1365,17 +1365,7 @@ static int parse_postproc(json_t *o, postproc **out) {
     int rc = CS_OK;
     if (strcmp(ty, "Sequence") == 0) {
         p->type = PP_SEQUENCE;
-        json_t *arr = json_object_get(o, "processors");
-        if (!json_is_array(arr)) {
-            rc = cs_error_set(CS_EFORMAT, "tokenizer.json: post_processor Sequence without list");
-            goto err;
-        }
-        p->kids = calloc(json_array_size(arr) + 1, sizeof *p->kids);
-        if (!p->kids) { rc = tok_oom(); goto err; }
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            if ((rc = parse_postproc(json_array_get(arr, i), &p->kids[i])) < 0) goto err;
-            p->n_kids++;
-        }
+        PARSE_SEQUENCE(p, o, "processors", "post_processor", parse_postproc);
     } else if (strcmp(ty, "ByteLevel") == 0) {
         p->type = PP_BYTELEVEL; /* only trims offsets */
     } else if (strcmp(ty, "RobertaProcessing") == 0 || strcmp(ty, "BertProcessing") == 0) {
@@ -1468,17 +1458,7 @@ static int parse_decoder(json_t *o, decoder **out) {
     int rc = CS_OK;
     if (strcmp(ty, "Sequence") == 0) {
         d->type = DEC_SEQUENCE;
-        json_t *arr = json_object_get(o, "decoders");
-        if (!json_is_array(arr)) {
-            rc = cs_error_set(CS_EFORMAT, "tokenizer.json: decoder Sequence without list");
-            goto err;
-        }
-        d->kids = calloc(json_array_size(arr) + 1, sizeof *d->kids);
-        if (!d->kids) { rc = tok_oom(); goto err; }
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            if ((rc = parse_decoder(json_array_get(arr, i), &d->kids[i])) < 0) goto err;
-            d->n_kids++;
-        }
+        PARSE_SEQUENCE(d, o, "decoders", "decoder", parse_decoder);
     } else if (strcmp(ty, "ByteLevel") == 0) d->type = DEC_BYTELEVEL;
     else if (strcmp(ty, "ByteFallback") == 0) d->type = DEC_BYTEFALLBACK;
     else if (strcmp(ty, "Fuse") == 0) d->type = DEC_FUSE;

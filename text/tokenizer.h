@@ -6,7 +6,7 @@
 #ifndef CS_TOKENIZER_H
 #define CS_TOKENIZER_H
 
-#include "engine/common.h"
+#include "base/common.h"
 
 typedef struct tokenizer tokenizer_t;
 

@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/common.h"
-#include "engine/model_config.h"
-#include "engine/safetensors.h"
+#include "base/common.h"
+#include "base/model_config.h"
+#include "base/safetensors.h"
 #include "lora/peft.h"
 
 #define TRANSFORMERS_VERSION "5.23.0"

@@ -3,7 +3,7 @@
  * reserve for the adapter (a bound a cache trusts). */
 #include <string.h>
 
-#include "engine/model_config.h"
+#include "base/model_config.h"
 #include "lora/peft.h"
 #include "tests/fuzz/fuzz.h"
 

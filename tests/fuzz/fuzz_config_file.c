@@ -1,14 +1,14 @@
-/* fuzz_config_file.c: `caraserve serve --config FILE` (server/cmd_serve.c) on any bytes. What
+/* fuzz_config_file.c: `caraserve serve --config FILE` (server/options.c) on any bytes. What
  * it accepts becomes argv words: "--NAME" then, unless NAME is a switch, its value. */
 #include <string.h>
 
-#include "server/commands.h"
+#include "server/options.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char **words = NULL;
     int n = 0;
-    int rc = serve_read_config(fuzz_file(data, size), &words, &n);
+    int rc = options_read_config(fuzz_file(data, size), OPT_CMD_SERVE, &words, &n);
     if (rc == 0) fuzz_accepted++;
     /* (a value may itself look like a flag, "--help": getopt takes it as the value) */
     if (rc == 0 && n > 0) FUZZ_CHECK(!strncmp(words[0], "--", 2), "the first word is '%s'", words[0]);

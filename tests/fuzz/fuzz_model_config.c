@@ -1,6 +1,6 @@
-/* fuzz_model_config.c: config.json (engine/model_config.c) on any bytes. What it accepts
+/* fuzz_model_config.c: config.json (base/model_config.c) on any bytes. What it accepts
  * has the shapes the model loader and the kernels divide and index by. */
-#include "engine/model_config.h"
+#include "base/model_config.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -37,9 +37,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     }
     s->vocab_size = tokenizer_vocab_size(s->tok);
     const char *src = tokenizer_chat_template(s->tok);
-    char err[512];
-    if (!src || chat_template_parse(src, strlen(src), &s->tmpl, err, sizeof err)) {
-        fprintf(stderr, "fuzz_request: the Llama 3.1 template: %s\n", src ? err : "missing");
+    if (!src || chat_template_parse(src, strlen(src), &s->tmpl)) {
+        fprintf(stderr, "fuzz_request: the Llama 3.1 template: %s\n", src ? cs_error_last() : "missing");
         abort();
     }
     s->bos_token = "<|begin_of_text|>";
@@ -103,9 +102,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #else
     rollout_limits_t lim = {.max_samples = MAX_N, .max_logprobs = MAX_LOGPROBS, .base_name = "fuzz-model",
                             .vocab = srv.vocab_size};
-    char err[512] = "", param[64];
-    int rc = rollout_validate(&lim, b, err, sizeof err, param, sizeof param);
-    if (rc) check_refusal((unsigned)rc, err);
+    rollout_request_t rq = {.body = b, .lim = &lim};
+    int rc = rollout_validate(&rq);
+    if (rc) check_refusal(api_status_of(rc), cs_error_last());
     else fuzz_accepted++;
 #endif
     check_nothing_left();

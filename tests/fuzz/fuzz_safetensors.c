@@ -1,9 +1,9 @@
-/* fuzz_safetensors.c: the safetensors header parser (engine/safetensors.c) on any bytes.
+/* fuzz_safetensors.c: the safetensors header parser (base/safetensors.c) on any bytes.
  * What it accepts must be what it promises: every tensor's bytes inside the buffer, its
  * byte size dtype x shape, names unique and found again by name. */
 #include <string.h>
 
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

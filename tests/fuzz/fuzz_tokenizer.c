@@ -9,7 +9,7 @@
  *    for any valid UTF-8 text. */
 #include <string.h>
 
-#include "engine/common.h"
+#include "base/common.h"
 #include "text/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
 

@@ -152,6 +152,9 @@ size_t cs_utf8_count(const char *s, size_t n);      /* the characters: bytes tha
 /* JSON (jansson's json_t, declared here without its header) */
 /* o[key] when it is there and not null (an optional field left out), else NULL */
 struct json_t *cs_json_get(const struct json_t *o, const char *key);
+/* what V is, for messages: "an object", "an array", "a string", "an integer", "a real
+ * number", "a boolean" or "null" */
+const char *cs_json_type_name(const struct json_t *v);
 /* a logprob as a JSON number: null for NaN; -inf has no JSON spelling, vLLM writes -9999.0 */
 struct json_t *cs_json_logprob(float v);
 

@@ -2,7 +2,7 @@
  * validates the whole header (length, JSON, dtype, shape, offsets in bounds, dtype x shape
  * == byte size, no overlap) before any tensor is handed out, so the engine can trust every
  * st_tensor_t. Sharded checkpoints go through <basename>.safetensors.index.json. */
-#include "engine/safetensors.h"
+#include "base/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,18 +51,6 @@ size_t safetensors_nbytes(cs_dtype dtype, int n_dims, const int64_t *shape, bool
     return *ok ? n : 0;
 }
 
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 static void shape_str(char *buf, size_t cap, int n, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < n && k < cap; i++)
@@ -95,7 +83,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dsi
                        st_tensor_t *t, size_t *begin, size_t *end) {
     if (!json_is_object(v))
         return cs_error_set(CS_EFORMAT, "%s: tensor '%s': header entry is %s, expected an object",
-                            path, name, json_type_name(v));
+                            path, name, cs_json_type_name(v));
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
            *jo = json_object_get(v, "data_offsets");
     if (!jd || !js || !jo)
@@ -103,7 +91,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dsi
                             !jd ? "dtype" : !js ? "shape" : "data_offsets");
     if (!json_is_string(jd))
         return cs_error_set(CS_EFORMAT, "%s: tensor '%s': dtype is %s, expected a string", path,
-                            name, json_type_name(jd));
+                            name, cs_json_type_name(jd));
     const char *dn = json_string_value(jd);
     int dt = cs_dtype_from_name(dn);
     if (dt < 0) {
@@ -116,7 +104,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dsi
     t->dtype = (cs_dtype)dt;
     if (!json_is_array(js))
         return cs_error_set(CS_EFORMAT, "%s: tensor '%s': shape is %s, expected an array", path,
-                            name, json_type_name(js));
+                            name, cs_json_type_name(js));
     size_t nd = json_array_size(js);
     if (nd > ST_MAX_DIMS)
         return cs_error_set(CS_EFORMAT, "%s: tensor '%s': %zu dimensions, at most %d supported",
@@ -352,7 +340,7 @@ static int parse_shard(safetensors_t *st, size_t shard, const unsigned char *p, 
     }
     if (!json_is_object(root)) {
         rc = cs_error_set(CS_EFORMAT, "%s: header is %s, expected an object", path,
-                          json_type_name(root));
+                          cs_json_type_name(root));
         goto err;
     }
 
@@ -362,7 +350,7 @@ static int parse_shard(safetensors_t *st, size_t shard, const unsigned char *p, 
         if (strcmp(key, "__metadata__") == 0) {
             if (!json_is_object(v)) {
                 rc = cs_error_set(CS_EFORMAT, "%s: __metadata__ is %s, expected an object", path,
-                                  json_type_name(v));
+                                  cs_json_type_name(v));
                 goto err;
             }
             const char *mk;
@@ -370,7 +358,7 @@ static int parse_shard(safetensors_t *st, size_t shard, const unsigned char *p, 
             json_object_foreach(v, mk, mv) {
                 if (!json_is_string(mv)) {
                     rc = cs_error_set(CS_EFORMAT, "%s: __metadata__ '%s' is %s, expected a string",
-                                      path, mk, json_type_name(mv));
+                                      path, mk, cs_json_type_name(mv));
                     goto err;
                 }
                 char **m = realloc(st->meta, (st->n_meta + 2) * sizeof *m);

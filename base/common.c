@@ -1,7 +1,7 @@
 /* common.c: error strings, the thread-local last-error message, dtype tables, the
  * half-precision conversions every layer uses and the small helpers of several layers (byte
  * strings, UTF-8, JSON fields). */
-#include "engine/common.h"
+#include "base/common.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -235,6 +235,18 @@ size_t cs_utf8_count(const char *s, size_t n) {
 json_t *cs_json_get(const json_t *o, const char *key) {
     json_t *v = json_object_get(o, key);
     return json_is_null(v) ? NULL : v;
+}
+
+const char *cs_json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
 }
 
 json_t *cs_json_logprob(float v) {

@@ -24,13 +24,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/backend.h"
-#include "engine/model_config.h"
+#include "backend/backend_impl.h"
+#include "base/model_config.h"
 #include "lora/registry.h"
 
 enum { MAX_REPS = 64 };
 
-/* the stand-in device: what the registry asks of one to stream from disk (backend_can_feed);
+/* the stand-in device: what the registry asks of one to stream from disk (backend_caps: adapter_feed);
  * none of it is called, as no slot is acquired */
 static int null_stream(backend_t *b, const backend_adapter_desc_t *d, int group, void (*on_group)(void *), void *user,
                        backend_adapter_t **slot) {
@@ -116,7 +116,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "streambench: %s\n", cs_error_last());
         return 1;
     }
-    backend_t null_dev = {.iface = &null_iface}, *dev = &null_dev;
+    backend_t null_dev = {.iface = &null_iface, .caps = {.adapter_stream = true, .adapter_feed = true}};
+    backend_t *dev = &null_dev;
     run_times_t t[2][MAX_REPS];
     lora_registry_t *reg[2];
     for (int m = 0; m < 2; m++) {

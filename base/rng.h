@@ -3,7 +3,7 @@
 #ifndef CS_RNG_H
 #define CS_RNG_H
 
-#include "engine/common.h"
+#include "base/common.h"
 
 typedef struct cs_rng { uint64_t s[4]; } cs_rng_t;
 

@@ -1,5 +1,5 @@
 /* rng.c: see rng.h. */
-#include "engine/rng.h"
+#include "base/rng.h"
 
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 

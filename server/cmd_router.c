@@ -1,13 +1,14 @@
 /* router.c: `caraserve router`, an HTTP front for several `caraserve serve` replicas of one
- * base model. libmicrohttpd's thread pool takes the requests (the same route table as the
- * server: server/routes.c); each proxied request gets a thread of its own that sends it
- * upstream with libcurl (connections to the replicas are kept and shared) and feeds the
- * response back into the suspended client connection: Server-Sent Events and NDJSON
- * streams chunk by chunk as they come, anything else in one piece with its status. A
- * poller thread reads every replica's GET /v1/state each --poll-interval-ms (running and
- * waiting sequences with their ranks, its cost model); the policy (sched/route.h) places
- * each generation request from those states plus what this router sent since. Admin
- * requests (adapter loads and uploads, pause/resume, aborts) go to every healthy replica.
+ * base model. The server's access handler (server/http.c) takes the requests, with the same
+ * route table (server/routes.c), API key and body limits; each proxied request gets a thread
+ * of its own that sends it upstream with libcurl (connections to the replicas are kept and
+ * shared) and feeds the response back into the suspended client connection: Server-Sent
+ * Events and NDJSON streams chunk by chunk as they come (http.c's stream reader), anything
+ * else in one piece with its status. A poller thread reads every replica's GET /v1/state each
+ * --poll-interval-ms (running and waiting sequences with their ranks, its cost model); the
+ * policy (sched/route.h) places each generation request from those states plus what this
+ * router sent since. Admin requests (adapter loads and uploads, pause/resume, aborts) go to
+ * every healthy replica.
  *
  * Failures: a replica that refuses connections or fails its poll is taken out until a poll
  * succeeds again; a request whose connection could not be made is sent to another replica
@@ -15,14 +16,12 @@
  * (an error event when its stream had begun). A client that hangs up has its upstream
  * transfer cut, and the replica aborts the request as it does for any client. */
 #define _GNU_SOURCE 1 /* POLLRDHUP */
-#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <microhttpd.h>
-#include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -30,13 +29,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "config.h"
-#include "engine/common.h"
+#include "base/common.h"
 #include "sched/route.h"
 #include "server/commands.h"
+#include "server/http.h"
 #include "server/metrics.h"
 #include "server/routes.h"
 
@@ -77,6 +76,7 @@ typedef struct router {
     router_config_t cfg;
     replica_t *rep;
     int n_rep;
+    http_site_t site;           /* what http.c's access handler calls */
     struct MHD_Daemon *d;
     int bound_port;
     CURLSH *share;
@@ -121,7 +121,7 @@ struct proxy {
     cs_buf_t out;
     size_t out_off;
     bool finished, failed;      /* failed: the upstream broke (after headers: mid-stream) */
-    char err[512];
+    perr_t err;                 /* why, when failed */
     proxy_t *next, *prev;       /* router.proxies */
 };
 
@@ -336,20 +336,19 @@ static void mark_down(router_t *rt, int r, const char *why) {
     if (was) fprintf(stderr, "caraserve router: replica %s is out: %s\n", rp->url, why);
 }
 
-/* a /v1/state body into replica R (the poll was sent at T0) */
-static int take_state(router_t *rt, int r, const char *body, double t0, char *err, size_t errlen) {
+/* a /v1/state body into replica R (the poll was sent at T0): CS_OK, else an error */
+static int take_state(router_t *rt, int r, const char *body, double t0) {
     json_error_t je;
     json_t *st = json_loads(body, 0, &je);
     json_t *run = st ? json_object_get(st, "running") : NULL, *wait = st ? json_object_get(st, "waiting") : NULL;
     if (!json_is_array(run) || !json_is_array(wait)) {
-        snprintf(err, errlen, "GET /v1/state: not a state (%s)", st ? "no running/waiting arrays" : je.text);
+        cs_error_set(CS_EFORMAT, "GET /v1/state: not a state (%s)", st ? "no running/waiting arrays" : je.text);
         json_decref(st);
-        return -1;
+        return CS_EFORMAT;
     }
     if (json_is_true(json_object_get(st, "draining"))) {
-        snprintf(err, errlen, "draining (shutting down)");
         json_decref(st);
-        return -1;
+        return cs_error_set(CS_EAGAIN, "draining (shutting down)");
     }
     int n = (int)(json_array_size(run) + json_array_size(wait));
     route_seq_t *seqs = calloc((size_t)(n ? n : 1), sizeof *seqs);
@@ -359,8 +358,7 @@ static int take_state(router_t *rt, int r, const char *body, double t0, char *er
         free(seqs);
         free(name_at);
         json_decref(st);
-        snprintf(err, errlen, "out of memory");
-        return -1;
+        return cs_error_set(CS_ENOMEM, "out of memory");
     }
     int k = 0, n_req = 0;
     json_int_t last_id = -1;
@@ -421,25 +419,28 @@ static int take_state(router_t *rt, int r, const char *body, double t0, char *er
     json_decref(st);
     metric_set(rt->m_up, (const char *[]){rp->url}, 1);
     if (!was) fprintf(stderr, "caraserve router: replica %s is in\n", rp->url);
-    return 0;
+    return CS_OK;
 }
 
-static void poll_one(router_t *rt, int r) {
+/* GET /v1/state of replica R into it: CS_OK, else an error */
+static int poll_state(router_t *rt, int r) {
     upstream_t u = {0};
     double t0 = cs_time_ms();
     CURLcode rc = upstream_send(rt, r, "GET", "/v1/state", NULL, 0, NULL, NULL, NULL, &u, 2000);
-    char why[256];
-    if (rc != CURLE_OK) {
-        snprintf(why, sizeof why, "GET /v1/state: %s", curl_easy_strerror(rc));
-        mark_down(rt, r, why);
-    } else if (u.status != 200) {
-        snprintf(why, sizeof why, "GET /v1/state: HTTP %ld%s%.200s", u.status, u.body.p ? ": " : "", u.body.p ? u.body.p : "");
-        mark_down(rt, r, why);
-    } else if (take_state(rt, r, u.body.p ? u.body.p : "", t0, why, sizeof why)) {
-        mark_down(rt, r, why);
-    }
+    int st;
+    if (rc != CURLE_OK)
+        st = cs_error_set(CS_EIO, "GET /v1/state: %s", curl_easy_strerror(rc));
+    else if (u.status != 200)
+        st = cs_error_set(CS_EIO, "GET /v1/state: HTTP %ld%s%.200s", u.status, u.body.p ? ": " : "", u.body.p ? u.body.p : "");
+    else
+        st = take_state(rt, r, u.body.p ? u.body.p : "", t0);
     free(u.ctype);
     cs_buf_free(&u.body);
+    return st;
+}
+
+static void poll_one(router_t *rt, int r) {
+    if (poll_state(rt, r)) mark_down(rt, r, cs_error_last());
 }
 
 typedef struct poll_arg { router_t *rt; int r; } poll_arg_t;
@@ -528,7 +529,8 @@ static void proxy_fail(proxy_t *p, long status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     pthread_mutex_lock(&p->mu);
-    vsnprintf(p->err, sizeof p->err, fmt, ap);
+    p->err.status = (unsigned)status;
+    vsnprintf(p->err.msg, sizeof p->err.msg, fmt, ap);
     p->failed = true;
     if (!p->headers_done) p->status = status;
     pthread_mutex_unlock(&p->mu);
@@ -739,97 +741,56 @@ static void estimate(router_t *rt, proxy_t *p, route_id id) {
     json_decref(b);
 }
 
-/* ---- the client side (libmicrohttpd) ---- */
+/* ---- the client side (http.c's access handler) ---- */
+/* a request's own state (http_conn_t.app) */
 typedef struct rconn {
-    router_t *rt;
-    cs_buf_t body;
-    long long limit;
-    bool answered, too_large, started;
-    size_t discarded;
-    proxy_t *p;
-    double t_arrival;
+    proxy_t *p;                 /* the request's proxy, once it has one */
 } rconn_t;
 
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type, char *body, size_t len) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    if (type) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    if (status == MHD_HTTP_UNAUTHORIZED) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
-static char *error_json(long status, const char *msg) {
+/* The router's error objects: the server's fields, fewer "type" names (403, 404, 405 and 409
+ * are BadRequestError) and never a "param". */
+static char *router_error_body(const perr_t *e) {
+    unsigned status = e->status;
     const char *type = status == 503 ? "ServiceUnavailableError" : status == 401 ? "AuthenticationError"
                      : status == 413 ? "RequestTooLargeError" : status == 501 ? "NotImplementedError" : status >= 500 ? "InternalServerError" : "BadRequestError";
-    json_t *e = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", msg, "type", type, "param", "code", (int)status);
-    char *s = e ? json_dumps(e, JSON_COMPACT) : NULL;
-    json_decref(e);
+    json_t *o = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", e->msg, "type", type, "param", "code", (int)status);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
     return s ? s : strdup("{\"error\":{\"message\":\"out of memory\"}}");
 }
 
-/* an error after which the connection closes (a request whose framing cannot be trusted) */
-static enum MHD_Result reply_close(struct MHD_Connection *c, unsigned status, char *body) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
-static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *fmt, ...) {
-    char msg[1024];
+static enum MHD_Result router_error(router_t *rt, struct MHD_Connection *c, unsigned status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum MHD_Result router_error(router_t *rt, struct MHD_Connection *c, unsigned status, const char *fmt, ...) {
+    perr_t e = {.status = status};
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
     va_end(ap);
-    char *s = error_json(status, msg);
-    return reply(c, status, "application/json", s, strlen(s));
+    return http_site_error(c, &rt->site, &e);
 }
 
-
-/* the stream reader of a streamed upstream response */
+/* the reader of a streamed upstream response */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     proxy_t *p = cls;
     pthread_mutex_lock(&p->mu);
-    if (p->out_off < p->out.len) {
-        size_t n = p->out.len - p->out_off;
-        if (n > max) n = max;
-        memcpy(buf, p->out.p + p->out_off, n);
-        p->out_off += n;
-        if (p->out_off == p->out.len) p->out_off = p->out.len = 0;
-        pthread_mutex_unlock(&p->mu);
-        return (ssize_t)n;
+    ssize_t n;
+    if (p->out_off >= p->out.len && p->finished && p->failed && p->err.msg[0]) {
+        /* the stream broke: say so in the stream's own format */
+        perr_t e = p->err;
+        e.status = 502;
+        char *body = router_error_body(&e);
+        bool sse = p->resp_type && !strncasecmp(p->resp_type, "text/event-stream", 17);
+        int k = snprintf(buf, max, sse ? "data: %s\n\n" : "%s\n", body);
+        free(body);
+        p->err.msg[0] = 0;
+        n = k > 0 && (size_t)k < max ? k : MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        n = http_stream_take(&p->out, &p->out_off, p->finished, &p->suspended, p->conn, buf, max);
     }
-    if (p->finished) {
-        if (p->failed && p->err[0]) { /* the stream broke: say so in the stream's own format */
-            char *e = error_json(502, p->err);
-            bool sse = p->resp_type && !strncasecmp(p->resp_type, "text/event-stream", 17);
-            int n = snprintf(buf, max, sse ? "data: %s\n\n" : "%s\n", e);
-            free(e);
-            p->err[0] = 0;
-            pthread_mutex_unlock(&p->mu);
-            return n > 0 && (size_t)n < max ? n : MHD_CONTENT_READER_END_OF_STREAM;
-        }
-        pthread_mutex_unlock(&p->mu);
-        return MHD_CONTENT_READER_END_OF_STREAM;
-    }
-    p->suspended = true;
-    MHD_suspend_connection(p->conn);
     pthread_mutex_unlock(&p->mu);
-    return 0;
+    return n;
 }
 
 static void stream_free(void *cls) {
@@ -849,23 +810,14 @@ static enum MHD_Result proxy_answer(proxy_t *p, struct MHD_Connection *c) {
     }
     if (p->headers_done && p->stream && !p->failed) {
         p->responded = true;
-        p->refs++;
+        p->refs++; /* the reader's */
         long status = p->status;
         char *type = p->resp_type ? strdup(p->resp_type) : NULL;
         int rep = p->replica;
         pthread_mutex_unlock(&p->mu);
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, p, stream_free);
-        if (!r) {
-            free(type);
-            proxy_unref(p);
-            return MHD_NO;
-        }
-        if (type) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        if (rep >= 0) MHD_add_response_header(r, "X-Caraserve-Replica", p->rt->rep[rep].url);
+        enum MHD_Result ret = http_stream_queue(c, (unsigned)status, type, rep >= 0 ? "X-Caraserve-Replica" : NULL,
+                                                rep >= 0 ? p->rt->rep[rep].url : NULL, stream_reader, p, stream_free);
         free(type);
-        enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
-        MHD_destroy_response(r);
         return ret;
     }
     if (!p->finished) { /* not yet: wait again */
@@ -882,7 +834,10 @@ static enum MHD_Result proxy_answer(proxy_t *p, struct MHD_Connection *c) {
     const char *type = "application/json";
     char *own_type = NULL;
     if (failed) {
-        body = error_json(status ? status : 502, p->err[0] ? p->err : "the replica gave no answer");
+        perr_t e = p->err;
+        e.status = status ? (unsigned)status : 502;
+        if (!e.msg[0]) snprintf(e.msg, sizeof e.msg, "the replica gave no answer");
+        body = router_error_body(&e);
         len = strlen(body);
         if (!status || status < 400) status = 502;
     } else {
@@ -957,10 +912,10 @@ static char *dup_header(struct MHD_Connection *c, const char *name) {
     return v ? strdup(v) : NULL;
 }
 
-static enum MHD_Result start_proxy(router_t *rt, rconn_t *cn, struct MHD_Connection *c, const char *method,
+static enum MHD_Result start_proxy(router_t *rt, http_conn_t *h, struct MHD_Connection *c, const char *method,
                                    const char *url, const route_t *route) {
     proxy_t *p = calloc(1, sizeof *p);
-    if (!p) return reply_error(c, 500, "out of memory");
+    if (!p) return router_error(rt, c, 500, "out of memory");
     pthread_mutex_init(&p->mu, NULL);
     p->rt = rt;
     p->refs = 2; /* the connection and the thread */
@@ -974,9 +929,9 @@ static enum MHD_Result start_proxy(router_t *rt, rconn_t *cn, struct MHD_Connect
     if (p->path) snprintf(p->path, n, "%s%s", url, q.b.p ? q.b.p : "");
     cs_buf_free(&q.b);
     p->method = strdup(method);
-    p->body = cn->body.p;
-    p->body_len = cn->body.len;
-    cn->body = (cs_buf_t){0};
+    p->body = h->body.p;
+    p->body_len = h->body.len;
+    h->body = (cs_buf_t){0};
     p->content_type = dup_header(c, MHD_HTTP_HEADER_CONTENT_TYPE);
     p->authorization = dup_header(c, MHD_HTTP_HEADER_AUTHORIZATION);
     p->accept = dup_header(c, MHD_HTTP_HEADER_ACCEPT);
@@ -991,9 +946,9 @@ static enum MHD_Result start_proxy(router_t *rt, rconn_t *cn, struct MHD_Connect
     if (!p->path || !p->method) {
         p->refs = 1;
         proxy_unref(p);
-        return reply_error(c, 500, "out of memory");
+        return router_error(rt, c, 500, "out of memory");
     }
-    cn->p = p;
+    ((rconn_t *)h->app)->p = p;
     pthread_mutex_lock(&rt->mu);
     p->next = rt->proxies;
     if (rt->proxies) rt->proxies->prev = p;
@@ -1019,108 +974,69 @@ static enum MHD_Result start_proxy(router_t *rt, rconn_t *cn, struct MHD_Connect
     return MHD_YES;
 }
 
-static long long body_limit(const router_t *rt, const char *method, const char *url) {
-    const route_t *r = route_find(url);
-    return r && (r->flags & ROUTE_UPLOAD) && !strcmp(method, "PUT") ? rt->cfg.max_adapter_bytes : rt->cfg.max_body_bytes;
+/* the router's own routes, answered here */
+static enum MHD_Result own_route(router_t *rt, struct MHD_Connection *c, const char *method, const char *url,
+                                 const route_t *r) {
+    if (strcmp(method, "GET")) return router_error(rt, c, 405, "use GET %s", url);
+    if (r->id == R_HEALTH) {
+        int h = healthy_count(rt);
+        if (!h) return router_error(rt, c, 503, "no healthy replica (%d configured)", rt->n_rep);
+        return http_text(c, 200, "text/plain; charset=utf-8", strdup(""), 0);
+    }
+    if (r->id == R_VERSION) {
+        char *s = strdup("{\"version\":\"" PACKAGE_VERSION "\",\"role\":\"router\"}");
+        return http_text(c, 200, "application/json", s, s ? strlen(s) : 0);
+    }
+    if (r->id == R_METRICS) {
+        size_t len = 0;
+        char *txt = metrics_render(rt->reg, &len);
+        if (!txt) return router_error(rt, c, 500, "out of memory");
+        return http_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len);
+    }
+    json_t *st = router_state_json(rt);
+    char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    json_decref(st);
+    if (!s) return router_error(rt, c, 500, "out of memory");
+    return http_text(c, 200, "application/json", s, strlen(s));
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
-    (void)version;
-    router_t *rt = cls;
-    rconn_t *cn = *con_cls;
-    if (!cn) {
-        cn = calloc(1, sizeof *cn);
-        if (!cn) return MHD_NO;
-        cn->rt = rt;
-        cn->t_arrival = cs_time_ms();
-        *con_cls = cn;
-        char msg[256];
-        unsigned bad = route_framing_check(c, msg, sizeof msg);
-        if (bad) {
-            cn->answered = true;
-            char *e = error_json(bad, msg);
-            return reply_close(c, bad, e);
-        }
-        if (route_needs_auth(url) && !route_bearer_ok(rt->cfg.api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
-            cn->answered = true;
-            return reply_error(c, 401, "missing or invalid API key (send 'Authorization: Bearer KEY')");
-        }
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        cn->limit = body_limit(rt, method, url);
-        if (cl && strtoll(cl, NULL, 10) > cn->limit) {
-            cn->answered = true;
-            return reply_error(c, 413, "request body of %s bytes exceeds the limit of %lld bytes", cl, cn->limit);
-        }
-        return MHD_YES;
-    }
-    if (cn->answered) {
-        *upload_size = 0;
-        return MHD_YES;
-    }
-    if (*upload_size) {
-        if (cn->too_large) {
-            cn->discarded += *upload_size;
-            if (cn->discarded > (size_t)8 * (size_t)cn->limit + ((size_t)256 << 20)) return MHD_NO;
-        } else if ((long long)(cn->body.len + *upload_size) > cn->limit) {
-            cn->too_large = true;
-            cs_buf_free(&cn->body);
-        } else if (!cs_buf_add(&cn->body, upload, *upload_size)) {
-            return MHD_NO;
-        }
-        *upload_size = 0;
-        return MHD_YES;
-    }
-    if (cn->p) return proxy_answer(cn->p, c);
-    if (cn->started) return MHD_YES;
-    cn->started = true;
-    if (cn->too_large) return reply_error(c, 413, "request body exceeds the limit of %lld bytes", cn->limit);
+/* ---- the site's callbacks ---- */
+static void *router_conn_new(void *ctx) {
+    (void)ctx;
+    return calloc(1, sizeof(rconn_t));
+}
+
+static enum MHD_Result router_dispatch(void *ctx, http_conn_t *h, struct MHD_Connection *c, const char *method,
+                                       const char *url) {
+    router_t *rt = ctx;
     const route_t *r = route_find(url);
-    if (r && (r->id == R_HEALTH || r->id == R_VERSION || r->id == R_METRICS || r->id == R_STATE)) {
-        if (strcmp(method, "GET")) return reply_error(c, 405, "use GET %s", url);
-        if (r->id == R_HEALTH) {
-            int h = healthy_count(rt);
-            if (!h) return reply_error(c, 503, "no healthy replica (%d configured)", rt->n_rep);
-            return reply(c, 200, "text/plain; charset=utf-8", strdup(""), 0);
-        }
-        if (r->id == R_VERSION) {
-            char *s = strdup("{\"version\":\"" PACKAGE_VERSION "\",\"role\":\"router\"}");
-            return reply(c, 200, "application/json", s, s ? strlen(s) : 0);
-        }
-        if (r->id == R_METRICS) {
-            size_t len = 0;
-            char *txt = metrics_render(rt->reg, &len);
-            if (!txt) return reply_error(c, 500, "out of memory");
-            return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len);
-        }
-        json_t *st = router_state_json(rt);
-        char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
-        json_decref(st);
-        if (!s) return reply_error(c, 500, "out of memory");
-        return reply(c, 200, "application/json", s, strlen(s));
-    }
+    if (r && (r->id == R_HEALTH || r->id == R_VERSION || r->id == R_METRICS || r->id == R_STATE))
+        return own_route(rt, c, method, url, r);
     pthread_mutex_lock(&rt->mu);
     bool stopping = rt->stop;
     pthread_mutex_unlock(&rt->mu);
-    if (stopping) return reply_error(c, 503, "the router is shutting down");
-    return start_proxy(rt, cn, c, method, url, r);
+    if (stopping) return router_error(rt, c, 503, "the router is shutting down");
+    return start_proxy(rt, h, c, method, url, r);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
-    rconn_t *cn = *con_cls;
-    if (!cn) return;
-    if (cn->p) {
-        proxy_t *p = cn->p;
+static enum MHD_Result router_resume(void *ctx, http_conn_t *h, struct MHD_Connection *c) {
+    (void)ctx;
+    rconn_t *cn = h->app;
+    return cn->p ? proxy_answer(cn->p, c) : MHD_YES;
+}
+
+static void router_conn_done(void *ctx, void *app) {
+    (void)ctx;
+    rconn_t *cn = app;
+    proxy_t *p = cn->p;
+    if (p) {
         pthread_mutex_lock(&p->mu);
         p->conn = NULL;
         if (!p->finished) p->hung_up = true;
         pthread_mutex_unlock(&p->mu);
         proxy_unref(p);
     }
-    cs_buf_free(&cn->body);
     free(cn);
-    *con_cls = NULL;
 }
 
 /* MHD does not notice a client hanging up while its connection is suspended (waiting for a
@@ -1208,7 +1124,13 @@ static bool url_ok(const char *u) {
     return *h && *h != '/' && !strchr(h, '?') && !strchr(h, '#') && !strchr(h, ' ');
 }
 
-int cmd_router(int argc, char **argv) {
+static int usage_error(void) {
+    usage_router(stderr);
+    return 2;
+}
+
+/* the options into CFG: -1 to go on, else the exit status (the message printed) */
+static int parse_args(int argc, char **argv, router_config_t *cfg) {
     static const struct option opts[] = {
         {"replica", required_argument, 0, O_REPLICA}, {"policy", required_argument, 0, O_POLICY},
         {"host", required_argument, 0, O_HOST}, {"port", required_argument, 0, O_PORT},
@@ -1218,14 +1140,6 @@ int cmd_router(int argc, char **argv) {
         {"max-adapter-bytes", required_argument, 0, O_MAX_ADAPTER},
         {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
-    router_t *rt = calloc(1, sizeof *rt);
-    if (!rt) return 1;
-    router_config_t *cfg = &rt->cfg;
-    *cfg = (router_config_t){.host = "127.0.0.1", .port = 8080, .policy = ROUTE_RANK_AWARE, .poll_ms = 50,
-                             .http_threads = 4, .max_body_bytes = 32LL << 20, .max_adapter_bytes = 2LL << 30,
-                             .tpot_factor = 1.5, .shutdown_timeout = 30, .default_output = 256};
-    cfg->replicas = calloc((size_t)(argc + 1), sizeof *cfg->replicas);
-    int rc = 2;
     optind = 1;
     opterr = 0;
     for (;;) {
@@ -1237,7 +1151,7 @@ int cmd_router(int argc, char **argv) {
         case O_REPLICA: {
             if (!url_ok(optarg)) {
                 fprintf(stderr, "caraserve router: bad --replica '%s' (http://host:port)\n", optarg);
-                goto out;
+                return 2;
             }
             char *u = strdup(optarg);
             size_t n = strlen(u);
@@ -1246,7 +1160,7 @@ int cmd_router(int argc, char **argv) {
                 if (!strcmp(cfg->replicas[i], u)) {
                     fprintf(stderr, "caraserve router: --replica %s given twice\n", u);
                     free(u);
-                    goto out;
+                    return 2;
                 }
             cfg->replicas[cfg->n_replicas++] = u;
             break;
@@ -1255,7 +1169,7 @@ int cmd_router(int argc, char **argv) {
             int p = route_policy_parse(optarg);
             if (p < 0) {
                 fprintf(stderr, "caraserve router: bad --policy '%s' (rank-aware, round-robin or least-loaded)\n", optarg);
-                goto out;
+                return 2;
             }
             cfg->policy = (route_policy)p;
             break;
@@ -1273,40 +1187,51 @@ int cmd_router(int argc, char **argv) {
             if (!ok || b < 1024) {
                 fprintf(stderr, "caraserve router: bad --%s '%s' (at least 1K)\n",
                         o == O_MAX_BODY ? "max-body-bytes" : "max-adapter-bytes", optarg);
-                goto out;
+                return 2;
             }
             *(o == O_MAX_BODY ? &cfg->max_body_bytes : &cfg->max_adapter_bytes) = b;
             break;
         }
         case O_SHUTDOWN: ok = parse_num("shutdown-timeout", optarg, 0, 86400, &v); cfg->shutdown_timeout = v; break;
-        case 'h': usage_router(stdout); rc = 0; goto out;
-        case ':': fprintf(stderr, "caraserve router: %s needs a value\n", argv[optind - 1]); goto usage;
-        default: fprintf(stderr, "caraserve router: unknown option '%s'\n", argv[optind - 1]); goto usage;
+        case 'h': usage_router(stdout); return 0;
+        case ':': fprintf(stderr, "caraserve router: %s needs a value\n", argv[optind - 1]); return usage_error();
+        default: fprintf(stderr, "caraserve router: unknown option '%s'\n", argv[optind - 1]); return usage_error();
         }
-        if (!ok) goto out;
+        if (!ok) return 2;
     }
     if (optind < argc) {
         fprintf(stderr, "caraserve router: unexpected argument '%s'\n", argv[optind]);
-        goto usage;
+        return usage_error();
     }
     if (!cfg->n_replicas) {
         fprintf(stderr, "caraserve router: give at least one --replica URL\n");
-        goto usage;
+        return usage_error();
     }
     if (!cfg->api_key && getenv("CARASERVE_API_KEY") && getenv("CARASERVE_API_KEY")[0])
         cfg->api_key = getenv("CARASERVE_API_KEY");
-    rc = 1;
-    if (curl_global_init(CURL_GLOBAL_ALL)) {
-        fprintf(stderr, "caraserve router: cannot initialise libcurl\n");
-        goto out;
-    }
-    rt->n_rep = cfg->n_replicas;
+    return -1;
+}
+
+static void router_metrics_init(router_t *rt) {
+    static const double lat[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
+    rt->m_requests = metrics_counter(rt->reg, "caraserve_router_requests_total", "Requests sent to each replica (after retries).", (const char *[]){"replica", NULL});
+    rt->m_up = metrics_gauge(rt->reg, "caraserve_router_replica_up", "1 while the replica is healthy and takes requests, else 0.", (const char *[]){"replica", NULL});
+    rt->m_retries = metrics_counter(rt->reg, "caraserve_router_retries_total", "Requests that could not connect to a replica and were sent to another.", (const char *[]){"replica", NULL});
+    rt->m_failed = metrics_counter(rt->reg, "caraserve_router_failed_requests_total", "Requests that failed in the router, by reason (no_replica, replica_failed, client_gone).", (const char *[]){"reason", NULL});
+    rt->m_dispatch = metrics_histogram(rt->reg, "caraserve_router_dispatch_seconds", "From a request's complete body to its first byte sent upstream.", NULL, lat, (int)(sizeof lat / sizeof *lat));
+    rt->m_in_flight = metrics_gauge(rt->reg, "caraserve_router_in_flight", "Requests open on each replica through this router.", (const char *[]){"replica", NULL});
+}
+
+/* the replicas, the shared curl handle and the metrics (libcurl initialised): CS_OK, else the
+ * message printed */
+static int router_init(router_t *rt) {
+    rt->n_rep = rt->cfg.n_replicas;
     rt->rep = calloc((size_t)rt->n_rep, sizeof *rt->rep);
     rt->share = curl_share_init();
     rt->reg = metrics_new();
     if (!rt->rep || !rt->share || !rt->reg) {
         fprintf(stderr, "caraserve router: out of memory\n");
-        goto out_curl;
+        return CS_ENOMEM;
     }
     pthread_mutex_init(&rt->mu, NULL);
     pthread_cond_init(&rt->cv, NULL);
@@ -1316,88 +1241,53 @@ int cmd_router(int argc, char **argv) {
     curl_share_setopt(rt->share, CURLSHOPT_USERDATA, rt);
     curl_share_setopt(rt->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
     curl_share_setopt(rt->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-    static const double lat[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
-    rt->m_requests = metrics_counter(rt->reg, "caraserve_router_requests_total", "Requests sent to each replica (after retries).", (const char *[]){"replica", NULL});
-    rt->m_up = metrics_gauge(rt->reg, "caraserve_router_replica_up", "1 while the replica is healthy and takes requests, else 0.", (const char *[]){"replica", NULL});
-    rt->m_retries = metrics_counter(rt->reg, "caraserve_router_retries_total", "Requests that could not connect to a replica and were sent to another.", (const char *[]){"replica", NULL});
-    rt->m_failed = metrics_counter(rt->reg, "caraserve_router_failed_requests_total", "Requests that failed in the router, by reason (no_replica, replica_failed, client_gone).", (const char *[]){"reason", NULL});
-    rt->m_dispatch = metrics_histogram(rt->reg, "caraserve_router_dispatch_seconds", "From a request's complete body to its first byte sent upstream.", NULL, lat, (int)(sizeof lat / sizeof *lat));
-    rt->m_in_flight = metrics_gauge(rt->reg, "caraserve_router_in_flight", "Requests open on each replica through this router.", (const char *[]){"replica", NULL});
+    router_metrics_init(rt);
     for (int i = 0; i < rt->n_rep; i++) {
-        rt->rep[i].url = cfg->replicas[i];
+        rt->rep[i].url = rt->cfg.replicas[i];
         snprintf(rt->rep[i].why_down, sizeof rt->rep[i].why_down, "not polled yet");
         metric_set(rt->m_up, (const char *[]){rt->rep[i].url}, 0);
         metric_set(rt->m_in_flight, (const char *[]){rt->rep[i].url}, 0);
     }
-    if (pipe(sig_pipe)) goto out_curl;
+    return CS_OK;
+}
+
+static void router_free(router_t *rt) {
+    for (int i = 0; rt->rep && i < rt->n_rep; i++) {
+        free(rt->rep[i].seqs);
+        free(rt->rep[i].names);
+        json_decref(rt->rep[i].adapters);
+    }
+    free(rt->rep);
+    if (rt->share) curl_share_cleanup(rt->share);
+    metrics_free(rt->reg);
+    curl_global_cleanup();
+}
+
+/* the signals that end the router, then the listening socket: CS_OK or an error */
+static int router_listen(router_t *rt) {
+    if (pipe(sig_pipe)) return CS_EIO;
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    rt->site = (http_site_t){.ctx = rt, .api_key = rt->cfg.api_key, .max_body_bytes = rt->cfg.max_body_bytes,
+                             .max_adapter_bytes = rt->cfg.max_adapter_bytes, .conn_new = router_conn_new,
+                             .dispatch = router_dispatch, .resume = router_resume, .conn_done = router_conn_done,
+                             .error_body = router_error_body};
+    int rc = http_listen(&rt->site, rt->cfg.host, rt->cfg.port, (unsigned)rt->cfg.http_threads, &rt->d, &rt->bound_port);
+    if (rc) fprintf(stderr, "caraserve router: %s\n", cs_error_last());
+    return rc;
+}
 
-    struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    char port[16];
-    snprintf(port, sizeof port, "%d", cfg->port);
-    int gai = getaddrinfo(cfg->host, port, &hints, &ai);
-    if (gai) {
-        fprintf(stderr, "caraserve router: --host %s: %s\n", cfg->host, gai_strerror(gai));
-        goto out_curl;
-    }
-    struct addrinfo *pick = ai;
-    for (struct addrinfo *p = ai; p; p = p->ai_next)
-        if (p->ai_family == AF_INET) { pick = p; break; }
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (pick->ai_family == AF_INET6) flags |= MHD_USE_DUAL_STACK;
-    rt->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, rt, MHD_OPTION_SOCK_ADDR, pick->ai_addr,
-                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads, MHD_OPTION_NOTIFY_COMPLETED,
-                             on_completed, rt, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_LISTENING_ADDRESS_REUSE,
-                             (unsigned)1, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!rt->d) {
-        fprintf(stderr, "caraserve router: cannot listen on %s:%d (in use, or not a local address?)\n", cfg->host, cfg->port);
-        goto out_curl;
-    }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(rt->d, MHD_DAEMON_INFO_BIND_PORT);
-    rt->bound_port = di ? di->port : cfg->port;
-    pthread_t *pollers = calloc((size_t)rt->n_rep, sizeof *pollers);
-    int n_pollers = 0;
-    for (int i = 0; pollers && i < rt->n_rep; i++) {
-        poll_arg_t *pa = malloc(sizeof *pa);
-        if (!pa) break;
-        *pa = (poll_arg_t){rt, i};
-        if (pthread_create(&pollers[i], NULL, poll_thread, pa)) {
-            free(pa);
-            break;
-        }
-        n_pollers++;
-    }
-    bool watching = !pthread_create(&rt->watcher, NULL, watch_thread, rt);
-    fprintf(stderr, "caraserve router: listening on http://%s:%d (%d replicas, policy %s)\n", cfg->host,
-            rt->bound_port, rt->n_rep, route_policy_name(cfg->policy));
-    fflush(stderr);
-    if (n_pollers == rt->n_rep && watching) {
-        unsigned char b = 0;
-        while (read(sig_pipe[0], &b, 1) < 0 && errno == EINTR) {}
-        pthread_mutex_lock(&rt->mu);
-        int in_flight = rt->n_proxies;
-        pthread_mutex_unlock(&rt->mu);
-        fprintf(stderr, "caraserve router: signal %d: finishing %d requests (at most %g s)\n", b, in_flight,
-                cfg->shutdown_timeout);
-        rc = 0;
-    } else {
-        fprintf(stderr, "caraserve router: cannot start a thread\n");
-    }
+/* no new connections; the requests in flight get --shutdown-timeout, then are cut */
+static void router_drain(router_t *rt) {
     MHD_socket lfd = MHD_quiesce_daemon(rt->d);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
     pthread_mutex_lock(&rt->mu);
     rt->stop = true;
     pthread_cond_broadcast(&rt->cv);
-    double until = cs_time_ms() + cfg->shutdown_timeout * 1000;
+    double until = cs_time_ms() + rt->cfg.shutdown_timeout * 1000;
     while (rt->n_proxies && cs_time_ms() < until) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -1413,24 +1303,65 @@ int cmd_router(int argc, char **argv) {
     while (rt->n_proxies) pthread_cond_wait(&rt->cv, &rt->mu);
     pthread_cond_broadcast(&rt->cv);
     pthread_mutex_unlock(&rt->mu);
+}
+
+/* the pollers and the watcher, until SIGTERM or SIGINT; then the drain: the exit status */
+static int router_serve(router_t *rt) {
+    int rc = 1;
+    pthread_t *pollers = calloc((size_t)rt->n_rep, sizeof *pollers);
+    int n_pollers = 0;
+    for (int i = 0; pollers && i < rt->n_rep; i++) {
+        poll_arg_t *pa = malloc(sizeof *pa);
+        if (!pa) break;
+        *pa = (poll_arg_t){rt, i};
+        if (pthread_create(&pollers[i], NULL, poll_thread, pa)) {
+            free(pa);
+            break;
+        }
+        n_pollers++;
+    }
+    bool watching = !pthread_create(&rt->watcher, NULL, watch_thread, rt);
+    fprintf(stderr, "caraserve router: listening on http://%s:%d (%d replicas, policy %s)\n", rt->cfg.host,
+            rt->bound_port, rt->n_rep, route_policy_name(rt->cfg.policy));
+    fflush(stderr);
+    if (n_pollers == rt->n_rep && watching) {
+        unsigned char b = 0;
+        while (read(sig_pipe[0], &b, 1) < 0 && errno == EINTR) {}
+        pthread_mutex_lock(&rt->mu);
+        int in_flight = rt->n_proxies;
+        pthread_mutex_unlock(&rt->mu);
+        fprintf(stderr, "caraserve router: signal %d: finishing %d requests (at most %g s)\n", b, in_flight,
+                rt->cfg.shutdown_timeout);
+        rc = 0;
+    } else {
+        fprintf(stderr, "caraserve router: cannot start a thread\n");
+    }
+    router_drain(rt);
     for (int i = 0; i < n_pollers; i++) pthread_join(pollers[i], NULL);
     free(pollers);
     if (watching) pthread_join(rt->watcher, NULL);
     MHD_stop_daemon(rt->d);
-out_curl:
-    for (int i = 0; rt->rep && i < rt->n_rep; i++) {
-        free(rt->rep[i].seqs);
-        free(rt->rep[i].names);
-        json_decref(rt->rep[i].adapters);
+    return rc;
+}
+
+int cmd_router(int argc, char **argv) {
+    router_t *rt = calloc(1, sizeof *rt);
+    if (!rt) return 1;
+    router_config_t *cfg = &rt->cfg;
+    *cfg = (router_config_t){.host = "127.0.0.1", .port = 8080, .policy = ROUTE_RANK_AWARE, .poll_ms = 50,
+                             .http_threads = 4, .max_body_bytes = 32LL << 20, .max_adapter_bytes = 2LL << 30,
+                             .tpot_factor = 1.5, .shutdown_timeout = 30, .default_output = 256};
+    cfg->replicas = calloc((size_t)(argc + 1), sizeof *cfg->replicas);
+    int rc = parse_args(argc, argv, cfg);
+    if (rc < 0) {
+        rc = 1;
+        if (curl_global_init(CURL_GLOBAL_ALL)) {
+            fprintf(stderr, "caraserve router: cannot initialise libcurl\n");
+        } else {
+            if (!router_init(rt) && !router_listen(rt)) rc = router_serve(rt);
+            router_free(rt);
+        }
     }
-    free(rt->rep);
-    if (rt->share) curl_share_cleanup(rt->share);
-    metrics_free(rt->reg);
-    curl_global_cleanup();
-    goto out;
-usage:
-    usage_router(stderr);
-out:
     for (int i = 0; i < cfg->n_replicas; i++) free(cfg->replicas[i]);
     free(cfg->replicas);
     free(rt);

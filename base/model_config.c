@@ -3,7 +3,7 @@
  * e.g. num_key_value_heads is 8 for Mistral and 32 for Qwen2/Qwen3 when absent). RoPE is read
  * from either the legacy `rope_scaling` + `rope_theta` layout or the transformers 5
  * `rope_parameters` dict, as transformers' own standardization does. */
-#include "engine/model_config.h"
+#include "base/model_config.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -28,18 +28,6 @@ static const struct arch_info {
     { "Qwen3ForCausalLM",   MODEL_ARCH_QWEN3,   32, 32768,  128 },
 };
 
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 static int get_int(const char *label, const json_t *obj, const char *key, bool required, int def,
                    int *out) {
     json_t *v = cs_json_get(obj, key);
@@ -49,7 +37,7 @@ static int get_int(const char *label, const json_t *obj, const char *key, bool r
         return CS_OK;
     }
     if (!json_is_integer(v))
-        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be an integer, got %s", label, key, jtype(v));
+        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be an integer, got %s", label, key, cs_json_type_name(v));
     json_int_t x = json_integer_value(v);
     if (x < -2147483647LL || x > 2147483647LL)
         return cs_error_set(CS_EFORMAT, "%s: field '%s' = %lld is out of range", label, key, (long long)x);
@@ -68,7 +56,7 @@ static int get_num(const char *label, const char *where, const json_t *obj, cons
     }
     if (!json_is_number(v))
         return cs_error_set(CS_EFORMAT, "%s: field '%s%s' must be a number, got %s", label, where,
-                            key, jtype(v));
+                            key, cs_json_type_name(v));
     *out = json_number_value(v);
     if (!isfinite(*out))
         return cs_error_set(CS_EFORMAT, "%s: field '%s%s' is not finite", label, where, key);
@@ -79,7 +67,7 @@ static int get_bool(const char *label, const json_t *obj, const char *key, bool 
     json_t *v = cs_json_get(obj, key);
     if (!v) { *out = def; return CS_OK; }
     if (!json_is_boolean(v))
-        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a boolean, got %s", label, key, jtype(v));
+        return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a boolean, got %s", label, key, cs_json_type_name(v));
     *out = json_is_true(v);
     return CS_OK;
 }
@@ -95,9 +83,9 @@ static int get_token_id(const char *label, const json_t *v, const char *key, int
 static int parse_rope(const char *label, const json_t *root, model_config_t *c) {
     json_t *rs = cs_json_get(root, "rope_scaling"), *rp = cs_json_get(root, "rope_parameters");
     if (rs && !json_is_object(rs))
-        return cs_error_set(CS_EFORMAT, "%s: field 'rope_scaling' must be an object, got %s", label, jtype(rs));
+        return cs_error_set(CS_EFORMAT, "%s: field 'rope_scaling' must be an object, got %s", label, cs_json_type_name(rs));
     if (rp && !json_is_object(rp))
-        return cs_error_set(CS_EFORMAT, "%s: field 'rope_parameters' must be an object, got %s", label, jtype(rp));
+        return cs_error_set(CS_EFORMAT, "%s: field 'rope_parameters' must be an object, got %s", label, cs_json_type_name(rp));
     /* `rope_scaling or rope_parameters`: an empty rope_scaling falls through */
     const json_t *rope = (rs && json_object_size(rs) > 0) ? rs : rp;
     const char *field = rope == rs ? "rope_scaling" : "rope_parameters";
@@ -130,7 +118,7 @@ static int parse_rope(const char *label, const json_t *root, model_config_t *c) 
         json_t *t = cs_json_get(rope, "rope_type");
         if (!t) t = cs_json_get(rope, "type");
         if (t && !json_is_string(t))
-            return cs_error_set(CS_EFORMAT, "%s: field '%srope_type' must be a string, got %s", label, where, jtype(t));
+            return cs_error_set(CS_EFORMAT, "%s: field '%srope_type' must be a string, got %s", label, where, cs_json_type_name(t));
         if (t) type = json_string_value(t);
     }
     c->rope_scaling = ROPE_SCALING_NONE;
@@ -220,125 +208,111 @@ static int parse_sliding(const char *label, const json_t *root, model_config_t *
     return CS_OK;
 }
 
-static int parse_impl(const char *label, const char *json_text, model_config_t *c) {
-    int rc = CS_OK;
-    json_error_t jerr;
-    json_t *root = json_loads(json_text, 0, &jerr);   /* duplicate keys: the last wins, as in Python */
-    memset(c, 0, sizeof *c);
-    if (!root) {
-        rc = cs_error_set(CS_EFORMAT, "%s: not valid JSON: %s (line %d)", label, jerr.text, jerr.line);
-        goto err;
-    }
-    if (!json_is_object(root)) {
-        rc = cs_error_set(CS_EFORMAT, "%s: expected a JSON object", label);
-        goto err;
-    }
-
+/* architectures[0] -> the arch's table entry */
+static int parse_arch(const char *label, const json_t *root, model_config_t *c, const struct arch_info **out) {
     json_t *archs = cs_json_get(root, "architectures");
-    if (!archs) { rc = cs_error_set(CS_EFORMAT, "%s: missing required field 'architectures'", label); goto err; }
-    if (!json_is_array(archs) || json_array_size(archs) == 0 || !json_is_string(json_array_get(archs, 0))) {
-        rc = cs_error_set(CS_EFORMAT, "%s: field 'architectures' must be a non-empty array of strings", label);
-        goto err;
-    }
+    if (!archs) return cs_error_set(CS_EFORMAT, "%s: missing required field 'architectures'", label);
+    if (!json_is_array(archs) || json_array_size(archs) == 0 || !json_is_string(json_array_get(archs, 0)))
+        return cs_error_set(CS_EFORMAT, "%s: field 'architectures' must be a non-empty array of strings", label);
     const char *an = json_string_value(json_array_get(archs, 0));
     const struct arch_info *ai = NULL;
     for (size_t i = 0; i < CS_ARRAY_LEN(arch_tab); i++)
         if (strcmp(an, arch_tab[i].name) == 0) ai = &arch_tab[i];
-    if (!ai) {
-        rc = cs_error_set(CS_EUNSUPPORTED,
-                          "%s: architecture '%s' is not supported (LlamaForCausalLM, "
-                          "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)", label, an);
-        goto err;
-    }
+    if (!ai)
+        return cs_error_set(CS_EUNSUPPORTED,
+                            "%s: architecture '%s' is not supported (LlamaForCausalLM, "
+                            "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)", label, an);
     c->arch = ai->arch;
     snprintf(c->arch_name, sizeof c->arch_name, "%s", ai->name);
+    if (cs_json_get(root, "quantization_config"))
+        return cs_error_set(CS_EUNSUPPORTED, "%s: quantized checkpoints (quantization_config) are not supported", label);
+    *out = ai;
+    return CS_OK;
+}
 
-    if (cs_json_get(root, "quantization_config")) {
-        rc = cs_error_set(CS_EUNSUPPORTED, "%s: quantized checkpoints (quantization_config) are not supported", label);
-        goto err;
-    }
-
+/* the required sizes, each positive and within what is supported */
+static int parse_sizes(const char *label, const json_t *root, model_config_t *c) {
+    int rc;
     if ((rc = get_int(label, root, "vocab_size", true, 0, &c->vocab_size)) ||
         (rc = get_int(label, root, "hidden_size", true, 0, &c->hidden_size)) ||
         (rc = get_int(label, root, "intermediate_size", true, 0, &c->intermediate_size)) ||
         (rc = get_int(label, root, "num_hidden_layers", true, 0, &c->n_layers)) ||
         (rc = get_int(label, root, "num_attention_heads", true, 0, &c->n_heads)))
-        goto err;
+        return rc;
     struct { const char *k; int v, max; } pos[] = {
         { "vocab_size", c->vocab_size, MC_MAX_VOCAB }, { "hidden_size", c->hidden_size, MC_MAX_DIM },
         { "intermediate_size", c->intermediate_size, MC_MAX_DIM },
         { "num_hidden_layers", c->n_layers, MC_MAX_LAYERS }, { "num_attention_heads", c->n_heads, MC_MAX_DIM },
     };
     for (size_t i = 0; i < CS_ARRAY_LEN(pos); i++) {
-        if (pos[i].v <= 0) { rc = cs_error_set(CS_EFORMAT, "%s: field '%s' must be positive, got %d", label, pos[i].k, pos[i].v); goto err; }
-        if (pos[i].v > pos[i].max) { rc = cs_error_set(CS_EUNSUPPORTED, "%s: field '%s' = %d is larger than supported (%d)", label, pos[i].k, pos[i].v, pos[i].max); goto err; }
+        if (pos[i].v <= 0) return cs_error_set(CS_EFORMAT, "%s: field '%s' must be positive, got %d", label, pos[i].k, pos[i].v);
+        if (pos[i].v > pos[i].max) return cs_error_set(CS_EUNSUPPORTED, "%s: field '%s' = %d is larger than supported (%d)", label, pos[i].k, pos[i].v, pos[i].max);
     }
+    return CS_OK;
+}
 
+/* num_key_value_heads and head_dim, with the arch's defaults */
+static int parse_heads(const char *label, const json_t *root, const struct arch_info *ai, model_config_t *c) {
+    int rc;
     /* num_key_value_heads: absent -> the arch's dataclass default; null -> num_attention_heads */
     json_t *kv = json_object_get(root, "num_key_value_heads");
     if ((rc = get_int(label, root, "num_key_value_heads", false,
                       (!kv && ai->kv_heads_absent) ? ai->kv_heads_absent : c->n_heads, &c->n_kv_heads)))
-        goto err;
-    if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0) {
-        rc = cs_error_set(CS_EFORMAT, "%s: num_attention_heads (%d) must be a positive multiple of num_key_value_heads (%d)",
-                          label, c->n_heads, c->n_kv_heads);
-        goto err;
-    }
+        return rc;
+    if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
+        return cs_error_set(CS_EFORMAT, "%s: num_attention_heads (%d) must be a positive multiple of num_key_value_heads (%d)",
+                            label, c->n_heads, c->n_kv_heads);
 
     /* head_dim: Llama/Mistral treat null as absent; Qwen2 reads it with getattr and Qwen3's
      * dataclass requires an int, so null there breaks transformers and is refused */
     json_t *hd = json_object_get(root, "head_dim");
-    if (json_is_null(hd) && (c->arch == MODEL_ARCH_QWEN2 || c->arch == MODEL_ARCH_QWEN3)) {
-        rc = cs_error_set(CS_EFORMAT, "%s: field 'head_dim' may not be null for %s", label, ai->name);
-        goto err;
-    }
+    if (json_is_null(hd) && (c->arch == MODEL_ARCH_QWEN2 || c->arch == MODEL_ARCH_QWEN3))
+        return cs_error_set(CS_EFORMAT, "%s: field 'head_dim' may not be null for %s", label, ai->name);
     if ((rc = get_int(label, root, "head_dim", false,
                       (!hd && ai->head_dim_absent) ? ai->head_dim_absent : c->hidden_size / c->n_heads,
                       &c->head_dim)))
-        goto err;
-    if (c->head_dim <= 0 || c->head_dim % 2 != 0 || (long long)c->head_dim * c->n_heads > MC_MAX_DIM) {
-        rc = cs_error_set(CS_EFORMAT, "%s: head_dim %d must be positive and even (with heads * head_dim <= %d)",
-                          label, c->head_dim, MC_MAX_DIM);
-        goto err;
-    }
-    if (c->arch == MODEL_ARCH_LLAMA && c->hidden_size % c->n_heads != 0) {
-        rc = cs_error_set(CS_EFORMAT, "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d)",
-                          label, c->hidden_size, c->n_heads);
-        goto err;
-    }
+        return rc;
+    if (c->head_dim <= 0 || c->head_dim % 2 != 0 || (long long)c->head_dim * c->n_heads > MC_MAX_DIM)
+        return cs_error_set(CS_EFORMAT, "%s: head_dim %d must be positive and even (with heads * head_dim <= %d)",
+                            label, c->head_dim, MC_MAX_DIM);
+    if (c->arch == MODEL_ARCH_LLAMA && c->hidden_size % c->n_heads != 0)
+        return cs_error_set(CS_EFORMAT, "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d)",
+                            label, c->hidden_size, c->n_heads);
+    return CS_OK;
+}
 
+/* max_position_embeddings, rms_norm_eps, hidden_act */
+static int parse_misc(const char *label, const json_t *root, const struct arch_info *ai, model_config_t *c) {
+    int rc;
     if ((rc = get_int(label, root, "max_position_embeddings", false, ai->max_pos_absent,
                       &c->max_position_embeddings)))
-        goto err;
-    if (c->max_position_embeddings <= 0) {
-        rc = cs_error_set(CS_EFORMAT, "%s: field 'max_position_embeddings' must be positive", label);
-        goto err;
-    }
+        return rc;
+    if (c->max_position_embeddings <= 0)
+        return cs_error_set(CS_EFORMAT, "%s: field 'max_position_embeddings' must be positive", label);
     double eps;
-    if ((rc = get_num(label, "", root, "rms_norm_eps", false, 1e-6, &eps))) goto err;
-    if (eps < 0) { rc = cs_error_set(CS_EFORMAT, "%s: field 'rms_norm_eps' must be >= 0", label); goto err; }
+    if ((rc = get_num(label, "", root, "rms_norm_eps", false, 1e-6, &eps))) return rc;
+    if (eps < 0) return cs_error_set(CS_EFORMAT, "%s: field 'rms_norm_eps' must be >= 0", label);
     c->rms_norm_eps = (float)eps;
 
     json_t *act = cs_json_get(root, "hidden_act");
-    if (act && !json_is_string(act)) {
-        rc = cs_error_set(CS_EFORMAT, "%s: field 'hidden_act' must be a string, got %s", label, jtype(act));
-        goto err;
-    }
-    if (act && strcmp(json_string_value(act), "silu") != 0 && strcmp(json_string_value(act), "swish") != 0) {
-        rc = cs_error_set(CS_EUNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)", label,
-                          json_string_value(act));
-        goto err;
-    }
+    if (act && !json_is_string(act))
+        return cs_error_set(CS_EFORMAT, "%s: field 'hidden_act' must be a string, got %s", label, cs_json_type_name(act));
+    if (act && strcmp(json_string_value(act), "silu") != 0 && strcmp(json_string_value(act), "swish") != 0)
+        return cs_error_set(CS_EUNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)", label,
+                            json_string_value(act));
+    return CS_OK;
+}
 
-    if ((rc = parse_rope(label, root, c))) goto err;
-
-    if ((rc = get_bool(label, root, "tie_word_embeddings", false, &c->tie_word_embeddings))) goto err;
+/* tie_word_embeddings and the biases and norms each arch has */
+static int parse_biases(const char *label, const json_t *root, model_config_t *c) {
+    int rc;
+    if ((rc = get_bool(label, root, "tie_word_embeddings", false, &c->tie_word_embeddings))) return rc;
     bool ab = false, mb = false;
     switch (c->arch) {
     case MODEL_ARCH_LLAMA:
         if ((rc = get_bool(label, root, "attention_bias", false, &ab)) ||
             (rc = get_bool(label, root, "mlp_bias", false, &mb)))
-            goto err;
+            return rc;
         c->attention_bias = c->o_bias = ab;
         c->mlp_bias = mb;
         break;
@@ -348,44 +322,78 @@ static int parse_impl(const char *label, const char *json_text, model_config_t *
         c->attention_bias = true;
         break;
     case MODEL_ARCH_QWEN3:
-        if ((rc = get_bool(label, root, "attention_bias", false, &ab))) goto err;
+        if ((rc = get_bool(label, root, "attention_bias", false, &ab))) return rc;
         c->attention_bias = c->o_bias = ab;
         c->qk_norm = true;
         break;
     }
+    return CS_OK;
+}
 
-    if ((rc = parse_sliding(label, root, c))) goto err;
-
+/* dtype (transformers 5) or torch_dtype */
+static int parse_dtype(const char *label, const json_t *root, model_config_t *c) {
     const char *dkey = cs_json_get(root, "dtype") ? "dtype" : "torch_dtype";
     json_t *dt = cs_json_get(root, dkey);
     c->torch_dtype = CS_DTYPE_F32;
-    if (dt) {
-        const char *s = json_string_value(dt);
-        if (!s) { rc = cs_error_set(CS_EFORMAT, "%s: field '%s' must be a string, got %s", label, dkey, jtype(dt)); goto err; }
-        if (!strcmp(s, "float32") || !strcmp(s, "float")) c->torch_dtype = CS_DTYPE_F32;
-        else if (!strcmp(s, "bfloat16")) c->torch_dtype = CS_DTYPE_BF16;
-        else if (!strcmp(s, "float16") || !strcmp(s, "half")) c->torch_dtype = CS_DTYPE_F16;
-        else { rc = cs_error_set(CS_EUNSUPPORTED, "%s: %s '%s' is not supported (float32, bfloat16, float16)", label, dkey, s); goto err; }
-    }
+    if (!dt) return CS_OK;
+    const char *s = json_string_value(dt);
+    if (!s) return cs_error_set(CS_EFORMAT, "%s: field '%s' must be a string, got %s", label, dkey, cs_json_type_name(dt));
+    if (!strcmp(s, "float32") || !strcmp(s, "float")) c->torch_dtype = CS_DTYPE_F32;
+    else if (!strcmp(s, "bfloat16")) c->torch_dtype = CS_DTYPE_BF16;
+    else if (!strcmp(s, "float16") || !strcmp(s, "half")) c->torch_dtype = CS_DTYPE_F16;
+    else return cs_error_set(CS_EUNSUPPORTED, "%s: %s '%s' is not supported (float32, bfloat16, float16)", label, dkey, s);
+    return CS_OK;
+}
 
+/* bos_token_id and eos_token_id (one id or a list) */
+static int parse_special_ids(const char *label, const json_t *root, model_config_t *c) {
+    int rc;
     json_t *bos = cs_json_get(root, "bos_token_id"), *eos = cs_json_get(root, "eos_token_id");
     c->bos_token_id = -1;
-    if (bos && (rc = get_token_id(label, bos, "bos_token_id", &c->bos_token_id))) goto err;
+    if (bos && (rc = get_token_id(label, bos, "bos_token_id", &c->bos_token_id))) return rc;
     c->n_eos = 0;
     if (eos && json_is_array(eos)) {
-        if (json_array_size(eos) > MODEL_MAX_EOS) {
-            rc = cs_error_set(CS_EUNSUPPORTED, "%s: more than %d eos_token_id values", label, MODEL_MAX_EOS);
-            goto err;
-        }
+        if (json_array_size(eos) > MODEL_MAX_EOS)
+            return cs_error_set(CS_EUNSUPPORTED, "%s: more than %d eos_token_id values", label, MODEL_MAX_EOS);
         for (size_t i = 0; i < json_array_size(eos); i++)
-            if ((rc = get_token_id(label, json_array_get(eos, i), "eos_token_id", &c->eos_token_ids[c->n_eos++]))) goto err;
+            if ((rc = get_token_id(label, json_array_get(eos, i), "eos_token_id", &c->eos_token_ids[c->n_eos++])))
+                return rc;
     } else if (eos) {
-        if ((rc = get_token_id(label, eos, "eos_token_id", &c->eos_token_ids[0]))) goto err;
+        if ((rc = get_token_id(label, eos, "eos_token_id", &c->eos_token_ids[0]))) return rc;
         c->n_eos = 1;
     }
-    json_decref(root);
     return CS_OK;
-err:
+}
+
+/* *OUT = the JSON object of TEXT */
+static int load_object(const char *label, const char *json_text, json_t **out) {
+    json_error_t jerr;
+    json_t *root = json_loads(json_text, 0, &jerr);   /* duplicate keys: the last wins, as in Python */
+    *out = NULL;
+    if (!root) return cs_error_set(CS_EFORMAT, "%s: not valid JSON: %s (line %d)", label, jerr.text, jerr.line);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return cs_error_set(CS_EFORMAT, "%s: expected a JSON object", label);
+    }
+    *out = root;
+    return CS_OK;
+}
+
+static int parse_impl(const char *label, const char *json_text, model_config_t *c) {
+    memset(c, 0, sizeof *c);
+    json_t *root;
+    int rc = load_object(label, json_text, &root);
+    if (rc) return rc;
+    const struct arch_info *ai = NULL;
+    rc = parse_arch(label, root, c, &ai);
+    if (!rc) rc = parse_sizes(label, root, c);
+    if (!rc) rc = parse_heads(label, root, ai, c);
+    if (!rc) rc = parse_misc(label, root, ai, c);
+    if (!rc) rc = parse_rope(label, root, c);
+    if (!rc) rc = parse_biases(label, root, c);
+    if (!rc) rc = parse_sliding(label, root, c);
+    if (!rc) rc = parse_dtype(label, root, c);
+    if (!rc) rc = parse_special_ids(label, root, c);
     json_decref(root);
     return rc;
 }
@@ -406,6 +414,82 @@ int model_config_load(const char *dir, model_config_t *out) {
     char *text = cs_read_file(path, NULL);
     int rc = text ? parse_impl(path, text, out) : CS_EIO;
     free(text);
+    free(path);
+    return rc;
+}
+
+/* transformers' GenerationConfig defaults of the fields taken: a value equal to the default
+ * is not a recommendation (GenerationConfig.to_diff_dict drops it) */
+static const struct gen_field {
+    const char *key;
+    unsigned bit;
+    bool integer;
+    double def;         /* NAN: no default, any value counts */
+    double lo;          /* the smallest valid value */
+} gen_fields[] = {
+    { "temperature",        MODEL_GEN_TEMPERATURE,        false, 1.0, 0.0 },
+    { "top_p",              MODEL_GEN_TOP_P,              false, 1.0, 0.0 },
+    { "top_k",              MODEL_GEN_TOP_K,              true,  50,  0.0 },
+    { "min_p",              MODEL_GEN_MIN_P,              false, NAN, 0.0 },
+    { "repetition_penalty", MODEL_GEN_REPETITION_PENALTY, false, 1.0, 0.0 },
+    { "max_new_tokens",     MODEL_GEN_MAX_TOKENS,         true,  NAN, 1.0 },
+};
+
+static void gen_store(model_gen_defaults_t *g, unsigned bit, double x) {
+    switch (bit) {
+    case MODEL_GEN_TEMPERATURE: g->temperature = x; break;
+    case MODEL_GEN_TOP_P: g->top_p = x; break;
+    case MODEL_GEN_TOP_K: g->top_k = (int)x; break;
+    case MODEL_GEN_MIN_P: g->min_p = x; break;
+    case MODEL_GEN_REPETITION_PENALTY: g->repetition_penalty = x; break;
+    default: g->max_tokens = (int)x; break;
+    }
+    g->set |= bit;
+}
+
+int model_gen_defaults_parse(const char *label, const char *json_text, model_gen_defaults_t *out) {
+    memset(out, 0, sizeof *out);
+    json_t *root;
+    int rc = load_object(label, json_text, &root);
+    if (rc) return rc;
+    for (size_t i = 0; i < CS_ARRAY_LEN(gen_fields) && !rc; i++) {
+        const struct gen_field *f = &gen_fields[i];
+        json_t *v = json_object_get(root, f->key);
+        if (!v || json_is_null(v)) continue;
+        double x;
+        if (f->integer) {
+            int n;
+            if ((rc = get_int(label, root, f->key, true, 0, &n))) break;
+            x = n;
+        } else if ((rc = get_num(label, "", root, f->key, true, 0, &x))) {
+            break;
+        }
+        if (x < f->lo) {
+            rc = cs_error_set(CS_EFORMAT, "%s: field '%s' must be >= %g, got %g", label, f->key, f->lo, x);
+            break;
+        }
+        if ((f->bit == MODEL_GEN_TOP_P && !(x > 0 && x <= 1)) || (f->bit == MODEL_GEN_MIN_P && x > 1) ||
+            (f->bit == MODEL_GEN_REPETITION_PENALTY && !(x > 0))) {
+            rc = cs_error_set(CS_EFORMAT, "%s: field '%s' = %g is out of range", label, f->key, x);
+            break;
+        }
+        if (isnan(f->def) || x != f->def) gen_store(out, f->bit, x);
+    }
+    json_decref(root);
+    if (rc) memset(out, 0, sizeof *out);
+    return rc;
+}
+
+int model_gen_defaults_load(const char *dir, model_gen_defaults_t *out) {
+    memset(out, 0, sizeof *out);
+    char *path = cs_path_join(dir, "generation_config.json");
+    if (!path) return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
+    int rc = CS_OK;
+    if (cs_file_exists(path)) {
+        char *text = cs_read_file(path, NULL);
+        rc = text ? model_gen_defaults_parse(path, text, out) : CS_EIO;
+        free(text);
+    }
     free(path);
     return rc;
 }

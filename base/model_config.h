@@ -4,7 +4,7 @@
 #ifndef CS_MODEL_CONFIG_H
 #define CS_MODEL_CONFIG_H
 
-#include "engine/common.h"
+#include "base/common.h"
 
 typedef enum model_arch {
     MODEL_ARCH_LLAMA = 0,   /* LlamaForCausalLM */
@@ -55,5 +55,29 @@ typedef struct model_config {
 /* Parse config.json text / load DIR/config.json. Errors name the field. */
 int model_config_parse(const char *json_text, model_config_t *out);
 int model_config_load(const char *dir, model_config_t *out);
+
+/* The sampling defaults a model's generation_config.json recommends, taken as vLLM's
+ * `--generation-config auto` takes them: of temperature, top_p, top_k, min_p,
+ * repetition_penalty and max_new_tokens, those whose value differs from transformers'
+ * GenerationConfig defaults (1.0, 1.0, 50, none, 1.0, none). A request's own values win. */
+enum {
+    MODEL_GEN_TEMPERATURE = 1 << 0,
+    MODEL_GEN_TOP_P = 1 << 1,
+    MODEL_GEN_TOP_K = 1 << 2,
+    MODEL_GEN_MIN_P = 1 << 3,
+    MODEL_GEN_REPETITION_PENALTY = 1 << 4,
+    MODEL_GEN_MAX_TOKENS = 1 << 5,
+};
+typedef struct model_gen_defaults {
+    unsigned set;                   /* MODEL_GEN_* bits: the fields below that hold a value */
+    double temperature, top_p, min_p, repetition_penalty;
+    int top_k;
+    int max_tokens;                 /* max_new_tokens */
+} model_gen_defaults_t;
+
+/* Parse generation_config.json text (LABEL names it in errors) / load DIR's, where a model
+ * without the file has no defaults (CS_OK, set = 0). Errors name the field. */
+int model_gen_defaults_parse(const char *label, const char *json_text, model_gen_defaults_t *out);
+int model_gen_defaults_load(const char *dir, model_gen_defaults_t *out);
 
 #endif

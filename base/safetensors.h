@@ -5,7 +5,7 @@
 #ifndef CS_SAFETENSORS_H
 #define CS_SAFETENSORS_H
 
-#include "engine/common.h"
+#include "base/common.h"
 
 #define ST_MAX_DIMS 8
 
