@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/bigresp.sh: what large responses cost the server's memory (issue 18's probe). A small
+# bench/bigresp.sh: what large responses cost the server's memory. A small
 # Llama (hidden 128, 2 layers, the 32k tokenizer) serves completions of 16 prompts of 2,000
 # tokens each with echo and logprobs 20 (about 20 MB of JSON each): one, then six at once.
 # The server's RSS (VmRSS) is sampled before, after each round, and after it has been idle for

@@ -1,7 +1,7 @@
 """serve_client.py: a small load client for bench/serve.sh. C concurrent workers stream N
 completions (token-id prompts, GEN tokens each, greedy, ignore_eos) from an OpenAI-style
 /v1/completions and report throughput, TTFT and inter-token latency as one JSON object.
-(caraserve-bench, the real load tester, comes with its own issue.)
+(caraserve-bench is the full load tester.)
 
     python3 bench/serve_client.py URL --concurrency C --requests N --gen G --prompt-len P [--models a,b]
 """

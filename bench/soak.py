@@ -15,7 +15,7 @@ All at once, for MINUTES:
     running and waiting.
 Writes bench/results/soak-<time>.json (minutes, http_5xx, wrong_answers, rss_growth after
 warm-up, fd and thread ranges, counts per kind of traffic, the samples) and an SVG plot.
-The goal (issue 18): zero 5xx, zero wrong answers, RSS growth under 5% after warm-up, fds and
+The goal: zero 5xx, zero wrong answers, RSS growth under 5% after warm-up, fds and
 threads flat."""
 import argparse
 import http.client

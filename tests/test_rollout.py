@@ -69,7 +69,7 @@ for adapter, ref in (("base", ref_base), ("pol", ref_a)):
         # (a GEMM's rounding depends on its row count), so run 1 and run 2 may differ in the
         # last bits (and a greedy near-tie could flip); both are held to transformers below.
         # Runs 2 and 3 see the same cache and must be identical to the bit. Batch invariance
-        # is open work of the rollout issue.
+        # is --batch-invariant's (tests/test_batch_invariant.c).
         r1, r2, r3 = rollout(body), rollout(body), rollout(body)
         dump = [json.dumps([[(s["output_ids"], s["logprobs"]) for s in g["samples"]] for g in r["groups"]])
                 for r in (r1, r2, r3)]

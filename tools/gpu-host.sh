@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# tools/gpu-host.sh: the checks that need an NVIDIA GPU (issues 15 and 16), in one run on a GPU
-# host that has the CUDA driver, cuBLAS and python3 with torch + transformers + peft, but not
-# our libraries (the device tool's hosts). Two halves:
+# tools/gpu-host.sh: the checks that need an NVIDIA GPU (the CUDA backend, the cold start), in
+# one run on a GPU host that has the CUDA driver, cuBLAS and python3 with torch +
+# transformers + peft, but not our libraries (the device tool's hosts). Two halves:
 #
 #   tools/gpu-host.sh pack        # here, after a build with CUDA (build/, or BUILD=DIR): the
 #                                 # programs and the shared libraries a GPU host lacks (all but
