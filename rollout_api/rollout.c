@@ -483,7 +483,7 @@ static int parse(rollout_t *r, rollout_request_t *rq, engine_request_t *base, sa
     char *req_adapter = NULL;
     int req_version = 0;
     int rc = parse_request(r, rq, base, sj, &req_adapter, &req_version);
-    if (rc) return rc;
+    if (rc) goto fail; /* the adapter's name may be parsed before a later field fails */
     r->n_groups = (int)json_array_size(json_object_get(rq->body, "groups"));
     r->groups = calloc((size_t)r->n_groups, sizeof *r->groups);
     if (!r->groups) BAD(CS_ENOMEM, NULL, "out of memory");
