@@ -27,17 +27,11 @@
 static char root[256];
 static model_config_t base;
 
-#define N_LAYERS 3
-/* hidden 64, 4 heads x 16 (q 64), 2 kv heads (k/v 32), intermediate 96 */
-static const char *base_json =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 64, "
-    "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
-    "\"num_key_value_heads\": 2}";
+#define N_LAYERS CS_TEST_TINY_LLAMA_LAYERS
 
 static void setup(void) {
-    snprintf(root, sizeof root, "/tmp/cs_test_lreg_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(root));
-    ck_assert_int_eq(model_config_parse(base_json, &base), CS_OK);
+    cs_test_mkdtemp(root, sizeof root, "lreg");
+    ck_assert_int_eq(model_config_parse(CS_TEST_TINY_LLAMA_JSON, &base), CS_OK);
 }
 
 static void teardown(void) { cs_rmtree(root); }

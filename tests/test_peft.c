@@ -20,17 +20,11 @@
 static char dir[256];
 static model_config_t base;
 
-#define N_LAYERS 3
-/* hidden 64, 4 heads x 16 (q 64), 2 kv heads (k/v 32), intermediate 96 */
-static const char *base_json =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 64, "
-    "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
-    "\"num_key_value_heads\": 2}";
+#define N_LAYERS CS_TEST_TINY_LLAMA_LAYERS
 
 static void setup(void) {
-    snprintf(dir, sizeof dir, "/tmp/cs_test_peft_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    ck_assert_int_eq(model_config_parse(base_json, &base), CS_OK);
+    cs_test_mkdtemp(dir, sizeof dir, "peft");
+    ck_assert_int_eq(model_config_parse(CS_TEST_TINY_LLAMA_JSON, &base), CS_OK);
 }
 
 static void teardown(void) { cs_rmtree(dir); }
@@ -497,25 +491,32 @@ END_TEST
 START_TEST(test_wrong_shapes) {
     write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"k_proj\"]");
     tb_t b = { 0 };
-    for (int l = 0; l < N_LAYERS; l++) {
-        tb_lora(&b, l, LORA_Q, 8, CS_DTYPE_F32);
-        if (l != 1) tb_lora(&b, l, LORA_K, 8, CS_DTYPE_F32);
+    /* k_proj of one layer in a wrong shape, the other tensors right: layer, A and B shapes,
+     * part of the message */
+    static const struct {
+        int layer;
+        int64_t a[2], b[2];
+        const char *msg;
+    } bad_k[] = {
+        /* k_proj of layer 1 built for a model with hidden 32 */
+        {1, {8, 32}, {32, 8},
+         "tensor 'base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight': expected [8, 64], got [8, 32]"},
+        /* B too wide for k (out 32) */
+        {2, {8, 64}, {64, 8}, "expected [32, 8], got [64, 8]"},
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(bad_k); i++) {
+        for (int l = 0; l < N_LAYERS; l++) {
+            tb_lora(&b, l, LORA_Q, 8, CS_DTYPE_F32);
+            if (l != bad_k[i].layer) tb_lora(&b, l, LORA_K, 8, CS_DTYPE_F32);
+        }
+        char n[160];
+        tensor_name(n, sizeof n, bad_k[i].layer, LORA_K, 'A');
+        tb_add(&b, n, CS_DTYPE_F32, bad_k[i].a[0], bad_k[i].a[1], 0);
+        tensor_name(n, sizeof n, bad_k[i].layer, LORA_K, 'B');
+        tb_add(&b, n, CS_DTYPE_F32, bad_k[i].b[0], bad_k[i].b[1], 0);
+        tb_write(&b, "adapter_model.safetensors");
+        load_fail(CS_ESHAPE, bad_k[i].msg);
     }
-    /* k_proj of layer 1 built for a model with hidden 32 */
-    tb_add(&b, "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight", CS_DTYPE_F32, 8, 32, 0);
-    tb_add(&b, "base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight", CS_DTYPE_F32, 32, 8, 0);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_ESHAPE, "tensor 'base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight': expected [8, 64], got [8, 32]");
-
-    /* B too wide for k (out 32) */
-    for (int l = 0; l < N_LAYERS; l++) {
-        tb_lora(&b, l, LORA_Q, 8, CS_DTYPE_F32);
-        if (l != 2) tb_lora(&b, l, LORA_K, 8, CS_DTYPE_F32);
-    }
-    tb_add(&b, "base_model.model.model.layers.2.self_attn.k_proj.lora_A.weight", CS_DTYPE_F32, 8, 64, 0);
-    tb_add(&b, "base_model.model.model.layers.2.self_attn.k_proj.lora_B.weight", CS_DTYPE_F32, 64, 8, 0);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_ESHAPE, "expected [32, 8], got [64, 8]");
 
     /* rank in the file differs from adapter_config.json */
     tb_all(&b, (1u << LORA_Q) | (1u << LORA_K), 4, CS_DTYPE_F32);

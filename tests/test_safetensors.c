@@ -315,71 +315,74 @@ START_TEST(test_bad_files) {
     unsigned char one[9] = { 1, 0, 0, 0, 0, 0, 0, 0, '{' };
     write_bytes("one.safetensors", one, 9);
     expect_fail("one.safetensors", CS_EFORMAT, "too small");
-    /* header not JSON / not an object / bad start */
-    write_raw("notjson.safetensors", "{\"a\": [1, 2", 0);
-    expect_fail("notjson.safetensors", CS_EFORMAT, "not valid JSON");
-    write_raw("array.safetensors", "[1, 2, 3]", 0);
-    expect_fail("array.safetensors", CS_EFORMAT, NULL);
-    write_raw("trail.safetensors", "{} x", 0);
-    expect_fail("trail.safetensors", CS_EFORMAT, "JSON");
-    write_raw("dupkey.safetensors",
-              "{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
-              "\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 2);
-    expect_fail("dupkey.safetensors", CS_EFORMAT, NULL);
-    /* unknown dtype, known-but-unsupported dtype */
-    write_raw("dtype.safetensors", "{\"model.w\":{\"dtype\":\"Q4_K\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2);
-    expect_fail("dtype.safetensors", CS_EFORMAT, "tensor 'model.w': unknown dtype 'Q4_K'");
-    write_raw("fp8.safetensors", "{\"model.w\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2);
-    expect_fail("fp8.safetensors", CS_EUNSUPPORTED, "'model.w'");
-    write_raw("dtype2.safetensors", "{\"model.w\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,2]}}", 2);
-    expect_fail("dtype2.safetensors", CS_EFORMAT, "'model.w'");
-    /* missing keys, bad shapes */
-    write_raw("nodtype.safetensors", "{\"model.w\":{\"shape\":[2],\"data_offsets\":[0,2]}}", 2);
-    expect_fail("nodtype.safetensors", CS_EFORMAT, "'model.w': missing 'dtype'");
-    write_raw("noshape.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"data_offsets\":[0,2]}}", 2);
-    expect_fail("noshape.safetensors", CS_EFORMAT, "missing 'shape'");
-    write_raw("negshape.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[-2],\"data_offsets\":[0,2]}}", 2);
-    expect_fail("negshape.safetensors", CS_EFORMAT, "'model.w'");
-    write_raw("realshape.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[2.0],\"data_offsets\":[0,2]}}", 2);
-    expect_fail("realshape.safetensors", CS_EFORMAT, "'model.w'");
-    write_raw("dims.safetensors",
-              "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1);
-    expect_fail("dims.safetensors", CS_EFORMAT, "dimensions");
-    write_raw("ovf.safetensors",
-              "{\"model.w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,1]}}", 1);
-    expect_fail("ovf.safetensors", CS_EFORMAT, "overflows");
-    write_raw("entry.safetensors", "{\"model.w\":[1,2]}", 0);
-    expect_fail("entry.safetensors", CS_EFORMAT, "'model.w'");
-    /* offsets out of bounds, reversed, malformed */
-    write_raw("oob.safetensors",
-              "{\"model.layers.0.mlp.up_proj.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8);
-    expect_fail("oob.safetensors", CS_EFORMAT,
-                "tensor 'model.layers.0.mlp.up_proj.weight': data_offsets [0,16] exceed data size 8");
-    write_raw("rev.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[2,0]}}", 2);
-    expect_fail("rev.safetensors", CS_EFORMAT, "'model.w'");
-    write_raw("offs.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0]}}", 2);
-    expect_fail("offs.safetensors", CS_EFORMAT, "'model.w'");
-    write_raw("negoff.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[-1,0]}}", 2);
-    expect_fail("negoff.safetensors", CS_EFORMAT, "'model.w'");
-    /* size does not match dtype x shape */
-    write_raw("size.safetensors", "{\"model.w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 16);
-    expect_fail("size.safetensors", CS_EFORMAT, "tensor 'model.w': data_offsets [0,12] hold 12 bytes but F32 [2, 2] needs 16");
-    /* overlapping tensors, in either header order */
+    /* headers that must not open: file, header, data bytes after it, error, part of the message */
+    static const struct {
+        const char *name, *header;
+        size_t dlen;
+        int want;
+        const char *needle;
+    } bad[] = {
+        /* header not JSON / not an object / bad start */
+        {"notjson.safetensors", "{\"a\": [1, 2", 0, CS_EFORMAT, "not valid JSON"},
+        {"array.safetensors", "[1, 2, 3]", 0, CS_EFORMAT, NULL},
+        {"trail.safetensors", "{} x", 0, CS_EFORMAT, "JSON"},
+        {"dupkey.safetensors",
+         "{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+         "\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 2, CS_EFORMAT, NULL},
+        /* unknown dtype, known-but-unsupported dtype */
+        {"dtype.safetensors", "{\"model.w\":{\"dtype\":\"Q4_K\",\"shape\":[2],\"data_offsets\":[0,2]}}",
+         2, CS_EFORMAT, "tensor 'model.w': unknown dtype 'Q4_K'"},
+        {"fp8.safetensors", "{\"model.w\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}",
+         2, CS_EUNSUPPORTED, "'model.w'"},
+        {"dtype2.safetensors", "{\"model.w\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,2]}}",
+         2, CS_EFORMAT, "'model.w'"},
+        /* missing keys, bad shapes */
+        {"nodtype.safetensors", "{\"model.w\":{\"shape\":[2],\"data_offsets\":[0,2]}}",
+         2, CS_EFORMAT, "'model.w': missing 'dtype'"},
+        {"noshape.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"data_offsets\":[0,2]}}",
+         2, CS_EFORMAT, "missing 'shape'"},
+        {"negshape.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[-2],\"data_offsets\":[0,2]}}",
+         2, CS_EFORMAT, "'model.w'"},
+        {"realshape.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[2.0],\"data_offsets\":[0,2]}}",
+         2, CS_EFORMAT, "'model.w'"},
+        {"dims.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}",
+         1, CS_EFORMAT, "dimensions"},
+        {"ovf.safetensors",
+         "{\"model.w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,1]}}",
+         1, CS_EFORMAT, "overflows"},
+        {"entry.safetensors", "{\"model.w\":[1,2]}", 0, CS_EFORMAT, "'model.w'"},
+        /* offsets out of bounds, reversed, malformed */
+        {"oob.safetensors",
+         "{\"model.layers.0.mlp.up_proj.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+         8, CS_EFORMAT, "tensor 'model.layers.0.mlp.up_proj.weight': data_offsets [0,16] exceed data size 8"},
+        {"rev.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[2,0]}}",
+         2, CS_EFORMAT, "'model.w'"},
+        {"offs.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0]}}",
+         2, CS_EFORMAT, "'model.w'"},
+        {"negoff.safetensors", "{\"model.w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[-1,0]}}",
+         2, CS_EFORMAT, "'model.w'"},
+        /* size does not match dtype x shape */
+        {"size.safetensors", "{\"model.w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}",
+         16, CS_EFORMAT, "tensor 'model.w': data_offsets [0,12] hold 12 bytes but F32 [2, 2] needs 16"},
+        /* one tensor inside another */
+        {"contain.safetensors",
+         "{\"big\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[0,16]},"
+         "\"small\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[4,6]}}", 16, CS_EFORMAT, "'small'"},
+        /* metadata must map strings to strings */
+        {"meta.safetensors", "{\"__metadata__\":{\"format\":1}}", 0, CS_EFORMAT, "__metadata__"},
+        {"meta2.safetensors", "{\"__metadata__\":[\"pt\"]}", 0, CS_EFORMAT, "__metadata__"},
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(bad); i++) {
+        write_raw(bad[i].name, bad[i].header, bad[i].dlen);
+        expect_fail(bad[i].name, bad[i].want, bad[i].needle);
+    }
+    /* overlapping tensors, in either header order: the message names both */
     write_raw("overlap.safetensors",
               "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]},"
               "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 16);
     expect_fail("overlap.safetensors", CS_EFORMAT, "overlap");
     ck_assert_ptr_nonnull(strstr(cs_error_last(), "'a'"));
     ck_assert_ptr_nonnull(strstr(cs_error_last(), "'b'"));
-    write_raw("contain.safetensors",
-              "{\"big\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[0,16]},"
-              "\"small\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[4,6]}}", 16);
-    expect_fail("contain.safetensors", CS_EFORMAT, "'small'");
-    /* metadata must map strings to strings */
-    write_raw("meta.safetensors", "{\"__metadata__\":{\"format\":1}}", 0);
-    expect_fail("meta.safetensors", CS_EFORMAT, "__metadata__");
-    write_raw("meta2.safetensors", "{\"__metadata__\":[\"pt\"]}", 0);
-    expect_fail("meta2.safetensors", CS_EFORMAT, "__metadata__");
     /* data section cut short (a truncated download) */
     write_sample("full.safetensors");
     size_t len;

@@ -217,6 +217,15 @@ static sched_view_t decoding(uint64_t id, const char *adapter, int rank, double 
     return v;
 }
 
+/* 8 base decode rows (ids 1 to 8) with a TPOT SLO of TPOT ms, each with its 5 tokens out on
+ * time: nothing banked */
+static void on_time_rows(sched_view_t run[8], double tpot) {
+    for (int i = 0; i < 8; i++) {
+        run[i] = decoding((uint64_t)i + 1, NULL, 0, tpot);
+        run[i].t_first_ms = fake_now - 5 * tpot;
+    }
+}
+
 static sched_view_t waiting(uint64_t id, const char *adapter, int rank, int prompt, double t_submit) {
     sched_view_t v = {.req_id = id, .n_prompt = prompt, .n_tokens = prompt, .max_tokens = 10, .n = 1,
                       .t_submit_ms = t_submit, .adapter = adapter, .lora_known = adapter != NULL};
@@ -283,10 +292,7 @@ START_TEST(slo_tpot_budget) {
     sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
     /* 8 base decode rows with a TPOT SLO of 7 ms: they cost 2 + 8 x 0.5 = 6 */
     sched_view_t run[8];
-    for (int i = 0; i < 8; i++) {
-        run[i] = decoding((uint64_t)i + 1, NULL, 0, 7);
-        run[i].t_first_ms = fake_now - 5 * 7; /* 5 tokens, each on time: nothing banked */
-    }
+    on_time_rows(run, 7);
     run_iteration(s, run, 8);
     sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
     ck_assert_int_eq(s->iface->chunk(s, &w, 100), 20); /* 6 + 0.05 c <= 7 */
@@ -310,10 +316,7 @@ START_TEST(slo_headroom) {
     cost_model_t *m = priced();
     fake_now = 100000;
     sched_view_t run[8];
-    for (int i = 0; i < 8; i++) {
-        run[i] = decoding((uint64_t)i + 1, NULL, 0, 10);
-        run[i].t_first_ms = fake_now - 5 * 10; /* on time: nothing banked */
-    }
+    on_time_rows(run, 10);
     sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
     /* the rows cost 2 + 8 x 0.5 = 6: 6 + 0.05 c <= 10 at headroom 1, <= 9 at 0.9 */
     sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
@@ -341,10 +344,7 @@ START_TEST(slo_drift) {
     fake_now = 100000;
     sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
     sched_view_t run[8];
-    for (int i = 0; i < 8; i++) {
-        run[i] = decoding((uint64_t)i + 1, NULL, 0, 10);
-        run[i].t_first_ms = fake_now - 5 * 10;
-    }
+    on_time_rows(run, 10);
     sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
     run_iteration(s, run, 8);
     ck_assert_int_eq(s->iface->chunk(s, &w, 100), 80);

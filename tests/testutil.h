@@ -2,9 +2,10 @@
  * tests in one array (START_TEST(name) declares `static const TTest *name`, so the array is
  * an automatic one inside a function), cs_tcase() turns it into a test case in that order,
  * and cs_check_run() runs the suite and returns the number of failed tests; cs_check_main()
- * does both for a file with one test case "core" and returns its exit status; cs_rmtree()
- * removes the temporary directory a suite writes its files in. Beside them: random inputs
- * from a test's own generator and error measures between a result and its reference. */
+ * does both for a file with one test case "core" and returns its exit status;
+ * cs_test_mkdtemp() makes the temporary directory a suite writes its files in and
+ * cs_rmtree() removes it. Beside them: the tiny base model the LoRA suites share, random
+ * inputs from a test's own generator and error measures between a result and its reference. */
 #ifndef CS_TESTUTIL_H
 #define CS_TESTUTIL_H
 
@@ -76,6 +77,21 @@ static inline int cs_rmtree(const char *path) {
     }
     closedir(d);
     return rmdir(path) == 0 ? rc : -1;
+}
+
+/* The tiny Llama base model the LoRA suites build adapters for: hidden 64, 4 heads x 16
+ * (q 64), 2 kv heads (k/v 32), intermediate 96, CS_TEST_TINY_LLAMA_LAYERS layers. */
+#define CS_TEST_TINY_LLAMA_LAYERS 3
+#define CS_TEST_TINY_LLAMA_JSON                                                                \
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 64, "   \
+    "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "        \
+    "\"num_key_value_heads\": 2}"
+
+/* Creates a fresh directory /tmp/cs_test_TAG_XXXXXX and writes its path to DIR (SIZE bytes);
+ * a failure fails the calling test. */
+static inline void cs_test_mkdtemp(char *dir, size_t size, const char *tag) {
+    snprintf(dir, size, "/tmp/cs_test_%s_XXXXXX", tag);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
 }
 
 /* n values uniform in [-scale, scale), one cs_rng_uniform(rng) each, in order; never NULL
