@@ -39,13 +39,7 @@ for b in "$BUILD" "$BASE_BUILD"; do
 done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-lora_args=()
-for i in 0 1 2 3 4 5 6 7; do
-    a="$CACHE/llama-$tag-lora-r16-$i"
-    [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$model" --out "$a" --rank 16 \
-        --alpha 32 --seed $((40 + i)) >&2
-    lora_args+=(--lora "ad$i=$a")
-done
+bench_adapters "llama-$tag" # lora_args: --lora ad0..ad7 (bench/common.sh)
 $PY - "$work" "$GEN" "$PROMPT" <<'PYEOF'
 import json, random, sys
 work, gen, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -12,13 +12,18 @@ model="$CACHE/llama-200m-$DTYPE"
 # the machine into a result's JSON: the CPU, its ISA features, the kernel paths (bench/machine.py)
 bench_stamp() { if [ -f "$1" ]; then "$PY" bench/machine.py "$1" "$BUILD/caraserve" || echo "bench_stamp: $1 not stamped" >&2; fi; }
 mkdir -p "$CACHE" bench/results
-# lora_args: --lora ad0..ad7, eight rank-16 adapters of the bench model (all targets, F32 as
-# peft saves them), written once into $CACHE
+# decode_tps STATS [DIGITS]: "N tok/s", the decode-only rate of a `caraserve batch --stats` line
+# rounded to DIGITS (2) decimals
+decode_tps() {
+    "$PY" -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,${2:-2}), 'tok/s')" "$1"
+}
+# bench_adapters [STEM]: lora_args: --lora ad0..ad7, eight rank-16 adapters of $model (all
+# targets, F32 as peft saves them), $CACHE/STEM-lora-r16-0..7 (STEM: llama-200m), written once
 bench_adapters() {
     lora_args=()
     local i a
     for i in 0 1 2 3 4 5 6 7; do
-        a="$CACHE/llama-200m-lora-r16-$i"
+        a="$CACHE/${1:-llama-200m}-lora-r16-$i"
         [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$model" --out "$a" --rank 16 \
             --alpha 32 --seed $((40 + i)) >&2
         lora_args+=(--lora "ad$i=$a")

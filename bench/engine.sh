@@ -73,7 +73,7 @@ for r in $(seq "$REPS"); do
             --precision "$PRECISION" --lora-dtype "$LORA_DTYPE" --threads "$THREADS" --stats --max-num-seqs 64 \
             --kv-cache-bytes 2G "${extra[@]}" 2>&1 >/dev/null | grep '^{')
         echo "{\"kind\": \"decode\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
-        echo "rep $r batch $b adapters $a: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
+        echo "rep $r batch $b adapters $a: $(decode_tps "$st")" >&2
         if [ "$c" = "32:0" ] && [ -x "$BUILD/bench/kernelbench" ]; then # the compute peak, right after batch 32
             pk=$("$BUILD/bench/kernelbench" --peak --threads "$THREADS" 2>/dev/null | tail -1 || true)
             [ -n "$pk" ] && echo "{\"kind\": \"peak\", \"rep\": $r, \"out\": $pk}" >> "$results"

@@ -40,7 +40,7 @@ for r in $(seq "$REPS"); do
                 --kv-cache-dtype "$kv" --threads "$THREADS" --stats --max-num-seqs 64 --kv-cache-bytes 2G 2>&1 >/dev/null \
                 | grep '^{')
             echo "{\"rep\": $r, \"batch\": $b, \"prompt\": $p, \"kv\": \"$kv\", \"stats\": $st}" >> "$results"
-            echo "rep $r batch $b prompt $p kv $kv: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
+            echo "rep $r batch $b prompt $p kv $kv: $(decode_tps "$st")" >&2
         done
     done
 done

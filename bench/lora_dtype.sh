@@ -60,7 +60,7 @@ for r in $(seq "$REPS"); do
             st=$("$dir/caraserve" batch --model "$model" "${la[@]}" --requests "$req" --threads "$THREADS" --stats \
                 --max-num-seqs 64 --kv-cache-bytes 1G 2>&1 >/dev/null | grep '^{')
             echo "{\"rep\": $r, \"build\": \"$name\", \"config\": \"$cfg\", \"stats\": $st}" >> "$results"
-            echo "rep $r $name $cfg: $($PY -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,2), 'tok/s')" "$st")" >&2
+            echo "rep $r $name $cfg: $(decode_tps "$st")" >&2
         done
     done
 done

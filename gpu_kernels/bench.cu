@@ -22,6 +22,17 @@ static __global__ void k_read(const float4 *p, size_t n, float *out) {
 
 using namespace CS_NS;
 
+/* the milliseconds from event a (recorded) to now on stream 0; destroys both events */
+static float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+    CUDA_CHECK(cudaEventRecord(b, 0));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms;
+}
+
 extern "C" int gpu_bench_read_bandwidth(size_t bytes, int reps, double *gbps, char *name, int name_len) {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return -1;
@@ -38,13 +49,8 @@ extern "C" int gpu_bench_read_bandwidth(size_t bytes, int reps, double *gbps, ch
     CS_LAUNCH(k_read, blocks, 512, 0, 0, buf, n, out); /* warm */
     CUDA_CHECK(cudaEventRecord(a, 0));
     for (int r = 0; r < reps; r++) CS_LAUNCH(k_read, blocks, 512, 0, 0, buf, n, out);
-    CUDA_CHECK(cudaEventRecord(b, 0));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    float ms = elapsed_ms(a, b);
     *gbps = (double)bytes * reps / (ms * 1e-3) / 1e9;
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
     cudaFree(buf);
     cudaFree(out);
     return 0;
@@ -69,14 +75,9 @@ extern "C" int gpu_bench_gemm(int m, int n, int k, int reps, double *tflops) {
         CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16BF, k, B, CUDA_R_16BF, k, &zero,
                                   C, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
-    CUDA_CHECK(cudaEventRecord(b, 0));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    float ms = elapsed_ms(a, b);
     *tflops = 2.0 * m * n * (double)k * reps / (ms * 1e-3) / 1e12;
     cublasDestroy(h);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
     cudaFree(A);
     cudaFree(B);
     cudaFree(C);

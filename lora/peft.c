@@ -588,14 +588,28 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
     return CS_OK;
 }
 
+/* plan and fill: the adapter of name's config and tensors, holding BF16 copies if bf16, its
+ * weights copied in if copy; on an error nothing is left allocated */
+static int plan_fill(const char *name, const char *dir, const char *config_json, size_t config_len,
+                     const safetensors_t *st, const model_config_t *cfg, bool bf16, bool copy, lora_adapter_t **out) {
+    lora_adapter_t *a;
+    int rc;
+    if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
+    a->hold_bf16 = bf16;
+    if ((rc = fill(dir, st, cfg, a, copy)) != CS_OK) {
+        lora_adapter_free(a);
+        return rc;
+    }
+    *out = a;
+    return CS_OK;
+}
+
 int lora_adapter_begin(const char *name, const char *dir, const char *config_json, size_t config_len,
                        const safetensors_t *st, const model_config_t *cfg, bool bf16, lora_adapter_t **out) {
     lora_adapter_t *a;
     int rc;
     *out = NULL;
-    if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
-    a->hold_bf16 = bf16;
-    if ((rc = fill(dir, st, cfg, a, false)) != CS_OK) goto err;
+    if ((rc = plan_fill(name, dir, config_json, config_len, st, cfg, bf16, false, &a)) != CS_OK) return rc;
     /* every module's memory now (a slot made before its layers came keeps these pointers),
      * not zeroed: its pages are touched only as the layers are copied in */
     for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++)
@@ -692,17 +706,8 @@ err:
 
 int lora_adapter_load_buffers(const char *name, const char *dir, const char *config_json, size_t config_len,
                               const safetensors_t *st, const model_config_t *cfg, bool bf16, lora_adapter_t **out) {
-    lora_adapter_t *a;
-    int rc;
     *out = NULL;
-    if ((rc = plan(name, dir, config_json, config_len, cfg, &a)) != CS_OK) return rc;
-    a->hold_bf16 = bf16;
-    if ((rc = fill(dir, st, cfg, a, true)) != CS_OK) {
-        lora_adapter_free(a);
-        return rc;
-    }
-    *out = a;
-    return CS_OK;
+    return plan_fill(name, dir, config_json, config_len, st, cfg, bf16, true, out);
 }
 
 static void info_of(const lora_adapter_t *a, lora_adapter_info_t *info) {

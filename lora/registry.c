@@ -1049,19 +1049,23 @@ static int acquire_entry(lora_registry_t *r, lora_entry_t *e, lora_ref_t **out) 
     return rc;
 }
 
+/* Under r->mu: the error for a name (n, found by name_find) without the version asked for:
+ * not registered, or the version not among those kept. */
+static int not_kept_error(lora_name_t *n, const char *name, int version) {
+    if (!n || !n->cur) return cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+    char kl[256];
+    kept_list(n, kl, sizeof kl);
+    return cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
+}
+
 int lora_registry_acquire_version(lora_registry_t *r, const char *name, int version, lora_ref_t **out) {
     int rc;
-    char kl[256];
     *out = NULL;
     pthread_mutex_lock(&r->mu);
     lora_name_t *n = name_find(r, name);
     lora_entry_t *e = n && n->cur ? kept_find(n, version) : NULL;
     if (!e) {
-        if (!n || !n->cur) rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
-        else {
-            kept_list(n, kl, sizeof kl);
-            rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
-        }
+        rc = not_kept_error(n, name, version);
     } else {
         rc = acquire_entry(r, e, out);
     }
@@ -1071,17 +1075,12 @@ int lora_registry_acquire_version(lora_registry_t *r, const char *name, int vers
 
 int lora_registry_pin(lora_registry_t *r, const char *name, int version, lora_pin_t **out) {
     int rc = CS_OK;
-    char kl[256];
     *out = NULL;
     pthread_mutex_lock(&r->mu);
     lora_name_t *n = name_find(r, name);
     lora_entry_t *e = n && n->cur && version > 0 ? kept_find(n, version) : NULL;
     if (!e) {
-        if (!n || !n->cur) rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
-        else {
-            kept_list(n, kl, sizeof kl);
-            rc = cs_error_set(CS_ENOTFOUND, "adapter '%s' version %d is not kept (kept versions: %s)", name, version, kl);
-        }
+        rc = not_kept_error(n, name, version);
     } else {
         e->pins++;
         *out = (lora_pin_t *)e;

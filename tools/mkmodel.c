@@ -428,6 +428,14 @@ static json_t *build_config(const model_opts_t *o, int bos, int eos) {
     return c;
 }
 
+/* a linear layer of layer i: its weight (d0 x d1, INIT_NORMAL) and, if bias, its bias (d0,
+ * INIT_BIAS), model.layers.<i>.<name>.weight and .bias; the list sorts them by name later */
+static int gen_proj(gen_list_t *l, double std, int64_t d0, int64_t d1, bool bias, int i, const char *name) {
+    int e = gen_add(l, INIT_NORMAL, std, d0, d1, "model.layers.%d.%s.weight", i, name);
+    if (bias) e |= gen_add(l, INIT_BIAS, std, d0, 0, "model.layers.%d.%s.bias", i, name);
+    return e;
+}
+
 static int build_model_tensors(const model_config_t *mc, double std, gen_list_t *l) {
     int64_t h = mc->hidden_size, q = (int64_t)mc->n_heads * mc->head_dim, kv = (int64_t)mc->n_kv_heads * mc->head_dim;
     int64_t inter = mc->intermediate_size;
@@ -440,28 +448,17 @@ static int build_model_tensors(const model_config_t *mc, double std, gen_list_t 
         const char *p = "model.layers";
         e |= gen_add(l, INIT_NORM_WEIGHT, norm_std, h, 0, "%s.%d.input_layernorm.weight", p, i);
         e |= gen_add(l, INIT_NORM_WEIGHT, norm_std, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
-        e |= gen_add(l, INIT_NORMAL, std, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-        e |= gen_add(l, INIT_NORMAL, std, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-        e |= gen_add(l, INIT_NORMAL, std, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
-        e |= gen_add(l, INIT_NORMAL, std, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
-        if (mc->attention_bias) {
-            e |= gen_add(l, INIT_BIAS, std, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
-            e |= gen_add(l, INIT_BIAS, std, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
-            e |= gen_add(l, INIT_BIAS, std, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
-        }
-        if (mc->o_bias) e |= gen_add(l, INIT_BIAS, std, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
+        e |= gen_proj(l, std, q, h, mc->attention_bias, i, "self_attn.q_proj");
+        e |= gen_proj(l, std, kv, h, mc->attention_bias, i, "self_attn.k_proj");
+        e |= gen_proj(l, std, kv, h, mc->attention_bias, i, "self_attn.v_proj");
+        e |= gen_proj(l, std, h, q, mc->o_bias, i, "self_attn.o_proj");
         if (mc->qk_norm) {
             e |= gen_add(l, INIT_NORM_WEIGHT, norm_std, mc->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, i);
             e |= gen_add(l, INIT_NORM_WEIGHT, norm_std, mc->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, i);
         }
-        e |= gen_add(l, INIT_NORMAL, std, inter, h, "%s.%d.mlp.gate_proj.weight", p, i);
-        e |= gen_add(l, INIT_NORMAL, std, inter, h, "%s.%d.mlp.up_proj.weight", p, i);
-        e |= gen_add(l, INIT_NORMAL, std, h, inter, "%s.%d.mlp.down_proj.weight", p, i);
-        if (mc->mlp_bias) {
-            e |= gen_add(l, INIT_BIAS, std, inter, 0, "%s.%d.mlp.gate_proj.bias", p, i);
-            e |= gen_add(l, INIT_BIAS, std, inter, 0, "%s.%d.mlp.up_proj.bias", p, i);
-            e |= gen_add(l, INIT_BIAS, std, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
-        }
+        e |= gen_proj(l, std, inter, h, mc->mlp_bias, i, "mlp.gate_proj");
+        e |= gen_proj(l, std, inter, h, mc->mlp_bias, i, "mlp.up_proj");
+        e |= gen_proj(l, std, h, inter, mc->mlp_bias, i, "mlp.down_proj");
     }
     if (e) return -1;
     qsort(l->t, l->n, sizeof *l->t, gen_cmp);

@@ -11,24 +11,24 @@
 
 /* ------------------------------------------------------------------ errors, memory ---- */
 
+/* the message of fmt and ap into ec, then the unwind to ec's setjmp */
+static _Noreturn void vthrow(errctx *ec, int status, bool fatal, const char *fmt, va_list ap) {
+    vsnprintf(ec->msg, sizeof ec->msg, fmt, ap);
+    ec->status = status;
+    ec->fatal = fatal;
+    longjmp(ec->jb, 1);
+}
+
 _Noreturn void throw_status(errctx *ec, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ec->msg, sizeof ec->msg, fmt, ap);
-    va_end(ap);
-    ec->status = status;
-    ec->fatal = status != CS_EINVAL;
-    longjmp(ec->jb, 1);
+    vthrow(ec, status, status != CS_EINVAL, fmt, ap);
 }
 
 _Noreturn void throw_limit(errctx *ec, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ec->msg, sizeof ec->msg, fmt, ap);
-    va_end(ap);
-    ec->status = CS_EINVAL;
-    ec->fatal = true;
-    longjmp(ec->jb, 1);
+    vthrow(ec, CS_EINVAL, true, fmt, ap);
 }
 
 void *arena_alloc(arena *a, size_t n) {
