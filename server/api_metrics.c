@@ -4,6 +4,7 @@
  * one. The families of generation requests are observed by the engine's sink (api_jobs.c)
  * and the rollout's taps (rollout_api/routes.c). */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,86 +27,98 @@ void server_on_streamed(void *user, const char *name, double seconds) {
     if (s->m.lora_transfer) metric_observe(s->m.lora_transfer, (const char *[]){name}, seconds);
 }
 
+static const double LOAD_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+#define N_LOAD (int)(sizeof LOAD_BUCKETS / sizeof LOAD_BUCKETS[0])
+
+static const char *const L_ADAPTER[] = {"adapter", NULL}, *const L_FIN[] = {"adapter", "finished_reason", NULL},
+                         *const L_TIER[] = {"tier", NULL}, *const L_MODE[] = {"mode", NULL},
+                         *const L_PATH[] = {"path", NULL}, *const L_IO[] = {"io", NULL},
+                         *const L_TERM[] = {"term", NULL}, *const L_ADAPTER_RANK[] = {"adapter", "rank", NULL};
+
+/* The server's metric families, in the order /metrics lists them: where each lives in
+ * server_metrics_t, its kind, name (after --metrics-prefix), help, labels and buckets. */
+typedef enum { FAM_COUNTER, FAM_GAUGE, FAM_HISTOGRAM } family_kind_t;
+static const struct family {
+    size_t off;
+    family_kind_t kind;
+    const char *name, *help;
+    const char *const *labels;
+    const double *buckets;
+    int n_buckets;
+} FAMILIES[] = {
+#define F(field, kind, name, help, labels) {offsetof(server_metrics_t, field), kind, name, help, labels, NULL, 0}
+#define H(field, name, help, labels, b, n) {offsetof(server_metrics_t, field), FAM_HISTOGRAM, name, help, labels, b, n}
+    H(ttft, "time_to_first_token_seconds", "Time from arrival to the first token.", L_ADAPTER, LAT_BUCKETS, N_LAT),
+    H(itl, "inter_token_latency_seconds", "Time between consecutive tokens of a sample.", L_ADAPTER, LAT_BUCKETS, N_LAT),
+    H(e2e, "e2e_request_latency_seconds", "Time from arrival to the last token.", L_ADAPTER, LAT_BUCKETS, N_LAT),
+    H(queue, "request_queue_time_seconds", "Time a request waited before it was first scheduled.", L_ADAPTER,
+      LAT_BUCKETS, N_LAT),
+    F(prompt_tokens, FAM_COUNTER, "prompt_tokens_total", "Prompt tokens of finished requests.", L_ADAPTER),
+    F(gen_tokens, FAM_COUNTER, "generation_tokens_total", "Generated tokens.", L_ADAPTER),
+    F(success, FAM_COUNTER, "request_success_total", "Finished requests by finish reason.", L_FIN),
+    F(running, FAM_GAUGE, "num_requests_running", "Sequences running in the engine.", NULL),
+    F(waiting, FAM_GAUGE, "num_requests_waiting", "Sequences waiting for the engine.", NULL),
+    F(kv_usage, FAM_GAUGE, "kv_cache_usage_perc", "Fraction of KV-cache blocks held by sequences (1 = full).", NULL),
+    F(prefix_queries, FAM_COUNTER, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", NULL),
+    F(prefix_hits, FAM_COUNTER, "prefix_cache_hits_total", "Prompt tokens whose KV came from the prefix cache.", NULL),
+    F(preemptions, FAM_COUNTER, "num_preemptions_total", "Sequences preempted (KV cache full).", NULL),
+    F(prefill_tokens, FAM_COUNTER, "prefill_tokens_total",
+      "Prompt tokens computed (not taken from the prefix cache or a group's shared blocks).", NULL),
+    F(lora_tier, FAM_GAUGE, "lora_adapters",
+      "Adapters by tier: registered (served names), host (resident in memory), loading, device (in a device slot).",
+      L_TIER),
+    H(lora_load, "lora_load_seconds", "Adapter load time, disk to host memory.", L_ADAPTER, LOAD_BUCKETS, N_LOAD),
+    H(lora_transfer, "lora_transfer_seconds",
+      "Adapter slot streaming time, host memory to the device (upload to last layer).", L_ADAPTER, LOAD_BUCKETS,
+      N_LOAD),
+    F(cold_starts, FAM_COUNTER, "cold_starts_total",
+      "Requests that found their adapter's device slot still streaming in, by what they did (cpu_assist, wait).",
+      L_MODE),
+    F(cold_layers, FAM_COUNTER, "cold_start_layers_total",
+      "Adapter layers of cold-start forwards, by where their LoRA ran (host, device).", L_PATH),
+    F(lora_hits, FAM_COUNTER, "lora_cache_hits_total", "Adapter acquires that found it resident.", NULL),
+    F(lora_misses, FAM_COUNTER, "lora_cache_misses_total", "Adapter acquires that started a load.", NULL),
+    F(lora_loads, FAM_COUNTER, "lora_loads_total",
+      "Adapter loads from disk that finished, by how the weights were read (direct: O_DIRECT; buffered: the page "
+      "cache).",
+      L_IO),
+    F(lora_streamed, FAM_COUNTER, "lora_streamed_loads_total",
+      "Adapter loads handed out while their file still streamed in from disk (the header read; layers followed).",
+      NULL),
+    F(lora_partial, FAM_COUNTER, "lora_partial_acquires_total",
+      "Requests that started on an adapter whose file still streamed in from disk.", NULL),
+    F(cost_r2, FAM_GAUGE, "cost_model_r2",
+      "The iteration cost model's R² on the steps it was fitted on (0 before a fit).", NULL),
+    F(cost_err, FAM_GAUGE, "cost_model_heldout_error",
+      "Mean relative error of the cost model on held-out steps (every fifth).", NULL),
+    F(cost_coef, FAM_GAUGE, "cost_model_coefficient_seconds",
+      "The cost model's seconds per unit of each term of an iteration.", L_TERM),
+    F(cost_steps, FAM_GAUGE, "cost_model_fitted_steps", "Steps behind the cost model's fit.", NULL),
+    F(slo_requests, FAM_COUNTER, "slo_requests_total",
+      "Requests and rollout groups with an SLO (their own slo, or their model's from --adapter-slos), by adapter and "
+      "rank.",
+      L_ADAPTER_RANK),
+    F(slo_met, FAM_COUNTER, "slo_attained_total",
+      "Of those, the ones that met every bound they had (TTFT; worst sample's TPOT).", L_ADAPTER_RANK),
+#undef F
+#undef H
+};
+
 int server_metrics_init(server_t *s) {
     server_metrics_t *m = &s->m;
     pthread_mutex_init(&m->mu, NULL);
     if (!(m->reg = metrics_new())) return cs_error_set(CS_ENOMEM, "out of memory");
-    const char *const adapter[] = {"adapter", NULL};
-    const char *const fin[] = {"adapter", "finished_reason", NULL};
-    const char *const tier[] = {"tier", NULL};
-    char n[128];
-#define NAME(x) (snprintf(n, sizeof n, "%s%s", s->cfg.metrics_prefix, x), n)
-    m->ttft = metrics_histogram(m->reg, NAME("time_to_first_token_seconds"), "Time from arrival to the first token.",
-                                adapter, LAT_BUCKETS, N_LAT);
-    m->itl = metrics_histogram(m->reg, NAME("inter_token_latency_seconds"), "Time between consecutive tokens of a sample.",
-                               adapter, LAT_BUCKETS, N_LAT);
-    m->e2e = metrics_histogram(m->reg, NAME("e2e_request_latency_seconds"), "Time from arrival to the last token.",
-                               adapter, LAT_BUCKETS, N_LAT);
-    m->queue = metrics_histogram(m->reg, NAME("request_queue_time_seconds"),
-                                 "Time a request waited before it was first scheduled.", adapter, LAT_BUCKETS, N_LAT);
-    m->prompt_tokens = metrics_counter(m->reg, NAME("prompt_tokens_total"), "Prompt tokens of finished requests.", adapter);
-    m->gen_tokens = metrics_counter(m->reg, NAME("generation_tokens_total"), "Generated tokens.", adapter);
-    m->success = metrics_counter(m->reg, NAME("request_success_total"), "Finished requests by finish reason.", fin);
-    m->running = metrics_gauge(m->reg, NAME("num_requests_running"), "Sequences running in the engine.", NULL);
-    m->waiting = metrics_gauge(m->reg, NAME("num_requests_waiting"), "Sequences waiting for the engine.", NULL);
-    m->kv_usage = metrics_gauge(m->reg, NAME("kv_cache_usage_perc"),
-                                "Fraction of KV-cache blocks held by sequences (1 = full).", NULL);
-    m->prefix_queries = metrics_counter(m->reg, NAME("prefix_cache_queries_total"),
-                                        "Prompt tokens looked up in the prefix cache.", NULL);
-    m->prefix_hits = metrics_counter(m->reg, NAME("prefix_cache_hits_total"),
-                                     "Prompt tokens whose KV came from the prefix cache.", NULL);
-    m->preemptions = metrics_counter(m->reg, NAME("num_preemptions_total"), "Sequences preempted (KV cache full).", NULL);
-    m->prefill_tokens = metrics_counter(m->reg, NAME("prefill_tokens_total"),
-                                        "Prompt tokens computed (not taken from the prefix cache or a group's shared blocks).",
-                                        NULL);
-    m->lora_tier = metrics_gauge(m->reg, NAME("lora_adapters"),
-                                 "Adapters by tier: registered (served names), host (resident in memory), loading, device (in a device slot).", tier);
-    static const double LOAD_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
-    m->lora_load = metrics_histogram(m->reg, NAME("lora_load_seconds"), "Adapter load time, disk to host memory.", adapter,
-                                     LOAD_BUCKETS, (int)(sizeof LOAD_BUCKETS / sizeof LOAD_BUCKETS[0]));
-    m->lora_transfer = metrics_histogram(m->reg, NAME("lora_transfer_seconds"),
-                                         "Adapter slot streaming time, host memory to the device (upload to last layer).",
-                                         adapter, LOAD_BUCKETS, (int)(sizeof LOAD_BUCKETS / sizeof LOAD_BUCKETS[0]));
-    const char *const mode[] = {"mode", NULL}, *const path[] = {"path", NULL};
-    m->cold_starts = metrics_counter(m->reg, NAME("cold_starts_total"),
-                                     "Requests that found their adapter's device slot still streaming in, by what they did (cpu_assist, wait).",
-                                     mode);
-    m->cold_layers = metrics_counter(m->reg, NAME("cold_start_layers_total"),
-                                     "Adapter layers of cold-start forwards, by where their LoRA ran (host, device).", path);
-    m->lora_hits = metrics_counter(m->reg, NAME("lora_cache_hits_total"), "Adapter acquires that found it resident.", NULL);
-    m->lora_misses = metrics_counter(m->reg, NAME("lora_cache_misses_total"), "Adapter acquires that started a load.", NULL);
-    const char *const io[] = {"io", NULL};
-    m->lora_loads = metrics_counter(m->reg, NAME("lora_loads_total"),
-                                    "Adapter loads from disk that finished, by how the weights were read (direct: O_DIRECT; buffered: the page cache).",
-                                    io);
-    m->lora_streamed = metrics_counter(m->reg, NAME("lora_streamed_loads_total"),
-                                       "Adapter loads handed out while their file still streamed in from disk (the header read; layers followed).",
-                                       NULL);
-    m->lora_partial = metrics_counter(m->reg, NAME("lora_partial_acquires_total"),
-                                      "Requests that started on an adapter whose file still streamed in from disk.", NULL);
-    const char *const term[] = {"term", NULL};
-    m->cost_r2 = metrics_gauge(m->reg, NAME("cost_model_r2"),
-                               "The iteration cost model's R² on the steps it was fitted on (0 before a fit).", NULL);
-    m->cost_err = metrics_gauge(m->reg, NAME("cost_model_heldout_error"),
-                                "Mean relative error of the cost model on held-out steps (every fifth).", NULL);
-    m->cost_coef = metrics_gauge(m->reg, NAME("cost_model_coefficient_seconds"),
-                                 "The cost model's seconds per unit of each term of an iteration.", term);
-    m->cost_steps = metrics_gauge(m->reg, NAME("cost_model_fitted_steps"), "Steps behind the cost model's fit.", NULL);
-    const char *const adapter_rank[] = {"adapter", "rank", NULL};
-    m->slo_requests = metrics_counter(m->reg, NAME("slo_requests_total"),
-                                      "Requests and rollout groups with an SLO (their own slo, or their model's from --adapter-slos), by adapter and rank.",
-                                      adapter_rank);
-    m->slo_met = metrics_counter(m->reg, NAME("slo_attained_total"),
-                                 "Of those, the ones that met every bound they had (TTFT; worst sample's TPOT).",
-                                 adapter_rank);
-#undef NAME
-    if (!m->slo_requests || !m->slo_met) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
-    if (!m->cost_r2 || !m->cost_err || !m->cost_coef || !m->cost_steps) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
-    if (!m->ttft || !m->itl || !m->e2e || !m->queue || !m->prompt_tokens || !m->gen_tokens || !m->success ||
-        !m->running || !m->waiting || !m->kv_usage || !m->prefix_queries || !m->prefix_hits || !m->preemptions ||
-        !m->lora_tier || !m->lora_load || !m->lora_hits || !m->lora_misses || !m->lora_loads || !m->prefill_tokens ||
-        !m->lora_transfer || !m->cold_starts || !m->cold_layers || !m->lora_streamed || !m->lora_partial)
-        return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
+    for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++) {
+        const struct family *f = &FAMILIES[i];
+        char name[128];
+        snprintf(name, sizeof name, "%s%s", s->cfg.metrics_prefix, f->name);
+        metric_t *x = f->kind == FAM_COUNTER ? metrics_counter(m->reg, name, f->help, f->labels)
+                      : f->kind == FAM_GAUGE ? metrics_gauge(m->reg, name, f->help, f->labels)
+                                             : metrics_histogram(m->reg, name, f->help, f->labels, f->buckets,
+                                                                 f->n_buckets);
+        if (!x) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
+        *(metric_t **)((char *)m + f->off) = x;
+    }
     return CS_OK;
 }
 
