@@ -238,6 +238,9 @@ static void req_free(req_t *r) {
         for (int i = 0; i < r->p.n_stop; i++) free((void *)r->p.stop[i]);
     free((void *)r->p.stop);
     free((void *)r->p.stop_token_ids);
+    free((void *)r->p.sampling.allowed_ids);
+    free((void *)r->p.sampling.bias_ids);
+    free((void *)r->p.sampling.bias);
     free(r->adapter);
     free(r->plp);
     free(r->plp_ids);
@@ -1514,7 +1517,7 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
     if (rq->min_tokens < 0 || rq->min_tokens > max_tokens)
         return cs_error_set(CS_EINVAL, "min_tokens must be between 0 and max_tokens (%d)", max_tokens);
     int rc = sampling_params_validate(&rq->sampling);
-    if (rc) return rc;
+    if (rc || (rc = sampling_params_validate_ids(&rq->sampling, e->vocab))) return rc;
     if (rq->prompt_logprobs && (rq->prompt_top_logprobs < 0 || rq->prompt_top_logprobs > SAMPLING_MAX_LOGPROBS))
         return cs_error_set(CS_EINVAL, "prompt_logprobs must be between 0 and %d", SAMPLING_MAX_LOGPROBS);
     if (rq->n_stop < 0) return cs_error_set(CS_EINVAL, "negative number of stop strings");
@@ -1546,6 +1549,13 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
     r->p.prompt = NULL;
     r->p.stop = NULL;
     r->p.stop_token_ids = NULL;
+    const sampling_params_t *sp = &rq->sampling;
+    r->p.sampling.allowed_ids = sp->n_allowed ? cs_memdup(sp->allowed_ids, sizeof(int32_t) * (size_t)sp->n_allowed) : NULL;
+    r->p.sampling.bias_ids = sp->n_bias ? cs_memdup(sp->bias_ids, sizeof(int32_t) * (size_t)sp->n_bias) : NULL;
+    r->p.sampling.bias = sp->n_bias ? cs_memdup(sp->bias, sizeof(float) * (size_t)sp->n_bias) : NULL;
+    if ((sp->n_allowed && !r->p.sampling.allowed_ids) || (sp->n_bias && (!r->p.sampling.bias_ids || !r->p.sampling.bias))) {
+        goto oom;
+    }
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)rq->n_prompt);
     char **stops = rq->n_stop ? calloc((size_t)rq->n_stop, sizeof(char *)) : NULL;
     int32_t *stids = rq->n_stop_token_ids ? malloc(sizeof(int32_t) * (size_t)rq->n_stop_token_ids) : NULL;

@@ -51,6 +51,24 @@ int sampling_params_validate(const sampling_params_t *p) {
                             p->logprobs);
     if (p->logprobs_mode != SAMPLING_LOGPROBS_RAW && p->logprobs_mode != SAMPLING_LOGPROBS_PROCESSED)
         return cs_error_set(CS_EINVAL, "unknown logprobs mode %d", (int)p->logprobs_mode);
+    if (p->n_allowed < 0 || (p->n_allowed && !p->allowed_ids) || p->n_bias < 0 || (p->n_bias && (!p->bias_ids || !p->bias)))
+        return cs_error_set(CS_EINVAL, "bad allowed_token_ids or logit_bias arrays");
+    for (int i = 0; i < p->n_bias; i++)
+        if (!(p->bias[i] >= -100 && p->bias[i] <= 100))
+            return cs_error_set(CS_EINVAL, "logit_bias values must be between -100 and 100, got %g for token %d",
+                                p->bias[i], p->bias_ids[i]);
+    return CS_OK;
+}
+
+int sampling_params_validate_ids(const sampling_params_t *p, int vocab) {
+    for (int i = 0; i < p->n_allowed; i++)
+        if (p->allowed_ids[i] < 0 || p->allowed_ids[i] >= vocab)
+            return cs_error_set(CS_EINVAL, "allowed_token_ids contains out-of-vocab token id %d (vocabulary size: %d)",
+                                p->allowed_ids[i], vocab);
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias_ids[i] < 0 || p->bias_ids[i] >= vocab)
+            return cs_error_set(CS_EINVAL, "token_id(s) [%d] in logit_bias contain out-of-vocab token ids. Vocabulary size: %d",
+                                p->bias_ids[i], vocab);
     return CS_OK;
 }
 
@@ -107,6 +125,10 @@ struct sampler {
     bool track_prompt, track_output;
     slot_t *slots;
     uint32_t cap, used;     /* cap is a power of two, used <= cap / 2 */
+    int32_t *allowed;       /* [p.n_allowed] sorted, distinct: the sampler's own copy */
+    float *kept;            /* [p.n_allowed] scratch for their values */
+    int32_t *bias_ids;      /* [p.n_bias]: the sampler's own copies */
+    float *bias;
 };
 
 static inline uint32_t hash32(int32_t k) { return (uint32_t)k * 0x9e3779b1u; }
@@ -139,6 +161,11 @@ static slot_t *map_find(sampler_t *s, int32_t key, bool insert) {
     return &s->slots[h];
 }
 
+static int id_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 sampler_t *sampler_new(const sampling_params_t *p, int vocab, const int32_t *prompt, int n_prompt,
                        uint64_t seed) {
     if (sampling_params_validate(p)) return NULL;
@@ -150,6 +177,31 @@ sampler_t *sampler_new(const sampling_params_t *p, int vocab, const int32_t *pro
     if (!s) goto err;
     s->p = *p;
     s->vocab = vocab;
+    if (sampling_params_validate_ids(p, vocab)) {
+        free(s);
+        return NULL;
+    }
+    if (p->n_allowed) {
+        s->allowed = malloc(sizeof(int32_t) * (size_t)p->n_allowed);
+        s->kept = malloc(sizeof(float) * (size_t)p->n_allowed);
+        if (!s->allowed || !s->kept) goto err;
+        memcpy(s->allowed, p->allowed_ids, sizeof(int32_t) * (size_t)p->n_allowed);
+        qsort(s->allowed, (size_t)p->n_allowed, sizeof(int32_t), id_cmp);
+        int n = 0;
+        for (int i = 0; i < p->n_allowed; i++)
+            if (!n || s->allowed[i] != s->allowed[n - 1]) s->allowed[n++] = s->allowed[i];
+        s->p.n_allowed = n;
+    }
+    s->p.allowed_ids = s->allowed;
+    if (p->n_bias) {
+        s->bias_ids = malloc(sizeof(int32_t) * (size_t)p->n_bias);
+        s->bias = malloc(sizeof(float) * (size_t)p->n_bias);
+        if (!s->bias_ids || !s->bias) goto err;
+        memcpy(s->bias_ids, p->bias_ids, sizeof(int32_t) * (size_t)p->n_bias);
+        memcpy(s->bias, p->bias, sizeof(float) * (size_t)p->n_bias);
+    }
+    s->p.bias_ids = s->bias_ids;
+    s->p.bias = s->bias;
     cs_rng_seed(&s->rng, seed);
     s->track_prompt = p->repetition_penalty != 1.0f;
     s->track_output = s->track_prompt || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
@@ -168,6 +220,10 @@ err:
 
 void sampler_free(sampler_t *s) {
     if (!s) return;
+    free(s->allowed);
+    free(s->kept);
+    free(s->bias_ids);
+    free(s->bias);
     free(s->slots);
     free(s);
 }
@@ -274,8 +330,14 @@ static inline int bucket_of(float v, float m) {
 static bool process(sampler_t *s, const float *logits, const int32_t *banned, int n_banned, float *x) {
     const int n = s->vocab;
     memcpy(x, logits, sizeof(float) * (size_t)n);
+    if (s->p.n_allowed) { /* keep the allowed ones' values, mask everything, put them back */
+        for (int i = 0; i < s->p.n_allowed; i++) s->kept[i] = x[s->allowed[i]];
+        for (int i = 0; i < n; i++) x[i] = -INFINITY;
+        for (int i = 0; i < s->p.n_allowed; i++) x[s->allowed[i]] = s->kept[i];
+    }
     for (int i = 0; i < n_banned; i++)
         if (banned[i] >= 0 && banned[i] < n) x[banned[i]] = -INFINITY;
+    for (int i = 0; i < s->p.n_bias; i++) x[s->bias_ids[i]] += s->bias[i];
     apply_penalties(s, x);
     if (is_greedy(&s->p)) return false;
 

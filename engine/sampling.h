@@ -5,7 +5,9 @@
  *
  * Order of processing for one token (vLLM V1 Sampler.forward / sample / TopKTopPSampler):
  *   0. raw logprobs (if requested, mode RAW): log_softmax(model logits), before anything else
- *   1. banned tokens (the engine's min_tokens: EOS and stop_token_ids) -> -inf
+ *   1. allowed_token_ids: every other token -> -inf; banned tokens (the engine's min_tokens:
+ *      EOS and stop_token_ids) -> -inf; logit_bias added (vLLM's logits processors, in
+ *      that order, before the penalties)
  *   2. penalties, in this order, in float as vLLM does:
  *        repetition (token in prompt OR output): x > 0 ? x * (1/r) : x * r
  *        frequency  (output only):               x -= frequency_penalty * count
@@ -64,12 +66,23 @@ typedef struct sampling_params {
     int logprobs;             /* -1: none; 0..SAMPLING_MAX_LOGPROBS: the sampled token's
                                  logprob plus that many top alternatives */
     sampling_logprobs_mode logprobs_mode;
+    /* vLLM's allowed_token_ids (n_allowed > 0: every other token is masked) and OpenAI's
+     * logit_bias (bias[i] added to token bias_ids[i]'s logit), both applied in step 1. Borrowed:
+     * sampler_new copies them, and so does engine_submit. */
+    const int32_t *allowed_ids;
+    int n_allowed;
+    const int32_t *bias_ids;
+    const float *bias;
+    int n_bias;
 } sampling_params_t;
 
 /* vLLM's defaults: temperature 1, every other knob off, no seed, no logprobs, raw mode. */
 void sampling_params_default(sampling_params_t *p);
 /* CS_EINVAL with a message (for an HTTP 400) when a value is out of range. */
 int sampling_params_validate(const sampling_params_t *p);
+/* The same for the token ids of allowed_token_ids and logit_bias, against the vocabulary
+ * (vLLM's wording). */
+int sampling_params_validate_ids(const sampling_params_t *p, int vocab);
 /* The seed of sample `index` (0-based, the n of a request): seed + index, or a fresh
  * random seed when the request has none. */
 uint64_t sampling_seed_for(const sampling_params_t *p, int index);

@@ -4,6 +4,7 @@
  * of the options says which. */
 #include "engine/sampling_json.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -215,6 +216,65 @@ static int stop_ids(const ctx_t *c) {
     return CS_OK;
 }
 
+/* OpenAI: "allowed_token_ids" (vLLM: a non-empty list of ids below the vocabulary) and
+ * "logit_bias" (OpenAI: {"token id": bias in [-100, 100]}) */
+static int token_lists(const ctx_t *c) {
+    sampling_params_t *sp = &c->out->sampling;
+    long long vocab = c->opt->vocab > 0 ? c->opt->vocab : (long long)INT32_MAX + 1;
+    json_t *a = field(c, "allowed_token_ids");
+    if (a) {
+        if (!json_is_array(a)) return refuse(c, "allowed_token_ids", "'allowed_token_ids' must be a list of token ids");
+        if (json_array_size(a) == 0) return refuse(c, "allowed_token_ids", "allowed_token_ids is not None and empty!");
+        size_t n = json_array_size(a);
+        if (!(c->out->allowed_ids = malloc(sizeof(int32_t) * n))) return cs_error_set(CS_ENOMEM, "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            json_t *x = json_array_get(a, i);
+            if (!json_is_integer(x)) return refuse(c, "allowed_token_ids", "'allowed_token_ids' must be a list of integers");
+            long long t = (long long)json_integer_value(x);
+            if (t < 0 || t >= vocab)
+                return refuse(c, "allowed_token_ids",
+                              "allowed_token_ids contains out-of-vocab token id %lld (vocabulary size: %lld)", t, vocab);
+            c->out->allowed_ids[i] = (int32_t)t;
+        }
+        sp->allowed_ids = c->out->allowed_ids;
+        sp->n_allowed = (int)n;
+    }
+    json_t *b = field(c, "logit_bias");
+    if (!b) return CS_OK;
+    if (!json_is_object(b)) return refuse(c, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+    size_t n = json_object_size(b);
+    if (!n) return CS_OK;
+    c->out->bias_ids = malloc(sizeof(int32_t) * n);
+    c->out->bias = malloc(sizeof(float) * n);
+    if (!c->out->bias_ids || !c->out->bias) return cs_error_set(CS_ENOMEM, "out of memory");
+    const char *k;
+    json_t *v;
+    int i = 0;
+    json_object_foreach((json_t *)b, k, v) {
+        char *end;
+        errno = 0;
+        long long t = strtoll(k, &end, 10);
+        if (!*k || *end || errno)
+            return refuse(c, "logit_bias",
+                          "Found token_id `%s` in logit_bias but token_id must be an integer or string representing an "
+                          "integer",
+                          k);
+        if (t < 0 || t >= vocab)
+            return refuse(c, "logit_bias",
+                          "token_id(s) [%lld] in logit_bias contain out-of-vocab token ids. Vocabulary size: %lld", t, vocab);
+        if (!json_is_number(v)) return refuse(c, "logit_bias", "logit_bias[\"%s\"] must be a number", k);
+        double d = json_number_value(v);
+        if (!(d >= -100 && d <= 100))
+            return refuse(c, "logit_bias", "logit_bias[\"%s\"] must be between -100 and 100, got %g", k, d);
+        c->out->bias_ids[i] = (int32_t)t;
+        c->out->bias[i++] = (float)d;
+    }
+    sp->bias_ids = c->out->bias_ids;
+    sp->bias = c->out->bias;
+    sp->n_bias = i;
+    return CS_OK;
+}
+
 /* rollout: "logprobs": true | false | {"mode", "top_k"} */
 static int logprobs_object(const ctx_t *c, sampling_params_t *sp) {
     json_t *lp = json_object_get(c->o, "logprobs");
@@ -295,6 +355,7 @@ int sampling_params_from_json(const json_t *o, const sampling_json_opts_t *opt, 
     if ((rc = knobs(&c)) || (rc = lengths(&c))) return rc;
     if ((rc = get_bool(&c, "ignore_eos", &out->ignore_eos))) return rc;
     if ((rc = stops(&c)) || (rc = stop_ids(&c))) return rc;
+    if (opt->style == SAMPLING_JSON_OPENAI && (rc = token_lists(&c))) return rc;
     return logprobs(&c);
 }
 
@@ -302,6 +363,10 @@ void sampling_json_free(sampling_json_t *out) {
     if (!out) return;
     free(out->stop);
     free(out->stop_ids);
+    free(out->allowed_ids);
+    free(out->bias_ids);
+    free(out->bias);
     out->stop = NULL;
-    out->stop_ids = NULL;
+    out->stop_ids = out->allowed_ids = out->bias_ids = NULL;
+    out->bias = NULL;
 }

@@ -23,6 +23,10 @@
  *   ignore_eos               true or false                  true or false            true, else false
  *   stop                     <= 64 non-empty strings        <= 64 strings            strings
  *   stop_token_ids           <= 256 ids below the vocab     ids below the vocab      ids below 2^31
+ *   allowed_token_ids        non-empty list of ids below    -                        -
+ *                            the vocab
+ *   logit_bias               {"id": bias in [-100, 100]},   -                        -
+ *                            ids below the vocab
  *   logprobs                 completions: integer in        true | false |           integer, plus
  *                            [0, max]; chat: true/false     {"mode", "top_k"};       "logprobs_mode":
  *                            plus top_logprobs in [0, max]  default 0 (on, no top)   "raw" | "processed"
@@ -77,6 +81,8 @@ typedef struct sampling_json {
     int n_stop;
     int32_t *stop_ids;           /* malloc'd, not NULL when the request has "stop_token_ids" */
     int n_stop_ids;
+    int32_t *allowed_ids, *bias_ids; /* malloc'd; sampling points at them (OpenAI style only) */
+    float *bias;
     const char *param;           /* after an error: the parameter it is about (NULL: none) */
 } sampling_json_t;
 

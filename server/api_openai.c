@@ -65,7 +65,7 @@ static bool resolve_model(server_t *s, json_t *body, served_adapter_t **ad, char
 }
 
 /* ---- request fields shared by completions and chat ---- */
-/* n (with the job's choices sized for it), best_of, logit_bias */
+/* n (with the job's choices sized for it), best_of */
 static bool parse_n(server_t *s, json_t *b, gen_job_t *j, gen_opts_t *o, int n_prompts, perr_t *e) {
     long long v = 1;
     if (!get_int(b, "n", 1, 1 << 20, &v, e)) return false;
@@ -80,8 +80,6 @@ static bool parse_n(server_t *s, json_t *b, gen_job_t *j, gen_opts_t *o, int n_p
     j->n = (int)v;
     if (cs_json_get(b, "best_of") && !(json_is_integer(cs_json_get(b, "best_of")) && json_integer_value(cs_json_get(b, "best_of")) == v))
         return fail(e, 400, "best_of", "best_of is not supported (only best_of == n)");
-    if (cs_json_get(b, "logit_bias") && !(json_is_object(cs_json_get(b, "logit_bias")) && json_object_size(cs_json_get(b, "logit_bias")) == 0))
-        return fail(e, 400, "logit_bias", "logit_bias is not supported");
     return true;
 }
 
@@ -156,6 +154,12 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
         rq->stop_token_ids = o->stop_ids;
         rq->n_stop_token_ids = sj.n_stop_ids;
     }
+    /* rq->sampling points at these (allowed_token_ids, logit_bias): the request owns them now */
+    o->allowed_ids = sj.allowed_ids;
+    o->bias_ids = sj.bias_ids;
+    o->bias = sj.bias;
+    sj.allowed_ids = sj.bias_ids = NULL;
+    sj.bias = NULL;
     sampling_json_free(&sj);
     j->logprobs = rq->sampling.logprobs;
     if (!parse_n(s, b, j, o, n_prompts, e)) return false;
@@ -234,6 +238,16 @@ static gen_job_t *request_job(server_t *s, conn_t *cn, json_t *b, bool chat, int
     return j;
 }
 
+/* the arrays a request's engine_request_t points at */
+static void opts_free(gen_opts_t *o) {
+    free(o->stop_ids);
+    free(o->allowed_ids);
+    free(o->bias_ids);
+    free(o->bias);
+    o->stop_ids = o->allowed_ids = o->bias_ids = NULL;
+    o->bias = NULL;
+}
+
 /* a request refused after request_job: its job (if any) and the adapter's pin go */
 static void request_job_drop(server_t *s, gen_job_t *j) {
     if (!j) return;
@@ -310,15 +324,14 @@ gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t 
     if (op->rq.stop) op->rq.stop = op->stops; /* the copy's own array (the strings are the body's) */
     return j;
 err:
-    free(o.stop_ids);
+    opts_free(&o);
     request_job_drop(s, j);
     *ep = e;
     return NULL;
 }
 
 void api_request_drop(server_t *s, gen_job_t *j, gen_opts_t *o) {
-    free(o->stop_ids);
-    o->stop_ids = NULL;
+    opts_free(o);
     request_job_drop(s, j);
 }
 
@@ -326,7 +339,7 @@ static enum MHD_Result submit_or_reply(server_t *s, conn_t *cn, struct MHD_Conne
                                        const perr_t *e) {
     if (!j) return reply_err(c, e);
     enum MHD_Result ret = job_start(s, cn, c, j, o);
-    free(o->stop_ids);
+    opts_free(o);
     return ret;
 }
 
@@ -472,7 +485,7 @@ gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, pe
     return j;
 err:
     free(text);
-    free(o.stop_ids);
+    opts_free(&o);
     request_job_drop(s, j);
     *ep = e;
     return NULL;
