@@ -74,6 +74,7 @@ struct req {
     bool aborted;
     /* prompt logprobs (p.prompt_logprobs): filled chunk by chunk during seq 0's prefill */
     float *plp;                 /* [n_prompt] */
+    int32_t *plp_rank;          /* [n_prompt] vLLM's rank of each prompt token */
     int32_t *plp_ids;           /* [n_prompt * p.prompt_top_logprobs] */
     float *plp_lps;
     bool plp_done;
@@ -243,6 +244,7 @@ static void req_free(req_t *r) {
     free((void *)r->p.sampling.bias);
     free(r->adapter);
     free(r->plp);
+    free(r->plp_rank);
     free(r->plp_ids);
     free(r->plp_lps);
     free(r);
@@ -794,6 +796,7 @@ static void plp_fill(engine_t *e, seq_t *s, int pos0, int c, const float *logits
         if (t >= r->p.n_prompt) break;
         sampling_logprobs_of(logits + (size_t)j * e->vocab, e->vocab, r->p.prompt[t], k, &so);
         r->plp[t] = so.logprob;
+        r->plp_rank[t] = so.rank;
         for (int i = 0; i < k; i++) {
             r->plp_ids[(size_t)t * k + i] = i < so.n_top ? so.top[i].id : -1;
             r->plp_lps[(size_t)t * k + i] = i < so.n_top ? so.top[i].logprob : -INFINITY;
@@ -812,6 +815,7 @@ static void plp_emit(engine_t *e, req_t *r) {
     ev.adapter_version = r->adapter_version;
     ev.queue_ms = r->t_admit > 0 ? r->t_admit - r->t_submit : 0;
     ev.prompt_logprobs = r->plp;
+    ev.prompt_ranks = r->plp_rank;
     ev.prompt_n_top = r->p.prompt_top_logprobs;
     ev.prompt_top_ids = r->plp_ids;
     ev.prompt_top_logprobs = r->plp_lps;
@@ -1580,9 +1584,10 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
     if (rq->prompt_logprobs) {
         size_t np = (size_t)rq->n_prompt, k = (size_t)rq->prompt_top_logprobs;
         r->plp = malloc(sizeof(float) * np);
+        r->plp_rank = calloc(np, sizeof(int32_t));
         r->plp_ids = k ? malloc(sizeof(int32_t) * np * k) : NULL;
         r->plp_lps = k ? malloc(sizeof(float) * np * k) : NULL;
-        if (!r->plp || (k && (!r->plp_ids || !r->plp_lps))) goto oom;
+        if (!r->plp || !r->plp_rank || (k && (!r->plp_ids || !r->plp_lps))) goto oom;
         for (size_t i = 0; i < np; i++) r->plp[i] = NAN;
         for (size_t i = 0; k && i < np * k; i++) { r->plp_ids[i] = -1; r->plp_lps[i] = NAN; }
     }

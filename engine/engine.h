@@ -78,6 +78,7 @@ typedef struct engine_event {
      * given the ones before (entry 0 is NAN: nothing precedes it), and prompt_n_top
      * alternatives per position ([n_prompt_tokens * prompt_n_top], row 0 unused). */
     const float *prompt_logprobs;
+    const int32_t *prompt_ranks;    /* [n_prompt_tokens] vLLM's rank of each (entry 0 unused) */
     int prompt_n_top;
     const int32_t *prompt_top_ids;
     const float *prompt_top_logprobs;

@@ -29,6 +29,7 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     case R_VERSION: return http_json(c, 200, json_pack("{s:s}", "version", PACKAGE_VERSION));
     case R_METRICS: return api_metrics(s, c);
     case R_MODELS: return api_models(s, c);
+    case R_MODEL: return api_model(s, c, url);
     case R_STATE: return api_state(s, c);
     case R_ADAPTERS: return rollout_route_list_adapters(s, c);
     case R_ADAPTER_VERSION:

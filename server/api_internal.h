@@ -69,6 +69,7 @@ typedef struct gen_part {       /* one prompt = one engine request */
     char *prompt_text;          /* for echo */
     size_t prompt_text_len;
     lp_text_t echo_lp;          /* completions' logprobs entries of the prompt (echo, not streamed) */
+    json_t *plp;                /* prompt_logprobs as vLLM shapes them (not streamed) */
     bool first_token;
 } gen_part_t;
 
@@ -78,8 +79,9 @@ struct gen_job {
     int refs;
     struct MHD_Connection *conn;    /* NULL once the connection is finished */
     bool suspended;
-    bool chat, stream, include_usage, echo, tok_ids, skip_special;
+    bool chat, stream, include_usage, continuous_usage, echo, tok_ids, skip_special;
     int logprobs;                   /* -1: none */
+    int prompt_logprobs;            /* -1: none; else the alternatives per prompt position */
     int n;                          /* samples per prompt */
     int n_parts, n_done;
     gen_part_t *parts;
@@ -140,6 +142,7 @@ enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json
 enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_detokenize(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_models(server_t *s, struct MHD_Connection *c);
+enum MHD_Result api_model(server_t *s, struct MHD_Connection *c, const char *url);
 enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
 /* api_metrics.c: GET /metrics */

@@ -52,6 +52,7 @@ static void job_free(gen_job_t *j) {
         free(j->parts[i].prompt);
         free(j->parts[i].prompt_text);
         lp_text_free(&j->parts[i].echo_lp);
+        json_decref(j->parts[i].plp);
     }
     for (int i = 0; i < j->n_parts * j->n; i++) {
         free(j->choices[i].text.p);
@@ -183,16 +184,17 @@ static void lp_legacy_token(const gen_job_t *j, int32_t tok, float logprob, bool
     *offset += cs_utf8_count(tstr, strlen(tstr));
     v[0] = ts;
     v[1] = has_lp ? cs_json_logprob(logprob) : json_null();
+    /* vLLM's order: the chosen token, then the alternatives by rank (at most n_top + 1) */
     json_t *top = json_null();
-    if (has_lp && top_ids) {
+    if (has_lp) {
         top = json_object();
-        for (int i = 0; i < n_top; i++) {
+        json_object_set_new(top, tstr, cs_json_logprob(logprob));
+        for (int i = 0; top_ids && i < n_top; i++) {
             if (top_ids[i] < 0) continue;
             json_t *k = tok_json(j, top_ids[i]);
             if (!json_object_get(top, json_string_value(k))) json_object_set_new(top, json_string_value(k), cs_json_logprob(top_lps[i]));
             json_decref(k);
         }
-        if (!json_object_get(top, tstr)) json_object_set_new(top, tstr, cs_json_logprob(logprob));
     }
     v[2] = top;
 }
@@ -219,19 +221,51 @@ static void lp_legacy_add_text(const gen_job_t *j, lp_text_t *lp, int32_t tok, f
     lp->n++;
 }
 
-/* chat's logprobs entry of one token */
+/* chat's logprobs entry of one token: top_logprobs as vLLM lists them, the chosen token
+ * first, then the best others, n_top in all */
 static json_t *lp_chat_entry(const gen_job_t *j, int32_t tok, float logprob, int n_top, const int32_t *top_ids,
                              const float *top_lps) {
     json_t *ts = tok_json(j, tok);
     json_t *tops = json_array();
-    for (int i = 0; i < n_top; i++) {
-        if (top_ids[i] < 0) continue;
-        json_t *k = tok_json(j, top_ids[i]);
-        json_array_append_new(tops, json_pack("{s:o, s:o, s:o}", "token", k, "logprob", cs_json_logprob(top_lps[i]), "bytes",
+    for (int i = -1; i < n_top && (int)json_array_size(tops) < n_top; i++) {
+        if (i >= 0 && (top_ids[i] < 0 || top_ids[i] == tok)) continue;
+        json_t *k = i < 0 ? json_incref(ts) : tok_json(j, top_ids[i]);
+        json_array_append_new(tops, json_pack("{s:o, s:o, s:o}", "token", k, "logprob",
+                                              cs_json_logprob(i < 0 ? logprob : top_lps[i]), "bytes",
                                               bytes_json(json_string_value(k))));
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "token", ts, "logprob", cs_json_logprob(logprob), "bytes",
                      bytes_json(json_string_value(ts)), "top_logprobs", tops);
+}
+
+/* vLLM's prompt_logprobs: null for the first position, then {"id": {"logprob", "rank",
+ * "decoded_token"}} with the prompt's token first and the best j->prompt_logprobs after it */
+static json_t *plp_json(const gen_job_t *j, const gen_part_t *p, const engine_event_t *ev) {
+    json_t *a = json_array();
+    json_array_append_new(a, json_null());
+    int stride = ev->prompt_n_top, k = j->prompt_logprobs < stride ? j->prompt_logprobs : stride;
+    for (int t = 1; t < p->n_prompt; t++) {
+        json_t *d = json_object();
+        for (int i = -1; i < k; i++) {
+            int32_t id = i < 0 ? p->prompt[t] : ev->prompt_top_ids[(size_t)t * stride + i];
+            char key[16];
+            snprintf(key, sizeof key, "%d", id);
+            if (id < 0 || json_object_get(d, key)) continue;
+            float lp = i < 0 ? ev->prompt_logprobs[t] : ev->prompt_top_logprobs[(size_t)t * stride + i];
+            json_object_set_new(d, key, json_pack("{s:o, s:i, s:o}", "logprob", cs_json_logprob(lp), "rank",
+                                                  i < 0 ? ev->prompt_ranks[t] : i + 1, "decoded_token", tok_json(j, id)));
+        }
+        json_array_append_new(a, d);
+    }
+    return a;
+}
+
+static json_t *usage_of(const gen_job_t *j, long long prompt, long long completion, long long cached) {
+    json_t *u = json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
+                          (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion));
+    if (j->srv->cfg.enable_prompt_tokens_details) /* vLLM: only with --enable-prompt-tokens-details */
+        json_object_set_new(u, "prompt_tokens_details", json_pack("{s:I}", "cached_tokens", (json_int_t)cached));
+    return u;
 }
 
 static json_t *usage_json(const gen_job_t *j) {
@@ -240,9 +274,7 @@ static json_t *usage_json(const gen_job_t *j) {
         prompt += j->parts[i].n_prompt;
         cached += j->parts[i].n_cached;
     }
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
-                     (json_int_t)j->completion_tokens, "total_tokens", (json_int_t)(prompt + j->completion_tokens),
-                     "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
+    return usage_of(j, prompt, j->completion_tokens, cached);
 }
 
 /* ---- SSE ---- */
@@ -264,6 +296,10 @@ static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, js
                        bool role) {
     json_t *o = chunk_new(j);
     json_t *c;
+    if (j->continuous_usage) { /* vLLM: this choice's prompt and tokens so far */
+        const gen_part_t *p = &j->parts[index / j->n];
+        json_object_set_new(o, "usage", usage_of(j, p->n_prompt, j->choices[index].n_tokens, p->n_cached));
+    }
     if (j->chat) {
         json_t *delta = json_object();
         if (role) {
@@ -272,6 +308,7 @@ static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, js
         } else if (len || !finish) {
             json_object_set_new(delta, "content", jstr(text, len));
         }
+        json_object_set_new(delta, "reasoning_content", json_null()); /* read by SGLang-style clients */
         c = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
                       lp ? json_pack("{s:o}", "content", lp) : json_null(), "finish_reason",
                       finish ? json_string(finish) : json_null());
@@ -353,15 +390,16 @@ static void on_event(void *user, const engine_event_t *ev) {
          * stream, or the start of each choice's logprobs in the response */
         json_t *lp = j->stream ? lp_legacy_new() : NULL;
         size_t off = 0;
+        int nt = ev->prompt_n_top < j->logprobs ? ev->prompt_n_top : j->logprobs; /* prompt_logprobs may ask more */
         for (int t = 0; t < p->n_prompt; t++) {
-            const int32_t *ids = ev->prompt_n_top ? ev->prompt_top_ids + (size_t)t * ev->prompt_n_top : NULL;
-            const float *lps = ev->prompt_n_top ? ev->prompt_top_logprobs + (size_t)t * ev->prompt_n_top : NULL;
+            const int32_t *ids = nt ? ev->prompt_top_ids + (size_t)t * ev->prompt_n_top : NULL;
+            const float *lps = nt ? ev->prompt_top_logprobs + (size_t)t * ev->prompt_n_top : NULL;
             if (lp)
-                lp_legacy_add(j, lp, p->prompt[t], ev->prompt_logprobs[t], t > 0, t > 0 ? ev->prompt_n_top : 0,
-                              t > 0 ? ids : NULL, lps, &off);
+                lp_legacy_add(j, lp, p->prompt[t], ev->prompt_logprobs[t], t > 0, t > 0 ? nt : 0, t > 0 ? ids : NULL,
+                              lps, &off);
             else
-                lp_legacy_add_text(j, &p->echo_lp, p->prompt[t], ev->prompt_logprobs[t], t > 0,
-                                   t > 0 ? ev->prompt_n_top : 0, t > 0 ? ids : NULL, lps, &off);
+                lp_legacy_add_text(j, &p->echo_lp, p->prompt[t], ev->prompt_logprobs[t], t > 0, t > 0 ? nt : 0,
+                                   t > 0 ? ids : NULL, lps, &off);
         }
         /* the text offsets of the prompt tokens count from the prompt text's start */
         for (int k = 0; k < j->n; k++) {
@@ -371,6 +409,25 @@ static void on_event(void *user, const engine_event_t *ev) {
                 sse_choice(j, p->index * j->n + k, p->prompt_text, p->prompt_text_len, json_deep_copy(lp), NULL, false);
         }
         json_decref(lp);
+    }
+    if (ev->prompt_logprobs && j->prompt_logprobs >= 0) {
+        json_t *a = plp_json(j, p, ev);
+        if (!j->stream) {
+            p->plp = a;
+        } else if (j->chat) { /* the response's own field: a chunk of its own, before the tokens */
+            json_t *o = chunk_new(j);
+            json_object_set_new(o, "prompt_logprobs", a);
+            sse_json(j, o);
+        } else { /* each choice's first chunk carries it */
+            for (int k = 0; k < j->n; k++) {
+                json_t *o = chunk_new(j);
+                json_array_append_new(json_object_get(o, "choices"),
+                                      json_pack("{s:i, s:s, s:n, s:n, s:O}", "index", p->index * j->n + k, "text", "",
+                                                "logprobs", "finish_reason", "prompt_logprobs", a));
+                sse_json(j, o);
+            }
+            json_decref(a);
+        }
     }
     int ci = p->index * j->n + ev->index;
     gen_choice_t *c = &j->choices[ci];
@@ -607,6 +664,8 @@ static void final_text(gen_job_t *j, cs_buf_t *b) {
             } else {
                 ADD_LIT(b, "null");
             }
+            ADD_LIT(b, ",\"prompt_logprobs\":");
+            buf_json(b, p->plp ? p->plp : json_null(), false);
         }
         ADD_LIT(b, ",\"finish_reason\":");
         v = json_string(c->finish ? c->finish : "abort");
@@ -614,7 +673,13 @@ static void final_text(gen_job_t *j, cs_buf_t *b) {
         json_decref(v);
         ADD_LIT(b, "}");
     }
-    ADD_LIT(b, "],\"usage\":");
+    ADD_LIT(b, "],");
+    if (j->chat) {
+        ADD_LIT(b, "\"prompt_logprobs\":");
+        buf_json(b, j->parts[0].plp ? j->parts[0].plp : json_null(), false);
+        ADD_LIT(b, ",");
+    }
+    ADD_LIT(b, "\"usage\":");
     v = usage_json(j);
     buf_json(b, v, false);
     json_decref(v);

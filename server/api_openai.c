@@ -2,6 +2,8 @@
  * vLLM's extensions): the sampling fields, the prompts (text, token ids, or messages rendered
  * with the chat template), then a job (api_jobs.c); /tokenize and /detokenize; /v1/models;
  * vLLM's adapter management (/v1/load_lora_adapter, /v1/unload_lora_adapter). */
+#define _GNU_SOURCE 1 /* memmem */
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -48,7 +50,7 @@ static bool resolve_model(server_t *s, json_t *body, served_adapter_t **ad, char
     const char *m = NULL;
     *ad = NULL;
     if (!get_str(body, "model", &m, e)) return false;
-    if (!m || !strcmp(m, s->model_name)) {
+    if (!m || !m[0] || !strcmp(m, s->model_name)) { /* "" is the base model, as in vLLM */
         *label = strdup(s->model_name);
         return *label != NULL || fail(e, 500, NULL, "out of memory");
     }
@@ -89,7 +91,7 @@ static bool parse_output(json_t *b, gen_job_t *j, gen_opts_t *o, perr_t *e) {
     if (!get_bool(b, "skip_special_tokens", &b1, e)) return false;
     o->rq.keep_special_text = !b1;
     j->skip_special = b1;
-    b1 = false;
+    b1 = j->srv->cfg.return_tokens_as_token_ids;
     if (!get_bool(b, "return_tokens_as_token_ids", &b1, e)) return false;
     j->tok_ids = b1;
     b1 = false;
@@ -114,9 +116,10 @@ static bool parse_output(json_t *b, gen_job_t *j, gen_opts_t *o, perr_t *e) {
     if (so) {
         if (!json_is_object(so)) return fail(e, 400, "stream_options", "'stream_options' must be an object");
         if (!stream) return fail(e, 400, "stream_options", "stream_options is only allowed with stream: true");
-        bool iu = false;
-        if (!get_bool(so, "include_usage", &iu, e)) return false;
+        bool iu = false, cu = false;
+        if (!get_bool(so, "include_usage", &iu, e) || !get_bool(so, "continuous_usage_stats", &cu, e)) return false;
         j->include_usage = iu;
+        j->continuous_usage = iu && cu; /* vLLM: usage in every chunk, with include_usage */
     }
     return true;
 }
@@ -169,6 +172,23 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
     sched_slo_table_apply(s->slos, j->label, &rq->slo_ttft_ms, &rq->slo_tpot_ms);
     if (!parse_output(b, j, o, e)) return false;
     if (sampling_params_validate(&rq->sampling)) return fail(e, 400, NULL, "%s", cs_error_last());
+    return true;
+}
+
+/* vLLM's prompt_logprobs: the logprob of each prompt token and that many alternatives */
+static bool parse_prompt_logprobs(server_t *s, json_t *b, gen_job_t *j, gen_opts_t *o, perr_t *e) {
+    json_t *v = cs_json_get(b, "prompt_logprobs");
+    j->prompt_logprobs = -1;
+    if (!v) return true;
+    if (json_is_integer(v) && json_integer_value(v) == -1)
+        return fail(e, 400, "prompt_logprobs",
+                    "prompt_logprobs = -1 (every token of the vocabulary) is not supported; ask for at most %d",
+                    s->cfg.max_logprobs);
+    long long k = 0;
+    if (!get_int(b, "prompt_logprobs", 0, s->cfg.max_logprobs, &k, e)) return false;
+    j->prompt_logprobs = (int)k;
+    o->rq.prompt_logprobs = true;
+    if (o->rq.prompt_top_logprobs < k) o->rq.prompt_top_logprobs = (int)k;
     return true;
 }
 
@@ -234,7 +254,7 @@ static gen_job_t *request_job(server_t *s, conn_t *cn, json_t *b, bool chat, int
     j->t_arrival = cn->t_arrival;
     const char *mname = NULL;
     get_str(b, "model", &mname, e);
-    j->model = strdup(mname ? mname : s->model_name);
+    j->model = strdup(mname && mname[0] ? mname : s->model_name);
     return j;
 }
 
@@ -293,6 +313,7 @@ gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t 
         o.rq.prompt_logprobs = true;
         o.rq.prompt_top_logprobs = j->logprobs > 0 ? j->logprobs : 0;
     }
+    if (!parse_prompt_logprobs(s, b, j, &o, &e)) goto err;
     for (int i = 0; i < n_prompts; i++) {
         json_t *pi = list_of ? json_array_get(prompt, (size_t)i) : prompt;
         gen_part_t *p = &j->parts[i];
@@ -309,7 +330,9 @@ gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t 
                 goto err;
             }
             if (!ids_of(s, pi, &p->prompt, &p->n_prompt, &e)) goto err;
-            if (echo && s->tok && tokenizer_decode(s->tok, p->prompt, (size_t)p->n_prompt, j->skip_special,
+            /* the echoed prompt is the ids' text with special tokens, as vLLM decodes it and
+             * as the logprobs' tokens and text_offset count it */
+            if (echo && s->tok && tokenizer_decode(s->tok, p->prompt, (size_t)p->n_prompt, false,
                                                    &p->prompt_text, &p->prompt_text_len)) {
                 fail(&e, 400, "prompt", "%s", cs_error_last());
                 goto err;
@@ -402,6 +425,53 @@ static bool chat_messages(json_t *msgs, bool wants_parts, json_t **out, perr_t *
     return *out != NULL || fail(e, 500, NULL, "out of memory");
 }
 
+/* continue_final_message as transformers' apply_chat_template does it: a tag appended to the
+ * final message's text (a string, or its last text part), the chat rendered, and the text cut
+ * at the tag's last occurrence (and right-stripped where the template trimmed the space after
+ * it). final: the message's text before the tag (borrowed from msgs). */
+#define CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG "
+
+static bool tag_final(json_t *msgs, char **final) {
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1), *holder = last, *c = json_object_get(last, "content");
+    if (json_is_array(c)) {
+        holder = NULL;
+        for (size_t i = json_array_size(c); i-- > 0 && !holder;)
+            if (json_is_string(json_object_get(json_array_get(c, i), "text"))) holder = json_array_get(c, i);
+        c = holder ? json_object_get(holder, "text") : NULL;
+    }
+    if (!json_is_string(c)) return false;
+    size_t n = json_string_length(c);
+    char *t = malloc(n + sizeof CONTINUE_TAG);
+    if (!t || !(*final = malloc(n + 1))) {
+        free(t);
+        return false;
+    }
+    memcpy(*final, json_string_value(c), n + 1);
+    memcpy(t, json_string_value(c), n);
+    memcpy(t + n, CONTINUE_TAG, sizeof CONTINUE_TAG);
+    json_object_set_new(holder, holder == last ? "content" : "text", json_stringn(t, n + sizeof CONTINUE_TAG - 1));
+    free(t);
+    return true;
+}
+
+static bool cut_at_tag(char *text, size_t *len, const char *final) {
+    const char *st = final, *en = final + strlen(final); /* final.strip() must be in the text */
+    while (st < en && isspace((unsigned char)*st)) st++;
+    while (en > st && isspace((unsigned char)en[-1])) en--;
+    if (!memmem(text, *len, st, (size_t)(en - st))) return false;
+    const size_t tl = sizeof CONTINUE_TAG - 2; /* the tag without its space */
+    const char *at = NULL;
+    for (size_t i = *len >= tl ? *len - tl + 1 : 0; i-- > 0 && !at;)
+        if (!memcmp(text + i, CONTINUE_TAG, tl)) at = text + i;
+    if (!at) return false;
+    bool spaced = (size_t)(at - text) + tl < *len && at[tl] == ' ';
+    *len = (size_t)(at - text);
+    if (!spaced)
+        while (*len && isspace((unsigned char)text[*len - 1])) (*len)--;
+    text[*len] = 0;
+    return true;
+}
+
 /* render messages to the prompt text with the model's (or the request's) template */
 static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *add_special, perr_t *e) {
     json_t *msgs = NULL;
@@ -425,8 +495,17 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
         goto fail;
     }
     bool agp = true, cont = false;
-    if (!get_bool(b, "add_generation_prompt", &agp, e) || !get_bool(b, "continue_final_message", &cont, e)) goto fail;
-    if (cont) { fail(e, 400, "continue_final_message", "continue_final_message is not supported"); goto fail; }
+    if (!get_bool(b, "continue_final_message", &cont, e)) goto fail;
+    if (cont) { /* the last message is left open for the model to go on with: no generation prompt */
+        if (json_is_true(cs_json_get(b, "add_generation_prompt"))) {
+            fail(e, 400, "continue_final_message",
+                 "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+            goto fail;
+        }
+        agp = false;
+    } else if (!get_bool(b, "add_generation_prompt", &agp, e)) {
+        goto fail;
+    }
     *add_special = false;
     if (!get_bool(b, "add_special_tokens", add_special, e)) goto fail;
     json_t *ctx = json_object();
@@ -452,7 +531,26 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
         }
         json_object_update(ctx, kw);
     }
+    char *final = NULL;
+    if (cont && !tag_final(json_object_get(ctx, "messages"), &final)) {
+        json_decref(ctx);
+        fail(e, 400, "continue_final_message",
+             "continue_final_message is set but we could not find any text to continue in the final message!");
+        goto fail;
+    }
     int rc = chat_template_render(t, ctx, text, len);
+    if (!rc && cont && !cut_at_tag(*text, len, final)) {
+        json_decref(ctx);
+        free(final);
+        free(*text);
+        *text = NULL;
+        fail(e, 400, "continue_final_message",
+             "continue_final_message is set but the final message does not appear in the chat after applying the chat "
+             "template! This can happen if the chat template deletes portions of the final message. Please verify the "
+             "chat template and final message in your chat to ensure they are compatible.");
+        goto fail;
+    }
+    free(final);
     json_decref(ctx);
     if (rc) { fail(e, 400, "messages", "chat template: %s", cs_error_last()); goto fail; }
     chat_template_free(own);
@@ -474,6 +572,7 @@ gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, pe
     if (!(j = request_job(s, cn, b, true, 1, &e))) goto err;
     if (!parse_sampling(s, b, true, j, &o, 1, &e)) goto err;
     if (o.rq.max_tokens == 0) { fail(&e, 400, "max_tokens", "'max_tokens' must be at least 1"); goto err; }
+    if (!parse_prompt_logprobs(s, b, j, &o, &e)) goto err;
     bool add_special = false;
     if (!chat_render(s, b, &text, &tlen, &add_special, &e)) goto err;
     gen_part_t *p = &j->parts[0];
@@ -507,7 +606,7 @@ enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
         const char *m = NULL;
         if (!get_str(b, "model", &m, &e)) return reply_err(c, &e);
         pthread_mutex_lock(&s->mu);
-        bool known = !strcmp(m, s->model_name) || adapter_find(s, m);
+        bool known = !m[0] || !strcmp(m, s->model_name) || adapter_find(s, m);
         pthread_mutex_unlock(&s->mu);
         if (!known) return http_error(c, 404, "model", "The model `%s` does not exist.", m);
     }
@@ -584,22 +683,40 @@ static json_t *model_entry(server_t *s, json_t *m) {
     return m;
 }
 
+/* a model's entry: the base model (a == NULL) or a served adapter; under s->mu for an adapter */
+static json_t *model_json(server_t *s, const served_adapter_t *a) {
+    json_t *m = a ? json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:i}", "id", a->name, "object", "model", "created",
+                              (json_int_t)a->created, "owned_by", "caraserve", "root", a->path, "parent", s->model_name,
+                              "max_model_len", s->max_model_len)
+                  : json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", s->model_name, "object", "model", "created",
+                              (json_int_t)s->created, "owned_by", "caraserve", "root", s->cfg.model, "parent",
+                              "max_model_len", s->max_model_len);
+    return model_entry(s, m);
+}
+
+/* GET /v1/models: the base model, then the adapters in the order they were registered */
 enum MHD_Result api_models(server_t *s, struct MHD_Connection *c) {
     json_t *data = json_array();
-    json_array_append_new(data, model_entry(s, json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", s->model_name,
-                                                         "object", "model", "created", (json_int_t)s->created, "owned_by",
-                                                         "caraserve", "root", s->cfg.model, "parent", "max_model_len",
-                                                         s->max_model_len)));
+    json_array_append_new(data, model_json(s, NULL));
     pthread_mutex_lock(&s->mu);
-    for (served_adapter_t *a = s->adapters; a; a = a->next) {
-        if (a->unloading) continue;
-        json_array_append_new(data, model_entry(s, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:i}", "id", a->name,
-                                                             "object", "model", "created", (json_int_t)a->created,
-                                                             "owned_by", "caraserve", "root", a->path, "parent",
-                                                             s->model_name, "max_model_len", s->max_model_len)));
-    }
+    size_t base = json_array_size(data); /* s->adapters is newest first: each goes in before the later ones */
+    for (served_adapter_t *a = s->adapters; a; a = a->next)
+        if (!a->unloading) json_array_insert_new(data, base, model_json(s, a));
     pthread_mutex_unlock(&s->mu);
     return http_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+/* GET /v1/models/{id} (the openai client's models.retrieve) */
+enum MHD_Result api_model(server_t *s, struct MHD_Connection *c, const char *url) {
+    const char *id = url + strlen("/v1/models/");
+    json_t *m = NULL;
+    pthread_mutex_lock(&s->mu);
+    served_adapter_t *a = strcmp(id, s->model_name) ? adapter_find(s, id) : NULL;
+    if (!strcmp(id, s->model_name)) m = model_json(s, NULL);
+    else if (a && !a->unloading) m = model_json(s, a);
+    pthread_mutex_unlock(&s->mu);
+    if (!m) return http_error(c, 404, "model", "The model `%s` does not exist.", id);
+    return http_json(c, 200, m);
 }
 
 /* Register NAME -> DIR (a new version when it exists and inplace). Validates the adapter

@@ -18,6 +18,7 @@ static const route_t routes[] = {
     {"/version", "GET", 0, R_VERSION},
     {"/metrics", "GET", 0, R_METRICS},
     {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY, R_MODELS},
+    {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY | ROUTE_PREFIX, R_MODEL},
     {"/v1/state", "GET", ROUTE_AUTH | ROUTE_READY, R_STATE},
     {"/v1/completions", "POST", API | ROUTE_GENERATES, R_COMPLETIONS},
     {"/v1/chat/completions", "POST", API | ROUTE_GENERATES, R_CHAT},
