@@ -366,6 +366,8 @@ static int parse_request(rollout_t *r, rollout_request_t *rq, engine_request_t *
     if ((rc = parse_sampling(r, rq, base, sj))) return rc;
     if ((rc = adapter_of(json_object_get(req, "adapter"), rq->lim, adapter, version))) BAD(rc, "adapter", "%s", cs_error_last());
     json_t *comp = json_object_get(req, "completion");
+    if (comp && !json_is_null(comp) && !json_is_object(comp))
+        BAD(CS_EINVAL, "completion", "'completion' must be an object {\"target_groups\", \"on_target\"}");
     if (comp && !json_is_null(comp)) {
         json_t *t = json_object_get(comp, "target_groups");
         if (t && !json_is_null(t)) {
@@ -373,8 +375,9 @@ static int parse_request(rollout_t *r, rollout_request_t *rq, engine_request_t *
                 BAD(CS_EINVAL, "completion", "completion.target_groups must be a positive integer");
             r->target = (int)int_of(t);
         }
-        const char *on = json_string_value(json_object_get(comp, "on_target"));
-        if (on && strcmp(on, "abort_return_partial"))
+        json_t *ov = json_object_get(comp, "on_target");
+        const char *on = json_string_value(ov);
+        if ((ov && !json_is_null(ov) && !on) || (on && strcmp(on, "abort_return_partial")))
             BAD(CS_EINVAL, "completion", "completion.on_target: only \"abort_return_partial\" is supported");
     }
     return CS_OK;

@@ -13,6 +13,7 @@
 #include "base/safetensors.h"
 #include "lora/peft.h"
 #include "rollout_api/routes.h"
+#include "server/api_fields.h"
 #include "server/api_internal.h"
 
 /* ---- POST /v1/rollout (rollout.c), as a job (server/api_jobs.c) ---- */
@@ -60,10 +61,34 @@ static void ro_obs_slo(void *user, const char *adapter, bool met) {
     slo_count(s, adapter ? adapter : s->model_name, adapter, met);
 }
 
+/* A /generate request's error in SGLang's names: the rollout's sampling.max_tokens is
+ * sampling_params.max_new_tokens there, sampling.X is sampling_params.X. */
+static enum MHD_Result generate_error(struct MHD_Connection *c, unsigned status, const char *param, const char *msg) {
+    static const char *const names[][2] = {{"sampling.max_tokens", "sampling_params.max_new_tokens"},
+                                           {"sampling.min_tokens", "sampling_params.min_new_tokens"},
+                                           {"sampling.", "sampling_params."}};
+    cs_buf_t b = {0};
+    for (const char *p = msg; *p;) {
+        size_t k = 0;
+        while (k < 3 && strncmp(p, names[k][0], strlen(names[k][0]))) k++;
+        if (k < 3) {
+            cs_buf_add(&b, names[k][1], strlen(names[k][1]));
+            p += strlen(names[k][0]);
+        } else {
+            cs_buf_add(&b, p++, 1);
+        }
+    }
+    enum MHD_Result r = http_error(c, status, param && !strcmp(param, "sampling") ? "sampling_params" : param, "%.*s",
+                                   (int)b.len, b.p ? b.p : "");
+    free(b.p);
+    return r;
+}
+
 /* request b as a rollout batch, a job of this connection; sglang (stolen): answer in SGLang's
  * /generate shape instead */
 static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, json_t *sglang) {
     bool draining;
+    bool sglang_req = sglang != NULL;
     gen_job_t *j = job_new(s, false, 1, 1, &draining);
     if (!j) {
         json_decref(sglang);
@@ -86,6 +111,7 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
         j->refs--;
         pthread_mutex_unlock(&j->mu);
         job_unref(j);
+        if (sglang_req) return generate_error(c, api_status_of(rc), rq.param, cs_error_last());
         return http_error(c, api_status_of(rc), rq.param, "%s", cs_error_last());
     }
     pthread_mutex_lock(&j->mu);
@@ -96,6 +122,10 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
 }
 
 enum MHD_Result rollout_route_rollout(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    json_t *st = json_object_get(b, "stream");
+    if (st && !json_is_boolean(st) && !json_is_null(st)) return http_error(c, 400, "stream", "'stream' must be true or false");
+    if (!api_fields_check(EP_ROLLOUT, b, &e)) return reply_err(c, &e);
     return rollout_run(s, cn, c, b, NULL);
 }
 
@@ -130,7 +160,19 @@ enum MHD_Result rollout_route_abort(server_t *s, struct MHD_Connection *c, json_
  * return_logprob, lora_path (an adapter name), rid; answered in SGLang's shape */
 enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
     json_t *ids = json_object_get(b, "input_ids"), *text = json_object_get(b, "text");
-    if (json_is_true(json_object_get(b, "stream"))) return http_error(c, 400, "stream", "stream is not supported on /generate (use /v1/completions to stream tokens, or /v1/rollout with stream to get each group as it finishes)");
+    perr_t e = {0};
+    if (!api_fields_check(EP_GENERATE, b, &e)) return reply_err(c, &e);
+    json_t *sp = json_object_get(b, "sampling_params"), *rl = json_object_get(b, "return_logprob");
+    json_t *lp = json_object_get(b, "lora_path"), *ri = json_object_get(b, "rid");
+    if (sp && !json_is_null(sp) && !json_is_object(sp))
+        return http_error(c, 400, "sampling_params", "'sampling_params' must be an object");
+    if (rl && !json_is_null(rl) && !json_is_boolean(rl))
+        return http_error(c, 400, "return_logprob", "'return_logprob' must be true or false");
+    if (lp && !json_is_null(lp) && !json_is_string(lp))
+        return http_error(c, 400, "lora_path", "'lora_path' must be an adapter's name (a string)");
+    if (ri && !json_is_null(ri) && !json_is_string(ri)) return http_error(c, 400, "rid", "'rid' must be a string");
+    if (ids && !json_is_null(ids) && !json_is_array(ids))
+        return http_error(c, 400, "input_ids", "'input_ids' must be a list of token ids, or a list of such lists");
     bool batch = false;
     json_t *prompts = json_array();
     if (ids && !json_is_null(ids)) {
@@ -160,15 +202,17 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
         json_decref(prompts);
         return http_error(c, 400, "input_ids", "'input_ids' or 'text' is required");
     }
-    json_t *sp = json_object_get(b, "sampling_params");
     json_t *samp = json_object();
-    if (json_is_object(sp)) {
-        const char *keys[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                              "frequency_penalty", "stop", "stop_token_ids", "ignore_eos", "min_tokens"};
-        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
-            if (json_object_get(sp, keys[k])) json_object_set(samp, keys[k], json_object_get(sp, keys[k]));
-        json_t *mnt = json_object_get(sp, "max_new_tokens");
-        if (mnt && !json_is_null(mnt)) json_object_set(samp, "max_tokens", mnt);
+    if (json_is_object(sp)) { /* SGLang's names -> the rollout's */
+        static const char *const keys[][2] = {
+            {"temperature", "temperature"}, {"top_p", "top_p"}, {"top_k", "top_k"}, {"min_p", "min_p"},
+            {"repetition_penalty", "repetition_penalty"}, {"presence_penalty", "presence_penalty"},
+            {"frequency_penalty", "frequency_penalty"}, {"stop", "stop"}, {"stop_token_ids", "stop_token_ids"},
+            {"ignore_eos", "ignore_eos"}, {"min_new_tokens", "min_tokens"}, {"max_new_tokens", "max_tokens"}};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            json_t *v = json_object_get(sp, keys[k][0]);
+            if (v && !json_is_null(v)) json_object_set(samp, keys[k][1], v);
+        }
     }
     if (!json_object_get(samp, "max_tokens")) json_object_set_new(samp, "max_tokens", json_integer(128)); /* SGLang's default */
     json_object_set_new(samp, "logprobs", json_pack("{s:s}", "mode", "raw"));

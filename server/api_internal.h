@@ -27,6 +27,8 @@ json_t *jstr(const char *s, size_t n);
 /* One stream frame of O appended to OUT: SSE ("data: {json}\n\n") or, with ndjson, a line
  * ("{json}\n"); compact JSON never holds a raw newline. false: out of memory. */
 bool api_frame(cs_buf_t *out, const json_t *o, bool ndjson);
+/* the request-field inventory's refusals for endpoint ep (api_fields.h): false with *e set */
+bool api_fields_check(unsigned ep, json_t *b, perr_t *e);
 /* the served adapter NAME or NULL; under s->mu */
 served_adapter_t *adapter_find(server_t *s, const char *name);
 /* adapter_unlink takes A off the list of served adapters (under s->mu); adapter_free frees it */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/sampling_json.h"
+#include "server/api_fields.h"
 #include "sched/slo.h"
 #include "server/api_internal.h"
 
@@ -42,6 +43,13 @@ static bool get_str(json_t *o, const char *k, const char **out, perr_t *e) {
     if (!json_is_string(v)) return fail(e, 400, k, "'%s' must be a string", k);
     *out = json_string_value(v);
     return true;
+}
+
+/* the inventory's refused fields (api_fields.c): a 400 naming the first one b sets */
+bool api_fields_check(unsigned ep, json_t *b, perr_t *e) {
+    const api_field_t *f;
+    if (!api_fields_refused(ep, b, &f)) return true;
+    return fail(e, 400, f->name, "'%s' is not supported: %s", f->name, f->note);
 }
 
 /* ---- the model a request names ---- */
@@ -94,17 +102,8 @@ static bool parse_output(json_t *b, gen_job_t *j, gen_opts_t *o, perr_t *e) {
     b1 = j->srv->cfg.return_tokens_as_token_ids;
     if (!get_bool(b, "return_tokens_as_token_ids", &b1, e)) return false;
     j->tok_ids = b1;
-    b1 = false;
-    if (!get_bool(b, "include_stop_str_in_output", &b1, e)) return false;
-    if (b1) return fail(e, 400, "include_stop_str_in_output", "include_stop_str_in_output is not supported");
     const char *user = NULL;
     if (!get_str(b, "user", &user, e)) return false;
-    json_t *rf = cs_json_get(b, "response_format");
-    if (rf) {
-        const char *t = json_string_value(json_object_get(rf, "type"));
-        if (!json_is_object(rf) || !t || strcmp(t, "text"))
-            return fail(e, 400, "response_format", "response_format other than {\"type\": \"text\"} is not supported");
-    }
     json_t *tc = cs_json_get(b, "tool_choice");
     if (tc && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
         return fail(e, 400, "tool_choice", "tool_choice other than \"none\" or \"auto\" is not supported (tools are "
@@ -300,9 +299,9 @@ gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t 
         goto err;
     }
     if (n_prompts > MAX_PROMPTS) { fail(&e, 400, "prompt", "at most %d prompts per request", MAX_PROMPTS); goto err; }
-    const char *suffix = NULL;
-    if (!get_str(b, "suffix", &suffix, &e)) goto err;
-    if (suffix && suffix[0]) { fail(&e, 400, "suffix", "suffix is not supported"); goto err; }
+    if (!api_fields_check(EP_COMPLETIONS, b, &e)) goto err;
+    bool add_special = true; /* the tokenizer's BOS, as vLLM's completions default */
+    if (!get_bool(b, "add_special_tokens", &add_special, &e)) goto err;
     if (!(j = request_job(s, cn, b, false, n_prompts, &e))) goto err;
     if (!parse_sampling(s, b, false, j, &o, n_prompts, &e)) goto err;
     bool echo = false;
@@ -318,7 +317,8 @@ gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t 
         json_t *pi = list_of ? json_array_get(prompt, (size_t)i) : prompt;
         gen_part_t *p = &j->parts[i];
         if (json_is_string(pi)) {
-            if (!text_prompt(s, json_string_value(pi), json_string_length(pi), true, &p->prompt, &p->n_prompt, &e)) goto err;
+            if (!text_prompt(s, json_string_value(pi), json_string_length(pi), add_special, &p->prompt, &p->n_prompt, &e))
+                goto err;
             if (echo) {
                 p->prompt_text_len = json_string_length(pi);
                 p->prompt_text = malloc(p->prompt_text_len + 1);
@@ -519,7 +519,13 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
         goto fail;
     }
     json_object_set(ctx, "tools", tools ? tools : json_null());
-    json_object_set_new(ctx, "documents", json_null());
+    json_t *docs = cs_json_get(b, "documents");
+    if (docs && !json_is_array(docs)) {
+        json_decref(ctx);
+        fail(e, 400, "documents", "'documents' must be a list");
+        goto fail;
+    }
+    json_object_set(ctx, "documents", docs ? docs : json_null());
     if (s->bos_token) json_object_set_new(ctx, "bos_token", json_string(s->bos_token));
     if (s->eos_token) json_object_set_new(ctx, "eos_token", json_string(s->eos_token));
     json_t *kw = cs_json_get(b, "chat_template_kwargs");
@@ -569,6 +575,7 @@ gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, pe
     gen_job_t *j = NULL;
     gen_opts_t o = {0};
     if (!json_object_get(b, "messages")) { fail(&e, 400, "messages", "'messages' is required"); goto err; }
+    if (!api_fields_check(EP_CHAT, b, &e)) goto err;
     if (!(j = request_job(s, cn, b, true, 1, &e))) goto err;
     if (!parse_sampling(s, b, true, j, &o, 1, &e)) goto err;
     if (o.rq.max_tokens == 0) { fail(&e, 400, "max_tokens", "'max_tokens' must be at least 1"); goto err; }
@@ -598,18 +605,22 @@ enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json
 }
 
 /* ---- /tokenize, /detokenize (vLLM's shapes) ---- */
+/* the model a tokenizer request names, if any: the base model or an adapter */
+static bool known_model(server_t *s, json_t *b, perr_t *e) {
+    const char *m = NULL;
+    if (!get_str(b, "model", &m, e)) return false;
+    if (!m) return true;
+    pthread_mutex_lock(&s->mu);
+    bool known = !m[0] || !strcmp(m, s->model_name) || adapter_find(s, m);
+    pthread_mutex_unlock(&s->mu);
+    return known || fail(e, 404, "model", "The model `%s` does not exist.", m);
+}
+
 enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
     perr_t e = {0};
     int32_t *ids = NULL;
     int n = 0;
-    if (cs_json_get(b, "model")) {
-        const char *m = NULL;
-        if (!get_str(b, "model", &m, &e)) return reply_err(c, &e);
-        pthread_mutex_lock(&s->mu);
-        bool known = !m[0] || !strcmp(m, s->model_name) || adapter_find(s, m);
-        pthread_mutex_unlock(&s->mu);
-        if (!known) return http_error(c, 404, "model", "The model `%s` does not exist.", m);
-    }
+    if (!api_fields_check(EP_TOKENIZE, b, &e) || !known_model(s, b, &e)) return reply_err(c, &e);
     if (json_object_get(b, "messages")) {
         char *text = NULL;
         size_t len = 0;
@@ -649,6 +660,7 @@ enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
 
 enum MHD_Result api_detokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
     perr_t e = {0};
+    if (!api_fields_check(EP_DETOKENIZE, b, &e) || !known_model(s, b, &e)) return reply_err(c, &e);
     json_t *t = json_object_get(b, "tokens");
     if (!json_is_array(t)) return http_error(c, 400, "tokens", "'tokens' (a list of token ids) is required");
     if (!s->tok) return http_error(c, 400, "tokens", "this model has no tokenizer");

@@ -7,6 +7,7 @@
 #include "config.h"
 #include "server/setup.h"
 #include "server/commands.h"
+#include "server/api_fields.h"
 #include "cpu_kernels/cpu_backend.h"
 #include "cpu_kernels/kernels.h"
 
@@ -21,6 +22,7 @@ static void usage(FILE *f) {
             "  router     an HTTP front for several serve replicas (see caraserve router --help)\n"
             "  generate   one-shot generation on the CPU (see caraserve generate --help)\n"
             "  batch      run JSON-lines requests through the batching engine (caraserve batch --help)\n"
+            "  fields     the request fields of each route, honoured or refused (--json: as JSON)\n"
             "  version    print the version, the CPU and the kernel paths picked for it\n",
             PACKAGE_VERSION);
 }
@@ -59,6 +61,15 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "router")) return cmd_router(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version();
+    if (!strcmp(cmd, "fields")) { /* docs/api-fields.md is this, as Markdown */
+        bool json = argc > 2 && !strcmp(argv[2], "--json");
+        if (argc > 2 + json) {
+            fprintf(stderr, "usage: caraserve fields [--json]\n");
+            return 2;
+        }
+        api_fields_print(stdout, json);
+        return 0;
+    }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { usage(stdout); return 0; }
     fprintf(stderr, "caraserve: unknown command '%s'\n", cmd);
     usage(stderr);
