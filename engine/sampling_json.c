@@ -126,6 +126,11 @@ static int knobs(const ctx_t *c) {
         *(float *)(sp + k->off) = (float)d;
     }
     if (c->opt->seed && field(c, "seed")) {
+        json_t *sv = field(c, "seed");
+        if (c->opt->style == SAMPLING_JSON_OPENAI && json_is_real(sv) && fabs(json_real_value(sv)) >= 9.2e18)
+            return refuse(c, "seed", "seed: Input should be %s", /* pydantic's words, as vLLM */
+                          json_real_value(sv) > 0 ? "less than or equal to 9223372036854775807"
+                                                  : "greater than or equal to -9223372036854775808");
         long long v = 0;
         int rc = get_int(c, "seed", LLONG_MIN, LLONG_MAX, &v);
         if (rc) return rc;

@@ -130,7 +130,7 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
 
     /* options that change the forward math or the base model: refused by name */
     static const char *const bool_refused[][2] = {
-        { "use_dora", "DoRA (use_dora) is not supported" },
+        { "use_dora", "caraserve does not yet support DoRA (use_dora)" },
         { "use_qalora", "QA-LoRA (use_qalora) is not supported" },
         { "lora_bias", "a bias on lora_B (lora_bias) is not supported" },
         { "fan_in_fan_out", "fan_in_fan_out is not supported" },
@@ -151,16 +151,18 @@ static int parse_config(const char *label, const char *text, size_t len, peft_cf
         if (cs_json_get(root, set_refused[i][0]))
             return cs_error_set(CS_EUNSUPPORTED, "%s: %s is not supported", label, set_refused[i][1]);
     static const char *const nonempty_refused[][2] = {
-        { "modules_to_save", "modules_to_save (fully trained extra modules)" },
         { "trainable_token_indices", "trainable_token_indices (trained embedding rows)" },
         { "target_parameters", "target_parameters (LoRA on raw parameters)" },
     };
+    if (truthy(cs_json_get(root, "modules_to_save"))) /* vLLM's words */
+        return cs_error_set(CS_EUNSUPPORTED, "%s: caraserve only supports modules_to_save being None (fully trained "
+                            "extra modules are not LoRA)", label);
     for (size_t i = 0; i < CS_ARRAY_LEN(nonempty_refused); i++)
         if (truthy(cs_json_get(root, nonempty_refused[i][0])))
             return cs_error_set(CS_EUNSUPPORTED, "%s: %s is not supported", label, nonempty_refused[i][1]);
     v = cs_json_get(root, "bias");
     if (v && (!json_is_string(v) || strcmp(json_string_value(v), "none") != 0))
-        return cs_error_set(CS_EUNSUPPORTED, "%s: bias %s%s%s is not supported (only \"none\")", label,
+        return cs_error_set(CS_EUNSUPPORTED, "%s: Adapter bias cannot be used: bias %s%s%s (only \"none\" is supported)", label,
                             json_is_string(v) ? "'" : "", json_is_string(v) ? json_string_value(v) : cs_json_type_name(v),
                             json_is_string(v) ? "'" : "");
     /* inits that leave the adapter tied to a modified base model (unless converted on save,
@@ -547,7 +549,7 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
         const char *name = safetensors_at(st, i)->name;
         int l, t, ab;
         if (strstr(name, "lora_magnitude_vector"))
-            return cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': DoRA (magnitude vectors) is not supported", dir, name);
+            return cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': caraserve does not yet support DoRA (magnitude vectors)", dir, name);
         if (strstr(name, "lora_embedding_A") || strstr(name, "lora_embedding_B"))
             return cs_error_set(CS_EUNSUPPORTED, "%s: tensor '%s': LoRA on embeddings is not supported", dir, name);
         if (strstr(name, ".lora_B.bias"))

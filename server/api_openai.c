@@ -194,7 +194,7 @@ static bool parse_prompt_logprobs(server_t *s, json_t *b, gen_job_t *j, gen_opts
 /* a prompt given as token ids */
 static bool ids_of(server_t *s, json_t *a, int32_t **out, int *n, perr_t *e) {
     size_t len = json_array_size(a);
-    if (len == 0) return fail(e, 400, "prompt", "the prompt is empty");
+    if (len == 0) return fail(e, 400, "prompt", "The decoder prompt cannot be empty");
     int32_t *ids = malloc(sizeof(int32_t) * len);
     if (!ids) return fail(e, 500, NULL, "out of memory");
     int vocab = s->vocab_size;
@@ -202,6 +202,9 @@ static bool ids_of(server_t *s, json_t *a, int32_t **out, int *n, perr_t *e) {
         json_t *x = json_array_get(a, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= vocab) {
             free(ids);
+            if (json_is_integer(x)) /* vLLM's words */
+                return fail(e, 400, "prompt", "Token id %lld is out of vocabulary (the vocabulary has %d tokens)",
+                            (long long)json_integer_value(x), vocab);
             return fail(e, 400, "prompt", "prompt token ids must be integers in [0, %d)", vocab);
         }
         ids[i] = (int32_t)json_integer_value(x);
@@ -216,7 +219,7 @@ static bool text_prompt(server_t *s, const char *text, size_t len, bool add_spec
     size_t ni = 0;
     if (tokenizer_encode(s->tok, text, len, add_special, out, &ni)) return fail(e, 400, "prompt", "%s", cs_error_last());
     *n = (int)ni;
-    if (ni == 0) return fail(e, 400, "prompt", "the prompt is empty");
+    if (ni == 0) return fail(e, 400, "prompt", "The decoder prompt cannot be empty");
     return true;
 }
 
@@ -294,7 +297,7 @@ gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t 
     }
     if (!prompt || json_is_null(prompt)) { fail(&e, 400, "prompt", "'prompt' is required"); goto err; }
     if (n_prompts == 0) {
-        fail(&e, 400, "prompt", json_is_array(prompt) && json_array_size(prompt) == 0 ? "the prompt is empty"
+        fail(&e, 400, "prompt", json_is_array(prompt) && json_array_size(prompt) == 0 ? "The decoder prompt cannot be empty"
                                 : "'prompt' must be a string, a list of token ids, or a list of either");
         goto err;
     }
@@ -748,7 +751,14 @@ int server_add_adapter(server_t *s, const char *name, const char *dir, bool inpl
         fail(e, rc == CS_ENOTFOUND ? 404 : 400, "lora_path", "adapter '%s' at %s: %s", name, dir, cs_error_last());
         return rc;
     }
+    lora_adapter_info_t info;
+    lora_adapter_info(a, &info);
     lora_adapter_free(a);
+    if (s->cfg.max_lora_rank > 0 && info.max_rank > s->cfg.max_lora_rank) { /* vLLM's words */
+        fail(e, 400, "lora_path", "adapter '%s': LoRA rank %d is greater than max_lora_rank %d.", name, info.max_rank,
+             s->cfg.max_lora_rank);
+        return CS_EINVAL;
+    }
     pthread_mutex_lock(&s->mu);
     served_adapter_t *ad = adapter_find(s, name);
     if (ad && !inplace) {

@@ -144,6 +144,8 @@ static const opt_t OPTS[] = {
      .help = "most samples per request, n times prompts (default: max-num-seqs)"},
     {"max-logprobs", "N", K_INT, SRV, F(max_logprobs), .lo = 0, .hi = 20, .def = "20",
      .help = "most logprobs alternatives per token"},
+    {"max-lora-rank", "N", K_INT, SRV, F(max_lora_rank), .lo = 0, .hi = 65536, .def = "0",
+     .help = "refuse adapters whose rank is above N (vLLM's flag; default 0: any rank)"},
     {"return-tokens-as-token-ids", NULL, K_FLAG, SRV, F(return_tokens_as_token_ids),
      .help = "logprobs name tokens as 'token_id:N' (a request's return_tokens_as_token_ids overrides)"},
     {"enable-prompt-tokens-details", NULL, K_FLAG, SRV, F(enable_prompt_tokens_details),

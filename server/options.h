@@ -36,6 +36,7 @@ typedef struct cs_options {
     char *adapter_upload_dir;
     int max_n;                      /* samples per request (n, times prompts for batches) */
     int max_logprobs;
+    int max_lora_rank;              /* --max-lora-rank: 0 = no limit */
     bool return_tokens_as_token_ids; /* --return-tokens-as-token-ids: every request's default */
     bool enable_prompt_tokens_details; /* usage.prompt_tokens_details (cached_tokens) */
     double shutdown_timeout;        /* seconds */

@@ -51,10 +51,20 @@ with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
 hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
 a1_dir, ref_a1 = make_adapter(model_dir, ref_base, r=8, alpha=16, targets=["q_proj", "v_proj", "down_proj"], seed=21)
 a2_dir, _ = make_adapter(model_dir, ref_base, r=4, alpha=8, targets=["q_proj"], seed=22)
+a3_dir, _ = make_adapter(model_dir, ref_base, r=16, alpha=8, targets=["q_proj"], seed=23)
 root = reflib.tmpdir("cs_lora_root_")
 shutil.copytree(a2_dir, os.path.join(root, "a2"))
+shutil.copytree(a3_dir, os.path.join(root, "a3"))
+for bad, change in (("dora", {"use_dora": True}), ("mts", {"modules_to_save": ["lm_head"]}), ("bias", {"bias": "all"})):
+    shutil.copytree(a2_dir, os.path.join(root, bad))
+    cfgp = os.path.join(root, bad, "adapter_config.json")
+    with open(cfgp) as f:
+        cfg = json.load(f)
+    cfg.update(change)
+    with open(cfgp, "w") as f:
+        json.dump(cfg, f)
 srv = Server(["--model", model_dir, "--served-model-name", "base", "--lora-modules", f"a1={a1_dir}", "--lora-root", root,
-              "--threads", "2", "--kv-cache-bytes", "64M"])
+              "--max-lora-rank", "8", "--threads", "2", "--kv-cache-bytes", "64M"])
 client = OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
 
 MINIMAL = {
@@ -301,5 +311,24 @@ if comp.choices[0].prompt_logprobs is None:
     reflib.fail("prompt_logprobs through extra_body: missing")
 print("ok  /v1/models in registration order, models.retrieve, model \"\"; openai client: continuous usage, "
       "reasoning_content, prompt_logprobs via extra_body, logit_bias")
+# ---- errors in vLLM's words ----
+WORDS = [
+    ("/v1/load_lora_adapter", {"lora_name": "a3", "lora_path": os.path.join(root, "a3")},
+     "LoRA rank 16 is greater than max_lora_rank 8."),
+    ("/v1/load_lora_adapter", {"lora_name": "d", "lora_path": os.path.join(root, "dora")}, "does not yet support DoRA"),
+    ("/v1/load_lora_adapter", {"lora_name": "m", "lora_path": os.path.join(root, "mts")},
+     "only supports modules_to_save being None"),
+    ("/v1/load_lora_adapter", {"lora_name": "b", "lora_path": os.path.join(root, "bias")}, "Adapter bias cannot be used"),
+    ("/v1/completions", {"model": "base", "prompt": []}, "The decoder prompt cannot be empty"),
+    ("/v1/completions", {"model": "base", "prompt": [1, 10 ** 7]}, "Token id 10000000 is out of vocabulary"),
+    ("/v1/completions", {"model": "base", "prompt": "x", "seed": 1e19},
+     "Input should be less than or equal to 9223372036854775807"),
+]
+for ep, body, words in WORDS:
+    st, r, _ = srv.request("POST", ep, body)
+    if st != 400 or words not in r["error"]["message"]:
+        reflib.fail(f"{ep} {body}: {st} {r}; vLLM says {words!r}")
+print(f"ok  {len(WORDS)} errors in vLLM's words (LoRA rank, DoRA, modules_to_save, bias, empty prompt, "
+      "out-of-vocabulary id, seed)")
 srv.stop()
 print("PASS")
