@@ -136,12 +136,6 @@ void *cs_aligned_alloc(size_t align, size_t size) {
     return p;
 }
 
-void *cs_memdup(const void *p, size_t n) {
-    void *q = malloc(n ? n : 1);
-    if (q && n) memcpy(q, p, n);
-    return q;
-}
-
 char *cs_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) { cs_error_set(CS_EIO, "%s: %s", path, strerror(errno)); return NULL; }

@@ -83,7 +83,6 @@ void cs_to_f32(float *dst, const void *src, cs_dtype t, size_t n);
 void *cs_aligned_alloc(size_t align, size_t size); /* zero-filled; free with free() */
 /* the same, not filled (for memory written before it is read); free with free() */
 void *cs_aligned_alloc_uninit(size_t align, size_t size);
-void *cs_memdup(const void *p, size_t n);          /* malloc'd copy of n bytes; NULL if out of memory */
 char *cs_read_file(const char *path, size_t *len);  /* NUL-terminated; NULL + error set */
 char *cs_path_join(const char *dir, const char *name); /* malloc'd */
 bool cs_file_exists(const char *path);

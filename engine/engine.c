@@ -73,6 +73,7 @@ struct req {
     int n_cached;
     bool aborted;
     /* prompt logprobs (p.prompt_logprobs): filled chunk by chunk during seq 0's prefill */
+    void *lists;                /* p.sampling's allowed ids and logit bias (sampling_lists_copy) */
     float *plp;                 /* [n_prompt] */
     int32_t *plp_rank;          /* [n_prompt] vLLM's rank of each prompt token */
     int32_t *plp_ids;           /* [n_prompt * p.prompt_top_logprobs] */
@@ -239,9 +240,7 @@ static void req_free(req_t *r) {
         for (int i = 0; i < r->p.n_stop; i++) free((void *)r->p.stop[i]);
     free((void *)r->p.stop);
     free((void *)r->p.stop_token_ids);
-    free((void *)r->p.sampling.allowed_ids);
-    free((void *)r->p.sampling.bias_ids);
-    free((void *)r->p.sampling.bias);
+    free(r->lists);
     free(r->adapter);
     free(r->plp);
     free(r->plp_rank);
@@ -1553,13 +1552,8 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
     r->p.prompt = NULL;
     r->p.stop = NULL;
     r->p.stop_token_ids = NULL;
-    const sampling_params_t *sp = &rq->sampling;
-    r->p.sampling.allowed_ids = sp->n_allowed ? cs_memdup(sp->allowed_ids, sizeof(int32_t) * (size_t)sp->n_allowed) : NULL;
-    r->p.sampling.bias_ids = sp->n_bias ? cs_memdup(sp->bias_ids, sizeof(int32_t) * (size_t)sp->n_bias) : NULL;
-    r->p.sampling.bias = sp->n_bias ? cs_memdup(sp->bias, sizeof(float) * (size_t)sp->n_bias) : NULL;
-    if ((sp->n_allowed && !r->p.sampling.allowed_ids) || (sp->n_bias && (!r->p.sampling.bias_ids || !r->p.sampling.bias))) {
+    if ((rq->sampling.n_allowed || rq->sampling.n_bias) && !(r->lists = sampling_lists_copy(&rq->sampling, &r->p.sampling)))
         goto oom;
-    }
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)rq->n_prompt);
     char **stops = rq->n_stop ? calloc((size_t)rq->n_stop, sizeof(char *)) : NULL;
     int32_t *stids = rq->n_stop_token_ids ? malloc(sizeof(int32_t) * (size_t)rq->n_stop_token_ids) : NULL;

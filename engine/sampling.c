@@ -72,6 +72,21 @@ int sampling_params_validate_ids(const sampling_params_t *p, int vocab) {
     return CS_OK;
 }
 
+void *sampling_lists_copy(const sampling_params_t *src, sampling_params_t *dst) {
+    size_t na = (size_t)src->n_allowed, nb = (size_t)src->n_bias;
+    char *block = malloc(sizeof(int32_t) * (na + nb) + sizeof(float) * nb + 1);
+    if (!block) return NULL;
+    int32_t *allowed = (int32_t *)block, *bias_ids = allowed + na;
+    float *bias = (float *)(bias_ids + nb);
+    if (na) memcpy(allowed, src->allowed_ids, sizeof(int32_t) * na);
+    if (nb) memcpy(bias_ids, src->bias_ids, sizeof(int32_t) * nb);
+    if (nb) memcpy(bias, src->bias, sizeof(float) * nb);
+    dst->allowed_ids = na ? allowed : NULL;
+    dst->bias_ids = nb ? bias_ids : NULL;
+    dst->bias = nb ? bias : NULL;
+    return block;
+}
+
 uint64_t sampling_seed_for(const sampling_params_t *p, int index) {
     if (p->has_seed) return p->seed + (uint64_t)index;
     uint64_t s;
@@ -125,10 +140,9 @@ struct sampler {
     bool track_prompt, track_output;
     slot_t *slots;
     uint32_t cap, used;     /* cap is a power of two, used <= cap / 2 */
-    int32_t *allowed;       /* [p.n_allowed] sorted, distinct: the sampler's own copy */
-    float *kept;            /* [p.n_allowed] scratch for their values */
-    int32_t *bias_ids;      /* [p.n_bias]: the sampler's own copies */
-    float *bias;
+    void *lists;            /* the sampler's own copy of p's allowed ids (sorted, distinct) and
+                               logit bias (sampling_lists_copy), p pointing into it */
+    float *kept;            /* [p.n_allowed] scratch for the allowed ids' values */
 };
 
 static inline uint32_t hash32(int32_t k) { return (uint32_t)k * 0x9e3779b1u; }
@@ -181,27 +195,16 @@ sampler_t *sampler_new(const sampling_params_t *p, int vocab, const int32_t *pro
         free(s);
         return NULL;
     }
+    if ((p->n_allowed || p->n_bias) && !(s->lists = sampling_lists_copy(p, &s->p))) goto err;
     if (p->n_allowed) {
-        s->allowed = malloc(sizeof(int32_t) * (size_t)p->n_allowed);
-        s->kept = malloc(sizeof(float) * (size_t)p->n_allowed);
-        if (!s->allowed || !s->kept) goto err;
-        memcpy(s->allowed, p->allowed_ids, sizeof(int32_t) * (size_t)p->n_allowed);
-        qsort(s->allowed, (size_t)p->n_allowed, sizeof(int32_t), id_cmp);
+        int32_t *allowed = (int32_t *)s->p.allowed_ids;
+        if (!(s->kept = malloc(sizeof(float) * (size_t)p->n_allowed))) goto err;
+        qsort(allowed, (size_t)p->n_allowed, sizeof(int32_t), id_cmp);
         int n = 0;
         for (int i = 0; i < p->n_allowed; i++)
-            if (!n || s->allowed[i] != s->allowed[n - 1]) s->allowed[n++] = s->allowed[i];
+            if (!n || allowed[i] != allowed[n - 1]) allowed[n++] = allowed[i];
         s->p.n_allowed = n;
     }
-    s->p.allowed_ids = s->allowed;
-    if (p->n_bias) {
-        s->bias_ids = malloc(sizeof(int32_t) * (size_t)p->n_bias);
-        s->bias = malloc(sizeof(float) * (size_t)p->n_bias);
-        if (!s->bias_ids || !s->bias) goto err;
-        memcpy(s->bias_ids, p->bias_ids, sizeof(int32_t) * (size_t)p->n_bias);
-        memcpy(s->bias, p->bias, sizeof(float) * (size_t)p->n_bias);
-    }
-    s->p.bias_ids = s->bias_ids;
-    s->p.bias = s->bias;
     cs_rng_seed(&s->rng, seed);
     s->track_prompt = p->repetition_penalty != 1.0f;
     s->track_output = s->track_prompt || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
@@ -220,10 +223,8 @@ err:
 
 void sampler_free(sampler_t *s) {
     if (!s) return;
-    free(s->allowed);
+    free(s->lists);
     free(s->kept);
-    free(s->bias_ids);
-    free(s->bias);
     free(s->slots);
     free(s);
 }
@@ -331,13 +332,14 @@ static bool process(sampler_t *s, const float *logits, const int32_t *banned, in
     const int n = s->vocab;
     memcpy(x, logits, sizeof(float) * (size_t)n);
     if (s->p.n_allowed) { /* keep the allowed ones' values, mask everything, put them back */
-        for (int i = 0; i < s->p.n_allowed; i++) s->kept[i] = x[s->allowed[i]];
+        const int32_t *allowed = s->p.allowed_ids;
+        for (int i = 0; i < s->p.n_allowed; i++) s->kept[i] = x[allowed[i]];
         for (int i = 0; i < n; i++) x[i] = -INFINITY;
-        for (int i = 0; i < s->p.n_allowed; i++) x[s->allowed[i]] = s->kept[i];
+        for (int i = 0; i < s->p.n_allowed; i++) x[allowed[i]] = s->kept[i];
     }
     for (int i = 0; i < n_banned; i++)
         if (banned[i] >= 0 && banned[i] < n) x[banned[i]] = -INFINITY;
-    for (int i = 0; i < s->p.n_bias; i++) x[s->bias_ids[i]] += s->bias[i];
+    for (int i = 0; i < s->p.n_bias; i++) x[s->p.bias_ids[i]] += s->p.bias[i];
     apply_penalties(s, x);
     if (is_greedy(&s->p)) return false;
 

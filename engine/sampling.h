@@ -83,6 +83,9 @@ int sampling_params_validate(const sampling_params_t *p);
 /* The same for the token ids of allowed_token_ids and logit_bias, against the vocabulary
  * (vLLM's wording). */
 int sampling_params_validate_ids(const sampling_params_t *p, int vocab);
+/* One malloc'd block holding copies of src's allowed_token_ids and logit_bias arrays, dst's
+ * pointers set into it (src == dst is fine); free the block with free(). NULL if out of memory. */
+void *sampling_lists_copy(const sampling_params_t *src, sampling_params_t *dst);
 /* The seed of sample `index` (0-based, the n of a request): seed + index, or a fresh
  * random seed when the request has none. */
 uint64_t sampling_seed_for(const sampling_params_t *p, int index);

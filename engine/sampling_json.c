@@ -226,36 +226,30 @@ static int stop_ids(const ctx_t *c) {
 static int token_lists(const ctx_t *c) {
     sampling_params_t *sp = &c->out->sampling;
     long long vocab = c->opt->vocab > 0 ? c->opt->vocab : (long long)INT32_MAX + 1;
-    json_t *a = field(c, "allowed_token_ids");
-    if (a) {
-        if (!json_is_array(a)) return refuse(c, "allowed_token_ids", "'allowed_token_ids' must be a list of token ids");
-        if (json_array_size(a) == 0) return refuse(c, "allowed_token_ids", "allowed_token_ids is not None and empty!");
-        size_t n = json_array_size(a);
-        if (!(c->out->allowed_ids = malloc(sizeof(int32_t) * n))) return cs_error_set(CS_ENOMEM, "out of memory");
-        for (size_t i = 0; i < n; i++) {
-            json_t *x = json_array_get(a, i);
-            if (!json_is_integer(x)) return refuse(c, "allowed_token_ids", "'allowed_token_ids' must be a list of integers");
-            long long t = (long long)json_integer_value(x);
-            if (t < 0 || t >= vocab)
-                return refuse(c, "allowed_token_ids",
-                              "allowed_token_ids contains out-of-vocab token id %lld (vocabulary size: %lld)", t, vocab);
-            c->out->allowed_ids[i] = (int32_t)t;
-        }
-        sp->allowed_ids = c->out->allowed_ids;
-        sp->n_allowed = (int)n;
+    json_t *a = field(c, "allowed_token_ids"), *b = field(c, "logit_bias");
+    if (a && !json_is_array(a)) return refuse(c, "allowed_token_ids", "'allowed_token_ids' must be a list of token ids");
+    if (a && json_array_size(a) == 0) return refuse(c, "allowed_token_ids", "allowed_token_ids is not None and empty!");
+    if (b && !json_is_object(b)) return refuse(c, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+    size_t na = json_array_size(a), nb = json_object_size(b);
+    if (!na && !nb) return CS_OK;
+    /* one block: [na] allowed ids, [nb] biased ids, [nb] biases */
+    if (!(c->out->lists = malloc(sizeof(int32_t) * (na + nb) + sizeof(float) * nb)))
+        return cs_error_set(CS_ENOMEM, "out of memory");
+    int32_t *allowed = c->out->lists, *bias_ids = allowed + na;
+    float *bias = (float *)(bias_ids + nb);
+    for (size_t i = 0; i < na; i++) {
+        json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x)) return refuse(c, "allowed_token_ids", "'allowed_token_ids' must be a list of integers");
+        long long t = (long long)json_integer_value(x);
+        if (t < 0 || t >= vocab)
+            return refuse(c, "allowed_token_ids", "allowed_token_ids contains out-of-vocab token id %lld (vocabulary size: %lld)",
+                          t, vocab);
+        allowed[i] = (int32_t)t;
     }
-    json_t *b = field(c, "logit_bias");
-    if (!b) return CS_OK;
-    if (!json_is_object(b)) return refuse(c, "logit_bias", "'logit_bias' must be an object of token ids to biases");
-    size_t n = json_object_size(b);
-    if (!n) return CS_OK;
-    c->out->bias_ids = malloc(sizeof(int32_t) * n);
-    c->out->bias = malloc(sizeof(float) * n);
-    if (!c->out->bias_ids || !c->out->bias) return cs_error_set(CS_ENOMEM, "out of memory");
     const char *k;
     json_t *v;
     int i = 0;
-    json_object_foreach((json_t *)b, k, v) {
+    json_object_foreach(b, k, v) {
         char *end;
         errno = 0;
         long long t = strtoll(k, &end, 10);
@@ -271,11 +265,13 @@ static int token_lists(const ctx_t *c) {
         double d = json_number_value(v);
         if (!(d >= -100 && d <= 100))
             return refuse(c, "logit_bias", "logit_bias[\"%s\"] must be between -100 and 100, got %g", k, d);
-        c->out->bias_ids[i] = (int32_t)t;
-        c->out->bias[i++] = (float)d;
+        bias_ids[i] = (int32_t)t;
+        bias[i++] = (float)d;
     }
-    sp->bias_ids = c->out->bias_ids;
-    sp->bias = c->out->bias;
+    sp->allowed_ids = na ? allowed : NULL;
+    sp->n_allowed = (int)na;
+    sp->bias_ids = nb ? bias_ids : NULL;
+    sp->bias = nb ? bias : NULL;
     sp->n_bias = i;
     return CS_OK;
 }
@@ -368,10 +364,8 @@ void sampling_json_free(sampling_json_t *out) {
     if (!out) return;
     free(out->stop);
     free(out->stop_ids);
-    free(out->allowed_ids);
-    free(out->bias_ids);
-    free(out->bias);
+    free(out->lists);
     out->stop = NULL;
-    out->stop_ids = out->allowed_ids = out->bias_ids = NULL;
-    out->bias = NULL;
+    out->stop_ids = NULL;
+    out->lists = NULL;
 }

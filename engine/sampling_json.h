@@ -81,8 +81,8 @@ typedef struct sampling_json {
     int n_stop;
     int32_t *stop_ids;           /* malloc'd, not NULL when the request has "stop_token_ids" */
     int n_stop_ids;
-    int32_t *allowed_ids, *bias_ids; /* malloc'd; sampling points at them (OpenAI style only) */
-    float *bias;
+    void *lists;                 /* malloc'd: sampling's allowed ids and logit bias point into it
+                                    (OpenAI style only) */
     const char *param;           /* after an error: the parameter it is about (NULL: none) */
 } sampling_json_t;
 

@@ -111,9 +111,8 @@ struct gen_job {
 typedef struct gen_opts {
     engine_request_t rq;        /* sampling etc.; prompt/sink/user set per part */
     const char *stops[MAX_STOP_STRINGS];
-    int32_t *stop_ids;          /* the arrays rq points at (owned; api_request_drop or the submit frees) */
-    int32_t *allowed_ids, *bias_ids;
-    float *bias;
+    int32_t *stop_ids;          /* what rq points at (owned; api_request_drop or the submit frees) */
+    void *lists;                /* rq->sampling's allowed ids and logit bias */
 } gen_opts_t;
 
 /* A new job of n_parts prompts with n samples each, listed in s->jobs and holding the

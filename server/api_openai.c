@@ -157,11 +157,8 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
         rq->n_stop_token_ids = sj.n_stop_ids;
     }
     /* rq->sampling points at these (allowed_token_ids, logit_bias): the request owns them now */
-    o->allowed_ids = sj.allowed_ids;
-    o->bias_ids = sj.bias_ids;
-    o->bias = sj.bias;
-    sj.allowed_ids = sj.bias_ids = NULL;
-    sj.bias = NULL;
+    o->lists = sj.lists;
+    sj.lists = NULL;
     sampling_json_free(&sj);
     j->logprobs = rq->sampling.logprobs;
     if (!parse_n(s, b, j, o, n_prompts, e)) return false;
@@ -263,11 +260,9 @@ static gen_job_t *request_job(server_t *s, conn_t *cn, json_t *b, bool chat, int
 /* the arrays a request's engine_request_t points at */
 static void opts_free(gen_opts_t *o) {
     free(o->stop_ids);
-    free(o->allowed_ids);
-    free(o->bias_ids);
-    free(o->bias);
-    o->stop_ids = o->allowed_ids = o->bias_ids = NULL;
-    o->bias = NULL;
+    free(o->lists);
+    o->stop_ids = NULL;
+    o->lists = NULL;
 }
 
 /* a request refused after request_job: its job (if any) and the adapter's pin go */
