@@ -118,19 +118,10 @@ ad = cl.adapters()
 if [(a["name"], a["active_version"]) for a in ad] != [("pol", 10)]:
     reflib.fail(f"GET /v1/adapters: {ad}")
 # apply=abort_inflight: the running rollout on the old version is cut short
-res = []
-
-
-def start_long():
-    res.clear()
-    th = threading.Thread(target=lambda: res.append(cl.rollout([{"input_ids": PROMPT, "n": 2}], adapter="pol",
-                                                               sampling={"max_tokens": 1000, "ignore_eos": True})))
-    th.start()
-    return [th]
-
-
 # held running with tokens generated (engine paused) when the upload comes: cut short by construction
-th = srv.hold_running(start_long, "the rollout on version 10")[0]
+th, res = srv.hold_call(lambda: cl.rollout([{"input_ids": PROMPT, "n": 2}], adapter="pol",
+                                           sampling={"max_tokens": 1000, "ignore_eos": True}),
+                        "the rollout on version 10")
 r = cl.push_adapter("pol", 11, path=v_dirs[2], apply="abort_inflight")
 th.join()
 srv.resume()
@@ -187,17 +178,7 @@ for s in roll_pin()["groups"][0]["samples"]:
     if s["adapter_version"] != 3:
         reflib.fail("after activating 3, unpinned requests must run on it")
 # a pinned rollout is not cut by apply=abort_inflight, and goes on with its own version
-res = []
-
-
-def start_pinned():
-    res.clear()
-    th = threading.Thread(target=lambda: res.append(roll_pin(1, max_tokens=200, n=1)))
-    th.start()
-    return [th]
-
-
-th = srv.hold_running(start_pinned, "the pinned rollout")[0]
+th, res = srv.hold_call(lambda: roll_pin(1, max_tokens=200, n=1), "the pinned rollout")
 r = cl.push_adapter("pin", 4, path=v_dirs[0], apply="abort_inflight")
 srv.resume()
 th.join()
@@ -235,19 +216,10 @@ if [v["version"] for v in {a["name"]: a for a in cl.adapters()}["pin"]["versions
 # first tokens left under version 5; version_spans says where. The reference builds the same
 # thing in transformers: version 5's cache up to the switch, version 6 from there. The trainer's
 # sequence (pause keep, upload, resume) makes the switch land mid-sample whatever the timing.
-res = []
 body_pk = {"adapter": "pin", "sampling": {"max_tokens": 300, "temperature": 0, "ignore_eos": True},
            "groups": [{"input_ids": PROMPT}]}
-
-
-def start_pk():
-    res.clear()
-    th = threading.Thread(target=lambda: res.append(cl._call("POST", "/v1/rollout", body_pk)))
-    th.start()
-    return [th]
-
-
-th = srv.hold_running(start_pk, "the rollout on version 5")[0]  # its first tokens are out; paused (keep)
+# its first tokens are out; paused (keep)
+th, res = srv.hold_call(lambda: cl._call("POST", "/v1/rollout", body_pk), "the rollout on version 5")
 r = cl.push_adapter("pin", 6, path=v_dirs[2], apply="pause_keep")
 cl._call("POST", "/v1/resume", {})
 th.join()
