@@ -98,12 +98,12 @@ one() { # label build
         --threads "$THREADS" --precision "$PRECISION" 2>&1 >/dev/null | grep '^stats:')
     echo "{\"build\": \"$label\", \"kind\": \"forward\", \"stats\": $(printf '%s' "$st" | $PY -c 'import json,sys; print(json.dumps(sys.stdin.read()))')}" >> "$results"
     for c in 1:0 8:0 8:8 32:0; do
-        st=$("$b/caraserve" batch --model "$model" "${lora_args[@]}" --requests "$work/req-${c%%:*}-${c##*:}.jsonl" \
-            --threads "$THREADS" --precision "$PRECISION" --stats --max-num-seqs 64 --kv-cache-bytes 1G 2>&1 >/dev/null | grep '^{')
+        st=$(batch_stats "$b/caraserve" --model "$model" "${lora_args[@]}" --requests "$work/req-${c%%:*}-${c##*:}.jsonl" \
+            --precision "$PRECISION" --max-num-seqs 64 --kv-cache-bytes 1G)
         echo "{\"build\": \"$label\", \"kind\": \"decode\", \"config\": \"$c\", \"stats\": $st}" >> "$results"
     done
-    st=$("$b/caraserve" batch --model "$model" --requests "$work/prefill.jsonl" --threads "$THREADS" --stats \
-        --precision "$PRECISION" --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
+    st=$(batch_stats "$b/caraserve" --model "$model" --requests "$work/prefill.jsonl" --precision "$PRECISION" \
+        --max-num-batched-tokens "$PROMPT")
     echo "{\"build\": \"$label\", \"kind\": \"prefill\", \"stats\": $st}" >> "$results"
 }
 for r in $(seq "$REPS"); do

@@ -42,8 +42,8 @@ run() { # rep what
         flags=(--"$2")
         [ "$2" = compress ] && flags=(--no-mmap --compress-weights)
         [ "$2" = compress-only ] && flags=(--no-mmap --compress-weights-only)
-        st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/req.jsonl" "${flags[@]}" --precision "$PRECISION" \
-            --threads "$THREADS" --stats 2>&1 >/dev/null | grep '^{')
+        st=$(batch_stats "$BUILD/caraserve" --model "$model" --requests "$work/req.jsonl" "${flags[@]}" \
+            --precision "$PRECISION")
         echo "{\"rep\": $1, \"what\": \"$2\", \"stats\": $st}" >> "$results" ;;
     esac
 }

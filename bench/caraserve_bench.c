@@ -717,6 +717,18 @@ static char *request_body(const bench_t *b, const bw_request_t *q) {
     return s;
 }
 
+/* a transfer's handle and buffers, and the transfer; NULL does nothing */
+static void xfer_free(xfer_t *x) {
+    if (!x) return;
+    if (x->h) curl_easy_cleanup(x->h);
+    free(x->body);
+    free(x->line);
+    free(x->err_body);
+    free(x->stream_error);
+    free(x->smp);
+    free(x);
+}
+
 static int start_request(bench_t *b, const bw_request_t *q, bm_request_t *rec) {
     xfer_t *x = calloc(1, sizeof *x);
     if (!x) return cs_error_set(CS_ENOMEM, "out of memory");
@@ -725,9 +737,7 @@ static int start_request(bench_t *b, const bw_request_t *q, bm_request_t *rec) {
     x->body = request_body(b, q);
     x->h = curl_easy_init();
     if (!x->body || !x->h) {
-        free(x->body);
-        if (x->h) curl_easy_cleanup(x->h);
-        free(x);
+        xfer_free(x);
         return cs_error_set(CS_ENOMEM, "out of memory");
     }
     CURL *h = x->h;
@@ -751,9 +761,7 @@ static int start_request(bench_t *b, const bw_request_t *q, bm_request_t *rec) {
     rec->t_sent = now_rel(b);
     CURLMcode mc = curl_multi_add_handle(b->multi, h);
     if (mc != CURLM_OK) {
-        curl_easy_cleanup(h);
-        free(x->body);
-        free(x);
+        xfer_free(x);
         return cs_error_set(CS_EIO, "curl_multi_add_handle: %s", curl_multi_strerror(mc));
     }
     b->inflight++;
@@ -836,13 +844,7 @@ static void finish(bench_t *b, xfer_t *x, CURLcode res, const char *why) {
     else b->live = x->next;
     if (x->next) x->next->prev = x->prev;
     curl_multi_remove_handle(b->multi, x->h);
-    curl_easy_cleanup(x->h);
-    free(x->body);
-    free(x->line);
-    free(x->err_body);
-    free(x->stream_error);
-    free(x->smp);
-    free(x);
+    xfer_free(x);
     b->inflight--;
 }
 

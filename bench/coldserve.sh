@@ -36,22 +36,13 @@ wait_health() { # port: a 7B model takes a while to load
 
 envs=() devflag=(--device "$DEVICE")
 if [ "$DEVICE" = cuda ]; then
-    smodel="$CACHE/llama-7b-bf16"   # bench/gpu.sh's model and adapters, written the same way
-    [ -f "$smodel/config.json" ] || "$BUILD/caraserve-mkmodel" model --out "$smodel" --arch llama --hidden 4096 \
-        --layers 32 --heads 32 --intermediate 11008 --vocab 32000 --dtype bf16 --seed 7 --max-pos 4096 >&2
-    ranks=(8 16 32 64)
+    . bench/gpu_model.sh
+    gpu_model 7b 32   # bench/gpu.sh's model and adapters
     dirs=()
-    for i in $(seq 0 31); do
-        r=${ranks[$((i % 4))]}
-        a="$CACHE/llama-7b-lora-r$r-$i"
-        [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$smodel" --out "$a" --rank "$r" \
-            --alpha $((2 * r)) --dtype bf16 --seed $((100 + i)) >&2
-        dirs+=("$a:$r")
-    done
+    for i in "${!adapters[@]}"; do dirs+=("${adapters[$i]}:$((8 << (i % 4)))"); done
     desc="llama 7B-shaped (hidden 4096, 32 layers, intermediate 11008, vocab 32000), BF16"
 else
     . bench/lora16.sh   # $model (~50M) and its 16 adapters; free_port, wait_health
-    smodel=$model
     dirs=()
     for i in $(seq 0 15); do dirs+=("$CACHE/llama-50m-lora-r$((8 << (i % 4)))-$i:$((8 << (i % 4)))"); done
     envs=(CS_TEST_DEVICE=strict "CS_STRICT_GBPS=$GBPS")
@@ -73,7 +64,7 @@ done
 for mode in cpu-assist wait; do
     stop
     port=$(free_port)
-    env ${envs[@]+"${envs[@]}"} "$BUILD/caraserve" serve --model "$smodel" --served-model-name m --port "$port" \
+    env ${envs[@]+"${envs[@]}"} "$BUILD/caraserve" serve --model "$model" --served-model-name m --port "$port" \
         --threads "$THREADS" "${devflag[@]}" --max-loras "$SLOTS" --cold-start "$mode" --lora-modules "${mods[@]}" \
         2> "$work/serve-$mode.log" &
     pid=$!

@@ -17,6 +17,11 @@ mkdir -p "$CACHE" bench/results
 decode_tps() {
     "$PY" -c "import json,sys; s=json.loads(sys.argv[1]); print(round(s['decode_only_tokens']/s['decode_only_ms']*1e3,${2:-2}), 'tok/s')" "$1"
 }
+# batch_stats BIN [ARGS...]: the --stats JSON line of `BIN batch --threads $THREADS --stats ARGS`
+# (BIN: a caraserve binary; its output and its other stderr lines dropped)
+batch_stats() {
+    "$1" batch --threads "$THREADS" --stats "${@:2}" 2>&1 >/dev/null | grep '^{'
+}
 # bench_adapters [STEM]: lora_args: --lora ad0..ad7, eight rank-16 adapters of $model (all
 # targets, F32 as peft saves them), $CACHE/STEM-lora-r16-0..7 (STEM: llama-200m), written once
 bench_adapters() {

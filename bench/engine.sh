@@ -69,9 +69,8 @@ for r in $(seq "$REPS"); do
     fi
     for c in $configs; do
         b=${c%%:*} a=${c##*:}
-        st=$("$BUILD/caraserve" batch --model "$model" "${lora_args[@]}" --requests "$work/req-$b-$a.jsonl" \
-            --precision "$PRECISION" --lora-dtype "$LORA_DTYPE" --threads "$THREADS" --stats --max-num-seqs 64 \
-            --kv-cache-bytes 2G "${extra[@]}" 2>&1 >/dev/null | grep '^{')
+        st=$(batch_stats "$BUILD/caraserve" --model "$model" "${lora_args[@]}" --requests "$work/req-$b-$a.jsonl" \
+            --precision "$PRECISION" --lora-dtype "$LORA_DTYPE" --max-num-seqs 64 --kv-cache-bytes 2G "${extra[@]}")
         echo "{\"kind\": \"decode\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
         echo "rep $r batch $b adapters $a: $(decode_tps "$st")" >&2
         if [ "$c" = "32:0" ] && [ -x "$BUILD/bench/kernelbench" ]; then # the compute peak, right after batch 32
@@ -83,9 +82,8 @@ for r in $(seq "$REPS"); do
             [ -n "$bw" ] && echo "{\"kind\": \"membw_after\", \"rep\": $r, \"out\": $bw}" >> "$results"
         fi
     done
-    st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/prefill.jsonl" --threads "$THREADS" --stats \
-        --precision "$PRECISION" "${extra[@]}" \
-        --max-num-batched-tokens "$PROMPT" 2>&1 >/dev/null | grep '^{')
+    st=$(batch_stats "$BUILD/caraserve" --model "$model" --requests "$work/prefill.jsonl" --precision "$PRECISION" \
+        "${extra[@]}" --max-num-batched-tokens "$PROMPT")
     echo "{\"kind\": \"prefill\", \"rep\": $r, \"stats\": $st}" >> "$results"
     if [ -n "$gguf" ]; then
         js=$("$LLAMA_CPP_DIR/build/bin/llama-bench" -m "$gguf" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null \

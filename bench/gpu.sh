@@ -27,26 +27,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 if [ "$SHAPE" = tiny ]; then
-    shape=(--hidden 128 --layers 2 --heads 4 --intermediate 256 --vocab 512)
     PROMPTS="32 64" BATCHES="1 8" NAD=8
 else
-    shape=(--hidden 4096 --layers 32 --heads 32 --intermediate 11008 --vocab 32000)
     PROMPTS="512 2048" BATCHES="1 8 32 64" NAD=32
 fi
-model="$CACHE/llama-$SHAPE-bf16"
-if [ ! -f "$model/config.json" ]; then
-    echo "gpu.sh: writing $model (random BF16 weights)" >&2
-    "$BUILD/caraserve-mkmodel" model --out "$model" --arch llama "${shape[@]}" --dtype bf16 --seed 7 --max-pos 4096 >&2
-fi
-ranks=(8 16 32 64)
-adapters=()
-for i in $(seq 0 $((NAD - 1))); do
-    r=${ranks[$((i % 4))]}
-    a="$CACHE/llama-$SHAPE-lora-r$r-$i"
-    [ -f "$a/adapter_config.json" ] || "$BUILD/caraserve-mkmodel" adapter --model "$model" --out "$a" --rank "$r" \
-        --alpha $((2 * r)) --dtype bf16 --seed $((100 + i)) >&2
-    adapters+=("$a")
-done
+. bench/gpu_model.sh
+gpu_model "$SHAPE" "$NAD" # model and its NAD adapters
 
 device=(--device cuda)
 [ "${CS_TEST_DEVICE:-}" = cuda-emu ] && device=(--device cpu)

@@ -39,8 +39,8 @@ for r in $(seq "$REPS"); do
             for mode in default invariant; do
                 flag=()
                 [ "$mode" = invariant ] && flag=(--batch-invariant)
-                st=$("$BUILD/caraserve" batch --model "$m" --requests "$work/$kind.jsonl" --threads "$THREADS" --stats \
-                    --max-num-batched-tokens "$PROMPT" --max-num-seqs 64 --kv-cache-bytes 1G "${flag[@]}" 2>&1 >/dev/null | grep '^{')
+                st=$(batch_stats "$BUILD/caraserve" --model "$m" --requests "$work/$kind.jsonl" \
+                    --max-num-batched-tokens "$PROMPT" --max-num-seqs 64 --kv-cache-bytes 1G "${flag[@]}")
                 echo "{\"rep\": $r, \"model\": \"$(basename "$m")\", \"kind\": \"$kind\", \"mode\": \"$mode\", \"stats\": $st}" >> "$runs"
                 echo "rep $r $(basename "$m") $kind $mode" >&2
             done

@@ -36,9 +36,8 @@ for r in $(seq "$REPS"); do
     for c in $configs; do
         b=${c%%:*} p=${c##*:}
         for kv in f32 bf16; do
-            st=$("$BUILD/caraserve" batch --model "$model" --requests "$work/req-$b-$p.jsonl" --precision "$PRECISION" \
-                --kv-cache-dtype "$kv" --threads "$THREADS" --stats --max-num-seqs 64 --kv-cache-bytes 2G 2>&1 >/dev/null \
-                | grep '^{')
+            st=$(batch_stats "$BUILD/caraserve" --model "$model" --requests "$work/req-$b-$p.jsonl" --precision "$PRECISION" \
+                --kv-cache-dtype "$kv" --max-num-seqs 64 --kv-cache-bytes 2G)
             echo "{\"rep\": $r, \"batch\": $b, \"prompt\": $p, \"kv\": \"$kv\", \"stats\": $st}" >> "$results"
             echo "rep $r batch $b prompt $p kv $kv: $(decode_tps "$st")" >&2
         done

@@ -44,8 +44,8 @@ builds=("new:$BUILD")
 [ -n "${BASE_BUILD:-}" ] && builds+=("base:$BASE_BUILD")
 results="$work/runs.jsonl"
 : > "$results"
-path=$("$BUILD/caraserve" batch --model "$model" --requests /dev/null --threads "$THREADS" --stats 2>&1 >/dev/null \
-    | grep '^{' | $PY -c "import json,sys; s=json.load(sys.stdin); print(s.get('backend', {}).get('kernels', '?'))" || echo "?")
+path=$(batch_stats "$BUILD/caraserve" --model "$model" --requests /dev/null \
+    | $PY -c "import json,sys; s=json.load(sys.stdin); print(s.get('backend', {}).get('kernels', '?'))" || echo "?")
 for r in $(seq "$REPS"); do
     for bb in "${builds[@]}"; do
         name=${bb%%:*} dir=${bb#*:}
@@ -57,8 +57,8 @@ for r in $(seq "$REPS"); do
             f32) la=("${args_f32[@]}") ;;
             bf16) la=("${args_bf16[@]}") ;;
             esac
-            st=$("$dir/caraserve" batch --model "$model" "${la[@]}" --requests "$req" --threads "$THREADS" --stats \
-                --max-num-seqs 64 --kv-cache-bytes 1G 2>&1 >/dev/null | grep '^{')
+            st=$(batch_stats "$dir/caraserve" --model "$model" "${la[@]}" --requests "$req" --max-num-seqs 64 \
+                --kv-cache-bytes 1G)
             echo "{\"rep\": $r, \"build\": \"$name\", \"config\": \"$cfg\", \"stats\": $st}" >> "$results"
             echo "rep $r $name $cfg: $(decode_tps "$st")" >&2
         done

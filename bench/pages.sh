@@ -47,8 +47,8 @@ for r in $(seq "$REPS"); do
             extra=()
             [ "$c" = batch8_8ad ] && extra=("${lora_args[@]}" --lora-dtype bf16 --preload-adapters)
             t0=$(now_ms)
-            st=$("$BUILD/caraserve" batch --model "$model" "${extra[@]}" --requests "$work/$c.jsonl" --"$m" \
-                --precision "$PRECISION" --threads "$THREADS" --stats --max-num-seqs 64 2>&1 >/dev/null | grep '^{')
+            st=$(batch_stats "$BUILD/caraserve" --model "$model" "${extra[@]}" --requests "$work/$c.jsonl" --"$m" \
+                --precision "$PRECISION" --max-num-seqs 64)
             t1=$(now_ms)
             echo "{\"rep\": $r, \"config\": \"$c\", \"mode\": \"$m\", \"process_ms\": $((t1 - t0)), \"stats\": $st}" >> "$results"
         done

@@ -11,6 +11,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 import reflib
 
 VOCAB = 512
+ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def perturb(model, seed, std=0.08):
@@ -83,6 +84,17 @@ def make_adapter(model_dir, ref_cls_model, r, alpha, targets, rslora=False, rank
     return d, ref
 
 
+def make_adapters(model_dir, ref_cls_model, ranks, seed, dtypes=None):
+    """[(NAME, DIR)]: adapter a<k> of rank RANKS[k] and alpha 2 x rank on all seven projections,
+    its weights seeded SEED + k, saved in DTYPES[k] (float32 without DTYPES)"""
+    loras = []
+    for k, r in enumerate(ranks):
+        d, _ = make_adapter(model_dir, ref_cls_model, r=r, alpha=2 * r, targets=ALL_PROJ, seed=seed + k,
+                            dtype=dtypes[k] if dtypes else "float32")
+        loras.append((f"a{k}", d))
+    return loras
+
+
 def mixed_workload(rng, adapters, max_tokens=10):
     """18 `caraserve batch` requests mixing the adapters and the base model in one batch:
     prompts of 1-70 tokens, every third sharing a 40-token prefix (the prefix cache), greedy and
@@ -130,3 +142,14 @@ def run_batch(model_dir, requests, loras, args=(), env=None, what=""):
         reflib.fail(f"{' '.join(cmd)} ({what})\nexit {p.returncode}\n{p.stderr[-3000:]}")
     stats = [json.loads(x) for x in p.stderr.splitlines() if x.startswith("{")]
     return p.stdout.splitlines(), (stats[-1] if stats else {})
+
+
+def paired_lines(what, a, b):
+    """the output lines (parsed) of two run_batch runs of one workload, side by side: the test
+    fails, naming WHAT, unless they are as many and their ids in the same order"""
+    if len(a) != len(b):
+        reflib.fail(f"{what}: {len(a)} and {len(b)} output lines")
+    for x, y in zip(a, b):
+        if x.get("id") != y.get("id"):
+            reflib.fail(f"{what}: lines out of order: {x.get('id')} vs {y.get('id')}")
+    return list(zip(a, b))

@@ -125,6 +125,19 @@ class Server:
                 t.join()
         reflib.fail(f"{what} finished before the engine could be paused, {tries} times")
 
+    def hold_call(self, call, what="the request"):
+        """hold_running for one request: CALL() runs on a thread of its own (a new one on each
+        try). Returns that thread and the list its result is appended to once CALL returns
+        (emptied on each try); the caller resumes the engine."""
+        res = []
+
+        def start():
+            res.clear()
+            th = threading.Thread(target=lambda: res.append(call()))
+            th.start()
+            return [th]
+        return self.hold_running(start, what)[0], res
+
     def raw(self, data, what="a raw request"):
         """Send DATA on a new connection and read until the server closes it (the bytes)."""
         sock = socket.create_connection(("127.0.0.1", self.port))

@@ -33,11 +33,10 @@ import reflib  # noqa: E402
 import serverlib  # noqa: E402
 
 import transformers  # noqa: E402
-from hfmodels import make_adapter, make_model, mixed_workload, run_batch  # noqa: E402
+from hfmodels import make_adapters, make_model, mixed_workload, paired_lines, run_batch  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 TOL = 1e-5
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def run(model_dir, requests, loras, strict, extra=(), env_extra=None):
@@ -49,12 +48,8 @@ def run(model_dir, requests, loras, strict, extra=(), env_extra=None):
 
 def compare(what, warm, cold):
     """same tokens, logprobs within TOL; returns the largest difference"""
-    if len(warm) != len(cold):
-        reflib.fail(f"{what}: {len(warm)} and {len(cold)} output lines")
     worst = 0.0
-    for a, b in zip(warm, cold):
-        if a.get("id") != b.get("id"):
-            reflib.fail(f"{what}: lines out of order: {a.get('id')} vs {b.get('id')}")
+    for a, b in paired_lines(what, warm, cold):
         if "samples" not in a or "samples" not in b:
             reflib.fail(f"{what}: request {a.get('id')} has no samples:\n  warm: {str(a)[:300]}\n  cold: {str(b)[:300]}")
         for sa, sb in zip(a["samples"], b["samples"]):
@@ -75,11 +70,7 @@ def compare(what, warm, cold):
 
 
 model_dir, ref = make_model("llama", dtype="float32", kv_heads=2, layers=8, seed=11)
-loras = []
-for k, r in enumerate((4, 8, 16)):
-    d, _ = make_adapter(model_dir, ref, r=r, alpha=2 * r, targets=ALL, seed=40 + k,
-                        dtype="bfloat16" if k == 1 else "float32")
-    loras.append((f"a{k}", d))
+loras = make_adapters(model_dir, ref, (4, 8, 16), seed=40, dtypes=("float32", "bfloat16", "float32"))
 rng = random.Random(3)
 reqs = mixed_workload(rng, [n for n, _ in loras])
 warm, warm_stats = run(model_dir, reqs, loras, strict=False, extra=("--preload-adapters",))

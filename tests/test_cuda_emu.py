@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
 
 import transformers  # noqa: E402
-from hfmodels import make_adapter, make_model, mixed_workload, run_batch  # noqa: E402
+from hfmodels import make_adapters, make_model, mixed_workload, paired_lines, run_batch  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 TOL = 2e-5
@@ -51,12 +51,8 @@ def samples(line):
 
 def compare(what, cpu, dev):
     """every sample's tokens equal, every logprob (chosen and top-5) within TOL; the largest gap"""
-    if len(cpu) != len(dev):
-        reflib.fail(f"{what}: {len(cpu)} and {len(dev)} output lines")
     worst = 0.0
-    for a, b in zip(cpu, dev):
-        if a.get("id") != b.get("id"):
-            reflib.fail(f"{what}: lines out of order: {a.get('id')} vs {b.get('id')}")
+    for a, b in paired_lines(what, cpu, dev):
         for sa, sb in zip(samples(a), samples(b), strict=True):
             if sa.get("tokens") != sb.get("tokens"):
                 reflib.fail(f"{what}: request {a['id']}: tokens {sa.get('tokens')} on the CPU, {sb.get('tokens')} on "
@@ -91,12 +87,7 @@ def flatten(v):
 rng = random.Random(5)
 for kind, kv_heads in (("llama", 2), ("qwen2", 4)):
     model_dir, ref = make_model(kind, dtype="float32", kv_heads=kv_heads, seed=13)
-    loras = []
-    for k, r in enumerate((4, 8, 16)):
-        d, _ = make_adapter(model_dir, ref, r=r, alpha=2 * r,
-                            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-                            seed=60 + k, dtype="bfloat16" if k == 1 else "float32")
-        loras.append((f"a{k}", d))
+    loras = make_adapters(model_dir, ref, (4, 8, 16), seed=60, dtypes=("float32", "bfloat16", "float32"))
     reqs = mixed_workload(rng, [n for n, _ in loras], max_tokens=8)
     cpu, _ = run(model_dir, reqs, loras, None)
     dev, st = run(model_dir, reqs, loras, NAME)

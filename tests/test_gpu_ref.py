@@ -33,7 +33,7 @@ import reflib  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from hfmodels import VOCAB, make_adapter, make_model  # noqa: E402
+from hfmodels import VOCAB, make_adapters, make_model  # noqa: E402
 from peft import PeftModel  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
@@ -128,12 +128,7 @@ rng = random.Random(11)
 total = 0
 for kind, kv_heads in (("llama", 2), ("qwen2", 4)):
     model_dir, ref32 = make_model(kind, dtype="bfloat16", kv_heads=kv_heads, seed=17)
-    loras = []
-    for k, r in enumerate((8, 16, 32)):
-        d, _ = make_adapter(model_dir, ref32, r=r, alpha=2 * r,
-                            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-                            seed=70 + k, dtype="bfloat16")
-        loras.append((f"a{k}", d))
+    loras = make_adapters(model_dir, ref32, (8, 16, 32), seed=70, dtypes=("bfloat16",) * 3)
     reqs = []
     for i in range(12):
         prompt = [1] + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(4, 60))]

@@ -221,20 +221,9 @@ print(f"ok  target_groups 4 of 8: 4 completed, 4 aborted with partial tokens "
       f"({[len(g['samples'][0]['output_ids']) for g in aborted]}); continue_from reproduces the uninterrupted "
       f"greedy runs token for token")
 
-res = []
-
-
-def start_long():
-    res.clear()
-    th = threading.Thread(target=lambda: res.append(rollout({"batch_id": "long", "sampling": {"max_tokens": 1500,
-                                                                                               "ignore_eos": True},
-                                                             "groups": [{"input_ids": prompts[0], "n": 2}]})))
-    th.start()
-    return [th]
-
-
 # held running with tokens generated (engine paused), then aborted: partial by construction
-th = srv.hold_running(start_long, "the long rollout")[0]
+th, res = srv.hold_call(lambda: rollout({"batch_id": "long", "sampling": {"max_tokens": 1500, "ignore_eos": True},
+                                         "groups": [{"input_ids": prompts[0], "n": 2}]}), "the long rollout")
 st, ab, _ = srv.request("POST", "/v1/rollout/abort", {"batch_id": "long"})
 th.join()
 srv.resume()
@@ -256,18 +245,9 @@ st, genb, _ = srv.request("POST", "/generate", {"input_ids": [long_prompts[0], l
                                                                     "ignore_eos": True}})
 if st != 200 or [g["output_ids"] for g in genb] != [want["0"], want["2"]]:
     reflib.fail(f"/generate batch: {st} {genb}")
-res = []
-
-
-def start_slow():
-    res.clear()
-    th = threading.Thread(target=lambda: res.append(srv.request("POST", "/generate", {
-        "input_ids": prompts[0], "rid": "slow", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})))
-    th.start()
-    return [th]
-
-
-th = srv.hold_running(start_slow, "the slow /generate")[0]
+th, res = srv.hold_call(lambda: srv.request("POST", "/generate", {
+    "input_ids": prompts[0], "rid": "slow", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}),
+    "the slow /generate")
 st, ab, _ = srv.request("POST", "/abort_request", {"rid": "slow"})
 th.join()
 srv.resume()

@@ -64,6 +64,18 @@ def check(version, ref, what):
             reflib.fail(f"{what}: logprobs differ from peft with version {version}'s weights by {worst:.2e}")
 
 
+def refused(status, what, call):
+    """CALL() must be refused with HTTP STATUS (a RolloutError); the test fails, naming WHAT,
+    otherwise. Returns the error."""
+    try:
+        call()
+    except RolloutError as e:
+        if e.status != status:
+            reflib.fail(f"{what}: {e}")
+        return e
+    reflib.fail(f"{what} must be refused")
+
+
 with open(os.path.join(v_dirs[0], "adapter_model.safetensors"), "rb") as f:
     r = cl.push_adapter("pol", 3, f.read(), lora_alpha=16)
 if r["version"] != 3 or r["active_version"] != 3 or r["bytes"] <= 0:
@@ -74,18 +86,8 @@ if r["kept_versions"] != [3, 10]:
     reflib.fail(f"keep_versions=2: {r}")
 check(10, v_refs[1], "path upload v10")
 for bad_v in (10, 4):
-    try:
-        cl.push_adapter("pol", bad_v, path=v_dirs[2])
-        reflib.fail(f"version {bad_v} after 10 must be refused")
-    except RolloutError as e:
-        if e.status != 409:
-            reflib.fail(f"version {bad_v}: {e}")
-try:
-    cl._call("DELETE", "/v1/adapters/pol/versions/10")
-    reflib.fail("deleting the active version must be refused")
-except RolloutError as e:
-    if e.status != 409:
-        reflib.fail(f"delete active: {e}")
+    refused(409, f"version {bad_v} after 10", lambda: cl.push_adapter("pol", bad_v, path=v_dirs[2]))
+refused(409, "deleting the active version", lambda: cl._call("DELETE", "/v1/adapters/pol/versions/10"))
 v3_dirs = glob.glob(os.path.join(upload_dir, "pol", "v3-*"))
 if len(v3_dirs) != 1 or not os.path.exists(os.path.join(v3_dirs[0], "adapter_model.safetensors")):
     reflib.fail(f"the raw upload of version 3 should be stored while it is kept: {v3_dirs}")
@@ -98,39 +100,20 @@ with open(os.path.join(v_dirs[2], "adapter_model.safetensors"), "rb") as f:
     other = f.read()
 before = {d: open(os.path.join(d, "adapter_model.safetensors"), "rb").read()
           for d in glob.glob(os.path.join(upload_dir, "pol", "v*"))}
-try:
-    cl.push_adapter("pol", 10, other, lora_alpha=16)
-    reflib.fail("re-uploading version 10 must be refused")
-except RolloutError as e:
-    if e.status != 409:
-        reflib.fail(f"re-upload of version 10: {e}")
+refused(409, "re-uploading version 10", lambda: cl.push_adapter("pol", 10, other, lora_alpha=16))
 after = {d: open(os.path.join(d, "adapter_model.safetensors"), "rb").read()
          for d in glob.glob(os.path.join(upload_dir, "pol", "v*"))}
 if after != before:
     reflib.fail("a refused upload changed or left files in the upload directory")
-try:
-    cl._call("DELETE", "/v1/adapters/pol/versions/3")
-    reflib.fail("deleting a version no longer kept must be refused")
-except RolloutError as e:
-    if e.status != 404:
-        reflib.fail(f"delete again: {e}")
+refused(404, "deleting a version no longer kept", lambda: cl._call("DELETE", "/v1/adapters/pol/versions/3"))
 ad = cl.adapters()
 if [(a["name"], a["active_version"]) for a in ad] != [("pol", 10)]:
     reflib.fail(f"GET /v1/adapters: {ad}")
 # apply=abort_inflight: the running rollout on the old version is cut short
-res = []
-
-
-def start_long():
-    res.clear()
-    th = threading.Thread(target=lambda: res.append(cl.rollout([{"input_ids": PROMPT, "n": 2}], adapter="pol",
-                                                               sampling={"max_tokens": 1000, "ignore_eos": True})))
-    th.start()
-    return [th]
-
-
 # held running with tokens generated (engine paused) when the upload comes: cut short by construction
-th = srv.hold_running(start_long, "the rollout on version 10")[0]
+th, res = srv.hold_call(lambda: cl.rollout([{"input_ids": PROMPT, "n": 2}], adapter="pol",
+                                           sampling={"max_tokens": 1000, "ignore_eos": True}),
+                        "the rollout on version 10")
 r = cl.push_adapter("pol", 11, path=v_dirs[2], apply="abort_inflight")
 th.join()
 srv.resume()
@@ -174,12 +157,9 @@ for want, pin in ((2, None), (1, 1), (3, 3), (2, 2)):
         if s["adapter_version"] != want or s["version_spans"] != [[0, 8, want]]:
             reflib.fail(f"pinned {pin}: sample on version {s['adapter_version']} spans {s['version_spans']}, want {want}")
         check_sample(s, ref_of(want), PROMPT, f"pinned version {pin}")
-try:
-    roll_pin(7)
-    reflib.fail("a version that is not kept must be refused")
-except RolloutError as e:
-    if e.status != 404 or "kept versions: 1, 2, 3" not in str(e):
-        reflib.fail(f"pin to version 7: {e}")
+e = refused(404, "pinning a version that is not kept", lambda: roll_pin(7))
+if "kept versions: 1, 2, 3" not in str(e):
+    reflib.fail(f"pin to version 7: {e}")
 r = cl.activate_adapter("pin", 3)
 if r["active_version"] != 3:
     reflib.fail(f"activate staged version 3: {r}")
@@ -187,17 +167,7 @@ for s in roll_pin()["groups"][0]["samples"]:
     if s["adapter_version"] != 3:
         reflib.fail("after activating 3, unpinned requests must run on it")
 # a pinned rollout is not cut by apply=abort_inflight, and goes on with its own version
-res = []
-
-
-def start_pinned():
-    res.clear()
-    th = threading.Thread(target=lambda: res.append(roll_pin(1, max_tokens=200, n=1)))
-    th.start()
-    return [th]
-
-
-th = srv.hold_running(start_pinned, "the pinned rollout")[0]
+th, res = srv.hold_call(lambda: roll_pin(1, max_tokens=200, n=1), "the pinned rollout")
 r = cl.push_adapter("pin", 4, path=v_dirs[0], apply="abort_inflight")
 srv.resume()
 th.join()
@@ -214,12 +184,7 @@ th = threading.Thread(target=lambda: res.append(roll_pin(3)))
 th.start()
 wait_for(lambda: srv.metrics()[1]["caraserve_num_requests_waiting"] >= 1, 120, "the pinned rollout to queue")
 r = cl.push_adapter("pin", 5, path=v_dirs[1], keep_versions=1)
-try:
-    cl.delete_adapter_version("pin", 3)
-    reflib.fail("deleting a version a queued request is pinned to must be refused")
-except RolloutError as e:
-    if e.status != 409:
-        reflib.fail(f"delete a pinned version: {e}")
+refused(409, "deleting a version a queued request is pinned to", lambda: cl.delete_adapter_version("pin", 3))
 cl._call("POST", "/v1/resume", {})
 th.join()
 if r["kept_versions"] != [3, 5]:
@@ -235,19 +200,10 @@ if [v["version"] for v in {a["name"]: a for a in cl.adapters()}["pin"]["versions
 # first tokens left under version 5; version_spans says where. The reference builds the same
 # thing in transformers: version 5's cache up to the switch, version 6 from there. The trainer's
 # sequence (pause keep, upload, resume) makes the switch land mid-sample whatever the timing.
-res = []
 body_pk = {"adapter": "pin", "sampling": {"max_tokens": 300, "temperature": 0, "ignore_eos": True},
            "groups": [{"input_ids": PROMPT}]}
-
-
-def start_pk():
-    res.clear()
-    th = threading.Thread(target=lambda: res.append(cl._call("POST", "/v1/rollout", body_pk)))
-    th.start()
-    return [th]
-
-
-th = srv.hold_running(start_pk, "the rollout on version 5")[0]  # its first tokens are out; paused (keep)
+# its first tokens are out; paused (keep)
+th, res = srv.hold_call(lambda: cl._call("POST", "/v1/rollout", body_pk), "the rollout on version 5")
 r = cl.push_adapter("pin", 6, path=v_dirs[2], apply="pause_keep")
 cl._call("POST", "/v1/resume", {})
 th.join()

@@ -393,18 +393,11 @@ gen = v[GEN]
 if gen >= LONG_GEN:
     reflib.fail(f"the hung-up request generated {gen} tokens")
 print(f"ok  a non-streaming client that hangs up while its request runs: aborted after {int(gen)} of {LONG_GEN} tokens")
-res = []
-
-
 def long_request(server):
-    th = threading.Thread(target=lambda: res.append(server.request("POST", "/v1/completions",
-                                                                   {"prompt": "Go", "max_tokens": LONG_GEN,
-                                                                    "ignore_eos": True})))
-    th.start()
-    return [th]
+    return server.request("POST", "/v1/completions", {"prompt": "Go", "max_tokens": LONG_GEN, "ignore_eos": True})
 
 
-th = s3.hold_running(lambda: long_request(s3), "the long request")[0]
+th, res = s3.hold_call(lambda: long_request(s3), "the long request")
 s3.proc.send_signal(signal.SIGINT)  # draining lifts the pause; 0.3 s later the request is aborted
 th.join()
 rc = s3.stop()
@@ -417,8 +410,7 @@ print("ok  SIGINT with --shutdown-timeout 0.3: the long request ends as aborted,
 # and the request in flight goes on; a second signal stops the wait (SIGINT: do not wait)
 s4 = Server(["--model", model_dir, "--threads", "2", "--kv-cache-bytes", "32M", "--shutdown-timeout", "600",
              "--max-model-len", str(LONG_GEN + 64)])
-res = []
-th = s4.hold_running(lambda: long_request(s4), "the long request")[0]
+th, res = s4.hold_call(lambda: long_request(s4), "the long request")
 s4.resume()
 s4.proc.send_signal(signal.SIGTERM)
 wait_for(lambda: s4.request("GET", "/health")[0] == 503 or None, 120, "/health to say 503 once the drain began")

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
 
 import transformers  # noqa: E402
-from hfmodels import make_adapter, make_model, mixed_workload, run_batch  # noqa: E402
+from hfmodels import make_adapters, make_model, mixed_workload, run_batch  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -38,12 +38,8 @@ rng = random.Random(3)
 cases = 0
 for kind, dtype, kv_heads in (("llama", "float32", 2), ("qwen2", "bfloat16", 4)):
     model_dir, ref = make_model(kind, dtype=dtype, kv_heads=kv_heads, seed=11)
-    loras = []
-    for k, r in enumerate((4, 8, 16)):
-        d, _ = make_adapter(model_dir, ref, r=r, alpha=2 * r,
-                            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-                            seed=40 + k, dtype="bfloat16" if k == 1 else "float32")  # a BF16 slot among F32 ones
-        loras.append((f"a{k}", d))
+    # a BF16 slot among F32 ones
+    loras = make_adapters(model_dir, ref, (4, 8, 16), seed=40, dtypes=("float32", "bfloat16", "float32"))
     reqs = mixed_workload(rng, [n for n, _ in loras])
     cpu, cpu_stats = run(model_dir, reqs, loras, strict=False)
     dev, dev_stats = run(model_dir, reqs, loras, strict=True)

@@ -37,41 +37,36 @@ static double now(void) {
 
 /* ---- FMA peak ---- */
 #define PEAK_ITERS 20000000L
+/* the peak loop: ten accumulators a[i] of vector type T (set to i by SET1), each updated
+ * independently by STEP (an expression of a[i]) PEAK_ITERS times, so no instruction waits for
+ * another's result; then summed with ADD into s */
+#define PEAK_LOOP(T, SET1, ADD, STEP)                                  \
+    T a[10];                                                           \
+    for (int i = 0; i < 10; i++) a[i] = SET1((float)i);                \
+    for (long it = 0; it < PEAK_ITERS; it++)                           \
+        _Pragma("GCC unroll 10") for (int i = 0; i < 10; i++) a[i] = STEP; \
+    T s = a[0];                                                        \
+    for (int i = 1; i < 10; i++) s = ADD(s, a[i])
+
 __attribute__((target("avx2,fma"))) static void *fma_avx2(void *arg) {
-    __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < 10; i++) a[i] = _mm256_set1_ps((float)i);
-    for (long it = 0; it < PEAK_ITERS; it++)
-#pragma GCC unroll 10
-        for (int i = 0; i < 10; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
-    __m256 s = a[0];
-    for (int i = 1; i < 10; i++) s = _mm256_add_ps(s, a[i]);
+    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    PEAK_LOOP(__m256, _mm256_set1_ps, _mm256_add_ps, _mm256_fmadd_ps(a[i], m, c));
     float t[8];
     _mm256_storeu_ps(t, s);
     *(float *)arg = t[0];
     return NULL;
 }
 __attribute__((target("avx512f"))) static void *fma_avx512(void *arg) {
-    __m512 a[10], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < 10; i++) a[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < PEAK_ITERS; it++)
-#pragma GCC unroll 10
-        for (int i = 0; i < 10; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
-    __m512 s = a[0];
-    for (int i = 1; i < 10; i++) s = _mm512_add_ps(s, a[i]);
+    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    PEAK_LOOP(__m512, _mm512_set1_ps, _mm512_add_ps, _mm512_fmadd_ps(a[i], m, c));
     *(float *)arg = _mm512_reduce_add_ps(s);
     return NULL;
 }
 
 /* vdpbf16ps on independent registers: 32 multiply-adds (64 flops) per instruction */
 __attribute__((target("avx512f,avx512bf16"))) static void *dp_bf16(void *arg) {
-    __m512 a[10];
     __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x3f803f81);
-    for (int i = 0; i < 10; i++) a[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < PEAK_ITERS; it++)
-#pragma GCC unroll 10
-        for (int i = 0; i < 10; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
-    __m512 s = a[0];
-    for (int i = 1; i < 10; i++) s = _mm512_add_ps(s, a[i]);
+    PEAK_LOOP(__m512, _mm512_set1_ps, _mm512_add_ps, _mm512_dpbf16_ps(a[i], x, y));
     *(float *)arg = _mm512_reduce_add_ps(s);
     return NULL;
 }
