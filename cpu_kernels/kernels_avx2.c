@@ -273,7 +273,7 @@ AVX2 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const
 #define SPLIT2_ROW_BLOCK 10
 
 AVX2 void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, int i1) {
-    size_t kp = (size_t)(K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    size_t kp = split_kp(K);
     (void)n;
     for (int i = i0; i < i1; i++) {
         const float *src = x + (size_t)i * K;
@@ -433,7 +433,7 @@ static int split2_group(int m) {
 AVX2 void cs_gemm_split_avx2(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1) {
     const uint16_t *wd = w->data;
     int cols = w->cols;
-    size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    size_t kp = split_kp(cols);
     for (int rb = r0; rb < r1; rb += SPLIT2_ROW_BLOCK) {
         int re = rb + SPLIT2_ROW_BLOCK < r1 ? rb + SPLIT2_ROW_BLOCK : r1;
         for (int i = 0, m; i < n; i += m) {

@@ -430,7 +430,7 @@ size_t cs_split_xs_len(int n, int K) { return (size_t)n * (size_t)((K + CS_SPLIT
 AVX512 void cs_split_pack_x_avx512(float *xs, const float *x, int n, int K, int i0, int i1) {
     const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    size_t kp = (size_t)(K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    size_t kp = split_kp(K);
     (void)n;
     for (int i = i0; i < i1; i++) {
         const float *src = x + (size_t)i * K;
@@ -512,7 +512,7 @@ AVX512 INLINE void split_rows(float *y, int ldy, const float *xs, size_t kp, con
 AVX512 void cs_gemm_split_avx512(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1) {
     const uint16_t *wd = w->data;
     int cols = w->cols;
-    size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    size_t kp = split_kp(cols);
     for (int rb = r0; rb < r1; rb += SPLIT_ROW_BLOCK) {
         int re = rb + SPLIT_ROW_BLOCK < r1 ? rb + SPLIT_ROW_BLOCK : r1;
         int i = 0;
