@@ -82,15 +82,21 @@ typedef struct cpu_ctx {
 
 static cpu_ctx_t *ctx_of(cpu_raw_t *b) { return b->ctx; }
 
+/* buf, or a new buffer in its place when it holds fewer than need elements of es bytes (64-byte
+ * aligned; the contents are not kept); *len is what it holds */
+static void *buf_reserve(void *buf, size_t *len, size_t need, size_t es) {
+    if (*len >= need) return buf;
+    free(buf);
+    buf = cs_aligned_alloc(64, need * es);
+    CS_ASSERT(buf);
+    *len = need;
+    return buf;
+}
+
 /* make every thread's scratch hold at least n floats (called before a parallel run) */
 static void scratch_reserve(cpu_ctx_t *c, size_t n) {
-    for (int t = 0; t < c->n_threads; t++) {
-        if (c->scratch_len[t] >= n) continue;
-        free(c->scratch[t]);
-        c->scratch[t] = cs_aligned_alloc(64, n * sizeof(float));
-        CS_ASSERT(c->scratch[t]);
-        c->scratch_len[t] = n;
-    }
+    for (int t = 0; t < c->n_threads; t++)
+        c->scratch[t] = buf_reserve(c->scratch[t], &c->scratch_len[t], n, sizeof(float));
 }
 
 
@@ -145,12 +151,8 @@ static void run_rows(cpu_ctx_t *c, const cs_weight_t *w, int thread, int r0, int
     const cs_wcode_t *code = w->code;
     if (chunk <= 0) chunk = r1 - r0;
     size_t need = (size_t)chunk * (size_t)w->cols;
-    if (c->wdec_len[thread] < need) { /* this thread's own slot: no other task touches it */
-        free(c->wdec[thread]);
-        c->wdec[thread] = cs_aligned_alloc(64, need * sizeof(uint16_t));
-        CS_ASSERT(c->wdec[thread]);
-        c->wdec_len[thread] = need;
-    }
+    /* this thread's own slot: no other task touches it */
+    c->wdec[thread] = buf_reserve(c->wdec[thread], &c->wdec_len[thread], need, sizeof(uint16_t));
     for (int a = r0; a < r1; a += chunk) {
         int z = CS_MIN(a + chunk, r1);
         c->wdecode(c->wdec[thread], code, a, z);
@@ -243,12 +245,7 @@ static void mm_amx_task(void *p, int task, int thread) {
 
 /* x rounded to BF16 into the context's buffer (--precision bf16) */
 static const float *round_input(cpu_ctx_t *c, const float *x, size_t count) {
-    if (c->xround_len < count) {
-        free(c->xround);
-        c->xround = cs_aligned_alloc(64, count * sizeof(float));
-        CS_ASSERT(c->xround);
-        c->xround_len = count;
-    }
+    c->xround = buf_reserve(c->xround, &c->xround_len, count, sizeof(float));
     if (c->avx512 && !c->reference) cs_round_bf16_avx512(c->xround, x, count);
     else if (c->avx2 && !c->reference) cs_round_bf16_avx2(c->xround, x, count);
     else cs_round_bf16_ref(c->xround, x, count);
@@ -256,11 +253,7 @@ static const float *round_input(cpu_ctx_t *c, const float *x, size_t count) {
 }
 
 static void xpack_reserve(cpu_ctx_t *c, size_t need) {
-    if (c->xpack_len >= need) return;
-    free(c->xpack);
-    c->xpack = cs_aligned_alloc(64, need * sizeof(uint16_t));
-    CS_ASSERT(c->xpack);
-    c->xpack_len = need;
+    c->xpack = buf_reserve(c->xpack, &c->xpack_len, need, sizeof(uint16_t));
 }
 
 static void mm_dp_pack_task(void *p, int task, int thread) {
@@ -1033,12 +1026,7 @@ static void cpu_attention_paged(cpu_raw_t *b, float *out, const float *q, const 
             vs = (const float *)v + (size_t)sq->blocks[0] * bs * kv_dim;
         } else {
             size_t need = (size_t)len * kv_dim * 2;
-            if (c->gather_len < need) {
-                free(c->gather);
-                c->gather = cs_aligned_alloc(64, need * sizeof(float));
-                CS_ASSERT(c->gather);
-                c->gather_len = need;
-            }
+            c->gather = buf_reserve(c->gather, &c->gather_len, need, sizeof(float));
             float *kg = c->gather, *vg = c->gather + (size_t)len * kv_dim;
             for (int i = 0; i < nb; i++) {
                 size_t rows = (size_t)CS_MIN(bs, len - i * bs), at = (size_t)sq->blocks[i] * bs * kv_dim;
@@ -1242,12 +1230,7 @@ static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lor
             const float *a = segs[i].a, *bm = segs[i].b;
             if (segs[i].dtype != CS_DTYPE_F32) { /* widened once for all the segment's rows */
                 size_t na = (size_t)segs[i].rank * d_in, nb = (size_t)segs[i].rank * d_out;
-                if (c->lora_wide_len < na + nb) {
-                    free(c->lora_wide);
-                    c->lora_wide = cs_aligned_alloc(64, (na + nb) * sizeof(float));
-                    CS_ASSERT(c->lora_wide);
-                    c->lora_wide_len = na + nb;
-                }
+                c->lora_wide = buf_reserve(c->lora_wide, &c->lora_wide_len, na + nb, sizeof(float));
                 cs_to_f32(c->lora_wide, segs[i].a, segs[i].dtype, na);
                 cs_to_f32(c->lora_wide + na, segs[i].b, segs[i].dtype, nb);
                 a = c->lora_wide;
@@ -1259,12 +1242,7 @@ static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lor
         return;
     }
     size_t need = (size_t)max_row * max_rank;
-    if (c->lora_t_len < need) {
-        free(c->lora_t);
-        c->lora_t = cs_aligned_alloc(64, need * sizeof(float));
-        CS_ASSERT(c->lora_t);
-        c->lora_t_len = need;
-    }
+    c->lora_t = buf_reserve(c->lora_t, &c->lora_t_len, need, sizeof(float));
     struct lora_batch_job j = {c, y, c->lora_t, x, segs, NULL, n_segs, d_in, d_out, max_rank};
     if (macs < LORA_INLINE_MACS && n_segs < 2 * c->n_threads) {
         for (int i = 0; i < n_segs; i++) lora_seg_task(&j, i, 0);

@@ -52,6 +52,85 @@ AVX2 INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* the vector operations of kernels_simd.h's shared loops, in 8 lanes */
+typedef __m256 vf_t;
+#define VF_LANES 8
+AVX2 INLINE vf_t vf_zero(void) { return _mm256_setzero_ps(); }
+AVX2 INLINE vf_t vf_add(vf_t a, vf_t b) { return _mm256_add_ps(a, b); }
+AVX2 INLINE vf_t vf_fmadd(vf_t a, vf_t b, vf_t c) { return _mm256_fmadd_ps(a, b, c); }
+AVX2 INLINE vf_t vf_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+AVX2 INLINE vf_t vf_load(const float *p) { return _mm256_load_ps(p); }
+AVX2 INLINE float vf_hsum(vf_t v) { return hsum8(v); }
+
+/* ---- the batch-1 GEMV on 12-bit coded BF16 weights (wcode.h): kernels_avx512.c's in two
+ * 256-bit halves per block; half h of vector m holds columns 16m + 8h .. 16m + 8h + 7 ---- */
+typedef __m256i wcode_tbl_t;
+AVX2 INLINE wcode_tbl_t wcode_table(const cs_wcode_t *c) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->table));
+}
+
+AVX2 INLINE void wcode_half(const uint8_t *blk, __m256i codes, __m256i tbl, __m256 f[4]) {
+    __m256i lo = _mm256_loadu_si256((const __m256i *)blk);
+    __m256i hi = _mm256_shuffle_epi8(tbl, codes);
+    __m256i u0 = _mm256_unpacklo_epi8(lo, hi), u1 = _mm256_unpackhi_epi8(lo, hi), z = _mm256_setzero_si256();
+    f[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, u0));
+    f[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, u0));
+    f[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, u1));
+    f[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, u1));
+}
+
+/* half h's codes: the low nibbles of the block's 32 code bytes, or the high ones */
+AVX2 INLINE __m256i wcode_codes(__m256i nbv, int h) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    return _mm256_and_si256(h ? _mm256_srli_epi16(nbv, 4) : nbv, m0f);
+}
+
+/* block b of a row decoded: f[h][m] is half h of vector m */
+AVX2 INLINE void wcode_decode(const uint8_t *row, int b, __m256i tbl, __m256 f[2][4]) {
+    __m256i nbv = _mm256_loadu_si256((const __m256i *)(row + cs_wcode_codes_at(b)));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) wcode_half(row + cs_wcode_lo_at(b) + 32 * h, wcode_codes(nbv, h), tbl, f[h]);
+}
+
+/* block b of a row times x's block xb: a0 takes vectors 0 and 2 of each half, a1 1 and 3 */
+AVX2 INLINE void wcode_fma2(const uint8_t *row, int b, __m256i tbl, const float *xb, __m256 *a0, __m256 *a1) {
+    __m256 f[2][4];
+    wcode_decode(row, b, tbl, f);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        *a0 = _mm256_fmadd_ps(f[h][0], _mm256_loadu_ps(xb + 8 * h), *a0);
+        *a1 = _mm256_fmadd_ps(f[h][1], _mm256_loadu_ps(xb + 16 + 8 * h), *a1);
+        *a0 = _mm256_fmadd_ps(f[h][2], _mm256_loadu_ps(xb + 32 + 8 * h), *a0);
+        *a1 = _mm256_fmadd_ps(f[h][3], _mm256_loadu_ps(xb + 48 + 8 * h), *a1);
+    }
+}
+
+/* the same for NX rows of x, one accumulator each */
+AVX2 INLINE void wcode_fma_n(const uint8_t *row, int b, __m256i tbl, const float *const *xb, __m256 *a, const int NX) {
+    __m256 f[2][4];
+    wcode_decode(row, b, tbl, f);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NX; i++)
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++) a[i] = _mm256_fmadd_ps(f[h][m], _mm256_loadu_ps(xb[i] + 16 * m + 8 * h), a[i]);
+}
+
+/* the packed GEMM's shape (kernels_simd.h's packed_gemm): panels of 16 weight rows, tiles of
+ * 6 rows of x, K in chunks of 128 (as kernels_avx512.c's PK_KC: accuracy and L1) */
+#define PK_MR CS_PACKED_MR_AVX2
+#define PK_NR 16
+#define PK_KC 128
+AVX2 INLINE void packed_panel(float *panel, const void *w, int K, int r0, int cols, cs_dtype dt);
+AVX2 static void packed_rows(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, int m, int cols);
+
+/* the shared loops, compiled for this file's ISA */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "cpu_kernels/kernels_simd.h"
+#pragma GCC pop_options
+
 /* ---- dot tiles (batch-invariant) ----
  * y[i, r] = dot(x[i, :], w[r, :]): one 8-lane accumulator per element, FMAs over the
  * columns in order, the tail zero-padded (0·0 adds nothing), one fixed horizontal sum.
@@ -194,7 +273,7 @@ AVX2 void cs_gemm_invariant_avx2(float *y, int ldy, const float *x, int n, const
 #define SPLIT2_ROW_BLOCK 10
 
 AVX2 void cs_split_pack_x_avx2(float *xs, const float *x, int n, int K, int i0, int i1) {
-    size_t kp = (size_t)(K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    size_t kp = split_kp(K);
     (void)n;
     for (int i = i0; i < i1; i++) {
         const float *src = x + (size_t)i * K;
@@ -354,7 +433,7 @@ static int split2_group(int m) {
 AVX2 void cs_gemm_split_avx2(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1) {
     const uint16_t *wd = w->data;
     int cols = w->cols;
-    size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    size_t kp = split_kp(cols);
     for (int rb = r0; rb < r1; rb += SPLIT2_ROW_BLOCK) {
         int re = rb + SPLIT2_ROW_BLOCK < r1 ? rb + SPLIT2_ROW_BLOCK : r1;
         for (int i = 0, m; i < n; i += m) {
@@ -409,25 +488,12 @@ AVX2 INLINE void gemv_bf16_streams(float *y, const float *x, const uint16_t *w, 
     if (done < r1 - r0) gemm_tiles_impl(y, 0, x, 1, w, cols, r0 + done, r1, CS_DTYPE_BF16);
 }
 
-/* ---- the batch-1 GEMV on 12-bit coded BF16 weights (wcode.h): kernels_avx512.c's in two
- * 256-bit halves per block; half h of vector m holds columns 16m + 8h .. 16m + 8h + 7 ---- */
-AVX2 INLINE void wcode_half(const uint8_t *blk, __m256i codes, __m256i tbl, __m256 f[4]) {
-    __m256i lo = _mm256_loadu_si256((const __m256i *)blk);
-    __m256i hi = _mm256_shuffle_epi8(tbl, codes);
-    __m256i u0 = _mm256_unpacklo_epi8(lo, hi), u1 = _mm256_unpackhi_epi8(lo, hi), z = _mm256_setzero_si256();
-    f[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, u0));
-    f[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, u0));
-    f[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, u1));
-    f[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, u1));
-}
-
 /* rows back to BF16 (cs_wcode_decode_rows_ref): half h of a block unpacks, in 128-bit lane
  * L, columns 16m + 8h + 4L + e at word 4m + e (low unpack, m < 2; high, m - 2), so group m's 16
  * columns are the same 64-bit quarter of both lanes of both halves: one 64-bit unpack and
  * one permutation each */
 AVX2 void cs_wcode_decode_rows_avx2(uint16_t *dst, const cs_wcode_t *c, int r0, int r1) {
-    const __m256i m0f = _mm256_set1_epi8(0x0f);
-    __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->table));
+    __m256i tbl = wcode_table(c);
     int K = c->cols, full = K / CS_WCODE_BLOCK;
     size_t rb = (size_t)c->blocks * CS_WCODE_BLOCK_BYTES;
     for (int r = r0; r < r1; r++) {
@@ -438,8 +504,7 @@ AVX2 void cs_wcode_decode_rows_avx2(uint16_t *dst, const cs_wcode_t *c, int r0, 
             __m256i nbv = _mm256_loadu_si256((const __m256i *)(row + cs_wcode_codes_at(b))), u[2][2], g[4];
             for (int h = 0; h < 2; h++) {
                 __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
-                __m256i codes = _mm256_and_si256(h ? _mm256_srli_epi16(nbv, 4) : nbv, m0f);
-                __m256i hi = _mm256_shuffle_epi8(tbl, codes);
+                __m256i hi = _mm256_shuffle_epi8(tbl, wcode_codes(nbv, h));
                 u[h][0] = _mm256_unpacklo_epi8(lo, hi);
                 u[h][1] = _mm256_unpackhi_epi8(lo, hi);
             }
@@ -460,124 +525,13 @@ AVX2 void cs_wcode_decode_rows_avx2(uint16_t *dst, const cs_wcode_t *c, int r0, 
     }
 }
 
-AVX2 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, const int S,
-                               const int PF) {
-    const __m256i m0f = _mm256_set1_epi8(0x0f);
-    __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->table));
-    int nb = c->blocks, full = c->cols / CS_WCODE_BLOCK;
-    float xt[2 * CS_WCODE_BLOCK] __attribute__((aligned(32))) = {0}; /* x past the whole blocks, zeros after */
-    for (int k = full * CS_WCODE_BLOCK; k < c->cols; k++) xt[k - full * CS_WCODE_BLOCK] = x[k];
-    size_t rb = (size_t)nb * CS_WCODE_BLOCK_BYTES;
-    int per = (r1 - r0) / S;
-    size_t stride = (size_t)per * rb;
-    for (int g = 0; g < per; g++) {
-        const uint8_t *p = c->data + (size_t)(r0 + g) * rb;
-        __m256 a0[8], a1[8];
-#pragma GCC unroll 8
-        for (int s = 0; s < S; s++) a0[s] = a1[s] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const float *xb = b < full ? x + (size_t)b * CS_WCODE_BLOCK : xt + (size_t)(b - full) * CS_WCODE_BLOCK;
-#pragma GCC unroll 8
-            for (int s = 0; s < S; s++) {
-                const uint8_t *row = p + s * stride, *blk = row + cs_wcode_lo_at(b);
-                if (PF) {
-                    _mm_prefetch((const char *)blk + PF, _MM_HINT_T0);
-                    _mm_prefetch((const char *)row + cs_wcode_codes_at(b) + PF, _MM_HINT_T0);
-                }
-                __m256i nbv = _mm256_loadu_si256((const __m256i *)(row + cs_wcode_codes_at(b)));
-                __m256 f[4];
-                wcode_half(blk, _mm256_and_si256(nbv, m0f), tbl, f);
-                a0[s] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xb), a0[s]);
-                a1[s] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb + 16), a1[s]);
-                a0[s] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xb + 32), a0[s]);
-                a1[s] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 48), a1[s]);
-                wcode_half(blk + 32, _mm256_and_si256(_mm256_srli_epi16(nbv, 4), m0f), tbl, f);
-                a0[s] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xb + 8), a0[s]);
-                a1[s] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb + 24), a1[s]);
-                a0[s] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xb + 40), a0[s]);
-                a1[s] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 56), a1[s]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int s = 0; s < S; s++) {
-            int r = r0 + s * per + g;
-            y[r] = hsum8(_mm256_add_ps(a0[s], a1[s])) + cs_wcode_exceptions(c, r, x);
-        }
-    }
-    return r0 + per * S; /* the caller takes the rows left over */
-}
-
 AVX2 void cs_wcode_gemv_avx2(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams) {
-    int done = streams <= 4 ? wcode_streams(y, x, c, r0, r1, 2, 384) : wcode_streams(y, x, c, r0, r1, 6, 1152);
-    wcode_streams(y, x, c, done, r1, 1, 0);
-}
-
-/* NX rows of x (2..CS_WCODE_MAX_N), each block decoded once for all of them */
-AVX2 INLINE int wcode_streams_n(float *y, int ldy, const float *x, const cs_wcode_t *c, int r0, int r1, const int S,
-                                const int PF, const int NX) {
-    const __m256i m0f = _mm256_set1_epi8(0x0f);
-    __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->table));
-    int nb = c->blocks, full = c->cols / CS_WCODE_BLOCK;
-    size_t K = (size_t)c->cols;
-    float xt[CS_WCODE_MAX_N][2 * CS_WCODE_BLOCK] __attribute__((aligned(32))) = {{0}};
-    for (int i = 0; i < NX; i++)
-        for (int k = full * CS_WCODE_BLOCK; k < c->cols; k++) xt[i][k - full * CS_WCODE_BLOCK] = x[i * K + (size_t)k];
-    size_t rb = (size_t)nb * CS_WCODE_BLOCK_BYTES;
-    int per = (r1 - r0) / S;
-    size_t stride = (size_t)per * rb;
-    for (int g = 0; g < per; g++) {
-        const uint8_t *p = c->data + (size_t)(r0 + g) * rb;
-        __m256 a[4][CS_WCODE_MAX_N];
-#pragma GCC unroll 4
-        for (int s = 0; s < S; s++)
-#pragma GCC unroll 4
-            for (int i = 0; i < NX; i++) a[s][i] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const float *xb[CS_WCODE_MAX_N];
-#pragma GCC unroll 4
-            for (int i = 0; i < NX; i++)
-                xb[i] = b < full ? x + i * K + (size_t)b * CS_WCODE_BLOCK : xt[i] + (size_t)(b - full) * CS_WCODE_BLOCK;
-#pragma GCC unroll 4
-            for (int s = 0; s < S; s++) {
-                const uint8_t *row = p + s * stride, *blk = row + cs_wcode_lo_at(b);
-                if (PF) {
-                    _mm_prefetch((const char *)blk + PF, _MM_HINT_T0);
-                    _mm_prefetch((const char *)row + cs_wcode_codes_at(b) + PF, _MM_HINT_T0);
-                }
-                __m256i nbv = _mm256_loadu_si256((const __m256i *)(row + cs_wcode_codes_at(b)));
-#pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    __m256 f[4];
-                    wcode_half(blk + 32 * h, _mm256_and_si256(h ? _mm256_srli_epi16(nbv, 4) : nbv, m0f), tbl, f);
-#pragma GCC unroll 4
-                    for (int i = 0; i < NX; i++) {
-                        a[s][i] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xb[i] + 8 * h), a[s][i]);
-                        a[s][i] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb[i] + 16 + 8 * h), a[s][i]);
-                        a[s][i] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xb[i] + 32 + 8 * h), a[s][i]);
-                        a[s][i] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb[i] + 48 + 8 * h), a[s][i]);
-                    }
-                }
-            }
-        }
-#pragma GCC unroll 4
-        for (int s = 0; s < S; s++) {
-            int r = r0 + s * per + g;
-#pragma GCC unroll 4
-            for (int i = 0; i < NX; i++) y[(size_t)i * ldy + r] = hsum8(a[s][i]) + cs_wcode_exceptions(c, r, x + i * K);
-        }
-    }
-    return r0 + per * S;
+    wcode_gemv(y, x, c, r0, r1, streams, 6, 1152);
 }
 
 AVX2 void cs_wcode_rows_avx2(float *y, int ldy, const float *x, int n, const cs_wcode_t *c, int r0, int r1, int streams) {
-    CS_ASSERT(n >= 1 && n <= CS_WCODE_MAX_N);
-    if (n == 1) { cs_wcode_gemv_avx2(y, x, c, r0, r1, streams); return; }
-    int done;
-    switch (n) {
-    case 2: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 2); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 2); break;
-    case 3: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 3); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 3); break;
-    default: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 4); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 4); break;
-    }
+    if (n == 1) cs_wcode_gemv_avx2(y, x, c, r0, r1, streams);
+    else wcode_rows_n(y, ldy, x, n, c, r0, r1);
 }
 
 /* y[i, r] = dot(x[i, :], w[r, :]) for r in [r0, r1), i < n: one BF16 row streams, the rest
@@ -596,32 +550,17 @@ AVX2 void cs_gemv_rows_avx2_s4(float *y, int ldy, const float *x, int n, const c
     gemv_rows(y, ldy, x, n, w, r0, r1, 4, 512);
 }
 
-/* ---- widening for the sgemm path ---- */
 /* ---- packed GEMM (prefill): kernels_avx512.c's in 8 lanes: panels of 16 weight rows
  * (panel[k][0..16), widened once per task), x in tiles of 6 rows (xp[tile][k][6]), a 6 × 16
  * register tile (12 accumulators, two weight vectors, one broadcast) over K in chunks ---- */
-#define P2_MR CS_PACKED_MR_AVX2
-#define P2_NR 16
-#define P2_KC 128 /* K in chunks, as kernels_avx512.c's PK_KC: accuracy and L1 */
-
-AVX2 INLINE void packed2_tile(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, const int M,
-                              int cols) {
-    __m256 acc[P2_MR][2];
-#pragma GCC unroll 6
-    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    for (int k = k0; k < k1; k++) {
-        __m256 b0 = _mm256_load_ps(panel + (size_t)k * P2_NR), b1 = _mm256_load_ps(panel + (size_t)k * P2_NR + 8);
-#pragma GCC unroll 6
-        for (int m = 0; m < M; m++) {
-            __m256 a = _mm256_broadcast_ss(xt + (size_t)k * P2_MR + m);
-            acc[m][0] = _mm256_fmadd_ps(a, b0, acc[m][0]);
-            acc[m][1] = _mm256_fmadd_ps(a, b1, acc[m][1]);
-        }
-    }
+AVX2 INLINE void packed_tile(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, const int M,
+                             int cols) {
+    __m256 acc[PK_MR][2];
+    packed_tile_sum(acc, xt, k0, k1, panel, M);
 #pragma GCC unroll 6
     for (int m = 0; m < M; m++) {
         float *yr = y + (size_t)m * ldy;
-        if (cols == P2_NR) {
+        if (cols == PK_NR) {
             if (k0) {
                 acc[m][0] = _mm256_add_ps(_mm256_loadu_ps(yr), acc[m][0]);
                 acc[m][1] = _mm256_add_ps(_mm256_loadu_ps(yr + 8), acc[m][1]);
@@ -629,7 +568,7 @@ AVX2 INLINE void packed2_tile(float *y, int ldy, const float *xt, int k0, int k1
             _mm256_storeu_ps(yr, acc[m][0]);
             _mm256_storeu_ps(yr + 8, acc[m][1]);
         } else {
-            float t[P2_NR];
+            float t[PK_NR];
             _mm256_storeu_ps(t, acc[m][0]);
             _mm256_storeu_ps(t + 8, acc[m][1]);
             for (int i = 0; i < cols; i++) yr[i] = k0 ? yr[i] + t[i] : t[i];
@@ -638,10 +577,10 @@ AVX2 INLINE void packed2_tile(float *y, int ldy, const float *xt, int k0, int k1
 }
 
 /* rows [r0, r0 + cols) widened and laid down the panel, 8 columns at a time; zero past cols */
-AVX2 INLINE void packed2_panel(float *panel, const void *w, int K, int r0, int cols, cs_dtype dt) {
-    for (int i = 0; i < P2_NR; i++) {
+AVX2 INLINE void packed_panel(float *panel, const void *w, int K, int r0, int cols, cs_dtype dt) {
+    for (int i = 0; i < PK_NR; i++) {
         if (i >= cols) {
-            for (int k = 0; k < K; k++) panel[(size_t)k * P2_NR + i] = 0;
+            for (int k = 0; k < K; k++) panel[(size_t)k * PK_NR + i] = 0;
             continue;
         }
         size_t base = (size_t)(r0 + i) * K;
@@ -649,19 +588,19 @@ AVX2 INLINE void packed2_panel(float *panel, const void *w, int K, int r0, int c
         for (; k + 8 <= K; k += 8) {
             float t[8];
             _mm256_storeu_ps(t, load8(w, base + k, dt));
-            for (int j = 0; j < 8; j++) panel[(size_t)(k + j) * P2_NR + i] = t[j];
+            for (int j = 0; j < 8; j++) panel[(size_t)(k + j) * PK_NR + i] = t[j];
         }
         if (k < K) {
             float t[8];
             _mm256_storeu_ps(t, load8_tail(w, base + k, K - k, dt));
-            for (int j = 0; j < K - k; j++) panel[(size_t)(k + j) * P2_NR + i] = t[j];
+            for (int j = 0; j < K - k; j++) panel[(size_t)(k + j) * PK_NR + i] = t[j];
         }
     }
 }
 
-#define P2_CASE(M) case M: packed2_tile(y, ldy, xt, k0, k1, panel, M, cols); break
+#define P2_CASE(M) case M: packed_tile(y, ldy, xt, k0, k1, panel, M, cols); break
 
-AVX2 static void packed2_rows(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, int m, int cols) {
+AVX2 static void packed_rows(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, int m, int cols) {
     switch (m) {
         P2_CASE(1); P2_CASE(2); P2_CASE(3); P2_CASE(4); P2_CASE(5);
         default: P2_CASE(6);
@@ -669,24 +608,10 @@ AVX2 static void packed2_rows(float *y, int ldy, const float *xt, int k0, int k1
 }
 
 AVX2 void cs_gemm_packed_avx2(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1, float *wp) {
-    int K = w->cols;
-    for (int c = r0; c < r1; c += P2_NR) {
-        int cols = r1 - c < P2_NR ? r1 - c : P2_NR;
-        float *panel = wp + (size_t)(c - r0) * K;
-        switch (w->dtype) {
-        case CS_DTYPE_BF16: packed2_panel(panel, w->data, K, c, cols, CS_DTYPE_BF16); break;
-        case CS_DTYPE_F16: packed2_panel(panel, w->data, K, c, cols, CS_DTYPE_F16); break;
-        default: packed2_panel(panel, w->data, K, c, cols, CS_DTYPE_F32); break;
-        }
-        for (int k0 = 0; k0 < K; k0 += P2_KC) {
-            int k1 = K - k0 < P2_KC ? K : k0 + P2_KC;
-            for (int m0 = 0; m0 < n; m0 += P2_MR)
-                packed2_rows(y + (size_t)m0 * ldy + c, ldy, xp + (size_t)m0 * K, k0, k1, panel,
-                             n - m0 < P2_MR ? n - m0 : P2_MR, cols);
-        }
-    }
+    packed_gemm(y, ldy, xp, n, w, r0, r1, wp);
 }
 
+/* ---- widening for the sgemm path ---- */
 AVX2 INLINE void convert_impl(float *dst, const void *w, size_t i0, size_t count, cs_dtype dt) {
     size_t c = 0;
     for (; c + 16 <= count; c += 16) {

@@ -149,6 +149,16 @@ AVX512 INLINE void gemv_bf16_streams(float *y, const float *x, const uint16_t *w
     if (per * S < r1 - r0) gemv_impl(y, 0, x, 1, w, cols, r0 + per * S, r1, CS_DTYPE_BF16);
 }
 
+/* the vector operations of kernels_simd.h's shared loops, in 16 lanes */
+typedef __m512 vf_t;
+#define VF_LANES 16
+AVX512 INLINE vf_t vf_zero(void) { return _mm512_setzero_ps(); }
+AVX512 INLINE vf_t vf_add(vf_t a, vf_t b) { return _mm512_add_ps(a, b); }
+AVX512 INLINE vf_t vf_fmadd(vf_t a, vf_t b, vf_t c) { return _mm512_fmadd_ps(a, b, c); }
+AVX512 INLINE vf_t vf_bcast(const float *p) { return _mm512_set1_ps(*p); }
+AVX512 INLINE vf_t vf_load(const float *p) { return _mm512_load_ps(p); }
+AVX512 INLINE float vf_hsum(vf_t v) { return _mm512_reduce_add_ps(v); }
+
 /* ---- the batch-1 GEMV on 12-bit coded BF16 weights (wcode.h) ----
  * A block's 64 low bytes and 32 code bytes become four F32 vectors: the codes' nibbles go
  * through the table by one byte shuffle, the byte unpacks pair each low byte with its high
@@ -161,6 +171,11 @@ AVX512 INLINE void gemv_bf16_streams(float *y, const float *x, const uint16_t *w
  * without prefetch and 1.23-1.29x for 2 streams 768 ahead (1 thread: 1.39-1.51x against
  * 1.13-1.36x); elsewhere 8 streams 1536 bytes ahead, as the BF16 GEMV's wide tuning (not
  * measured on an Intel CPU). */
+typedef __m512i wcode_tbl_t;
+AVX512 INLINE wcode_tbl_t wcode_table(const cs_wcode_t *c) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)c->table));
+}
+
 AVX512 INLINE void wcode_block(const uint8_t *lo_p, const uint8_t *code_p, __m512i tbl, __m512 f[4]) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     __m512i lo = _mm512_loadu_si512(lo_p);
@@ -175,117 +190,57 @@ AVX512 INLINE void wcode_block(const uint8_t *lo_p, const uint8_t *code_p, __m51
     f[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, u1));
 }
 
-AVX512 INLINE int wcode_streams(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, const int S,
-                                 const int PF) {
-    __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)c->table));
-    int nb = c->blocks, full = c->cols / CS_WCODE_BLOCK;
-    float xt[2 * CS_WCODE_BLOCK] __attribute__((aligned(64))) = {0}; /* x past the whole blocks, zeros after */
-    for (int k = full * CS_WCODE_BLOCK; k < c->cols; k++) xt[k - full * CS_WCODE_BLOCK] = x[k];
-    size_t rb = (size_t)nb * CS_WCODE_BLOCK_BYTES;
-    int per = (r1 - r0) / S;
-    size_t stride = (size_t)per * rb; /* between streams, in bytes */
-    for (int g = 0; g < per; g++) {
-        const uint8_t *p = c->data + (size_t)(r0 + g) * rb;
-        __m512 a0[8], a1[8];
-#pragma GCC unroll 8
-        for (int s = 0; s < S; s++) a0[s] = a1[s] = _mm512_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const float *xb = b < full ? x + (size_t)b * CS_WCODE_BLOCK : xt + (size_t)(b - full) * CS_WCODE_BLOCK;
-            __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-            __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);
-#pragma GCC unroll 8
-            for (int s = 0; s < S; s++) {
-                const uint8_t *row = p + s * stride;
-                if (PF) {
-                    _mm_prefetch((const char *)row + cs_wcode_lo_at(b) + PF, _MM_HINT_T0);
-                    _mm_prefetch((const char *)row + cs_wcode_codes_at(b) + PF, _MM_HINT_T0);
-                }
-                __m512 f[4];
-                wcode_block(row + cs_wcode_lo_at(b), row + cs_wcode_codes_at(b), tbl, f);
-                a0[s] = _mm512_fmadd_ps(f[0], x0, a0[s]);
-                a1[s] = _mm512_fmadd_ps(f[1], x1, a1[s]);
-                a0[s] = _mm512_fmadd_ps(f[2], x2, a0[s]);
-                a1[s] = _mm512_fmadd_ps(f[3], x3, a1[s]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int s = 0; s < S; s++) {
-            int r = r0 + s * per + g;
-            y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[s], a1[s])) + cs_wcode_exceptions(c, r, x);
-        }
-    }
-    return r0 + per * S; /* the caller takes the rows left over */
+/* block b of a row times x's block xb: a0 takes vectors 0 and 2, a1 1 and 3 */
+AVX512 INLINE void wcode_fma2(const uint8_t *row, int b, __m512i tbl, const float *xb, __m512 *a0, __m512 *a1) {
+    __m512 f[4];
+    wcode_block(row + cs_wcode_lo_at(b), row + cs_wcode_codes_at(b), tbl, f);
+    *a0 = _mm512_fmadd_ps(f[0], _mm512_loadu_ps(xb), *a0);
+    *a1 = _mm512_fmadd_ps(f[1], _mm512_loadu_ps(xb + 16), *a1);
+    *a0 = _mm512_fmadd_ps(f[2], _mm512_loadu_ps(xb + 32), *a0);
+    *a1 = _mm512_fmadd_ps(f[3], _mm512_loadu_ps(xb + 48), *a1);
 }
+
+/* the same for NX rows of x, one accumulator each */
+AVX512 INLINE void wcode_fma_n(const uint8_t *row, int b, __m512i tbl, const float *const *xb, __m512 *a, const int NX) {
+    __m512 f[4];
+    wcode_block(row + cs_wcode_lo_at(b), row + cs_wcode_codes_at(b), tbl, f);
+#pragma GCC unroll 4
+    for (int i = 0; i < NX; i++)
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) a[i] = _mm512_fmadd_ps(f[m], _mm512_loadu_ps(xb[i] + 16 * m), a[i]);
+}
+
+/* ---- packed GEMM (prefill) ----
+ * y = x · Wᵀ in F32 FMAs for many rows of x: the task's weight rows are widened once into
+ * panels of 32 rows, k-major (panel[k][0..32), 128 bytes per k, zero past the last row), then
+ * a 12 × 32 register tile (24 accumulators) runs over all of K for each 12 rows of x,
+ * broadcasting x from its packed copy (12 rows interleaved: xp[tile][k][12], packed once
+ * per matmul) and loading two vectors of the panel per k, K in chunks of PK_KC. Every
+ * y[i, r] is a sum, in order, of F32 FMA chains over the chunks (as a blocked BLAS
+ * computes it). */
+#define PK_MR 12
+#define PK_NR 32
+#define PK_KC 128 /* columns of K per pass: the panel's chunk (16 KiB) stays in L1 while every
+                   * tile of x passes, and each sum is a chain of at most 128 FMAs added into y
+                   * chunk by chunk (one chain over all of K loses accuracy as K grows: the real
+                   * SmolLM2 weights' logprobs moved from 6.5e-5 to 1.2e-4 off float64) */
+AVX512 INLINE void packed_panel(float *dst, const void *w, int cols, int r0, int nrows, cs_dtype dt);
+AVX512 static void packed_rows(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, int m, int cols);
+
+/* the shared loops, compiled for this file's ISA */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#include "cpu_kernels/kernels_simd.h"
+#pragma GCC pop_options
 
 AVX512 void cs_wcode_gemv_avx512(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams) {
-    int done = streams <= 4 ? wcode_streams(y, x, c, r0, r1, 2, 384) : wcode_streams(y, x, c, r0, r1, 8, 1536);
-    wcode_streams(y, x, c, done, r1, 1, 0);
-}
-
-/* NX rows of x (2..CS_WCODE_MAX_N, K = cols apart; y's rows ldy apart): each block decoded
- * once for all of them, one accumulator per stream and row */
-AVX512 INLINE int wcode_streams_n(float *y, int ldy, const float *x, const cs_wcode_t *c, int r0, int r1, const int S,
-                                  const int PF, const int NX) {
-    __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)c->table));
-    int nb = c->blocks, full = c->cols / CS_WCODE_BLOCK;
-    size_t K = (size_t)c->cols;
-    float xt[CS_WCODE_MAX_N][2 * CS_WCODE_BLOCK] __attribute__((aligned(64))) = {{0}};
-    for (int i = 0; i < NX; i++)
-        for (int k = full * CS_WCODE_BLOCK; k < c->cols; k++) xt[i][k - full * CS_WCODE_BLOCK] = x[i * K + (size_t)k];
-    size_t rb = (size_t)nb * CS_WCODE_BLOCK_BYTES;
-    int per = (r1 - r0) / S;
-    size_t stride = (size_t)per * rb;
-    for (int g = 0; g < per; g++) {
-        const uint8_t *p = c->data + (size_t)(r0 + g) * rb;
-        __m512 a[8][CS_WCODE_MAX_N];
-#pragma GCC unroll 8
-        for (int s = 0; s < S; s++)
-#pragma GCC unroll 4
-            for (int i = 0; i < NX; i++) a[s][i] = _mm512_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const float *xb[CS_WCODE_MAX_N];
-#pragma GCC unroll 4
-            for (int i = 0; i < NX; i++)
-                xb[i] = b < full ? x + i * K + (size_t)b * CS_WCODE_BLOCK : xt[i] + (size_t)(b - full) * CS_WCODE_BLOCK;
-#pragma GCC unroll 8
-            for (int s = 0; s < S; s++) {
-                const uint8_t *row = p + s * stride;
-                if (PF) {
-                    _mm_prefetch((const char *)row + cs_wcode_lo_at(b) + PF, _MM_HINT_T0);
-                    _mm_prefetch((const char *)row + cs_wcode_codes_at(b) + PF, _MM_HINT_T0);
-                }
-                __m512 f[4];
-                wcode_block(row + cs_wcode_lo_at(b), row + cs_wcode_codes_at(b), tbl, f);
-#pragma GCC unroll 4
-                for (int i = 0; i < NX; i++) {
-                    a[s][i] = _mm512_fmadd_ps(f[0], _mm512_loadu_ps(xb[i]), a[s][i]);
-                    a[s][i] = _mm512_fmadd_ps(f[1], _mm512_loadu_ps(xb[i] + 16), a[s][i]);
-                    a[s][i] = _mm512_fmadd_ps(f[2], _mm512_loadu_ps(xb[i] + 32), a[s][i]);
-                    a[s][i] = _mm512_fmadd_ps(f[3], _mm512_loadu_ps(xb[i] + 48), a[s][i]);
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int s = 0; s < S; s++) {
-            int r = r0 + s * per + g;
-#pragma GCC unroll 4
-            for (int i = 0; i < NX; i++)
-                y[(size_t)i * ldy + r] = _mm512_reduce_add_ps(a[s][i]) + cs_wcode_exceptions(c, r, x + i * K);
-        }
-    }
-    return r0 + per * S;
+    wcode_gemv(y, x, c, r0, r1, streams, 8, 1536);
 }
 
 AVX512 void cs_wcode_rows_avx512(float *y, int ldy, const float *x, int n, const cs_wcode_t *c, int r0, int r1,
                                  int streams) {
-    CS_ASSERT(n >= 1 && n <= CS_WCODE_MAX_N);
-    if (n == 1) { cs_wcode_gemv_avx512(y, x, c, r0, r1, streams); return; }
-    int done;
-    switch (n) {
-    case 2: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 2); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 2); break;
-    case 3: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 3); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 3); break;
-    default: done = wcode_streams_n(y, ldy, x, c, r0, r1, 2, 384, 4); wcode_streams_n(y, ldy, x, c, done, r1, 1, 0, 4); break;
-    }
+    if (n == 1) cs_wcode_gemv_avx512(y, x, c, r0, r1, streams);
+    else wcode_rows_n(y, ldy, x, n, c, r0, r1);
 }
 
 /* rows back to BF16 (wcode.h: cs_wcode_decode_rows_ref): a block's byte unpacks give the
@@ -294,7 +249,7 @@ AVX512 void cs_wcode_rows_avx512(float *y, int ldy, const float *x, int n, const
  * permutation puts each half in column order */
 AVX512 void cs_wcode_decode_rows_avx512(uint16_t *dst, const cs_wcode_t *c, int r0, int r1) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
-    __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)c->table));
+    __m512i tbl = wcode_table(c);
     uint16_t ix[32];
     for (int j = 0; j < 32; j++) ix[j] = (uint16_t)(8 * ((j >> 2) & 3) + 4 * (j >> 4) + (j & 3));
     __m512i idx = _mm512_loadu_si512(ix);
@@ -475,7 +430,7 @@ size_t cs_split_xs_len(int n, int K) { return (size_t)n * (size_t)((K + CS_SPLIT
 AVX512 void cs_split_pack_x_avx512(float *xs, const float *x, int n, int K, int i0, int i1) {
     const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    size_t kp = (size_t)(K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    size_t kp = split_kp(K);
     (void)n;
     for (int i = i0; i < i1; i++) {
         const float *src = x + (size_t)i * K;
@@ -557,7 +512,7 @@ AVX512 INLINE void split_rows(float *y, int ldy, const float *xs, size_t kp, con
 AVX512 void cs_gemm_split_avx512(float *y, int ldy, const float *xs, int n, const cs_weight_t *w, int r0, int r1) {
     const uint16_t *wd = w->data;
     int cols = w->cols;
-    size_t kp = (size_t)(cols + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B;
+    size_t kp = split_kp(cols);
     for (int rb = r0; rb < r1; rb += SPLIT_ROW_BLOCK) {
         int re = rb + SPLIT_ROW_BLOCK < r1 ? rb + SPLIT_ROW_BLOCK : r1;
         int i = 0;
@@ -571,21 +526,6 @@ AVX512 void cs_gemm_split_avx512(float *y, int ldy, const float *xs, int n, cons
         }
     }
 }
-/* ---- packed GEMM (prefill) ----
- * y = x · Wᵀ in F32 FMAs for many rows of x: the task's weight rows are widened once into
- * panels of 32 rows, k-major (panel[k][0..32), 128 bytes per k, zero past the last row), then
- * a 12 × 32 register tile (24 accumulators) runs over all of K for each 12 rows of x,
- * broadcasting x from its packed copy (12 rows interleaved: xp[tile][k][12], packed once
- * per matmul) and loading two vectors of the panel per k, K in chunks of PK_KC. Every
- * y[i, r] is a sum, in order, of F32 FMA chains over the chunks (as a blocked BLAS
- * computes it). */
-#define PK_MR 12
-#define PK_NR 32
-#define PK_KC 128 /* columns of K per pass: the panel's chunk (16 KiB) stays in L1 while every
-                   * tile of x passes, and each sum is a chain of at most 128 FMAs added into y
-                   * chunk by chunk (one chain over all of K loses accuracy as K grows: the real
-                   * SmolLM2 weights' logprobs moved from 6.5e-5 to 1.2e-4 off float64) */
-
 size_t cs_gemm_packed_wp_len(int rows, int K) { return (size_t)(rows + PK_NR - 1) / PK_NR * PK_NR * (size_t)K; }
 size_t cs_gemm_packed_xp_len(int n, int K, int mr) { return (size_t)(n + mr - 1) / mr * mr * (size_t)K; }
 
@@ -604,7 +544,7 @@ void cs_gemm_packed_pack_x(float *xp, const float *x, int n, int K, int mr, int 
     }
 }
 
-AVX512 INLINE void pack_panel(float *dst, const void *w, int cols, int r0, int nrows, cs_dtype dt) {
+AVX512 INLINE void packed_panel(float *dst, const void *w, int cols, int r0, int nrows, cs_dtype dt) {
     /* 16 rows × 16 columns at a time, transposed in registers */
     for (int h = 0; h < 2; h++) {
         int rb = h * 16, valid = nrows - rb;
@@ -627,17 +567,7 @@ AVX512 INLINE void pack_panel(float *dst, const void *w, int cols, int r0, int n
 AVX512 INLINE void packed_tile(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, const int M,
                                int cols) {
     __m512 acc[PK_MR][2];
-#pragma GCC unroll 12
-    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-    for (int k = k0; k < k1; k++) {
-        __m512 b0 = _mm512_load_ps(panel + (size_t)k * PK_NR), b1 = _mm512_load_ps(panel + (size_t)k * PK_NR + 16);
-#pragma GCC unroll 12
-        for (int m = 0; m < M; m++) {
-            __m512 a = _mm512_set1_ps(xt[(size_t)k * PK_MR + m]);
-            acc[m][0] = _mm512_fmadd_ps(a, b0, acc[m][0]);
-            acc[m][1] = _mm512_fmadd_ps(a, b1, acc[m][1]);
-        }
-    }
+    packed_tile_sum(acc, xt, k0, k1, panel, M);
     __mmask16 c0 = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
     __mmask16 c1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
 #pragma GCC unroll 12
@@ -664,22 +594,7 @@ AVX512 static void packed_rows(float *y, int ldy, const float *xt, int k0, int k
 
 AVX512 void cs_gemm_packed_avx512(float *y, int ldy, const float *xp, int n, const cs_weight_t *w, int r0, int r1,
                                   float *wp) {
-    int K = w->cols;
-    for (int c = r0; c < r1; c += PK_NR) {
-        int cols = r1 - c < PK_NR ? r1 - c : PK_NR;
-        float *panel = wp + (size_t)(c - r0) * K;
-        switch (w->dtype) {
-        case CS_DTYPE_BF16: pack_panel(panel, w->data, K, c, cols, CS_DTYPE_BF16); break;
-        case CS_DTYPE_F16: pack_panel(panel, w->data, K, c, cols, CS_DTYPE_F16); break;
-        default: pack_panel(panel, w->data, K, c, cols, CS_DTYPE_F32); break;
-        }
-        for (int k0 = 0; k0 < K; k0 += PK_KC) {
-            int k1 = K - k0 < PK_KC ? K : k0 + PK_KC;
-            for (int m0 = 0; m0 < n; m0 += PK_MR)
-                packed_rows(y + (size_t)m0 * ldy + c, ldy, xp + (size_t)m0 * K, k0, k1, panel,
-                            n - m0 < PK_MR ? n - m0 : PK_MR, cols);
-        }
-    }
+    packed_gemm(y, ldy, xp, n, w, r0, r1, wp);
 }
 
 AVX512 void cs_round_bf16_avx512(float *dst, const float *x, size_t count) {

@@ -274,20 +274,12 @@ AVX512 static void expand_b16_avx512(float *y, int ld_y, const float *t, int ld_
             else w[j] = _mm512_setzero_si512();
         }
         for (int i = 0; i < n; i++) {
-            __m512 p[8], s[4], u[2];
+            __m512 p[8];
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++)
                 p[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w[j], hi)), to[i],
                                        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w[j], 16)), te[i]));
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) /* lane l + lane l+4 of each half: outputs 4k .. 4k+3 by quarter */
-                s[k] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * k], p[2 * k + 1], 0x88),
-                                     _mm512_shuffle_f32x4(p[2 * k], p[2 * k + 1], 0xdd));
-#pragma GCC unroll 2
-            for (int k = 0; k < 2; k++) /* + lane l+2 */
-                u[k] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * k], s[2 * k + 1], 0x44),
-                                     _mm512_shuffle_ps(s[2 * k], s[2 * k + 1], 0xee));
-            __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xdd)); /* + l+1 */
+            __m512 r = cs_reduce16_tail_avx512(p); /* lane l + l+4 of each half, then l+2, l+1 */
             float *yi = y + (size_t)i * ld_y + c;
             _mm512_mask_storeu_ps(yi, mk, _mm512_fmadd_ps(vs, _mm512_permutexvar_ps(order, r), _mm512_maskz_loadu_ps(mk, yi)));
         }
