@@ -28,7 +28,6 @@ struct safetensors {
     st_shard_t *shards;
     size_t n_shards;
     st_tensor_t *tensors;
-    size_t *shard_of;   /* [n_tensors] index into shards */
     size_t n_tensors, cap_tensors;
     size_t *by_name;    /* tensor indices sorted by name */
     char **meta;        /* key, value, key, value ... (all shards, first wins on lookup) */
@@ -64,16 +63,14 @@ static int tensor_push(safetensors_t *st, const char *name, size_t shard, st_ten
         st_tensor_t *t = realloc(st->tensors, cap * sizeof *t);
         if (!t) return CS_ENOMEM;
         st->tensors = t;
-        size_t *s = realloc(st->shard_of, cap * sizeof *s);
-        if (!s) return CS_ENOMEM;
-        st->shard_of = s;
         st->cap_tensors = cap;
     }
     st_tensor_t *t = &st->tensors[st->n_tensors];
     memset(t, 0, sizeof *t);
     t->name = strdup(name);
     if (!t->name) return CS_ENOMEM;
-    st->shard_of[st->n_tensors++] = shard;
+    t->shard = shard;
+    st->n_tensors++;
     *out = t;
     return CS_OK;
 }
@@ -441,8 +438,8 @@ static int build_index(safetensors_t *st) {
         size_t a = st->by_name[i - 1], b = st->by_name[i];
         if (strcmp(st->tensors[a].name, st->tensors[b].name) == 0)
             return cs_error_set(CS_EFORMAT, "tensor '%s' appears in both %s and %s",
-                                st->tensors[a].name, st->shards[st->shard_of[a]].path,
-                                st->shards[st->shard_of[b]].path);
+                                st->tensors[a].name, st->shards[st->tensors[a].shard].path,
+                                st->shards[st->tensors[b].shard].path);
     }
     return CS_OK;
 }
@@ -610,9 +607,9 @@ int safetensors_open_dir_how(const char *dir, const char *basename, st_load_t ho
                               dir, key, f);
             goto err;
         }
-        if (st->shard_of[t - st->tensors] != want) {
+        if (t->shard != want) {
             rc = cs_error_set(CS_EFORMAT, "%s: tensor '%s' is listed in %s but found in %s", dir,
-                              key, f, st->shards[st->shard_of[t - st->tensors]].path);
+                              key, f, st->shards[t->shard].path);
             goto err;
         }
     }
@@ -648,7 +645,6 @@ void safetensors_free(safetensors_t *st) {
     free(st->meta);
     free(st->shards);
     free(st->tensors);
-    free(st->shard_of);
     free(st->by_name);
     free(st);
 }

@@ -19,6 +19,7 @@ typedef struct st_tensor {
     const void *data;   /* points into the mapping; aligned to the element size only if the
                          * writer aligned it (ours and the Python library's do) */
     size_t nbytes;
+    size_t shard;       /* which file of a sharded checkpoint holds it (0 for one file) */
 } st_tensor_t;
 
 typedef struct safetensors safetensors_t;

@@ -20,8 +20,8 @@ struct kv_cache {
     backend_t *be;
     int n_layers, kv_dim, n_blocks;
     cs_dtype dtype;
-    backend_buf_t **k, **v;         /* [n_layers] pools */
-    block_meta_t *meta;             /* [n_blocks] */
+    backend_buf_t **k, **v;         /* [n_layers] pools each, one allocation at k */
+    block_meta_t *meta;             /* [n_blocks]; the block tables below share its allocation */
     int32_t *free_stack;            /* [n_blocks] */
     int n_free;
     int32_t lru_head, lru_tail;     /* head = least recently released */
@@ -63,15 +63,15 @@ int kv_cache_new(backend_t *be, const kv_cache_params_t *p, kv_cache_t **out) {
     kv->kv_dim = p->kv_dim;
     kv->dtype = p->dtype;
     kv->n_blocks = (int)nb;
-    kv->k = calloc((size_t)p->n_layers, sizeof *kv->k);
-    kv->v = calloc((size_t)p->n_layers, sizeof *kv->v);
-    kv->meta = calloc(nb, sizeof *kv->meta);
-    kv->free_stack = malloc(nb * sizeof *kv->free_stack);
+    kv->k = calloc(2 * (size_t)p->n_layers, sizeof *kv->k);
     uint32_t nbk = 16;
     while (nbk < 2 * nb) nbk <<= 1;
-    kv->buckets = malloc(nbk * sizeof *kv->buckets);
+    kv->meta = calloc(1, nb * sizeof *kv->meta + (nb + nbk) * sizeof(int32_t));
+    if (!kv->k || !kv->meta) goto oom;
+    kv->v = kv->k + p->n_layers;
+    kv->free_stack = (int32_t *)(kv->meta + nb);
+    kv->buckets = kv->free_stack + nb;
     kv->bucket_mask = nbk - 1;
-    if (!kv->k || !kv->v || !kv->meta || !kv->free_stack || !kv->buckets) goto oom;
     size_t pool = nb * KV_BLOCK_SIZE * (size_t)p->kv_dim * cs_dtype_size(p->dtype);
     cs_error_clear(); /* a failed allocation below says why, or nothing (host memory) */
     for (int l = 0; l < p->n_layers; l++) {
@@ -98,15 +98,9 @@ oom: {
 
 void kv_cache_free(kv_cache_t *kv) {
     if (!kv) return;
-    for (int l = 0; l < kv->n_layers; l++) {
-        if (kv->k) backend_buf_free(kv->be, kv->k[l]);
-        if (kv->v) backend_buf_free(kv->be, kv->v[l]);
-    }
+    for (int l = 0; kv->k && l < 2 * kv->n_layers; l++) backend_buf_free(kv->be, kv->k[l]); /* k then v */
     free(kv->k);
-    free(kv->v);
     free(kv->meta);
-    free(kv->free_stack);
-    free(kv->buckets);
     free(kv);
 }
 
