@@ -302,6 +302,27 @@ static int load_shard(safetensors_t *st, const char *path) {
 
 /* Validate the header of shard `shard` (bytes p[0..size)) and append its tensors and
  * metadata to `st`. */
+/* the header's "__metadata__": string keys to string values, appended to st->meta */
+static int read_metadata(safetensors_t *st, const char *path, json_t *v) {
+    if (!json_is_object(v))
+        return cs_error_set(CS_EFORMAT, "%s: __metadata__ is %s, expected an object", path, cs_json_type_name(v));
+    const char *mk;
+    json_t *mv;
+    json_object_foreach(v, mk, mv) {
+        if (!json_is_string(mv))
+            return cs_error_set(CS_EFORMAT, "%s: __metadata__ '%s' is %s, expected a string", path, mk,
+                                cs_json_type_name(mv));
+        char **m = realloc(st->meta, (st->n_meta + 2) * sizeof *m);
+        if (!m) return cs_error_set(CS_ENOMEM, "%s: out of memory", path);
+        st->meta = m;
+        m[st->n_meta] = strdup(mk);
+        m[st->n_meta + 1] = strdup(json_string_value(mv));
+        st->n_meta += 2;
+        if (!m[st->n_meta - 2] || !m[st->n_meta - 1]) return cs_error_set(CS_ENOMEM, "%s: out of memory", path);
+    }
+    return CS_OK;
+}
+
 static int parse_shard(safetensors_t *st, size_t shard, const unsigned char *p, size_t size) {
     int rc = CS_OK;
     json_t *root = NULL;
@@ -345,30 +366,7 @@ static int parse_shard(safetensors_t *st, size_t shard, const unsigned char *p, 
     json_t *v;
     json_object_foreach(root, key, v) {
         if (strcmp(key, "__metadata__") == 0) {
-            if (!json_is_object(v)) {
-                rc = cs_error_set(CS_EFORMAT, "%s: __metadata__ is %s, expected an object", path,
-                                  cs_json_type_name(v));
-                goto err;
-            }
-            const char *mk;
-            json_t *mv;
-            json_object_foreach(v, mk, mv) {
-                if (!json_is_string(mv)) {
-                    rc = cs_error_set(CS_EFORMAT, "%s: __metadata__ '%s' is %s, expected a string",
-                                      path, mk, cs_json_type_name(mv));
-                    goto err;
-                }
-                char **m = realloc(st->meta, (st->n_meta + 2) * sizeof *m);
-                if (!m) { rc = cs_error_set(CS_ENOMEM, "%s: out of memory", path); goto err; }
-                st->meta = m;
-                m[st->n_meta] = strdup(mk);
-                m[st->n_meta + 1] = strdup(json_string_value(mv));
-                st->n_meta += 2;
-                if (!m[st->n_meta - 2] || !m[st->n_meta - 1]) {
-                    rc = cs_error_set(CS_ENOMEM, "%s: out of memory", path);
-                    goto err;
-                }
-            }
+            if ((rc = read_metadata(st, path, v))) goto err;
             continue;
         }
         st_tensor_t *t;

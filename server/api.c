@@ -50,8 +50,8 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
         r = http_error(c, 503, NULL, "the server is shutting down");
     } else {
         switch (rt->id) {
-        case R_COMPLETIONS: r = api_completions(s, cn, c, b); break;
-        case R_CHAT: r = api_chat(s, cn, c, b); break;
+        case R_COMPLETIONS: r = api_submit(s, cn, c, b, api_completions_parse); break;
+        case R_CHAT: r = api_submit(s, cn, c, b, api_chat_parse); break;
         case R_ROLLOUT: r = rollout_route_rollout(s, cn, c, b); break;
         case R_ROLLOUT_ABORT: r = rollout_route_abort(s, c, b); break;
         case R_GENERATE: r = rollout_route_generate(s, cn, c, b); break;

@@ -138,8 +138,9 @@ bool take_resume(gen_job_t *j);
 gen_job_t *api_completions_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *o, perr_t *e);
 gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *o, perr_t *e);
 void api_request_drop(server_t *s, gen_job_t *j, gen_opts_t *o);
-enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
-enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
+typedef gen_job_t *(*api_parse_fn)(server_t *s, conn_t *cn, json_t *b, gen_opts_t *o, perr_t *e);
+/* POST /v1/completions (parse: api_completions_parse), /v1/chat/completions (api_chat_parse) */
+enum MHD_Result api_submit(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, api_parse_fn parse);
 enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_detokenize(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_models(server_t *s, struct MHD_Connection *c);

@@ -356,19 +356,15 @@ void api_request_drop(server_t *s, gen_job_t *j, gen_opts_t *o) {
     request_job_drop(s, j);
 }
 
-static enum MHD_Result submit_or_reply(server_t *s, conn_t *cn, struct MHD_Connection *c, gen_job_t *j, gen_opts_t *o,
-                                       const perr_t *e) {
-    if (!j) return reply_err(c, e);
-    enum MHD_Result ret = job_start(s, cn, c, j, o);
-    opts_free(o);
-    return ret;
-}
-
-enum MHD_Result api_completions(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+/* a completions or chat request, parsed by PARSE, then run as a job */
+enum MHD_Result api_submit(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, api_parse_fn parse) {
     perr_t e = {0};
     gen_opts_t o;
-    gen_job_t *j = api_completions_parse(s, cn, b, &o, &e);
-    return submit_or_reply(s, cn, c, j, &o, &e);
+    gen_job_t *j = parse(s, cn, b, &o, &e);
+    if (!j) return reply_err(c, &e);
+    enum MHD_Result ret = job_start(s, cn, c, j, &o);
+    opts_free(&o);
+    return ret;
 }
 
 /* ---- chat templates ---- */
@@ -510,20 +506,16 @@ static bool chat_render(server_t *s, json_t *b, char **text, size_t *len, bool *
     json_object_set_new(ctx, "messages", msgs);
     msgs = NULL;
     json_object_set_new(ctx, "add_generation_prompt", json_boolean(agp));
-    json_t *tools = cs_json_get(b, "tools");
-    if (tools && !json_is_array(tools)) {
-        json_decref(ctx);
-        fail(e, 400, "tools", "'tools' must be a list");
-        goto fail;
+    static const char *const lists[] = {"tools", "documents"}; /* shown to the template as they are */
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        json_t *x = cs_json_get(b, lists[i]);
+        if (x && !json_is_array(x)) {
+            json_decref(ctx);
+            fail(e, 400, lists[i], "'%s' must be a list", lists[i]);
+            goto fail;
+        }
+        json_object_set(ctx, lists[i], x ? x : json_null());
     }
-    json_object_set(ctx, "tools", tools ? tools : json_null());
-    json_t *docs = cs_json_get(b, "documents");
-    if (docs && !json_is_array(docs)) {
-        json_decref(ctx);
-        fail(e, 400, "documents", "'documents' must be a list");
-        goto fail;
-    }
-    json_object_set(ctx, "documents", docs ? docs : json_null());
     if (s->bos_token) json_object_set_new(ctx, "bos_token", json_string(s->bos_token));
     if (s->eos_token) json_object_set_new(ctx, "eos_token", json_string(s->eos_token));
     json_t *kw = cs_json_get(b, "chat_template_kwargs");
@@ -593,13 +585,6 @@ err:
     request_job_drop(s, j);
     *ep = e;
     return NULL;
-}
-
-enum MHD_Result api_chat(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
-    perr_t e = {0};
-    gen_opts_t o;
-    gen_job_t *j = api_chat_parse(s, cn, b, &o, &e);
-    return submit_or_reply(s, cn, c, j, &o, &e);
 }
 
 /* ---- /tokenize, /detokenize (vLLM's shapes) ---- */
