@@ -375,17 +375,10 @@ static void slo_account(gen_job_t *j, gen_part_t *p, double now) {
     slo_count(j->srv, j->label, j->adapter ? j->adapter->name : NULL, met);
 }
 
-static void on_event(void *user, const engine_event_t *ev) {
-    gen_part_t *p = user;
-    gen_job_t *j = p->job;
-    server_t *s = j->srv;
-    server_metrics_t *m = &s->m;
-    const char *lab[] = {j->label};
-    double now = cs_time_ms();
-    pthread_mutex_lock(&j->mu);
-    p->n_prompt = ev->n_prompt_tokens;
-    p->n_cached = ev->n_cached_tokens;
-    if (ev->prompt_logprobs && j->echo && j->logprobs >= 0) {
+/* The engine's prompt-logprob event (engine thread, under j->mu): echo's logprobs of the
+ * prompt tokens, and vLLM's prompt_logprobs */
+static void on_prompt_logprobs(gen_job_t *j, gen_part_t *p, const engine_event_t *ev) {
+    if (j->echo && j->logprobs >= 0) {
         /* the prompt's tokens with their logprobs (the first has none): an event of the
          * stream, or the start of each choice's logprobs in the response */
         json_t *lp = j->stream ? lp_legacy_new() : NULL;
@@ -410,7 +403,7 @@ static void on_event(void *user, const engine_event_t *ev) {
         }
         json_decref(lp);
     }
-    if (ev->prompt_logprobs && j->prompt_logprobs >= 0) {
+    if (j->prompt_logprobs >= 0) {
         json_t *a = plp_json(j, p, ev);
         if (!j->stream) {
             p->plp = a;
@@ -429,6 +422,19 @@ static void on_event(void *user, const engine_event_t *ev) {
             json_decref(a);
         }
     }
+}
+
+static void on_event(void *user, const engine_event_t *ev) {
+    gen_part_t *p = user;
+    gen_job_t *j = p->job;
+    server_t *s = j->srv;
+    server_metrics_t *m = &s->m;
+    const char *lab[] = {j->label};
+    double now = cs_time_ms();
+    pthread_mutex_lock(&j->mu);
+    p->n_prompt = ev->n_prompt_tokens;
+    p->n_cached = ev->n_cached_tokens;
+    if (ev->prompt_logprobs) on_prompt_logprobs(j, p, ev);
     int ci = p->index * j->n + ev->index;
     gen_choice_t *c = &j->choices[ci];
     json_t *lp_delta = NULL;
