@@ -126,10 +126,8 @@ AVX2 INLINE void packed_panel(float *panel, const void *w, int K, int r0, int co
 AVX2 static void packed_rows(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, int m, int cols);
 
 /* the shared loops, compiled for this file's ISA */
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+#define KS_TARGET AVX2
 #include "cpu_kernels/kernels_simd.h"
-#pragma GCC pop_options
 
 /* ---- dot tiles (batch-invariant) ----
  * y[i, r] = dot(x[i, :], w[r, :]): one 8-lane accumulator per element, FMAs over the

@@ -228,10 +228,8 @@ AVX512 INLINE void packed_panel(float *dst, const void *w, int cols, int r0, int
 AVX512 static void packed_rows(float *y, int ldy, const float *xt, int k0, int k1, const float *panel, int m, int cols);
 
 /* the shared loops, compiled for this file's ISA */
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#define KS_TARGET AVX512
 #include "cpu_kernels/kernels_simd.h"
-#pragma GCC pop_options
 
 AVX512 void cs_wcode_gemv_avx512(float *y, const float *x, const cs_wcode_t *c, int r0, int r1, int streams) {
     wcode_gemv(y, x, c, r0, r1, streams, 8, 1536);

@@ -1,6 +1,7 @@
 /* kernels_simd.h: the loops kernels_avx2.c and kernels_avx512.c share, written once over the
- * vector operations each file defines before it includes this header (under its own target
- * pragma, so each compiles them for its ISA and inlines them into its kernels):
+ * vector operations each file defines before it includes this header, with KS_TARGET its
+ * target attribute (so each compiles them for its ISA and inlines them into its kernels;
+ * an attribute on every function, as clang wants, not a pragma):
  *   vf_t                 an F32 vector of VF_LANES lanes
  *   vf_zero, vf_add, vf_fmadd, vf_bcast (one float from memory), vf_load (aligned), vf_hsum (the file's fixed sum)
  *   wcode_tbl_t, wcode_table(c)               the code table in a register
@@ -16,7 +17,10 @@
 #include "cpu_kernels/kernels.h"
 #include "cpu_kernels/wcode.h"
 
-#define KS_INLINE static inline __attribute__((always_inline))
+#ifndef KS_TARGET
+#error "define KS_TARGET (the including file's __attribute__((target(...)))) before kernels_simd.h"
+#endif
+#define KS_INLINE static inline __attribute__((always_inline)) KS_TARGET
 
 /* rows of x packed by the split kernels: K to a whole number of CS_SPLIT_B columns */
 KS_INLINE size_t split_kp(int K) { return (size_t)(K + CS_SPLIT_B - 1) / CS_SPLIT_B * CS_SPLIT_B; }
