@@ -136,6 +136,13 @@ void *cs_aligned_alloc(size_t align, size_t size) {
     return p;
 }
 
+void cs_stop_flag(pthread_mutex_t *mu, pthread_cond_t *cv, bool *flag) {
+    pthread_mutex_lock(mu);
+    *flag = true;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+}
+
 char *cs_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) { cs_error_set(CS_EIO, "%s: %s", path, strerror(errno)); return NULL; }

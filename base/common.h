@@ -5,6 +5,7 @@
 #ifndef CS_COMMON_H
 #define CS_COMMON_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -83,6 +84,8 @@ void cs_to_f32(float *dst, const void *src, cs_dtype t, size_t n);
 void *cs_aligned_alloc(size_t align, size_t size); /* zero-filled; free with free() */
 /* the same, not filled (for memory written before it is read); free with free() */
 void *cs_aligned_alloc_uninit(size_t align, size_t size);
+/* A worker's stop: *flag set under mu and every waiter on cv woken (then join the thread) */
+void cs_stop_flag(pthread_mutex_t *mu, pthread_cond_t *cv, bool *flag);
 char *cs_read_file(const char *path, size_t *len);  /* NUL-terminated; NULL + error set */
 char *cs_path_join(const char *dir, const char *name); /* malloc'd */
 bool cs_file_exists(const char *path);

@@ -934,10 +934,7 @@ static void dev_free(backend_t *b) {
     dev_ctx_t *d = dev(b);
     if (d) {
         if (d->copier_started) {
-            pthread_mutex_lock(&d->mu);
-            d->stopping = true;
-            pthread_cond_broadcast(&d->cv);
-            pthread_mutex_unlock(&d->mu);
+            cs_stop_flag(&d->mu, &d->cv, &d->stopping);
             pthread_join(d->copier, NULL);
         }
         cpu_raw_free(d->raw);

@@ -1446,10 +1446,7 @@ int engine_max_model_len(const engine_t *e) { return e->max_model_len; }
 void engine_free(engine_t *e) {
     if (!e) return;
     if (e->thread_started) {
-        pthread_mutex_lock(&e->mu);
-        e->stop_thread = true;
-        pthread_cond_signal(&e->cv);
-        pthread_mutex_unlock(&e->mu);
+        cs_stop_flag(&e->mu, &e->cv, &e->stop_thread);
         pthread_join(e->thread, NULL);
     }
     if (e->kv) {

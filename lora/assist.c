@@ -124,10 +124,7 @@ int lora_assist_new(const lora_assist_params_t *p, lora_assist_t **out) {
 
 void lora_assist_free(lora_assist_t *a) {
     if (!a) return;
-    pthread_mutex_lock(&a->mu);
-    a->stopping = true;
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
+    cs_stop_flag(&a->mu, &a->cv, &a->stopping);
     for (int i = 0; i < a->n_started; i++) pthread_join(a->threads[i], NULL);
     CS_ASSERT(!a->head);
     free(a->threads);
