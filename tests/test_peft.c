@@ -22,10 +22,7 @@ static model_config_t base;
 
 #define N_LAYERS CS_TEST_TINY_LLAMA_LAYERS
 
-static void setup(void) {
-    cs_test_mkdtemp(dir, sizeof dir, "peft");
-    ck_assert_int_eq(model_config_parse(CS_TEST_TINY_LLAMA_JSON, &base), CS_OK);
-}
+static void setup(void) { cs_test_lora_setup(dir, sizeof dir, "peft", &base); }
 
 static void teardown(void) { cs_rmtree(dir); }
 
@@ -740,8 +737,7 @@ int main(void) {
         test_config_refusals, test_refused_tensors, test_wrong_shapes, test_missing_tensor, test_dtypes,
         test_sharded_and_files,
     };
-    TCase *tc = cs_tcase(s, "core", core, CS_ARRAY_LEN(core), 0);
-    tcase_add_checked_fixture(tc, setup, teardown);
+    cs_tcase_fixture(s, "core", core, CS_ARRAY_LEN(core), 0, setup, teardown);
     const TTest *const assist[] = {test_assist_term, test_assist_pool};
     cs_tcase(s, "assist", assist, CS_ARRAY_LEN(assist), 0);
     return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -481,13 +481,10 @@ START_TEST(test_load_errors) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("tokenizer");
     const TTest *const tests[] = {
         test_bytelevel_encode, test_bytelevel_decode, test_bytelevel_stream, test_invalid_input,
         test_spm_encode_decode, test_spm_stream, test_unk, test_metaspace, test_config, test_threads,
         test_load_errors,
     };
-    TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
+    return cs_check_main_fixture("tokenizer", tests, CS_ARRAY_LEN(tests), 0, CK_FORK, setup, teardown);
 }
