@@ -712,11 +712,18 @@ static void run_many(size_t cache_bytes, int max_loras) {
 START_TEST(test_many_by_count) { run_many(0, BOUND); }
 END_TEST
 
-START_TEST(test_many_by_bytes) {
-    adapters_dtype = CS_DTYPE_F32; /* all one size: the bound counts adapters */
+/* Writes every adapter from now on in F32, all one size, so that a bound in bytes counts
+ * adapters; returns that size. */
+static size_t f32_adapters(void) {
+    adapters_dtype = CS_DTYPE_F32;
     lora_adapter_t *a = load_ref(write_adapter("size", 4, 1));
     size_t one = a->nbytes;
     lora_adapter_free(a);
+    return one;
+}
+
+START_TEST(test_many_by_bytes) {
+    size_t one = f32_adapters();
     run_many(BOUND * one + one / 2, 0);
     adapters_dtype = -1;
 }
@@ -845,10 +852,7 @@ START_TEST(test_pinned_by_count) { run_pinned(0, 5); }
 END_TEST
 
 START_TEST(test_pinned_by_bytes) {
-    adapters_dtype = CS_DTYPE_F32; /* all one size: the bound counts adapters */
-    lora_adapter_t *a = load_ref(write_adapter("size", 4, 1));
-    size_t one = a->nbytes;
-    lora_adapter_free(a);
+    size_t one = f32_adapters();
     run_pinned(5 * one + one - 1, 0);
     adapters_dtype = -1;
 }
