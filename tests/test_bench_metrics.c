@@ -255,6 +255,28 @@ START_TEST(goodput_counts_failures) {
 }
 END_TEST
 
+/* every one of PARTS[0..n) is in TEXT; WHAT names TEXT in a failure */
+static void expect_parts(const char *what, const char *text, const char *const *parts, size_t n) {
+    for (size_t i = 0; i < n; i++) ck_assert_msg(strstr(text, parts[i]) != NULL, "%s lacks [%s]", what, parts[i]);
+}
+
+/* The peaks of R[0..n) over DURATION seconds with the default options: vLLM's concurrent
+ * requests CONC, ours at one instant EXACT and, unless TOKENS_PER_S < 0, vLLM's output tokens
+ * per second; WHAT names the case in a failure. */
+static void expect_peaks(const char *what, bm_request_t *r, int n, double duration, int conc, int exact,
+                         double tokens_per_s) {
+    bm_opts_t o = opts();
+    bm_result_t *res = compute(r, n, duration, &o);
+    ck_assert_msg(res->max_concurrent_requests == conc, "%s: max_concurrent_requests %d, want %d", what,
+                  res->max_concurrent_requests, conc);
+    ck_assert_msg(res->max_concurrent_requests_exact == exact, "%s: max_concurrent_requests_exact %d, want %d", what,
+                  res->max_concurrent_requests_exact, exact);
+    if (tokens_per_s >= 0)
+        ck_assert_msg(res->max_output_tokens_per_s == tokens_per_s, "%s: max_output_tokens_per_s %g, want %g", what,
+                      res->max_output_tokens_per_s, tokens_per_s);
+    bm_result_free(res);
+}
+
 START_TEST(peaks_as_vllm) {
     /* r0 [0, 1.2), r1 [1.2, 1.7), r2 [0.1, 0.2), r3 [1.75, 1.9); the failure counts nowhere.
      * vLLM's buckets from the first successful send (0): a request counts in every second from
@@ -266,26 +288,16 @@ START_TEST(peaks_as_vllm) {
     bm_request_t r[5] = {done_req(0, 0, 8, 0, 0, 3, c0, 3), done_req(1, 0, 8, 1.2, 1.2, 2, c1, 2),
                          done_req(2, 0, 8, 0.1, 0.1, 1, c2, 1), done_req(3, 0, 8, 1.75, 1.75, 2, c3, 2),
                          failed_req(4, 0, 8, 0.3, 0.3, 0.9)};
-    bm_opts_t o = opts();
-    bm_result_t *res = compute(r, 5, 2, &o);
-    ck_assert_double_eq(res->max_output_tokens_per_s, 5);
-    ck_assert_int_eq(res->max_concurrent_requests, 3);
-    ck_assert_int_eq(res->max_concurrent_requests_exact, 2);
-    bm_result_free(res);
-    res = compute(r, 2, 2, &o); /* r0 and r1 alone touch at 1.2: both in second 1, never two at once */
-    ck_assert_int_eq(res->max_concurrent_requests, 2);
-    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
-    ck_assert_double_eq(res->max_output_tokens_per_s, 3); /* [0.5, 0.6] and [1.2, 1.5, 1.7] */
-    bm_result_free(res);
+    expect_peaks("r0-r4", r, 5, 2, 3, 2, 5);
+    /* r0 and r1 alone touch at 1.2: both in second 1, never two at once; tokens [0.5, 0.6] and
+     * [1.2, 1.5, 1.7] */
+    expect_peaks("r0, r1", r, 2, 2, 2, 1, 3);
     free_reqs(r, 5);
 
     /* [0, 0.4) and [0.5, 0.9): one after the other, in the same second -> 2 (exact: 1) */
     double d0[] = {0.2, 0.4}, d1[] = {0.7, 0.9};
     bm_request_t q[2] = {done_req(0, 0, 8, 0, 0, 2, d0, 2), done_req(1, 0, 8, 0.5, 0.5, 2, d1, 2)};
-    res = compute(q, 2, 1, &o);
-    ck_assert_int_eq(res->max_concurrent_requests, 2);
-    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
-    bm_result_free(res);
+    expect_peaks("one after the other", q, 2, 1, 2, 1, -1);
     free_reqs(q, 2);
 
     /* the seconds count from the first successful send, not from 0: [0.6, 0.9) and [1.1, 1.4)
@@ -293,26 +305,17 @@ START_TEST(peaks_as_vllm) {
     double e0[] = {0.9}, e1[] = {1.4};
     bm_request_t u[3] = {done_req(0, 0, 8, 0.6, 0.6, 1, e0, 1), done_req(1, 0, 8, 1.1, 1.1, 1, e1, 1),
                          failed_req(2, 0, 8, 0, 0, 0.05)};
-    res = compute(u, 3, 2, &o);
-    ck_assert_int_eq(res->max_concurrent_requests, 2);
-    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
-    bm_result_free(res);
+    expect_peaks("from the first successful send", u, 3, 2, 2, 1, -1);
     free_reqs(u, 3);
 
     /* an end exactly on a bucket's start counts in it: [0, 1) and [1, 1.5) -> 2 (exact: 1);
      * [0, 0.5) and [1.5, 2): seconds 0 and 1 -> 1 */
     double f0[] = {0.5, 1.0}, f1[] = {1.2, 1.5}, g0[] = {0.5}, g1[] = {2.0};
     bm_request_t v[2] = {done_req(0, 0, 8, 0, 0, 2, f0, 2), done_req(1, 0, 8, 1, 1, 2, f1, 2)};
-    res = compute(v, 2, 2, &o);
-    ck_assert_int_eq(res->max_concurrent_requests, 2);
-    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
-    bm_result_free(res);
+    expect_peaks("an end on a bucket's start", v, 2, 2, 2, 1, -1);
     free_reqs(v, 2);
     bm_request_t w[2] = {done_req(0, 0, 8, 0, 0, 1, g0, 1), done_req(1, 0, 8, 1.5, 1.5, 1, g1, 1)};
-    res = compute(w, 2, 2, &o);
-    ck_assert_int_eq(res->max_concurrent_requests, 1);
-    ck_assert_int_eq(res->max_concurrent_requests_exact, 1);
-    bm_result_free(res);
+    expect_peaks("seconds 0 and 1", w, 2, 2, 1, 1, -1);
     free_reqs(w, 2);
 }
 END_TEST
@@ -459,23 +462,26 @@ START_TEST(outputs) {
     bm_table_opts_t t = {BM_TTFT | BM_TPOT | BM_ITL | BM_E2EL, 4, 2.0, true, true};
     bm_print_table(f, res, &t);
     fclose(f);
-    ck_assert_ptr_nonnull(strstr(buf, "============ Serving Benchmark Result ============\n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\nSuccessful requests:                     2         \n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\nFailed requests:                         1         \n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\nMaximum request concurrency:             4         \n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\nRequest rate configured (RPS):           2.00      \n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\nRequest throughput (req/s):              1.00      \n"));
-    /* r0 [0.1, 0.7) and r1 [1, 1.4) both touch the first second after 0.1: vLLM says 2 */
-    ck_assert_ptr_nonnull(strstr(buf, "\nPeak concurrent requests:                2.00      \n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\nPeak requests in flight at one instant:  1         \n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\n---------------Time to First Token----------------\n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\n-----Time per Output Token (excl. 1st token)------\n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\nMean TTFT (ms):                          300.00    \n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\nP99 TTFT (ms):                           "));
-    ck_assert_ptr_nonnull(strstr(buf, "\nSLO attainment (%):                      66.67     \n"));
-    ck_assert_ptr_nonnull(strstr(buf, "\na0 "));
-    ck_assert_ptr_nonnull(strstr(buf, "\nrank 16 "));
-    ck_assert_ptr_nonnull(strstr(buf, "\n==================================================\n"));
+    static const char *const table[] = {
+        "============ Serving Benchmark Result ============\n",
+        "\nSuccessful requests:                     2         \n",
+        "\nFailed requests:                         1         \n",
+        "\nMaximum request concurrency:             4         \n",
+        "\nRequest rate configured (RPS):           2.00      \n",
+        "\nRequest throughput (req/s):              1.00      \n",
+        /* r0 [0.1, 0.7) and r1 [1, 1.4) both touch the first second after 0.1: vLLM says 2 */
+        "\nPeak concurrent requests:                2.00      \n",
+        "\nPeak requests in flight at one instant:  1         \n",
+        "\n---------------Time to First Token----------------\n",
+        "\n-----Time per Output Token (excl. 1st token)------\n",
+        "\nMean TTFT (ms):                          300.00    \n",
+        "\nP99 TTFT (ms):                           ",
+        "\nSLO attainment (%):                      66.67     \n",
+        "\na0 ",
+        "\nrank 16 ",
+        "\n==================================================\n",
+    };
+    expect_parts("the table", buf, table, CS_ARRAY_LEN(table));
     free(buf);
 
     char dir[] = "/tmp/cs_bench_m_XXXXXX";
@@ -498,11 +504,9 @@ START_TEST(outputs) {
     text = cs_read_file(svg, &n);
     ck_assert_ptr_nonnull(text);
     ck_assert(strncmp(text, "<?xml", 5) == 0);
-    ck_assert_ptr_nonnull(strstr(text, "</svg>\n"));
-    ck_assert_ptr_nonnull(strstr(text, "TTFT CDF by rank"));
-    ck_assert_ptr_nonnull(strstr(text, "SLO attainment over time"));
-    ck_assert_ptr_nonnull(strstr(text, "test &lt;plot&gt; &amp; co"));
-    ck_assert_ptr_nonnull(strstr(text, "<polyline"));
+    static const char *const svg_parts[] = {"</svg>\n", "TTFT CDF by rank", "SLO attainment over time",
+                                            "test &lt;plot&gt; &amp; co", "<polyline"};
+    expect_parts("the SVG", text, svg_parts, CS_ARRAY_LEN(svg_parts));
     free(text);
     remove(csv);
     remove(svg);

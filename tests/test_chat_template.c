@@ -67,78 +67,102 @@ static void expect_render_error(const char *src, const char *ctx_json, const cha
     ck_assert_msg(strstr(err, part) != NULL, "template %s: error [%s] lacks [%s]", src, err, part);
 }
 
+/* a template, its context (JSON text or NULL) and what it must render, or a part of the
+ * error it must fail with */
+typedef struct render_case {
+    const char *src, *ctx, *want;
+} render_case;
+
+static void expect_all(const render_case *c, size_t n) {
+    for (size_t i = 0; i < n; i++) expect(c[i].src, c[i].ctx, c[i].want);
+}
+
+static void expect_render_errors(const render_case *c, size_t n) {
+    for (size_t i = 0; i < n; i++) expect_render_error(c[i].src, c[i].ctx, c[i].want);
+}
+
 START_TEST(test_whitespace_control) {
     /* trim_blocks: the newline after a block tag goes; lstrip_blocks: the indentation before one */
-    expect("{% if true %}\nyes\n{% endif %}\nafter", NULL, "yes\nafter");
-    expect("  {% if true %}\n  yes\n  {% endif %}\n", NULL, "  yes\n");
-    expect("a {% if true %}b{% endif %} c", NULL, "a b c"); /* not at the start of a line: kept */
-    expect("{{ 1 }}\n{{ 2 }}\n", NULL, "1\n2");             /* one trailing newline is dropped */
-    expect("x\n\n", NULL, "x\n");
-    expect("a  {%- if true -%}  b  {%- endif -%}  c", NULL, "abc");
-    expect("a \n {{- 'b' -}} \n c", NULL, "abc");
-    expect("  {%+ if true %}x{% endif +%}\ny", NULL, "  x\ny");
-    expect("  {# c #}\nz", NULL, "z");
-    expect("a {#- c -#} b", NULL, "ab");
-    expect("{% raw %}{{ x }}{% endraw %}", NULL, "{{ x }}");
-    expect("a\r\nb\rc", NULL, "a\nb\nc");
-    expect("  {{ 'x' }}", NULL, "  x"); /* lstrip_blocks does not touch {{ */
-    expect("\t{% for i in [1, 2] %}\n\t{{ i }}\n\t{% endfor %}\n", NULL, "\t1\n\t2\n");
+    static const render_case cases[] = {
+        {"{% if true %}\nyes\n{% endif %}\nafter", NULL, "yes\nafter"},
+        {"  {% if true %}\n  yes\n  {% endif %}\n", NULL, "  yes\n"},
+        {"a {% if true %}b{% endif %} c", NULL, "a b c"}, /* not at the start of a line: kept */
+        {"{{ 1 }}\n{{ 2 }}\n", NULL, "1\n2"},             /* one trailing newline is dropped */
+        {"x\n\n", NULL, "x\n"},
+        {"a  {%- if true -%}  b  {%- endif -%}  c", NULL, "abc"},
+        {"a \n {{- 'b' -}} \n c", NULL, "abc"},
+        {"  {%+ if true %}x{% endif +%}\ny", NULL, "  x\ny"},
+        {"  {# c #}\nz", NULL, "z"},
+        {"a {#- c -#} b", NULL, "ab"},
+        {"{% raw %}{{ x }}{% endraw %}", NULL, "{{ x }}"},
+        {"a\r\nb\rc", NULL, "a\nb\nc"},
+        {"  {{ 'x' }}", NULL, "  x"}, /* lstrip_blocks does not touch {{ */
+        {"\t{% for i in [1, 2] %}\n\t{{ i }}\n\t{% endfor %}\n", NULL, "\t1\n\t2\n"},
+    };
+    expect_all(cases, CS_ARRAY_LEN(cases));
 }
 END_TEST
 
 START_TEST(test_values_like_python) {
-    expect("{{ 1.0 }} {{ true }} {{ none }} {{ [1, 'a', none] }} {{ {'k': (1,)} }}", NULL,
-           "1.0 True None [1, 'a', None] {'k': (1,)}");
-    expect("{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** -1 }} {{ 1e16 }} {{ 0.1 + 0.2 }}", NULL,
-           "3 -4 2 3.5 0.5 1e+16 0.30000000000000004");
-    expect("{{ 'ab' * 2 }} {{ [1] + [2] }} {{ 'a' ~ 1 ~ none }} {{ 1 == 1.0 }} {{ 1 < 2 < 3 }}", NULL,
-           "abab [1, 2] a1None True True");
-    expect("{{ 'héllo'[1:3] }} {{ 'ab😀'|length }} {{ 'abc'[::-1] }} {{ [1, 2, 3][-1] }}", NULL, "él 3 cba 3");
-    expect("{{ '  x  '.strip() }}|{{ 'a,b'.split(',') }}|{{ 'Hi'.upper() }}|{{ 'ß'.upper() }}", NULL,
-           "x|['a', 'b']|HI|SS");
-    expect("{{ \"it's\" }} {{ ['it\\'s'] }} {{ 'a\\tb' }}", NULL, "it's [\"it's\"] a\tb");
-    expect("{{ x }}|{{ x is defined }}|{{ x|default('d') }}|{{ d.missing is defined }}", "{\"d\": {}}",
-           "|False|d|False");
-    expect("{{ m|tojson }} {{ m|tojson(indent=2) }}", "{\"m\": {\"a\": [1, \"é\"]}}",
-           "{\"a\": [1, \"é\"]} {\n  \"a\": [\n    1,\n    \"é\"\n  ]\n}");
-    expect("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}",
-           NULL, "6");
-    expect("{% set x = 1 %}{% for i in [1] %}{% set x = 5 %}{% endfor %}{{ x }}", NULL, "1"); /* loop scope */
-    expect("{% macro m(a, b='B') %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}{{ m(2, b=3) }}", NULL, "1B23");
-    expect("{% for k, v in d|items %}{{ k }}={{ v }}{{ ',' if not loop.last }}{% endfor %}",
-           "{\"d\": {\"b\": 1, \"a\": 2}}", "b=1,a=2");
-    expect("{{ ('<b>'|safe) + '<i>' }}", NULL, "<b>&lt;i&gt;");
+    static const render_case cases[] = {
+        {"{{ 1.0 }} {{ true }} {{ none }} {{ [1, 'a', none] }} {{ {'k': (1,)} }}", NULL,
+         "1.0 True None [1, 'a', None] {'k': (1,)}"},
+        {"{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** -1 }} {{ 1e16 }} {{ 0.1 + 0.2 }}", NULL,
+         "3 -4 2 3.5 0.5 1e+16 0.30000000000000004"},
+        {"{{ 'ab' * 2 }} {{ [1] + [2] }} {{ 'a' ~ 1 ~ none }} {{ 1 == 1.0 }} {{ 1 < 2 < 3 }}", NULL,
+         "abab [1, 2] a1None True True"},
+        {"{{ 'héllo'[1:3] }} {{ 'ab😀'|length }} {{ 'abc'[::-1] }} {{ [1, 2, 3][-1] }}", NULL, "él 3 cba 3"},
+        {"{{ '  x  '.strip() }}|{{ 'a,b'.split(',') }}|{{ 'Hi'.upper() }}|{{ 'ß'.upper() }}", NULL,
+         "x|['a', 'b']|HI|SS"},
+        {"{{ \"it's\" }} {{ ['it\\'s'] }} {{ 'a\\tb' }}", NULL, "it's [\"it's\"] a\tb"},
+        {"{{ x }}|{{ x is defined }}|{{ x|default('d') }}|{{ d.missing is defined }}", "{\"d\": {}}",
+         "|False|d|False"},
+        {"{{ m|tojson }} {{ m|tojson(indent=2) }}", "{\"m\": {\"a\": [1, \"é\"]}}",
+         "{\"a\": [1, \"é\"]} {\n  \"a\": [\n    1,\n    \"é\"\n  ]\n}"},
+        {"{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}",
+         NULL, "6"},
+        {"{% set x = 1 %}{% for i in [1] %}{% set x = 5 %}{% endfor %}{{ x }}", NULL, "1"}, /* loop scope */
+        {"{% macro m(a, b='B') %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}{{ m(2, b=3) }}", NULL, "1B23"},
+        {"{% for k, v in d|items %}{{ k }}={{ v }}{{ ',' if not loop.last }}{% endfor %}",
+         "{\"d\": {\"b\": 1, \"a\": 2}}", "b=1,a=2"},
+        {"{{ ('<b>'|safe) + '<i>' }}", NULL, "<b>&lt;i&gt;"},
+    };
+    expect_all(cases, CS_ARRAY_LEN(cases));
 }
 END_TEST
 
 START_TEST(test_parse_errors_have_lines) {
-    expect_parse_error("ok\n\n{% frobnicate %}", "line 3", "unknown tag 'frobnicate'");
-    expect_parse_error("{{ x|nosuchfilter }}", "line 1", "no filter named 'nosuchfilter'");
-    expect_parse_error("\n{{ x is nosuchtest }}", "line 2", "no test named 'nosuchtest'");
-    expect_parse_error("{{ x.frobnicate() }}", "line 1", "unknown method 'frobnicate'");
-    expect_parse_error("a\nb\n{{ lipsum(2) }}", "line 3", "lipsum");
-    expect_parse_error("{{ foo() }}", "line 1", "unknown function 'foo'");
-    expect_parse_error("{{ x|random }}", "line 1", "not supported");
-    expect_parse_error("{{ x|urlize }}", "line 1", "not supported");
-    expect_parse_error("{% include 'x.jinja' %}", "line 1", "not supported");
-    expect_parse_error("{% extends 'base' %}", "line 1", "not supported");
-    expect_parse_error("{% for x in y recursive %}{% endfor %}", "line 1", "recursive");
-    expect_parse_error("{{ f(*args) }}", "line 1", "not supported");
-    expect_parse_error("\n{% break %}", "line 2", "outside of a loop");
-    expect_parse_error("{% if x %}\nno end", "line 2", "endif");
-    expect_parse_error("{% for x in y %}", "line 1", "endfor");
-    expect_parse_error("{{ 'unterminated }}", "line 1", NULL);
-    expect_parse_error("{# never closed", "line 1", "comment");
-    expect_parse_error("{% raw %} never closed", "line 1", "raw");
-    expect_parse_error("{{ (1 }}", "line 1", NULL);
-    expect_parse_error("{{ 1 + }}", "line 1", NULL);
-    expect_parse_error("{{ 'a' 'b }}", "line 1", NULL);
-    expect_parse_error("{% endif %}", "line 1", "unknown tag 'endif'");
-    expect_parse_error("{{ x ! y }}", "line 1", "unexpected char '!'");
-    expect_parse_error("{{ '\\N{BULLET}' }}", "line 1", NULL);
-    expect_parse_error("caf\xe9", "UTF-8", NULL);
-    /* the filter-name check does not depend on the branch being taken */
-    expect_parse_error("{% if false %}{{ x|nosuchfilter }}{% endif %}", "line 1", "nosuchfilter");
+    /* each template and the one or two parts its parse error must contain */
+    static const struct { const char *src, *part1, *part2; } cases[] = {
+        {"ok\n\n{% frobnicate %}", "line 3", "unknown tag 'frobnicate'"},
+        {"{{ x|nosuchfilter }}", "line 1", "no filter named 'nosuchfilter'"},
+        {"\n{{ x is nosuchtest }}", "line 2", "no test named 'nosuchtest'"},
+        {"{{ x.frobnicate() }}", "line 1", "unknown method 'frobnicate'"},
+        {"a\nb\n{{ lipsum(2) }}", "line 3", "lipsum"},
+        {"{{ foo() }}", "line 1", "unknown function 'foo'"},
+        {"{{ x|random }}", "line 1", "not supported"},
+        {"{{ x|urlize }}", "line 1", "not supported"},
+        {"{% include 'x.jinja' %}", "line 1", "not supported"},
+        {"{% extends 'base' %}", "line 1", "not supported"},
+        {"{% for x in y recursive %}{% endfor %}", "line 1", "recursive"},
+        {"{{ f(*args) }}", "line 1", "not supported"},
+        {"\n{% break %}", "line 2", "outside of a loop"},
+        {"{% if x %}\nno end", "line 2", "endif"},
+        {"{% for x in y %}", "line 1", "endfor"},
+        {"{{ 'unterminated }}", "line 1", NULL},
+        {"{# never closed", "line 1", "comment"},
+        {"{% raw %} never closed", "line 1", "raw"},
+        {"{{ (1 }}", "line 1", NULL},
+        {"{{ 1 + }}", "line 1", NULL},
+        {"{{ 'a' 'b }}", "line 1", NULL},
+        {"{% endif %}", "line 1", "unknown tag 'endif'"},
+        {"{{ x ! y }}", "line 1", "unexpected char '!'"},
+        {"{{ '\\N{BULLET}' }}", "line 1", NULL},
+        {"caf\xe9", "UTF-8", NULL},
+        /* the filter-name check does not depend on the branch being taken */
+        {"{% if false %}{{ x|nosuchfilter }}{% endif %}", "line 1", "nosuchfilter"},
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(cases); i++) expect_parse_error(cases[i].src, cases[i].part1, cases[i].part2);
     /* a joiner or a macro defined anywhere can be called */
     expect("{% set j = joiner('/') %}{{ j() }}a{{ j() }}b", NULL, "a/b");
     expect_render_error("{{ m() }}{% macro m() %}late{% endmacro %}", NULL, "'m' is undefined");
@@ -146,28 +170,30 @@ START_TEST(test_parse_errors_have_lines) {
 END_TEST
 
 START_TEST(test_runtime_errors) {
-    /* raise_exception's message comes back as it is */
-    expect_render_error("{{ raise_exception('Conversation roles must alternate') }}", NULL,
-                        "Conversation roles must alternate");
+    static const render_case errors[] = {
+        /* raise_exception's message comes back as it is */
+        {"{{ raise_exception('Conversation roles must alternate') }}", NULL, "Conversation roles must alternate"},
+        {"line one\n{{ 1 + 'a' }}", NULL, "line 2"},
+        {"{{ x.y }}", NULL, "'x' is undefined"},
+        {"{{ m[0].role }}", "{\"m\": []}", "has no element 0"},
+        {"{{ 1 / 0 }}", NULL, "division by zero"},
+        {"{{ [].append(1) }}", NULL, "unsafe"},
+        {"{{ namespace(_x=1) }}", NULL, "underscore"},
+        {"{% set x = 1 %}{% set x.a = 2 %}", NULL, "non-namespace"},
+        {"{{ 9223372036854775807 + 1 }}", NULL, "64 bits"},
+        {"{{ range(200000)|length }}", NULL, "Range too big"},
+        {"{{ 'x'|int(bse=1) }}", NULL, "unexpected keyword argument 'bse'"},
+        /* a generator fails only when something consumes it, as in Python */
+        {"{{ [1, 2]|map('nosuch')|list }}", NULL, "no filter named 'nosuch'"},
+        /* printing what Python would print with a memory address is refused */
+        {"{{ 'x'.upper }}", NULL, "memory address"},
+    };
+    expect_render_errors(errors, CS_ARRAY_LEN(errors));
     char *got = render("{% if true %}\n{{ raise_exception('exact') }}{% endif %}", NULL);
     ck_assert_ptr_null(got);
     ck_assert_str_eq(cs_error_last(), "exact");
-    expect_render_error("line one\n{{ 1 + 'a' }}", NULL, "line 2");
-    expect_render_error("{{ x.y }}", NULL, "'x' is undefined");
-    expect_render_error("{{ m[0].role }}", "{\"m\": []}", "has no element 0");
-    expect_render_error("{{ 1 / 0 }}", NULL, "division by zero");
-    expect_render_error("{{ [].append(1) }}", NULL, "unsafe");
-    expect_render_error("{{ namespace(_x=1) }}", NULL, "underscore");
-    expect_render_error("{% set x = 1 %}{% set x.a = 2 %}", NULL, "non-namespace");
-    expect_render_error("{{ 9223372036854775807 + 1 }}", NULL, "64 bits");
-    expect_render_error("{{ range(200000)|length }}", NULL, "Range too big");
-    expect_render_error("{{ 'x'|int(bse=1) }}", NULL, "unexpected keyword argument 'bse'");
     expect("{{ 'x'|int(base=1) }}", NULL, "0"); /* a bad base is a ValueError: the default */
-    /* a generator fails only when something consumes it, as in Python */
-    expect("{% set g = [1, 2]|map('nosuch') %}ok", NULL, "ok");
-    expect_render_error("{{ [1, 2]|map('nosuch')|list }}", NULL, "no filter named 'nosuch'");
-    /* printing what Python would print with a memory address is refused */
-    expect_render_error("{{ 'x'.upper }}", NULL, "memory address");
+    expect("{% set g = [1, 2]|map('nosuch') %}ok", NULL, "ok"); /* not consumed */
     /* a context that is not an object */
     chat_template_t *t = parse_ok("x");
     json_t *arr = json_array();
@@ -184,14 +210,15 @@ START_TEST(test_runtime_errors) {
 END_TEST
 
 START_TEST(test_limits) {
-    expect_render_error("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", NULL, "deeper than");
-    expect_render_error("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", NULL, "longer than");
-    expect_render_error("{% set ns = namespace(s='xx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
-                        "{% endfor %}",
-                        NULL, "MiB");
-    expect_render_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", NULL,
-                        "loop iterations");
-    expect_render_error("{{ 'x' * 100000000 }}", NULL, "too long");
+    static const render_case errors[] = {
+        {"{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", NULL, "deeper than"},
+        {"{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", NULL, "longer than"},
+        {"{% set ns = namespace(s='xx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", NULL,
+         "MiB"},
+        {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", NULL, "loop iterations"},
+        {"{{ 'x' * 100000000 }}", NULL, "too long"},
+    };
+    expect_render_errors(errors, CS_ARRAY_LEN(errors));
     /* deeply nested source is refused when parsed, without exhausting the stack */
     char *deep = malloc(20001);
     memset(deep, '(', 10000);

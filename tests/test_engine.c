@@ -49,21 +49,40 @@ static void wake(void *user) {
 }
 
 static engine_request_t req(const int32_t *prompt, int n_prompt, int max_tokens, rec_t *r) {
-    engine_request_t q = {0};
+    engine_request_t q = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens, .ignore_eos = true,
+                          .sink = sink, .user = r};
     sampling_params_default(&q.sampling);
     q.sampling.temperature = 0;
-    q.prompt = prompt;
-    q.n_prompt = n_prompt;
-    q.max_tokens = max_tokens;
-    q.ignore_eos = true;
-    q.sink = sink;
-    q.user = r;
     return q;
 }
 
 static size_t kv_bytes_for_tokens(int tokens) {
     const model_config_t *c = model_get_config(model);
     return (size_t)(tokens / KV_BLOCK_SIZE) * kv_cache_block_bytes(c->n_layers, c->n_kv_heads * c->head_dim, CS_DTYPE_F32);
+}
+
+/* a new engine on the suite's model with fcfs and a KV cache of KV_TOKENS tokens (F32), the
+ * rest of its parameters from EP; a failure fails the test */
+static engine_t *engine_with(engine_params_t ep, int kv_tokens) {
+    ep.sched = fcfs;
+    ep.model = model;
+    ep.kv_cache_bytes = kv_bytes_for_tokens(kv_tokens);
+    engine_t *e = NULL;
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    return e;
+}
+
+/* E's stats, every KV block of which is free or cached: none leaked */
+static engine_stats_t stats_no_leak(engine_t *e) {
+    engine_stats_t st;
+    engine_get_stats(e, &st);
+    ck_assert_int_eq(st.kv.n_free + st.kv.n_cached, st.kv.n_blocks);
+    return st;
+}
+
+/* p[i] = FIRST + i for i < n: a prompt of distinct ids */
+static void ramp(int32_t *p, int n, int first) {
+    for (int i = 0; i < n; i++) p[i] = first + i;
 }
 
 START_TEST(loading_adapter_does_not_block) {
@@ -96,11 +115,9 @@ START_TEST(loading_adapter_does_not_block) {
 END_TEST
 
 START_TEST(abort_within_one_iteration) {
-    engine_t *e;
-    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(512)};
-    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_t *e = engine_with((engine_params_t){0}, 512);
     int32_t p[40];
-    for (int i = 0; i < 40; i++) p[i] = 3 + i;
+    ramp(p, 40, 3);
     rec_t r1 = {0}, r2 = {0};
     engine_request_t q1 = req(p, 40, 200, &r1), q2 = req(p + 1, 30, 5, &r2);
     uint64_t id1;
@@ -120,18 +137,14 @@ START_TEST(abort_within_one_iteration) {
     ck_assert_int_eq(engine_abort(e, id1), CS_OK); /* already gone: harmless */
     engine_step(e);
     ck_assert_int_eq(r1.finishes[0], 1);
-    engine_stats_t st;
-    engine_get_stats(e, &st);
-    ck_assert_int_eq(st.kv.n_free + st.kv.n_cached, st.kv.n_blocks);
+    engine_stats_t st = stats_no_leak(e);
     ck_assert_int_eq(st.n_running + st.n_waiting, 0);
     engine_free(e);
 }
 END_TEST
 
 START_TEST(preemption_no_leak) {
-    engine_t *e;
-    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(160), .max_model_len = 160};
-    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_t *e = engine_with((engine_params_t){.max_model_len = 160}, 160);
     enum { N = 6 };
     int32_t p[N][60];
     rec_t r[N];
@@ -155,21 +168,16 @@ START_TEST(preemption_no_leak) {
         }
         ck_assert_int_eq(r[k].done, 1);
     }
-    engine_stats_t st;
-    engine_get_stats(e, &st);
-    ck_assert_int_gt(st.preemptions, 0);
-    ck_assert_int_eq(st.kv.n_free + st.kv.n_cached, st.kv.n_blocks);
+    ck_assert_int_gt(stats_no_leak(e).preemptions, 0);
     engine_free(e);
 }
 END_TEST
 
 /* n samples share the prompt's full blocks; only the partial last block is copied */
 START_TEST(samples_share_prompt_blocks) {
-    engine_t *e;
-    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
-    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_t *e = engine_with((engine_params_t){0}, 1024);
     int32_t p[40];
-    for (int i = 0; i < 40; i++) p[i] = 3 + i;
+    ramp(p, 40, 3);
     rec_t r = {0};
     engine_request_t q = req(p, 40, 3, &r);
     q.n = 4;
@@ -190,9 +198,7 @@ START_TEST(samples_share_prompt_blocks) {
 END_TEST
 
 START_TEST(submit_validation) {
-    engine_t *e;
-    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(64), .max_num_seqs = 4};
-    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_t *e = engine_with((engine_params_t){.max_num_seqs = 4}, 64);
     ck_assert_int_eq(engine_max_model_len(e), 64);
     int32_t p[70] = {0};
     rec_t r = {0};
@@ -254,9 +260,7 @@ static int trec_done(trec_t *r) {
 }
 
 START_TEST(engine_thread) {
-    engine_t *e;
-    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(1024)};
-    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_t *e = engine_with((engine_params_t){0}, 1024);
     ck_assert_int_eq(engine_start(e), CS_OK);
     int32_t p[8] = {3, 4, 5, 6, 7, 8, 9, 10};
     enum { N = 12 };
@@ -332,13 +336,12 @@ START_TEST(prompt_logprobs) {
     cs_dtype kvt = _i == 2 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
     model_seq_t *ms = model_seq_new(model, 512, kvt);
     ck_assert_int_eq(model_forward(model, ms, p, N, NULL, ref, true), CS_OK);
-    engine_t *e = NULL;
-    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(2048), .kv_cache_dtype = kvt};
+    engine_params_t ep = {.kv_cache_dtype = kvt};
     if (_i == 1) {
         ep.logits_keep_bytes = 1;
         ep.max_num_seqs = 4;
     }
-    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_t *e = engine_with(ep, 2048);
     for (int round = 0; round < 3; round++) {
         plp_rec_t r = {0};
         engine_request_t q = req(p, N, round == 2 ? 0 : 2, NULL);
@@ -360,9 +363,7 @@ START_TEST(prompt_logprobs) {
             ck_assert_int_eq(r.top[t * 3], sampling_argmax(ref + (size_t)(t - 1) * V, V));
         }
     }
-    engine_stats_t st;
-    engine_get_stats(e, &st);
-    ck_assert_int_eq(st.kv.n_free + st.kv.n_cached, st.kv.n_blocks);
+    engine_stats_t st = stats_no_leak(e);
     if (_i == 1) ck_assert_uint_ge(st.logits_releases, 3); /* 3 chunks of round 0 at least */
     else ck_assert_uint_eq(st.logits_releases, 0);
     ck_assert_int_eq(st.kv.dtype, kvt);
@@ -429,7 +430,7 @@ START_TEST(policy_decides) {
     memset(r, 0, sizeof r);
     uint64_t id[3];
     for (int k = 0; k < 3; k++) {
-        for (int i = 0; i < 10; i++) p[k][i] = 3 + 10 * k + i;
+        ramp(p[k], 10, 3 + 10 * k);
         engine_request_t q = req(p[k], 10, 2, &r[k]);
         ck_assert_int_eq(engine_submit(e, &q, &id[k]), CS_OK);
     }
@@ -455,12 +456,9 @@ END_TEST
 /* the engine's very first step runs only part of a prompt (no logits wanted): it used to
  * fail the request ("forward pass failed") when the logits buffer was still empty */
 START_TEST(first_step_prefill_chunk) {
-    engine_t *e = NULL;
-    engine_params_t ep = {.sched = fcfs, .model = model, .kv_cache_bytes = kv_bytes_for_tokens(512),
-                          .max_num_batched_tokens = 8};
-    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_t *e = engine_with((engine_params_t){.max_num_batched_tokens = 8}, 512);
     int32_t p[20];
-    for (int i = 0; i < 20; i++) p[i] = 5 + i;
+    ramp(p, 20, 5);
     rec_t r = {0};
     engine_request_t q = req(p, 20, 3, &r);
     ck_assert_int_eq(engine_submit(e, &q, NULL), CS_OK);

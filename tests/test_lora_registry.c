@@ -29,10 +29,7 @@ static model_config_t base;
 
 #define N_LAYERS CS_TEST_TINY_LLAMA_LAYERS
 
-static void setup(void) {
-    cs_test_mkdtemp(root, sizeof root, "lreg");
-    ck_assert_int_eq(model_config_parse(CS_TEST_TINY_LLAMA_JSON, &base), CS_OK);
-}
+static void setup(void) { cs_test_lora_setup(root, sizeof root, "lreg", &base); }
 
 static void teardown(void) { cs_rmtree(root); }
 
@@ -715,11 +712,18 @@ static void run_many(size_t cache_bytes, int max_loras) {
 START_TEST(test_many_by_count) { run_many(0, BOUND); }
 END_TEST
 
-START_TEST(test_many_by_bytes) {
-    adapters_dtype = CS_DTYPE_F32; /* all one size: the bound counts adapters */
+/* Writes every adapter from now on in F32, all one size, so that a bound in bytes counts
+ * adapters; returns that size. */
+static size_t f32_adapters(void) {
+    adapters_dtype = CS_DTYPE_F32;
     lora_adapter_t *a = load_ref(write_adapter("size", 4, 1));
     size_t one = a->nbytes;
     lora_adapter_free(a);
+    return one;
+}
+
+START_TEST(test_many_by_bytes) {
+    size_t one = f32_adapters();
     run_many(BOUND * one + one / 2, 0);
     adapters_dtype = -1;
 }
@@ -848,10 +852,7 @@ START_TEST(test_pinned_by_count) { run_pinned(0, 5); }
 END_TEST
 
 START_TEST(test_pinned_by_bytes) {
-    adapters_dtype = CS_DTYPE_F32; /* all one size: the bound counts adapters */
-    lora_adapter_t *a = load_ref(write_adapter("size", 4, 1));
-    size_t one = a->nbytes;
-    lora_adapter_free(a);
+    size_t one = f32_adapters();
     run_pinned(5 * one + one - 1, 0);
     adapters_dtype = -1;
 }
@@ -1554,14 +1555,12 @@ int main(void) {
     const TTest *const loader[] = {
         test_loader_files, test_loader_many_jobs, test_loader_pool, test_loader_stream,
     };
-    TCase *tc = cs_tcase(s, "loader", loader, CS_ARRAY_LEN(loader), 120);
-    tcase_add_checked_fixture(tc, setup, teardown);
+    cs_tcase_fixture(s, "loader", loader, CS_ARRAY_LEN(loader), 120, setup, teardown);
     const TTest *const registry[] = {
         test_basic, test_many_by_count, test_many_by_bytes, test_bytes_by_dtype, test_device_tier,
         test_stream_host, test_pinned_by_count, test_pinned_by_bytes, test_corrupt, test_versions,
         test_kept_versions, test_remove, test_concurrent, test_fresh_grace, test_free_while_loading,
     };
-    tc = cs_tcase(s, "registry", registry, CS_ARRAY_LEN(registry), 300);
-    tcase_add_checked_fixture(tc, setup, teardown);
+    cs_tcase_fixture(s, "registry", registry, CS_ARRAY_LEN(registry), 300, setup, teardown);
     return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -26,6 +26,13 @@ static char *render(metrics_t *m) {
     return s;
 }
 
+/* M renders exactly as WANT */
+static void expect_render(metrics_t *m, const char *want) {
+    char *s = render(m);
+    ck_assert_str_eq(s, want);
+    free(s);
+}
+
 /* The value of the sample line that starts with `series ` (the full name and label set);
  * fails the test if there is not exactly one. */
 static double sample(const char *text, const char *series) {
@@ -62,24 +69,22 @@ START_TEST(test_counter_gauge_no_labels) {
     ck_assert_ptr_nonnull(c);
     ck_assert_ptr_nonnull(c2);
     ck_assert_ptr_nonnull(g);
-    char *s = render(m);
     /* exposed at 0 before the first update; "_total" added once */
-    ck_assert_str_eq(s, "# HELP caraserve_prompt_tokens_total Prompt tokens processed.\n"
-                        "# TYPE caraserve_prompt_tokens_total counter\n"
-                        "caraserve_prompt_tokens_total 0\n"
-                        "# HELP caraserve_requests_total Requests.\n"
-                        "# TYPE caraserve_requests_total counter\n"
-                        "caraserve_requests_total 0\n"
-                        "# HELP caraserve_num_requests_running Requests running.\n"
-                        "# TYPE caraserve_num_requests_running gauge\n"
-                        "caraserve_num_requests_running 0\n");
-    free(s);
+    expect_render(m, "# HELP caraserve_prompt_tokens_total Prompt tokens processed.\n"
+                  "# TYPE caraserve_prompt_tokens_total counter\n"
+                  "caraserve_prompt_tokens_total 0\n"
+                  "# HELP caraserve_requests_total Requests.\n"
+                  "# TYPE caraserve_requests_total counter\n"
+                  "caraserve_requests_total 0\n"
+                  "# HELP caraserve_num_requests_running Requests running.\n"
+                  "# TYPE caraserve_num_requests_running gauge\n"
+                  "caraserve_num_requests_running 0\n");
     metric_inc(c, NULL, 3);
     metric_inc(c, NULL, 0.5);
     metric_inc(c2, NULL, 1);
     metric_set(g, NULL, 7);
     metric_inc(g, NULL, -2);
-    s = render(m);
+    char *s = render(m);
     ck_assert(sample(s, "caraserve_prompt_tokens_total") == 3.5);
     ck_assert(sample(s, "caraserve_requests_total") == 1);
     ck_assert(sample(s, "caraserve_num_requests_running") == 5);
@@ -95,11 +100,9 @@ START_TEST(test_labels) {
     const char *names[] = {"adapter", "finished_reason", NULL};
     metric_t *c = metrics_counter(m, "caraserve_request_success", "Finished requests.", names);
     ck_assert_ptr_nonnull(c);
-    char *s = render(m);
     /* no series yet: HELP and TYPE only */
-    ck_assert_str_eq(s, "# HELP caraserve_request_success_total Finished requests.\n"
-                        "# TYPE caraserve_request_success_total counter\n");
-    free(s);
+    expect_render(m, "# HELP caraserve_request_success_total Finished requests.\n"
+                  "# TYPE caraserve_request_success_total counter\n");
     metric_inc(c, (const char *[]){"r16", "stop"}, 1);
     metric_inc(c, (const char *[]){"base", "length"}, 2);
     metric_inc(c, (const char *[]){"r16", "stop"}, 4);
@@ -107,15 +110,13 @@ START_TEST(test_labels) {
     /* the hash separates values: ("ab","c") is not ("a","bc") */
     metric_inc(c, (const char *[]){"ab", "c"}, 1);
     metric_inc(c, (const char *[]){"a", "bc"}, 2);
-    s = render(m);
-    ck_assert_str_eq(s, "# HELP caraserve_request_success_total Finished requests.\n"
-                        "# TYPE caraserve_request_success_total counter\n"
-                        "caraserve_request_success_total{adapter=\"r16\",finished_reason=\"stop\"} 5\n"
-                        "caraserve_request_success_total{adapter=\"base\",finished_reason=\"length\"} 2\n"
-                        "caraserve_request_success_total{adapter=\"r16\",finished_reason=\"length\"} 1\n"
-                        "caraserve_request_success_total{adapter=\"ab\",finished_reason=\"c\"} 1\n"
-                        "caraserve_request_success_total{adapter=\"a\",finished_reason=\"bc\"} 2\n");
-    free(s);
+    expect_render(m, "# HELP caraserve_request_success_total Finished requests.\n"
+                  "# TYPE caraserve_request_success_total counter\n"
+                  "caraserve_request_success_total{adapter=\"r16\",finished_reason=\"stop\"} 5\n"
+                  "caraserve_request_success_total{adapter=\"base\",finished_reason=\"length\"} 2\n"
+                  "caraserve_request_success_total{adapter=\"r16\",finished_reason=\"length\"} 1\n"
+                  "caraserve_request_success_total{adapter=\"ab\",finished_reason=\"c\"} 1\n"
+                  "caraserve_request_success_total{adapter=\"a\",finished_reason=\"bc\"} 2\n");
 
     /* many series: the hash table grows, every one still found */
     metric_t *g = metrics_gauge(m, "caraserve_lora_adapter_rank", "Rank of each loaded adapter.",
@@ -129,7 +130,7 @@ START_TEST(test_labels) {
         snprintf(name, sizeof name, "adapter-%d", i);
         metric_inc(g, (const char *[]){name}, 0.5);
     }
-    s = render(m);
+    char *s = render(m);
     for (int i = 0; i < 1000; i++) {
         char series[64];
         snprintf(series, sizeof series, "caraserve_lora_adapter_rank{adapter=\"adapter-%d\"}", i);
@@ -147,18 +148,16 @@ START_TEST(test_histogram) {
     const double b[] = {0.005, 0.01, 0.5, 1, 2.5};
     metric_t *h = metrics_histogram(m, "caraserve_time_to_first_token_seconds", "Time to first token.", NULL, b, 5);
     ck_assert_ptr_nonnull(h);
-    char *s = render(m);
-    ck_assert_str_eq(s, "# HELP caraserve_time_to_first_token_seconds Time to first token.\n"
-                        "# TYPE caraserve_time_to_first_token_seconds histogram\n"
-                        "caraserve_time_to_first_token_seconds_bucket{le=\"0.005\"} 0\n"
-                        "caraserve_time_to_first_token_seconds_bucket{le=\"0.01\"} 0\n"
-                        "caraserve_time_to_first_token_seconds_bucket{le=\"0.5\"} 0\n"
-                        "caraserve_time_to_first_token_seconds_bucket{le=\"1\"} 0\n"
-                        "caraserve_time_to_first_token_seconds_bucket{le=\"2.5\"} 0\n"
-                        "caraserve_time_to_first_token_seconds_bucket{le=\"+Inf\"} 0\n"
-                        "caraserve_time_to_first_token_seconds_sum 0\n"
-                        "caraserve_time_to_first_token_seconds_count 0\n");
-    free(s);
+    expect_render(m, "# HELP caraserve_time_to_first_token_seconds Time to first token.\n"
+                  "# TYPE caraserve_time_to_first_token_seconds histogram\n"
+                  "caraserve_time_to_first_token_seconds_bucket{le=\"0.005\"} 0\n"
+                  "caraserve_time_to_first_token_seconds_bucket{le=\"0.01\"} 0\n"
+                  "caraserve_time_to_first_token_seconds_bucket{le=\"0.5\"} 0\n"
+                  "caraserve_time_to_first_token_seconds_bucket{le=\"1\"} 0\n"
+                  "caraserve_time_to_first_token_seconds_bucket{le=\"2.5\"} 0\n"
+                  "caraserve_time_to_first_token_seconds_bucket{le=\"+Inf\"} 0\n"
+                  "caraserve_time_to_first_token_seconds_sum 0\n"
+                  "caraserve_time_to_first_token_seconds_count 0\n");
     /* bounds are inclusive (le); above every bound only +Inf counts it */
     const double obs[] = {0.001, 0.005, 0.0050001, 0.25, 1, 1, 2.5, 3, 100};
     double sum = 0;
@@ -166,7 +165,7 @@ START_TEST(test_histogram) {
         metric_observe(h, NULL, obs[i]);
         sum += obs[i];
     }
-    s = render(m);
+    char *s = render(m);
     ck_assert(sample(s, "caraserve_time_to_first_token_seconds_sum") == sum);
     ck_assert(sample(s, "caraserve_time_to_first_token_seconds_count") == 9);
     *strstr(s, "caraserve_time_to_first_token_seconds_sum ") = 0;
@@ -262,20 +261,21 @@ START_TEST(test_escaping) {
     metrics_t *m = metrics_new();
     metric_t *g = metrics_gauge(m, "caraserve_info", "Help with \\ backslash,\nnewline and \"quotes\".",
                                 (const char *[]){"name", NULL});
-    metric_set(g, (const char *[]){"a\\b\"c\nd"}, 1);
-    metric_set(g, (const char *[]){"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"}, 2);  /* valid UTF-8 kept */
-    metric_set(g, (const char *[]){"bad\xff" "x\xc3"}, 3);                             /* invalid: U+FFFD */
-    metric_set(g, (const char *[]){"\xc0\xaf\xed\xa0\x80"}, 4); /* overlong '/', a surrogate */
-    metric_set(g, (const char *[]){""}, 5);
-    char *s = render(m);
-    ck_assert_str_eq(s, "# HELP caraserve_info Help with \\\\ backslash,\\nnewline and \"quotes\".\n"
-                        "# TYPE caraserve_info gauge\n"
-                        "caraserve_info{name=\"a\\\\b\\\"c\\nd\"} 1\n"
-                        "caraserve_info{name=\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"} 2\n"
-                        "caraserve_info{name=\"bad\xef\xbf\xbdx\xef\xbf\xbd\"} 3\n"
-                        "caraserve_info{name=\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"} 4\n"
-                        "caraserve_info{name=\"\"} 5\n");
-    free(s);
+    static const char *const names[] = {
+        "a\\b\"c\nd",
+        "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", /* valid UTF-8 kept */
+        "bad\xff" "x\xc3",                              /* invalid: U+FFFD */
+        "\xc0\xaf\xed\xa0\x80",                         /* overlong '/', a surrogate */
+        "",
+    };
+    for (int i = 0; i < (int)CS_ARRAY_LEN(names); i++) metric_set(g, &names[i], i + 1);
+    expect_render(m, "# HELP caraserve_info Help with \\\\ backslash,\\nnewline and \"quotes\".\n"
+                  "# TYPE caraserve_info gauge\n"
+                  "caraserve_info{name=\"a\\\\b\\\"c\\nd\"} 1\n"
+                  "caraserve_info{name=\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"} 2\n"
+                  "caraserve_info{name=\"bad\xef\xbf\xbdx\xef\xbf\xbd\"} 3\n"
+                  "caraserve_info{name=\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"} 4\n"
+                  "caraserve_info{name=\"\"} 5\n");
     metrics_free(m);
 }
 END_TEST
@@ -293,9 +293,9 @@ START_TEST(test_numbers) {
         snprintf(lbl, sizeof lbl, "%d", i);
         metric_set(g, (const char *[]){lbl}, vals[i]);
     }
-    metric_set(g, (const char *[]){"nan"}, NAN);
-    metric_set(g, (const char *[]){"inf"}, INFINITY);
-    metric_set(g, (const char *[]){"-inf"}, -INFINITY);
+    static const struct { const char *name; double v; } special[] = {
+        {"nan", NAN}, {"inf", INFINITY}, {"-inf", -INFINITY}};
+    for (int i = 0; i < 3; i++) metric_set(g, &special[i].name, special[i].v);
     const char *comma = NULL;
     const char *locales[] = {"de_DE.UTF-8", "fr_FR.UTF-8", "de_DE", "fr_FR", NULL};
     for (int i = 0; locales[i] && !comma; i++) comma = setlocale(LC_NUMERIC, locales[i]);
@@ -307,12 +307,9 @@ START_TEST(test_numbers) {
         snprintf(series, sizeof series, "v{i=\"%d\"}", i);
         ck_assert_msg(sample(s, series) == vals[i], "%s: %.17g", series, vals[i]);
     }
-    ck_assert_ptr_nonnull(strstr(s, "v{i=\"0\"} 0\n"));
-    ck_assert_ptr_nonnull(strstr(s, "v{i=\"3\"} 0.1\n"));
-    ck_assert_ptr_nonnull(strstr(s, "v{i=\"5\"} 2.5\n"));
-    ck_assert_ptr_nonnull(strstr(s, "v{i=\"nan\"} NaN\n"));
-    ck_assert_ptr_nonnull(strstr(s, "v{i=\"inf\"} +Inf\n"));
-    ck_assert_ptr_nonnull(strstr(s, "v{i=\"-inf\"} -Inf\n"));
+    static const char *const lines[] = {"v{i=\"0\"} 0\n",     "v{i=\"3\"} 0.1\n",    "v{i=\"5\"} 2.5\n",
+                                        "v{i=\"nan\"} NaN\n", "v{i=\"inf\"} +Inf\n", "v{i=\"-inf\"} -Inf\n"};
+    for (size_t i = 0; i < CS_ARRAY_LEN(lines); i++) ck_assert_msg(strstr(s, lines[i]), "no line %s", lines[i]);
     ck_assert_int_eq(count_lines_with(s, ","), 0);
     free(s);
     metrics_free(m);
@@ -323,33 +320,28 @@ START_TEST(test_remove) {
     metrics_t *m = metrics_new();
     metric_t *g = metrics_gauge(m, "caraserve_lora_loaded", "Loaded adapters.", (const char *[]){"adapter", NULL});
     metric_t *h = metrics_histogram(m, "h_seconds", "H.", (const char *[]){"adapter", NULL}, (const double[]){1}, 1);
-    metric_set(g, (const char *[]){"a"}, 1);
-    metric_set(g, (const char *[]){"b"}, 1);
-    metric_set(g, (const char *[]){"c"}, 1);
+    static const char *const adapters[] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) metric_set(g, &adapters[i], 1);
     metric_observe(h, (const char *[]){"a"}, 0.5);
     metric_remove(g, (const char *[]){"b"});
     metric_remove(g, (const char *[]){"nope"}); /* no-op */
     metric_remove(h, (const char *[]){"a"});
-    char *s = render(m);
-    ck_assert_str_eq(s, "# HELP caraserve_lora_loaded Loaded adapters.\n"
-                        "# TYPE caraserve_lora_loaded gauge\n"
-                        "caraserve_lora_loaded{adapter=\"a\"} 1\n"
-                        "caraserve_lora_loaded{adapter=\"c\"} 1\n"
-                        "# HELP h_seconds H.\n"
-                        "# TYPE h_seconds histogram\n");
-    free(s);
+    expect_render(m, "# HELP caraserve_lora_loaded Loaded adapters.\n"
+                  "# TYPE caraserve_lora_loaded gauge\n"
+                  "caraserve_lora_loaded{adapter=\"a\"} 1\n"
+                  "caraserve_lora_loaded{adapter=\"c\"} 1\n"
+                  "# HELP h_seconds H.\n"
+                  "# TYPE h_seconds histogram\n");
     /* re-created from zero, at the end */
     metric_inc(g, (const char *[]){"b"}, 2);
     metric_remove(g, (const char *[]){"a"});
     metric_remove(g, (const char *[]){"a"});
-    s = render(m);
-    ck_assert_str_eq(s, "# HELP caraserve_lora_loaded Loaded adapters.\n"
-                        "# TYPE caraserve_lora_loaded gauge\n"
-                        "caraserve_lora_loaded{adapter=\"c\"} 1\n"
-                        "caraserve_lora_loaded{adapter=\"b\"} 2\n"
-                        "# HELP h_seconds H.\n"
-                        "# TYPE h_seconds histogram\n");
-    free(s);
+    expect_render(m, "# HELP caraserve_lora_loaded Loaded adapters.\n"
+                  "# TYPE caraserve_lora_loaded gauge\n"
+                  "caraserve_lora_loaded{adapter=\"c\"} 1\n"
+                  "caraserve_lora_loaded{adapter=\"b\"} 2\n"
+                  "# HELP h_seconds H.\n"
+                  "# TYPE h_seconds histogram\n");
     /* many removes and re-adds keep the table consistent */
     char name[16];
     for (int round = 0; round < 3; round++) {
@@ -362,7 +354,7 @@ START_TEST(test_remove) {
             metric_remove(g, (const char *[]){name});
         }
     }
-    s = render(m);
+    char *s = render(m);
     for (int i = 0; i < 200; i++) {
         char series[48];
         snprintf(series, sizeof series, "caraserve_lora_loaded{adapter=\"x%d\"} ", i);

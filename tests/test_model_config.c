@@ -47,6 +47,18 @@ static void expect_err(const char *json, int want, const char *needle) {
         ck_assert_msg(strstr(cs_error_last(), needle) != NULL, "message '%s' lacks '%s'", cs_error_last(), needle);
 }
 
+/* a minimal config of ARCH with EXTRA members that is refused with RC and a message
+ * containing NEEDLE */
+typedef struct refusal {
+    const char *arch, *extra;
+    int rc;
+    const char *needle;
+} refusal;
+
+static void expect_refusals(const refusal *c, size_t n) {
+    for (size_t i = 0; i < n; i++) expect_err(cfg(c[i].arch, c[i].extra), c[i].rc, c[i].needle);
+}
+
 static model_config_t ok(const char *json) {
     model_config_t c;
     int rc = model_config_parse(json, &c);
@@ -112,10 +124,13 @@ START_TEST(test_gqa) {
     model_config_t c = ok(cfg("LlamaForCausalLM", "\"num_key_value_heads\": 1, \"head_dim\": 32"));
     ck_assert_int_eq(c.n_kv_heads, 1);
     ck_assert_int_eq(c.head_dim, 32);
-    expect_err(cfg("LlamaForCausalLM", "\"num_key_value_heads\": 3"), CS_EFORMAT, "num_key_value_heads");
-    expect_err(cfg("LlamaForCausalLM", "\"num_key_value_heads\": 8"), CS_EFORMAT, "num_key_value_heads");
-    expect_err(cfg("LlamaForCausalLM", "\"num_key_value_heads\": 0"), CS_EFORMAT, "num_key_value_heads");
-    expect_err(cfg("LlamaForCausalLM", "\"head_dim\": 15"), CS_EFORMAT, "head_dim");
+    static const refusal bad[] = {
+        {"LlamaForCausalLM", "\"num_key_value_heads\": 3", CS_EFORMAT, "num_key_value_heads"},
+        {"LlamaForCausalLM", "\"num_key_value_heads\": 8", CS_EFORMAT, "num_key_value_heads"},
+        {"LlamaForCausalLM", "\"num_key_value_heads\": 0", CS_EFORMAT, "num_key_value_heads"},
+        {"LlamaForCausalLM", "\"head_dim\": 15", CS_EFORMAT, "head_dim"},
+    };
+    expect_refusals(bad, CS_ARRAY_LEN(bad));
 }
 END_TEST
 
@@ -161,35 +176,43 @@ START_TEST(test_qwen2) {
 END_TEST
 
 START_TEST(test_qwen2_sliding) {
-    /* all layers slide (max_window_layers 0): allowed */
-    model_config_t c = ok(cfg("Qwen2ForCausalLM", "\"num_key_value_heads\": 2, \"use_sliding_window\": true, "
-                                                  "\"sliding_window\": 64, \"max_window_layers\": 0"));
-    ck_assert_int_eq(c.sliding_window, 64);
-    /* max_window_layers >= layers: no layer slides */
-    c = ok(cfg("Qwen2ForCausalLM", "\"num_key_value_heads\": 2, \"use_sliding_window\": true, "
-                                   "\"sliding_window\": 64, \"max_window_layers\": 28"));
-    ck_assert_int_eq(c.sliding_window, 0);
-    /* some layers sliding, others not: refused by name */
-    expect_err(cfg("Qwen2ForCausalLM", "\"num_key_value_heads\": 2, \"use_sliding_window\": true, "
-                                       "\"sliding_window\": 64, \"max_window_layers\": 1"),
-               CS_EUNSUPPORTED, "max_window_layers");
-    /* explicit layer_types wins over max_window_layers */
-    expect_err(cfg("Qwen2ForCausalLM", "\"num_key_value_heads\": 2, \"use_sliding_window\": true, "
-                                       "\"sliding_window\": 64, \"max_window_layers\": 28, "
-                                       "\"layer_types\": [\"full_attention\", \"sliding_attention\"]"),
-               CS_EUNSUPPORTED, "layer_types");
-    c = ok(cfg("Qwen2ForCausalLM", "\"num_key_value_heads\": 2, \"use_sliding_window\": true, \"sliding_window\": 32, "
-                                   "\"layer_types\": [\"sliding_attention\", \"sliding_attention\"]"));
-    ck_assert_int_eq(c.sliding_window, 32);
-    /* layer_types without use_sliding_window: the window is None, all layers are full */
-    c = ok(cfg("Qwen2ForCausalLM", "\"num_key_value_heads\": 2, \"sliding_window\": 32, "
-                                   "\"layer_types\": [\"full_attention\", \"sliding_attention\"]"));
-    ck_assert_int_eq(c.sliding_window, 0);
-    expect_err(cfg("Qwen2ForCausalLM", "\"num_key_value_heads\": 2, \"layer_types\": [\"full_attention\"]"),
-               CS_EFORMAT, "layer_types");
-    expect_err(cfg("Qwen2ForCausalLM", "\"num_key_value_heads\": 2, "
-                                       "\"layer_types\": [\"full_attention\", \"chunked_attention\"]"),
-               CS_EUNSUPPORTED, "chunked_attention");
+    /* each config: the window it parses to, or the error it is refused with and a part of the
+     * message */
+    static const struct { const char *extra; int rc, window; const char *needle; } cases[] = {
+        /* all layers slide (max_window_layers 0): allowed */
+        {"\"num_key_value_heads\": 2, \"use_sliding_window\": true, \"sliding_window\": 64, \"max_window_layers\": 0",
+         CS_OK, 64, NULL},
+        /* max_window_layers >= layers: no layer slides */
+        {"\"num_key_value_heads\": 2, \"use_sliding_window\": true, \"sliding_window\": 64, \"max_window_layers\": 28",
+         CS_OK, 0, NULL},
+        /* some layers sliding, others not: refused by name */
+        {"\"num_key_value_heads\": 2, \"use_sliding_window\": true, \"sliding_window\": 64, \"max_window_layers\": 1",
+         CS_EUNSUPPORTED, 0, "max_window_layers"},
+        /* explicit layer_types wins over max_window_layers */
+        {"\"num_key_value_heads\": 2, \"use_sliding_window\": true, \"sliding_window\": 64, \"max_window_layers\": 28, "
+         "\"layer_types\": [\"full_attention\", \"sliding_attention\"]",
+         CS_EUNSUPPORTED, 0, "layer_types"},
+        {"\"num_key_value_heads\": 2, \"use_sliding_window\": true, \"sliding_window\": 32, "
+         "\"layer_types\": [\"sliding_attention\", \"sliding_attention\"]",
+         CS_OK, 32, NULL},
+        /* layer_types without use_sliding_window: the window is None, all layers are full */
+        {"\"num_key_value_heads\": 2, \"sliding_window\": 32, "
+         "\"layer_types\": [\"full_attention\", \"sliding_attention\"]",
+         CS_OK, 0, NULL},
+        {"\"num_key_value_heads\": 2, \"layer_types\": [\"full_attention\"]", CS_EFORMAT, 0, "layer_types"},
+        {"\"num_key_value_heads\": 2, \"layer_types\": [\"full_attention\", \"chunked_attention\"]", CS_EUNSUPPORTED, 0,
+         "chunked_attention"},
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(cases); i++) {
+        const char *json = cfg("Qwen2ForCausalLM", cases[i].extra);
+        if (cases[i].rc != CS_OK) {
+            expect_err(json, cases[i].rc, cases[i].needle);
+            continue;
+        }
+        model_config_t c = ok(json);
+        ck_assert_msg(c.sliding_window == cases[i].window, "%s: sliding_window %d, want %d", json, c.sliding_window,
+                      cases[i].window);
+    }
 }
 END_TEST
 
@@ -255,33 +278,41 @@ START_TEST(test_rope_refused) {
         snprintf(extra, sizeof extra, "\"num_key_value_heads\": 2, \"rope_parameters\": {\"type\": \"%s\", \"factor\": 2.0}", types[i]);
         expect_err(cfg("Qwen3ForCausalLM", extra), CS_EUNSUPPORTED, types[i]);
     }
-    expect_err(cfg("LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"linear\"}"), CS_EFORMAT, "factor");
-    expect_err(cfg("LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1}"),
-               CS_EFORMAT, "high_freq_factor");
-    expect_err(cfg("LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
-                                       "\"low_freq_factor\": 4, \"high_freq_factor\": 4}"), CS_EFORMAT, "llama3");
-    expect_err(cfg("LlamaForCausalLM", "\"partial_rotary_factor\": 0.5"), CS_EUNSUPPORTED, "partial_rotary_factor");
-    expect_err(cfg("LlamaForCausalLM", "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}}"),
-               CS_EUNSUPPORTED, "rope_parameters");
-    expect_err(cfg("LlamaForCausalLM", "\"rope_theta\": 0"), CS_EFORMAT, "rope_theta");
-    expect_err(cfg("LlamaForCausalLM", "\"rope_scaling\": \"llama3\""), CS_EFORMAT, "rope_scaling");
+    static const refusal bad[] = {
+        {"LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"linear\"}", CS_EFORMAT, "factor"},
+        {"LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1}",
+         CS_EFORMAT, "high_freq_factor"},
+        {"LlamaForCausalLM",
+         "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
+         "\"high_freq_factor\": 4}",
+         CS_EFORMAT, "llama3"},
+        {"LlamaForCausalLM", "\"partial_rotary_factor\": 0.5", CS_EUNSUPPORTED, "partial_rotary_factor"},
+        {"LlamaForCausalLM", "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}}", CS_EUNSUPPORTED,
+         "rope_parameters"},
+        {"LlamaForCausalLM", "\"rope_theta\": 0", CS_EFORMAT, "rope_theta"},
+        {"LlamaForCausalLM", "\"rope_scaling\": \"llama3\"", CS_EFORMAT, "rope_scaling"},
+    };
+    expect_refusals(bad, CS_ARRAY_LEN(bad));
 }
 END_TEST
 
 START_TEST(test_refusals) {
-    expect_err(cfg("GPT2LMHeadModel", NULL), CS_EUNSUPPORTED, "GPT2LMHeadModel");
-    expect_err(cfg("Gemma3ForCausalLM", NULL), CS_EUNSUPPORTED, "Gemma3ForCausalLM");
-    expect_err(cfg("LlamaForCausalLM", "\"hidden_act\": \"gelu\""), CS_EUNSUPPORTED, "gelu");
-    expect_err(cfg("LlamaForCausalLM", "\"hidden_act\": 3"), CS_EFORMAT, "hidden_act");
+    static const refusal bad[] = {
+        {"GPT2LMHeadModel", NULL, CS_EUNSUPPORTED, "GPT2LMHeadModel"},
+        {"Gemma3ForCausalLM", NULL, CS_EUNSUPPORTED, "Gemma3ForCausalLM"},
+        {"LlamaForCausalLM", "\"hidden_act\": \"gelu\"", CS_EUNSUPPORTED, "gelu"},
+        {"LlamaForCausalLM", "\"hidden_act\": 3", CS_EFORMAT, "hidden_act"},
+        {"LlamaForCausalLM", "\"quantization_config\": {\"quant_method\": \"gptq\"}", CS_EUNSUPPORTED,
+         "quantization_config"},
+        {"LlamaForCausalLM", "\"dtype\": \"float64\"", CS_EUNSUPPORTED, "float64"},
+        {"LlamaForCausalLM", "\"torch_dtype\": \"int8\"", CS_EUNSUPPORTED, "int8"},
+        {"LlamaForCausalLM", "\"eos_token_id\": [1,2,3,4,5,6,7,8,9]", CS_EUNSUPPORTED, "eos_token_id"},
+        {"LlamaForCausalLM", "\"eos_token_id\": \"</s>\"", CS_EFORMAT, "eos_token_id"},
+        {"LlamaForCausalLM", "\"bos_token_id\": -3", CS_EFORMAT, "bos_token_id"},
+    };
+    expect_refusals(bad, CS_ARRAY_LEN(bad));
     model_config_t c = ok(cfg("LlamaForCausalLM", "\"hidden_act\": \"swish\""));
     ck_assert_int_eq(c.arch, MODEL_ARCH_LLAMA);
-    expect_err(cfg("LlamaForCausalLM", "\"quantization_config\": {\"quant_method\": \"gptq\"}"), CS_EUNSUPPORTED,
-               "quantization_config");
-    expect_err(cfg("LlamaForCausalLM", "\"dtype\": \"float64\""), CS_EUNSUPPORTED, "float64");
-    expect_err(cfg("LlamaForCausalLM", "\"torch_dtype\": \"int8\""), CS_EUNSUPPORTED, "int8");
-    expect_err(cfg("LlamaForCausalLM", "\"eos_token_id\": [1,2,3,4,5,6,7,8,9]"), CS_EUNSUPPORTED, "eos_token_id");
-    expect_err(cfg("LlamaForCausalLM", "\"eos_token_id\": \"</s>\""), CS_EFORMAT, "eos_token_id");
-    expect_err(cfg("LlamaForCausalLM", "\"bos_token_id\": -3"), CS_EFORMAT, "bos_token_id");
 }
 END_TEST
 

@@ -22,10 +22,7 @@ static model_config_t base;
 
 #define N_LAYERS CS_TEST_TINY_LLAMA_LAYERS
 
-static void setup(void) {
-    cs_test_mkdtemp(dir, sizeof dir, "peft");
-    ck_assert_int_eq(model_config_parse(CS_TEST_TINY_LLAMA_JSON, &base), CS_OK);
-}
+static void setup(void) { cs_test_lora_setup(dir, sizeof dir, "peft", &base); }
 
 static void teardown(void) { cs_rmtree(dir); }
 
@@ -105,6 +102,13 @@ static void write_file(const char *file, const char *text) {
 #define ALL_TARGETS "[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]"
 #define ALL_MASK 0x7fu
 
+/* adapter_model.safetensors of every target of every layer at rank R in F32 */
+static void write_all_targets(int r) {
+    tb_t b = { 0 };
+    tb_all(&b, ALL_MASK, r, CS_DTYPE_F32);
+    tb_write(&b, "adapter_model.safetensors");
+}
+
 static void write_cfg(const char *fmt_extra) {
     char buf[4096];
     snprintf(buf, sizeof buf, "{\"peft_type\": \"LORA\", \"task_type\": \"CAUSAL_LM\", \"bias\": \"none\", %s}", fmt_extra);
@@ -128,14 +132,18 @@ static lora_adapter_t *load_ok(void) {
     return a;
 }
 
+/* The load must fail with WANT and a message containing NEEDLE; a failure names the needle and
+ * the config. */
 static void load_fail(int want, const char *needle) {
     lora_adapter_t *a = (lora_adapter_t *)0x1;
     cs_error_clear();
     int rc = lora_adapter_load(dir, &base, &a);
-    ck_assert_msg(rc == want, "got %d (%s), want %d", rc, cs_error_last(), want);
+    ck_assert_msg(rc == want, "got %d (%s), want %d ('%s'), config %s", rc, cs_error_last(), want,
+                  needle ? needle : "", read_cfg());
     ck_assert_ptr_null(a);
     if (needle)
-        ck_assert_msg(strstr(cs_error_last(), needle) != NULL, "message '%s' lacks '%s'", cs_error_last(), needle);
+        ck_assert_msg(strstr(cs_error_last(), needle) != NULL, "message '%s' lacks '%s', config %s", cs_error_last(),
+                      needle, read_cfg());
 }
 
 static void check_mod(const lora_adapter_t *a, int layer, int t, int rank, double scale) {
@@ -159,39 +167,28 @@ static void check_mod(const lora_adapter_t *a, int layer, int t, int rank, doubl
 /* ---- tests ---- */
 
 START_TEST(test_target_dims) {
-    int din, dout;
-    lora_target_dims(&base, LORA_Q, &din, &dout);
-    ck_assert(din == 64 && dout == 64);
-    lora_target_dims(&base, LORA_K, &din, &dout);
-    ck_assert(din == 64 && dout == 32);
-    lora_target_dims(&base, LORA_V, &din, &dout);
-    ck_assert(din == 64 && dout == 32);
-    lora_target_dims(&base, LORA_O, &din, &dout);
-    ck_assert(din == 64 && dout == 64);
-    lora_target_dims(&base, LORA_GATE, &din, &dout);
-    ck_assert(din == 64 && dout == 96);
-    lora_target_dims(&base, LORA_UP, &din, &dout);
-    ck_assert(din == 64 && dout == 96);
-    lora_target_dims(&base, LORA_DOWN, &din, &dout);
-    ck_assert(din == 96 && dout == 64);
-    model_config_t q3;
+    model_config_t q3; /* Qwen3: q and o are heads x head_dim 32 = 128 wide */
     ck_assert_int_eq(model_config_parse("{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 10, "
                                         "\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1, "
                                         "\"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"head_dim\": 32}", &q3), CS_OK);
-    lora_target_dims(&q3, LORA_Q, &din, &dout);
-    ck_assert(din == 64 && dout == 128);
-    lora_target_dims(&q3, LORA_K, &din, &dout);
-    ck_assert(din == 64 && dout == 32);
-    lora_target_dims(&q3, LORA_O, &din, &dout);
-    ck_assert(din == 128 && dout == 64);
+    static const struct { bool qwen3; lora_target t; int din, dout; } cases[] = {
+        {false, LORA_Q, 64, 64},    {false, LORA_K, 64, 32},  {false, LORA_V, 64, 32}, {false, LORA_O, 64, 64},
+        {false, LORA_GATE, 64, 96}, {false, LORA_UP, 64, 96}, {false, LORA_DOWN, 96, 64},
+        {true, LORA_Q, 64, 128},    {true, LORA_K, 64, 32},   {true, LORA_O, 128, 64},
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(cases); i++) {
+        int din, dout;
+        lora_target_dims(cases[i].qwen3 ? &q3 : &base, cases[i].t, &din, &dout);
+        ck_assert_msg(din == cases[i].din && dout == cases[i].dout, "%s %s: %d -> %d, want %d -> %d",
+                      cases[i].qwen3 ? "qwen3" : "llama", lora_target_names[cases[i].t], din, dout, cases[i].din,
+                      cases[i].dout);
+    }
     ck_assert_str_eq(lora_target_names[LORA_DOWN], "down_proj");
 }
 END_TEST
 
 START_TEST(test_all_targets) {
-    tb_t b = { 0 };
-    tb_all(&b, ALL_MASK, 8, CS_DTYPE_F32);
-    tb_write(&b, "adapter_model.safetensors");
+    write_all_targets(8);
     write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"use_rslora\": false, "
               "\"use_dora\": false, \"modules_to_save\": null, \"rank_pattern\": {}, \"alpha_pattern\": {}, "
               "\"lora_dropout\": 0.05, \"fan_in_fan_out\": false, \"init_lora_weights\": true, "
@@ -226,9 +223,7 @@ START_TEST(test_all_targets) {
 END_TEST
 
 START_TEST(test_rslora) {
-    tb_t b = { 0 };
-    tb_all(&b, ALL_MASK, 4, CS_DTYPE_F32);
-    tb_write(&b, "adapter_model.safetensors");
+    write_all_targets(4);
     write_cfg("\"r\": 4, \"lora_alpha\": 8, \"target_modules\": " ALL_TARGETS ", \"use_rslora\": true");
     lora_adapter_t *a = load_ok();
     check_mod(a, 0, LORA_Q, 4, 4.0);        /* 8 / sqrt(4) */
@@ -322,8 +317,7 @@ START_TEST(test_target_regex_and_all_linear) {
     write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \"q_proj\"");
     load_fail(CS_EFORMAT, "matches no projection");
 
-    tb_all(&b, ALL_MASK, 8, CS_DTYPE_F32);
-    tb_write(&b, "adapter_model.safetensors");
+    write_all_targets(8);
     write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \"ALL-LINEAR\"");
     a = load_ok();
     for (int t = 0; t < LORA_N_TARGETS; t++) check_mod(a, 1, t, 8, 2.0);
@@ -389,9 +383,7 @@ START_TEST(test_exclude_modules) {
 END_TEST
 
 START_TEST(test_config_refusals) {
-    tb_t b = { 0 };
-    tb_all(&b, ALL_MASK, 8, CS_DTYPE_F32);
-    tb_write(&b, "adapter_model.safetensors");
+    write_all_targets(8);
     static const struct { const char *extra; int rc; const char *needle; } cases[] = {
         { "\"use_dora\": true", CS_EUNSUPPORTED, "DoRA" },
         { "\"modules_to_save\": [\"lm_head\"]", CS_EUNSUPPORTED, "modules_to_save" },
@@ -424,27 +416,30 @@ START_TEST(test_config_refusals) {
         write_cfg(extra);   /* a repeated key (r, bias, ...) overrides: the last wins, as in Python */
         load_fail(cases[i].rc, cases[i].needle);
     }
-    /* target_modules naming lm_head, embed_tokens, a norm, or nothing linear */
-    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"lm_head\"]");
-    load_fail(CS_EUNSUPPORTED, "lm_head");
-    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"embed_tokens\", \"v_proj\"]");
-    load_fail(CS_EUNSUPPORTED, "embed_tokens");
-    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"input_layernorm\"]");
-    load_fail(CS_EUNSUPPORTED, "input_layernorm");
-    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \".*\"");
-    load_fail(CS_EUNSUPPORTED, "not a linear projection");
-    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"c_attn\"]");
-    load_fail(CS_EFORMAT, "matches no projection");
-    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": 5");
-    load_fail(CS_EFORMAT, "target_modules");
-    write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \"(\"");
-    load_fail(CS_EFORMAT, "regex");
-    write_file("adapter_config.json", "{\"peft_type\": \"IA3\", \"target_modules\": [\"q_proj\"]}");
-    load_fail(CS_EUNSUPPORTED, "IA3");
-    write_file("adapter_config.json", "{\"r\": 8}");
-    load_fail(CS_EFORMAT, "peft_type");
-    write_file("adapter_config.json", "{\"peft_type\": \"LORA\", ");
-    load_fail(CS_EFORMAT, "adapter_config.json");
+    /* target_modules naming lm_head, embed_tokens, a norm, or nothing linear; configs that are
+     * not LoRA or not JSON */
+    static const struct { const char *targets, *config; int rc; const char *needle; } bad[] = {
+        { "[\"q_proj\", \"lm_head\"]", NULL, CS_EUNSUPPORTED, "lm_head" },
+        { "[\"embed_tokens\", \"v_proj\"]", NULL, CS_EUNSUPPORTED, "embed_tokens" },
+        { "[\"q_proj\", \"input_layernorm\"]", NULL, CS_EUNSUPPORTED, "input_layernorm" },
+        { "\".*\"", NULL, CS_EUNSUPPORTED, "not a linear projection" },
+        { "[\"c_attn\"]", NULL, CS_EFORMAT, "matches no projection" },
+        { "5", NULL, CS_EFORMAT, "target_modules" },
+        { "\"(\"", NULL, CS_EFORMAT, "regex" },
+        { NULL, "{\"peft_type\": \"IA3\", \"target_modules\": [\"q_proj\"]}", CS_EUNSUPPORTED, "IA3" },
+        { NULL, "{\"r\": 8}", CS_EFORMAT, "peft_type" },
+        { NULL, "{\"peft_type\": \"LORA\", ", CS_EFORMAT, "adapter_config.json" },
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(bad); i++) {
+        if (bad[i].targets) {
+            char extra[512];
+            snprintf(extra, sizeof extra, "\"r\": 8, \"lora_alpha\": 16, \"target_modules\": %s", bad[i].targets);
+            write_cfg(extra);
+        } else {
+            write_file("adapter_config.json", bad[i].config);
+        }
+        load_fail(bad[i].rc, bad[i].needle);
+    }
     /* options that do not change the math are accepted */
     write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": " ALL_TARGETS ", \"modules_to_save\": [], "
               "\"init_lora_weights\": \"gaussian\", \"loftq_config\": {}, \"megatron_config\": null, "
@@ -456,35 +451,39 @@ END_TEST
 
 START_TEST(test_refused_tensors) {
     write_cfg("\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]");
-    tb_t b = { 0 };
-    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
-    tb_add(&b, "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", CS_DTYPE_F32, 1, 64, 0);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_EUNSUPPORTED, "DoRA");
-    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
-    tb_add(&b, "base_model.model.model.embed_tokens.lora_embedding_A", CS_DTYPE_F32, 8, 100, 0);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_EUNSUPPORTED, "embeddings");
-    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
-    tb_add(&b, "base_model.model.lm_head.weight", CS_DTYPE_F32, 100, 64, 0);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_EUNSUPPORTED, "'base_model.model.lm_head.weight'");
-    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
-    tb_add(&b, "base_model.model.model.layers.0.self_attn.q_proj.lora_B.bias", CS_DTYPE_F32, 1, 64, 0);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_EUNSUPPORTED, "lora_bias");
-    /* tensors of a module the config does not target, or of a layer the model lacks */
-    tb_all(&b, (1u << LORA_Q) | (1u << LORA_K), 8, CS_DTYPE_F32);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_EFORMAT, "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight");
-    tb_all(&b, 1u << LORA_Q, 8, CS_DTYPE_F32);
-    tb_add(&b, "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight", CS_DTYPE_F32, 8, 64, 0);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_EFORMAT, "fewer layers");
-    /* adapter-name-qualified keys are not what peft saves */
-    tb_add(&b, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", CS_DTYPE_F32, 8, 64, 0);
-    tb_write(&b, "adapter_model.safetensors");
-    load_fail(CS_EUNSUPPORTED, "lora_A.default.weight");
+    /* the file: the targets in mask of every layer, and one more tensor [d0, d1] unless NULL;
+     * what the load is refused with */
+    static const struct {
+        unsigned mask;
+        const char *extra;
+        int64_t d0, d1;
+        int rc;
+        const char *needle;
+    } cases[] = {
+        { 1u << LORA_Q, "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", 1, 64,
+          CS_EUNSUPPORTED, "DoRA" },
+        { 1u << LORA_Q, "base_model.model.model.embed_tokens.lora_embedding_A", 8, 100, CS_EUNSUPPORTED,
+          "embeddings" },
+        { 1u << LORA_Q, "base_model.model.lm_head.weight", 100, 64, CS_EUNSUPPORTED,
+          "'base_model.model.lm_head.weight'" },
+        { 1u << LORA_Q, "base_model.model.model.layers.0.self_attn.q_proj.lora_B.bias", 1, 64, CS_EUNSUPPORTED,
+          "lora_bias" },
+        /* tensors of a module the config does not target, or of a layer the model lacks */
+        { (1u << LORA_Q) | (1u << LORA_K), NULL, 0, 0, CS_EFORMAT,
+          "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight" },
+        { 1u << LORA_Q, "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight", 8, 64, CS_EFORMAT,
+          "fewer layers" },
+        /* adapter-name-qualified keys are not what peft saves */
+        { 0, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", 8, 64, CS_EUNSUPPORTED,
+          "lora_A.default.weight" },
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(cases); i++) {
+        tb_t b = { 0 };
+        tb_all(&b, cases[i].mask, 8, CS_DTYPE_F32);
+        if (cases[i].extra) tb_add(&b, cases[i].extra, CS_DTYPE_F32, cases[i].d0, cases[i].d1, 0);
+        tb_write(&b, "adapter_model.safetensors");
+        load_fail(cases[i].rc, cases[i].needle);
+    }
 }
 END_TEST
 
@@ -740,8 +739,7 @@ int main(void) {
         test_config_refusals, test_refused_tensors, test_wrong_shapes, test_missing_tensor, test_dtypes,
         test_sharded_and_files,
     };
-    TCase *tc = cs_tcase(s, "core", core, CS_ARRAY_LEN(core), 0);
-    tcase_add_checked_fixture(tc, setup, teardown);
+    cs_tcase_fixture(s, "core", core, CS_ARRAY_LEN(core), 0, setup, teardown);
     const TTest *const assist[] = {test_assist_term, test_assist_pool};
     cs_tcase(s, "assist", assist, CS_ARRAY_LEN(assist), 0);
     return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -468,13 +468,10 @@ START_TEST(test_no_crash_on_corruption) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("safetensors");
     const TTest *const tests[] = {
         test_round_trip, test_write_no_metadata_and_errors, test_sharded, test_copy_huge,
         test_sharded_errors, test_single_dir, test_bad_files, test_good_edge_cases,
         test_no_crash_on_corruption,
     };
-    TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
+    return cs_check_main_fixture("safetensors", tests, CS_ARRAY_LEN(tests), 0, CK_FORK, setup, teardown);
 }

@@ -64,16 +64,21 @@ static void feed(cost_model_t *m, const double *c, int n, double noise) {
     }
 }
 
+/* feeds M N random steps priced by C with NOISE, fits it and writes the fit to F */
+static void fit_on(cost_model_t *m, const double *c, int n, double noise, cost_fit_t *f) {
+    feed(m, c, n, noise);
+    ck_assert_int_eq(cost_model_fit(m), CS_OK);
+    cost_model_get(m, f);
+}
+
 START_TEST(cost_recovers_coefficients) {
     /* ms: fixed, per prefill token, per decode row, per adapter rank, per row x max rank, per row rank */
     static const double c[COST_N_TERMS] = {2.0, 0.05, 0.3, 0.02, 0.001, 0.004};
     cost_model_t *m = cost_model_new(1);
     cs_error_clear();
     ck_assert_int_eq(cost_model_fit(m), CS_EAGAIN);
-    feed(m, c, 4000, 0.01);
-    ck_assert_int_eq(cost_model_fit(m), CS_OK);
     cost_fit_t f;
-    cost_model_get(m, &f);
+    fit_on(m, c, 4000, 0.01, &f);
     for (int i = 0; i < COST_N_TERMS; i++) {
         fprintf(stderr, "cost %-16s true %.4f fitted %.4f\n", cost_term_names[i], c[i], f.coef[i]);
         ck_assert_msg(fabs(f.coef[i] - c[i]) <= 0.05 * c[i], "%s: %g, true %g", cost_term_names[i], f.coef[i], c[i]);
@@ -95,10 +100,8 @@ END_TEST
 START_TEST(cost_nonnegative) {
     static const double c[COST_N_TERMS] = {1.5, 0.04, 0.25, 0.0, 0.0, 0.006};
     cost_model_t *m = cost_model_new(1);
-    feed(m, c, 3000, 0.02);
-    ck_assert_int_eq(cost_model_fit(m), CS_OK);
     cost_fit_t f;
-    cost_model_get(m, &f);
+    fit_on(m, c, 3000, 0.02, &f);
     for (int i = 0; i < COST_N_TERMS; i++) {
         fprintf(stderr, "cost (zeros) %-16s true %.4f fitted %.5f\n", cost_term_names[i], c[i], f.coef[i]);
         ck_assert(f.coef[i] >= 0);
@@ -240,10 +243,39 @@ static void run_iteration(sched_t *s, sched_view_t *run, int n) {
     for (int k = 0; k < n; k++) ck_assert_int_eq(s->iface->chunk(s, &run[perm[k]], 1), 1);
 }
 
+/* the slo policy on cost model M at HEADROOM (0: its default), reading the fake clock */
+static sched_t *slo_at(cost_model_t *m, double headroom) {
+    return sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = headroom});
+}
+
+/* one iteration of RUN[0..n), then the chunk S gives waiting W of MAX tokens */
+static int chunk_after(sched_t *s, sched_view_t *run, int n, sched_view_t *w, int max) {
+    run_iteration(s, run, n);
+    return s->iface->chunk(s, w, max);
+}
+
+/* at fake time 100000 on the priced model: 8 on-time base decode rows with a TPOT SLO of
+ * TPOT ms (they cost 2 + 8 x 0.5 = 6) and a base prompt of 100 tokens waiting */
+typedef struct queue {
+    cost_model_t *m;
+    sched_view_t run[8];
+    sched_view_t w;
+} queue_t;
+
+static void queue_init(queue_t *q, double tpot) {
+    q->m = priced();
+    fake_now = 100000;
+    on_time_rows(q->run, tpot);
+    q->w = waiting(20, NULL, 0, 100, fake_now);
+}
+
+/* one iteration of Q's rows under S, then the chunk of Q's prompt S admits */
+static int queue_chunk(sched_t *s, queue_t *q) { return chunk_after(s, q->run, 8, &q->w, 100); }
+
 START_TEST(slo_admits_what_fits) {
     cost_model_t *m = priced();
     fake_now = 100000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
+    sched_t *s = slo_at(m, 1);
     ck_assert_str_eq(sched_name(s), "slo");
     /* 8 base decode rows, the default SLO: 1.5 x (2 + 8 x 0.5) = 9 ms; they cost 6 */
     sched_view_t run[8];
@@ -282,101 +314,81 @@ START_TEST(slo_admits_what_fits) {
 }
 END_TEST
 
-/* requests of an adapter already in the batch pay no new adapter term: they group */
 /* TPOT is a mean: time a running request has banked (faster iterations than its SLO) may go
  * to a longer iteration, a bigger prefill chunk; a request with nothing banked holds the
  * iteration to its SLO */
 START_TEST(slo_tpot_budget) {
-    cost_model_t *m = priced();
-    fake_now = 100000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
-    /* 8 base decode rows with a TPOT SLO of 7 ms: they cost 2 + 8 x 0.5 = 6 */
-    sched_view_t run[8];
-    on_time_rows(run, 7);
-    run_iteration(s, run, 8);
-    sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
-    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 20); /* 6 + 0.05 c <= 7 */
+    queue_t q;
+    queue_init(&q, 7);
+    sched_t *s = slo_at(q.m, 1);
+    ck_assert_int_eq(queue_chunk(s, &q), 20); /* 6 + 0.05 c <= 7 */
     /* the same rows 20 ms ahead of their SLO (the 6th token is due at t_first + 35): the
      * iteration may take 20 ms, the whole prompt fits (6 + 5 = 11) */
-    for (int i = 0; i < 8; i++) run[i].t_first_ms = fake_now - 15;
-    run_iteration(s, run, 8);
-    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 100);
+    for (int i = 0; i < 8; i++) q.run[i].t_first_ms = fake_now - 15;
+    ck_assert_int_eq(queue_chunk(s, &q), 100);
     /* one row behind its SLO holds it to 7 ms again, never less */
-    run[3].t_first_ms = fake_now - 60;
-    run_iteration(s, run, 8);
-    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 20);
+    q.run[3].t_first_ms = fake_now - 60;
+    ck_assert_int_eq(queue_chunk(s, &q), 20);
     sched_free(s);
-    cost_model_free(m);
+    cost_model_free(q.m);
 }
 END_TEST
 
 /* every TPOT bound is planned to headroom x the SLO, so a prediction that misses by a little
  * does not cost the SLO */
 START_TEST(slo_headroom) {
-    cost_model_t *m = priced();
-    fake_now = 100000;
-    sched_view_t run[8];
-    on_time_rows(run, 10);
-    sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
-    /* the rows cost 2 + 8 x 0.5 = 6: 6 + 0.05 c <= 10 at headroom 1, <= 9 at 0.9 */
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
-    run_iteration(s, run, 8);
-    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 80);
-    sched_free(s);
-    s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of}); /* the default: 0.9 */
-    run_iteration(s, run, 8);
-    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 60);
-    sched_free(s);
-    /* a default SLO too: 0.9 x 1.5 x 6 = 8.1 */
-    for (int i = 0; i < 8; i++) run[i].slo_tpot_ms = 0;
-    s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 0.9});
-    run_iteration(s, run, 8);
-    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 42); /* 6 + 0.05 c <= 8.1 */
-    sched_free(s);
-    cost_model_free(m);
+    queue_t q;
+    queue_init(&q, 10);
+    /* 6 + 0.05 c <= 10 at headroom 1, <= 9 at 0.9 (the default), and with the default SLO too
+     * (the rows' own cleared before the last): 6 + 0.05 c <= 0.9 x 1.5 x 6 = 8.1 */
+    static const struct { double headroom, tpot; int chunk; } cases[] = {{1, 10, 80}, {0, 10, 60}, {0.9, 0, 42}};
+    for (size_t i = 0; i < CS_ARRAY_LEN(cases); i++) {
+        for (int r = 0; r < 8; r++) q.run[r].slo_tpot_ms = cases[i].tpot;
+        sched_t *s = slo_at(q.m, cases[i].headroom);
+        int c = queue_chunk(s, &q);
+        ck_assert_msg(c == cases[i].chunk, "headroom %g, TPOT SLO %g: chunk %d, want %d", cases[i].headroom,
+                      cases[i].tpot, c, cases[i].chunk);
+        sched_free(s);
+    }
+    cost_model_free(q.m);
 }
 END_TEST
 
 /* iterations measured slower than the model predicts (a busy neighbour) are priced as they are
  * now, before the model itself follows */
 START_TEST(slo_drift) {
-    cost_model_t *m = priced();
-    fake_now = 100000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
-    sched_view_t run[8];
-    on_time_rows(run, 10);
-    sched_view_t w = waiting(20, NULL, 0, 100, fake_now);
-    run_iteration(s, run, 8);
-    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 80);
+    queue_t q;
+    queue_init(&q, 10);
+    sched_t *s = slo_at(q.m, 1);
+    ck_assert_int_eq(queue_chunk(s, &q), 80);
     /* 31 steps of those 8 rows, each measured at twice the predicted 6 ms (the 32nd would refit) */
     for (int k = 0; k < 31; k++) {
         sched_step_t st = {.n_seqs = 8, .decode_rows = 8, .forward_ms = 12};
         s->iface->feedback(s, &st);
     }
     cost_fit_t f;
-    cost_model_get(m, &f);
+    cost_model_get(q.m, &f);
     ck_assert(f.coef[0] == 2.0 && f.coef[2] == 0.5); /* the model has not moved */
     /* the rows alone are now priced over 10 ms: nothing joins them */
-    run_iteration(s, run, 8);
-    ck_assert_int_eq(s->iface->chunk(s, &w, 100), 0);
+    ck_assert_int_eq(queue_chunk(s, &q), 0);
     /* rows with a 20 ms SLO: the whole prompt (6 + 5 = 11 by the model alone) no longer fits */
     for (int i = 0; i < 8; i++) {
-        run[i].slo_tpot_ms = 20;
-        run[i].t_first_ms = fake_now - 5 * 20;
+        q.run[i].slo_tpot_ms = 20;
+        q.run[i].t_first_ms = fake_now - 5 * 20;
     }
-    run_iteration(s, run, 8);
-    int c = s->iface->chunk(s, &w, 100);
+    int c = queue_chunk(s, &q);
     ck_assert_int_gt(c, 16);
     ck_assert_int_lt(c, 100);
     sched_free(s);
-    cost_model_free(m);
+    cost_model_free(q.m);
 }
 END_TEST
 
+/* requests of an adapter already in the batch pay no new adapter term: they group */
 START_TEST(slo_groups_adapters) {
     cost_model_t *m = priced();
     fake_now = 5000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
+    sched_t *s = slo_at(m, 1);
     /* 8 decode rows with an explicit 10 ms SLO, one on rank-64 adapter A: 2 + 4 + 3.2 = 9.2 */
     sched_view_t run[8];
     for (int i = 0; i < 8; i++) run[i] = decoding((uint64_t)i + 1, i == 0 ? "A" : NULL, 64, 10);
@@ -394,7 +406,7 @@ END_TEST
 START_TEST(slo_order_and_victim) {
     cost_model_t *m = priced();
     fake_now = 50000;
-    sched_t *s = sched_slo_new(&(sched_slo_params_t){.cost = m, .now_ms = clock_of, .headroom = 1});
+    sched_t *s = slo_at(m, 1);
     run_iteration(s, NULL, 0);
     sched_view_t w[4] = {waiting(1, NULL, 0, 10, fake_now - 100), waiting(2, NULL, 0, 10, fake_now - 50),
                          waiting(3, NULL, 0, 10, fake_now - 10), waiting(4, NULL, 0, 10, fake_now - 5)};
@@ -414,7 +426,7 @@ START_TEST(slo_order_and_victim) {
     cost_model_free(m);
 
     cost_model_t *fresh = cost_model_new(1); /* no fit yet: fcfs */
-    s = sched_slo_new(&(sched_slo_params_t){.cost = fresh, .now_ms = clock_of, .headroom = 1});
+    s = slo_at(fresh, 1);
     run_iteration(s, NULL, 0);
     s->iface->order_waiting(s, w, 4, perm);
     for (int i = 0; i < 4; i++) ck_assert_int_eq(perm[i], i);

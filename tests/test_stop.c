@@ -126,19 +126,31 @@ START_TEST(test_overlapping_and_prefix) {
 }
 END_TEST
 
+/* feeds DELTA (its strlen bytes) to M: the call must return RC and release LEN bytes */
+static stop_result_t feed(stop_matcher_t *m, const char *delta, int rc, size_t len) {
+    stop_result_t r;
+    int got = stop_matcher_feed(m, delta, strlen(delta), &r);
+    ck_assert_msg(got == rc && r.len == len, "feeding [%s]: %d releasing %zu bytes, want %d releasing %zu", delta, got,
+                  r.len, rc, len);
+    return r;
+}
+
+/* flushes M: the call must return RC and release LEN bytes */
+static stop_result_t flush(stop_matcher_t *m, int rc, size_t len) {
+    stop_result_t r;
+    int got = stop_matcher_flush(m, &r);
+    ck_assert_msg(got == rc && r.len == len, "flush: %d releasing %zu bytes, want %d releasing %zu", got, r.len, rc, len);
+    return r;
+}
+
 START_TEST(test_stop_at_start) {
     const char *s[] = {"STOP"};
     check_all_splits(s, 1, "STOP and more");
     stop_matcher_t *m = stop_matcher_new(s, 1);
-    stop_result_t r;
-    ck_assert_int_eq(stop_matcher_feed(m, "STOP", 4, &r), 1);
-    ck_assert_uint_eq(r.len, 0);
-    ck_assert_int_eq(r.stop, 0);
+    ck_assert_int_eq(feed(m, "STOP", 1, 0).stop, 0);
     /* after a match: nothing more, ever */
-    ck_assert_int_eq(stop_matcher_feed(m, "xyz", 3, &r), 1);
-    ck_assert_uint_eq(r.len, 0);
-    ck_assert_int_eq(stop_matcher_flush(m, &r), 1);
-    ck_assert_uint_eq(r.len, 0);
+    feed(m, "xyz", 1, 0);
+    flush(m, 1, 0);
     stop_matcher_free(m);
 }
 END_TEST
@@ -151,13 +163,9 @@ START_TEST(test_utf8) {
     check_all_splits(s, 3, "no stop: é é ü");
     /* deltas that are whole characters: the release point is a character boundary */
     stop_matcher_t *m = stop_matcher_new(s, 3);
-    stop_result_t r;
-    ck_assert_int_eq(stop_matcher_feed(m, "caf", 3, &r), 0);
-    ck_assert_uint_eq(r.len, 3);
-    ck_assert_int_eq(stop_matcher_feed(m, "é", 2, &r), 0);
-    ck_assert_uint_eq(r.len, 0); /* "é" may start "é!" */
-    ck_assert_int_eq(stop_matcher_feed(m, "?", 1, &r), 0);
-    ck_assert_uint_eq(r.len, 3);
+    feed(m, "caf", 0, 3);
+    feed(m, "é", 0, 0); /* "é" may start "é!" */
+    stop_result_t r = feed(m, "?", 0, 3);
     ck_assert(memcmp(r.text, "é?", 3) == 0);
     stop_matcher_free(m);
 }
@@ -166,27 +174,20 @@ END_TEST
 START_TEST(test_flush) {
     const char *s[] = {"END"};
     stop_matcher_t *m = stop_matcher_new(s, 1);
-    stop_result_t r;
-    ck_assert_int_eq(stop_matcher_feed(m, "hello E", 7, &r), 0);
-    ck_assert_uint_eq(r.len, 6);
+    stop_result_t r = feed(m, "hello E", 0, 6);
     ck_assert(memcmp(r.text, "hello ", 6) == 0);
     ck_assert_uint_eq(stop_matcher_held(m), 1);
-    ck_assert_int_eq(stop_matcher_feed(m, "N", 1, &r), 0);
-    ck_assert_uint_eq(r.len, 0);
-    ck_assert_int_eq(stop_matcher_flush(m, &r), 0);
-    ck_assert_uint_eq(r.len, 2);
+    feed(m, "N", 0, 0);
+    r = flush(m, 0, 2);
     ck_assert(memcmp(r.text, "EN", 2) == 0);
     ck_assert_int_eq(r.stop, -1);
     ck_assert_uint_eq(stop_matcher_held(m), 0);
     stop_matcher_free(m);
     /* no stops: everything passes straight through, even an empty delta */
     m = stop_matcher_new(NULL, 0);
-    ck_assert_int_eq(stop_matcher_feed(m, "", 0, &r), 0);
-    ck_assert_uint_eq(r.len, 0);
-    ck_assert_int_eq(stop_matcher_feed(m, "abc", 3, &r), 0);
-    ck_assert_uint_eq(r.len, 3);
-    ck_assert_int_eq(stop_matcher_flush(m, &r), 0);
-    ck_assert_uint_eq(r.len, 0);
+    feed(m, "", 0, 0);
+    feed(m, "abc", 0, 3);
+    flush(m, 0, 0);
     stop_matcher_free(m);
 }
 END_TEST

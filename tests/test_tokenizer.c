@@ -173,6 +173,31 @@ static void expect_stream(const tokenizer_t *t, const int32_t *ids, size_t n, bo
     free(d);
 }
 
+/* 300 sequences of 1 to MAX (at most 32) ids, each streamed as expect_stream() checks it,
+ * special tokens skipped in every other one; the ids come from a linear congruential
+ * generator started at SEED, ID turning each of its states into an id */
+static void expect_random_streams(const tokenizer_t *t, unsigned seed, size_t max, int32_t (*id)(unsigned state)) {
+    ck_assert_uint_le(max, 32);
+    for (int k = 0; k < 300; k++) {
+        int32_t ids[32];
+        size_t n = 1 + (size_t)k % max;
+        for (size_t i = 0; i < n; i++) {
+            seed = seed * 1103515245u + 12345u;
+            ids[i] = id(seed);
+        }
+        expect_stream(t, ids, n, k & 1, NULL);
+    }
+}
+
+/* any id of BYTELEVEL_JSON's vocabulary, and one unknown id (27) */
+static int32_t bytelevel_id(unsigned state) { return (int32_t)((state >> 16) % 28); }
+
+/* for spm_json(): mostly bytes of multi-byte sequences, some pieces and specials */
+static int32_t spm_id(unsigned state) {
+    unsigned r = (state >> 16) % 100;
+    return r < 50 ? (int32_t)(3 + 0x80 + (state >> 8) % 0x78) : r < 85 ? (int32_t)(259 + r % 6) : (int32_t)(r % 3);
+}
+
 static void expect_load_error(const char *json, int want, const char *needle) {
     write_file("tokenizer.json", json);
     tokenizer_t *t = (tokenizer_t *)0x1;
@@ -238,16 +263,7 @@ START_TEST(test_bytelevel_stream) {
     expect_stream(t, (int32_t[]){12, 21, 22}, 3, false, (const char *const[]){"hello", "", "", "\xEF\xBF\xBD"});
     expect_stream(t, (int32_t[]){26, 12, 25, 17}, 4, true, (const char *const[]){"", "hello", "", " world", ""});
     /* random sequences: pieces are valid UTF-8 and add up to decode */
-    unsigned seed = 12345;
-    for (int k = 0; k < 300; k++) {
-        int32_t ids[24];
-        size_t n = 1 + (size_t)(k % 24);
-        for (size_t i = 0; i < n; i++) {
-            seed = seed * 1103515245u + 12345u;
-            ids[i] = (int32_t)((seed >> 16) % 28); /* includes one unknown id (27) */
-        }
-        expect_stream(t, ids, n, k & 1, NULL);
-    }
+    expect_random_streams(t, 12345, 24, bytelevel_id);
     tokenizer_free(t);
 }
 END_TEST
@@ -309,18 +325,7 @@ START_TEST(test_spm_stream) {
     /* Strip only removes the space at the very start, never after text was emitted */
     expect_stream(t, (int32_t[]){264, 259, 264}, 3, false, (const char *const[]){"ab", " ", " ab", ""});
     expect_stream(t, (int32_t[]){1, 264, 2, 264}, 4, true, (const char *const[]){"", "ab", "", " ab", ""});
-    unsigned seed = 99;
-    for (int k = 0; k < 300; k++) {
-        int32_t ids[30];
-        size_t n = 1 + (size_t)(k % 30);
-        for (size_t i = 0; i < n; i++) {
-            seed = seed * 1103515245u + 12345u;
-            unsigned r = (seed >> 16) % 100;
-            /* mostly bytes of multi-byte sequences, some pieces and specials */
-            ids[i] = r < 50 ? (int32_t)(3 + 0x80 + (seed >> 8) % 0x78) : r < 85 ? (int32_t)(259 + r % 6) : (int32_t)(r % 3);
-        }
-        expect_stream(t, ids, n, k & 1, NULL);
-    }
+    expect_random_streams(t, 99, 30, spm_id);
     tokenizer_free(t);
 }
 END_TEST
@@ -481,13 +486,10 @@ START_TEST(test_load_errors) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("tokenizer");
     const TTest *const tests[] = {
         test_bytelevel_encode, test_bytelevel_decode, test_bytelevel_stream, test_invalid_input,
         test_spm_encode_decode, test_spm_stream, test_unk, test_metaspace, test_config, test_threads,
         test_load_errors,
     };
-    TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
+    return cs_check_main_fixture("tokenizer", tests, CS_ARRAY_LEN(tests), 0, CK_FORK, setup, teardown);
 }

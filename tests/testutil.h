@@ -2,9 +2,9 @@
  * tests in one array (START_TEST(name) declares `static const TTest *name`, so the array is
  * an automatic one inside a function), cs_tcase() turns it into a test case in that order,
  * and cs_check_run() runs the suite and returns the number of failed tests; cs_check_main()
- * does both for a file with one test case "core" and returns its exit status;
- * cs_test_mkdtemp() makes the temporary directory a suite writes its files in and
- * cs_rmtree() removes it. Beside them: the tiny base model the LoRA suites share, random
+ * does both for a file with one test case "core" and returns its exit status (their _fixture
+ * forms run a setup and a teardown around each test); cs_test_mkdtemp() makes the temporary
+ * directory a suite writes its files in and cs_rmtree() removes it. Beside them: the tiny base model the LoRA suites share, random
  * inputs from a test's own generator and error measures between a result and its reference. */
 #ifndef CS_TESTUTIL_H
 #define CS_TESTUTIL_H
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/common.h" /* CS_ARRAY_LEN */
+#include "base/model_config.h"
 #include "base/rng.h"
 
 /* Adds tests[0..n) to TC in order. */
@@ -51,12 +52,29 @@ static inline int cs_check_run(Suite *s, enum fork_status fork) {
     return failed;
 }
 
+/* cs_tcase() with SETUP and TEARDOWN run around each of its tests (a checked fixture: in the
+ * test's own process when Check forks) */
+static inline TCase *cs_tcase_fixture(Suite *s, const char *name, const TTest *const *tests, size_t n,
+                                      double timeout, SFun setup, SFun teardown) {
+    TCase *tc = cs_tcase(s, name, tests, n, timeout);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    return tc;
+}
+
 /* Suite SUITE with the one test case "core" of tests[0..n), run as cs_check_run() does;
  * returns 0 if all passed, 1 otherwise. */
 static inline int cs_check_main(const char *suite, const TTest *const *tests, size_t n, double timeout,
                                 enum fork_status fork) {
     Suite *s = suite_create(suite);
     cs_tcase(s, "core", tests, n, timeout);
+    return cs_check_run(s, fork) ? 1 : 0;
+}
+
+/* cs_check_main() with SETUP and TEARDOWN around each test, as cs_tcase_fixture() adds them */
+static inline int cs_check_main_fixture(const char *suite, const TTest *const *tests, size_t n, double timeout,
+                                        enum fork_status fork, SFun setup, SFun teardown) {
+    Suite *s = suite_create(suite);
+    cs_tcase_fixture(s, "core", tests, n, timeout, setup, teardown);
     return cs_check_run(s, fork) ? 1 : 0;
 }
 
@@ -92,6 +110,13 @@ static inline int cs_rmtree(const char *path) {
 static inline void cs_test_mkdtemp(char *dir, size_t size, const char *tag) {
     snprintf(dir, size, "/tmp/cs_test_%s_XXXXXX", tag);
     ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+/* What a LoRA suite's fixture sets up: a fresh directory as cs_test_mkdtemp() makes it, and
+ * the tiny Llama base model's config in BASE; a failure fails the calling test. */
+static inline void cs_test_lora_setup(char *dir, size_t size, const char *tag, model_config_t *base) {
+    cs_test_mkdtemp(dir, size, tag);
+    ck_assert_int_eq(model_config_parse(CS_TEST_TINY_LLAMA_JSON, base), CS_OK);
 }
 
 /* n values uniform in [-scale, scale), one cs_rng_uniform(rng) each, in order; never NULL
