@@ -4,6 +4,7 @@
  * been computed it forks into n sequences that share the prompt's full blocks (the
  * partial last block is copied), each with its own sampler seeded seed + i. */
 #include "engine/engine.h"
+#include "engine/beam.h"
 #include "engine/sched.h"
 
 #include <limits.h>
@@ -148,6 +149,7 @@ struct engine {
     uint64_t pause_seen;        /* under mu: the pause_gen the engine thread last acted on */
     pthread_cond_t pause_cv;    /* pause_seen moved */
     follow_t *follows;          /* under mu: pending engine_follow_active calls */
+    beam_set_t *beams;          /* the beam searches (their own lock) */
     pthread_cond_t follow_cv;
 };
 
@@ -1434,6 +1436,7 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     if (!e->eos || !e->banned) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
     if (n_eos) memcpy(e->eos, eos, sizeof(int32_t) * (size_t)n_eos);
     e->n_eos = n_eos;
+    if (!(e->beams = beam_set_new())) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
     *out = e;
     return CS_OK;
 err:
@@ -1445,6 +1448,7 @@ int engine_max_model_len(const engine_t *e) { return e->max_model_len; }
 
 void engine_free(engine_t *e) {
     if (!e) return;
+    beam_set_free(e->beams); /* before the thread: their steps end through it */
     if (e->thread_started) {
         cs_stop_flag(&e->mu, &e->cv, &e->stop_thread);
         pthread_join(e->thread, NULL);
@@ -1607,7 +1611,39 @@ static void enqueue(engine_t *e, req_t *r) {
     e->n_live_requests++;
 }
 
+/* A beam search: its own checks, then every other one a request's gets; it runs on a thread. */
+static int submit_beam(engine_t *e, const engine_request_t *rq, uint64_t *id) {
+    const sampling_params_t *sp = &rq->sampling;
+    if (rq->n < 0 || rq->n > BEAM_MAX_WIDTH)
+        return cs_error_set(CS_EINVAL, "beam search takes n (the beam width) from 1 to %d", BEAM_MAX_WIDTH);
+    if (rq->n_stop || rq->n_stop_token_ids) return cs_error_set(CS_EINVAL, "beam search takes no stop strings or ids");
+    if (sp->n_allowed || sp->n_bias) return cs_error_set(CS_EINVAL, "beam search takes no allowed_token_ids or logit_bias");
+    if (sp->repetition_penalty != 1 || sp->presence_penalty != 0 || sp->frequency_penalty != 0)
+        return cs_error_set(CS_EINVAL, "beam search takes no repetition, presence or frequency penalty");
+    if (rq->min_tokens || rq->n_resumed) return cs_error_set(CS_EINVAL, "beam search takes no min_tokens");
+    if (!isfinite(rq->length_penalty)) return cs_error_set(CS_EINVAL, "length_penalty must be a finite number");
+    engine_request_t one = *rq;
+    one.beam_search = false;
+    one.n = 1;
+    req_t *r;
+    int rc = prepare(e, &one, &r); /* the prompt, the lengths, the adapter, the sampling values */
+    if (rc) return rc;
+    one.max_tokens = r->p.max_tokens;
+    one.n = rq->n > 0 ? rq->n : 1;
+    req_free(r);
+    pthread_mutex_lock(&e->mu);
+    bool running = e->thread_started && !e->stop_thread;
+    uint64_t bid = e->next_id++;
+    pthread_mutex_unlock(&e->mu);
+    if (!running) return cs_error_set(CS_EINVAL, "beam search needs the engine thread");
+    beam_env_t env = {e->p.tokenizer, e->eos, e->n_eos};
+    if ((rc = beam_start(e->beams, e, &env, &one, bid))) return rc;
+    if (id) *id = bid;
+    return CS_OK;
+}
+
 int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
+    if (rq->beam_search) return submit_beam(e, rq, id);
     req_t *r;
     int rc = prepare(e, rq, &r);
     if (rc) return rc;
@@ -1621,6 +1657,11 @@ int engine_submit(engine_t *e, const engine_request_t *rq, uint64_t *id) {
 }
 
 int engine_submit_batch(engine_t *e, const engine_request_t *rqs, int n, uint64_t *ids, int *failed) {
+    for (int i = 0; i < n; i++)
+        if (rqs[i].beam_search) {
+            if (failed) *failed = i;
+            return cs_error_set(CS_EINVAL, "a beam search is submitted on its own (engine_submit)");
+        }
     req_t **rs = calloc((size_t)(n > 0 ? n : 1), sizeof *rs);
     if (!rs) return cs_error_set(CS_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
@@ -1645,6 +1686,7 @@ int engine_submit_batch(engine_t *e, const engine_request_t *rqs, int n, uint64_
 }
 
 int engine_abort(engine_t *e, uint64_t id) {
+    if (beam_abort(e->beams, id)) return CS_OK;
     pthread_mutex_lock(&e->mu);
     if (id == 0 || id >= e->next_id) {
         pthread_mutex_unlock(&e->mu);

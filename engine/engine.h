@@ -114,6 +114,13 @@ typedef struct engine_request {
                                        then computed in full, not taken from the prefix cache */
     int prompt_top_logprobs;        /* 0..20 alternatives per prompt position */
     double slo_ttft_ms, slo_tpot_ms; /* the request's latency SLOs (0: none): the policy sees them */
+    /* Beam search as vLLM defines it (engine/beam.c): n beams (1 .. 10), the best n returned as
+     * samples 0 .. n-1, ranked by cum_logprob / (prompt + output tokens)^length_penalty. It
+     * takes no stop strings or ids, no allowed ids or logit bias, no penalties, no min_tokens;
+     * the other sampling knobs do not change it (its logprobs are the raw ones). It needs the
+     * engine thread (engine_start), and its sink is called from a thread of its own. */
+    bool beam_search;
+    float length_penalty;
     engine_sink_fn sink;
     void *user;
 } engine_request_t;

@@ -123,6 +123,41 @@ static bool parse_output(json_t *b, gen_job_t *j, gen_opts_t *o, perr_t *e) {
     return true;
 }
 
+/* vLLM's beam search: use_beam_search (n beams), length_penalty; what a search cannot apply
+ * (it is not sampled: vLLM's drops these without a word) is refused by name */
+static bool parse_beam(json_t *b, gen_opts_t *o, perr_t *e) {
+    static const struct { const char *name; double neutral; } no[] = {
+        {"stop", 0}, {"stop_token_ids", 0}, {"logit_bias", 0}, {"allowed_token_ids", 0}, {"min_tokens", 0},
+        {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1},
+    };
+    bool on = false;
+    if (!get_bool(b, "use_beam_search", &on, e)) return false;
+    json_t *v = cs_json_get(b, "length_penalty");
+    double lp = 1.0;
+    if (v && (!json_is_number(v) || !isfinite(lp = json_number_value(v))))
+        return fail(e, 400, "length_penalty", "'length_penalty' must be a number");
+    if (!on) {
+        if (lp != 1.0) return fail(e, 400, "length_penalty", "'length_penalty' is only used with use_beam_search");
+        return true;
+    }
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        json_t *f = cs_json_get(b, no[i].name);
+        bool neutral = !f || (json_is_number(f) && json_number_value(f) == no[i].neutral) ||
+                       (json_is_array(f) && !json_array_size(f)) || (json_is_object(f) && !json_object_size(f)) ||
+                       (json_is_string(f) && !strcmp(no[i].name, "stop") && !json_string_length(f));
+        if (!neutral)
+            return fail(e, 400, no[i].name, "'%s' is not supported with use_beam_search (a beam search is not sampled)",
+                        no[i].name);
+    }
+    if (o->rq.n > 10) return fail(e, 400, "n", "use_beam_search takes n (the beam width) from 1 to 10, got %d", o->rq.n);
+    o->rq.beam_search = true;
+    o->rq.length_penalty = (float)lp;
+    /* the model's recommended penalties (generation_config) do not apply to a search */
+    o->rq.sampling.repetition_penalty = 1;
+    o->rq.sampling.presence_penalty = o->rq.sampling.frequency_penalty = 0;
+    return true;
+}
+
 static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_opts_t *o, int n_prompts, perr_t *e) {
     engine_request_t *rq = &o->rq;
     /* max_tokens: completions default 16 (OpenAI), chat: up to the context */
@@ -161,7 +196,7 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
     sj.lists = NULL;
     sampling_json_free(&sj);
     j->logprobs = rq->sampling.logprobs;
-    if (!parse_n(s, b, j, o, n_prompts, e)) return false;
+    if (!parse_n(s, b, j, o, n_prompts, e) || !parse_beam(b, o, e)) return false;
     if (sched_parse_slo(json_object_get(b, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms))
         return fail(e, 400, "slo", "%s", cs_error_last());
     /* what the request left unset: its model's bounds from --adapter-slos (label: the served name) */

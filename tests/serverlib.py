@@ -209,6 +209,18 @@ def make_tok_model(tok_name, seed=0, hidden=64, layers=2, tied=True):
     return d, ref, td
 
 
+def set_chat_template(model_dir, name):
+    """write tests/data/chat_templates/NAME.jinja into MODEL_DIR's tokenizer_config.json"""
+    with open(os.path.join(reflib.SRCDIR, "tests", "data", "chat_templates", name + ".jinja")) as f:
+        template = f.read()
+    path = os.path.join(model_dir, "tokenizer_config.json")
+    with open(path) as f:
+        tc = json.load(f)
+    tc["chat_template"] = template
+    with open(path, "w") as f:
+        json.dump(tc, f)
+
+
 def wait_for(pred, timeout=30, what="condition", interval=0.05):
     """Wait for a state that, once reached, stays (a request queued behind a paused engine, a
     counter that only grows, an adapter gone): never for a passing moment. The timeout is

@@ -26,7 +26,7 @@ import reflib
 sys.path.insert(0, os.path.dirname(__file__))
 from hfmodels import make_adapter  # noqa: E402
 from openai import OpenAI  # noqa: E402
-from serverlib import Server, make_tok_model  # noqa: E402
+from serverlib import Server, make_tok_model, set_chat_template  # noqa: E402
 
 torch.manual_seed(0)
 torch.set_num_threads(2)
@@ -41,13 +41,7 @@ with open(os.path.join(reflib.SRCDIR, "docs", "api-fields.md")) as f:
         reflib.fail("docs/api-fields.md is not `caraserve fields`: regenerate it with `caraserve fields > docs/api-fields.md`")
 
 model_dir, ref_base, tokdir = make_tok_model("spm-32k", seed=5)
-with open(os.path.join(reflib.SRCDIR, "tests", "data", "chat_templates", "chatml.jinja")) as f:
-    chatml = f.read()
-with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
-    tc = json.load(f)
-tc["chat_template"] = chatml
-with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
-    json.dump(tc, f)
+set_chat_template(model_dir, "chatml")
 hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
 a1_dir, ref_a1 = make_adapter(model_dir, ref_base, r=8, alpha=16, targets=["q_proj", "v_proj", "down_proj"], seed=21)
 a2_dir, _ = make_adapter(model_dir, ref_base, r=4, alpha=8, targets=["q_proj"], seed=22)

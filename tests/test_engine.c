@@ -3,7 +3,7 @@
  * same iteration; an abort ends its request at the next iteration and returns every KV block;
  * a tiny KV budget forces preemption and still finishes everything with no block leaked;
  * every sample of n gets its tokens and exactly one finish, the request exactly one
- * request_done. (Exact logprobs against transformers are in test_ref_engine.py.) */
+ * request_done; beam search on the engine thread. (Exact logprobs against transformers are in test_ref_engine.py.) */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -374,6 +374,154 @@ START_TEST(prompt_logprobs) {
 }
 END_TEST
 
+/* beam search (engine/beam.c) on the engine thread: width 1 is greedy; every beam's token
+ * logprobs are the ones a scoring request (prompt logprobs of prompt + beam) gives; the beams
+ * come ranked by cumulative logprob, distinct; an abort while the engine holds ends every
+ * beam as aborted with one request_done; what a search cannot take is refused */
+enum { BW = 4, BT = 6 };
+typedef struct brec {
+    pthread_mutex_t mu;
+    int32_t tok[BW][BT];
+    float lp[BW][BT];
+    int n[BW], fin[BW], done;
+    engine_finish last[BW];
+    float plp[64];
+    bool got_plp;
+} brec_t;
+
+static void bsink(void *user, const engine_event_t *ev) {
+    brec_t *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (ev->prompt_logprobs) {
+        memcpy(r->plp, ev->prompt_logprobs, sizeof(float) * (size_t)CS_MIN(ev->n_prompt_tokens, 64));
+        r->got_plp = true;
+    }
+    if (ev->has_token && r->n[ev->index] < BT) {
+        r->tok[ev->index][r->n[ev->index]] = ev->token;
+        r->lp[ev->index][r->n[ev->index]++] = ev->logprob;
+    }
+    if (ev->finish) { r->fin[ev->index]++; r->last[ev->index] = ev->finish; }
+    if (ev->request_done) r->done++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int brec_done(brec_t *r) {
+    pthread_mutex_lock(&r->mu);
+    int d = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return d;
+}
+
+static void brec_wait(brec_t *r) {
+    for (int spin = 0; spin < 24000 && !brec_done(r); spin++) usleep(5000);
+    ck_assert_int_eq(brec_done(r), 1);
+}
+
+static engine_request_t beam_req(const int32_t *p, int n, int width, brec_t *r) {
+    engine_request_t q = req(p, n, BT, NULL);
+    q.beam_search = true;
+    q.n = width;
+    q.length_penalty = 1;
+    q.sampling.logprobs = 0;
+    q.sink = bsink;
+    q.user = r;
+    return q;
+}
+
+START_TEST(beam_search) {
+    engine_t *e = engine_with((engine_params_t){0}, 2048);
+    int32_t p[5] = {3, 17, 42, 9, 100};
+    brec_t r = {.done = 0};
+    pthread_mutex_init(&r.mu, NULL);
+    engine_request_t q = beam_req(p, 5, BW, &r);
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_EINVAL); /* no engine thread */
+    ck_assert_int_eq(engine_start(e), CS_OK);
+    q.n = BW + 7;
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_EINVAL);
+    q.n = BW;
+    const char *stop[] = {"x"};
+    q.stop = stop;
+    q.n_stop = 1;
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_EINVAL);
+    q.n_stop = 0;
+    q.sampling.repetition_penalty = 1.2f;
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_EINVAL);
+    q.sampling.repetition_penalty = 1;
+    q.prompt_logprobs = true;
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_OK);
+    brec_wait(&r);
+    ck_assert(r.got_plp);
+    double prev = INFINITY;
+    for (int b = 0; b < BW; b++) {
+        ck_assert_int_eq(r.n[b], BT);
+        ck_assert_int_eq(r.fin[b], 1);
+        ck_assert_int_eq(r.last[b], ENGINE_FINISH_LENGTH);
+        double cum = 0;
+        for (int t = 0; t < BT; t++) cum += r.lp[b][t];
+        ck_assert_msg(cum <= prev + 1e-6, "beam %d: %f after %f", b, cum, prev);
+        prev = cum;
+        for (int c = 0; c < b; c++) ck_assert(memcmp(r.tok[b], r.tok[c], sizeof r.tok[b]));
+        /* its logprobs, scored by the engine as a prompt */
+        int32_t full[5 + BT];
+        memcpy(full, p, sizeof p);
+        memcpy(full + 5, r.tok[b], sizeof r.tok[b]);
+        brec_t s = {.done = 0};
+        pthread_mutex_init(&s.mu, NULL);
+        engine_request_t sq = req(full, 5 + BT, 1, NULL);
+        sq.sink = bsink;
+        sq.user = &s;
+        sq.prompt_logprobs = true;
+        ck_assert_int_eq(engine_submit(e, &sq, NULL), CS_OK);
+        brec_wait(&s);
+        for (int t = 0; t < BT; t++)
+            ck_assert_msg(fabsf(s.plp[5 + t] - r.lp[b][t]) < 1e-4f, "beam %d token %d: %f vs %f", b, t, s.plp[5 + t],
+                          r.lp[b][t]);
+        pthread_mutex_destroy(&s.mu);
+    }
+    /* width 1 is greedy */
+    brec_t g = {.done = 0}, one = {.done = 0};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_mutex_init(&one.mu, NULL);
+    engine_request_t gq = req(p, 5, BT, NULL);
+    gq.sink = bsink;
+    gq.user = &g;
+    ck_assert_int_eq(engine_submit(e, &gq, NULL), CS_OK);
+    engine_request_t oq = beam_req(p, 5, 1, &one);
+    ck_assert_int_eq(engine_submit(e, &oq, NULL), CS_OK);
+    brec_wait(&g);
+    brec_wait(&one);
+    ck_assert_int_eq(one.n[0], BT);
+    ck_assert_mem_eq(g.tok[0], one.tok[0], sizeof g.tok[0]);
+    /* aborted while nothing runs: every beam ends aborted, once */
+    brec_t a = {.done = 0};
+    pthread_mutex_init(&a.mu, NULL);
+    engine_set_pause(e, ENGINE_PAUSE_HOLD);
+    engine_request_t aq = beam_req(p, 5, 3, &a);
+    uint64_t id = 0;
+    ck_assert_int_eq(engine_submit(e, &aq, &id), CS_OK);
+    ck_assert_int_eq(engine_abort(e, id), CS_OK);
+    engine_set_pause(e, ENGINE_RUN);
+    brec_wait(&a);
+    for (int b = 0; b < 3; b++) {
+        ck_assert_int_eq(a.fin[b], 1);
+        ck_assert_int_eq(a.last[b], ENGINE_FINISH_ABORT);
+        ck_assert_int_eq(a.n[b], 0);
+    }
+    /* one still running when the engine is freed: it ends (aborted or done), once */
+    brec_t f = {.done = 0};
+    pthread_mutex_init(&f.mu, NULL);
+    engine_request_t fq = beam_req(p, 5, 2, &f);
+    ck_assert_int_eq(engine_submit(e, &fq, NULL), CS_OK);
+    engine_free(e);
+    ck_assert_int_eq(f.done, 1);
+    pthread_mutex_destroy(&r.mu);
+    pthread_mutex_destroy(&g.mu);
+    pthread_mutex_destroy(&one.mu);
+    pthread_mutex_destroy(&a.mu);
+    pthread_mutex_destroy(&f.mu);
+}
+END_TEST
+
 static void setup_files(void) {
     if (!mkdtemp(dir)) { perror("mkdtemp"); exit(1); }
     const char *bd = getenv("CS_BUILDDIR");
@@ -479,7 +627,7 @@ int main(void) {
         loading_adapter_does_not_block, abort_within_one_iteration, preemption_no_leak,
         samples_share_prompt_blocks, submit_validation, engine_thread,
     };
-    const TTest *const more[] = {policy_decides, first_step_prefill_chunk};
+    const TTest *const more[] = {policy_decides, first_step_prefill_chunk, beam_search};
     TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
     tcase_add_loop_test(tc, prompt_logprobs, 0, 3);
     cs_tcase_add_tests(tc, more, CS_ARRAY_LEN(more));
