@@ -402,6 +402,7 @@ typedef struct { mspan *p; size_t n, cap; } mspanvec;
 typedef struct scratch {
     pcre2_match_data *md;
     mspanvec ms, ms2;
+    bool raw_bytes;     /* decode: bytes as they are, not made valid UTF-8 (tokenizer_token_bytes) */
 } scratch;
 
 /* White_Space as an explicit class: Oniguruma's \s (PCRE2's also has U+180E). */
@@ -1519,10 +1520,10 @@ static bool is_byte_token(const char *s, size_t n, uint8_t *byte) {
     return true;
 }
 
-static int bytefallback_flush(strvec *out, sbuf *bytes) {
+static int bytefallback_flush(strvec *out, sbuf *bytes, bool raw) {
     if (!bytes->len) return CS_OK;
     int rc = CS_OK;
-    if (cs_utf8_valid(bytes->p, bytes->len)) rc = strvec_add(out, bytes->p, bytes->len);
+    if (raw || cs_utf8_valid(bytes->p, bytes->len)) rc = strvec_add(out, bytes->p, bytes->len);
     else
         for (size_t i = 0; i < bytes->len && rc == CS_OK; i++) rc = strvec_add(out, "\xEF\xBF\xBD", 3);
     bytes->len = 0;
@@ -1575,7 +1576,8 @@ static int decode_step(const decoder *d, strvec *in, strvec *out, decpos *pos, s
             }
         }
         if (rc == CS_OK && (rc = strvec_open(out)) == CS_OK) {
-            rc = utf8_lossy_append(&out->buf, bytes.p, bytes.len);
+            rc = sc->raw_bytes ? sbuf_put(&out->buf, bytes.p ? bytes.p : "", bytes.len)
+                               : utf8_lossy_append(&out->buf, bytes.p, bytes.len);
             strvec_close(out);
         }
         cs_buf_free(&bytes);
@@ -1621,11 +1623,11 @@ static int decode_step(const decoder *d, strvec *in, strvec *out, decpos *pos, s
             if (!partial && is_byte_token(strvec_at(in, i), in->len[i], &b)) {
                 rc = sbuf_put(&bytes, &b, 1);
             } else {
-                if ((rc = bytefallback_flush(out, &bytes)) == CS_OK)
+                if ((rc = bytefallback_flush(out, &bytes, sc->raw_bytes)) == CS_OK)
                     rc = strvec_add(out, strvec_at(in, i), in->len[i]);
             }
         }
-        if (rc == CS_OK) rc = bytefallback_flush(out, &bytes);
+        if (rc == CS_OK) rc = bytefallback_flush(out, &bytes, sc->raw_bytes);
         cs_buf_free(&bytes);
         return rc;
     }
@@ -2100,12 +2102,13 @@ static bool id_survives(const tokenizer_t *t, int32_t id, bool skip_special) {
 }
 
 /* Decode ids, positioned at `pos` inside a longer list (see decpos). */
-static int decode_ids(const tokenizer_t *t, const int32_t *ids, size_t n, bool skip_special,
-                      decpos pos, sbuf *out) {
+static int decode_ids_raw(const tokenizer_t *t, const int32_t *ids, size_t n, bool skip_special,
+                          decpos pos, bool raw, sbuf *out) {
     strvec a = {0}, b = {0};
     scratch sc;
     int rc = scratch_init(&sc);
     if (rc < 0) return rc;
+    sc.raw_bytes = raw;
     for (size_t i = 0; i < n && rc == CS_OK; i++)
         if (id_survives(t, ids[i], skip_special))
             rc = strvec_add(&a, t->dec_str[ids[i]], t->dec_len[ids[i]]);
@@ -2126,6 +2129,26 @@ static int decode_ids(const tokenizer_t *t, const int32_t *ids, size_t n, bool s
     strvec_free(&b);
     scratch_free(&sc);
     return rc;
+}
+
+static int decode_ids(const tokenizer_t *t, const int32_t *ids, size_t n, bool skip_special,
+                      decpos pos, sbuf *out) {
+    return decode_ids_raw(t, ids, n, skip_special, pos, false, out);
+}
+
+int tokenizer_token_bytes(const tokenizer_t *t, int32_t id, char **out, size_t *out_len) {
+    if (!t || !out || id < 0 || id >= tokenizer_vocab_size(t))
+        return cs_error_set(CS_EINVAL, "tokenizer_token_bytes: bad arguments");
+    sbuf s = {0};
+    /* as the tail of a longer sequence: a leading space is kept, nothing is stripped */
+    int rc = decode_ids_raw(t, &id, 1, false, (decpos){false, false}, true, &s);
+    if (rc < 0) {
+        cs_buf_free(&s);
+        return rc;
+    }
+    *out = s.p;
+    *out_len = s.len;
+    return CS_OK;
 }
 
 int tokenizer_decode(const tokenizer_t *t, const int32_t *ids, size_t n, bool skip_special,

@@ -27,6 +27,9 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, bool ad
 int tokenizer_decode(const tokenizer_t *t, const int32_t *ids, size_t n, bool skip_special,
                      char **out, size_t *out_len);
 
+/* The bytes token id stands for inside a text (as the tail of a longer decode: a leading
+ * space kept, byte tokens and partial UTF-8 as raw bytes, not U+FFFD). *out malloc'd. */
+int tokenizer_token_bytes(const tokenizer_t *t, int32_t id, char **out, size_t *out_len);
 int tokenizer_vocab_size(const tokenizer_t *t);      /* highest id + 1, added tokens included */
 const char *tokenizer_id_to_token(const tokenizer_t *t, int32_t id); /* raw vocab string or NULL */
 int32_t tokenizer_token_to_id(const tokenizer_t *t, const char *token); /* -1 if absent */

@@ -55,6 +55,9 @@ typedef struct grammar_vocab grammar_vocab_t;
  * ▁ as a space, <0xNN> as the byte), sorted into a trie. Special tokens are never allowed by
  * a grammar; the EOS ids (eos, n_eos) are allowed where the grammar can end. */
 int grammar_vocab_new(const tokenizer_t *t, const int32_t *eos, int n_eos, grammar_vocab_t **out);
+/* A vocabulary of n byte strings (toks[i] NULL or lens[i] 0: never allowed), for tests. */
+int grammar_vocab_from_bytes(const char *const *toks, const size_t *lens, int n, const int32_t *eos, int n_eos,
+                             grammar_vocab_t **out);
 void grammar_vocab_free(grammar_vocab_t *v);
 int grammar_vocab_size(const grammar_vocab_t *v);
 /* token id's bytes (*len of them); NULL for a special token */
