@@ -593,6 +593,7 @@ static int flatten(build_t *B, int root, grammar_t **out) {
     grammar_t *g = calloc(1, sizeof *g);
     if (!g) return cs_error_set(CS_ENOMEM, "out of memory");
     atomic_init(&g->refs, 1);
+    pthread_mutex_init(&g->cache_mu, NULL);
     int n_alts = 0, n_elems = 0;
     for (int r = 0; r < B->n_rules; r++) {
         n_alts += B->rules[r].n_alts;
@@ -656,6 +657,12 @@ grammar_t *grammar_ref(grammar_t *g) {
 
 void grammar_unref(grammar_t *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
+    for (int i = 0; i < g->n_cache; i++) {
+        free(g->cache[i].acc);
+        free(g->cache[i].uncertain);
+    }
+    free(g->cache);
+    pthread_mutex_destroy(&g->cache_mu);
     free(g->elems);
     free(g->alt_start);
     free(g->rule_alt0);

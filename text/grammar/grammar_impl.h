@@ -14,6 +14,7 @@
 #ifndef CS_GRAMMAR_IMPL_H
 #define CS_GRAMMAR_IMPL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -33,8 +34,26 @@ typedef struct gset {
 
 static inline bool gset_has(const gset_t *s, uint8_t b) { return (s->w[b >> 5] >> (b & 31)) & 1u; }
 
+/* The token classes of one stack top (matcher.c): the top MASK_K positions of a stack (and
+ * whether more lie below) decide, for most tokens, whether the token fits there whatever the
+ * stack holds further down: accepted (a bit in acc) or refused (no bit); the others reach
+ * below the top and are checked against the real stack each time (uncertain). */
+#define MASK_K 4
+
+typedef struct mask_entry {
+    uint32_t key[MASK_K];
+    int depth;                  /* positions in key; -depth when the stack is deeper */
+    uint32_t *acc;              /* [(vocab + 31) / 32] */
+    int32_t *uncertain;
+    int n_uncertain;
+} mask_entry_t;
+
 struct grammar {
     atomic_int refs;
+    pthread_mutex_t cache_mu;   /* the token classes, made as stack tops are met */
+    const struct grammar_vocab *cache_vocab;
+    mask_entry_t *cache;
+    int n_cache, cap_cache;
     gelem_t *elems;
     int n_elems;
     int *alt_start;     /* [n_alts] */

@@ -31,7 +31,11 @@ struct grammar_matcher {
     int32_t *pool;              /* states being computed (advance, the mask walk) */
     int n_pool, cap_pool;
     bool oom;
+    bool hit;                   /* expand popped to SENTINEL (the classes of a stack top) */
 };
+
+#define SENTINEL (-2)           /* below a stack top taken alone: "whatever lies further down" */
+#define MAX_CACHE 512
 
 #define COMPACT_NODES (1 << 16)
 
@@ -101,6 +105,10 @@ static bool expand(grammar_matcher_t *m, uint32_t pos, int32_t parent, bool *acc
     for (;;) {
         gelem_t e = g->elems[pos];
         if (e.type == GE_END) {
+            if (parent == SENTINEL) {
+                m->hit = true;
+                return true;
+            }
             if (parent < 0) {
                 *accept = true;
                 return true;
@@ -264,49 +272,167 @@ static void mask_eos(const grammar_matcher_t *m, const grammar_vocab_t *v, uint3
         if (v->eos[i] >= 0 && v->eos[i] < v->n) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
 }
 
-void grammar_matcher_mask(grammar_matcher_t *m, const grammar_vocab_t *v, uint32_t *mask) {
-    memset(mask, 0, sizeof *mask * (size_t)((v->n + 31) / 32));
-    if (m->ended) return;
-    int mark = m->n_nodes;
-    int depth = v->max_len + 1;
-    int *st_off = malloc(sizeof(int) * 2 * (size_t)depth);
-    if (!st_off) { m->oom = true; return; }
-    int *st_cnt = st_off + depth;
+/* ---- the token classes of a stack top ---- */
+/* the top MASK_K positions of stack s into key: their count, negative when more lie below */
+static int stack_key(const grammar_matcher_t *m, int32_t s, uint32_t *key) {
+    int d = 0;
+    int32_t k = s;
+    while (k >= 0 && d < MASK_K) {
+        key[d++] = m->nodes[k].pos;
+        k = m->nodes[k].parent;
+    }
+    return k >= 0 ? -d : d;
+}
+
+typedef struct walk {
+    int *off, *cnt;
+    bool *acc, *anyhit, *hitat;
+} walk_t;
+
+/* Classify every token from the stack top alone (top: its copy over SENTINEL, or over the
+ * real bottom when the stack is no deeper): accepted whatever lies below (a bit in en->acc),
+ * refused, or uncertain (a path reached below the top before the token's end). The walk
+ * goes through the vocabulary sorted by bytes, as the plain mask would. */
+static int classify(grammar_matcher_t *m, const grammar_vocab_t *v, int32_t top, mask_entry_t *en) {
+    int depth = v->max_len + 2, cap_u = 0, rc = CS_OK;
+    walk_t w = {malloc(sizeof(int) * (size_t)depth), malloc(sizeof(int) * (size_t)depth), calloc((size_t)depth, 1),
+                calloc((size_t)depth, 1), calloc((size_t)depth, 1)};
+    en->acc = calloc((size_t)(v->n + 31) / 32, sizeof(uint32_t));
+    if (!w.off || !w.cnt || !w.acc || !w.anyhit || !w.hitat || !en->acc) { rc = CS_ENOMEM; goto out; }
     m->n_pool = 0;
-    for (int i = 0; i < m->n_cur; i++)
-        if (!pool_push(m, m->cur[i])) { m->oom = true; goto out; }
-    st_off[0] = 0;
-    st_cnt[0] = m->n_cur;
+    if (!pool_push(m, top)) { rc = CS_ENOMEM; goto out; }
+    w.off[0] = 0;
+    w.cnt[0] = 1;
     int valid = 0;
     for (int i = 0; i < v->n_sorted; i++) {
         int32_t t = v->sorted[i];
         const uint8_t *b = v->bytes + v->off[t];
         int len = (int)v->len[t], d = v->lcp[i] < valid ? v->lcp[i] : valid;
-        m->n_pool = st_off[d] + st_cnt[d];
-        bool ok = true;
-        while (d < len) {
+        m->n_pool = w.off[d] + w.cnt[d];
+        while (d < len && w.cnt[d] > 0) {
             bool acc = false;
-            int noff = m->n_pool, c = st_cnt[d] ? advance(m, st_off[d], st_cnt[d], b[d], &acc) : 0;
-            if (c < 0) { m->oom = true; goto out; }
-            if (c == 0 && !acc) { /* this prefix leaves the grammar (or the grammar ended before it) */
-                ok = false;
-                break;
-            }
-            st_off[d + 1] = noff;
-            st_cnt[d + 1] = c;
+            m->hit = false;
+            int noff = m->n_pool, c = advance(m, w.off[d], w.cnt[d], b[d], &acc);
+            if (c < 0) { rc = CS_ENOMEM; goto out; }
+            w.off[d + 1] = noff;
+            w.cnt[d + 1] = c;
+            w.acc[d + 1] = acc;
+            w.hitat[d + 1] = m->hit;
+            w.anyhit[d + 1] = w.anyhit[d] || m->hit;
             d++;
         }
-        if (ok) {
-            mask[t >> 5] |= 1u << (t & 31);
-        } else if (d < len) {
-            while (i + 1 < v->n_sorted && v->lcp[i + 1] > d) i++; /* they all start with the bad prefix */
-        }
         valid = d;
+        int cls = d == len && (w.cnt[len] > 0 || w.hitat[len] || w.acc[len]) ? 1 : w.anyhit[d] ? 2 : 0;
+        for (;;) {
+            if (cls == 1) en->acc[t >> 5] |= 1u << (t & 31);
+            else if (cls == 2) {
+                if (en->n_uncertain == cap_u) {
+                    cap_u = cap_u ? cap_u * 2 : 64;
+                    int32_t *nu = realloc(en->uncertain, sizeof *nu * (size_t)cap_u);
+                    if (!nu) { rc = CS_ENOMEM; goto out; }
+                    en->uncertain = nu;
+                }
+                en->uncertain[en->n_uncertain++] = t;
+            }
+            /* a dead prefix: every longer token under it shares its class */
+            if (d == len || i + 1 >= v->n_sorted || v->lcp[i + 1] < d) break;
+            t = v->sorted[++i];
+        }
     }
-    mask_eos(m, v, mask);
 out:
-    free(st_off);
+    free(w.off);
+    free(w.cnt);
+    free(w.acc);
+    free(w.anyhit);
+    free(w.hitat);
+    return rc;
+}
+
+/* the classes of stack s's top, from the grammar's cache or made now (under its lock) */
+static const mask_entry_t *classes_of(grammar_matcher_t *m, const grammar_vocab_t *v, int32_t s) {
+    grammar_t *g = (grammar_t *)m->g;
+    mask_entry_t key = {.depth = 0};
+    key.depth = stack_key(m, s, key.key);
+    int n = key.depth < 0 ? -key.depth : key.depth;
+    if (g->cache_vocab != v) { /* made for another vocabulary: start over */
+        for (int i = 0; i < g->n_cache; i++) {
+            free(g->cache[i].acc);
+            free(g->cache[i].uncertain);
+        }
+        g->n_cache = 0;
+        g->cache_vocab = v;
+    }
+    for (int i = 0; i < g->n_cache; i++)
+        if (g->cache[i].depth == key.depth && !memcmp(g->cache[i].key, key.key, sizeof(uint32_t) * (size_t)n))
+            return &g->cache[i];
+    int32_t top = key.depth < 0 ? SENTINEL : -1; /* a copy of the top over SENTINEL */
+    for (int i = n - 1; i >= 0 && top != -3; i--)
+        if ((top = intern(m, key.key[i], top)) < 0) top = -3;
+    if (top == -3 || classify(m, v, top, &key)) {
+        free(key.acc);
+        free(key.uncertain);
+        return NULL;
+    }
+    if (g->n_cache == MAX_CACHE) { /* full: the oldest goes */
+        free(g->cache[0].acc);
+        free(g->cache[0].uncertain);
+        memmove(g->cache, g->cache + 1, sizeof *g->cache * (size_t)(--g->n_cache));
+    }
+    if (g->n_cache == g->cap_cache) {
+        int nc = g->cap_cache ? g->cap_cache * 2 : 16;
+        mask_entry_t *ne = realloc(g->cache, sizeof *ne * (size_t)nc);
+        if (!ne) {
+            free(key.acc);
+            free(key.uncertain);
+            return NULL;
+        }
+        g->cache = ne;
+        g->cap_cache = nc;
+    }
+    g->cache[g->n_cache] = key;
+    return &g->cache[g->n_cache++];
+}
+
+/* token t's bytes from stack s alone */
+static bool fits(grammar_matcher_t *m, const grammar_vocab_t *v, int32_t s, int32_t t) {
+    m->n_pool = 0;
+    if (!pool_push(m, s)) return false;
+    int off = 0, cnt = 1;
+    bool acc = false;
+    for (uint32_t i = 0; i < v->len[t]; i++) {
+        if (!cnt) return false;
+        int noff = m->n_pool, c = advance(m, off, cnt, v->bytes[v->off[t] + i], &acc);
+        if (c < 0 || (c == 0 && !acc)) return false;
+        off = noff;
+        cnt = c;
+    }
+    return true;
+}
+
+void grammar_matcher_mask(grammar_matcher_t *m, const grammar_vocab_t *v, uint32_t *mask) {
+    int words = (v->n + 31) / 32;
+    memset(mask, 0, sizeof *mask * (size_t)words);
+    if (m->ended) return;
+    int mark = m->n_nodes;
+    grammar_t *g = (grammar_t *)m->g;
+    for (int k = 0; k < m->n_cur; k++) {
+        int32_t s = m->cur[k];
+        pthread_mutex_lock(&g->cache_mu);
+        const mask_entry_t *en = classes_of(m, v, s);
+        if (!en) {
+            pthread_mutex_unlock(&g->cache_mu);
+            m->oom = true;
+            break;
+        }
+        for (int w = 0; w < words; w++) mask[w] |= en->acc[w];
+        for (int i = 0; i < en->n_uncertain; i++) {
+            int32_t t = en->uncertain[i];
+            if (!(mask[t >> 5] >> (t & 31) & 1) && fits(m, v, s, t)) mask[t >> 5] |= 1u << (t & 31);
+        }
+        pthread_mutex_unlock(&g->cache_mu);
+    }
     rollback(m, mark);
+    mask_eos(m, v, mask);
 }
 
 void grammar_matcher_mask_ref(grammar_matcher_t *m, const grammar_vocab_t *v, uint32_t *mask) {

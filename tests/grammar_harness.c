@@ -1,0 +1,129 @@
+/* grammar_harness.c: the grammar engine on a real tokenizer, for tests/test_grammar_masks.py.
+ *
+ *   grammar_harness TOKDIR bytes                  every token's bytes: "id hex" per line
+ *                                                 (special or empty: "id -")
+ *   grammar_harness TOKDIR walk GBNF SEED STEPS   a random walk through the grammar: at each
+ *                                                 step the trie-walk mask must equal the
+ *                                                 per-token reference; then a random allowed
+ *                                                 token. Prints the steps and the mean time
+ *                                                 of each mask; exit 1 on a difference. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/grammar/grammar.h"
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    fclose(f);
+    if (b) { b[n] = 0; *len = (size_t)n; }
+    return b;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)rng;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int walk(const grammar_vocab_t *v, const char *gbnf_path, int steps) {
+    size_t len;
+    char *src = read_file(gbnf_path, &len);
+    grammar_t *g;
+    if (!src || grammar_compile(src, len, &g)) { fprintf(stderr, "grammar: %s\n", cs_error_last()); return 2; }
+    int n = grammar_vocab_size(v), words = (n + 31) / 32;
+    uint32_t *fast = malloc(sizeof *fast * (size_t)words), *ref = malloc(sizeof *ref * (size_t)words);
+    int32_t *allowed = malloc(sizeof *allowed * (size_t)n);
+    grammar_matcher_t *m = grammar_matcher_new(g);
+    double t_fast = 0, t_ref = 0, *times = malloc(sizeof(double) * (size_t)(steps + 1));
+    int done = 0, rc = 0, restarts = 0;
+    for (int step = 0; step < steps && rc == 0; step++) {
+        double t0 = cs_time_ms();
+        grammar_matcher_mask(m, v, fast);
+        double t1 = cs_time_ms();
+        grammar_matcher_mask_ref(m, v, ref);
+        t_fast += t1 - t0;
+        times[done] = t1 - t0;
+        t_ref += cs_time_ms() - t1;
+        done++;
+        int na = 0;
+        for (int w = 0; w < words; w++) {
+            if (fast[w] != ref[w]) {
+                fprintf(stderr, "step %d: mask word %d: %08x vs reference %08x\n", step, w, fast[w], ref[w]);
+                rc = 1;
+            }
+            for (int b = 0; b < 32; b++)
+                if (ref[w] >> b & 1) allowed[na++] = w * 32 + b;
+        }
+        int32_t t = na ? allowed[rnd() % (uint32_t)na] : -1;
+        size_t tl;
+        if (na > 1 && (!grammar_vocab_bytes(v, t, &tl) || rnd() % 3 == 0)) /* EOS now and then only */
+            for (int k = 0; k < 8 && !grammar_vocab_bytes(v, t, &tl); k++) t = allowed[rnd() % (uint32_t)na];
+        if (t < 0 || !grammar_vocab_bytes(v, t, &tl)) { /* the end: start again */
+            grammar_matcher_free(m);
+            m = grammar_matcher_new(g);
+            restarts++;
+            continue;
+        }
+        if (!grammar_matcher_accept_token(m, v, t)) {
+            fprintf(stderr, "step %d: token %d was allowed but not accepted\n", step, t);
+            rc = 1;
+        }
+    }
+    qsort(times, (size_t)done, sizeof *times, cmp_double);
+    printf("steps %d restarts %d mask_ms %.4f median_ms %.4f ref_ms %.4f\n", done, restarts, t_fast / done,
+           times[done / 2], t_ref / done);
+    free(times);
+    grammar_matcher_free(m);
+    grammar_unref(g);
+    free(fast);
+    free(ref);
+    free(allowed);
+    free(src);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) { fprintf(stderr, "usage: grammar_harness TOKDIR bytes | walk GBNF SEED STEPS\n"); return 2; }
+    tokenizer_t *t;
+    if (tokenizer_load(argv[1], &t)) { fprintf(stderr, "%s\n", cs_error_last()); return 2; }
+    const int32_t *eos;
+    int n_eos = tokenizer_eos_ids(t, &eos);
+    grammar_vocab_t *v;
+    double t0 = cs_time_ms();
+    if (grammar_vocab_new(t, eos, n_eos, &v)) { fprintf(stderr, "%s\n", cs_error_last()); return 2; }
+    fprintf(stderr, "vocabulary of %d tokens in %.1f ms\n", grammar_vocab_size(v), cs_time_ms() - t0);
+    int rc = 0;
+    if (!strcmp(argv[2], "bytes")) {
+        for (int id = 0; id < grammar_vocab_size(v); id++) {
+            size_t len;
+            const uint8_t *b = grammar_vocab_bytes(v, id, &len);
+            printf("%d ", id);
+            if (!b) printf("-");
+            for (size_t i = 0; b && i < len; i++) printf("%02x", b[i]);
+            printf("\n");
+        }
+    } else if (!strcmp(argv[2], "walk") && argc == 6) {
+        rng += (uint64_t)atoll(argv[4]) * 0x9E3779B97F4A7C15ull;
+        rc = walk(v, argv[3], atoi(argv[5]));
+    } else {
+        fprintf(stderr, "usage: grammar_harness TOKDIR bytes | walk GBNF SEED STEPS\n");
+        rc = 2;
+    }
+    grammar_vocab_free(v);
+    tokenizer_free(t);
+    return rc;
+}
