@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "text/grammar/grammar.h"
 #include "text/stop.h"
 
 const char *const engine_finish_names[] = {"", "stop", "length", "abort", "error"};
@@ -41,6 +42,7 @@ typedef struct seq {
     uint64_t admit_order;       /* newest admitted = largest: preempted first */
     double t_first;             /* now_ms() of its first generated token (0: none yet) */
     sampler_t *sampler;
+    grammar_matcher_t *gm;      /* the request's grammar (structured output) */
     stop_matcher_t *stop;
     tokenizer_stream_t *detok;
     /* the adapter's device slot while running (lora_registry_device_acquire on dref, the
@@ -127,6 +129,12 @@ struct engine {
     size_t logits_cap;      /* floats; a buffer over LOGITS_KEEP_BYTES is freed after its step */
     int32_t *banned;
     float *lp_scratch;
+    /* structured output: the vocabulary as bytes (made on the first request with a grammar,
+     * under vocab_mu), a token mask and the masked logits of one row */
+    grammar_vocab_t *gvocab;
+    pthread_mutex_t vocab_mu;
+    uint32_t *gmask;
+    float *glogits;
 
     /* shared with other threads */
     pthread_mutex_t mu;
@@ -226,6 +234,7 @@ static void seq_free(seq_t *s) {
     free(s->tokens);
     free(s->blocks);
     sampler_free(s->sampler);
+    grammar_matcher_free(s->gm);
     stop_matcher_free(s->stop);
     tokenizer_stream_free(s->detok);
     free(s);
@@ -243,6 +252,7 @@ static void req_free(req_t *r) {
     free((void *)r->p.stop);
     free((void *)r->p.stop_token_ids);
     free(r->lists);
+    grammar_unref(r->p.grammar);
     free(r->adapter);
     free(r->plp);
     free(r->plp_rank);
@@ -267,6 +277,9 @@ static seq_t *seq_new(engine_t *e, req_t *r, int index, const int32_t *tokens, i
     if (!s->sampler) goto err;
     sampler_resume(s->sampler, r->p.prompt + np, r->p.n_resumed);
     if (r->p.n_stop > 0 && !(s->stop = stop_matcher_new(r->p.stop, r->p.n_stop))) goto err;
+    if (r->p.grammar && !(s->gm = grammar_matcher_new(r->p.grammar))) goto err;
+    for (int i = np; s->gm && i < r->p.n_prompt; i++) /* a resumed sample's output so far */
+        if (!grammar_matcher_accept_token(s->gm, e->gvocab, r->p.prompt[i])) goto err;
     if (e->p.tokenizer && !(s->detok = tokenizer_stream_new(e->p.tokenizer, !r->p.keep_special_text))) goto err;
     return s;
 err:
@@ -684,6 +697,23 @@ static int req_fork(engine_t *e, req_t *r) {
 }
 
 /* ---- one sampled token ---- */
+/* logits with every token the grammar does not allow at -inf (EOS only where it can end,
+ * and not with ignore_eos), in e->glogits; NULL when out of memory */
+static const float *grammar_masked(engine_t *e, seq_t *s, const float *logits) {
+    int words = (e->vocab + 31) / 32;
+    if (!e->gmask && !(e->gmask = calloc((size_t)words + (size_t)(grammar_vocab_size(e->gvocab) + 31) / 32, 4)))
+        return NULL;
+    if (!e->glogits && !(e->glogits = malloc(sizeof(float) * (size_t)e->vocab))) return NULL;
+    memset(e->gmask, 0, sizeof(uint32_t) * (size_t)words);
+    grammar_matcher_mask(s->gm, e->gvocab, e->gmask);
+    if (s->req->p.ignore_eos)
+        for (int i = 0; i < e->n_eos; i++) e->gmask[e->eos[i] >> 5] &= ~(1u << (e->eos[i] & 31));
+    int nv = CS_MIN(e->vocab, grammar_vocab_size(e->gvocab));
+    for (int t = 0; t < e->vocab; t++)
+        e->glogits[t] = t < nv && (e->gmask[t >> 5] >> (t & 31) & 1) ? logits[t] : -INFINITY;
+    return e->glogits;
+}
+
 static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
     req_t *r = s->req;
     const engine_request_t *p = &r->p;
@@ -693,8 +723,10 @@ static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
             for (int i = 0; i < e->n_eos; i++) e->banned[n_banned++] = e->eos[i];
         for (int i = 0; i < p->n_stop_token_ids; i++) e->banned[n_banned++] = p->stop_token_ids[i];
     }
+    if (s->gm) logits = grammar_masked(e, s, logits);
     sample_out_t so;
-    int32_t tok = sampler_sample(s->sampler, logits, e->banned, n_banned, &so);
+    int32_t tok = logits ? sampler_sample(s->sampler, logits, e->banned, n_banned, &so) : CS_ENOMEM;
+    if (tok >= 0 && s->gm && !grammar_matcher_accept_token(s->gm, e->gvocab, tok)) tok = CS_EINVAL;
     if (tok < 0) {
         seq_finish(e, s, ENGINE_FINISH_ERROR, CS_EINVAL, "no token can be sampled (all banned or masked)", NULL, false,
                    NULL, 0);
@@ -709,7 +741,8 @@ static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
     if (++s->n_generated == 1) s->t_first = now_ms();
 
     engine_finish fin = ENGINE_FINISH_NONE;
-    if (in_list(p->stop_token_ids, p->n_stop_token_ids, tok) || (!p->ignore_eos && is_eos(e, tok)))
+    if (in_list(p->stop_token_ids, p->n_stop_token_ids, tok) || (!p->ignore_eos && is_eos(e, tok)) ||
+        (s->gm && grammar_matcher_done(s->gm))) /* the grammar is complete: nothing can follow */
         fin = ENGINE_FINISH_STOP;
 
     /* text: detokenize, then hold back what could start a stop string */
@@ -1416,6 +1449,7 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     if (e->p.logits_keep_bytes == 0) e->p.logits_keep_bytes = LOGITS_KEEP_BYTES;
     if (e->p.max_num_batched_tokens <= 0) e->p.max_num_batched_tokens = 2048;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->vocab_mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->follow_cv, NULL);
     pthread_cond_init(&e->pause_cv, NULL);
@@ -1461,6 +1495,10 @@ void engine_free(engine_t *e) {
     kv_cache_free(e->kv);
     free(e->eos);
     free(e->banned);
+    grammar_vocab_free(e->gvocab);
+    free(e->gmask);
+    free(e->glogits);
+    pthread_mutex_destroy(&e->vocab_mu);
     free(e->batch);
     free(e->batch_seq);
     free(e->batch_chunk);
@@ -1491,6 +1529,15 @@ static char *dupstr(const char *s) {
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
     return d;
+}
+
+/* the vocabulary as bytes for structured output, made once (any thread) */
+static int grammar_vocab_ready(engine_t *e) {
+    if (!e->p.tokenizer) return cs_error_set(CS_EINVAL, "structured output needs the model's tokenizer");
+    pthread_mutex_lock(&e->vocab_mu);
+    int rc = e->gvocab ? CS_OK : grammar_vocab_new(e->p.tokenizer, e->eos, e->n_eos, &e->gvocab);
+    pthread_mutex_unlock(&e->vocab_mu);
+    return rc;
 }
 
 /* validate and copy one request (not queued yet) */
@@ -1531,6 +1578,15 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
     for (int i = 0; i < rq->n_stop_token_ids; i++)
         if (rq->stop_token_ids[i] < 0 || rq->stop_token_ids[i] >= e->vocab)
             return cs_error_set(CS_EINVAL, "stop_token_ids: %d is out of range [0, %d)", rq->stop_token_ids[i], e->vocab);
+    if (rq->grammar && (rc = grammar_vocab_ready(e))) return rc;
+    if (rq->grammar && rq->n_resumed > 0) { /* its output so far must follow the grammar */
+        grammar_matcher_t *gm = grammar_matcher_new(rq->grammar);
+        bool ok = gm != NULL;
+        for (int i = rq->n_prompt - rq->n_resumed; ok && i < rq->n_prompt; i++)
+            ok = grammar_matcher_accept_token(gm, e->gvocab, rq->prompt[i]);
+        grammar_matcher_free(gm);
+        if (!ok) return cs_error_set(CS_EINVAL, "the output to continue does not follow the request's grammar");
+    }
     const char *adapter = rq->adapter && rq->adapter[0] ? rq->adapter : NULL;
     if (rq->n_resumed < 0 || rq->n_resumed >= rq->n_prompt || (rq->n_resumed && n != 1))
         return cs_error_set(CS_EINVAL, "n_resumed must be below the prompt length, with n = 1");
@@ -1547,6 +1603,7 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
     req_t *r = calloc(1, sizeof *r);
     if (!r) return cs_error_set(CS_ENOMEM, "out of memory");
     r->p = *rq;
+    grammar_ref(r->p.grammar); /* req_free drops it */
     r->p.n = n;
     r->p.max_tokens = max_tokens;
     r->n = n;
@@ -1621,6 +1678,7 @@ static int submit_beam(engine_t *e, const engine_request_t *rq, uint64_t *id) {
     if (sp->repetition_penalty != 1 || sp->presence_penalty != 0 || sp->frequency_penalty != 0)
         return cs_error_set(CS_EINVAL, "beam search takes no repetition, presence or frequency penalty");
     if (rq->min_tokens || rq->n_resumed) return cs_error_set(CS_EINVAL, "beam search takes no min_tokens");
+    if (rq->grammar) return cs_error_set(CS_EINVAL, "beam search takes no structured output constraint");
     if (!isfinite(rq->length_penalty)) return cs_error_set(CS_EINVAL, "length_penalty must be a finite number");
     engine_request_t one = *rq;
     one.beam_search = false;

@@ -121,6 +121,10 @@ typedef struct engine_request {
      * engine thread (engine_start), and its sink is called from a thread of its own. */
     bool beam_search;
     float length_penalty;
+    /* Structured output: only tokens that keep the output in this grammar are sampled (EOS
+     * where it can end); the request ends with "stop" once the grammar is complete. The engine
+     * holds its own reference (grammar_ref). Needs the tokenizer. */
+    struct grammar *grammar;
     engine_sink_fn sink;
     void *user;
 } engine_request_t;

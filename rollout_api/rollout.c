@@ -12,6 +12,7 @@
 #include "rollout_api/rollout.h"
 #include "engine/sampling_json.h"
 #include "sched/slo.h"
+#include "text/grammar/grammar.h"
 
 typedef struct ro_sample {
     json_t *ids, *lps, *tops;   /* tops: per token [[id, logprob], ...] when top_k > 0 */
@@ -35,6 +36,7 @@ typedef struct ro_group {
     double slo_ttft_ms, slo_tpot_ms; /* the group's SLO: the request's, else its model's (0: none) */
     bool submitted, done, first_token;
     int n_cached;
+    struct grammar *grammar;    /* its structured-output constraint (NULL: none) */
     ro_sample_t *samples;
 } ro_group_t;
 
@@ -71,6 +73,7 @@ static void rollout_free(rollout_t *r) {
         free(gr->group_id);
         free(gr->prompt);
         free(gr->adapter);
+        grammar_unref(gr->grammar);
     }
     free(r->groups);
     free(r->ids);
@@ -468,6 +471,13 @@ static int parse_group(rollout_t *r, rollout_request_t *rq, int g, const engine_
         gr->adapter = strdup(req_adapter);
         gr->adapter_version = req_version;
     }
+    json_t *so = json_object_get(jg, "structured_outputs");
+    if (!so || json_is_null(so)) so = json_object_get(rq->body, "structured_outputs"); /* the request's, for all */
+    if (so && !json_is_null(so)) {
+        if (!lim->compile) BAD(CS_EINVAL, "structured_outputs", "structured output is not available here");
+        if ((rc = lim->compile(lim->compile_user, so, &gr->grammar)))
+            BAD(rc, "structured_outputs", "%s: %s", gp, cs_error_last());
+    }
     gr->samples = calloc((size_t)gr->n, sizeof *gr->samples);
     if (!gr->samples) BAD(CS_ENOMEM, NULL, "out of memory");
     for (int i = 0; i < gr->n; i++) {
@@ -522,6 +532,7 @@ static int submit(rollout_t *r, engine_t *e, rollout_request_t *rq, const engine
         q->adapter = gr->adapter;
         q->adapter_version = gr->adapter_version;
         q->n_resumed = gr->resumed_len;
+        q->grammar = gr->grammar;
         q->min_tokens = base->min_tokens > gr->resumed_len ? base->min_tokens - gr->resumed_len : 0;
         q->sampling.has_seed = true;
         q->sampling.seed = (uint64_t)gr->seed;

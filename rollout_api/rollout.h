@@ -43,6 +43,11 @@ typedef struct rollout_limits {
     int vocab;                  /* token ids must be below it */
     rollout_observer_t obs;     /* optional metrics taps */
     const struct sched_slo_table *slos; /* per-model SLOs (sched/slo.h) for what the request leaves unset; NULL: none */
+    /* structured output: a "structured_outputs" object (vLLM's form: json, regex, choice,
+     * grammar, json_object, whitespace_pattern) to a compiled grammar (*g, a reference), or
+     * CS_EINVAL with cs_error_set's message; NULL: refused */
+    int (*compile)(void *user, json_t *spec, struct grammar **g);
+    void *compile_user;
 } rollout_limits_t;
 
 /* A rollout request: the parsed JSON body (../shared/ROLLOUT.md), the server's limits, and

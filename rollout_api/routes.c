@@ -13,6 +13,7 @@
 #include "base/safetensors.h"
 #include "lora/peft.h"
 #include "rollout_api/routes.h"
+#include "text/grammar/grammar.h"
 #include "server/api_fields.h"
 #include "server/api_internal.h"
 
@@ -63,6 +64,16 @@ static void ro_obs_slo(void *user, const char *adapter, bool met) {
 
 /* A /generate request's error in SGLang's names: the rollout's sampling.max_tokens is
  * sampling_params.max_new_tokens there, sampling.X is sampling_params.X. */
+/* a group's structured_outputs (vLLM's form) as the OpenAI routes compile it */
+static int ro_compile(void *user, json_t *spec, struct grammar **g) {
+    perr_t e = {0};
+    json_t *b = json_pack("{s:O}", "structured_outputs", spec);
+    bool ok = b && api_structured(user, b, g, &e);
+    json_decref(b);
+    if (ok && !*g) return cs_error_set(CS_EINVAL, "'structured_outputs' names no constraint");
+    return ok ? CS_OK : cs_error_set(e.status >= 500 ? CS_ENOMEM : CS_EINVAL, "%s", e.msg);
+}
+
 static enum MHD_Result generate_error(struct MHD_Connection *c, unsigned status, const char *param, const char *msg) {
     static const char *const names[][2] = {{"sampling.max_tokens", "sampling_params.max_new_tokens"},
                                            {"sampling.min_tokens", "sampling_params.min_new_tokens"},
@@ -102,7 +113,8 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
     j->refs++; /* the rollout's, dropped at its summary */
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
                             .base_name = s->model_name, .vocab = s->vocab_size,
-                            .obs = {ro_obs_token, ro_obs_done, ro_obs_slo, s}, .slos = s->slos};
+                            .obs = {ro_obs_token, ro_obs_done, ro_obs_slo, s}, .slos = s->slos,
+                            .compile = ro_compile, .compile_user = s};
     rollout_request_t rq = {.body = b, .lim = &lim, .emit = ro_emit, .user = j};
     rollout_t *ro = NULL;
     int rc = rollout_start(s->engine, &rq, &ro);
@@ -215,6 +227,30 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
         }
     }
     if (!json_object_get(samp, "max_tokens")) json_object_set_new(samp, "max_tokens", json_integer(128)); /* SGLang's default */
+    json_t *so = json_object(); /* SGLang's constraints, in vLLM's form */
+    const char *so_field = NULL;
+    if (json_is_object(sp)) {
+        static const char *const cons[][2] = {{"json_schema", "json"}, {"regex", "regex"}, {"ebnf", "grammar"}};
+        for (size_t k = 0; k < 3; k++) {
+            json_t *v = json_object_get(sp, cons[k][0]);
+            if (!v || json_is_null(v)) continue;
+            json_object_set(so, cons[k][1], v);
+            so_field = cons[k][0];
+        }
+    }
+    if (json_object_size(so)) { /* refused here, so the error names SGLang's field */
+        struct grammar *g = NULL;
+        char field[64];
+        snprintf(field, sizeof field, "sampling_params.%s", so_field);
+        int crc = ro_compile(s, so, &g);
+        grammar_unref(g);
+        if (crc) {
+            json_decref(so);
+            json_decref(samp);
+            json_decref(prompts);
+            return generate_error(c, api_status_of(crc), field, cs_error_last());
+        }
+    }
     json_object_set_new(samp, "logprobs", json_pack("{s:s}", "mode", "raw"));
     const char *rid = json_string_value(json_object_get(b, "rid"));
     json_t *groups = json_array();
@@ -228,6 +264,8 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
     }
     json_decref(prompts);
     json_t *req = json_pack("{s:o, s:o}", "groups", groups, "sampling", samp);
+    if (json_object_size(so)) json_object_set(req, "structured_outputs", so);
+    json_decref(so);
     const char *lora = json_string_value(json_object_get(b, "lora_path"));
     if (lora) json_object_set_new(req, "adapter", json_string(lora));
     if (rid) json_object_set_new(req, "batch_id", json_string(rid));

@@ -59,6 +59,7 @@ typedef struct gen_choice {
     const char *finish;
     double t_last;              /* last token (for inter-token latency) */
     double t_first;             /* first token (for its TPOT against the request's SLO) */
+    size_t sent;                /* streamed chat with tools: the content bytes sent so far */
 } gen_choice_t;
 
 typedef struct gen_part {       /* one prompt = one engine request */
@@ -102,6 +103,8 @@ struct gen_job {
     rollout_t *ro;                  /* a /v1/rollout batch (the parts are unused then) */
     json_t *ro_groups, *ro_summary; /* its lines, when not streamed */
     json_t *sglang;                 /* SGLang /generate: {"batch": bool, "return_logprob": bool} */
+    int tool_fmt;                   /* chat with tools: the tool_format calls are read in (0: none) */
+    bool one_tool_call;             /* parallel_tool_calls: false */
     unsigned err_status;
     char *err_msg;
     long long completion_tokens;
@@ -130,6 +133,12 @@ enum MHD_Result job_start(server_t *s, conn_t *cn, struct MHD_Connection *c, gen
 /* under j->mu: whether the suspended connection has something now (the caller resumes it
  * after unlocking) */
 bool take_resume(gen_job_t *j);
+
+/* ---- api_structured.c ---- */
+/* The structured-output constraint a completions or chat body asks for (response_format,
+ * structured_outputs, guided_*, SGLang's regex/ebnf/json_schema): *g a compiled grammar (a
+ * reference for the caller), NULL when none; false with *e set on a bad one. */
+bool api_structured(server_t *s, json_t *b, struct grammar **g, perr_t *e);
 
 /* ---- the handlers the dispatcher (api.c) calls; body: the parsed JSON object ---- */
 /* api_openai.c. The parse halves validate a body into a job and its options, nothing

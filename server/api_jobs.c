@@ -16,6 +16,7 @@
 
 #include "rollout_api/routes.h"
 #include "server/api_internal.h"
+#include "text/tool_calls.h"
 
 /* ---- jobs ---- */
 /* tokens with logprobs in a completions (object of arrays) or chat (array) logprobs value */
@@ -291,15 +292,25 @@ static json_t *chunk_new(gen_job_t *j) {
     return o;
 }
 
-/* one choice's chunk: text delta, its logprobs (or NULL), finish reason (or NULL) */
-static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, json_t *lp, const char *finish,
-                       bool role) {
+/* a chat chunk of one choice: its delta (taken), logprobs (or NULL), finish reason (or NULL) */
+static void sse_delta(gen_job_t *j, int index, json_t *delta, json_t *lp, const char *finish) {
     json_t *o = chunk_new(j);
-    json_t *c;
     if (j->continuous_usage) { /* vLLM: this choice's prompt and tokens so far */
         const gen_part_t *p = &j->parts[index / j->n];
         json_object_set_new(o, "usage", usage_of(j, p->n_prompt, j->choices[index].n_tokens, p->n_cached));
     }
+    json_object_set_new(delta, "reasoning_content", json_null()); /* read by SGLang-style clients */
+    json_t *c = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
+                          lp ? json_pack("{s:o}", "content", lp) : json_null(), "finish_reason",
+                          finish ? json_string(finish) : json_null());
+    json_array_append_new(json_object_get(o, "choices"), c);
+    sse_json(j, o);
+}
+
+/* one choice's chunk: text delta, its logprobs (or NULL), finish reason (or NULL) */
+static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, json_t *lp, const char *finish,
+                       bool role) {
+    json_t *c;
     if (j->chat) {
         json_t *delta = json_object();
         if (role) {
@@ -308,16 +319,74 @@ static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, js
         } else if (len || !finish) {
             json_object_set_new(delta, "content", jstr(text, len));
         }
-        json_object_set_new(delta, "reasoning_content", json_null()); /* read by SGLang-style clients */
-        c = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
-                      lp ? json_pack("{s:o}", "content", lp) : json_null(), "finish_reason",
-                      finish ? json_string(finish) : json_null());
+        sse_delta(j, index, delta, lp, finish);
+        return;
     } else {
         c = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "text", jstr(text, len), "logprobs",
                       lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
     }
+    json_t *o = chunk_new(j);
+    if (j->continuous_usage) { /* vLLM: this choice's prompt and tokens so far */
+        const gen_part_t *p = &j->parts[index / j->n];
+        json_object_set_new(o, "usage", usage_of(j, p->n_prompt, j->choices[index].n_tokens, p->n_cached));
+    }
     json_array_append_new(json_object_get(o, "choices"), c);
     sse_json(j, o);
+}
+
+/* ---- tool calls in chat replies ---- */
+/* the calls in choice ci's reply (NULL: none), *content_len the content before them */
+static json_t *choice_calls(gen_job_t *j, int ci, size_t *content_len) {
+    gen_choice_t *c = &j->choices[ci];
+    json_t *calls;
+    tool_calls_parse((tool_format)j->tool_fmt, c->text.p ? c->text.p : "", c->text.len, &calls, content_len);
+    while (calls && j->one_tool_call && json_array_size(calls) > 1) json_array_remove(calls, json_array_size(calls) - 1);
+    return calls;
+}
+
+/* OpenAI's form of call k of choice ci: {"id", "type": "function", "function": {"name", "arguments"}};
+ * arguments as JSON text (NULL: "") */
+static json_t *openai_call(gen_job_t *j, int ci, int k, json_t *call, bool with_args) {
+    char id[64];
+    const char *h = strchr(j->id, '-');
+    if (j->tool_fmt == TOOL_FORMAT_MISTRAL) /* its templates want 9 letters or digits, as vLLM's parser makes them */
+        snprintf(id, sizeof id, "%.7s%02x", h ? h + 1 : j->id, (ci * 16 + k) & 255);
+    else
+        snprintf(id, sizeof id, "call_%.20s%02x%02x", h ? h + 1 : j->id, ci & 255, k & 255);
+    char *args = with_args ? json_dumps(json_object_get(call, "arguments"), JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_t *o = json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function", "name",
+                          json_object_get(call, "name"), "arguments", args ? args : "");
+    free(args);
+    return o;
+}
+
+/* Streamed chat with tools: the reply's text (all of it in c->text) goes out as content as far
+ * as it cannot begin a call; at the end its calls go out as OpenAI streams them (each its id
+ * and name, then its arguments), the finish reason "tool_calls". */
+static void tools_stream(gen_job_t *j, int ci, json_t *lp, const char *fin) {
+    gen_choice_t *c = &j->choices[ci];
+    const char *t = c->text.p ? c->text.p : "";
+    size_t clen = c->text.len;
+    json_t *calls = fin ? choice_calls(j, ci, &clen) : NULL;
+    size_t upto = fin ? clen : tool_calls_content_prefix((tool_format)j->tool_fmt, t, c->text.len);
+    if (upto > c->sent || lp) {
+        sse_choice(j, ci, t + c->sent, upto > c->sent ? upto - c->sent : 0, lp, NULL, false);
+        if (upto > c->sent) c->sent = upto;
+    }
+    if (!fin) return;
+    size_t k;
+    json_t *call;
+    json_array_foreach(calls, k, call) {
+        json_t *head = openai_call(j, ci, (int)k, call, false), *args = openai_call(j, ci, (int)k, call, true);
+        json_object_set_new(head, "index", json_integer((json_int_t)k));
+        sse_delta(j, ci, json_pack("{s:[o]}", "tool_calls", head), NULL, NULL);
+        json_t *piece = json_pack("{s:I, s:{s:O}}", "index", (json_int_t)k, "function", "arguments",
+                                  json_object_get(json_object_get(args, "function"), "arguments"));
+        json_decref(args);
+        sse_delta(j, ci, json_pack("{s:[o]}", "tool_calls", piece), NULL, NULL);
+    }
+    sse_choice(j, ci, "", 0, NULL, calls ? "tool_calls" : fin, false);
+    json_decref(calls);
 }
 
 /* Under j->mu: whether the suspended connection has something now (the end, or stream
@@ -468,7 +537,7 @@ static void on_event(void *user, const engine_event_t *ev) {
                                    &c->offset);
             }
         }
-        if (!j->stream) cs_buf_add(&c->text, ev->text, ev->text_len);
+        if (!j->stream || j->tool_fmt) cs_buf_add(&c->text, ev->text, ev->text_len);
     }
     const char *fin = finish_name(ev->finish);
     if (ev->finish == ENGINE_FINISH_ERROR && !j->err_status) {
@@ -483,7 +552,8 @@ static void on_event(void *user, const engine_event_t *ev) {
                                    "code", (int)j->err_status);
             if (eo) sse_json(j, eo);
         }
-        sse_choice(j, ci, ev->text, ev->text_len, lp_delta, fin, false);
+        if (j->tool_fmt) tools_stream(j, ci, lp_delta, fin);
+        else sse_choice(j, ci, ev->text, ev->text_len, lp_delta, fin, false);
     } else {
         json_decref(lp_delta);
     }
@@ -632,11 +702,23 @@ static void final_text(gen_job_t *j, cs_buf_t *b) {
         gen_part_t *p = &j->parts[i / j->n];
         if (i) ADD_LIT(b, ",");
         cs_buf_add(b, num, (size_t)snprintf(num, sizeof num, "{\"index\":%d,", i));
+        json_t *calls = NULL;
         if (j->chat) {
+            size_t clen = c->text.len;
+            if (j->tool_fmt) calls = choice_calls(j, i, &clen);
             ADD_LIT(b, "\"message\":{\"role\":\"assistant\",\"content\":");
-            v = jstr(c->text.p ? c->text.p : "", c->text.len);
+            v = calls && !clen ? json_null() : jstr(c->text.p ? c->text.p : "", clen);
             buf_json(b, v, false);
             json_decref(v);
+            if (calls) {
+                ADD_LIT(b, ",\"tool_calls\":");
+                json_t *a = json_array();
+                size_t k;
+                json_t *call;
+                json_array_foreach(calls, k, call) json_array_append_new(a, openai_call(j, i, (int)k, call, true));
+                buf_json(b, a, false);
+                json_decref(a);
+            }
             ADD_LIT(b, "},\"logprobs\":");
             if (j->logprobs >= 0) {
                 ADD_LIT(b, "{\"content\":[");
@@ -674,7 +756,8 @@ static void final_text(gen_job_t *j, cs_buf_t *b) {
             buf_json(b, p->plp ? p->plp : json_null(), false);
         }
         ADD_LIT(b, ",\"finish_reason\":");
-        v = json_string(c->finish ? c->finish : "abort");
+        v = json_string(calls ? "tool_calls" : c->finish ? c->finish : "abort");
+        json_decref(calls);
         buf_json(b, v, false);
         json_decref(v);
         ADD_LIT(b, "}");

@@ -14,6 +14,7 @@
 #include "server/api_fields.h"
 #include "sched/slo.h"
 #include "server/api_internal.h"
+#include "text/grammar/grammar.h"
 
 /* ---- optional fields: absent or null keeps the default ---- */
 static bool get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, perr_t *e) {
@@ -197,6 +198,9 @@ static bool parse_sampling(server_t *s, json_t *b, bool chat, gen_job_t *j, gen_
     sampling_json_free(&sj);
     j->logprobs = rq->sampling.logprobs;
     if (!parse_n(s, b, j, o, n_prompts, e) || !parse_beam(b, o, e)) return false;
+    if (!api_structured(s, b, &o->rq.grammar, e)) return false;
+    if (o->rq.grammar && o->rq.beam_search)
+        return fail(e, 400, "use_beam_search", "use_beam_search cannot be combined with structured output");
     if (sched_parse_slo(json_object_get(b, "slo"), &rq->slo_ttft_ms, &rq->slo_tpot_ms))
         return fail(e, 400, "slo", "%s", cs_error_last());
     /* what the request left unset: its model's bounds from --adapter-slos (label: the served name) */
@@ -294,6 +298,8 @@ static gen_job_t *request_job(server_t *s, conn_t *cn, json_t *b, bool chat, int
 
 /* the arrays a request's engine_request_t points at */
 static void opts_free(gen_opts_t *o) {
+    grammar_unref(o->rq.grammar);
+    o->rq.grammar = NULL;
     free(o->stop_ids);
     free(o->lists);
     o->stop_ids = NULL;
@@ -446,6 +452,16 @@ static bool chat_messages(json_t *msgs, bool wants_parts, json_t **out, perr_t *
             json_decref(res);
             return fail(e, 400, "messages", "messages[%zu].content must be a string or a list of parts", i);
         }
+        json_t *calls = json_object_get(mm, "tool_calls");
+        size_t k;
+        json_t *tc;
+        json_array_foreach(calls, k, tc) { /* arguments as JSON text -> the object, as vLLM gives templates */
+            json_t *fn = json_object_get(tc, "function");
+            json_t *args = json_object_get(fn, "arguments");
+            json_t *obj = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
+            if (json_is_object(obj)) json_object_set(fn, "arguments", obj);
+            json_decref(obj);
+        }
         json_array_append_new(res, mm);
     }
     /* then exactly what apply_chat_template does: null keys dropped, reasoning aliased */
@@ -593,6 +609,18 @@ fail:
 }
 
 /* ---- /v1/chat/completions ---- */
+/* tools with tool_choice auto (the default with tools): calls read out of the reply in the
+ * server's format; parallel_tool_calls: false keeps the first */
+static bool parse_tools(server_t *s, json_t *b, gen_job_t *j, perr_t *e) {
+    json_t *tools = cs_json_get(b, "tools");
+    bool parallel = true;
+    if (!get_bool(b, "parallel_tool_calls", &parallel, e)) return false;
+    j->one_tool_call = !parallel;
+    const char *tc = json_string_value(cs_json_get(b, "tool_choice"));
+    if (json_is_array(tools) && json_array_size(tools) && (!tc || !strcmp(tc, "auto"))) j->tool_fmt = s->tool_format;
+    return true;
+}
+
 gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, perr_t *ep) {
     perr_t e = {0};
     char *text = NULL;
@@ -605,6 +633,7 @@ gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, pe
     if (!parse_sampling(s, b, true, j, &o, 1, &e)) goto err;
     if (o.rq.max_tokens == 0) { fail(&e, 400, "max_tokens", "'max_tokens' must be at least 1"); goto err; }
     if (!parse_prompt_logprobs(s, b, j, &o, &e)) goto err;
+    if (!parse_tools(s, b, j, &e)) goto err;
     bool add_special = false;
     if (!chat_render(s, b, &text, &tlen, &add_special, &e)) goto err;
     gen_part_t *p = &j->parts[0];

@@ -19,6 +19,7 @@
 #include "lora/assist.h"
 #include "lora/registry.h"
 #include "server/commands.h"
+#include "text/tool_calls.h"
 #include "engine/sched.h"
 #include "sched/cost.h"
 #include "sched/slo.h"
@@ -285,6 +286,14 @@ static int serve_load_model(server_t *s) {
             rc = -1;
         }
         s->tmpl_wants_parts = strstr(tsrc, "['type']") || strstr(tsrc, "[\"type\"]");
+        s->tool_format = tool_format_detect(tsrc);
+    }
+    const char *tp = s->cfg.tool_call_parser;
+    if (tp && strcmp(tp, "none") && !tool_format_by_name(tp)) {
+        fprintf(stderr, "caraserve serve: --tool-call-parser %s: not one of hermes, llama3_json, mistral, none\n", tp);
+        rc = -1;
+    } else if (tp) {
+        s->tool_format = tool_format_by_name(tp);
     }
     if (rc == 0) {
         s->bos_token = special_token(tcfg, "bos_token");
@@ -434,6 +443,7 @@ static server_t *serve_new(serve_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg); /* owned by s now */
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->drop_mu, NULL);
+    s->grammars = grammar_cache_new();
     pthread_cond_init(&s->cv, NULL);
     s->created = time(NULL);
     return s;
@@ -453,6 +463,7 @@ static void serve_free(server_t *s) {
     lora_registry_free(s->reg);
     lora_assist_free(s->assist);
     chat_template_free(s->tmpl);
+    grammar_cache_free(s->grammars);
     tokenizer_free(s->tok);
     model_free(s->model);
     backend_free(s->be);

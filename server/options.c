@@ -146,6 +146,9 @@ static const opt_t OPTS[] = {
      .help = "most logprobs alternatives per token"},
     {"max-lora-rank", "N", K_INT, SRV, F(max_lora_rank), .lo = 0, .hi = 65536, .def = "0",
      .help = "refuse adapters whose rank is above N (vLLM's flag; default 0: any rank)"},
+    {"tool-call-parser", "NAME", K_STRING, SRV, F(tool_call_parser),
+     .help = "how tool calls are read out of chat replies: hermes, llama3_json, mistral or none (default: the "
+             "format the chat template teaches)"},
     {"return-tokens-as-token-ids", NULL, K_FLAG, SRV, F(return_tokens_as_token_ids),
      .help = "logprobs name tokens as 'token_id:N' (a request's return_tokens_as_token_ids overrides)"},
     {"enable-prompt-tokens-details", NULL, K_FLAG, SRV, F(enable_prompt_tokens_details),

@@ -67,6 +67,7 @@ typedef struct server {
     engine_t *engine;
     chat_template_t *tmpl;          /* NULL: the model has no chat template */
     bool tmpl_wants_parts;          /* the template reads content parts (['type']) */
+    int tool_format;                /* tool_format (text/tool_calls.h) of chat replies with tools */
     char *bos_token, *eos_token;    /* strings for the template */
     int max_model_len;
     model_gen_defaults_t gen_defaults; /* --generation-config: requests' sampling defaults */
@@ -92,10 +93,16 @@ typedef struct server {
     pthread_t watch;                /* notices clients hanging up on suspended connections */
     pthread_cond_t watch_cv;
     bool watch_started, watch_stop;
+    struct grammar_cache *grammars; /* structured output's compiled grammars (api_structured.c) */
     pthread_mutex_t drop_mu;        /* a leaf lock: the directories of dropped uploads, */
     char **drops;                   /* deleted later with no lock held (server_drain_drops) */
     int n_drops, cap_drops;
 } server_t;
+
+/* ---- api_structured.c: the compiled grammars, keyed by their GBNF text ---- */
+typedef struct grammar_cache grammar_cache_t;
+grammar_cache_t *grammar_cache_new(void);
+void grammar_cache_free(grammar_cache_t *c);
 
 /* ---- http.c ---- */
 typedef struct conn conn_t;

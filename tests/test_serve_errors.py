@@ -126,8 +126,12 @@ expect("unsupported chat_template construct", 400, path="/v1/chat/completions",
              "chat_template": "{% macro_nope %}{{ messages }}"}, param="chat_template")
 expect("model without a chat template", 400, path="/v1/chat/completions",
        body={"model": "base", "messages": [{"role": "user", "content": "x"}]}, param="messages")
-expect("response_format json_object (not supported)", 400, body=dict(GOOD, response_format={"type": "json_object"}),
+expect("response_format of an unknown type", 400, body=dict(GOOD, response_format={"type": "xml"}),
        param="response_format")
+expect("a JSON schema keyword not supported", 400, body=dict(GOOD, guided_json={"type": "integer", "multipleOf": 3}),
+       param="guided_json")
+expect("two structured-output constraints", 400, body=dict(GOOD, guided_regex="a", guided_choice=["b"]),
+       param="guided_choice")
 expect("tool_choice required (not supported)", 400, path="/v1/chat/completions",
        body={"model": "base", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
              "chat_template": "{{ messages[0].content }}"}, param="tool_choice")

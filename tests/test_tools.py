@@ -1,0 +1,113 @@
+"""test_tools.py: tool calls on chat completions for the three template families we ship,
+Hermes/Qwen2.5 (<tool_call>), Llama 3.1 (JSON, "parameters") and Mistral ([TOOL_CALLS]).
+
+A random-weight model cannot be relied on to call a tool, so each reply is forced into the
+family's call format with guided_grammar (the parser does not know that): the response then
+carries message.tool_calls (ids, names, arguments as JSON text), content null (or the text
+before the call), finish_reason "tool_calls"; streamed, the deltas rebuild the same calls as
+the openai client accumulates them; parallel_tool_calls false keeps the first; tool_choice
+none leaves the text as content. The second turn (the assistant's tool_calls with arguments
+as JSON text, then the tool's answer) renders to the token ids transformers'
+apply_chat_template gives (arguments as the object, as vLLM hands them to templates)."""
+import json
+import os
+
+import reflib
+import transformers
+from openai import OpenAI
+from serverlib import Server, make_tok_model, set_chat_template
+
+transformers.utils.logging.disable_progress_bar()
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+CITY = r'[A-Z] [a-z]{2,6}'.replace(" ", "")
+
+FAMILIES = [
+    ("hermes", "spm-32k", "qwen2.5-instruct",
+     'root ::= "Checking.\\n" call call\ncall ::= "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
+     '{\\"city\\": \\"" city "\\"}}\\n</tool_call>\\n"\ncity ::= ' + '[A-Z] [a-z]{2,6}\n', "Checking.\n", 2),
+    ("llama3_json", "llama-3.1", "llama-3.1-instruct",
+     'root ::= "{\\"name\\": \\"get_weather\\", \\"parameters\\": {\\"city\\": \\"" [A-Z] [a-z]{2,6} "\\"}}"\n',
+     None, 1),
+    ("mistral", "spm-32k", "mistral-v3-tools",
+     'root ::= "[TOOL_CALLS] [{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"" [A-Z] [a-z]{2,6} '
+     '"\\"}}, {\\"name\\": \\"get_time\\", \\"arguments\\": {}}]"\n', None, 2),
+]
+
+for parser, tokname, template, grammar, content, n_calls in FAMILIES:
+    model_dir, _, _ = make_tok_model(tokname, seed=9)
+    set_chat_template(model_dir, template)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    srv = Server(["--model", model_dir, "--served-model-name", "m", "--threads", "2", "--kv-cache-bytes", "64M"])
+    client = OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=300, seed=1,
+                                       extra_body={"guided_grammar": grammar})
+    ch = r.choices[0]
+    calls = ch.message.tool_calls or []
+    if ch.finish_reason != "tool_calls" or len(calls) != n_calls or ch.message.content != content:
+        reflib.fail(f"{parser}: {r}")
+    for c in calls:
+        if not (c.id.startswith("call_") or (parser == "mistral" and len(c.id) == 9 and c.id.isalnum())) or \
+                c.type != "function" or c.function.name not in ("get_weather", "get_time"):
+            reflib.fail(f"{parser}: call {c}")
+    args = json.loads(calls[0].function.arguments)
+    if set(args) != {"city"} or not args["city"][:1].isupper():
+        reflib.fail(f"{parser}: arguments {calls[0].function.arguments!r}")
+    if len({c.id for c in calls}) != len(calls):
+        reflib.fail(f"{parser}: call ids repeat: {calls}")
+
+    # streamed: the deltas rebuild the same calls
+    stream = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=300, seed=1, stream=True,
+                                            extra_body={"guided_grammar": grammar})
+    got, text, finish = {}, "", None
+    for chunk in stream:
+        for c in chunk.choices:
+            d = c.delta
+            text += d.content or ""
+            for tc in d.tool_calls or []:
+                e = got.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                e["id"] = tc.id or e["id"]
+                if tc.function:
+                    e["name"] += tc.function.name or ""
+                    e["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    want = [{"name": c.function.name, "arguments": c.function.arguments} for c in calls]
+    ids = [got[k].pop("id") for k in sorted(got)]
+    if [got[k] for k in sorted(got)] != want or finish != "tool_calls" or text != (content or "") or \
+            len(set(ids)) != len(ids) or not all(i and (i.startswith("call_") or len(i) == 9) for i in ids):
+        reflib.fail(f"{parser} streamed: {got} {text!r} {finish} vs {want}")
+
+    # parallel_tool_calls false: the first only; tool_choice none: the text as content
+    if n_calls > 1:
+        r1 = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=300, seed=1,
+                                            parallel_tool_calls=False, extra_body={"guided_grammar": grammar})
+        if len(r1.choices[0].message.tool_calls or []) != 1:
+            reflib.fail(f"{parser}: parallel_tool_calls false: {r1}")
+    rn = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=300, seed=1, tool_choice="none",
+                                        extra_body={"guided_grammar": grammar})
+    if rn.choices[0].message.tool_calls or rn.choices[0].finish_reason != "stop" or not rn.choices[0].message.content:
+        reflib.fail(f"{parser}: tool_choice none: {rn}")
+
+    # the second turn, through the template, as transformers renders it
+    turn = msgs + [{"role": "assistant", "content": None,
+                    "tool_calls": [{"id": calls[0].id, "type": "function",
+                                    "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
+                   {"role": "tool", "tool_call_id": calls[0].id, "content": "{\"temp_c\": 21}"}]
+    st, tk, _ = srv.request("POST", "/tokenize", {"model": "m", "messages": turn, "tools": TOOLS,
+                                                 "add_generation_prompt": True})
+    hf_turn = json.loads(json.dumps(turn))
+    hf_turn[1]["tool_calls"][0]["function"]["arguments"] = args
+    want_ids = hf_tok.apply_chat_template(hf_turn, tools=TOOLS, add_generation_prompt=True, tokenize=True)
+    if hasattr(want_ids, "input_ids"):
+        want_ids = want_ids["input_ids"]
+    if st != 200 or tk["tokens"] != list(want_ids):
+        reflib.fail(f"{parser}: the second turn renders differently: {st} {tk} vs {list(want_ids)}")
+    r2 = client.chat.completions.create(model="m", messages=turn, tools=TOOLS, max_tokens=5)
+    if not r2.choices:
+        reflib.fail(f"{parser}: second turn: {r2}")
+    print(f"ok  {parser}: {n_calls} call(s) parsed, streamed alike, second turn rendered as transformers does")
+    srv.stop()
+print("PASS")
