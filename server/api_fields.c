@@ -67,7 +67,8 @@ const api_field_t api_fields[] = {
     H("documents", CHT | TOK, "vLLM", "{\"documents\": \"x\"}", "a list, shown to the chat template"),
     H("tools", CHT | TOK, "OpenAI", "{\"tools\": \"x\"}",
       "shown to the chat template; with tool_choice auto the calls are read out of the reply (--tool-call-parser)"),
-    H("tool_choice", CHT, "OpenAI", "{\"tool_choice\": \"required\"}", "\"none\" or \"auto\" only"),
+    H("tool_choice", CHT, "OpenAI", "{\"tool_choice\": \"sometimes\"}",
+      "none, auto (calls read out of the reply), required or a named function (the reply constrained to calls)"),
     H("return_token_strs", TOK, "vLLM", "{\"return_token_strs\": \"x\"}", "the tokens' strings too"),
     /* structured output */
     H("response_format", OAI, "OpenAI", "{\"response_format\": {\"type\": \"xml\"}}",

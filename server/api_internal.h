@@ -62,6 +62,9 @@ typedef struct gen_choice {
     size_t sent;                /* streamed chat with tools: the content bytes sent so far */
 } gen_choice_t;
 
+#define TOOLS_REQUIRED 100        /* gen_job_t.tool_fmt: tool_choice "required" (a JSON list of calls) */
+#define TOOLS_NAMED 101           /* a named function (the reply is its arguments) */
+
 typedef struct gen_part {       /* one prompt = one engine request */
     gen_job_t *job;
     int index;
@@ -103,7 +106,9 @@ struct gen_job {
     rollout_t *ro;                  /* a /v1/rollout batch (the parts are unused then) */
     json_t *ro_groups, *ro_summary; /* its lines, when not streamed */
     json_t *sglang;                 /* SGLang /generate: {"batch": bool, "return_logprob": bool} */
-    int tool_fmt;                   /* chat with tools: the tool_format calls are read in (0: none) */
+    int tool_fmt;                   /* chat with tools: the tool_format calls are read in (0: none), or
+                                       TOOLS_REQUIRED / TOOLS_NAMED (the reply is the calls' JSON) */
+    char *tool_name;                /* TOOLS_NAMED: the function */
     bool one_tool_call;             /* parallel_tool_calls: false */
     unsigned err_status;
     char *err_msg;

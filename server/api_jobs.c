@@ -62,6 +62,7 @@ static void job_free(gen_job_t *j) {
     free(j->parts);
     free(j->choices);
     free(j->model);
+    free(j->tool_name);
     free(j->label);
     free(j->out.p);
     free(j->err_msg);
@@ -338,8 +339,24 @@ static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, js
 /* the calls in choice ci's reply (NULL: none), *content_len the content before them */
 static json_t *choice_calls(gen_job_t *j, int ci, size_t *content_len) {
     gen_choice_t *c = &j->choices[ci];
-    json_t *calls;
-    tool_calls_parse((tool_format)j->tool_fmt, c->text.p ? c->text.p : "", c->text.len, &calls, content_len);
+    json_t *calls = NULL;
+    if (j->tool_fmt >= TOOLS_REQUIRED) { /* the reply is the JSON of the calls (or of one's arguments) */
+        json_t *v = json_loadb(c->text.p ? c->text.p : "", c->text.len, 0, NULL);
+        if (j->tool_fmt == TOOLS_NAMED && json_is_object(v)) {
+            calls = json_pack("[{s:s, s:O}]", "name", j->tool_name, "arguments", v);
+        } else if (j->tool_fmt == TOOLS_REQUIRED && json_is_array(v)) {
+            calls = json_array();
+            size_t k;
+            json_t *x;
+            json_array_foreach(v, k, x)
+                json_array_append_new(calls, json_pack("{s:O, s:O}", "name", json_object_get(x, "name"), "arguments",
+                                                       json_object_get(x, "parameters")));
+        }
+        json_decref(v);
+        *content_len = calls ? 0 : c->text.len;
+    } else {
+        tool_calls_parse((tool_format)j->tool_fmt, c->text.p ? c->text.p : "", c->text.len, &calls, content_len);
+    }
     while (calls && j->one_tool_call && json_array_size(calls) > 1) json_array_remove(calls, json_array_size(calls) - 1);
     return calls;
 }
@@ -368,7 +385,9 @@ static void tools_stream(gen_job_t *j, int ci, json_t *lp, const char *fin) {
     const char *t = c->text.p ? c->text.p : "";
     size_t clen = c->text.len;
     json_t *calls = fin ? choice_calls(j, ci, &clen) : NULL;
-    size_t upto = fin ? clen : tool_calls_content_prefix((tool_format)j->tool_fmt, t, c->text.len);
+    size_t upto = fin                            ? clen
+                  : j->tool_fmt >= TOOLS_REQUIRED ? 0 /* all of it is the calls */
+                                                  : tool_calls_content_prefix((tool_format)j->tool_fmt, t, c->text.len);
     if (upto > c->sent || lp) {
         sse_choice(j, ci, t + c->sent, upto > c->sent ? upto - c->sent : 0, lp, NULL, false);
         if (upto > c->sent) c->sent = upto;
@@ -385,7 +404,7 @@ static void tools_stream(gen_job_t *j, int ci, json_t *lp, const char *fin) {
         json_decref(args);
         sse_delta(j, ci, json_pack("{s:[o]}", "tool_calls", piece), NULL, NULL);
     }
-    sse_choice(j, ci, "", 0, NULL, calls ? "tool_calls" : fin, false);
+    sse_choice(j, ci, "", 0, NULL, calls && j->tool_fmt != TOOLS_NAMED ? "tool_calls" : fin, false);
     json_decref(calls);
 }
 
@@ -756,7 +775,7 @@ static void final_text(gen_job_t *j, cs_buf_t *b) {
             buf_json(b, p->plp ? p->plp : json_null(), false);
         }
         ADD_LIT(b, ",\"finish_reason\":");
-        v = json_string(calls ? "tool_calls" : c->finish ? c->finish : "abort");
+        v = json_string(calls && j->tool_fmt != TOOLS_NAMED ? "tool_calls" : c->finish ? c->finish : "abort");
         json_decref(calls);
         buf_json(b, v, false);
         json_decref(v);

@@ -105,10 +105,6 @@ static bool parse_output(json_t *b, gen_job_t *j, gen_opts_t *o, perr_t *e) {
     j->tok_ids = b1;
     const char *user = NULL;
     if (!get_str(b, "user", &user, e)) return false;
-    json_t *tc = cs_json_get(b, "tool_choice");
-    if (tc && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
-        return fail(e, 400, "tool_choice", "tool_choice other than \"none\" or \"auto\" is not supported (tools are "
-                                            "shown to the chat template; tool calls are not parsed out of the text)");
     bool stream = false;
     if (!get_bool(b, "stream", &stream, e)) return false;
     j->stream = stream;
@@ -609,16 +605,87 @@ fail:
 }
 
 /* ---- /v1/chat/completions ---- */
-/* tools with tool_choice auto (the default with tools): calls read out of the reply in the
- * server's format; parallel_tool_calls: false keeps the first */
-static bool parse_tools(server_t *s, json_t *b, gen_job_t *j, perr_t *e) {
+/* the parameters schema of tool NAME in tools, a new reference (any object when it has none);
+ * NULL: no such tool */
+static json_t *tool_params(json_t *tools, const char *name) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *fn = json_object_get(t, "function");
+        if (json_is_string(json_object_get(fn, "name")) && !strcmp(json_string_value(json_object_get(fn, "name")), name)) {
+            json_t *p = json_object_get(fn, "parameters");
+            return json_is_object(p) ? json_incref(p) : json_pack("{s:s}", "type", "object");
+        }
+    }
+    return NULL;
+}
+
+/* vLLM's schema for tool_choice "required": a list of calls {"name", "parameters"} of the tools */
+static json_t *required_schema(json_t *tools, bool one) {
+    json_t *any = json_array();
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *fn = json_object_get(t, "function");
+        json_t *p = json_object_get(fn, "parameters");
+        json_array_append_new(any, json_pack("{s:s, s:{s:{s:s, s:[O]}, s:O}, s:[s, s], s:b}", "type", "object",
+                                             "properties", "name", "type", "string", "enum", json_object_get(fn, "name"),
+                                             "parameters", json_is_object(p) ? p : json_pack("{s:s}", "type", "object"),
+                                             "required", "name", "parameters", "additionalProperties", 0));
+    }
+    json_t *sch = json_pack("{s:s, s:i, s:{s:o}}", "type", "array", "minItems", 1, "items", "anyOf", any);
+    if (one) json_object_set_new(sch, "maxItems", json_integer(1));
+    return sch;
+}
+
+/* Tools and tool_choice: auto (the default with tools) reads calls out of the reply in the
+ * server's format; "required" constrains the reply to a list of calls and a named function to
+ * that function's arguments (both as vLLM does it, with the grammar engine); "none" leaves
+ * the reply as content. parallel_tool_calls: false keeps the first call. */
+static bool parse_tools(server_t *s, json_t *b, gen_job_t *j, gen_opts_t *o, perr_t *e) {
     json_t *tools = cs_json_get(b, "tools");
     bool parallel = true;
     if (!get_bool(b, "parallel_tool_calls", &parallel, e)) return false;
     j->one_tool_call = !parallel;
-    const char *tc = json_string_value(cs_json_get(b, "tool_choice"));
-    if (json_is_array(tools) && json_array_size(tools) && (!tc || !strcmp(tc, "auto"))) j->tool_fmt = s->tool_format;
-    return true;
+    json_t *tc = cs_json_get(b, "tool_choice");
+    const char *mode = json_string_value(tc);
+    bool have = json_is_array(tools) && json_array_size(tools);
+    if (tc && !(mode && (!strcmp(mode, "none") || !strcmp(mode, "auto") || !strcmp(mode, "required"))) &&
+        !(json_is_object(tc) && json_is_string(json_object_get(json_object_get(tc, "function"), "name"))))
+        return fail(e, 400, "tool_choice",
+                    "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (!have) {
+        if (tc && !(mode && !strcmp(mode, "none")))
+            return fail(e, 400, "tool_choice", "tool_choice needs 'tools'");
+        return true;
+    }
+    if (!mode || !strcmp(mode, "auto")) {
+        j->tool_fmt = s->tool_format;
+        return true;
+    }
+    if (!strcmp(mode, "none")) return true;
+    json_t *schema;
+    if (json_is_object(tc)) {
+        const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+        if (!(schema = tool_params(tools, name)))
+            return fail(e, 400, "tool_choice", "Tool '%s' has not been passed in `tools`", name);
+        j->tool_fmt = TOOLS_NAMED;
+        free(j->tool_name);
+        j->tool_name = strdup(name);
+    } else {
+        schema = required_schema(tools, j->one_tool_call);
+        j->tool_fmt = TOOLS_REQUIRED;
+    }
+    if (o->rq.grammar) {
+        json_decref(schema);
+        return fail(e, 400, "tool_choice", "tool_choice '%s' cannot be combined with structured output",
+                    mode ? mode : "function");
+    }
+    json_t *body = json_pack("{s:o}", "guided_json", schema);
+    bool ok = api_structured(s, body, &o->rq.grammar, e);
+    json_decref(body);
+    if (!ok) strcpy(e->param, "tool_choice");
+    return ok;
 }
 
 gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, perr_t *ep) {
@@ -633,7 +700,7 @@ gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, pe
     if (!parse_sampling(s, b, true, j, &o, 1, &e)) goto err;
     if (o.rq.max_tokens == 0) { fail(&e, 400, "max_tokens", "'max_tokens' must be at least 1"); goto err; }
     if (!parse_prompt_logprobs(s, b, j, &o, &e)) goto err;
-    if (!parse_tools(s, b, j, &e)) goto err;
+    if (!parse_tools(s, b, j, &o, &e)) goto err;
     bool add_special = false;
     if (!chat_render(s, b, &text, &tlen, &add_special, &e)) goto err;
     gen_part_t *p = &j->parts[0];

@@ -132,7 +132,7 @@ expect("a JSON schema keyword not supported", 400, body=dict(GOOD, guided_json={
        param="guided_json")
 expect("two structured-output constraints", 400, body=dict(GOOD, guided_regex="a", guided_choice=["b"]),
        param="guided_choice")
-expect("tool_choice required (not supported)", 400, path="/v1/chat/completions",
+expect("tool_choice required without tools", 400, path="/v1/chat/completions",
        body={"model": "base", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
              "chat_template": "{{ messages[0].content }}"}, param="tool_choice")
 expect("missing API key", 401, headers={})

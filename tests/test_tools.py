@@ -110,4 +110,57 @@ for parser, tokname, template, grammar, content, n_calls in FAMILIES:
         reflib.fail(f"{parser}: second turn: {r2}")
     print(f"ok  {parser}: {n_calls} call(s) parsed, streamed alike, second turn rendered as transformers does")
     srv.stop()
+# tool_choice "required" and a named function: the reply is constrained to calls (vLLM's way)
+import jsonschema  # noqa: E402
+
+BOOK = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}
+TOOLS2 = [{"type": "function", "function": {"name": "book", "parameters": BOOK}},
+          {"type": "function", "function": {"name": "cancel", "parameters": {
+              "type": "object", "properties": {"ref": {"type": "string", "pattern": "[A-Z]{3}[0-9]{2}"}},
+              "required": ["ref"], "additionalProperties": False}}}]
+model_dir, _, _ = make_tok_model("spm-32k", seed=9)
+set_chat_template(model_dir, "qwen2.5-instruct")
+srv = Server(["--model", model_dir, "--served-model-name", "m", "--threads", "2", "--kv-cache-bytes", "64M"])
+client = OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+msgs = [{"role": "user", "content": "Book Rome for 3 days."}]
+params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS2}
+for seed in range(3):
+    r = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS2, max_tokens=300, seed=seed,
+                                       tool_choice={"type": "function", "function": {"name": "book"}})
+    ch = r.choices[0]
+    if ch.finish_reason != "stop" or len(ch.message.tool_calls or []) != 1 or ch.message.tool_calls[0].function.name != "book":
+        reflib.fail(f"named tool_choice: {r}")
+    jsonschema.validate(json.loads(ch.message.tool_calls[0].function.arguments), BOOK)
+    for parallel in (True, False):
+        r = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS2, max_tokens=400, seed=seed,
+                                           tool_choice="required", parallel_tool_calls=parallel)
+        ch = r.choices[0]
+        calls = ch.message.tool_calls or []
+        if ch.finish_reason != "tool_calls" or not calls or (not parallel and len(calls) != 1):
+            reflib.fail(f"tool_choice required (parallel {parallel}): {r}")
+        for c in calls:
+            jsonschema.validate(json.loads(c.function.arguments), params[c.function.name])
+stream = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS2, max_tokens=400, seed=1, stream=True,
+                                        tool_choice="required")
+names = {}
+for chunk in stream:
+    for c in chunk.choices:
+        for tc in c.delta.tool_calls or []:
+            names.setdefault(tc.index, [None, ""])
+            if tc.function and tc.function.name:
+                names[tc.index][0] = tc.function.name
+            if tc.function and tc.function.arguments:
+                names[tc.index][1] += tc.function.arguments
+if not names or any(n not in params for n, _ in names.values()):
+    reflib.fail(f"tool_choice required streamed: {names}")
+for n, a in names.values():
+    jsonschema.validate(json.loads(a), params[n])
+st, r, _ = srv.request("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "tools": TOOLS2,
+                                                        "tool_choice": {"type": "function", "function": {"name": "x"}}})
+if st != 400 or "has not been passed" not in r["error"]["message"]:
+    reflib.fail(f"unknown named tool: {st} {r}")
+print("ok  tool_choice required and named: constrained calls valid against the tools' schemas, streamed too")
+srv.stop()
 print("PASS")
