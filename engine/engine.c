@@ -43,6 +43,7 @@ typedef struct seq {
     double t_first;             /* now_ms() of its first generated token (0: none yet) */
     sampler_t *sampler;
     grammar_matcher_t *gm;      /* the request's grammar (structured output) */
+    bool gm_waiting;            /* grammar_gated and its gate token not generated yet */
     stop_matcher_t *stop;
     tokenizer_stream_t *detok;
     /* the adapter's device slot while running (lora_registry_device_acquire on dref, the
@@ -278,8 +279,11 @@ static seq_t *seq_new(engine_t *e, req_t *r, int index, const int32_t *tokens, i
     sampler_resume(s->sampler, r->p.prompt + np, r->p.n_resumed);
     if (r->p.n_stop > 0 && !(s->stop = stop_matcher_new(r->p.stop, r->p.n_stop))) goto err;
     if (r->p.grammar && !(s->gm = grammar_matcher_new(r->p.grammar))) goto err;
-    for (int i = np; s->gm && i < r->p.n_prompt; i++) /* a resumed sample's output so far */
-        if (!grammar_matcher_accept_token(s->gm, e->gvocab, r->p.prompt[i])) goto err;
+    s->gm_waiting = s->gm && r->p.grammar_gated;
+    for (int i = np; s->gm && i < r->p.n_prompt; i++) { /* a resumed sample's output so far */
+        if (s->gm_waiting) s->gm_waiting = r->p.prompt[i] != r->p.grammar_gate_id;
+        else if (!grammar_matcher_accept_token(s->gm, e->gvocab, r->p.prompt[i])) goto err;
+    }
     if (e->p.tokenizer && !(s->detok = tokenizer_stream_new(e->p.tokenizer, !r->p.keep_special_text))) goto err;
     return s;
 err:
@@ -723,10 +727,12 @@ static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
             for (int i = 0; i < e->n_eos; i++) e->banned[n_banned++] = e->eos[i];
         for (int i = 0; i < p->n_stop_token_ids; i++) e->banned[n_banned++] = p->stop_token_ids[i];
     }
-    if (s->gm) logits = grammar_masked(e, s, logits);
+    bool constrained = s->gm && !s->gm_waiting;
+    if (constrained) logits = grammar_masked(e, s, logits);
     sample_out_t so;
     int32_t tok = logits ? sampler_sample(s->sampler, logits, e->banned, n_banned, &so) : CS_ENOMEM;
-    if (tok >= 0 && s->gm && !grammar_matcher_accept_token(s->gm, e->gvocab, tok)) tok = CS_EINVAL;
+    if (tok >= 0 && constrained && !grammar_matcher_accept_token(s->gm, e->gvocab, tok)) tok = CS_EINVAL;
+    if (tok >= 0 && s->gm_waiting && tok == p->grammar_gate_id) s->gm_waiting = false; /* the grammar from here */
     if (tok < 0) {
         seq_finish(e, s, ENGINE_FINISH_ERROR, CS_EINVAL, "no token can be sampled (all banned or masked)", NULL, false,
                    NULL, 0);
@@ -742,7 +748,7 @@ static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
 
     engine_finish fin = ENGINE_FINISH_NONE;
     if (in_list(p->stop_token_ids, p->n_stop_token_ids, tok) || (!p->ignore_eos && is_eos(e, tok)) ||
-        (s->gm && grammar_matcher_done(s->gm))) /* the grammar is complete: nothing can follow */
+        (constrained && grammar_matcher_done(s->gm))) /* the grammar is complete: nothing can follow */
         fin = ENGINE_FINISH_STOP;
 
     /* text: detokenize, then hold back what could start a stop string */
@@ -1579,7 +1585,7 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
         if (rq->stop_token_ids[i] < 0 || rq->stop_token_ids[i] >= e->vocab)
             return cs_error_set(CS_EINVAL, "stop_token_ids: %d is out of range [0, %d)", rq->stop_token_ids[i], e->vocab);
     if (rq->grammar && (rc = grammar_vocab_ready(e))) return rc;
-    if (rq->grammar && rq->n_resumed > 0) { /* its output so far must follow the grammar */
+    if (rq->grammar && rq->n_resumed > 0 && !rq->grammar_gated) { /* its output so far must follow the grammar */
         grammar_matcher_t *gm = grammar_matcher_new(rq->grammar);
         bool ok = gm != NULL;
         for (int i = rq->n_prompt - rq->n_resumed; ok && i < rq->n_prompt; i++)

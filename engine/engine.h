@@ -125,6 +125,9 @@ typedef struct engine_request {
      * where it can end); the request ends with "stop" once the grammar is complete. The engine
      * holds its own reference (grammar_ref). Needs the tokenizer. */
     struct grammar *grammar;
+    bool grammar_gated;             /* the grammar applies only after token grammar_gate_id (a
+                                       reasoning model's </think>): the thinking is unconstrained */
+    int32_t grammar_gate_id;
     engine_sink_fn sink;
     void *user;
 } engine_request_t;

@@ -59,9 +59,12 @@ typedef struct gen_choice {
     const char *finish;
     double t_last;              /* last token (for inter-token latency) */
     double t_first;             /* first token (for its TPOT against the request's SLO) */
-    size_t sent;                /* streamed chat with tools: the content bytes sent so far */
+    size_t sent;                /* streamed chat with tools or reasoning: content bytes sent so far */
+    size_t rsent;               /* ... and reasoning bytes */
 } gen_choice_t;
 
+#define REASONING_QWEN3 1         /* server_t.reasoning: a reply may start with <think>...</think> */
+#define REASONING_DEEPSEEK_R1 2   /* a reply starts inside the thinking (the template opened it) */
 #define TOOLS_REQUIRED 100        /* gen_job_t.tool_fmt: tool_choice "required" (a JSON list of calls) */
 #define TOOLS_NAMED 101           /* a named function (the reply is its arguments) */
 
@@ -109,6 +112,7 @@ struct gen_job {
     int tool_fmt;                   /* chat with tools: the tool_format calls are read in (0: none), or
                                        TOOLS_REQUIRED / TOOLS_NAMED (the reply is the calls' JSON) */
     char *tool_name;                /* TOOLS_NAMED: the function */
+    int reasoning;                  /* REASONING_*: the reply's thinking is reasoning_content */
     bool one_tool_call;             /* parallel_tool_calls: false */
     unsigned err_status;
     char *err_msg;

@@ -300,7 +300,8 @@ static void sse_delta(gen_job_t *j, int index, json_t *delta, json_t *lp, const 
         const gen_part_t *p = &j->parts[index / j->n];
         json_object_set_new(o, "usage", usage_of(j, p->n_prompt, j->choices[index].n_tokens, p->n_cached));
     }
-    json_object_set_new(delta, "reasoning_content", json_null()); /* read by SGLang-style clients */
+    if (!json_object_get(delta, "reasoning_content")) /* read by SGLang-style clients */
+        json_object_set_new(delta, "reasoning_content", json_null());
     json_t *c = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
                           lp ? json_pack("{s:o}", "content", lp) : json_null(), "finish_reason",
                           finish ? json_string(finish) : json_null());
@@ -335,13 +336,51 @@ static void sse_choice(gen_job_t *j, int index, const char *text, size_t len, js
     sse_json(j, o);
 }
 
-/* ---- tool calls in chat replies ---- */
-/* the calls in choice ci's reply (NULL: none), *content_len the content before them */
-static json_t *choice_calls(gen_job_t *j, int ci, size_t *content_len) {
-    gen_choice_t *c = &j->choices[ci];
+/* ---- reasoning and tool calls in chat replies ---- */
+#define THINK_OPEN "<think>"
+#define THINK_CLOSE "</think>"
+
+/* A reply t[0, n) as vLLM's reasoning parsers split it: reasoning t[r0, r1), content from c0
+ * (t[c0, c1) can go out now). Streaming (!final), an undecided start and what may begin
+ * </think> are held back. */
+typedef struct split {
+    size_t r0, r1, c0, c1;
+} split_t;
+
+static bool prefix_of(const char *t, size_t n, const char *word) { return n < strlen(word) && !memcmp(word, t, n); }
+
+static split_t split_reply(int mode, const char *t, size_t n, bool final) {
+    split_t sp = {0, 0, 0, n};
+    if (!mode) return sp;
+    bool open = n >= strlen(THINK_OPEN) && !memcmp(t, THINK_OPEN, strlen(THINK_OPEN));
+    if (!open && !final && prefix_of(t, n, THINK_OPEN)) return (split_t){0, 0, 0, 0}; /* undecided */
+    if (!open && mode == REASONING_QWEN3) return sp; /* no thinking: all content */
+    sp.r0 = open ? strlen(THINK_OPEN) : 0;
+    const char *close = NULL;
+    for (size_t i = sp.r0; i + strlen(THINK_CLOSE) <= n && !close; i++)
+        if (!memcmp(t + i, THINK_CLOSE, strlen(THINK_CLOSE))) close = t + i;
+    if (close) {
+        sp.r1 = (size_t)(close - t);
+        sp.c0 = sp.r1 + strlen(THINK_CLOSE);
+        return sp;
+    }
+    sp.r1 = n; /* still thinking: hold what may begin </think> */
+    for (size_t k = strlen(THINK_CLOSE) - 1; !final && k > 0; k--)
+        if (k <= n - sp.r0 && !memcmp(t + n - k, THINK_CLOSE, k)) {
+            sp.r1 = n - k;
+            break;
+        }
+    sp.c0 = sp.c1 = n;
+    return sp;
+}
+
+/* the calls in a reply's content t[0, n) (NULL: none), *content_len the content before them */
+static json_t *content_calls(gen_job_t *j, const char *t, size_t n, size_t *content_len) {
     json_t *calls = NULL;
+    *content_len = n;
+    if (!j->tool_fmt) return NULL;
     if (j->tool_fmt >= TOOLS_REQUIRED) { /* the reply is the JSON of the calls (or of one's arguments) */
-        json_t *v = json_loadb(c->text.p ? c->text.p : "", c->text.len, 0, NULL);
+        json_t *v = json_loadb(t, n, 0, NULL);
         if (j->tool_fmt == TOOLS_NAMED && json_is_object(v)) {
             calls = json_pack("[{s:s, s:O}]", "name", j->tool_name, "arguments", v);
         } else if (j->tool_fmt == TOOLS_REQUIRED && json_is_array(v)) {
@@ -353,16 +392,16 @@ static json_t *choice_calls(gen_job_t *j, int ci, size_t *content_len) {
                                                        json_object_get(x, "parameters")));
         }
         json_decref(v);
-        *content_len = calls ? 0 : c->text.len;
+        if (calls) *content_len = 0;
     } else {
-        tool_calls_parse((tool_format)j->tool_fmt, c->text.p ? c->text.p : "", c->text.len, &calls, content_len);
+        tool_calls_parse((tool_format)j->tool_fmt, t, n, &calls, content_len);
     }
     while (calls && j->one_tool_call && json_array_size(calls) > 1) json_array_remove(calls, json_array_size(calls) - 1);
     return calls;
 }
 
 /* OpenAI's form of call k of choice ci: {"id", "type": "function", "function": {"name", "arguments"}};
- * arguments as JSON text (NULL: "") */
+ * arguments as JSON text (with_args false: "") */
 static json_t *openai_call(gen_job_t *j, int ci, int k, json_t *call, bool with_args) {
     char id[64];
     const char *h = strchr(j->id, '-');
@@ -377,19 +416,29 @@ static json_t *openai_call(gen_job_t *j, int ci, int k, json_t *call, bool with_
     return o;
 }
 
-/* Streamed chat with tools: the reply's text (all of it in c->text) goes out as content as far
- * as it cannot begin a call; at the end its calls go out as OpenAI streams them (each its id
- * and name, then its arguments), the finish reason "tool_calls". */
-static void tools_stream(gen_job_t *j, int ci, json_t *lp, const char *fin) {
+/* A streamed chat reply with reasoning or tools (its text so far in c->text): the reasoning
+ * goes out as reasoning_content, the content as far as it cannot begin a call; at the end its
+ * calls go out as OpenAI streams them (each its id and name, then its arguments), finish
+ * reason "tool_calls" (a named function's: the engine's). */
+static void chat_stream(gen_job_t *j, int ci, json_t *lp, const char *fin) {
     gen_choice_t *c = &j->choices[ci];
     const char *t = c->text.p ? c->text.p : "";
-    size_t clen = c->text.len;
-    json_t *calls = fin ? choice_calls(j, ci, &clen) : NULL;
+    split_t sp = split_reply(j->reasoning, t, c->text.len, fin != NULL);
+    size_t rs = c->rsent > sp.r0 ? c->rsent : sp.r0;
+    if (sp.r1 > rs) {
+        sse_delta(j, ci, json_pack("{s:o}", "reasoning_content", jstr(t + rs, sp.r1 - rs)), lp, NULL);
+        lp = NULL;
+        c->rsent = sp.r1;
+    }
+    const char *ct = t + sp.c0;
+    size_t clen = c->text.len - sp.c0;
+    json_t *calls = fin ? content_calls(j, ct, clen, &clen) : NULL;
     size_t upto = fin                            ? clen
                   : j->tool_fmt >= TOOLS_REQUIRED ? 0 /* all of it is the calls */
-                                                  : tool_calls_content_prefix((tool_format)j->tool_fmt, t, c->text.len);
+                  : j->tool_fmt                   ? tool_calls_content_prefix((tool_format)j->tool_fmt, ct, sp.c1 - sp.c0)
+                                                  : sp.c1 - sp.c0;
     if (upto > c->sent || lp) {
-        sse_choice(j, ci, t + c->sent, upto > c->sent ? upto - c->sent : 0, lp, NULL, false);
+        sse_choice(j, ci, ct + c->sent, upto > c->sent ? upto - c->sent : 0, lp, NULL, false);
         if (upto > c->sent) c->sent = upto;
     }
     if (!fin) return;
@@ -406,6 +455,30 @@ static void tools_stream(gen_job_t *j, int ci, json_t *lp, const char *fin) {
     }
     sse_choice(j, ci, "", 0, NULL, calls && j->tool_fmt != TOOLS_NAMED ? "tool_calls" : fin, false);
     json_decref(calls);
+}
+
+/* the message of a finished chat choice, as text into b; its finish reason into *finish */
+static void chat_message(gen_job_t *j, int ci, cs_buf_t *b, const char **finish) {
+    gen_choice_t *c = &j->choices[ci];
+    const char *t = c->text.p ? c->text.p : "";
+    split_t sp = split_reply(j->reasoning, t, c->text.len, true);
+    size_t clen = c->text.len - sp.c0;
+    json_t *calls = content_calls(j, t + sp.c0, clen, &clen);
+    json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                          (calls || j->reasoning) && !clen ? json_null() : jstr(t + sp.c0, clen));
+    if (j->reasoning)
+        json_object_set_new(m, "reasoning_content", sp.r1 > sp.r0 ? jstr(t + sp.r0, sp.r1 - sp.r0) : json_null());
+    if (calls) {
+        json_t *a = json_array();
+        size_t k;
+        json_t *call;
+        json_array_foreach(calls, k, call) json_array_append_new(a, openai_call(j, ci, (int)k, call, true));
+        json_object_set_new(m, "tool_calls", a);
+        if (j->tool_fmt != TOOLS_NAMED) *finish = "tool_calls";
+    }
+    json_decref(calls);
+    buf_json(b, m, false);
+    json_decref(m);
 }
 
 /* Under j->mu: whether the suspended connection has something now (the end, or stream
@@ -556,7 +629,7 @@ static void on_event(void *user, const engine_event_t *ev) {
                                    &c->offset);
             }
         }
-        if (!j->stream || j->tool_fmt) cs_buf_add(&c->text, ev->text, ev->text_len);
+        if (!j->stream || j->tool_fmt || j->reasoning) cs_buf_add(&c->text, ev->text, ev->text_len);
     }
     const char *fin = finish_name(ev->finish);
     if (ev->finish == ENGINE_FINISH_ERROR && !j->err_status) {
@@ -571,7 +644,7 @@ static void on_event(void *user, const engine_event_t *ev) {
                                    "code", (int)j->err_status);
             if (eo) sse_json(j, eo);
         }
-        if (j->tool_fmt) tools_stream(j, ci, lp_delta, fin);
+        if (j->chat && (j->tool_fmt || j->reasoning)) chat_stream(j, ci, lp_delta, fin);
         else sse_choice(j, ci, ev->text, ev->text_len, lp_delta, fin, false);
     } else {
         json_decref(lp_delta);
@@ -721,24 +794,19 @@ static void final_text(gen_job_t *j, cs_buf_t *b) {
         gen_part_t *p = &j->parts[i / j->n];
         if (i) ADD_LIT(b, ",");
         cs_buf_add(b, num, (size_t)snprintf(num, sizeof num, "{\"index\":%d,", i));
-        json_t *calls = NULL;
+        const char *finish = c->finish ? c->finish : "abort";
         if (j->chat) {
-            size_t clen = c->text.len;
-            if (j->tool_fmt) calls = choice_calls(j, i, &clen);
-            ADD_LIT(b, "\"message\":{\"role\":\"assistant\",\"content\":");
-            v = calls && !clen ? json_null() : jstr(c->text.p ? c->text.p : "", clen);
-            buf_json(b, v, false);
-            json_decref(v);
-            if (calls) {
-                ADD_LIT(b, ",\"tool_calls\":");
-                json_t *a = json_array();
-                size_t k;
-                json_t *call;
-                json_array_foreach(calls, k, call) json_array_append_new(a, openai_call(j, i, (int)k, call, true));
-                buf_json(b, a, false);
-                json_decref(a);
+            ADD_LIT(b, "\"message\":");
+            if (j->tool_fmt || j->reasoning) {
+                chat_message(j, i, b, &finish);
+            } else {
+                ADD_LIT(b, "{\"role\":\"assistant\",\"content\":");
+                v = jstr(c->text.p ? c->text.p : "", c->text.len);
+                buf_json(b, v, false);
+                json_decref(v);
+                ADD_LIT(b, "}");
             }
-            ADD_LIT(b, "},\"logprobs\":");
+            ADD_LIT(b, ",\"logprobs\":");
             if (j->logprobs >= 0) {
                 ADD_LIT(b, "{\"content\":[");
                 cs_buf_add(b, c->lp.a[0].p ? c->lp.a[0].p : "", c->lp.a[0].len);
@@ -775,8 +843,7 @@ static void final_text(gen_job_t *j, cs_buf_t *b) {
             buf_json(b, p->plp ? p->plp : json_null(), false);
         }
         ADD_LIT(b, ",\"finish_reason\":");
-        v = json_string(calls && j->tool_fmt != TOOLS_NAMED ? "tool_calls" : c->finish ? c->finish : "abort");
-        json_decref(calls);
+        v = json_string(finish);
         buf_json(b, v, false);
         json_decref(v);
         ADD_LIT(b, "}");

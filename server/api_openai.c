@@ -659,11 +659,11 @@ static bool parse_tools(server_t *s, json_t *b, gen_job_t *j, gen_opts_t *o, per
             return fail(e, 400, "tool_choice", "tool_choice needs 'tools'");
         return true;
     }
-    if (!mode || !strcmp(mode, "auto")) {
+    if (!tc || (mode && !strcmp(mode, "auto"))) {
         j->tool_fmt = s->tool_format;
         return true;
     }
-    if (!strcmp(mode, "none")) return true;
+    if (mode && !strcmp(mode, "none")) return true;
     json_t *schema;
     if (json_is_object(tc)) {
         const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
@@ -706,6 +706,14 @@ gen_job_t *api_chat_parse(server_t *s, conn_t *cn, json_t *b, gen_opts_t *op, pe
     gen_part_t *p = &j->parts[0];
     if (!text_prompt(s, text, tlen, add_special, &p->prompt, &p->n_prompt, &e)) goto err;
     if (!check_len(s, p->n_prompt, o.rq.max_tokens, &e)) goto err;
+    j->reasoning = s->reasoning;
+    if (s->reasoning && o.rq.grammar && s->think_end_id >= 0) {
+        /* constrained after the thinking, unless the prompt already closed it (enable_thinking false) */
+        int k = p->n_prompt - 1;
+        while (k >= 0 && p->prompt[k] != s->think_end_id && p->prompt[k] != s->think_start_id) k--;
+        o.rq.grammar_gated = !(k >= 0 && p->prompt[k] == s->think_end_id);
+        o.rq.grammar_gate_id = s->think_end_id;
+    }
     free(text);
     *op = o;
     if (op->rq.stop) op->rq.stop = op->stops; /* the copy's own array (the strings are the body's) */

@@ -295,6 +295,15 @@ static int serve_load_model(server_t *s) {
     } else if (tp) {
         s->tool_format = tool_format_by_name(tp);
     }
+    const char *rp = s->cfg.reasoning_parser;
+    s->think_start_id = s->tok ? tokenizer_token_to_id(s->tok, "<think>") : -1;
+    s->think_end_id = s->tok ? tokenizer_token_to_id(s->tok, "</think>") : -1;
+    if (rp && strcmp(rp, "qwen3") && strcmp(rp, "deepseek_r1")) {
+        fprintf(stderr, "caraserve serve: --reasoning-parser %s: not one of qwen3, deepseek_r1\n", rp);
+        rc = -1;
+    } else if (rp) {
+        s->reasoning = !strcmp(rp, "qwen3") ? 1 : 2;
+    }
     if (rc == 0) {
         s->bos_token = special_token(tcfg, "bos_token");
         s->eos_token = special_token(tcfg, "eos_token");

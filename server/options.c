@@ -149,6 +149,9 @@ static const opt_t OPTS[] = {
     {"tool-call-parser", "NAME", K_STRING, SRV, F(tool_call_parser),
      .help = "how tool calls are read out of chat replies: hermes, llama3_json, mistral or none (default: the "
              "format the chat template teaches)"},
+    {"reasoning-parser", "NAME", K_STRING, SRV, F(reasoning_parser),
+     .help = "qwen3 or deepseek_r1: a chat reply's <think> part is its reasoning_content, and structured output "
+             "applies after it"},
     {"return-tokens-as-token-ids", NULL, K_FLAG, SRV, F(return_tokens_as_token_ids),
      .help = "logprobs name tokens as 'token_id:N' (a request's return_tokens_as_token_ids overrides)"},
     {"enable-prompt-tokens-details", NULL, K_FLAG, SRV, F(enable_prompt_tokens_details),

@@ -25,7 +25,8 @@ typedef struct cs_options {
     char **lora_roots;
     int n_lora_roots;
     char *chat_template;            /* file overriding the tokenizer_config.json template */
-    char *tool_call_parser;         /* --tool-call-parser: hermes, llama3_json, mistral, none (default: from the template) */
+    char *tool_call_parser;
+    char *reasoning_parser;         /* --reasoning-parser: qwen3, deepseek_r1 (default: none) */         /* --tool-call-parser: hermes, llama3_json, mistral, none (default: from the template) */
     char *generation_config;        /* auto, vllm or a directory: where requests' sampling defaults come from */
     /* HTTP */
     char *host;

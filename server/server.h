@@ -68,6 +68,8 @@ typedef struct server {
     chat_template_t *tmpl;          /* NULL: the model has no chat template */
     bool tmpl_wants_parts;          /* the template reads content parts (['type']) */
     int tool_format;                /* tool_format (text/tool_calls.h) of chat replies with tools */
+    int reasoning;                  /* --reasoning-parser: REASONING_* (api_internal.h), 0: none */
+    int32_t think_start_id, think_end_id; /* the tokens of <think> and </think> (-1: none) */
     char *bos_token, *eos_token;    /* strings for the template */
     int max_model_len;
     model_gen_defaults_t gen_defaults; /* --generation-config: requests' sampling defaults */
