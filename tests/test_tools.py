@@ -11,6 +11,7 @@ as JSON text, then the tool's answer) renders to the token ids transformers'
 apply_chat_template gives (arguments as the object, as vLLM hands them to templates)."""
 import json
 import os
+import re
 
 import reflib
 import transformers
@@ -110,6 +111,43 @@ for parser, tokname, template, grammar, content, n_calls in FAMILIES:
         reflib.fail(f"{parser}: second turn: {r2}")
     print(f"ok  {parser}: {n_calls} call(s) parsed, streamed alike, second turn rendered as transformers does")
     srv.stop()
+# --reasoning-parser: the thinking is reasoning_content and the grammar applies after </think>
+for mode, template in (("deepseek_r1", "deepseek-r1-distill-qwen"), ("qwen3", "qwen2.5-instruct")):
+    model_dir, _, _ = make_tok_model("qwen3", seed=9)
+    set_chat_template(model_dir, template)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    end_id = hf_tok.convert_tokens_to_ids("</think>")
+    srv = Server(["--model", model_dir, "--served-model-name", "m", "--threads", "2", "--kv-cache-bytes", "64M",
+                  "--reasoning-parser", mode])
+    client = OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+    msgs = [{"role": "user", "content": "Pick a word."}]
+    # thinking that never ends: all reasoning (deepseek_r1 starts inside it; qwen3 only after <think>)
+    bias = {str(hf_tok.convert_tokens_to_ids("<think>")): 100} if mode == "qwen3" else {}
+    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=6, seed=3, logit_bias=bias,
+                                       extra_body={"guided_grammar": 'root ::= [a-z]{3,5}\n'})
+    m = r.choices[0].message
+    if m.content is not None or not getattr(m, "reasoning_content", None) or r.choices[0].finish_reason != "length":
+        reflib.fail(f"{mode}: unfinished thinking: {r}")
+    # </think> forced at once: the content then follows the grammar, streamed alike
+    force = {str(end_id): 100}
+    if mode == "qwen3":
+        force[str(hf_tok.convert_tokens_to_ids("<think>"))] = 100  # <think> first, then </think> (both biased)
+    body = dict(model="m", messages=msgs, max_tokens=40, seed=3, logit_bias=force,
+                extra_body={"guided_grammar": 'root ::= [a-z]{3,5} "."\n'})
+    r = client.chat.completions.create(**body)
+    m = r.choices[0].message
+    if not re.fullmatch(r"[a-z]{3,5}\.", m.content or "") or r.choices[0].finish_reason != "stop":
+        reflib.fail(f"{mode}: content after </think> does not follow the grammar: {r}")
+    rs, cs = "", ""
+    for chunk in client.chat.completions.create(**body, stream=True):
+        for c in chunk.choices:
+            rs += getattr(c.delta, "reasoning_content", None) or ""
+            cs += c.delta.content or ""
+    if cs != m.content or rs != (getattr(m, "reasoning_content", None) or ""):
+        reflib.fail(f"{mode}: streamed {rs!r} {cs!r} vs {m}")
+    print(f"ok  --reasoning-parser {mode}: reasoning_content, the grammar after </think>, streamed alike")
+    srv.stop()
+
 # tool_choice "required" and a named function: the reply is constrained to calls (vLLM's way)
 import jsonschema  # noqa: E402
 
