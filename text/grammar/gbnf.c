@@ -662,6 +662,8 @@ void grammar_unref(grammar_t *g) {
         free(g->cache[i].uncertain);
     }
     free(g->cache);
+    for (int i = 0; i < g->n_unions; i++) free(g->unions[i].acc);
+    free(g->unions);
     pthread_mutex_destroy(&g->cache_mu);
     free(g->elems);
     free(g->alt_start);

@@ -40,6 +40,16 @@ static inline bool gset_has(const gset_t *s, uint8_t b) { return (s->w[b >> 5] >
  * below the top and are checked against the real stack each time (uncertain). */
 #define MASK_K 4
 
+#define MASK_UNION_MAX 16       /* stack tops of a state whose union is kept */
+#define MASK_UNIONS 64
+
+typedef struct mask_union {
+    int n;
+    int entry[MASK_UNION_MAX];  /* sorted cache indices */
+    uint32_t *acc;
+    uint64_t used;
+} mask_union_t;
+
 typedef struct mask_entry {
     uint32_t key[MASK_K];
     int depth;                  /* positions in key; -depth when the stack is deeper */
@@ -54,6 +64,12 @@ struct grammar {
     const struct grammar_vocab *cache_vocab;
     mask_entry_t *cache;
     int n_cache, cap_cache;
+    /* the union of the accepted sets of a state's stack tops (a state of several stacks recurs:
+     * inside a number, after a value), by their cache entries; emptied when an entry goes */
+    struct mask_union *unions;
+    int n_unions;
+    uint64_t union_clock;
+    uint64_t evictions;         /* entries dropped for room so far (their indices moved) */
     gelem_t *elems;
     int n_elems;
     int *alt_start;     /* [n_alts] */

@@ -348,6 +348,11 @@ out:
     return rc;
 }
 
+static void drop_unions(grammar_t *g) {
+    for (int i = 0; i < g->n_unions; i++) free(g->unions[i].acc);
+    g->n_unions = 0;
+}
+
 /* the classes of stack s's top, from the grammar's cache or made now (under its lock) */
 static const mask_entry_t *classes_of(grammar_matcher_t *m, const grammar_vocab_t *v, int32_t s) {
     grammar_t *g = (grammar_t *)m->g;
@@ -361,6 +366,7 @@ static const mask_entry_t *classes_of(grammar_matcher_t *m, const grammar_vocab_
         }
         g->n_cache = 0;
         g->cache_vocab = v;
+        drop_unions(g);
     }
     for (int i = 0; i < g->n_cache; i++)
         if (g->cache[i].depth == key.depth && !memcmp(g->cache[i].key, key.key, sizeof(uint32_t) * (size_t)n))
@@ -373,7 +379,9 @@ static const mask_entry_t *classes_of(grammar_matcher_t *m, const grammar_vocab_
         free(key.uncertain);
         return NULL;
     }
-    if (g->n_cache == MAX_CACHE) { /* full: the oldest goes */
+    if (g->n_cache == MAX_CACHE) { /* full: the oldest goes (and every union, whose indices move) */
+        drop_unions(g);
+        g->evictions++;
         free(g->cache[0].acc);
         free(g->cache[0].uncertain);
         memmove(g->cache, g->cache + 1, sizeof *g->cache * (size_t)(--g->n_cache));
@@ -409,28 +417,81 @@ static bool fits(grammar_matcher_t *m, const grammar_vocab_t *v, int32_t s, int3
     return true;
 }
 
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* the accepted sets of entries idx[0..n) (sorted) ORed, from the grammar's unions when kept */
+static const uint32_t *union_of(grammar_t *g, const int *idx, int n, int words) {
+    for (int i = 0; i < g->n_unions; i++)
+        if (g->unions[i].n == n && !memcmp(g->unions[i].entry, idx, sizeof(int) * (size_t)n)) {
+            g->unions[i].used = ++g->union_clock;
+            return g->unions[i].acc;
+        }
+    uint32_t *acc = malloc(sizeof *acc * (size_t)words);
+    if (!acc) return NULL;
+    memcpy(acc, g->cache[idx[0]].acc, sizeof *acc * (size_t)words);
+    for (int k = 1; k < n; k++)
+        for (int w = 0; w < words; w++) acc[w] |= g->cache[idx[k]].acc[w];
+    if (!g->unions && !(g->unions = calloc(MASK_UNIONS, sizeof *g->unions))) {
+        free(acc);
+        return NULL;
+    }
+    int u = g->n_unions < MASK_UNIONS ? g->n_unions++ : 0;
+    for (int i = 1; g->n_unions == MASK_UNIONS && i < MASK_UNIONS; i++)
+        if (g->unions[i].used < g->unions[u].used) u = i;
+    if (u < g->n_unions && g->unions[u].acc && g->n_unions == MASK_UNIONS) free(g->unions[u].acc);
+    g->unions[u].n = n;
+    memcpy(g->unions[u].entry, idx, sizeof(int) * (size_t)n);
+    g->unions[u].acc = acc;
+    g->unions[u].used = ++g->union_clock;
+    return acc;
+}
+
 void grammar_matcher_mask(grammar_matcher_t *m, const grammar_vocab_t *v, uint32_t *mask) {
     int words = (v->n + 31) / 32;
-    memset(mask, 0, sizeof *mask * (size_t)words);
-    if (m->ended) return;
+    if (m->ended || !m->n_cur) {
+        memset(mask, 0, sizeof *mask * (size_t)words);
+        if (!m->ended) mask_eos(m, v, mask);
+        return;
+    }
     int mark = m->n_nodes;
     grammar_t *g = (grammar_t *)m->g;
-    for (int k = 0; k < m->n_cur; k++) {
-        int32_t s = m->cur[k];
-        pthread_mutex_lock(&g->cache_mu);
-        const mask_entry_t *en = classes_of(m, v, s);
-        if (!en) {
-            pthread_mutex_unlock(&g->cache_mu);
-            m->oom = true;
-            break;
-        }
-        for (int w = 0; w < words; w++) mask[w] |= en->acc[w];
-        for (int i = 0; i < en->n_uncertain; i++) {
-            int32_t t = en->uncertain[i];
-            if (!(mask[t >> 5] >> (t & 31) & 1) && fits(m, v, s, t)) mask[t >> 5] |= 1u << (t & 31);
-        }
-        pthread_mutex_unlock(&g->cache_mu);
+    int idx[MASK_UNION_MAX], n = 0;
+    bool whole = m->n_cur <= MASK_UNION_MAX;
+    pthread_mutex_lock(&g->cache_mu);
+    uint64_t ev = g->evictions;
+    /* the entries first (making one may move the others), then their union */
+    for (int k = 0; k < m->n_cur && whole; k++) {
+        const mask_entry_t *en = classes_of(m, v, m->cur[k]);
+        if (!en) { m->oom = true; whole = false; break; }
+        idx[n++] = (int)(en - g->cache);
     }
+    const uint32_t *acc = NULL;
+    if (whole && g->evictions == ev) { /* (an eviction moved the indices: the slow way then) */
+        for (int k = 0; k < n; k++) idx[k] = (int)(classes_of(m, v, m->cur[k]) - g->cache); /* after any growth */
+        qsort(idx, (size_t)n, sizeof *idx, cmp_int);
+        int u = 0;
+        for (int k = 0; k < n; k++) /* two stacks with one top: one entry */
+            if (!u || idx[u - 1] != idx[k]) idx[u++] = idx[k];
+        acc = u == 1 ? g->cache[idx[0]].acc : union_of(g, idx, u, words);
+    }
+    if (acc) {
+        memcpy(mask, acc, sizeof *mask * (size_t)words);
+    } else { /* many stacks (or no memory for a union): OR them one by one */
+        memset(mask, 0, sizeof *mask * (size_t)words);
+        for (int k = 0; k < m->n_cur; k++) {
+            const mask_entry_t *en = classes_of(m, v, m->cur[k]);
+            if (!en) { m->oom = true; break; }
+            for (int w = 0; w < words; w++) mask[w] |= en->acc[w];
+        }
+    }
+    for (int k = 0; k < m->n_cur; k++) { /* the tokens that reach below a top: on the real stack */
+        const mask_entry_t *en = classes_of(m, v, m->cur[k]);
+        for (int i = 0; en && i < en->n_uncertain; i++) {
+            int32_t t = en->uncertain[i];
+            if (!(mask[t >> 5] >> (t & 31) & 1) && fits(m, v, m->cur[k], t)) mask[t >> 5] |= 1u << (t & 31);
+        }
+    }
+    pthread_mutex_unlock(&g->cache_mu);
     rollback(m, mark);
     mask_eos(m, v, mask);
 }
