@@ -713,8 +713,16 @@ static const float *grammar_masked(engine_t *e, seq_t *s, const float *logits) {
     if (s->req->p.ignore_eos)
         for (int i = 0; i < e->n_eos; i++) e->gmask[e->eos[i] >> 5] &= ~(1u << (e->eos[i] & 31));
     int nv = CS_MIN(e->vocab, grammar_vocab_size(e->gvocab));
-    for (int t = 0; t < e->vocab; t++)
-        e->glogits[t] = t < nv && (e->gmask[t >> 5] >> (t & 31) & 1) ? logits[t] : -INFINITY;
+    for (int w = 0; w * 32 < e->vocab; w++) { /* a word at a time: most are all masked */
+        int t0 = w * 32, n = CS_MIN(32, e->vocab - t0);
+        uint32_t bits = t0 < nv ? e->gmask[w] : 0;
+        if (t0 < nv && nv - t0 < 32) bits &= (1u << (nv - t0)) - 1; /* past the tokenizer's vocabulary */
+        if (!bits) {
+            for (int k = 0; k < n; k++) e->glogits[t0 + k] = -INFINITY;
+        } else {
+            for (int k = 0; k < n; k++) e->glogits[t0 + k] = bits >> k & 1 ? logits[t0 + k] : -INFINITY;
+        }
+    }
     return e->glogits;
 }
 
