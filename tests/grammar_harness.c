@@ -6,7 +6,11 @@
  *                                                 step the trie-walk mask must equal the
  *                                                 per-token reference; then a random allowed
  *                                                 token. Prints the steps and the mean time
- *                                                 of each mask; exit 1 on a difference. */
+ *                                                 of each mask; exit 1 on a difference.
+ *   grammar_harness - match regex|schema|gbnf SPEC   for each line of stdin (a JSON string),
+ *                                                 "1" when SPEC (a regex, JSON Schema text or
+ *                                                 GBNF) matches it in full, else "0"; or one
+ *                                                 line "error: MESSAGE" when SPEC is refused */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +100,46 @@ static int walk(const grammar_vocab_t *v, const char *gbnf_path, int steps) {
     return rc;
 }
 
+/* the match mode: no tokenizer */
+static int match(const char *kind, const char *spec) {
+    char *gbnf = NULL, *path = NULL;
+    int rc;
+    if (!strcmp(kind, "regex")) rc = grammar_regex_to_gbnf(spec, strlen(spec), &gbnf);
+    else if (!strcmp(kind, "gbnf")) rc = (gbnf = strdup(spec)) ? CS_OK : CS_ENOMEM;
+    else {
+        json_error_t je;
+        json_t *sc = json_loads(spec, 0, &je);
+        rc = sc ? grammar_json_schema_to_gbnf(sc, NULL, &gbnf, &path) : cs_error_set(CS_EINVAL, "not JSON");
+        json_decref(sc);
+    }
+    grammar_t *g = NULL;
+    if (rc == CS_OK) rc = grammar_compile(gbnf, strlen(gbnf), &g);
+    if (rc) {
+        printf("error: %s%s%s\n", cs_error_last(), path ? " at " : "", path ? path : "");
+        free(gbnf);
+        free(path);
+        return 0;
+    }
+    char line[65536];
+    while (fgets(line, sizeof line, stdin)) {
+        json_error_t je;
+        json_t *str = json_loads(line, JSON_DECODE_ANY, &je);
+        grammar_matcher_t *m = grammar_matcher_new(g);
+        bool ok = json_is_string(str) &&
+                  grammar_matcher_accept_bytes(m, (const uint8_t *)json_string_value(str), json_string_length(str)) &&
+                  grammar_matcher_can_end(m);
+        printf("%d\n", ok);
+        grammar_matcher_free(m);
+        json_decref(str);
+    }
+    grammar_unref(g);
+    free(gbnf);
+    free(path);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "-") && !strcmp(argv[2], "match")) return match(argv[3], argv[4]);
     if (argc < 3) { fprintf(stderr, "usage: grammar_harness TOKDIR bytes | walk GBNF SEED STEPS\n"); return 2; }
     tokenizer_t *t;
     if (tokenizer_load(argv[1], &t)) { fprintf(stderr, "%s\n", cs_error_last()); return 2; }
