@@ -10,7 +10,11 @@
  *   grammar_harness - match regex|schema|gbnf SPEC   for each line of stdin (a JSON string),
  *                                                 "1" when SPEC (a regex, JSON Schema text or
  *                                                 GBNF) matches it in full, else "0"; or one
- *                                                 line "error: MESSAGE" when SPEC is refused */
+ *                                                 line "error: MESSAGE" when SPEC is refused
+ *   grammar_harness - sample regex|schema|gbnf SPEC N SEED   up to N strings of SPEC's language
+ *                                                 (JSON lines), each a random walk over the
+ *                                                 bytes the grammar allows until it may end;
+ *                                                 walks longer than 3000 bytes are dropped */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,8 +104,66 @@ static int walk(const grammar_vocab_t *v, const char *gbnf_path, int steps) {
     return rc;
 }
 
-/* the match mode: no tokenizer */
-static int match(const char *kind, const char *spec) {
+static grammar_t *spec_grammar(const char *kind, const char *spec);
+
+/* the sample mode: a vocabulary of the 256 bytes and EOS */
+static int sample(const char *kind, const char *spec, int n, unsigned seed) {
+    grammar_t *g = spec_grammar(kind, spec);
+    if (!g) return 0;
+    const char *toks[257];
+    size_t lens[257];
+    char bytes[256];
+    for (int b = 0; b < 256; b++) {
+        bytes[b] = (char)b;
+        toks[b] = &bytes[b];
+        lens[b] = 1;
+    }
+    toks[256] = NULL;
+    lens[256] = 0;
+    int32_t eos = 256;
+    grammar_vocab_t *v;
+    if (grammar_vocab_from_bytes(toks, lens, 257, &eos, 1, &v)) return 2;
+    rng += seed * 0x9E3779B97F4A7C15ull;
+    uint32_t mask[9];
+    char *buf = malloc(3001);
+    for (int k = 0; k < n; k++) {
+        grammar_matcher_t *m = grammar_matcher_new(g);
+        int len = 0;
+        bool done = false;
+        while (len < 3000) {
+            grammar_matcher_mask(m, v, mask);
+            int allowed[257], na = 0, weight = 0, w[257];
+            for (int t = 0; t < 257; t++)
+                if (mask[t >> 5] >> (t & 31) & 1) {
+                    /* closers and separators more often, so walks end */
+                    w[na] = t == 256 ? 40 : strchr("\"]},", t) && t ? 12 : t < 128 ? 2 : 1;
+                    weight += w[na];
+                    allowed[na++] = t;
+                }
+            if (!na) break;
+            int r = (int)(rnd() % (uint32_t)weight), i = 0;
+            while (r >= w[i]) r -= w[i++];
+            if (allowed[i] == 256) { done = true; break; }
+            buf[len++] = (char)allowed[i];
+            grammar_matcher_accept_token(m, v, allowed[i]);
+            if (grammar_matcher_done(m)) { done = true; break; }
+        }
+        grammar_matcher_free(m);
+        if (!done) continue;
+        json_t *str = json_stringn_nocheck(buf, (size_t)len);
+        char *line = json_dumps(str, JSON_ENCODE_ANY);
+        printf("%s\n", line);
+        free(line);
+        json_decref(str);
+    }
+    free(buf);
+    grammar_vocab_free(v);
+    grammar_unref(g);
+    return 0;
+}
+
+/* SPEC compiled (NULL after printing "error: ..." when it is refused) */
+static grammar_t *spec_grammar(const char *kind, const char *spec) {
     char *gbnf = NULL, *path = NULL;
     int rc;
     if (!strcmp(kind, "regex")) rc = grammar_regex_to_gbnf(spec, strlen(spec), &gbnf);
@@ -113,13 +175,18 @@ static int match(const char *kind, const char *spec) {
         json_decref(sc);
     }
     grammar_t *g = NULL;
+    if (rc == CS_OK && getenv("CS_PRINT_GBNF")) fprintf(stderr, "%s", gbnf);
     if (rc == CS_OK) rc = grammar_compile(gbnf, strlen(gbnf), &g);
-    if (rc) {
-        printf("error: %s%s%s\n", cs_error_last(), path ? " at " : "", path ? path : "");
-        free(gbnf);
-        free(path);
-        return 0;
-    }
+    if (rc) printf("error: %s%s%s\n", cs_error_last(), path ? " at " : "", path ? path : "");
+    free(gbnf);
+    free(path);
+    return rc ? NULL : g;
+}
+
+/* the match mode: no tokenizer */
+static int match(const char *kind, const char *spec) {
+    grammar_t *g = spec_grammar(kind, spec);
+    if (!g) return 0;
     char line[65536];
     while (fgets(line, sizeof line, stdin)) {
         json_error_t je;
@@ -133,13 +200,13 @@ static int match(const char *kind, const char *spec) {
         json_decref(str);
     }
     grammar_unref(g);
-    free(gbnf);
-    free(path);
     return 0;
 }
 
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "-") && !strcmp(argv[2], "match")) return match(argv[3], argv[4]);
+    if (argc == 7 && !strcmp(argv[1], "-") && !strcmp(argv[2], "sample"))
+        return sample(argv[3], argv[4], atoi(argv[5]), (unsigned)atoi(argv[6]));
     if (argc < 3) { fprintf(stderr, "usage: grammar_harness TOKDIR bytes | walk GBNF SEED STEPS\n"); return 2; }
     tokenizer_t *t;
     if (tokenizer_load(argv[1], &t)) { fprintf(stderr, "%s\n", cs_error_last()); return 2; }

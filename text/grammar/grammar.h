@@ -39,6 +39,10 @@ int grammar_n_rules(const grammar_t *g);
  * take it) matched in full: root matches exactly the strings re.fullmatch accepts. CS_EINVAL
  * naming the construct it does not support (backreferences, lookaround, ...). */
 int grammar_regex_to_gbnf(const char *re, size_t len, char **gbnf);
+/* The same for the inside of a JSON string (JSON Schema's pattern): what the expression matches
+ * is the string's value, its text in the grammar escaped as JSON writes it (" \ and control
+ * characters as \" \\ \n \uXXXX ...). */
+int grammar_json_pattern_to_gbnf(const char *re, size_t len, char **gbnf);
 /* One of n literal strings (vLLM's guided_choice). */
 int grammar_choice_to_gbnf(const char *const *choices, int n, char **gbnf);
 

@@ -22,6 +22,7 @@ typedef struct rx {
     cs_buf_t out;
     int depth;
     bool failed;
+    bool json;      /* the matched text is the inside of a JSON string: " \ and controls escaped */
 } rx_t;
 
 typedef struct rset {
@@ -108,8 +109,62 @@ static bool add_shorthand(rx_t *r, rset_t *s, char c) {
     return true;
 }
 
+/* a character as the GBNF literal of its text: itself, or inside a JSON string its escape */
+static void put_char_lit(rx_t *r, uint32_t c) {
+    if (r->json && (c < 0x20 || c == '"' || c == '\\')) {
+        char e[16];
+        const char *named = c == '"' ? "\\\\\\\"" : c == '\\' ? "\\\\\\\\" : c == '\n' ? "\\\\n" : c == '\t' ? "\\\\t"
+                          : c == '\r' ? "\\\\r" : c == '\b' ? "\\\\b" : c == '\f' ? "\\\\f" : NULL;
+        if (named) snprintf(e, sizeof e, "\"%s\"", named);
+        else snprintf(e, sizeof e, "\"\\\\u%04X\"", c);
+        put(r, e);
+        return;
+    }
+    put(r, "\"");
+    put_cp(r, c, false);
+    put(r, "\"");
+}
+
+static void put_ranges(rx_t *r, const rset_t *s) {
+    put(r, "[");
+    for (int i = 0; i < s->n; i++) {
+        put_cp(r, s->lo[i], true);
+        if (s->hi[i] > s->lo[i]) {
+            put(r, "-");
+            put_cp(r, s->hi[i], true);
+        }
+    }
+    put(r, "]");
+}
+
 static void put_set(rx_t *r, rset_t *s) {
     set_sort(s);
+    if (r->json) { /* the class less " \ and controls, and those as their escapes */
+        rset_t plain = {.n = 0};
+        uint32_t esc[40];
+        int ne = 0;
+        for (int i = 0; i < s->n; i++)
+            for (uint32_t c = s->lo[i]; c <= s->hi[i] && c < 0x80; c++)
+                if (c < 0x20 || c == '"' || c == '\\') esc[ne++] = c;
+        rset_t cut = {.n = 3, .lo = {0, '"', '\\'}, .hi = {0x1F, '"', '\\'}};
+        for (int i = 0; i < s->n; i++) { /* s minus cut */
+            uint32_t lo = s->lo[i], hi = s->hi[i];
+            for (int k = 0; k < cut.n && lo <= hi; k++) {
+                if (cut.hi[k] < lo || cut.lo[k] > hi) continue;
+                if (cut.lo[k] > lo) set_add(r, &plain, lo, cut.lo[k] - 1);
+                lo = cut.hi[k] + 1;
+            }
+            if (lo <= hi) set_add(r, &plain, lo, hi);
+        }
+        put(r, "(");
+        if (plain.n) put_ranges(r, &plain);
+        for (int k = 0; k < ne; k++) {
+            if (plain.n || k) put(r, " | ");
+            put_char_lit(r, esc[k]);
+        }
+        put(r, ")");
+        return;
+    }
     put(r, "[");
     for (int i = 0; i < s->n; i++) {
         put_cp(r, s->lo[i], true);
@@ -322,7 +377,8 @@ static bool parse_seq(rx_t *r) {
             if (!parse_class(r)) return false;
         } else if (c == '.') {
             r->i++;
-            put(r, "[^\\n]");
+            rset_t dot = {.n = 2, .lo = {0, '\n' + 1}, .hi = {'\n' - 1, MAX_CP}};
+            put_set(r, &dot);
         } else if (c == '^' || c == '$') {
             bool start = c == '^' && r->i == 0, end = c == '$' && r->i + 1 == r->n;
             if (!start && !end) return rfail(r, "anchors (^ and $) are supported only at the ends");
@@ -344,17 +400,11 @@ static bool parse_seq(rx_t *r) {
             long cp = escape(r, &s, false);
             if (cp == -1) return false;
             if (cp == -2) put_set(r, &s);
-            else {
-                put(r, "\"");
-                put_cp(r, (uint32_t)cp, false);
-                put(r, "\"");
-            }
+            else put_char_lit(r, (uint32_t)cp);
         } else {
             long cp = utf8_at(r);
             if (cp < 0) return false;
-            put(r, "\"");
-            put_cp(r, (uint32_t)cp, false);
-            put(r, "\"");
+            put_char_lit(r, (uint32_t)cp);
         }
         if (!quantifier(r, atom)) return false;
         any = true;
@@ -373,9 +423,9 @@ static bool parse_alt(rx_t *r) {
     return true;
 }
 
-int grammar_regex_to_gbnf(const char *re, size_t len, char **gbnf) {
+static int to_gbnf(const char *re, size_t len, bool json, char **gbnf) {
     *gbnf = NULL;
-    rx_t r = {.s = re, .n = len};
+    rx_t r = {.s = re, .n = len, .json = json};
     put(&r, "root ::= ");
     bool ok = parse_alt(&r);
     if (ok && r.i < r.n) ok = rfail(&r, "an unbalanced parenthesis");
@@ -386,6 +436,10 @@ int grammar_regex_to_gbnf(const char *re, size_t len, char **gbnf) {
     *gbnf = r.out.p;
     return CS_OK;
 }
+
+int grammar_regex_to_gbnf(const char *re, size_t len, char **gbnf) { return to_gbnf(re, len, false, gbnf); }
+
+int grammar_json_pattern_to_gbnf(const char *re, size_t len, char **gbnf) { return to_gbnf(re, len, true, gbnf); }
 
 int grammar_choice_to_gbnf(const char *const *choices, int n, char **gbnf) {
     *gbnf = NULL;
