@@ -170,7 +170,7 @@ demo = os.environ.get("CS_DEMO_MODEL", "")
 if not demo or not os.path.isdir(demo):
     print("SKIP: the demo-model part (CS_DEMO_MODEL is not set)")
 else:
-    from pydantic import BaseModel
+    from pydantic import BaseModel, Field
 
     srv = Server(["--model", demo, "--threads", "2", "--kv-cache-bytes", "256M"])
     client = OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
@@ -182,9 +182,9 @@ else:
         reflib.fail(f"json_object: {r}")
 
     class City(BaseModel):
-        name: str
-        country: str
-        population: int
+        name: str = Field(max_length=40)
+        country: str = Field(max_length=40)
+        population: int = Field(ge=0, le=10**11)
 
     p = client.chat.completions.parse(model=name, messages=[{"role": "user", "content": "Paris as JSON."}],
                                       response_format=City, max_tokens=300, temperature=0)
