@@ -824,8 +824,19 @@ int grammar_json_schema_to_gbnf(const json_t *schema, const char *ws, char **gbn
         cs_buf_add(&all, root.p, root.len);
         S(&all, "\n");
         cs_buf_add(&all, J.rules.p ? J.rules.p : "", J.rules.len);
-        if (!S(&all, "")) rc = cs_error_set(CS_ENOMEM, "out of memory");
+        if (!Z(&all)) rc = cs_error_set(CS_ENOMEM, "out of memory");
         else *gbnf = all.p;
+        grammar_t *g = NULL;
+        if (rc == CS_OK && J.n_refs && grammar_compile(all.p, all.len - 1, &g) == CS_EINVAL &&
+            strstr(cs_error_last(), "left-recursive")) { /* {"$ref": "#"}, {"anyOf": [{"$ref": "#"}, ...]} */
+            free(all.p);
+            *gbnf = NULL;
+            if (err_path) *err_path = strdup("#/$ref");
+            rc = cs_error_set(CS_EINVAL, "a $ref reaches itself before any object or array: the schema "
+                                         "matches nothing it does not first match (recursion must go through an "
+                                         "object's property or an array's items)");
+        }
+        grammar_unref(g);
     }
     for (int i = 0; i < J.n_refs; i++) free(J.refs[i].ref);
     free(J.refs);
