@@ -165,15 +165,7 @@ static void put_set(rx_t *r, rset_t *s) {
         put(r, ")");
         return;
     }
-    put(r, "[");
-    for (int i = 0; i < s->n; i++) {
-        put_cp(r, s->lo[i], true);
-        if (s->hi[i] > s->lo[i]) {
-            put(r, "-");
-            put_cp(r, s->hi[i], true);
-        }
-    }
-    put(r, "]");
+    put_ranges(r, s);
 }
 
 static int hexv(char c) {

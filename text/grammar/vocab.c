@@ -45,42 +45,10 @@ static int sort_tokens(grammar_vocab_t *v) {
     return CS_OK;
 }
 
-int grammar_vocab_new(const tokenizer_t *t, const int32_t *eos, int n_eos, grammar_vocab_t **out) {
-    *out = NULL;
-    grammar_vocab_t *v = calloc(1, sizeof *v);
-    if (!v) return cs_error_set(CS_ENOMEM, "out of memory");
-    v->n = tokenizer_vocab_size(t);
-    v->off = calloc((size_t)v->n + 1, sizeof *v->off);
-    v->len = calloc((size_t)v->n + 1, sizeof *v->len);
-    v->eos = malloc(sizeof *v->eos * (size_t)(n_eos + 1));
-    cs_buf_t all = {0};
-    int rc = (!v->off || !v->len || !v->eos) ? cs_error_set(CS_ENOMEM, "out of memory") : CS_OK;
-    if (rc == CS_OK && n_eos) memcpy(v->eos, eos, sizeof *eos * (size_t)n_eos);
-    v->n_eos = n_eos;
-    for (int32_t id = 0; id < v->n && rc == CS_OK; id++) {
-        if (!tokenizer_id_to_token(t, id) || tokenizer_is_special(t, id)) continue;
-        char *b;
-        size_t len;
-        if ((rc = tokenizer_token_bytes(t, id, &b, &len)) < 0) break;
-        if (len > 65535) len = 0; /* no real token; never allowed */
-        v->off[id] = (uint32_t)all.len;
-        v->len[id] = (uint32_t)len;
-        if (len > (size_t)v->max_len) v->max_len = (int)len;
-        if (!cs_buf_add(&all, b, len)) rc = cs_error_set(CS_ENOMEM, "out of memory");
-        free(b);
-    }
-    v->bytes = (uint8_t *)all.p;
-    if (rc == CS_OK) rc = sort_tokens(v);
-    if (rc < 0) {
-        grammar_vocab_free(v);
-        return rc;
-    }
-    *out = v;
-    return CS_OK;
-}
+/* token id's bytes into *b (malloc'd or static), *len; false: never allowed */
+typedef bool (*bytes_fn)(const void *src, int32_t id, char **b, size_t *len, bool *owned, int *rc);
 
-int grammar_vocab_from_bytes(const char *const *toks, const size_t *lens, int n, const int32_t *eos, int n_eos,
-                             grammar_vocab_t **out) {
+static int build(int n, bytes_fn get, const void *src, const int32_t *eos, int n_eos, grammar_vocab_t **out) {
     *out = NULL;
     grammar_vocab_t *v = calloc(1, sizeof *v);
     if (!v) return cs_error_set(CS_ENOMEM, "out of memory");
@@ -92,12 +60,17 @@ int grammar_vocab_from_bytes(const char *const *toks, const size_t *lens, int n,
     int rc = (!v->off || !v->len || !v->eos) ? cs_error_set(CS_ENOMEM, "out of memory") : CS_OK;
     if (rc == CS_OK && n_eos) memcpy(v->eos, eos, sizeof *eos * (size_t)n_eos);
     v->n_eos = n_eos;
-    for (int id = 0; id < n && rc == CS_OK; id++) {
-        size_t len = toks[id] && lens[id] <= 65535 ? lens[id] : 0;
+    for (int32_t id = 0; id < n && rc == CS_OK; id++) {
+        char *b = NULL;
+        size_t len = 0;
+        bool owned = false;
+        if (!get(src, id, &b, &len, &owned, &rc)) continue;
+        if (len > 65535) len = 0; /* no real token; never allowed */
         v->off[id] = (uint32_t)all.len;
         v->len[id] = (uint32_t)len;
         if (len > (size_t)v->max_len) v->max_len = (int)len;
-        if (!cs_buf_add(&all, toks[id] ? toks[id] : "", len)) rc = cs_error_set(CS_ENOMEM, "out of memory");
+        if (!cs_buf_add(&all, b, len)) rc = cs_error_set(CS_ENOMEM, "out of memory");
+        if (owned) free(b);
     }
     v->bytes = (uint8_t *)all.p;
     if (rc == CS_OK) rc = sort_tokens(v);
@@ -107,6 +80,39 @@ int grammar_vocab_from_bytes(const char *const *toks, const size_t *lens, int n,
     }
     *out = v;
     return CS_OK;
+}
+
+static bool tok_bytes(const void *src, int32_t id, char **b, size_t *len, bool *owned, int *rc) {
+    const tokenizer_t *t = src;
+    if (!tokenizer_id_to_token(t, id) || tokenizer_is_special(t, id)) return false;
+    if ((*rc = tokenizer_token_bytes(t, id, b, len)) < 0) return false;
+    *owned = true;
+    return true;
+}
+
+int grammar_vocab_new(const tokenizer_t *t, const int32_t *eos, int n_eos, grammar_vocab_t **out) {
+    return build(tokenizer_vocab_size(t), tok_bytes, t, eos, n_eos, out);
+}
+
+typedef struct list {
+    const char *const *toks;
+    const size_t *lens;
+} list_t;
+
+static bool list_bytes(const void *src, int32_t id, char **b, size_t *len, bool *owned, int *rc) {
+    const list_t *l = src;
+    (void)rc;
+    if (!l->toks[id]) return false;
+    *b = (char *)l->toks[id];
+    *len = l->lens[id];
+    *owned = false;
+    return true;
+}
+
+int grammar_vocab_from_bytes(const char *const *toks, const size_t *lens, int n, const int32_t *eos, int n_eos,
+                             grammar_vocab_t **out) {
+    list_t l = {toks, lens};
+    return build(n, list_bytes, &l, eos, n_eos, out);
 }
 
 void grammar_vocab_free(grammar_vocab_t *v) {
