@@ -135,8 +135,10 @@ static void step_sink(void *user, const engine_event_t *ev) {
     if (ev->has_token) {
         r->has_token = true;
         r->n_top = ev->n_top < SAMPLING_MAX_LOGPROBS ? ev->n_top : SAMPLING_MAX_LOGPROBS;
-        memcpy(r->ids, ev->top_ids, sizeof(int32_t) * (size_t)r->n_top);
-        memcpy(r->lps, ev->top_logprobs, sizeof(float) * (size_t)r->n_top);
+        if (r->n_top > 0) {
+            memcpy(r->ids, ev->top_ids, sizeof(int32_t) * (size_t)r->n_top);
+            memcpy(r->lps, ev->top_logprobs, sizeof(float) * (size_t)r->n_top);
+        }
     }
     if (first) {
         b->n_cached = ev->n_cached_tokens;
@@ -252,8 +254,10 @@ static int expand(beam_t *b) {
             grow((void **)&b->top_lps, &b->cap_top_lps, b->n_tops + keep, sizeof(float)))
             return CS_ENOMEM;
         int top = b->n_tops;
-        memcpy(b->top_ids + top, r->ids, sizeof(int32_t) * (size_t)keep);
-        memcpy(b->top_lps + top, r->lps, sizeof(float) * (size_t)keep);
+        if (keep > 0) {
+            memcpy(b->top_ids + top, r->ids, sizeof(int32_t) * (size_t)keep);
+            memcpy(b->top_lps + top, r->lps, sizeof(float) * (size_t)keep);
+        }
         b->n_tops += keep;
         int m = r->n_top < 2 * b->width ? r->n_top : 2 * b->width;
         for (int j = 0; j < m; j++) {
@@ -291,7 +295,7 @@ static int cmp_score(const void *pa, const void *pb) {
 /* the finished beams, then the live ones, ranked by score (ties: that order) into b->fin */
 static int rank_all(beam_t *b) {
     if (grow((void **)&b->fin, &b->cap_fin, b->n_fin + b->n_live, sizeof(hyp_t))) return CS_ENOMEM;
-    memcpy(b->fin + b->n_fin, b->live, sizeof(hyp_t) * (size_t)b->n_live);
+    if (b->n_live) memcpy(b->fin + b->n_fin, b->live, sizeof(hyp_t) * (size_t)b->n_live);
     b->n_fin += b->n_live;
     for (int i = 0; i < b->n_fin; i++) {
         hyp_t *h = &b->fin[i];

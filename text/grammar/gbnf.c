@@ -612,13 +612,14 @@ static int flatten(build_t *B, int root, grammar_t **out) {
         g->rule_alt0[r] = k;
         for (int a = 0; a < B->rules[r].n_alts; a++) {
             g->alt_start[k++] = e;
-            memcpy(g->elems + e, B->rules[r].alts[a].s, sizeof(gelem_t) * (size_t)B->rules[r].alts[a].n);
+            if (B->rules[r].alts[a].n)
+                memcpy(g->elems + e, B->rules[r].alts[a].s, sizeof(gelem_t) * (size_t)B->rules[r].alts[a].n);
             e += B->rules[r].alts[a].n;
             g->elems[e++] = (gelem_t){GE_END, 0};
         }
     }
     g->rule_alt0[B->n_rules] = k;
-    memcpy(g->sets, B->sets, sizeof(gset_t) * (size_t)B->n_sets);
+    if (B->n_sets) memcpy(g->sets, B->sets, sizeof(gset_t) * (size_t)B->n_sets);
     g->n_elems = e;
     g->n_alts = k;
     g->n_rules = B->n_rules;

@@ -131,8 +131,9 @@ static bool expand(grammar_matcher_t *m, uint32_t pos, int32_t parent, bool *acc
 
 /* sort and deduplicate pool[off..n_pool) */
 static void uniq(grammar_matcher_t *m, int off) {
-    int32_t *p = m->pool + off;
     int n = m->n_pool - off;
+    if (n < 2) return;
+    int32_t *p = m->pool + off;
     for (int i = 1; i < n; i++) { /* insertion sort: states hold a few stacks */
         int32_t v = p[i];
         int j = i;
@@ -194,7 +195,7 @@ grammar_matcher_t *grammar_matcher_new(const grammar_t *g) {
     m->accept = acc;
     m->cur = malloc(sizeof *m->cur * (size_t)(m->n_pool + 1));
     if (!m->cur) goto fail;
-    memcpy(m->cur, m->pool, sizeof *m->cur * (size_t)m->n_pool);
+    if (m->n_pool) memcpy(m->cur, m->pool, sizeof *m->cur * (size_t)m->n_pool);
     m->n_cur = m->cap_cur = m->n_pool;
     return m;
 fail:
@@ -237,7 +238,7 @@ bool grammar_matcher_accept_bytes(grammar_matcher_t *m, const uint8_t *b, size_t
         m->cur = nc;
         m->cap_cur = cnt;
     }
-    memcpy(m->cur, m->pool + off, sizeof *m->cur * (size_t)cnt);
+    if (cnt) memcpy(m->cur, m->pool + off, sizeof *m->cur * (size_t)cnt);
     m->n_cur = cnt;
     m->accept = acc;
     if (m->n_nodes > COMPACT_NODES) compact(m);
