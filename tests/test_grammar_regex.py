@@ -33,7 +33,7 @@ PATTERNS = [
     r"(a|)b", r"a?b?c?", r"((((a))))", r"(ab){2,3}", r"[a-z0-9_]{1,12}@[a-z]{2,8}(\.[a-z]{2,4}){1,2}",
     r"\d+(,\d+)*", r"[A-Fa-f0-9]{8}-[A-Fa-f0-9]{4}", r"(\+|-)?\d+", r"a|b|c|d|e|f", r"x(y|z)?w", r"(a(b(c)?)?)?d",
     r"[^\n]*", r"[\[\]]+", r"#[0-9a-f]{6}", r"(true|false|null)", r"\$\d+\.\d\d", r"[aeiou]{2,}[^aeiou]",
-    r"(a|ab)(c|bcd)(d*)", r"z{0}", r"[😀-😂]+", r"(?:a|b)+?c", r"[ -~]{0,5}", r"\x41\u0042\U00000043", r"ab{1000}",
+    r"(a|ab)(c|bcd)(d*)", r"z{0}", r"(|yes|no)*[A-Z]", r"(a?)*b", r"(\s*x?)+y", r"(a*b*)*c", r"[😀-😂]+", r"(?:a|b)+?c", r"[ -~]{0,5}", r"\x41\u0042\U00000043", r"ab{1000}",
 ]
 REFUSED = [
     (r"(a)\1", "backreference"), (r"(?P<x>a)(?P=x)", "backreference"), (r"a(?=b)", "lookahead"),

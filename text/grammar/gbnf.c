@@ -528,26 +528,47 @@ static const char *rule_label(const build_t *B, int r) {
     return B->rules[r].name;
 }
 
-/* a rule reaches itself before a byte: found with a colouring DFS over the "can start
- * with" edges (a reference preceded only by nullable rules) */
-static bool left_dfs(build_t *B, const bool *nullable, int r, uint8_t *colour) {
-    colour[r] = 1;
-    brule_t *R = &B->rules[r];
+/* Left recursion. Rule u "starts with" v when an alternative of u refers to v after nothing
+ * but nullable elements; the edge is a tail when that reference ends the alternative (the
+ * matcher then expands v on the same stack, and an expansion met again on the same stack is
+ * skipped). A cycle of tail edges only (x* with a nullable x) is harmless; a cycle through any
+ * other edge pushes a return address each time round: it would never end. */
+static bool reaches(build_t *B, const bool *nullable, int from, int to, uint8_t *seen) {
+    if (from == to) return true;
+    if (seen[from]) return false;
+    seen[from] = 1;
+    brule_t *R = &B->rules[from];
     for (int a = 0; a < R->n_alts; a++)
         for (int i = 0; i < R->alts[a].n; i++) {
             gelem_t s = R->alts[a].s[i];
             if (s.type != GE_RULE) break;
-            if (colour[s.arg] == 1) {
-                cs_error_set(CS_EINVAL,
-                             "grammar: rule '%s' is left-recursive (it can reach itself before matching a byte; "
-                             "a repeated part that can match nothing does this too)",
-                             rule_label(B, (int)s.arg));
-                return false;
-            }
-            if (!colour[s.arg] && !left_dfs(B, nullable, (int)s.arg, colour)) return false;
+            if (reaches(B, nullable, (int)s.arg, to, seen)) return true;
             if (!nullable[s.arg]) break;
         }
-    colour[r] = 2;
+    return false;
+}
+
+static bool no_left_recursion(build_t *B, const bool *nullable) {
+    uint8_t *seen = malloc((size_t)B->n_rules);
+    if (!seen) return cs_error_set(CS_ENOMEM, "out of memory"), false;
+    for (int r = 0; r < B->n_rules; r++) {
+        brule_t *R = &B->rules[r];
+        for (int a = 0; a < R->n_alts; a++)
+            for (int i = 0; i < R->alts[a].n; i++) {
+                gelem_t s = R->alts[a].s[i];
+                if (s.type != GE_RULE) break;
+                bool tail = i == R->alts[a].n - 1;
+                memset(seen, 0, (size_t)B->n_rules);
+                if (!tail && reaches(B, nullable, (int)s.arg, r, seen)) {
+                    cs_error_set(CS_EINVAL, "grammar: rule '%s' is left-recursive (it can reach itself before "
+                                            "matching a byte)", rule_label(B, r));
+                    free(seen);
+                    return false;
+                }
+                if (!nullable[s.arg]) break;
+            }
+    }
+    free(seen);
     return true;
 }
 
@@ -561,12 +582,7 @@ static int check(build_t *B, int *root) {
     }
     if (*root < 0) return cs_error_set(CS_EINVAL, "grammar: no rule named 'root'");
     bool *nullable = calloc((size_t)B->n_rules, sizeof(bool));
-    uint8_t *colour = calloc((size_t)B->n_rules, 1);
-    if (!nullable || !colour) {
-        free(nullable);
-        free(colour);
-        return cs_error_set(CS_ENOMEM, "out of memory");
-    }
+    if (!nullable) return cs_error_set(CS_ENOMEM, "out of memory");
     for (bool changed = true; changed;) {
         changed = false;
         for (int r = 0; r < B->n_rules; r++) {
@@ -581,11 +597,8 @@ static int check(build_t *B, int *root) {
             }
         }
     }
-    int rc = CS_OK;
-    for (int r = 0; r < B->n_rules && rc == CS_OK; r++)
-        if (!colour[r] && !left_dfs(B, nullable, r, colour)) rc = CS_EINVAL;
+    int rc = no_left_recursion(B, nullable) ? CS_OK : CS_EINVAL;
     free(nullable);
-    free(colour);
     return rc;
 }
 

@@ -32,6 +32,8 @@ struct grammar_matcher {
     int n_pool, cap_pool;
     bool oom;
     bool hit;                   /* expand popped to SENTINEL (the classes of a stack top) */
+    struct { uint32_t rule; int32_t parent; } *seen; /* the rule expansions of one expand() */
+    int n_seen, cap_seen;
 };
 
 #define SENTINEL (-2)           /* below a stack top taken alone: "whatever lies further down" */
@@ -123,6 +125,17 @@ static bool expand(grammar_matcher_t *m, uint32_t pos, int32_t parent, bool *acc
         }
         int32_t np = parent; /* the return address; none when the rule ends the alternative */
         if (g->elems[pos + 1].type != GE_END && (np = intern(m, pos + 1, parent)) < 0) return false;
+        for (int k = 0; k < m->n_seen; k++) /* met before on this stack (x* with a nullable x) */
+            if (m->seen[k].rule == e.arg && m->seen[k].parent == np) return true;
+        if (m->n_seen == m->cap_seen) {
+            int nc = m->cap_seen ? m->cap_seen * 2 : 32;
+            void *ns = realloc(m->seen, sizeof *m->seen * (size_t)nc);
+            if (!ns) return false;
+            m->seen = ns;
+            m->cap_seen = nc;
+        }
+        m->seen[m->n_seen].rule = e.arg;
+        m->seen[m->n_seen++].parent = np;
         for (int a = g->rule_alt0[e.arg]; a < g->rule_alt0[e.arg + 1]; a++)
             if (!expand(m, (uint32_t)g->alt_start[a], np, accept)) return false;
         return true;
@@ -155,6 +168,7 @@ static int advance(grammar_matcher_t *m, int off, int n, uint8_t b, bool *accept
     for (int i = 0; i < n; i++) {
         const gnode_t *s = &m->nodes[m->pool[off + i]];
         if (!gset_has(&g->sets[g->elems[s->pos].arg], b)) continue;
+        m->n_seen = 0;
         if (!expand(m, s->pos + 1, s->parent, accept)) return -1;
     }
     uniq(m, out);
@@ -189,6 +203,7 @@ grammar_matcher_t *grammar_matcher_new(const grammar_t *g) {
     m->nodes = malloc(sizeof *m->nodes * (size_t)m->cap_nodes);
     if (!m->nodes || !rehash(m, 256)) goto fail;
     bool acc = false;
+    m->n_seen = 0;
     for (int a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++)
         if (!expand(m, (uint32_t)g->alt_start[a], -1, &acc)) goto fail;
     uniq(m, 0);
@@ -209,6 +224,7 @@ void grammar_matcher_free(grammar_matcher_t *m) {
     free(m->bucket);
     free(m->cur);
     free(m->pool);
+    free(m->seen);
     free(m);
 }
 
