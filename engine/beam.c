@@ -272,7 +272,7 @@ static int expand(beam_t *b) {
             }
         }
     }
-    qsort(b->cand, (size_t)nc, sizeof(hyp_t), cmp_cum);
+    if (nc > 1) qsort(b->cand, (size_t)nc, sizeof(hyp_t), cmp_cum);
     b->n_live = nc < b->width ? nc : b->width;
     for (int i = 0; i < b->n_live; i++) {
         const hyp_t *c = &b->cand[i];
@@ -302,7 +302,7 @@ static int rank_all(beam_t *b) {
         h->order = i;
         h->score = h->cum / pow((double)(b->rq.n_prompt + depth_of(b, h)), b->rq.length_penalty);
     }
-    qsort(b->fin, (size_t)b->n_fin, sizeof(hyp_t), cmp_score);
+    if (b->n_fin > 1) qsort(b->fin, (size_t)b->n_fin, sizeof(hyp_t), cmp_score);
     return CS_OK;
 }
 

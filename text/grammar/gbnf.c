@@ -183,7 +183,7 @@ static int cmp_range(const void *pa, const void *pb) {
 /* sorted, merged, negated when asked, without the surrogates (no UTF-8 encodes them): into
  * out (room for 2n + 2); returns the count, -1 when out of memory */
 static int normalize(crange_t *r, int n, bool negate, crange_t *out) {
-    qsort(r, (size_t)n, sizeof *r, cmp_range);
+    if (n > 1) qsort(r, (size_t)n, sizeof *r, cmp_range);
     crange_t *t = malloc(sizeof *t * (size_t)(2 * n + 2));
     if (!t) return -1;
     int m = 0;
