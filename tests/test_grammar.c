@@ -102,6 +102,8 @@ static const match_t MATCH[] = {
     {"root ::= (\"\" | \"yes\" | \"no\")* \"!\"\n", "yesn!", 0},
     {"root ::= (x y)+\nx ::= \"a\"*\ny ::= \"b\"?\n", "aabab", 1},
     {"root ::= x \"b\"\nx ::= \"a\" x | \"\"\n", "aaab", 1},
+    {"root ::= \"a\" \"\"{2,3} \"b\"\n", "ab", 1},          /* "" repeated is still "" */
+    {"root ::= \"\"{2} | \"x\"\n", "", 1},
     {"root ::= \"[\\\"\\\\\\t\\]]\"\n", "[\"\\\t]]", 1},
 };
 

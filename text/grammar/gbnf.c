@@ -263,6 +263,7 @@ static bool class_symbol(build_t *B, crange_t *r, int n, gelem_t *sym) {
 static bool repeat(build_t *B, int r, int a, int start, long min, long max) {
     balt_t *A = &B->rules[r].alts[a];
     int cnt = A->n - start;
+    if (cnt <= 0) return true; /* "" repeated is still nothing */
     gelem_t x = A->s[start];
     if (cnt > 1) { /* a literal of several bytes: its own rule */
         int xr = new_rule(B, NULL, 0), xa;
