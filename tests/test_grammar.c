@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "text/grammar/grammar.h"
 #include "testutil.h"
 
@@ -106,6 +108,38 @@ static const match_t MATCH[] = {
     {"root ::= \"\"{2} | \"x\"\n", "", 1},
     {"root ::= \"[\\\"\\\\\\t\\]]\"\n", "[\"\\\t]]", 1},
 };
+
+/* a schema whose array items or extra properties translate to a long expression: the whole
+ * expression reaches the grammar (it once went through a fixed buffer and was cut) */
+START_TEST(schema_long_parts) {
+    char lit[400];
+    memset(lit, 'o', sizeof lit - 1);
+    lit[sizeof lit - 1] = 0;
+    const char *fmt[] = {"{\"type\":\"array\",\"items\":{\"enum\":[\"%s\",\"b\"]}}",
+                         "{\"type\":\"array\",\"items\":{\"enum\":[\"%s\",\"b\"]},\"maxItems\":3}",
+                         "{\"type\":\"object\",\"additionalProperties\":{\"enum\":[\"%s\",\"b\"]}}"};
+    const char *want[] = {"[\"b\",\"%s\"]", "[\"%s\",\"b\",\"b\"]", "{\"k\":\"b\",\"j\":\"%s\"}"};
+    for (int i = 0; i < 3; i++) {
+        char src[1024], out[1024];
+        snprintf(src, sizeof src, fmt[i], lit);
+        snprintf(out, sizeof out, want[i], lit);
+        json_error_t je;
+        json_t *schema = json_loads(src, 0, &je);
+        ck_assert_ptr_nonnull(schema);
+        char *gbnf = NULL, *path = NULL;
+        ck_assert_msg(grammar_json_schema_to_gbnf(schema, NULL, &gbnf, &path) == CS_OK, "%s", cs_error_last());
+        json_decref(schema);
+        free(path);
+        grammar_t *g = compile_ok(gbnf);
+        ck_assert_msg(full_match(g, out, strlen(out)) == 1, "%s on %s", gbnf, out);
+        out[2] = 'x'; /* a string the enum does not hold */
+        if (i == 2) out[8] = 'x';
+        ck_assert_int_eq(full_match(g, out, strlen(out)), 0);
+        grammar_unref(g);
+        free(gbnf);
+    }
+}
+END_TEST
 
 START_TEST(matches) {
     const match_t *c = &MATCH[_i];
@@ -221,6 +255,7 @@ int main(void) {
     tcase_add_loop_test(tc, compile_errors, 0, (int)CS_ARRAY_LEN(BAD));
     tcase_add_loop_test(tc, matches, 0, (int)CS_ARRAY_LEN(MATCH));
     tcase_add_test(tc, done_and_eos);
+    tcase_add_test(tc, schema_long_parts);
     tcase_add_loop_test(tc, mask_equals_reference, 0, 8);
     tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);

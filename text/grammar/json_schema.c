@@ -359,18 +359,20 @@ static bool gen_array(js_t *J, const json_t *s, const char *path, cs_buf_t *out)
         else {
             new_rule(J, next, sizeof next);
             b.len = 0;
-            if (mx < 0) {
-
-                char t[256];
-                if (chain == 0) snprintf(t, sizeof t, "( %s (\",\"%s%s)* )?", rest_e.p, WS(J), rest_e.p);
-                else snprintf(t, sizeof t, "(\",\"%s%s)*", WS(J), rest_e.p);
-                cs_buf_add(&b, t, strlen(t));
-            } else {
-                char t[256];
-                if (chain == 0) snprintf(t, sizeof t, "( %s (\",\"%s%s){0,%ld} )?", rest_e.p, WS(J), rest_e.p, mx - 1);
-                else snprintf(t, sizeof t, "(\",\"%s%s){0,%ld}", WS(J), rest_e.p, mx - chain);
-                cs_buf_add(&b, t, strlen(t));
+            /* (, x)* or (, x){0,n}: x may be any length */
+            char t[32] = "*";
+            if (mx >= 0) snprintf(t, sizeof t, "{0,%ld}", chain == 0 ? mx - 1 : mx - chain);
+            if (chain == 0) {
+                S(&b, "( ");
+                S(&b, rest_e.p);
+                S(&b, " ");
             }
+            S(&b, "(\",\"");
+            S(&b, WS(J));
+            S(&b, rest_e.p);
+            S(&b, ")");
+            S(&b, t);
+            if (chain == 0) S(&b, " )?");
             Z(&b);
             rule(J, next, b.p);
         }
@@ -486,16 +488,22 @@ static bool gen_object(js_t *J, const json_t *s, const char *path, cs_buf_t *out
         for (int c = 0; c < 2; c++) {
             new_rule(J, names[c], sizeof names[c]);
             b.len = 0;
-            char t[256];
             if (j == (long)n) {
-                if (extra.len > 1) {
-                    if (c) snprintf(t, sizeof t, "(\",\"%s%s)*", WS(J), extra.p);
-                    else snprintf(t, sizeof t, "( %s (\",\"%s%s)* )?", extra.p, WS(J), extra.p);
-                    cs_buf_add(&b, t, strlen(t));
+                if (extra.len > 1) { /* extra.p may be any length */
+                    if (!c) {
+                        S(&b, "( ");
+                        S(&b, extra.p);
+                        S(&b, " ");
+                    }
+                    S(&b, "(\",\"");
+                    S(&b, WS(J));
+                    S(&b, extra.p);
+                    S(&b, c ? ")*" : ")* )?");
                 } else {
                     S(&b, "\"\"");
                 }
             } else {
+                char t[64];
                 snprintf(t, sizeof t, "%s", c ? "\",\" " : "");
                 cs_buf_add(&b, t, strlen(t));
                 if (c && J->ws) S(&b, "js-ws ");
