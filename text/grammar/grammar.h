@@ -45,6 +45,11 @@ int grammar_regex_to_gbnf(const char *re, size_t len, char **gbnf);
 int grammar_json_pattern_to_gbnf(const char *re, size_t len, char **gbnf);
 /* One of n literal strings (vLLM's guided_choice). */
 int grammar_choice_to_gbnf(const char *const *choices, int n, char **gbnf);
+/* A Lark grammar (the form vLLM's guided_grammar takes besides GBNF; start rule "start";
+ * text/grammar/lark.c says what of Lark is taken). CS_EINVAL naming the construct and line. */
+int grammar_lark_to_gbnf(const char *src, size_t len, char **gbnf);
+/* true when src has no "::=": Lark rather than GBNF */
+bool grammar_is_lark(const char *src, size_t len);
 
 /* JSON Schema -> GBNF (text/grammar/json_schema.c). err_path gets the JSON pointer of the
  * keyword a CS_EINVAL names ("#/properties/a/minimum"), malloc'd, may be NULL. ws: the
@@ -78,6 +83,9 @@ bool grammar_matcher_accept_token(grammar_matcher_t *m, const grammar_vocab_t *v
 bool grammar_matcher_can_end(const grammar_matcher_t *m);     /* the output so far is complete */
 /* complete and nothing can follow: the sequence is over */
 bool grammar_matcher_done(const grammar_matcher_t *m);
+/* an accept failed because the grammar allowed more than 1024 parses of the output at once
+ * (a grammar ambiguous enough to make each step slow): the output is refused there */
+bool grammar_matcher_too_ambiguous(const grammar_matcher_t *m);
 /* The tokens that keep the output in the grammar: bit id of mask ((vocab + 31) / 32 words)
  * set for each, EOS ids where the grammar can end. Walks the vocabulary's trie once. */
 void grammar_matcher_mask(grammar_matcher_t *m, const grammar_vocab_t *v, uint32_t *mask);

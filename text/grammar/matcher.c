@@ -18,6 +18,12 @@ typedef struct gnode {
     int32_t next;               /* hash chain */
 } gnode_t;
 
+typedef struct vslot {
+    uint32_t pos;
+    int32_t parent;
+    uint32_t gen;
+} vslot_t;
+
 struct grammar_matcher {
     const grammar_t *g;
     gnode_t *nodes;
@@ -31,13 +37,21 @@ struct grammar_matcher {
     int32_t *pool;              /* states being computed (advance, the mask walk) */
     int n_pool, cap_pool;
     bool oom;
+    bool ambiguous;             /* a step needed more than MAX_STACKS stacks */
     bool hit;                   /* expand popped to SENTINEL (the classes of a stack top) */
-    struct { uint32_t rule; int32_t parent; } *seen; /* the rule expansions of one expand() */
-    int n_seen, cap_seen;
+    /* the (pos, parent) pairs one expansion has been at: a set stamped with a generation, so
+     * that each path is followed once however many ways lead to it through nullable rules */
+    vslot_t *vis;
+    uint32_t vis_cap, vis_n, vis_gen;
+    struct { uint32_t pos; int32_t parent; } *work; /* expand()'s pending (pos, parent) pairs */
+    int n_work, cap_work;
 };
 
 #define SENTINEL (-2)           /* below a stack top taken alone: "whatever lies further down" */
 #define MAX_CACHE 512
+/* the most stacks a state may hold; an ambiguous grammar ("a"?{2,31}?{2,31}...) can need
+ * thousands, and its output is refused past this rather than slowing every step */
+#define MAX_STACKS 1024
 
 #define COMPACT_NODES (1 << 16)
 
@@ -100,46 +114,105 @@ static bool pool_push(grammar_matcher_t *m, int32_t v) {
     return true;
 }
 
+/* a new expansion: forget the pairs visited */
+static void visit_reset(grammar_matcher_t *m) {
+    m->vis_n = 0;
+    if (++m->vis_gen == 0) { /* wrapped: clear the stamps */
+        if (m->vis) memset(m->vis, 0, sizeof *m->vis * m->vis_cap);
+        m->vis_gen = 1;
+    }
+}
+
+/* 1: (pos, parent) is new to this expansion (now marked), 0: visited, -1: out of memory */
+static int visit(grammar_matcher_t *m, uint32_t pos, int32_t parent) {
+    if ((m->vis_n + 1) * 2 > m->vis_cap) {
+        uint32_t nc = m->vis_cap ? m->vis_cap * 2 : 256;
+        vslot_t *nv = calloc(nc, sizeof *nv), *old = m->vis;
+        if (!nv) return -1;
+        uint32_t oc = m->vis_cap;
+        m->vis = nv;
+        m->vis_cap = nc;
+        for (uint32_t i = 0; i < oc; i++) {
+            vslot_t e = old[i];
+            if (e.gen != m->vis_gen) continue;
+            uint32_t h = hnode(e.pos, e.parent) & (nc - 1);
+            while (m->vis[h].gen == m->vis_gen) h = (h + 1) & (nc - 1);
+            m->vis[h] = e;
+        }
+        free(old);
+    }
+    uint32_t h = hnode(pos, parent) & (m->vis_cap - 1);
+    while (m->vis[h].gen == m->vis_gen) {
+        if (m->vis[h].pos == pos && m->vis[h].parent == parent) return 0;
+        h = (h + 1) & (m->vis_cap - 1);
+    }
+    m->vis[h].pos = pos;
+    m->vis[h].parent = parent;
+    m->vis[h].gen = m->vis_gen;
+    m->vis_n++;
+    return 1;
+}
+
+static bool work_push(grammar_matcher_t *m, uint32_t pos, int32_t parent) {
+    if (m->n_work == m->cap_work) {
+        int nc = m->cap_work ? m->cap_work * 2 : 64;
+        void *nw = realloc(m->work, sizeof *m->work * (size_t)nc);
+        if (!nw) return false;
+        m->work = nw;
+        m->cap_work = nc;
+    }
+    m->work[m->n_work].pos = pos;
+    m->work[m->n_work++].parent = parent;
+    return true;
+}
+
 /* Put element pos on top of stack parent and expand until byte sets are on top: those
- * stacks go to the pool; reaching the bottom sets *accept. */
+ * stacks go to the pool; reaching the bottom sets *accept. A work list, not recursion: rules
+ * may nest as deep as a grammar makes them (x????...). */
 static bool expand(grammar_matcher_t *m, uint32_t pos, int32_t parent, bool *accept) {
     const grammar_t *g = m->g;
-    for (;;) {
-        gelem_t e = g->elems[pos];
-        if (e.type == GE_END) {
-            if (parent == SENTINEL) {
-                m->hit = true;
-                return true;
+    int base = m->n_work;
+    if (!work_push(m, pos, parent)) return false;
+    while (m->n_work > base) {
+        m->n_work--;
+        pos = m->work[m->n_work].pos;
+        parent = m->work[m->n_work].parent;
+        for (;;) {
+            int v = visit(m, pos, parent);
+            if (v < 0) return m->n_work = base, false;
+            if (!v) break; /* followed already */
+            gelem_t e = g->elems[pos];
+            if (e.type == GE_END) {
+                if (parent == SENTINEL) {
+                    m->hit = true;
+                    break;
+                }
+                if (parent < 0) {
+                    *accept = true;
+                    break;
+                }
+                pos = m->nodes[parent].pos;
+                parent = m->nodes[parent].parent;
+                continue;
             }
-            if (parent < 0) {
-                *accept = true;
-                return true;
+            if (e.type == GE_BYTES) {
+                int32_t id = intern(m, pos, parent);
+                if (id < 0 || !pool_push(m, id)) return m->n_work = base, false;
+                break;
             }
-            pos = m->nodes[parent].pos;
-            parent = m->nodes[parent].parent;
-            continue;
+            int32_t np = parent; /* the return address; none when the rule ends the alternative */
+            if (g->elems[pos + 1].type != GE_END && (np = intern(m, pos + 1, parent)) < 0) return m->n_work = base, false;
+            for (int a = g->rule_alt0[e.arg + 1] - 1; a >= g->rule_alt0[e.arg]; a--)
+                if (!work_push(m, (uint32_t)g->alt_start[a], np)) return m->n_work = base, false;
+            break;
         }
-        if (e.type == GE_BYTES) {
-            int32_t id = intern(m, pos, parent);
-            return id >= 0 && pool_push(m, id);
-        }
-        int32_t np = parent; /* the return address; none when the rule ends the alternative */
-        if (g->elems[pos + 1].type != GE_END && (np = intern(m, pos + 1, parent)) < 0) return false;
-        for (int k = 0; k < m->n_seen; k++) /* met before on this stack (x* with a nullable x) */
-            if (m->seen[k].rule == e.arg && m->seen[k].parent == np) return true;
-        if (m->n_seen == m->cap_seen) {
-            int nc = m->cap_seen ? m->cap_seen * 2 : 32;
-            void *ns = realloc(m->seen, sizeof *m->seen * (size_t)nc);
-            if (!ns) return false;
-            m->seen = ns;
-            m->cap_seen = nc;
-        }
-        m->seen[m->n_seen].rule = e.arg;
-        m->seen[m->n_seen++].parent = np;
-        for (int a = g->rule_alt0[e.arg]; a < g->rule_alt0[e.arg + 1]; a++)
-            if (!expand(m, (uint32_t)g->alt_start[a], np, accept)) return false;
-        return true;
     }
+    return true;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
 }
 
 /* sort and deduplicate pool[off..n_pool) */
@@ -147,11 +220,15 @@ static void uniq(grammar_matcher_t *m, int off) {
     int n = m->n_pool - off;
     if (n < 2) return;
     int32_t *p = m->pool + off;
-    for (int i = 1; i < n; i++) { /* insertion sort: states hold a few stacks */
-        int32_t v = p[i];
-        int j = i;
-        while (j > 0 && p[j - 1] > v) { p[j] = p[j - 1]; j--; }
-        p[j] = v;
+    if (n > 32) { /* an ambiguous grammar can hold many stacks at once */
+        qsort(p, (size_t)n, sizeof *p, cmp_i32);
+    } else {
+        for (int i = 1; i < n; i++) { /* insertion sort: most states hold a few stacks */
+            int32_t v = p[i];
+            int j = i;
+            while (j > 0 && p[j - 1] > v) { p[j] = p[j - 1]; j--; }
+            p[j] = v;
+        }
     }
     int k = 0;
     for (int i = 0; i < n; i++)
@@ -168,7 +245,7 @@ static int advance(grammar_matcher_t *m, int off, int n, uint8_t b, bool *accept
     for (int i = 0; i < n; i++) {
         const gnode_t *s = &m->nodes[m->pool[off + i]];
         if (!gset_has(&g->sets[g->elems[s->pos].arg], b)) continue;
-        m->n_seen = 0;
+        visit_reset(m);
         if (!expand(m, s->pos + 1, s->parent, accept)) return -1;
     }
     uniq(m, out);
@@ -203,7 +280,7 @@ grammar_matcher_t *grammar_matcher_new(const grammar_t *g) {
     m->nodes = malloc(sizeof *m->nodes * (size_t)m->cap_nodes);
     if (!m->nodes || !rehash(m, 256)) goto fail;
     bool acc = false;
-    m->n_seen = 0;
+    visit_reset(m);
     for (int a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++)
         if (!expand(m, (uint32_t)g->alt_start[a], -1, &acc)) goto fail;
     uniq(m, 0);
@@ -224,7 +301,8 @@ void grammar_matcher_free(grammar_matcher_t *m) {
     free(m->bucket);
     free(m->cur);
     free(m->pool);
-    free(m->seen);
+    free(m->vis);
+    free(m->work);
     free(m);
 }
 
@@ -238,7 +316,8 @@ bool grammar_matcher_accept_bytes(grammar_matcher_t *m, const uint8_t *b, size_t
     bool acc = m->accept;
     for (size_t i = 0; i < n; i++) {
         int noff = m->n_pool, c = cnt ? advance(m, off, cnt, b[i], &acc) : 0;
-        if (c < 0 || (c == 0 && !acc) || (cnt == 0)) {
+        if (c > MAX_STACKS) m->ambiguous = true; /* too many parses at once: refused, not slow */
+        if (c < 0 || (c == 0 && !acc) || (cnt == 0) || c > MAX_STACKS) {
             rollback(m, mark);
             return false;
         }
@@ -280,6 +359,8 @@ bool grammar_matcher_accept_token(grammar_matcher_t *m, const grammar_vocab_t *v
 }
 
 bool grammar_matcher_can_end(const grammar_matcher_t *m) { return m->accept && !m->ended; }
+
+bool grammar_matcher_too_ambiguous(const grammar_matcher_t *m) { return m->ambiguous; }
 
 bool grammar_matcher_done(const grammar_matcher_t *m) { return m->ended || (m->accept && m->n_cur == 0); }
 

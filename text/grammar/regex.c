@@ -183,6 +183,7 @@ static long utf8_at(rx_t *r) {
         if ((d & 0xC0) != 0x80) return rfail(r, "invalid UTF-8"), -1;
         v = v << 6 | (d & 63);
     }
+    if (v > (long)MAX_CP) return rfail(r, "invalid UTF-8"), -1; /* F5..F7 lead bytes */
     r->i += (size_t)n;
     return v;
 }
