@@ -176,9 +176,15 @@ static bool gbnf_of(const want_t *w, const char *ws, char **gbnf, perr_t *e) {
         rc = grammar_choice_to_gbnf(c, (int)n, gbnf);
         free(c);
     } else {
-        if (!json_is_string(w->v)) return fail(e, 400, w->param, "'%s' must be a grammar (GBNF text)", w->param);
-        *gbnf = strdup(json_string_value(w->v));
-        if (!*gbnf) rc = cs_error_set(CS_ENOMEM, "out of memory");
+        if (!json_is_string(w->v)) return fail(e, 400, w->param, "'%s' must be a grammar (GBNF or Lark text)", w->param);
+        const char *src = json_string_value(w->v);
+        size_t n = json_string_length(w->v);
+        if (grammar_is_lark(src, n)) {
+            rc = grammar_lark_to_gbnf(src, n, gbnf);
+        } else {
+            *gbnf = strdup(src);
+            if (!*gbnf) rc = cs_error_set(CS_ENOMEM, "out of memory");
+        }
     }
     if (rc) {
         if (path) fail(e, api_status_of(rc), w->param, "%s: %s (at %s)", w->param, cs_error_last(), path);

@@ -7,11 +7,11 @@
  *                                                 per-token reference; then a random allowed
  *                                                 token. Prints the steps and the mean time
  *                                                 of each mask; exit 1 on a difference.
- *   grammar_harness - match regex|schema|gbnf SPEC   for each line of stdin (a JSON string),
+ *   grammar_harness - match regex|schema|gbnf|lark SPEC  for each line of stdin (a JSON string),
  *                                                 "1" when SPEC (a regex, JSON Schema text or
  *                                                 GBNF) matches it in full, else "0"; or one
  *                                                 line "error: MESSAGE" when SPEC is refused
- *   grammar_harness - sample regex|schema|gbnf SPEC N SEED   up to N strings of SPEC's language
+ *   grammar_harness - sample regex|schema|gbnf|lark SPEC N SEED   up to N strings of SPEC's language
  *                                                 (JSON lines), each a random walk over the
  *                                                 bytes the grammar allows until it may end;
  *                                                 walks longer than 3000 bytes are dropped */
@@ -168,6 +168,7 @@ static grammar_t *spec_grammar(const char *kind, const char *spec) {
     int rc;
     if (!strcmp(kind, "regex")) rc = grammar_regex_to_gbnf(spec, strlen(spec), &gbnf);
     else if (!strcmp(kind, "gbnf")) rc = (gbnf = strdup(spec)) ? CS_OK : CS_ENOMEM;
+    else if (!strcmp(kind, "lark")) rc = grammar_lark_to_gbnf(spec, strlen(spec), &gbnf);
     else {
         json_error_t je;
         json_t *sc = json_loads(spec, 0, &je);

@@ -130,6 +130,8 @@ expect("response_format of an unknown type", 400, body=dict(GOOD, response_forma
        param="response_format")
 expect("a JSON schema keyword not supported", 400, body=dict(GOOD, guided_json={"type": "integer", "multipleOf": 3}),
        param="guided_json")
+expect("a Lark grammar construct not supported", 400, body=dict(GOOD, guided_grammar='start: "a"\n%declare X\n'),
+       param="guided_grammar")
 expect("two structured-output constraints", 400, body=dict(GOOD, guided_regex="a", guided_choice=["b"]),
        param="guided_choice")
 expect("tool_choice required without tools", 400, path="/v1/chat/completions",

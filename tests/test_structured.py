@@ -4,7 +4,7 @@ json + jsonschema (Draft 2020-12) for JSON schemas.
 
 - A random-weight Llama with a real 32k SentencePiece tokenizer, base model and a peft
   adapter, constrained and unconstrained requests mixed in one batch: guided_regex,
-  guided_choice, guided_grammar, guided_json, response_format json_schema, vLLM's
+  guided_choice, guided_grammar (GBNF and Lark, the latter judged by lark), guided_json, response_format json_schema, vLLM's
   structured_outputs, SGLang's regex/ebnf/json_schema fields; n > 1 and streamed; every
   output complete (finish_reason "stop") and valid. The schemas bound every string and
   array so that a random model ends them.
@@ -101,6 +101,23 @@ for field in ({"structured_outputs": {"regex": REGEXES[0]}}, {"regex": REGEXES[0
         check_regex(REGEXES[0], t, list(field)[0])
 for t in texts(post({**base, "model": "base", "ebnf": GBNF[0]})):
     check_regex(GBNF[1], t, "ebnf")
+# a Lark grammar (vLLM's example), judged by lark itself
+import lark  # noqa: E402
+
+SQL = ('start: select_statement\n'
+       'select_statement: "SELECT " column " from " table " where " condition\n'
+       'column: "col_1" | "col_2"\n'
+       'table: "table_1" | "table_2"\n'
+       'condition: column "=" number\n'
+       'number: "1" | "2"\n')
+sql = lark.Lark(SQL, parser="earley", lexer="dynamic_complete")
+for field in ({"guided_grammar": SQL}, {"structured_outputs": {"grammar": SQL}}):
+    for t in texts(post({**base, "model": "a1", "n": 3, **field})):
+        try:
+            sql.parse(t)
+        except lark.exceptions.LarkError as ex:
+            reflib.fail(f"{field}: {t!r} is not in the Lark grammar's language: {ex}")
+        n_checked += 1
 print(f"ok  {n_checked} constrained outputs valid (regex, choice, grammar, JSON schema; base and adapter)")
 
 # streamed: the pieces make a valid output
@@ -156,6 +173,8 @@ for body, param, words in (
         ({"guided_regex": "(?<=a)b"}, "guided_regex", "lookbehind"),
         ({"guided_grammar": "root ::= missing\n"}, "guided_grammar", "undefined rule 'missing'"),
         ({"guided_grammar": "root ::= root \"a\"\n"}, "guided_grammar", "left-recursive"),
+        ({"guided_grammar": "start: x\n"}, "guided_grammar", "'x' is used but not defined (line 1)"),
+        ({"guided_grammar": "start: /a/i\n"}, "guided_grammar", "flags"),
         ({"guided_choice": ["a"], "use_beam_search": True, "n": 2}, "use_beam_search", "structured output"),
         ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema"),
         ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs", "structural_tag")):

@@ -10,7 +10,7 @@
 # Commit the new file on its own, and only when the suite passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REFS="torch==2.13.0 transformers peft tokenizers safetensors jinja2 openai numpy kubernetes-validate"
+REFS="torch==2.13.0 transformers peft tokenizers safetensors jinja2 openai numpy kubernetes-validate lark"
 scratch=$(mktemp -d /tmp/cs-refs.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 python3 -m venv "$scratch/venv"
