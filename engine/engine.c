@@ -743,7 +743,7 @@ static void seq_sample(engine_t *e, seq_t *s, const float *logits) {
     if (tok >= 0 && s->gm_waiting && tok == p->grammar_gate_id) s->gm_waiting = false; /* the grammar from here */
     if (tok < 0) {
         const char *why = constrained && grammar_matcher_too_ambiguous(s->gm)
-                              ? "the grammar allows over 1024 parses of the output at once; make it less ambiguous"
+                              ? "the grammar allows over 256 parses of the output at once; make it less ambiguous"
                               : "no token can be sampled (all banned or masked)";
         seq_finish(e, s, ENGINE_FINISH_ERROR, CS_EINVAL, why, NULL, false, NULL, 0);
         return;

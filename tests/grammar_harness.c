@@ -171,7 +171,7 @@ static grammar_t *spec_grammar(const char *kind, const char *spec) {
     else if (!strcmp(kind, "lark")) rc = grammar_lark_to_gbnf(spec, strlen(spec), &gbnf);
     else {
         json_error_t je;
-        json_t *sc = json_loads(spec, 0, &je);
+        json_t *sc = json_loads(spec, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
         rc = sc ? grammar_json_schema_to_gbnf(sc, NULL, &gbnf, &path) : cs_error_set(CS_EINVAL, "not JSON");
         json_decref(sc);
     }

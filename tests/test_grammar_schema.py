@@ -141,6 +141,21 @@ VALID = [  # (schema, instances the grammar must accept, instances it must refus
     ({"type": "array", "prefixItems": [{"type": "boolean"}], "items": {"type": "null"}, "maxItems": 3},
      [[], [True], [False, None, None]], [[None], [True, None, None, None]]),
     (CORPUS[-1], [], [{}]),
+    # no type: the keywords' own type, held to them (the JSON-Schema-Test-Suite's cases)
+    ({"minItems": 1, "maxItems": 2}, [[1], [1, "a"]], [[], [1, 2, 3]]),
+    ({"maxLength": 2.0}, ["", "ab"], ["abc"]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": False}},
+     [{"a": 1}, {}], [{"b": 1}, {"a": 1, "b": 2}]),
+    ({"anyOf": [False, {"type": "integer"}]}, [3], ["x"]),
+    ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, [3, "x"], [1.5, None]),
+    ({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+                 "required": ["kind", "x"], "additionalProperties": False},
+                {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "boolean"}},
+                 "required": ["kind", "y"], "additionalProperties": False}]},
+     [{"kind": "a", "x": 1}, {"kind": "b", "y": True}], [{"kind": "a", "y": True}, {"kind": "c", "x": 1}]),
+    ({"allOf": [True, {"type": "object", "properties": {"a": {"type": "null"}}, "required": ["a"]}]},
+     [{"a": None}], [{}]),
+    ({"$defs": {"a%b": {"type": "boolean"}}, "$ref": "#/$defs/a%25b"}, [True], [1]),
 ]
 
 REFUSED = [
@@ -155,6 +170,15 @@ REFUSED = [
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, "#/dependentRequired"),
     ({"items": {"type": "integer", "exclusiveMinimum": "x"}}, "#/items/exclusiveMinimum"),
     ({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}], "additionalProperties": False}, "#/allOf"),
+    # what would otherwise let an invalid value through (the JSON-Schema-Test-Suite's cases)
+    ({"maximum": 3.0}, "#/maximum"),
+    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, "#/oneOf"),
+    ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, "#/oneOf"),
+    ({"allOf": [True, False]}, "#/allOf/1"),
+    ({"allOf": [{"properties": {"foo": {}}}], "additionalProperties": {"type": "boolean"}}, "#/allOf"),
+    ({"required": ["foo"]}, "#/required"),
+    ({"enum": [1, 5], "minimum": 3}, "#/minimum"),
+    ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "#/required"),
 ]
 
 

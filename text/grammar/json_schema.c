@@ -257,13 +257,14 @@ static const char *format_expr(const char *f) {
 static bool count(js_t *J, const json_t *s, const char *path, const char *key, long *v) {
     const json_t *x = json_object_get(s, key);
     if (!x) return true;
-    if (!json_is_integer(x) || json_integer_value(x) < 0) return jfail(J, path, key, "%s must be a non-negative integer", key);
-    if (json_integer_value(x) > MAX_CHAIN && strcmp(key, "minLength") && strcmp(key, "minItems")) {
+    double d = json_is_integer(x) ? (double)json_integer_value(x) : json_is_real(x) ? json_real_value(x) : -1;
+    if (d < 0 || d != floor(d)) return jfail(J, path, key, "%s must be a non-negative integer", key); /* 2.0 is one */
+    if (d > MAX_CHAIN && strcmp(key, "minLength") && strcmp(key, "minItems")) {
         *v = -1; /* a bound that high: none */
         return true;
     }
-    if (json_integer_value(x) > MAX_CHAIN) return jfail(J, path, key, "%s above 256 is not supported", key);
-    *v = (long)json_integer_value(x);
+    if (d > MAX_CHAIN) return jfail(J, path, key, "%s above 256 is not supported", key);
+    *v = (long)d;
     return true;
 }
 
@@ -425,17 +426,20 @@ static bool gen_object(js_t *J, const json_t *s, const char *path, cs_buf_t *out
     if (ap && !json_is_boolean(ap) && !json_is_object(ap))
         return jfail(J, path, "additionalProperties", "%sadditionalProperties must be a boolean or a schema", NULL);
     size_t n = json_object_size(props), i = 0;
-    if (!n && !ap) { /* any object */
-        use(J, U_VALUE);
-        S(out, "js-object");
-        return true;
-    }
     size_t k;
     const json_t *r;
     json_array_foreach(req, k, r) {
         if (!json_is_string(r)) return jfail(J, path, "required", "%srequired must be a list of names", NULL);
-        if (!json_object_get(props, json_string_value(r)))
+        const json_t *ps = json_object_get(props, json_string_value(r));
+        if (!ps)
             return jfail(J, path, "required", "required property '%s' is not in properties", json_string_value(r));
+        if (json_is_false(ps))
+            return jfail(J, path, "required", "required property '%s' has the schema false", json_string_value(r));
+    }
+    if (!n && !ap) { /* any object */
+        use(J, U_VALUE);
+        S(out, "js-object");
+        return true;
     }
     /* kv_i and whether it is required */
     char **kv = calloc(n + 1, sizeof *kv);
@@ -445,6 +449,10 @@ static bool gen_object(js_t *J, const json_t *s, const char *path, cs_buf_t *out
     bool ok = kv && must;
     json_object_foreach((json_t *)props, key, ps) {
         if (!ok) break;
+        if (json_is_false(ps)) { /* a property that must not be there: never written */
+            n--;
+            continue;
+        }
         cs_buf_t b = {0};
         lit(&b, "\"", 0);
         b.len = 0;
@@ -565,6 +573,10 @@ static bool type_ok(const json_t *v, const char *ty) {
     return false;
 }
 
+static int hexd(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
 /* the schema a $ref names: a JSON pointer into the root */
 static const json_t *resolve(js_t *J, const char *ref, const char *path) {
     if (ref[0] != '#') return jfail(J, path, "$ref", "$ref '%s' is not supported (only references inside the schema)", ref), NULL;
@@ -576,8 +588,12 @@ static const json_t *resolve(js_t *J, const char *ref, const char *path) {
         char seg[256];
         if (len >= sizeof seg) return jfail(J, path, "$ref", "$ref '%s' cannot be resolved", ref), NULL;
         size_t o = 0;
-        for (size_t i = 0; i < len; i++) { /* ~1 is /, ~0 is ~ */
+        for (size_t i = 0; i < len; i++) { /* ~1 is /, ~0 is ~; %XX a byte (a URI fragment) */
             char c = p[1 + i];
+            if (c == '%' && i + 2 < len && hexd(p[2 + i]) >= 0 && hexd(p[3 + i]) >= 0) {
+                c = (char)(hexd(p[2 + i]) * 16 + hexd(p[3 + i]));
+                i += 2;
+            }
             if (c == '~' && i + 1 < len && (p[2 + i] == '0' || p[2 + i] == '1')) {
                 seg[o++] = p[2 + i] == '1' ? '/' : '~';
                 i++;
@@ -630,17 +646,30 @@ static bool gen_allof(js_t *J, const json_t *s, const json_t *all, const char *p
     size_t i;
     const json_t *part;
     bool ok = json_is_array(all) && json_array_size(all);
+    /* additionalProperties sees only the properties of its own schema: merged, it would see
+     * all, so it may stand only in the one schema that holds properties (or in none) */
     int with_props = json_object_get(s, "properties") != NULL, with_ap = json_object_get(s, "additionalProperties") != NULL;
+    bool ap_alone = with_ap && !with_props; /* an additionalProperties without its own properties */
     json_array_foreach(all, i, part) {
         if (!ok) break;
         const json_t *p = part;
+        if (json_is_true(p)) continue;
+        if (!json_is_object(p)) {
+            char pp[1024];
+            snprintf(pp, sizeof pp, "%s/allOf/%zu", path, i);
+            json_decref(m);
+            return jfail(J, pp, NULL, "%sa schema must be an object (false matches nothing)", NULL);
+        }
         if (json_is_string(json_object_get(p, "$ref"))) {
             char pp[1024];
             snprintf(pp, sizeof pp, "%s/allOf/%zu", path, i);
             if (!(p = resolve(J, json_string_value(json_object_get(p, "$ref")), pp))) ok = false;
         }
-        with_props += json_object_get(p, "properties") != NULL;
-        with_ap += json_object_get(p, "additionalProperties") != NULL;
+        if (!p) break;
+        bool pp_ = json_object_get(p, "properties") != NULL, pa_ = json_object_get(p, "additionalProperties") != NULL;
+        with_props += pp_;
+        with_ap += pa_;
+        ap_alone = ap_alone || (pa_ && !pp_);
         const char *k;
         json_t *v;
         json_object_foreach((json_t *)p, k, v) {
@@ -664,7 +693,7 @@ static bool gen_allof(js_t *J, const json_t *s, const json_t *all, const char *p
         }
     }
     /* additionalProperties sees only its own schema's properties: merged, it would see all */
-    if (ok && with_ap && with_props > 1) ok = false;
+    if (ok && with_ap && (with_props > 1 || with_ap > 1 || (ap_alone && with_props))) ok = false;
     if (!ok) {
         json_decref(m);
         return J->failed ? false : jfail(J, path, "allOf", "%sallOf is supported for object schemas that merge", NULL);
@@ -674,6 +703,106 @@ static bool gen_allof(js_t *J, const json_t *s, const json_t *all, const char *p
     return r;
 }
 
+/* the JSON types a schema's values may have, as bits (a $ref followed; unknown: all) */
+enum { T_NULL = 1, T_BOOL = 2, T_INT = 4, T_FRAC = 8, T_STRING = 16, T_ARRAY = 32, T_OBJECT = 64, T_ALL = 127 };
+static unsigned type_bits_of(const char *t) {
+    return !strcmp(t, "null") ? T_NULL : !strcmp(t, "boolean") ? T_BOOL : !strcmp(t, "integer") ? T_INT
+         : !strcmp(t, "number") ? T_INT | T_FRAC : !strcmp(t, "string") ? T_STRING : !strcmp(t, "array") ? T_ARRAY
+         : !strcmp(t, "object") ? T_OBJECT : T_ALL;
+}
+static unsigned value_bits(const json_t *v) {
+    return json_is_null(v) ? T_NULL : json_is_boolean(v) ? T_BOOL : json_is_integer(v) ? T_INT
+         : json_is_real(v) ? (json_real_value(v) == floor(json_real_value(v)) ? T_INT : T_FRAC)
+         : json_is_string(v) ? T_STRING : json_is_array(v) ? T_ARRAY : T_OBJECT;
+}
+static const json_t *deref(js_t *J, const json_t *s) {
+    for (int hops = 0; hops < 16 && json_is_object(s) && json_is_string(json_object_get(s, "$ref")); hops++) {
+        const char *ref = json_string_value(json_object_get(s, "$ref"));
+        bool was = J->failed;
+        const json_t *t = resolve(J, ref, "#");
+        if (!t) { /* leave the error to gen() */
+            J->failed = was;
+            return NULL;
+        }
+        s = t;
+    }
+    return s;
+}
+static unsigned types_of(js_t *J, const json_t *s) {
+    s = deref(J, s);
+    if (!json_is_object(s)) return json_is_false(s) ? 0 : T_ALL;
+    const json_t *ty = json_object_get(s, "type"), *en = json_object_get(s, "enum"), *c = json_object_get(s, "const");
+    if (c) return value_bits(c);
+    if (json_is_array(en)) {
+        unsigned b = 0;
+        size_t i;
+        const json_t *x;
+        json_array_foreach(en, i, x) b |= value_bits(x);
+        return b;
+    }
+    if (json_is_string(ty)) return type_bits_of(json_string_value(ty));
+    if (json_is_array(ty)) {
+        unsigned b = 0;
+        size_t i;
+        const json_t *x;
+        json_array_foreach(ty, i, x) b |= json_is_string(x) ? type_bits_of(json_string_value(x)) : T_ALL;
+        return b;
+    }
+    return T_ALL;
+}
+/* the values of a const/enum schema (NULL: not one) */
+static json_t *values_of(js_t *J, const json_t *s) {
+    s = deref(J, s);
+    if (!json_is_object(s)) return NULL;
+    if (json_object_get(s, "const")) return json_pack("[O]", json_object_get(s, "const"));
+    if (json_is_array(json_object_get(s, "enum"))) return json_incref(json_object_get(s, "enum"));
+    return NULL;
+}
+static bool values_disjoint(const json_t *a, const json_t *b) {
+    size_t i, j;
+    const json_t *x, *y;
+    json_array_foreach(a, i, x) json_array_foreach(b, j, y) if (json_equal(x, y)) return false;
+    return true;
+}
+/* two schemas no value can satisfy both of: different types, different constants, or objects
+ * that both require a property whose constants differ (a discriminator) */
+static bool pair_disjoint(js_t *J, const json_t *a, const json_t *b) {
+    if (json_is_false(a) || json_is_false(b)) return true;
+    if (!(types_of(J, a) & types_of(J, b))) return true;
+    json_t *va = values_of(J, a), *vb = values_of(J, b);
+    bool d = va && vb && values_disjoint(va, vb);
+    json_decref(va);
+    json_decref(vb);
+    if (d) return true;
+    a = deref(J, a);
+    b = deref(J, b);
+    const json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    const json_t *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)pa, k, v) {
+        bool in_a = false, in_b = false;
+        size_t i;
+        const json_t *r;
+        json_array_foreach(ra, i, r) in_a = in_a || (json_is_string(r) && !strcmp(json_string_value(r), k));
+        json_array_foreach(rb, i, r) in_b = in_b || (json_is_string(r) && !strcmp(json_string_value(r), k));
+        const json_t *w = json_object_get(pb, k);
+        if (!in_a || !in_b || !w) continue;
+        json_t *x = values_of(J, v), *y = values_of(J, w);
+        d = x && y && values_disjoint(x, y);
+        json_decref(x);
+        json_decref(y);
+        if (d) return true;
+    }
+    return false;
+}
+static bool disjoint(js_t *J, const json_t *list) {
+    for (size_t i = 0; i < json_array_size(list); i++)
+        for (size_t j = i + 1; j < json_array_size(list); j++)
+            if (!pair_disjoint(J, json_array_get(list, i), json_array_get(list, j))) return false;
+    return true;
+}
+
 static bool gen_any(js_t *J, const json_t *s, const char *key, const char *path, cs_buf_t *out) {
     const json_t *list = json_object_get(s, key);
     if (!json_is_array(list) || !json_array_size(list)) return jfail(J, path, key, "%s must be a non-empty list", key);
@@ -681,17 +810,21 @@ static bool gen_any(js_t *J, const json_t *s, const char *key, const char *path,
     json_t *v;
     json_object_foreach((json_t *)s, k, v) if (strcmp(k, key) && !in_list(ANNOT, k))
         return jfail(J, path, k, "'%s' beside anyOf/oneOf is not supported (put it in each alternative)", k);
+    if (!strcmp(key, "oneOf") && !disjoint(J, list))
+        return jfail(J, path, key, "%soneOf whose alternatives may overlap is not supported (exactly one must match: "
+                     "give each a different type, const or enum, or a const property both require; or use anyOf)", NULL);
     S(out, "(");
-    size_t i;
+    size_t i, n = 0;
     const json_t *alt;
     json_array_foreach(list, i, alt) {
-        if (i) S(out, " | ");
+        if (json_is_false(alt)) continue; /* matches nothing */
+        if (n++) S(out, " | ");
         char p[1024];
         snprintf(p, sizeof p, "%s/%s/%zu", path, key, i);
         if (!gen(J, alt, p, out)) return false;
     }
     S(out, ")");
-    return true;
+    return n ? true : jfail(J, path, key, "%severy alternative is false: nothing matches", NULL);
 }
 
 static bool gen_type(js_t *J, const json_t *s, const char *ty, const char *path, cs_buf_t *out) {
@@ -712,6 +845,19 @@ static bool gen_type(js_t *J, const json_t *s, const char *ty, const char *path,
     if (!strcmp(ty, "boolean")) { S(out, "(\"true\" | \"false\")"); return true; }
     if (!strcmp(ty, "null")) { S(out, "\"null\""); return true; }
     return jfail(J, path, "type", "type '%s' is not a JSON Schema type", ty);
+}
+
+/* the types an untyped schema's keywords speak of: 1 object, 2 array, 4 string, 8 number */
+static unsigned implied(const json_t *s) {
+    static const char *const KW[4][5] = {{"properties", "additionalProperties", "required", NULL},
+                                         {"items", "prefixItems", "minItems", "maxItems", NULL},
+                                         {"pattern", "format", "minLength", "maxLength", NULL},
+                                         {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL}};
+    unsigned m = 0;
+    for (int t = 0; t < 4; t++)
+        for (int k = 0; KW[t][k]; k++)
+            if (json_object_get(s, KW[t][k])) m |= 1u << t;
+    return m;
 }
 
 static bool gen(js_t *J, const json_t *s, const char *path, cs_buf_t *out) {
@@ -745,6 +891,11 @@ static bool gen(js_t *J, const json_t *s, const char *path, cs_buf_t *out) {
     } else if (json_object_get(s, "oneOf")) {
         ok = gen_any(J, s, "oneOf", path, out);
     } else if (c || en) {
+        json_object_foreach((json_t *)s, k, v) if (strcmp(k, "type") && strcmp(k, "enum") && strcmp(k, "const") &&
+                                                   !in_list(ANNOT, k)) {
+            J->depth--; /* the values would have to be checked against it */
+            return jfail(J, path, k, "'%s' beside enum or const is not supported", k);
+        }
         if (en && !json_is_array(en)) {
             ok = jfail(J, path, "enum", "%senum must be a list", NULL);
         } else {
@@ -779,14 +930,20 @@ static bool gen(js_t *J, const json_t *s, const char *path, cs_buf_t *out) {
         S(out, ")");
     } else if (ty) {
         ok = jfail(J, path, "type", "%stype must be a name or a list of names", NULL);
-    } else if (json_object_get(s, "properties") || json_object_get(s, "additionalProperties") ||
-               json_object_get(s, "required")) {
-        ok = gen_object(J, s, path, out);
-    } else if (json_object_get(s, "items") || json_object_get(s, "prefixItems")) {
-        ok = gen_array(J, s, path, out);
-    } else if (json_object_get(s, "pattern") || json_object_get(s, "format") || json_object_get(s, "minLength") ||
-               json_object_get(s, "maxLength")) {
-        ok = gen_string(J, s, path, out);
+    } else if (implied(s)) {
+        /* no type, but keywords of some types: values of those types, each held to them (a
+         * value of another type would pass them untested; it is not produced) */
+        unsigned im = implied(s);
+        static const char *const NAMES[] = {"object", "array", "string", "number"};
+        int n = 0;
+        ok = true;
+        S(out, "(");
+        for (int t = 0; t < 4 && ok; t++)
+            if (im >> t & 1) {
+                if (n++) S(out, " | ");
+                ok = gen_type(J, s, NAMES[t], path, out);
+            }
+        S(out, ")");
     } else {
         use(J, U_VALUE);
         S(out, "js-value");

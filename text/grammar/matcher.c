@@ -51,7 +51,7 @@ struct grammar_matcher {
 #define MAX_CACHE 512
 /* the most stacks a state may hold; an ambiguous grammar ("a"?{2,31}?{2,31}...) can need
  * thousands, and its output is refused past this rather than slowing every step */
-#define MAX_STACKS 1024
+#define MAX_STACKS 256
 
 #define COMPACT_NODES (1 << 16)
 
