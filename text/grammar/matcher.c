@@ -172,42 +172,47 @@ static bool work_push(grammar_matcher_t *m, uint32_t pos, int32_t parent) {
 static bool expand(grammar_matcher_t *m, uint32_t pos, int32_t parent, bool *accept) {
     const grammar_t *g = m->g;
     int base = m->n_work;
-    if (!work_push(m, pos, parent)) return false;
-    while (m->n_work > base) {
-        m->n_work--;
-        pos = m->work[m->n_work].pos;
-        parent = m->work[m->n_work].parent;
-        for (;;) {
+    for (;;) { /* follow (pos, parent); the other alternatives of a rule wait in the work list */
+        gelem_t e = g->elems[pos];
+        bool next = false; /* this path has ended: take the next waiting one */
+        if (e.type == GE_BYTES) { /* ends the path at once, so a repeat is harmless: not recorded */
+            int32_t id = intern(m, pos, parent);
+            if (id < 0 || !pool_push(m, id)) return m->n_work = base, false;
+            next = true;
+        } else {
             int v = visit(m, pos, parent);
             if (v < 0) return m->n_work = base, false;
-            if (!v) break; /* followed already */
-            gelem_t e = g->elems[pos];
-            if (e.type == GE_END) {
+            if (!v) {
+                next = true; /* followed already */
+            } else if (e.type == GE_END) {
                 if (parent == SENTINEL) {
                     m->hit = true;
-                    break;
-                }
-                if (parent < 0) {
+                    next = true;
+                } else if (parent < 0) {
                     *accept = true;
-                    break;
+                    next = true;
+                } else {
+                    pos = m->nodes[parent].pos;
+                    parent = m->nodes[parent].parent;
                 }
-                pos = m->nodes[parent].pos;
-                parent = m->nodes[parent].parent;
-                continue;
+            } else {
+                int32_t np = parent; /* the return address; none when the rule ends the alternative */
+                if (g->elems[pos + 1].type != GE_END && (np = intern(m, pos + 1, parent)) < 0)
+                    return m->n_work = base, false;
+                int a0 = g->rule_alt0[e.arg], a1 = g->rule_alt0[e.arg + 1];
+                for (int a = a1 - 1; a > a0; a--)
+                    if (!work_push(m, (uint32_t)g->alt_start[a], np)) return m->n_work = base, false;
+                pos = (uint32_t)g->alt_start[a0];
+                parent = np;
             }
-            if (e.type == GE_BYTES) {
-                int32_t id = intern(m, pos, parent);
-                if (id < 0 || !pool_push(m, id)) return m->n_work = base, false;
-                break;
-            }
-            int32_t np = parent; /* the return address; none when the rule ends the alternative */
-            if (g->elems[pos + 1].type != GE_END && (np = intern(m, pos + 1, parent)) < 0) return m->n_work = base, false;
-            for (int a = g->rule_alt0[e.arg + 1] - 1; a >= g->rule_alt0[e.arg]; a--)
-                if (!work_push(m, (uint32_t)g->alt_start[a], np)) return m->n_work = base, false;
-            break;
+        }
+        if (next) {
+            if (m->n_work == base) return true;
+            m->n_work--;
+            pos = m->work[m->n_work].pos;
+            parent = m->work[m->n_work].parent;
         }
     }
-    return true;
 }
 
 static int cmp_i32(const void *a, const void *b) {
