@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -326,15 +327,12 @@ enum MHD_Result rollout_route_abort_request(server_t *s, struct MHD_Connection *
     return r;
 }
 
-/* ---- /v1/pause, /v1/resume ---- */
-/* POST /v1/pause {"mode": "abort"|"wait"|"keep"}: new requests are accepted and wait.
- * keep: running ones stop where they are (KV kept) and go on after /v1/resume; wait: running
- * ones finish first (the answer comes then); abort: running ones end now as aborted and
- * return their partial output. */
-enum MHD_Result rollout_route_pause(server_t *s, struct MHD_Connection *c, json_t *b) {
-    const char *mode = json_string_value(json_object_get(b, "mode"));
-    if (!mode) mode = "keep";
-    double t0 = cs_time_ms();
+/* ---- pause and resume: /v1/pause, /v1/resume and SGLang's and vLLM's names ---- */
+/* Pause in mode "abort" | "wait" | "keep": new requests are accepted and wait. keep: running
+ * ones stop where they are (KV kept) and go on after a resume; wait: running ones finish
+ * first (the answer comes then); abort: running ones end now as aborted and return their
+ * partial output. false: an unknown mode. */
+static bool pause_as(server_t *s, const char *mode) {
     if (!strcmp(mode, "keep")) {
         engine_set_pause(s->engine, ENGINE_PAUSE_HOLD);
     } else if (!strcmp(mode, "abort")) {
@@ -351,20 +349,88 @@ enum MHD_Result rollout_route_pause(server_t *s, struct MHD_Connection *c, json_
         }
         engine_set_pause(s->engine, ENGINE_PAUSE_HOLD);
     } else {
-        return http_error(c, 400, "mode", "mode is \"abort\", \"wait\" or \"keep\"");
+        return false;
     }
     pthread_mutex_lock(&s->mu);
     s->paused = true;
     pthread_mutex_unlock(&s->mu);
-    return http_json(c, 200, json_pack("{s:b, s:s, s:f}", "paused", 1, "mode", mode, "took_ms", cs_time_ms() - t0));
+    return true;
 }
 
-enum MHD_Result rollout_route_resume(server_t *s, struct MHD_Connection *c) {
+static void resume(server_t *s) {
     engine_set_pause(s->engine, ENGINE_RUN);
     pthread_mutex_lock(&s->mu);
     s->paused = false;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* POST /v1/pause {"mode": "abort"|"wait"|"keep"} (default keep) */
+enum MHD_Result rollout_route_pause(server_t *s, struct MHD_Connection *c, json_t *b) {
+    const char *mode = json_string_value(json_object_get(b, "mode"));
+    if (!mode) mode = "keep";
+    double t0 = cs_time_ms();
+    if (!pause_as(s, mode)) return http_error(c, 400, "mode", "mode is \"abort\", \"wait\" or \"keep\"");
+    return http_json(c, 200, json_pack("{s:b, s:s, s:f}", "paused", 1, "mode", mode, "took_ms", cs_time_ms() - t0));
+}
+
+enum MHD_Result rollout_route_resume(server_t *s, struct MHD_Connection *c) {
+    resume(s);
     return http_json(c, 200, json_pack("{s:b}", "paused", 0));
+}
+
+/* vLLM's POST /pause?mode=abort|wait|keep (default abort; clear_cache=true|false is taken:
+ * the prefix cache holds exact KV of the weights it was made with, so nothing in it can be
+ * stale) -> {"status": "paused"} */
+enum MHD_Result rollout_route_vllm_pause(server_t *s, struct MHD_Connection *c) {
+    const char *mode = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "mode");
+    const char *cc = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "clear_cache");
+    if (cc && strcasecmp(cc, "true") && strcasecmp(cc, "false"))
+        return http_error(c, 400, "clear_cache", "clear_cache is true or false");
+    if (!pause_as(s, mode ? mode : "abort")) return http_error(c, 400, "mode", "mode is abort, wait or keep");
+    return http_json(c, 200, json_pack("{s:s}", "status", "paused"));
+}
+
+/* vLLM's POST /resume -> {"status": "resumed"} */
+enum MHD_Result rollout_route_vllm_resume(server_t *s, struct MHD_Connection *c) {
+    resume(s);
+    return http_json(c, 200, json_pack("{s:s}", "status", "resumed"));
+}
+
+/* vLLM's GET /is_paused -> {"is_paused": bool} */
+enum MHD_Result rollout_route_is_paused(server_t *s, struct MHD_Connection *c) {
+    pthread_mutex_lock(&s->mu);
+    bool paused = s->paused;
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:b}", "is_paused", paused));
+}
+
+/* SGLang's POST /pause_generation {"mode": "abort"|"in_place"|"retract"} (default abort; the
+ * body may be empty). in_place keeps the running sequences where they are; retract, which in
+ * SGLang frees their KV and recomputes it on continue, is served as in_place: the sequences
+ * produce the same tokens either way. */
+enum MHD_Result rollout_route_sgl_pause(server_t *s, struct MHD_Connection *c, const char *body, size_t len) {
+    json_t *b = NULL;
+    if (len) {
+        json_error_t je;
+        if (!(b = json_loadb(body, len, 0, &je)) || !json_is_object(b)) {
+            json_decref(b);
+            return http_error(c, 400, NULL, "the body must be a JSON object or empty");
+        }
+    }
+    const json_t *m = json_object_get(b, "mode");
+    const char *mode = m ? json_string_value(m) : "abort";
+    const char *ours = !mode ? NULL : !strcmp(mode, "abort") ? "abort"
+                     : !strcmp(mode, "in_place") || !strcmp(mode, "retract") ? "keep" : NULL;
+    json_decref(b);
+    if (!ours) return http_error(c, 400, "mode", "mode is \"abort\", \"in_place\" or \"retract\"");
+    pause_as(s, ours);
+    return http_json(c, 200, json_pack("{s:s, s:s}", "message", "Generation paused successfully.", "status", "ok"));
+}
+
+/* SGLang's POST /continue_generation */
+enum MHD_Result rollout_route_sgl_continue(server_t *s, struct MHD_Connection *c) {
+    resume(s);
+    return http_json(c, 200, json_pack("{s:s, s:s}", "message", "Generation continued successfully.", "status", "ok"));
 }
 
 /* ---- versioned adapters: PUT/DELETE /v1/adapters/{name}/versions/{v}, GET /v1/adapters ---- */

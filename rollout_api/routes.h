@@ -17,6 +17,13 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
 enum MHD_Result rollout_route_abort_request(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result rollout_route_pause(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result rollout_route_resume(server_t *s, struct MHD_Connection *c);
+/* the same under vLLM's (/pause?mode=, /resume, /is_paused) and SGLang's
+ * (/pause_generation, /continue_generation) names and bodies */
+enum MHD_Result rollout_route_vllm_pause(server_t *s, struct MHD_Connection *c);
+enum MHD_Result rollout_route_vllm_resume(server_t *s, struct MHD_Connection *c);
+enum MHD_Result rollout_route_is_paused(server_t *s, struct MHD_Connection *c);
+enum MHD_Result rollout_route_sgl_pause(server_t *s, struct MHD_Connection *c, const char *body, size_t len);
+enum MHD_Result rollout_route_sgl_continue(server_t *s, struct MHD_Connection *c);
 enum MHD_Result rollout_route_list_adapters(server_t *s, struct MHD_Connection *c);
 enum MHD_Result rollout_route_put_version(server_t *s, struct MHD_Connection *c, const char *url, const char *body,
                                           size_t len);

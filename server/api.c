@@ -32,6 +32,11 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     case R_MODEL: return api_model(s, c, url);
     case R_STATE: return api_state(s, c);
     case R_ADAPTERS: return rollout_route_list_adapters(s, c);
+    case R_VLLM_PAUSE: return rollout_route_vllm_pause(s, c);
+    case R_VLLM_RESUME: return rollout_route_vllm_resume(s, c);
+    case R_IS_PAUSED: return rollout_route_is_paused(s, c);
+    case R_SGL_PAUSE: return rollout_route_sgl_pause(s, c, body, body_len);
+    case R_SGL_CONTINUE: return rollout_route_sgl_continue(s, c);
     case R_ADAPTER_VERSION:
         return !strcmp(method, "PUT") ? rollout_route_put_version(s, c, url, body, body_len)
                                       : rollout_route_delete_version(s, c, url);

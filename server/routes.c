@@ -35,6 +35,12 @@ static const route_t routes[] = {
     {"/abort_request", "POST", API, R_ABORT_REQUEST},
     {"/v1/pause", "POST", API, R_PAUSE},
     {"/v1/resume", "POST", API, R_RESUME},
+    /* vLLM's and SGLang's names for pause and resume (bodies optional or absent) */
+    {"/pause", "POST", ROUTE_AUTH | ROUTE_READY, R_VLLM_PAUSE},
+    {"/resume", "POST", ROUTE_AUTH | ROUTE_READY, R_VLLM_RESUME},
+    {"/is_paused", "GET", ROUTE_AUTH | ROUTE_READY, R_IS_PAUSED},
+    {"/pause_generation", "POST", ROUTE_AUTH | ROUTE_READY, R_SGL_PAUSE},
+    {"/continue_generation", "POST", ROUTE_AUTH | ROUTE_READY, R_SGL_CONTINUE},
 };
 
 const route_t *route_find(const char *url) {

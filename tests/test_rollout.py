@@ -308,6 +308,88 @@ if st != 200 or s0["finish_reason"] != "abort" or not 0 < len(s0["output_ids"]) 
     reflib.fail(f"pause abort: {st} {pz} {s0['finish_reason']} {len(s0['output_ids'])}")
 print("ok  /v1/pause keep (no token while paused, requests sent meanwhile wait; resume gives the unpaused tokens), "
       "wait (answers once in-flight finished), abort (partial results); /v1/resume")
+# the same under vLLM's names (POST /pause?mode=..., no body; /resume; GET /is_paused), as TRL
+# and vLLM's RLHF examples call them, and SGLang's (/pause_generation, /continue_generation
+# with {} or {"mode": ...}), as AReaL and slime call them
+def paused():
+    st, r, _ = srv.request("GET", "/is_paused")
+    if st != 200 or set(r) != {"is_paused"}:
+        reflib.fail(f"/is_paused: {st} {r}")
+    return r["is_paused"]
+
+
+if paused():
+    reflib.fail("/is_paused says paused before any pause")
+st, r, _ = srv.request("POST", "/pause?mode=keep")
+if st != 200 or r != {"status": "paused"} or not paused():
+    reflib.fail(f"vLLM /pause?mode=keep: {st} {r}")
+st, r, _ = srv.request("POST", "/resume")
+if st != 200 or r != {"status": "resumed"} or paused():
+    reflib.fail(f"vLLM /resume: {st} {r}")
+for path, body, frag in (("/pause?mode=nope", None, "mode"), ("/pause?clear_cache=maybe", None, "clear_cache"),
+                         ("/pause_generation", {"mode": "nope"}, "mode")):
+    st, r, _ = srv.request("POST", path, body)
+    if st != 400 or frag not in json.dumps(r) or paused():
+        reflib.fail(f"{path} {body}: want a 400 naming {frag}, unpaused: {st} {r}")
+st, r, _ = srv.request("GET", "/pause")
+if st != 405:
+    reflib.fail(f"GET /pause: {st} {r}")
+
+
+def vllm_hold():
+    """as hold_running, paused through vLLM's /pause?mode=keep"""
+    for _ in range(10):
+        srv.settle()
+        g0 = srv.gen_tokens()
+        t = bg(long_body)
+        wait_for(lambda: srv.gen_tokens() > g0, 120, "the rollout to generate a token", interval=0.005)
+        st, r, _ = srv.request("POST", "/pause?mode=keep&clear_cache=true")
+        if st != 200 or r != {"status": "paused"}:
+            reflib.fail(f"/pause?mode=keep: {st} {r}")
+        if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
+            return t
+        srv.request("POST", "/resume")
+        t[0].join()
+    reflib.fail("the rollout always finished before the pause")
+
+
+# vLLM keep: held, then /resume gives the unpaused tokens
+t1, o1 = vllm_hold()
+g0 = srv.gen_tokens()
+time.sleep(0.2)  # room for a wrong token to show up
+if srv.gen_tokens() != g0 or o1 or not paused():
+    reflib.fail("vLLM /pause?mode=keep: tokens while paused")
+srv.request("POST", "/resume")
+t1.join()
+if o1[0]["groups"][0]["samples"][0]["output_ids"] != ref_long:
+    reflib.fail("vLLM /pause?mode=keep + /resume: the paused rollout must equal the unpaused run")
+# vLLM's default mode is abort: the held rollout ends now with its partial tokens
+t1, o1 = vllm_hold()
+st, r, _ = srv.request("POST", "/pause")
+t1.join()
+s0 = o1[0]["groups"][0]["samples"][0]
+srv.request("POST", "/resume")
+if st != 200 or r != {"status": "paused"} or s0["finish_reason"] != "abort" or \
+        s0["output_ids"] != ref_long[:len(s0["output_ids"])]:
+    reflib.fail(f"vLLM /pause (abort): {st} {r} {s0['finish_reason']}")
+# SGLang in_place (AReaL's body {} is abort, SGLang's default) on a held rollout, then continue
+t1, o1 = vllm_hold()
+st, r, _ = srv.request("POST", "/pause_generation", {"mode": "in_place"})
+ok_p = st == 200 and r == {"message": "Generation paused successfully.", "status": "ok"} and paused()
+st, r, _ = srv.request("POST", "/continue_generation", {})
+t1.join()
+if not ok_p or st != 200 or r != {"message": "Generation continued successfully.", "status": "ok"} or paused() or \
+        o1[0]["groups"][0]["samples"][0]["output_ids"] != ref_long:
+    reflib.fail(f"SGLang pause in_place / continue: {st} {r}")
+t1, o1 = vllm_hold()
+st, r, _ = srv.request("POST", "/pause_generation", {})  # AReaL's body: abort
+t1.join()
+s0 = o1[0]["groups"][0]["samples"][0]
+st2, r2, _ = srv.request("POST", "/continue_generation")  # no body at all
+if st != 200 or s0["finish_reason"] != "abort" or st2 != 200 or paused():
+    reflib.fail(f"SGLang /pause_generation {{}} (abort): {st} {r} {s0['finish_reason']} / {st2} {r2}")
+print("ok  vLLM's /pause?mode=keep|abort (default abort), /resume, /is_paused and SGLang's /pause_generation "
+      "(in_place, {} = abort) and /continue_generation, with their bodies and answers")
 for bad, frag in (({"groups": []}, "groups"), ({"groups": [{"input_ids": [10 ** 9]}]}, "token id"),
                   ({"groups": [{"input_ids": [1, 2]}], "adapter": "nope"}, "nope"),
                   ({"groups": [{"input_ids": [1, 2], "n": 2, "continue_from": {"output_ids": [3]}}]}, "n = 1"),
