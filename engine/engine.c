@@ -156,7 +156,9 @@ struct engine {
     engine_pause_mode pause;    /* under mu */
     uint64_t pause_gen;         /* under mu: engine_set_pause calls so far */
     uint64_t pause_seen;        /* under mu: the pause_gen the engine thread last acted on */
-    pthread_cond_t pause_cv;    /* pause_seen moved */
+    pthread_cond_t pause_cv;    /* pause_seen (or flush_seen) moved */
+    uint64_t flush_gen, flush_seen; /* under mu: engine_flush_prefix_cache calls, and those done */
+    int flush_dropped;          /* under mu: blocks the last flush freed */
     follow_t *follows;          /* under mu: pending engine_follow_active calls */
     beam_set_t *beams;          /* the beam searches (their own lock) */
     pthread_cond_t follow_cv;
@@ -1034,6 +1036,11 @@ static engine_pause_mode step_begin(engine_t *e) {
         e->pause_seen = e->pause_gen;
         pthread_cond_broadcast(&e->pause_cv);
     }
+    if (e->flush_seen != e->flush_gen) { /* the KV cache is this thread's: flushed here */
+        e->flush_dropped = kv_prefix_flush(e->kv);
+        e->flush_seen = e->flush_gen;
+        pthread_cond_broadcast(&e->pause_cv);
+    }
     pthread_mutex_unlock(&e->mu);
     if (follows) take_follows(e); /* paused or not */
     return pause;
@@ -1829,6 +1836,22 @@ void engine_set_pause(engine_t *e, engine_pause_mode mode) {
     while (mode == ENGINE_PAUSE_HOLD && e->thread_started && !e->stop_thread && e->pause_seen < gen)
         pthread_cond_wait(&e->pause_cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
+}
+
+int engine_flush_prefix_cache(engine_t *e) {
+    pthread_mutex_lock(&e->mu);
+    int n;
+    if (!e->thread_started || e->stop_thread) { /* the caller drives the engine */
+        n = kv_prefix_flush(e->kv);
+    } else {
+        uint64_t gen = ++e->flush_gen;
+        e->wake = true;
+        pthread_cond_signal(&e->cv);
+        while (e->thread_started && !e->stop_thread && e->flush_seen < gen) pthread_cond_wait(&e->pause_cv, &e->mu);
+        n = e->flush_dropped;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return n;
 }
 
 void engine_get_stats(engine_t *e, engine_stats_t *st) {

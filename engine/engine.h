@@ -195,6 +195,10 @@ void engine_run_until_idle(engine_t *e);
  * (and engine_get_stats then shows the held state) until RUN or NO_ADMIT. */
 typedef enum engine_pause_mode { ENGINE_RUN = 0, ENGINE_PAUSE_NO_ADMIT, ENGINE_PAUSE_HOLD } engine_pause_mode;
 void engine_set_pause(engine_t *e, engine_pause_mode mode);
+/* Empty the prefix cache (kv_prefix_flush) on the engine thread, paused or not, and return
+ * once it is done: the number of cached blocks freed. Running sequences keep their blocks;
+ * a later request recomputes what it would have found. */
+int engine_flush_prefix_cache(engine_t *e);
 /* A new version of adapter NAME became active and the requests in flight on an older one
  * should go on with it (apply=pause_keep): at the next iteration boundary (paused or not)
  * every unpinned request holding an older version of NAME swaps to the active one, keeping

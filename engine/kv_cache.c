@@ -244,3 +244,17 @@ void kv_prefix_publish(kv_cache_t *kv, int32_t b, uint64_t parent, const int32_t
     m->hashed = true;
 }
 
+
+int kv_prefix_flush(kv_cache_t *kv) {
+    int dropped = 0;
+    while (kv->lru_head >= 0) { /* the evictable ones: free */
+        int32_t b = kv->lru_head;
+        lru_remove(kv, b);
+        table_remove(kv, b);
+        kv->free_stack[kv->n_free++] = b;
+        dropped++;
+    }
+    for (int32_t b = 0; b < kv->n_blocks; b++) /* the ones in use: unpublished, freed when released */
+        if (kv->meta[b].hashed) table_remove(kv, b);
+    return dropped;
+}

@@ -78,5 +78,9 @@ int32_t kv_prefix_lookup(kv_cache_t *kv, uint64_t parent, const int32_t *tokens)
 /* Publish block b (full, KV written, referenced) under (parent, tokens). If an equal block
  * is already published, b stays private (and is freed normally). */
 void kv_prefix_publish(kv_cache_t *kv, int32_t b, uint64_t parent, const int32_t *tokens);
+/* Empty the prefix cache: evictable blocks become free, blocks in use are unpublished (and
+ * freed when released); later lookups miss until blocks are published again. Returns the
+ * number of evictable blocks freed. */
+int kv_prefix_flush(kv_cache_t *kv);
 
 #endif

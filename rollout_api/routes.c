@@ -378,16 +378,34 @@ enum MHD_Result rollout_route_resume(server_t *s, struct MHD_Connection *c) {
     return http_json(c, 200, json_pack("{s:b}", "paused", 0));
 }
 
-/* vLLM's POST /pause?mode=abort|wait|keep (default abort; clear_cache=true|false is taken:
- * the prefix cache holds exact KV of the weights it was made with, so nothing in it can be
- * stale) -> {"status": "paused"} */
+/* vLLM's POST /pause?mode=abort|wait|keep (default abort; with clear_cache=true, the default,
+ * abort and wait then empty the prefix cache) -> {"status": "paused"} */
 enum MHD_Result rollout_route_vllm_pause(server_t *s, struct MHD_Connection *c) {
     const char *mode = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "mode");
     const char *cc = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "clear_cache");
     if (cc && strcasecmp(cc, "true") && strcasecmp(cc, "false"))
         return http_error(c, 400, "clear_cache", "clear_cache is true or false");
     if (!pause_as(s, mode ? mode : "abort")) return http_error(c, 400, "mode", "mode is abort, wait or keep");
+    if ((!cc || !strcasecmp(cc, "true")) && strcmp(mode ? mode : "abort", "keep"))
+        engine_flush_prefix_cache(s->engine); /* vLLM clears it after draining, not for keep */
     return http_json(c, 200, json_pack("{s:s}", "status", "paused"));
+}
+
+/* SGLang's GET or POST /flush_cache: the prefix cache emptied (running requests keep their
+ * blocks; SGLang refuses while requests run, which is not needed here) */
+enum MHD_Result rollout_route_flush_cache(server_t *s, struct MHD_Connection *c) {
+    engine_flush_prefix_cache(s->engine);
+    static const char msg[] = "Cache flushed.\n";
+    return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), sizeof msg - 1);
+}
+
+/* vLLM's POST /reset_prefix_cache[?reset_running_requests=...]: the same; an empty 200 */
+enum MHD_Result rollout_route_reset_prefix_cache(server_t *s, struct MHD_Connection *c) {
+    const char *rr = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "reset_running_requests");
+    if (rr && strcasecmp(rr, "true") && strcasecmp(rr, "false"))
+        return http_error(c, 400, "reset_running_requests", "reset_running_requests is true or false");
+    engine_flush_prefix_cache(s->engine);
+    return http_text(c, 200, "text/plain; charset=utf-8", strdup(""), 0);
 }
 
 /* vLLM's POST /resume -> {"status": "resumed"} */

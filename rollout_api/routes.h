@@ -24,6 +24,9 @@ enum MHD_Result rollout_route_vllm_resume(server_t *s, struct MHD_Connection *c)
 enum MHD_Result rollout_route_is_paused(server_t *s, struct MHD_Connection *c);
 enum MHD_Result rollout_route_sgl_pause(server_t *s, struct MHD_Connection *c, const char *body, size_t len);
 enum MHD_Result rollout_route_sgl_continue(server_t *s, struct MHD_Connection *c);
+/* the prefix cache emptied: SGLang's /flush_cache, vLLM's /reset_prefix_cache */
+enum MHD_Result rollout_route_flush_cache(server_t *s, struct MHD_Connection *c);
+enum MHD_Result rollout_route_reset_prefix_cache(server_t *s, struct MHD_Connection *c);
 enum MHD_Result rollout_route_list_adapters(server_t *s, struct MHD_Connection *c);
 enum MHD_Result rollout_route_put_version(server_t *s, struct MHD_Connection *c, const char *url, const char *body,
                                           size_t len);

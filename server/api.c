@@ -37,6 +37,8 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     case R_IS_PAUSED: return rollout_route_is_paused(s, c);
     case R_SGL_PAUSE: return rollout_route_sgl_pause(s, c, body, body_len);
     case R_SGL_CONTINUE: return rollout_route_sgl_continue(s, c);
+    case R_FLUSH_CACHE: return rollout_route_flush_cache(s, c);
+    case R_RESET_PREFIX_CACHE: return rollout_route_reset_prefix_cache(s, c);
     case R_ADAPTER_VERSION:
         return !strcmp(method, "PUT") ? rollout_route_put_version(s, c, url, body, body_len)
                                       : rollout_route_delete_version(s, c, url);

@@ -41,6 +41,8 @@ static const route_t routes[] = {
     {"/is_paused", "GET", ROUTE_AUTH | ROUTE_READY, R_IS_PAUSED},
     {"/pause_generation", "POST", ROUTE_AUTH | ROUTE_READY, R_SGL_PAUSE},
     {"/continue_generation", "POST", ROUTE_AUTH | ROUTE_READY, R_SGL_CONTINUE},
+    {"/flush_cache", "GET POST", ROUTE_AUTH | ROUTE_READY, R_FLUSH_CACHE},
+    {"/reset_prefix_cache", "POST", ROUTE_AUTH | ROUTE_READY, R_RESET_PREFIX_CACHE},
 };
 
 const route_t *route_find(const char *url) {

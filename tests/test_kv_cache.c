@@ -114,6 +114,44 @@ START_TEST(prefix_publish_lookup_evict) {
 }
 END_TEST
 
+/* flush: evictable blocks free at once, blocks in use unpublished and freed on release;
+ * lookups miss until blocks are published again */
+START_TEST(prefix_flush) {
+    kv_cache_t *kv = make(4);
+    int32_t t0[KV_BLOCK_SIZE], t1[KV_BLOCK_SIZE];
+    fill_tokens(t0, 1);
+    fill_tokens(t1, 2);
+    uint64_t root = kv_hash_root("a", 1), h0 = kv_hash_block(root, t0);
+    int32_t b0 = kv_block_alloc(kv), b1 = kv_block_alloc(kv);
+    kv_prefix_publish(kv, b0, root, t0);
+    kv_prefix_publish(kv, b1, h0, t1);
+    kv_block_unref(kv, b1); /* b1 evictable, b0 in use */
+    kv_cache_stats_t st;
+    kv_cache_get_stats(kv, &st);
+    ck_assert_int_eq(st.n_cached, 1);
+    ck_assert_int_eq(kv_prefix_flush(kv), 1);
+    kv_cache_get_stats(kv, &st);
+    ck_assert_int_eq(st.n_cached, 0);
+    ck_assert_int_eq(st.n_free, 3);
+    ck_assert_int_eq(kv_prefix_lookup(kv, root, t0), -1);
+    ck_assert_int_eq(kv_prefix_lookup(kv, h0, t1), -1);
+    ck_assert_int_eq(kv_block_refcount(kv, b0), 1);
+    kv_block_unref(kv, b0); /* unpublished: straight to the free list, not the LRU */
+    kv_cache_get_stats(kv, &st);
+    ck_assert_int_eq(st.n_free, 4);
+    ck_assert_int_eq(st.n_cached, 0);
+    /* published again after the flush: found again */
+    int32_t b = kv_block_alloc(kv);
+    kv_prefix_publish(kv, b, root, t0);
+    kv_block_unref(kv, b);
+    ck_assert_int_eq(kv_prefix_lookup(kv, root, t0), b);
+    kv_block_unref(kv, b);
+    ck_assert_int_eq(kv_prefix_flush(kv), 1);
+    ck_assert_int_eq(kv_cache_n_available(kv), 4);
+    kv_cache_free(kv);
+}
+END_TEST
+
 START_TEST(copy_partial_block) {
     /* on the CPU backend and on the strict test device (the copy goes through buf_copy), in
      * F32 and BF16 pools: exactly the first rows' bytes move */
@@ -220,7 +258,7 @@ END_TEST
 int main(void) {
     be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 1});
     const TTest *const tests[] = {
-        budget_and_exhaustion, prefix_publish_lookup_evict, copy_partial_block, randomized_shadow,
+        budget_and_exhaustion, prefix_publish_lookup_evict, prefix_flush, copy_partial_block, randomized_shadow,
     };
     int rc = cs_check_main("kv_cache", tests, CS_ARRAY_LEN(tests), 0, CK_NOFORK);
     backend_free(be);

@@ -390,6 +390,52 @@ if st != 200 or s0["finish_reason"] != "abort" or st2 != 200 or paused():
     reflib.fail(f"SGLang /pause_generation {{}} (abort): {st} {r} {s0['finish_reason']} / {st2} {r2}")
 print("ok  vLLM's /pause?mode=keep|abort (default abort), /resume, /is_paused and SGLang's /pause_generation "
       "(in_place, {} = abort) and /continue_generation, with their bodies and answers")
+# the prefix cache emptied: SGLang's /flush_cache (GET or POST), vLLM's /reset_prefix_cache and
+# /pause with clear_cache (the default) in abort or wait mode; never in keep mode
+flush_prompt = [1] + [int(x) for x in rng.integers(100, 32000, size=50)]  # three full blocks
+
+
+def cached():
+    st, g, _ = srv.request("POST", "/generate", {"input_ids": flush_prompt, "lora_path": "pol", "return_logprob": True,
+                                                 "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    if st != 200:
+        reflib.fail(f"/generate: {st} {g}")
+    return g["meta_info"]["cached_tokens"], (g["output_ids"], [x[0] for x in g["meta_info"]["output_token_logprobs"]])
+
+
+def same(a, b):
+    """the same tokens; logprobs equal within float32 reassociation (a cached prefix changes the
+    prefill's shapes; --batch-invariant, tested above, makes them bitwise equal)"""
+    return a[0] == b[0] and max(abs(x - y) for x, y in zip(a[1], b[1])) < 1e-4
+
+
+c0, ref_out = cached()
+for what, call in (("GET /flush_cache", lambda: srv.request("GET", "/flush_cache")),
+                   ("POST /flush_cache", lambda: srv.request("POST", "/flush_cache")),
+                   ("POST /reset_prefix_cache", lambda: srv.request("POST", "/reset_prefix_cache?reset_running_requests=true")),
+                   ("vLLM /pause (abort, clear_cache)", lambda: srv.request("POST", "/pause")),
+                   ("vLLM /pause?mode=wait&clear_cache=true", lambda: srv.request("POST", "/pause?mode=wait&clear_cache=true"))):
+    c1, out1 = cached()  # the prefix is cached now
+    st, r, _ = call()
+    if st != 200:
+        reflib.fail(f"{what}: {st} {r}")
+    if what.startswith("vLLM /pause"):
+        srv.request("POST", "/resume")
+    c2, out2 = cached()
+    if c1 < 48 or c2 != 0 or not same(out1, ref_out) or not same(out2, ref_out):
+        reflib.fail(f"{what}: cached tokens {c1} before, {c2} after (want >= 48, then 0); outputs: {ref_out} "
+                    f"{out1} {out2}")
+c1, _ = cached()
+srv.request("POST", "/pause?mode=keep&clear_cache=true")
+srv.request("POST", "/resume")
+c2, out2 = cached()
+if c1 < 48 or c2 < 48 or not same(out2, ref_out):
+    reflib.fail(f"vLLM /pause?mode=keep cleared the prefix cache: {c1} -> {c2}")
+st, r, _ = srv.request("POST", "/reset_prefix_cache?reset_running_requests=maybe")
+if st != 400 or "reset_running_requests" not in json.dumps(r):
+    reflib.fail(f"/reset_prefix_cache?reset_running_requests=maybe: {st} {r}")
+print(f"ok  prefix cache emptied by /flush_cache, /reset_prefix_cache and vLLM's /pause (abort, wait), kept by "
+      f"/pause?mode=keep: cached prompt tokens {c1} -> 0 each time, the same tokens and logprobs (within 1e-4)")
 for bad, frag in (({"groups": []}, "groups"), ({"groups": [{"input_ids": [10 ** 9]}]}, "token id"),
                   ({"groups": [{"input_ids": [1, 2]}], "adapter": "nope"}, "nope"),
                   ({"groups": [{"input_ids": [1, 2], "n": 2, "continue_from": {"output_ids": [3]}}]}, "n = 1"),
