@@ -249,8 +249,16 @@ if st != 200 or not all(r.request("GET", "/v1/state")[1]["paused"] for r in reps
 st, out, _ = rr.request("POST", "/v1/resume", {})
 if st != 200 or any(r.request("GET", "/v1/state")[1]["paused"] for r in reps):
     reflib.fail(f"/v1/resume through the router: {st} {out}")
+# and so do vLLM's and SGLang's names (no body, or SGLang's), and the prefix-cache flushes
+for path, body, want_paused in (("/pause?mode=keep", None, True), ("/resume", None, False),
+                                ("/pause_generation", {"mode": "in_place"}, True), ("/continue_generation", {}, False),
+                                ("/flush_cache", None, False), ("/reset_prefix_cache", None, False)):
+    st, out, _ = rr.request("POST", path, body)
+    seen = [r.request("GET", "/is_paused")[1]["is_paused"] for r in reps]
+    if st != 200 or seen != [want_paused] * len(reps):
+        reflib.fail(f"{path} through the router: {st} {out}, replicas paused: {seen}")
 print(f"ok  rollout side through the router: /v1/rollout equal to a replica's (and as {len(lines) - 1} NDJSON "
-      f"groups + summary), a versioned weight push and pause/resume reach all 3 replicas")
+      f"groups + summary), a versioned weight push, pause/resume (ours, vLLM's, SGLang's) and cache flushes reach all 3 replicas")
 
 # --- a replica dies: what was on it fails cleanly, nothing else is lost ---
 slow = router("round-robin", poll_ms=600000)  # polls once: it learns of the death by trying
