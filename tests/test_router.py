@@ -250,10 +250,10 @@ st, out, _ = rr.request("POST", "/v1/resume", {})
 if st != 200 or any(r.request("GET", "/v1/state")[1]["paused"] for r in reps):
     reflib.fail(f"/v1/resume through the router: {st} {out}")
 # and so do vLLM's and SGLang's names (no body, or SGLang's), and the prefix-cache flushes
-for path, body, want_paused in (("/pause?mode=keep", None, True), ("/resume", None, False),
-                                ("/pause_generation", {"mode": "in_place"}, True), ("/continue_generation", {}, False),
-                                ("/flush_cache", None, False), ("/reset_prefix_cache", None, False)):
-    st, out, _ = rr.request("POST", path, body)
+for path, pbody, want_paused in (("/pause?mode=keep", None, True), ("/resume", None, False),
+                                 ("/pause_generation", {"mode": "in_place"}, True), ("/continue_generation", {}, False),
+                                 ("/flush_cache", None, False), ("/reset_prefix_cache", None, False)):
+    st, out, _ = rr.request("POST", path, pbody)
     seen = [r.request("GET", "/is_paused")[1]["is_paused"] for r in reps]
     if st != 200 or seen != [want_paused] * len(reps):
         reflib.fail(f"{path} through the router: {st} {out}, replicas paused: {seen}")
