@@ -597,6 +597,15 @@ static bool rule(lark_t *L, const tok_t *name) {
     return ok;
 }
 
+/* the name token of the next rule or terminal definition (past a ? or !), directives
+ * skipped; NULL at the end */
+static tok_t *next_definition(lark_t *L) {
+    while (peek(L)->k == K_DIRECTIVE) skip_statement(L);
+    if (peek(L)->k == K_END) return NULL;
+    if (is_op(peek(L), "?") || is_op(peek(L), "!")) L->i++;
+    return peek(L);
+}
+
 int grammar_lark_to_gbnf(const char *src, size_t len, char **gbnf) {
     *gbnf = NULL;
     lark_t L0 = {.src = src, .len = len}, *L = &L0;
@@ -630,22 +639,11 @@ int grammar_lark_to_gbnf(const char *src, size_t len, char **gbnf) {
     }
     L->ignore = ign.len > 0;
     /* the definitions' names, then pass 2: the rules and terminals */
-    for (L->i = 0; ok && peek(L)->k != K_END;) {
-        tok_t *t = peek(L);
-        if (t->k == K_DIRECTIVE) {
-            skip_statement(L);
-            continue;
-        }
-        if (is_op(t, "?") || is_op(t, "!")) t = &L->t[++L->i];
-        if (t->k != K_NAME) {
-            ok = lfail(L, t->line, "expecting a rule or terminal name");
-            break;
-        }
-        if (is_op(&L->t[L->i + 1], "{")) {
-            ok = lfail(L, t->line, "templates are not supported");
-            break;
-        }
-        ok = define(L, t->s, t->n, t->line);
+    L->i = 0;
+    for (tok_t *t; ok && (t = next_definition(L));) {
+        if (t->k != K_NAME) ok = lfail(L, t->line, "expecting a rule or terminal name");
+        else if (is_op(&L->t[L->i + 1], "{")) ok = lfail(L, t->line, "templates are not supported");
+        else ok = define(L, t->s, t->n, t->line);
         skip_statement(L);
     }
     if (ok) ok = check_refs(L);
@@ -661,19 +659,10 @@ int grammar_lark_to_gbnf(const char *src, size_t len, char **gbnf) {
             put(L, ")*\n");
         }
     }
-    for (L->i = 0; ok && peek(L)->k != K_END;) {
-        tok_t *t = peek(L);
-        if (t->k == K_DIRECTIVE) {
-            skip_statement(L);
-            continue;
-        }
-        if (is_op(t, "?") || is_op(t, "!")) t = &L->t[++L->i];
+    L->i = 0;
+    for (tok_t *t; ok && (t = next_definition(L));) {
         L->i++;
         L->in_term = is_term_name(t->s, t->n);
-        if (is_op(peek(L), "{")) {
-            ok = lfail(L, t->line, "templates are not supported");
-            break;
-        }
         if (is_op(peek(L), ".")) { /* a priority */
             L->i++;
             if (is_op(peek(L), "-") || peek(L)->k == K_NUM) L->i++;
