@@ -174,6 +174,7 @@ REFUSED = [
     ({"maximum": 3.0}, "#/maximum"),
     ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, "#/oneOf"),
     ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, "#/oneOf"),
+    ({"oneOf": [{"enum": [1, "a"]}, {"const": 1.0}]}, "#/oneOf"),
     ({"allOf": [True, False]}, "#/allOf/1"),
     ({"allOf": [{"properties": {"foo": {}}}], "additionalProperties": {"type": "boolean"}}, "#/allOf"),
     ({"required": ["foo"]}, "#/required"),

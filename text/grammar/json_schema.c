@@ -761,7 +761,13 @@ static json_t *values_of(js_t *J, const json_t *s) {
 static bool values_disjoint(const json_t *a, const json_t *b) {
     size_t i, j;
     const json_t *x, *y;
-    json_array_foreach(a, i, x) json_array_foreach(b, j, y) if (json_equal(x, y)) return false;
+    json_array_foreach(a, i, x) json_array_foreach(b, j, y) {
+        if (json_equal(x, y)) return false;
+        /* 1 and 1.0 are one value in JSON Schema; arrays or objects that may hold such
+         * numbers are taken as overlapping */
+        if (json_is_number(x) && json_is_number(y) && json_number_value(x) == json_number_value(y)) return false;
+        if ((json_is_array(x) || json_is_object(x)) && json_typeof(x) == json_typeof(y)) return false; /* could be equal */
+    }
     return true;
 }
 /* two schemas no value can satisfy both of: different types, different constants, or objects
