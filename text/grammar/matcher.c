@@ -52,6 +52,9 @@ struct grammar_matcher {
 /* the most stacks a state may hold; an ambiguous grammar ("a"?{2,31}?{2,31}...) can need
  * thousands, and its output is refused past this rather than slowing every step */
 #define MAX_STACKS 256
+/* the most (position, parent) pairs one expansion may visit: nested nullable repeats
+ * ("a"{2,31}???{4,31}???...) can reach millions before any byte is read */
+#define VISIT_MAX (1 << 16)
 
 #define COMPACT_NODES (1 << 16)
 
@@ -123,8 +126,10 @@ static void visit_reset(grammar_matcher_t *m) {
     }
 }
 
-/* 1: (pos, parent) is new to this expansion (now marked), 0: visited, -1: out of memory */
+/* 1: (pos, parent) is new to this expansion (now marked), 0: visited, -1: out of memory,
+ * -2: the expansion has visited VISIT_MAX pairs (a grammar ambiguous past any use) */
 static int visit(grammar_matcher_t *m, uint32_t pos, int32_t parent) {
+    if (m->vis_n >= VISIT_MAX) return -2;
     if ((m->vis_n + 1) * 2 > m->vis_cap) {
         uint32_t nc = m->vis_cap ? m->vis_cap * 2 : 256;
         vslot_t *nv = calloc(nc, sizeof *nv), *old = m->vis;
@@ -181,6 +186,7 @@ static bool expand(grammar_matcher_t *m, uint32_t pos, int32_t parent, bool *acc
             next = true;
         } else {
             int v = visit(m, pos, parent);
+            if (v == -2) m->ambiguous = true;
             if (v < 0) return m->n_work = base, false;
             if (!v) {
                 next = true; /* followed already */
@@ -287,7 +293,12 @@ grammar_matcher_t *grammar_matcher_new(const grammar_t *g) {
     bool acc = false;
     visit_reset(m);
     for (int a = g->rule_alt0[g->root]; a < g->rule_alt0[g->root + 1]; a++)
-        if (!expand(m, (uint32_t)g->alt_start[a], -1, &acc)) goto fail;
+        if (!expand(m, (uint32_t)g->alt_start[a], -1, &acc)) {
+            if (!m->ambiguous) goto fail;
+            m->n_pool = 0; /* too ambiguous to start: a matcher that accepts nothing */
+            acc = false;
+            break;
+        }
     uniq(m, 0);
     m->accept = acc;
     m->cur = malloc(sizeof *m->cur * (size_t)(m->n_pool + 1));
