@@ -323,6 +323,22 @@ static bool gen_string(js_t *J, const json_t *s, const char *path, cs_buf_t *out
 }
 
 /* ---- arrays ---- */
+/* a list's items x after a comma each, repeated rep ("*", "{0,n}"); with first, the list
+ * may begin here: ( x (, x)rep )?. x may be any length. */
+static void more_items(js_t *J, cs_buf_t *b, const char *x, const char *rep, bool first) {
+    if (first) {
+        S(b, "( ");
+        S(b, x);
+        S(b, " ");
+    }
+    S(b, "(\",\"");
+    S(b, WS(J));
+    S(b, x);
+    S(b, ")");
+    S(b, rep);
+    if (first) S(b, " )?");
+}
+
 static bool gen_array(js_t *J, const json_t *s, const char *path, cs_buf_t *out) {
     const json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
     long mn = 0, mx = -1;
@@ -360,20 +376,9 @@ static bool gen_array(js_t *J, const json_t *s, const char *path, cs_buf_t *out)
         else {
             new_rule(J, next, sizeof next);
             b.len = 0;
-            /* (, x)* or (, x){0,n}: x may be any length */
             char t[32] = "*";
             if (mx >= 0) snprintf(t, sizeof t, "{0,%ld}", chain == 0 ? mx - 1 : mx - chain);
-            if (chain == 0) {
-                S(&b, "( ");
-                S(&b, rest_e.p);
-                S(&b, " ");
-            }
-            S(&b, "(\",\"");
-            S(&b, WS(J));
-            S(&b, rest_e.p);
-            S(&b, ")");
-            S(&b, t);
-            if (chain == 0) S(&b, " )?");
+            more_items(J, &b, rest_e.p, t, chain == 0);
             Z(&b);
             rule(J, next, b.p);
         }
@@ -497,16 +502,8 @@ static bool gen_object(js_t *J, const json_t *s, const char *path, cs_buf_t *out
             new_rule(J, names[c], sizeof names[c]);
             b.len = 0;
             if (j == (long)n) {
-                if (extra.len > 1) { /* extra.p may be any length */
-                    if (!c) {
-                        S(&b, "( ");
-                        S(&b, extra.p);
-                        S(&b, " ");
-                    }
-                    S(&b, "(\",\"");
-                    S(&b, WS(J));
-                    S(&b, extra.p);
-                    S(&b, c ? ")*" : ")* )?");
+                if (extra.len > 1) {
+                    more_items(J, &b, extra.p, "*", !c);
                 } else {
                     S(&b, "\"\"");
                 }
