@@ -105,22 +105,23 @@ class Server:
         if st != 200:
             reflib.fail(f"/v1/resume: {st} {body}")
 
-    def hold_running(self, start, what="the request", tries=10):
+    def hold_running(self, start, what="the request", tries=10, pause=None, resume=None):
         """Create the state "one request is running, has generated at least one token, and the
         engine is held (pause keep)" instead of polling for it and hoping. start() sends the
         request on other threads and returns them. Once a token has come, the engine is paused;
         the running gauge is exact while it is held. If the request finished before the pause
         (it should be long), the engine resumes, the threads are joined and it starts again.
-        Returns the threads of the held request; the caller resumes the engine."""
+        Returns the threads of the held request; the caller resumes the engine. pause and
+        resume: other calls to hold and release it by (vLLM's or SGLang's routes)."""
         for _ in range(tries):
             self.settle()
             g0 = self.gen_tokens()
             threads = start()
             wait_for(lambda: self.gen_tokens() > g0, 120, f"{what} to generate a token", interval=0.005)
-            self.pause("keep")
+            (pause or (lambda: self.pause("keep")))()
             if self.metrics()[1]["caraserve_num_requests_running"] >= 1:
                 return threads
-            self.resume()
+            (resume or self.resume)()
             for t in threads:
                 t.join()
         reflib.fail(f"{what} finished before the engine could be paused, {tries} times")

@@ -336,21 +336,17 @@ if st != 405:
     reflib.fail(f"GET /pause: {st} {r}")
 
 
+def vllm_pause_keep():
+    st, r, _ = srv.request("POST", "/pause?mode=keep&clear_cache=true")
+    if st != 200 or r != {"status": "paused"}:
+        reflib.fail(f"/pause?mode=keep: {st} {r}")
+
+
 def vllm_hold():
-    """as hold_running, paused through vLLM's /pause?mode=keep"""
-    for _ in range(10):
-        srv.settle()
-        g0 = srv.gen_tokens()
-        t = bg(long_body)
-        wait_for(lambda: srv.gen_tokens() > g0, 120, "the rollout to generate a token", interval=0.005)
-        st, r, _ = srv.request("POST", "/pause?mode=keep&clear_cache=true")
-        if st != 200 or r != {"status": "paused"}:
-            reflib.fail(f"/pause?mode=keep: {st} {r}")
-        if srv.metrics()[1]["caraserve_num_requests_running"] >= 1:
-            return t
-        srv.request("POST", "/resume")
-        t[0].join()
-    reflib.fail("the rollout always finished before the pause")
+    """as hold_running, paused through vLLM's /pause?mode=keep; the held rollout's thread and output"""
+    srv.hold_running(start_held, "the rollout to pause", pause=vllm_pause_keep,
+                     resume=lambda: srv.request("POST", "/resume"))
+    return held[0]
 
 
 # vLLM keep: held, then /resume gives the unpaused tokens
