@@ -54,6 +54,18 @@ typedef struct seq {
     struct seq *prev, *next;    /* in the waiting or running list */
 } seq_t;
 
+/* a version of the base weights (engine_update_base) */
+typedef struct base_ver {
+    int version;
+    char label[ENGINE_LABEL_MAX];
+    char *dir;                  /* where its weights came from (NULL: not known) */
+    model_t *model;             /* NULL only while an in-place update loads it */
+    bool owned;                 /* the engine frees model */
+    int refs;                   /* under mu: requests holding it */
+    bool kept;                  /* under mu: among the versions kept (the active one is) */
+    struct base_ver *next;      /* newest first: the head is active */
+} base_ver_t;
+
 struct req {
     uint64_t id;
     engine_request_t p;         /* deep copy; p.prompt, p.stop, ... owned */
@@ -61,6 +73,8 @@ struct req {
     lora_ref_t *lora;
     lora_pin_t *pin;            /* a pinned version, held from submission (lora_registry_pin) */
     lora_registry_t *loras;     /* for the unpin in req_free */
+    struct engine *eng;         /* for the base's release in req_free */
+    base_ver_t *base;           /* the base weights it runs on, held (refs) */
     int adapter_version;
     bool adapter_ready;
     bool lora_known;            /* lora_info holds the adapter's shape (lora_registry_info) */
@@ -98,14 +112,26 @@ typedef struct follow {
     struct follow *next;
 } follow_t;
 
+/* an engine_update_base call waiting for the engine thread */
+typedef struct base_job {
+    engine_base_update_t u;     /* dir and label: copies */
+    bool done;
+    int rc;
+    char err[512];
+    engine_base_result_t res;
+    struct base_job *next;
+} base_job_t;
+
 #define REQ_BUCKETS 1024
 
 struct engine {
     bool step_partial;          /* this step runs a request on an adapter still streaming in from disk */
     bool step_others;           /* ... or others (seq_device: never both) */
     engine_params_t p;
-    model_t *model;
-    const model_config_t *cfg;
+    model_t *model;             /* the active base version's (NULL: it failed to load) */
+    backend_t *be;
+    const model_config_t *cfg;  /* &mcfg: every version's shapes */
+    model_config_t mcfg;
     kv_cache_t *kv;
     int max_model_len, vocab;
     int32_t *eos;
@@ -161,6 +187,10 @@ struct engine {
     int flush_dropped;          /* under mu: blocks the last flush freed */
     follow_t *follows;          /* under mu: pending engine_follow_active calls */
     beam_set_t *beams;          /* the beam searches (their own lock) */
+    base_ver_t *bases;          /* under mu (changed only by the engine thread): newest first */
+    int base_last;              /* the newest version number handed out */
+    base_job_t *base_jobs;      /* under mu: pending engine_update_base calls */
+    model_cold_stats_t cold_gone; /* the cold-start counts of base versions freed */
     pthread_cond_t follow_cv;
 };
 
@@ -243,9 +273,31 @@ static void seq_free(seq_t *s) {
     free(s);
 }
 
+static void base_unref(engine_t *e, base_ver_t *b) {
+    pthread_mutex_lock(&e->mu);
+    b->refs--; /* a version nobody holds and nobody keeps is freed by the engine thread (bases_reap) */
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* the root of R's prefix chain: its adapter and version, and its base version (the first
+ * one's chains are the adapter's alone) */
+static uint64_t req_root(const req_t *r) {
+    uint64_t h = kv_hash_root(r->adapter, r->adapter_version);
+    int bv = r->base ? r->base->version : 1;
+    return bv == 1 ? h : h ^ (0x9e3779b97f4a7c15ull * (uint64_t)(uint32_t)bv + 0xbf58476d1ce4e5b9ull);
+}
+
+/* R's prefix chain starts again from its root (nothing of it computed yet) */
+static void req_rechain(req_t *r) {
+    r->root = req_root(r);
+    for (int i = 0; i < r->n; i++)
+        if (r->seqs[i]) r->seqs[i]->chain = r->root;
+}
+
 static void req_free(req_t *r) {
     if (!r) return;
     if (r->pin) lora_registry_unpin(r->loras, r->pin);
+    if (r->base) base_unref(r->eng, r->base);
     if (r->seqs)
         for (int i = 0; i < r->n; i++) seq_free(r->seqs[i]);
     free(r->seqs);
@@ -372,6 +424,7 @@ static void emit(engine_t *e, req_t *r, int index, int n_generated, const sample
     ev.n_cached_tokens = r->n_cached;
     ev.n_generated = n_generated;
     ev.adapter_version = r->adapter_version;
+    ev.base_version = r->base ? r->base->version : 1;
     ev.queue_ms = r->t_admit > 0 ? r->t_admit - r->t_submit : 0;
     ev.request_done = done;
     if (r->p.sink) r->p.sink(r->p.user, &ev);
@@ -475,7 +528,8 @@ static int cold_mode(engine_t *e, seq_t *s) {
         int pm = e->p.sched->iface->cold_start(e->p.sched, &v);
         if (pm != SCHED_COLD_DEFAULT) m = pm;
     }
-    bool can = model_can_assist(e->model);
+    const model_t *bm = s->req->base->model;
+    bool can = bm && model_can_assist(bm);
     if (m == SCHED_COLD_DEFAULT) m = can ? SCHED_COLD_ASSIST : SCHED_COLD_WAIT;
     if (m == SCHED_COLD_ASSIST && !can) m = SCHED_COLD_WAIT;
     return m;
@@ -896,9 +950,7 @@ static int req_adapter(engine_t *e, req_t *r) {
                     : lora_registry_acquire(e->p.loras, r->adapter, &r->lora);
     if (rc) return rc;
     r->adapter_version = r->lora->version;
-    r->root = kv_hash_root(r->adapter, r->adapter_version);
-    for (int i = 0; i < r->n; i++)
-        if (r->seqs[i]) r->seqs[i]->chain = r->root;
+    req_rechain(r);
     r->adapter_ready = true;
     return CS_OK;
 }
@@ -921,8 +973,15 @@ static void seq_info_fill(engine_t *e, const req_t *r, const seq_t *s, engine_se
 }
 
 static void publish_stats(engine_t *e) {
-    model_cold_stats_t cs;
-    model_get_cold_stats(e->model, &cs);
+    model_cold_stats_t cs = e->cold_gone;
+    for (base_ver_t *b = e->bases; b; b = b->next) { /* this thread changes the list: no lock to read it */
+        model_cold_stats_t one = {0};
+        if (b->model) model_get_cold_stats(b->model, &one);
+        cs.forwards += one.forwards;
+        cs.host_layers += one.host_layers;
+        cs.device_layers += one.device_layers;
+        cs.host_rows += one.host_rows;
+    }
     e->st.cold_forwards = cs.forwards;
     e->st.cold_host_layers = cs.host_layers;
     e->st.cold_device_layers = cs.device_layers;
@@ -990,9 +1049,7 @@ static int follow_active(engine_t *e, const char *name) {
             if (started) {
                 r->no_publish = true;
             } else { /* nothing of the old version in it: it is simply a request of the new one */
-                r->root = kv_hash_root(r->adapter, r->adapter_version);
-                for (int i = 0; i < r->n; i++)
-                    if (r->seqs[i]) r->seqs[i]->chain = r->root;
+                req_rechain(r);
             }
             moved++;
         }
@@ -1025,6 +1082,164 @@ static int adapter_order(const lora_ref_t *a, const lora_ref_t *b) {
     return c ? c : (a->version > b->version) - (a->version < b->version);
 }
 
+/* ---- base-weight versions (engine thread) ---- */
+/* free the versions nobody keeps or holds */
+static void bases_reap(engine_t *e) {
+    base_ver_t *dead = NULL;
+    pthread_mutex_lock(&e->mu);
+    for (base_ver_t **pp = &e->bases; *pp;) {
+        base_ver_t *b = *pp;
+        if (b->kept || b->refs > 0 || b == e->bases) { pp = &b->next; continue; }
+        *pp = b->next;
+        b->next = dead;
+        dead = b;
+    }
+    pthread_mutex_unlock(&e->mu);
+    for (base_ver_t *b = dead, *nx; b; b = nx) {
+        nx = b->next;
+        if (b->model) {
+            model_cold_stats_t one;
+            model_get_cold_stats(b->model, &one);
+            e->cold_gone.forwards += one.forwards;
+            e->cold_gone.host_layers += one.host_layers;
+            e->cold_gone.device_layers += one.device_layers;
+            e->cold_gone.host_rows += one.host_rows;
+            if (b->owned) model_free(b->model);
+        }
+        free(b->dir);
+        free(b);
+    }
+}
+
+/* R (unpinned, on another version) goes on with the weights of NB from the next iteration */
+static void req_move_base(engine_t *e, req_t *r, base_ver_t *nb) {
+    base_ver_t *old = r->base;
+    pthread_mutex_lock(&e->mu);
+    nb->refs++;
+    old->refs--;
+    pthread_mutex_unlock(&e->mu);
+    r->base = nb;
+    bool started = false; /* any KV computed (or matched) under the old weights? */
+    for (int i = 0; i < r->n; i++)
+        if (r->seqs[i] && (r->seqs[i]->n_computed > 0 || r->seqs[i]->n_blocks > 0)) started = true;
+    if (started) r->no_publish = true;
+    else req_rechain(r);
+}
+
+/* The requests on versions other than NB after an update (ONLY: just those on that one):
+ * moved, aborted or left as APPLY says; a pinned one on ONLY (replaced in place) ends. */
+static void bases_apply(engine_t *e, base_ver_t *nb, const base_ver_t *only, engine_apply apply, base_job_t *j) {
+    for (int b = 0; b < REQ_BUCKETS; b++)
+        for (req_t *r = e->reqs[b], *nx; r; r = nx) {
+            nx = r->hnext;
+            if (r->base == nb || (only && r->base != only)) continue;
+            if (r->p.base_version) {
+                if (only)
+                    req_fail(e, r, ENGINE_FINISH_ERROR, CS_ENOTFOUND,
+                             "its base version was replaced in place by an update of the weights");
+                continue;
+            }
+            if (apply == ENGINE_APPLY_ABORT_INFLIGHT) {
+                req_fail(e, r, ENGINE_FINISH_ABORT, 0, NULL);
+                j->res.aborted++;
+            } else if (apply == ENGINE_APPLY_PAUSE_KEEP || only) {
+                req_move_base(e, r, nb);
+                j->res.moved++;
+            }
+        }
+}
+
+/* the newest KEEP versions are kept (held ones stay until released) */
+static void bases_keep(engine_t *e, int keep) {
+    pthread_mutex_lock(&e->mu);
+    int k = 0;
+    for (base_ver_t *b = e->bases; b; b = b->next) b->kept = k++ < CS_MAX(keep, 1);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static base_ver_t *base_new(engine_t *e, model_t *m, const char *dir, const char *label, bool owned) {
+    base_ver_t *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->version = ++e->base_last;
+    if (label && label[0]) snprintf(b->label, sizeof b->label, "%s", label);
+    else snprintf(b->label, sizeof b->label, "%d", b->version);
+    b->dir = dir ? strdup(dir) : NULL;
+    b->model = m;
+    b->owned = owned;
+    b->kept = true;
+    return b;
+}
+
+/* J's new weights become the active version */
+static void base_job_run(engine_t *e, base_job_t *j) {
+    double t0 = now_ms();
+    base_ver_t *old = e->bases;
+    const engine_base_update_t *u = &j->u;
+    base_ver_t *nb = base_new(e, u->model, u->dir, u->label, true);
+    if (!nb) {
+        model_free(u->model);
+        j->rc = cs_error_set(CS_ENOMEM, "out of memory");
+        snprintf(j->err, sizeof j->err, "%s", cs_error_last());
+        return;
+    }
+    struct lora_assist *assist = old->model ? model_assist(old->model) : NULL;
+    pthread_mutex_lock(&e->mu); /* from here on new requests take the new version */
+    nb->next = e->bases;
+    e->bases = nb;
+    pthread_mutex_unlock(&e->mu);
+    j->res.version = nb->version;
+    j->res.in_place = u->model == NULL;
+    if (u->model) { /* beside: the old weights stay for the requests that hold them */
+        model_set_assist(nb->model, assist);
+        e->model = nb->model;
+        if (u->apply != ENGINE_APPLY_NEXT_REQUEST) bases_apply(e, nb, NULL, u->apply, j);
+    } else { /* in place: every request on the old weights leaves them, then they go */
+        take_inbox(e); /* requests submitted before the switch hold the old version too */
+        bases_apply(e, nb, old, u->apply, j);
+        int old_version = old->version;
+        char old_label[ENGINE_LABEL_MAX];
+        memcpy(old_label, old->label, sizeof old_label);
+        char *old_dir = old->dir ? strdup(old->dir) : NULL;
+        pthread_mutex_lock(&e->mu);
+        old->kept = false; /* nobody holds it now: freed here */
+        pthread_mutex_unlock(&e->mu);
+        e->model = NULL;
+        bases_reap(e);
+        int rc = model_load_how(u->dir, e->be, u->how, &nb->model);
+        if (rc) { /* part way (the files changed since they were checked): the old weights
+                   * again, from where they came, under their own version */
+            j->rc = rc;
+            snprintf(j->err, sizeof j->err, "%s", cs_error_last());
+            pthread_mutex_lock(&e->mu);
+            nb->version = old_version;
+            memcpy(nb->label, old_label, sizeof nb->label);
+            free(nb->dir);
+            nb->dir = old_dir;
+            old_dir = NULL;
+            e->base_last--;
+            pthread_mutex_unlock(&e->mu);
+            if (!nb->dir || model_load_how(nb->dir, e->be, u->how, &nb->model))
+                fprintf(stderr, "engine: the base weights could not be loaded again after a failed update: %s\n",
+                        cs_error_last());
+        }
+        free(old_dir);
+        if (nb->model) {
+            model_set_assist(nb->model, assist);
+            e->model = nb->model;
+        }
+    }
+    bases_keep(e, u->keep_versions);
+    bases_reap(e);
+    j->res.pause_ms = now_ms() - t0;
+}
+
+/* the batch order of two requests: by base version (each version's rows run as a forward of
+ * their own), then by adapter */
+static int batch_order(const req_t *a, const req_t *b) {
+    int va = a->base->version, vb = b->base->version;
+    return va != vb ? (va > vb) - (va < vb) : adapter_order(a->lora, b->lora);
+}
+
 /* A step's start: the inbox (aborts are taken even while paused), the newest pause mode
  * (whatever this step does obeys it) and the versions followed. */
 static engine_pause_mode step_begin(engine_t *e) {
@@ -1041,8 +1256,19 @@ static engine_pause_mode step_begin(engine_t *e) {
         e->flush_seen = e->flush_gen;
         pthread_cond_broadcast(&e->pause_cv);
     }
+    base_job_t *jobs = e->base_jobs;
+    e->base_jobs = NULL;
     pthread_mutex_unlock(&e->mu);
     if (follows) take_follows(e); /* paused or not */
+    for (base_job_t *j = jobs, *nx; j; j = nx) { /* paused or not */
+        nx = j->next;
+        base_job_run(e, j);
+        pthread_mutex_lock(&e->mu); /* j is its caller's again once done */
+        j->done = true;
+        pthread_cond_broadcast(&e->follow_cv);
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (e->bases->next) bases_reap(e); /* older versions whose last request ended */
     return pause;
 }
 
@@ -1193,7 +1419,7 @@ static void step_sort(engine_t *e, int nb) {
         int c = e->batch_chunk[i], j = i;
         while (j > 0) {
             seq_t *pj = e->batch_seq[j - 1];
-            if (adapter_order(pj->req->lora, s->req->lora) <= 0) break;
+            if (batch_order(pj->req, s->req) <= 0) break;
             e->batch_seq[j] = pj;
             e->batch_chunk[j] = e->batch_chunk[j - 1];
             j--;
@@ -1246,8 +1472,17 @@ static int step_forward(engine_t *e, int nb, int n_logits) {
         e->logits = malloc(sizeof(float) * need);
         e->logits_cap = e->logits ? need : 0;
     }
-    int rc = e->logits ? model_forward_batch(e->model, e->kv, e->batch, nb, e->logits)
-                       : cs_error_set(CS_ENOMEM, "out of memory for %d rows of logits", n_logits);
+    int rc = e->logits ? CS_OK : cs_error_set(CS_ENOMEM, "out of memory for %d rows of logits", n_logits);
+    /* a forward per base version (the batch is sorted by it), each into its rows of logits */
+    for (int i = 0, off = 0; !rc && i < nb;) {
+        model_t *m = e->batch_seq[i]->req->base->model;
+        int j = i, nl = 0;
+        while (j < nb && e->batch_seq[j]->req->base->model == m) nl += e->batch[j++].n_logits;
+        rc = m ? model_forward_batch(m, e->kv, e->batch + i, j - i, e->logits + (size_t)off * e->vocab)
+               : cs_error_set(CS_EIO, "base version %d has no weights (its load failed)", e->batch_seq[i]->req->base->version);
+        off += nl;
+        i = j;
+    }
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "forward pass failed: %s", cs_error_last());
@@ -1331,7 +1566,8 @@ static void step_end(engine_t *e, sched_step_t *fb, double t0, bool decode_only,
         free(e->logits);
         e->logits = NULL;
         e->logits_cap = 0;
-        model_release_logits(e->model, (int)CS_MIN(keep_floats / (size_t)e->vocab, (size_t)INT_MAX));
+        for (base_ver_t *b = e->bases; b; b = b->next) /* this thread changes the list: no lock to read it */
+            if (b->model) model_release_logits(b->model, (int)CS_MIN(keep_floats / (size_t)e->vocab, (size_t)INT_MAX));
         e->st.logits_releases++;
     }
     double dt = now_ms() - t0;
@@ -1422,6 +1658,13 @@ static void *engine_thread(void *arg) {
         }
     }
     e->follows = NULL;
+    for (base_job_t *j = e->base_jobs; j; j = j->next) { /* never run: refused */
+        model_free(j->u.model);
+        j->rc = CS_EINVAL;
+        snprintf(j->err, sizeof j->err, "the engine stopped before the update");
+        j->done = true;
+    }
+    e->base_jobs = NULL;
     pthread_cond_broadcast(&e->follow_cv);
     pthread_cond_broadcast(&e->pause_cv); /* engine_set_pause does not wait for a stopped thread */
     pthread_mutex_unlock(&e->mu);
@@ -1466,7 +1709,13 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     if (!e) return cs_error_set(CS_ENOMEM, "out of memory");
     e->p = *p;
     e->model = p->model;
-    e->cfg = model_get_config(p->model);
+    e->be = model_backend(p->model);
+    e->mcfg = *model_get_config(p->model);
+    e->cfg = &e->mcfg;
+    if (!(e->bases = base_new(e, p->model, p->model_dir, p->weight_version ? p->weight_version : "default", p->own_model))) {
+        free(e);
+        return cs_error_set(CS_ENOMEM, "out of memory");
+    }
     e->vocab = e->cfg->vocab_size;
     if (e->p.max_num_seqs <= 0) e->p.max_num_seqs = 256;
     if (e->p.logits_keep_bytes == 0) e->p.logits_keep_bytes = LOGITS_KEEP_BYTES;
@@ -1539,6 +1788,12 @@ void engine_free(engine_t *e) {
         free(f->name);
         free(f);
     }
+    for (base_ver_t *b = e->bases, *nx; b; b = nx) { /* every request is gone */
+        nx = b->next;
+        if (b->owned) model_free(b->model);
+        free(b->dir);
+        free(b);
+    }
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->follow_cv);
@@ -1552,6 +1807,21 @@ static char *dupstr(const char *s) {
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
     return d;
+}
+
+/* VERSION (0: the active one) held for a request: refs */
+static int base_acquire(engine_t *e, int version, base_ver_t **out) {
+    pthread_mutex_lock(&e->mu);
+    base_ver_t *b = e->bases;
+    while (version && b && b->version != version) b = b->next;
+    if (b) b->refs++;
+    char held[256] = "";
+    size_t k = 0;
+    for (base_ver_t *o = e->bases; !b && o && k < sizeof held - 16; o = o->next)
+        k += (size_t)snprintf(held + k, sizeof held - k, "%s%d", k ? ", " : "", o->version);
+    pthread_mutex_unlock(&e->mu);
+    *out = b;
+    return b ? CS_OK : cs_error_set(CS_ENOTFOUND, "base version %d is not held (held: %s)", version, held);
 }
 
 /* the vocabulary as bytes for structured output, made once (any thread) */
@@ -1614,6 +1884,7 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
     if (rq->n_resumed < 0 || rq->n_resumed >= rq->n_prompt || (rq->n_resumed && n != 1))
         return cs_error_set(CS_EINVAL, "n_resumed must be below the prompt length, with n = 1");
     if (rq->adapter_version < 0) return cs_error_set(CS_EINVAL, "adapter versions start at 1");
+    if (rq->base_version < 0) return cs_error_set(CS_EINVAL, "base versions start at 1");
     if (rq->adapter_version && !adapter) return cs_error_set(CS_EINVAL, "a version needs an adapter");
     if (adapter) {
         if (!e->p.loras) return cs_error_set(CS_ENOTFOUND, "adapter '%s' does not exist (no adapters are served)", adapter);
@@ -1656,6 +1927,12 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
             return prc; /* the message names the kept versions */
         }
     }
+    r->eng = e;
+    int brc = base_acquire(e, rq->base_version, &r->base);
+    if (brc) {
+        req_free(r);
+        return brc;
+    }
     if (rq->prompt_logprobs) {
         size_t np = (size_t)rq->n_prompt, k = (size_t)rq->prompt_top_logprobs;
         r->plp = malloc(sizeof(float) * np);
@@ -1666,7 +1943,7 @@ static int prepare(engine_t *e, const engine_request_t *rq, req_t **out) {
         for (size_t i = 0; i < np; i++) r->plp[i] = NAN;
         for (size_t i = 0; k && i < np * k; i++) { r->plp_ids[i] = -1; r->plp_lps[i] = NAN; }
     }
-    r->root = kv_hash_root(NULL, 0);
+    r->root = req_root(r);
     r->n_live = 1;
     r->t_submit = now_ms();
     if (!(r->seqs[0] = seq_new(e, r, 0, prompt, rq->n_prompt))) goto oom;
@@ -1849,6 +2126,66 @@ int engine_flush_prefix_cache(engine_t *e) {
         pthread_cond_signal(&e->cv);
         while (e->thread_started && !e->stop_thread && e->flush_seen < gen) pthread_cond_wait(&e->pause_cv, &e->mu);
         n = e->flush_dropped;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+int engine_update_base(engine_t *e, const engine_base_update_t *u, engine_base_result_t *res) {
+    *res = (engine_base_result_t){0};
+    model_config_t nc;
+    char why[320];
+    int rc = CS_OK;
+    if (!u->dir || !u->dir[0]) rc = cs_error_set(CS_EINVAL, "an update names the directory of its weights");
+    else if (u->model && model_backend(u->model) != e->be)
+        rc = cs_error_set(CS_EINVAL, "the new weights are on another backend");
+    else if (!u->model && !e->p.own_model)
+        rc = cs_error_set(CS_EINVAL, "an in-place update needs an engine that owns its weights (own_model)");
+    else if (u->model) nc = *model_get_config(u->model);
+    else rc = model_probe(u->dir, &nc);
+    if (!rc && model_config_compatible(e->cfg, &nc, why, sizeof why))
+        rc = cs_error_set(CS_ESHAPE, "%s cannot replace the served weights: %s", u->dir, why);
+    if (!rc && u->label && strlen(u->label) >= ENGINE_LABEL_MAX)
+        rc = cs_error_set(CS_EINVAL, "a weight version's name has at most %d bytes", ENGINE_LABEL_MAX - 1);
+    base_job_t *j = rc ? NULL : calloc(1, sizeof *j);
+    if (!rc && !j) rc = cs_error_set(CS_ENOMEM, "out of memory");
+    if (rc) {
+        model_free(u->model);
+        return rc;
+    }
+    j->u = *u;
+    j->u.dir = u->dir; /* the caller's strings live until this returns */
+    pthread_mutex_lock(&e->mu);
+    bool threaded = e->thread_started && !e->stop_thread;
+    if (threaded) {
+        base_job_t **pp = &e->base_jobs;
+        while (*pp) pp = &(*pp)->next;
+        *pp = j;
+        e->wake = true;
+        pthread_cond_signal(&e->cv);
+        while (!j->done) pthread_cond_wait(&e->follow_cv, &e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!threaded) base_job_run(e, j); /* the caller drives the steps: this is their thread */
+    rc = j->rc;
+    if (rc) cs_error_set(rc, "%s", j->err);
+    *res = j->res;
+    free(j);
+    return rc;
+}
+
+int engine_base_versions(engine_t *e, engine_base_info_t *out, int max) {
+    int n = 0;
+    pthread_mutex_lock(&e->mu);
+    for (base_ver_t *b = e->bases; b; b = b->next, n++) {
+        if (n >= max) continue;
+        engine_base_info_t *o = &out[n];
+        o->version = b->version;
+        memcpy(o->label, b->label, sizeof o->label);
+        snprintf(o->dir, sizeof o->dir, "%s", b->dir ? b->dir : "");
+        o->requests = b->refs;
+        o->active = b == e->bases;
+        o->kept = b->kept;
     }
     pthread_mutex_unlock(&e->mu);
     return n;

@@ -29,6 +29,13 @@ typedef struct engine_params {
     size_t logits_keep_bytes;       /* the logits buffers of a step over this (and over what
                                      * max_num_seqs rows need) are freed after it (0: 64 MB) */
     bool no_prefix_caching;
+    /* The base weights are versioned (engine_update_base): model is version 1, labelled
+     * weight_version (NULL: "default"), loaded from model_dir (NULL: not known; an in-place
+     * update that fails part way then cannot go back to it). With own_model the engine frees
+     * every version's weights, model included; without, model stays the caller's. */
+    bool own_model;
+    const char *weight_version;
+    const char *model_dir;
     const int32_t *eos_ids;         /* NULL: the tokenizer's */
     int n_eos;
     struct sched *sched;            /* the scheduling policy (engine/sched.h; sched/ makes them):
@@ -71,6 +78,7 @@ typedef struct engine_event {
     int n_cached_tokens;        /* prompt tokens whose KV came from the prefix cache */
     int n_generated;            /* tokens of this sample so far */
     int adapter_version;        /* 0: base model */
+    int base_version;           /* the base weights' version that made this token */
     bool request_done;          /* the last event of the whole request */
     double queue_ms;            /* submit to first scheduled (0 before that) */
     /* Once per request that asked for prompt_logprobs, in an event of its own (index 0, no
@@ -95,6 +103,9 @@ typedef struct engine_request {
     int adapter_version;            /* 0: the active version, and engine_follow_active may move
                                        the request to a newer one; > 0: exactly this kept
                                        version (pinned) */
+    int base_version;               /* 0: the active base weights (and an update's apply may move
+                                       the request to newer ones); > 0: exactly this version,
+                                       which must still be held (engine_base_versions) */
     sampling_params_t sampling;     /* sample i uses seed + i */
     int n;                          /* samples (default 1 when 0) */
     int max_tokens;                 /* < 0: up to the context length; 0 only with
@@ -208,6 +219,58 @@ int engine_flush_prefix_cache(engine_t *e);
  * CS_EAGAIN when the active version is still loading (the swap happens once it is loaded),
  * or CS_EINVAL without the engine thread (engine_start). */
 int engine_follow_active(engine_t *e, const char *name, int timeout_ms);
+
+/* ---- base-weight versions ----
+ * What an update does to the requests in flight on older weights (their apply): NEXT_REQUEST
+ * lets them finish on the weights they started on, ABORT_INFLIGHT ends them (abort),
+ * PAUSE_KEEP moves them to the new weights at the next iteration boundary, keeping their KV
+ * cache and sampler state (their events report the new base_version from there; their
+ * blocks stop going to the prefix cache). Pinned requests (engine_request_t.base_version)
+ * keep their version in every mode, except one replaced in place: they end with an error. */
+typedef enum engine_apply { ENGINE_APPLY_NEXT_REQUEST = 0, ENGINE_APPLY_ABORT_INFLIGHT, ENGINE_APPLY_PAUSE_KEEP } engine_apply;
+
+#define ENGINE_LABEL_MAX 128
+
+typedef struct engine_base_update {
+    /* Beside: MODEL holds the new weights, loaded by the caller on the engine's backend while
+     * the engine ran; the engine owns it from the call on (also when it fails). In place (model
+     * NULL): the engine thread frees the active weights and loads DIR (how) in their place, the
+     * iterations stopping meanwhile; the requests on the old weights move to the new ones
+     * (ABORT_INFLIGHT: abort) since the old are gone. Needs own_model. */
+    model_t *model;
+    const char *dir;                /* where the weights come from (required) */
+    model_weights_mem how;
+    const char *label;              /* the version's name (SGLang's weight_version); NULL: its number */
+    engine_apply apply;
+    int keep_versions;              /* versions kept for pinned requests, the new one included (0: 1);
+                                     * older ones go once no request holds them */
+} engine_base_update_t;
+
+typedef struct engine_base_result {
+    int version;                    /* the new version's number */
+    bool in_place;
+    int moved, aborted;             /* requests moved to the new weights / aborted */
+    double pause_ms;                /* iterations stopped for the swap (in place: the whole load) */
+} engine_base_result_t;
+
+/* Make the weights of U the active base version: checked first (model_probe, then
+ * model_config_compatible against the served ones: CS_ESHAPE naming the first difference,
+ * CS_ENOTFOUND, CS_EFORMAT, ... and nothing changed), then swapped in at an iteration
+ * boundary. Returns once done (the engine thread's work; without it, done here). An in-place
+ * load that fails part way goes back to the old weights from model_dir (the requests moved
+ * to the new version fail). */
+int engine_update_base(engine_t *e, const engine_base_update_t *u, engine_base_result_t *res);
+
+typedef struct engine_base_info {
+    int version;
+    char label[ENGINE_LABEL_MAX];
+    char dir[512];
+    int requests;                   /* requests holding it */
+    bool active, kept;
+} engine_base_info_t;
+/* The base versions held, newest (the active one) first: up to max into out; returns how
+ * many there are. */
+int engine_base_versions(engine_t *e, engine_base_info_t *out, int max);
 
 void engine_get_stats(engine_t *e, engine_stats_t *st);
 /* A copy of the sequences (*out, free() it; *n of them): running first, then waiting. */

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <stdatomic.h>
+
 #include "base/safetensors.h"
 #include "lora/assist.h"
 
@@ -58,7 +60,13 @@ struct model {
     int flags_cap;
     model_cold_stats_t cold_st;
     uint64_t graph_kv;              /* kv_cache_id of the cache the recorded graphs write */
+    bool probe;                     /* model_probe: tensors checked, nothing loaded */
 };
+
+/* The model whose forwards the backend's recorded graphs replay (models of one base in two
+ * versions share a backend; a graph names its model's buffers). One per process: a switch
+ * between backends costs a reset, never a wrong replay. */
+static _Atomic(const model_t *) graph_owner;
 
 typedef struct cold_seg {
     int row0, n;
@@ -144,7 +152,7 @@ static int get_tensor(model_t *m, const char *name, int rows, int cols, const st
 static int load_matrix(model_t *m, const char *name, int rows, int cols, backend_weight_t *w) {
     const st_tensor_t *t;
     int rc = get_tensor(m, name, rows, cols, &t);
-    if (rc) return rc;
+    if (rc || m->probe) return rc;
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;
@@ -174,7 +182,7 @@ static int load_matrix(model_t *m, const char *name, int rows, int cols, backend
 static int load_vector(model_t *m, const char *name, int n, backend_buf_t **out) {
     const st_tensor_t *t;
     int rc = get_tensor(m, name, 0, n, &t);
-    if (rc) return rc;
+    if (rc || m->probe) return rc;
     float *h = malloc(sizeof(float) * (size_t)n);
     void *src = malloc(t->nbytes); /* the mapping may be misaligned for the dtype */
     if (!h || !src) { free(h); free(src); return cs_error_set(CS_ENOMEM, "out of memory"); }
@@ -192,7 +200,7 @@ static int load_vector(model_t *m, const char *name, int n, backend_buf_t **out)
 }
 
 static int load_norm(model_t *m, const char *name, int n, backend_weight_t *w) {
-    backend_buf_t *d;
+    backend_buf_t *d = NULL;
     int rc = load_vector(m, name, n, &d);
     if (rc) return rc;
     *w = (backend_weight_t){CS_DTYPE_F32, 1, n, d, NULL};
@@ -246,17 +254,69 @@ int model_load(const char *dir, backend_t *be, model_t **out) { return model_loa
 
 size_t model_weights_copied(const model_t *m, size_t *huge) { return safetensors_copied_bytes(m->st, huge); }
 
+static int load(const char *dir, backend_t *be, model_weights_mem how, bool probe, model_t **out);
+
 int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_t **out) {
+    return load(dir, be, how, false, out);
+}
+
+int model_probe(const char *dir, model_config_t *cfg) {
+    model_t *m = NULL;
+    int rc = load(dir, NULL, MODEL_WEIGHTS_MMAP, true, &m);
+    if (!rc) *cfg = m->cfg;
+    model_free(m);
+    return rc;
+}
+
+/* two configs' fields that shape the weights or change the math, in config.json's names */
+int model_config_compatible(const model_config_t *a, const model_config_t *b, char *why, size_t n) {
+#define SAME(f, name, fmt)                                                                                        \
+    if (a->f != b->f) {                                                                                            \
+        snprintf(why, n, name ": " fmt " in the served model, " fmt " in the new one", a->f, b->f);                \
+        return CS_ESHAPE;                                                                                          \
+    }
+    if (strcmp(a->arch_name, b->arch_name)) {
+        snprintf(why, n, "architectures: %s in the served model, %s in the new one", a->arch_name, b->arch_name);
+        return CS_ESHAPE;
+    }
+    SAME(vocab_size, "vocab_size", "%d")
+    SAME(hidden_size, "hidden_size", "%d")
+    SAME(intermediate_size, "intermediate_size", "%d")
+    SAME(n_layers, "num_hidden_layers", "%d")
+    SAME(n_heads, "num_attention_heads", "%d")
+    SAME(n_kv_heads, "num_key_value_heads", "%d")
+    SAME(head_dim, "head_dim", "%d")
+    SAME(tie_word_embeddings, "tie_word_embeddings", "%d")
+    SAME(attention_bias, "attention_bias", "%d")
+    SAME(o_bias, "o_proj bias", "%d")
+    SAME(mlp_bias, "mlp_bias", "%d")
+    SAME(qk_norm, "q/k norm", "%d")
+    SAME(sliding_window, "sliding_window", "%d")
+    SAME(rms_norm_eps, "rms_norm_eps", "%g")
+    SAME(rope_theta, "rope_theta", "%g")
+    SAME(rope_scaling, "rope_scaling type", "%d")
+    SAME(rope_factor, "rope_scaling.factor", "%g")
+    SAME(rope_low_freq_factor, "rope_scaling.low_freq_factor", "%g")
+    SAME(rope_high_freq_factor, "rope_scaling.high_freq_factor", "%g")
+    SAME(rope_original_max_pos, "rope_scaling.original_max_position_embeddings", "%d")
+#undef SAME
+    return CS_OK;
+}
+
+struct lora_assist *model_assist(const model_t *m) { return m->assist; }
+
+static int load(const char *dir, backend_t *be, model_weights_mem how, bool probe, model_t **out) {
     *out = NULL;
     model_t *m = calloc(1, sizeof *m);
     if (!m) return cs_error_set(CS_ENOMEM, "out of memory");
     m->be = be;
+    m->probe = probe;
     int rc = model_config_load(dir, &m->cfg);
     if (rc) goto err;
     /* a backend that reads the weights in place in host memory streams them at every decode
      * step: there they go into huge pages (auto: where the kernel offers them). A device
      * backend copies them once to its memory: the mapping is enough. */
-    bool copy = backend_caps(be)->host_memory &&
+    bool copy = !probe && backend_caps(be)->host_memory &&
                 (how == MODEL_WEIGHTS_COPY || (how == MODEL_WEIGHTS_AUTO && safetensors_huge_pages_offered()));
     if ((rc = safetensors_open_dir_how(dir, "model", copy ? ST_COPY_HUGE : ST_MMAP, &m->st))) goto err;
     const model_config_t *c = &m->cfg;
@@ -308,8 +368,8 @@ int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_
 #undef L
     /* the matmul weights, all loaded: the backend may keep a form of its own beside each,
      * and where that form serves every op, the bytes in the file's memory are given back */
-    if ((rc = prepare_weight(m, &m->lm_head))) goto err;
-    for (int l = 0; l < c->n_layers; l++) {
+    if (!probe && (rc = prepare_weight(m, &m->lm_head))) goto err;
+    for (int l = 0; !probe && l < c->n_layers; l++) {
         layer_w_t *w = &m->layers[l];
         const backend_weight_t *ws[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
         for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++)
@@ -347,6 +407,10 @@ int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_
             }
         }
     }
+    if (probe) {
+        *out = m;
+        return CS_OK;
+    }
     m->inv_freq = malloc(sizeof(float) * (size_t)(hd / 2));
     if (!m->inv_freq) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
     model_rope_inv_freq(c, m->inv_freq);
@@ -376,17 +440,22 @@ static void free_acts(model_t *m) {
 
 void model_free(model_t *m) {
     if (!m) return;
-    free_acts(m);
+    if (m->be) {
+        free_acts(m);
+        backend_host_free(m->be, m->hx);
+        backend_host_free(m->be, m->hy);
+        backend_host_free(m->be, m->flags);
+        backend_batch_free(m->be, m->batch);
+        backend_buf_free(m->be, m->logits_buf);
+        for (size_t i = 0; i < m->n_owned; i++) backend_buf_free(m->be, m->owned[i]);
+        /* graphs this model recorded name the buffers just freed */
+        const model_t *self = m;
+        if (atomic_compare_exchange_strong(&graph_owner, &self, NULL)) backend_graph_reset(m->be);
+    }
     free(m->cold);
-    backend_host_free(m->be, m->hx);
-    backend_host_free(m->be, m->hy);
-    backend_host_free(m->be, m->flags);
     free(m->aseqs);
     free(m->lsegs);
     free(m->blocks);
-    backend_batch_free(m->be, m->batch);
-    backend_buf_free(m->be, m->logits_buf);
-    for (size_t i = 0; i < m->n_owned; i++) backend_buf_free(m->be, m->owned[i]);
     free(m->owned);
     for (size_t i = 0; i < m->n_host; i++) free(m->host_owned[i]);
     free(m->host_owned);
@@ -785,9 +854,11 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
     bool decode_only = n_out == T && T == n_seqs;
     uint64_t gkey = ((uint64_t)T << 1) | (n_segs > 0);
     if (m->n_cold) decode_only = false; /* host-assisted ops are not a graph's */
-    if (decode_only && kv_cache_id(kv) != m->graph_kv) { /* graphs of another cache name its pools */
-        if (m->graph_kv) backend_graph_reset(be);
+    if (decode_only && (kv_cache_id(kv) != m->graph_kv || atomic_load(&graph_owner) != m)) {
+        /* graphs of another cache name its pools; another model's, its weights */
+        if (m->graph_kv || atomic_load(&graph_owner)) backend_graph_reset(be);
         m->graph_kv = kv_cache_id(kv);
+        atomic_store(&graph_owner, m);
     }
     if (!decode_only || !backend_graph_begin(be, gkey)) {
         forward_ops(m, kv, T, n_out, n_segs);

@@ -28,6 +28,12 @@ size_t model_weights_copied(const model_t *m, size_t *huge);
  * form of its own that serves every op (the CPU backend's --compress-weights) */
 size_t model_weights_released(const model_t *m);
 void model_free(model_t *m);
+/* Check DIR as model_load would (config.json, every tensor's presence, dtype and shape, the
+ * files' sizes against their headers) without loading anything: *cfg gets its config. */
+int model_probe(const char *dir, model_config_t *cfg);
+/* CS_OK when weights of config B can replace those of A (same architecture, every shape and
+ * every field that changes the math); else CS_ESHAPE and WHY names the first difference. */
+int model_config_compatible(const model_config_t *a, const model_config_t *b, char *why, size_t n);
 const model_config_t *model_get_config(const model_t *m);
 size_t model_n_params(const model_t *m);
 cs_dtype model_weight_dtype(const model_t *m);
@@ -75,6 +81,7 @@ void model_release_logits(model_t *m, int keep_rows);
 struct lora_assist;
 void model_set_assist(model_t *m, struct lora_assist *pool);
 bool model_can_assist(const model_t *m); /* a pool, and a backend with host-assisted ops */
+struct lora_assist *model_assist(const model_t *m); /* the pool model_set_assist gave (NULL: none) */
 
 typedef struct model_cold_stats {
     uint64_t forwards;          /* forwards with at least one slot still streaming in */

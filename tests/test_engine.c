@@ -19,7 +19,7 @@
 #include "testutil.h"
 
 static char dir[] = "/tmp/cs_test_engine_XXXXXX";
-static char model_dir[512], adapter_dir[512];
+static char model_dir[512], adapter_dir[512], model2_dir[512], wide_dir[512], cut_dir[512];
 static backend_t *be;
 static model_t *model;
 static sched_t *fcfs;
@@ -525,7 +525,7 @@ END_TEST
 static void setup_files(void) {
     if (!mkdtemp(dir)) { perror("mkdtemp"); exit(1); }
     const char *bd = getenv("CS_BUILDDIR");
-    char mk[600], cmd[4096];
+    char mk[600], cmd[8192];
     snprintf(mk, sizeof mk, "%s/caraserve-mkmodel", bd ? bd : ".");
     snprintf(model_dir, sizeof model_dir, "%s/m", dir);
     snprintf(adapter_dir, sizeof adapter_dir, "%s/a", dir);
@@ -533,6 +533,19 @@ static void setup_files(void) {
              "'%s' model --out '%s' --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 96 --vocab 200 "
              "--max-pos 1024 >/dev/null && '%s' adapter --model '%s' --out '%s' --rank 8 --std 0.1 >/dev/null",
              mk, model_dir, mk, model_dir, adapter_dir);
+    if (system(cmd) != 0) { fprintf(stderr, "test_engine: %s failed\n", cmd); exit(1); }
+    /* base-weight updates: the same shapes with other weights, a wider model, and the other
+     * weights with their file cut short */
+    snprintf(model2_dir, sizeof model2_dir, "%s/m2", dir);
+    snprintf(wide_dir, sizeof wide_dir, "%s/wide", dir);
+    snprintf(cut_dir, sizeof cut_dir, "%s/cut", dir);
+    snprintf(cmd, sizeof cmd,
+             "'%s' model --out '%s' --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 96 --vocab 200 "
+             "--max-pos 1024 --seed 7 --init-std 0.2 >/dev/null && "
+             "'%s' model --out '%s' --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --vocab 200 "
+             "--max-pos 1024 >/dev/null && mkdir '%s' && cp '%s'/config.json '%s'/ && "
+             "head -c 50000 '%s'/model.safetensors > '%s'/model.safetensors",
+             mk, model2_dir, mk, wide_dir, cut_dir, model2_dir, cut_dir, model2_dir, cut_dir);
     if (system(cmd) != 0) { fprintf(stderr, "test_engine: %s failed\n", cmd); exit(1); }
 }
 
@@ -617,6 +630,153 @@ START_TEST(first_step_prefill_chunk) {
 }
 END_TEST
 
+/* ---- base-weight versions ---- */
+typedef struct vrec {
+    int32_t tok[64];
+    float lp[64];
+    int base[64];       /* each token's base_version */
+    int n;
+    engine_finish fin;
+    bool done;
+} vrec_t;
+
+static void vsink(void *user, const engine_event_t *ev) {
+    vrec_t *r = user;
+    if (ev->has_token && r->n < 64) {
+        r->tok[r->n] = ev->token;
+        r->lp[r->n] = ev->logprob;
+        r->base[r->n++] = ev->base_version;
+    }
+    if (ev->finish != ENGINE_FINISH_NONE) r->fin = ev->finish;
+    if (ev->request_done) r->done = true;
+}
+
+static engine_request_t vreq(const int32_t *p, int n, int max_tokens, vrec_t *r) {
+    engine_request_t q = {.prompt = p, .n_prompt = n, .max_tokens = max_tokens, .ignore_eos = true, .sink = vsink,
+                          .user = r};
+    sampling_params_default(&q.sampling);
+    q.sampling.temperature = 0;
+    q.sampling.logprobs = 0;
+    return q;
+}
+
+/* REF: the tokens and logprobs of P on a fresh engine over DIR, alone */
+static void fresh_run(const char *d, const int32_t *p, int n, int max_tokens, vrec_t *ref) {
+    model_t *m = NULL;
+    ck_assert_int_eq(model_load(d, be, &m), CS_OK);
+    engine_params_t ep = {.sched = fcfs, .model = m, .own_model = true, .kv_cache_bytes = kv_bytes_for_tokens(512)};
+    engine_t *e = NULL;
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_request_t q = vreq(p, n, max_tokens, ref);
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_OK);
+    while (!ref->done) engine_step(e);
+    engine_free(e);
+}
+
+static void same_output(const vrec_t *a, const vrec_t *b) {
+    ck_assert_int_eq(a->n, b->n);
+    for (int i = 0; i < a->n; i++) {
+        ck_assert_int_eq(a->tok[i], b->tok[i]);
+        ck_assert_msg(a->lp[i] == b->lp[i], "token %d: logprob %.9g, fresh %.9g", i, a->lp[i], b->lp[i]);
+    }
+}
+
+static int n_versions(engine_t *e, int *active) {
+    engine_base_info_t bi[8];
+    int n = engine_base_versions(e, bi, 8);
+    *active = bi[0].version;
+    return n;
+}
+
+/* beside and in place; next_request, pause_keep and pinned versions; refusals change nothing */
+START_TEST(base_update) {
+    model_t *m = NULL;
+    ck_assert_int_eq(model_load(model_dir, be, &m), CS_OK);
+    engine_params_t ep = {.sched = fcfs, .model = m, .own_model = true, .model_dir = model_dir,
+                          .kv_cache_bytes = kv_bytes_for_tokens(512)};
+    engine_t *e = NULL;
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    int32_t p[12], p2[12];
+    ramp(p, 12, 20);
+    ramp(p2, 12, 40);
+    vrec_t a = {0}, a_ref = {0}, b = {0}, b_ref = {0}, c = {0}, d = {0};
+    fresh_run(model_dir, p, 12, 30, &a_ref);
+    fresh_run(model2_dir, p2, 12, 20, &b_ref);
+
+    /* A runs; the new weights arrive beside (next_request): A ends on version 1, B runs on 2 */
+    engine_request_t qa = vreq(p, 12, 30, &a);
+    ck_assert_int_eq(engine_submit(e, &qa, NULL), CS_OK);
+    for (int i = 0; i < 5; i++) engine_step(e);
+    int active = 0;
+    engine_base_result_t res;
+    /* refused, nothing changed, A unharmed: another shape, a cut file, no directory */
+    const char *bad[] = {wide_dir, cut_dir, "/nonexistent/weights"};
+    const char *why[] = {"intermediate_size: 96 in the served model, 128 in the new one", "exceed", "nonexistent"};
+    for (int k = 0; k < 3; k++) {
+        engine_base_update_t u = {.dir = bad[k], .apply = ENGINE_APPLY_PAUSE_KEEP};
+        ck_assert_int_ne(engine_update_base(e, &u, &res), CS_OK);
+        ck_assert_msg(strstr(cs_error_last(), why[k]), "%s: %s", bad[k], cs_error_last());
+        ck_assert_int_eq(n_versions(e, &active), 1);
+        ck_assert_int_eq(active, 1);
+    }
+    model_t *m2 = NULL;
+    ck_assert_int_eq(model_load(model2_dir, be, &m2), CS_OK);
+    engine_base_update_t u = {.model = m2, .dir = model2_dir, .label = "step-1", .keep_versions = 2};
+    ck_assert_int_eq(engine_update_base(e, &u, &res), CS_OK);
+    ck_assert_int_eq(res.version, 2);
+    ck_assert(!res.in_place);
+    ck_assert_int_eq(res.moved + res.aborted, 0);
+    engine_request_t qb = vreq(p2, 12, 20, &b);
+    ck_assert_int_eq(engine_submit(e, &qb, NULL), CS_OK);
+    while (!a.done || !b.done) engine_step(e);
+    same_output(&a, &a_ref); /* A finished on the weights it started on */
+    same_output(&b, &b_ref); /* B ran on the new ones, as a fresh engine over them does */
+    for (int i = 0; i < a.n; i++) ck_assert_int_eq(a.base[i], 1);
+    for (int i = 0; i < b.n; i++) ck_assert_int_eq(b.base[i], 2);
+
+    /* version 1 is kept (keep_versions 2): a request pinned to it runs on the old weights */
+    vrec_t a2 = {0};
+    engine_request_t qa2 = vreq(p, 12, 30, &a2);
+    qa2.base_version = 1;
+    ck_assert_int_eq(engine_submit(e, &qa2, NULL), CS_OK);
+    while (!a2.done) engine_step(e);
+    same_output(&a2, &a_ref);
+
+    /* in place with pause_keep: C, running on 2, goes on with version 3 from some token on;
+     * a pinned request on 2 ends with an error (its weights are gone) */
+    engine_request_t qc = vreq(p2, 12, 20, &c), qd = vreq(p2, 12, 20, &d);
+    qd.base_version = 2;
+    ck_assert_int_eq(engine_submit(e, &qc, NULL), CS_OK);
+    ck_assert_int_eq(engine_submit(e, &qd, NULL), CS_OK);
+    for (int i = 0; i < 4; i++) engine_step(e);
+    int before = c.n;
+    ck_assert_int_gt(before, 0);
+    engine_base_update_t ui = {.dir = model_dir, .apply = ENGINE_APPLY_PAUSE_KEEP};
+    ck_assert_int_eq(engine_update_base(e, &ui, &res), CS_OK);
+    ck_assert(res.in_place);
+    ck_assert_int_eq(res.version, 3);
+    ck_assert_int_eq(res.moved, 1);
+    ck_assert(d.done);
+    ck_assert_int_eq(d.fin, ENGINE_FINISH_ERROR);
+    while (!c.done) engine_step(e);
+    ck_assert_int_eq(c.n, 20);
+    for (int i = 0; i < c.n; i++) ck_assert_int_eq(c.base[i], i < before ? 2 : 3);
+    engine_base_info_t bi[4];
+    int nv = engine_base_versions(e, bi, 4);
+    ck_assert_int_eq(bi[0].version, 3);
+    ck_assert_str_eq(bi[0].label, "3");
+    for (int i = 1; i < nv; i++) ck_assert_int_ne(bi[i].version, 2); /* replaced in place */
+    /* version 3 is the first weights again: the same output as at first */
+    vrec_t a3 = {0};
+    engine_request_t qa3 = vreq(p, 12, 30, &a3);
+    ck_assert_int_eq(engine_submit(e, &qa3, NULL), CS_OK);
+    while (!a3.done) engine_step(e);
+    same_output(&a3, &a_ref);
+    stats_no_leak(e);
+    engine_free(e);
+}
+END_TEST
+
 int main(void) {
     setup_files();
     be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
@@ -627,7 +787,7 @@ int main(void) {
         loading_adapter_does_not_block, abort_within_one_iteration, preemption_no_leak,
         samples_share_prompt_blocks, submit_validation, engine_thread,
     };
-    const TTest *const more[] = {policy_decides, first_step_prefill_chunk, beam_search};
+    const TTest *const more[] = {policy_decides, first_step_prefill_chunk, beam_search, base_update};
     TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
     tcase_add_loop_test(tc, prompt_logprobs, 0, 3);
     cs_tcase_add_tests(tc, more, CS_ARRAY_LEN(more));
