@@ -2191,6 +2191,21 @@ int engine_base_versions(engine_t *e, engine_base_info_t *out, int max) {
     return n;
 }
 
+void engine_base_relabel(engine_t *e, const char *label) {
+    pthread_mutex_lock(&e->mu);
+    snprintf(e->bases->label, sizeof e->bases->label, "%s", label);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_base_label(engine_t *e, int version, char *buf, size_t n) {
+    pthread_mutex_lock(&e->mu);
+    base_ver_t *b = e->bases;
+    while (b && b->version != version) b = b->next;
+    if (b) snprintf(buf, n, "%s", b->label);
+    else snprintf(buf, n, "%d", version);
+    pthread_mutex_unlock(&e->mu);
+}
+
 void engine_get_stats(engine_t *e, engine_stats_t *st) {
     pthread_mutex_lock(&e->mu);
     *st = e->stats;

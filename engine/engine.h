@@ -271,6 +271,10 @@ typedef struct engine_base_info {
 /* The base versions held, newest (the active one) first: up to max into out; returns how
  * many there are. */
 int engine_base_versions(engine_t *e, engine_base_info_t *out, int max);
+/* The active version's name becomes LABEL (SGLang's /update_weight_version). */
+void engine_base_relabel(engine_t *e, const char *label);
+/* VERSION's name into buf (its number once it is no longer held) */
+void engine_base_label(engine_t *e, int version, char *buf, size_t n);
 
 void engine_get_stats(engine_t *e, engine_stats_t *st);
 /* A copy of the sequences (*out, free() it; *n of them): running first, then waiting. */

@@ -16,9 +16,10 @@
 
 typedef struct ro_sample {
     json_t *ids, *lps, *tops;   /* tops: per token [[id, logprob], ...] when top_k > 0 */
-    json_t *spans;              /* [[start, end, version], ...]: which version made which tokens */
+    json_t *spans;              /* [[start, end, adapter version, base version], ...]: which versions
+                                 * made which tokens */
     const char *finish;
-    int version;
+    int version, base_version;
     double queued_ms, t_first, t_last;
 } ro_sample_t;
 
@@ -104,6 +105,7 @@ static json_t *group_json(rollout_t *r, ro_group_t *g) {
                               "queued_ms", s->queued_ms, "ttft_ms", s->t_first > 0 ? s->t_first - r->t0 : -1.0,
                               "e2e_ms", s->t_last > 0 ? s->t_last - r->t0 : -1.0);
         if (!g->adapter) json_object_set_new(o, "adapter", json_null());
+        json_object_set_new(o, "base_version", json_integer(s->base_version));
         if (r->want_lp) json_object_set(o, "logprobs", s->lps);
         if (r->want_lp && r->top_k > 0) json_object_set(o, "top_logprobs", s->tops);
         json_array_append_new(samples, o);
@@ -143,6 +145,7 @@ static void on_event(void *user, const engine_event_t *ev) {
     if (ev->index >= 0 && ev->index < g->n) {
         ro_sample_t *s = &g->samples[ev->index];
         s->version = ev->adapter_version;
+        s->base_version = ev->base_version;
         if (ev->queue_ms > 0 && s->queued_ms == 0) s->queued_ms = ev->queue_ms;
         if (ev->has_token) {
             if (r->obs.token) {
@@ -155,11 +158,12 @@ static void on_event(void *user, const engine_event_t *ev) {
             json_array_append_new(s->ids, json_integer(ev->token));
             size_t nt = json_array_size(s->ids), ns = json_array_size(s->spans);
             json_t *last = ns ? json_array_get(s->spans, ns - 1) : NULL;
-            if (last && json_integer_value(json_array_get(last, 2)) == ev->adapter_version)
+            if (last && json_integer_value(json_array_get(last, 2)) == ev->adapter_version &&
+                json_integer_value(json_array_get(last, 3)) == ev->base_version)
                 json_array_set_new(last, 1, json_integer((json_int_t)nt));
             else
-                json_array_append_new(s->spans, json_pack("[I, I, i]", (json_int_t)nt - 1, (json_int_t)nt,
-                                                          ev->adapter_version));
+                json_array_append_new(s->spans, json_pack("[I, I, i, i]", (json_int_t)nt - 1, (json_int_t)nt,
+                                                          ev->adapter_version, ev->base_version));
             if (r->want_lp) {
                 json_array_append_new(s->lps, cs_json_logprob(ev->logprob));
                 if (r->top_k > 0) {
@@ -346,6 +350,12 @@ static int parse_sampling(rollout_t *r, rollout_request_t *rq, engine_request_t 
     if (sched_parse_slo(json_object_get(rq->body, "slo"), &base->slo_ttft_ms, &base->slo_tpot_ms))
         BAD(CS_EINVAL, "slo", "%s", cs_error_last());
     if (sampling_params_validate(&base->sampling)) BAD(CS_EINVAL, "sampling", "%s", cs_error_last());
+    json_t *bv = json_object_get(rq->body, "base_version");
+    if (bv && !json_is_null(bv)) {
+        if (!json_is_integer(bv) || json_integer_value(bv) < 1 || json_integer_value(bv) > INT_MAX)
+            BAD(CS_EINVAL, "base_version", "'base_version' is a version of the base weights (an integer from 1)");
+        base->base_version = (int)json_integer_value(bv);
+    }
     return CS_OK;
 fail:
     return rc;

@@ -296,11 +296,13 @@ json_t *rollout_route_sglang_json(server_t *s, gen_job_t *j) {
             if (s->tok) tokenizer_decode(s->tok, v, n, true, &text, &tl);
             free(v);
             const char *fin = json_string_value(json_object_get(sm, "finish_reason"));
-            json_t *meta = json_pack("{s:s, s:{s:s}, s:O, s:I, s:O, s:O}", "id",
+            char wv[ENGINE_LABEL_MAX]; /* SGLang's weight_version: the base weights' name */
+            engine_base_label(s->engine, (int)json_integer_value(json_object_get(sm, "base_version")), wv, sizeof wv);
+            json_t *meta = json_pack("{s:s, s:{s:s}, s:O, s:I, s:O, s:s, s:O}", "id",
                                      json_string_value(json_object_get(g, "group_id")), "finish_reason", "type", fin,
                                      "prompt_tokens", json_object_get(g, "prompt_len"), "completion_tokens",
                                      (json_int_t)n, "cached_tokens", json_object_get(g, "cached_prompt_tokens"),
-                                     "weight_version", json_object_get(sm, "adapter_version"));
+                                     "weight_version", wv, "adapter_version", json_object_get(sm, "adapter_version"));
             if (lp) {
                 json_t *otl = json_array(), *lps = json_object_get(sm, "logprobs");
                 for (size_t k = 0; k < n; k++)
@@ -685,7 +687,7 @@ static bool store_upload(server_t *s, struct MHD_Connection *c, const char *name
 static bool add_version(server_t *s, const char *name, int version, char *dir, bool uploaded, const put_query_t *q,
                         size_t *nbytes, perr_t *e) {
     lora_adapter_t *a = NULL;
-    if (lora_adapter_load(dir, model_get_config(s->model), &a)) {
+    if (lora_adapter_load(dir, &s->mcfg, &a)) {
         fail(e, 400, NULL, "adapter '%s' version %d: %s", name, version, cs_error_last());
         goto refused;
     }

@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "rollout_api/routes.h"
+#include "rollout_api/weights.h"
 #include "server/api_internal.h"
 #include "server/routes.h"
 
@@ -39,6 +40,15 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     case R_SGL_CONTINUE: return rollout_route_sgl_continue(s, c);
     case R_FLUSH_CACHE: return rollout_route_flush_cache(s, c);
     case R_RESET_PREFIX_CACHE: return rollout_route_reset_prefix_cache(s, c);
+    case R_SGL_WEIGHT_VERSION: return weights_route_sgl_version(s, c);
+    case R_SGL_MODEL_INFO: return weights_route_sgl_model_info(s, c);
+    case R_SGL_SERVER_INFO: return weights_route_sgl_server_info(s, c);
+    case R_SGL_LOADS: return weights_route_sgl_loads(s, c);
+    case R_HEALTH_GENERATE: return weights_route_health_generate(s, c);
+    case R_UNSPEAKABLE: return weights_route_unspeakable(s, c, url);
+    case R_WEIGHTS:
+        if (!strcmp(method, "GET")) return weights_route_list(s, c);
+        break;
     case R_ADAPTER_VERSION:
         return !strcmp(method, "PUT") ? rollout_route_put_version(s, c, url, body, body_len)
                                       : rollout_route_delete_version(s, c, url);
@@ -69,6 +79,11 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
         case R_DETOKENIZE: r = api_detokenize(s, c, b); break;
         case R_LOAD_LORA: r = api_load_lora(s, c, b); break;
         case R_UNLOAD_LORA: r = api_unload_lora(s, cn, c, b); break;
+        case R_WEIGHTS: r = weights_route_update(s, c, b); break;
+        case R_SGL_UPDATE_WEIGHTS: r = weights_route_sgl_update(s, c, b); break;
+        case R_SGL_SET_WEIGHT_VERSION: r = weights_route_sgl_set_version(s, c, b); break;
+        case R_SGL_LOAD_LORA: r = api_load_lora_sgl(s, c, b); break;
+        case R_SGL_UNLOAD_LORA: r = api_unload_lora_sgl(s, cn, c, b); break;
         default: r = http_error(c, 500, NULL, "route %s has no handler", rt->path); break;
         }
     }

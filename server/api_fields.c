@@ -183,6 +183,7 @@ const api_field_t api_fields[] = {
     H("sampling.ignore_eos", ROL, "caraserve", "{\"sampling\": {\"ignore_eos\": \"x\"}}", ""),
     H("sampling.logprobs", ROL, "caraserve", "{\"sampling\": {\"logprobs\": \"x\"}}", "true, false or {\"mode\", \"top_k\"}"),
     H("adapter", ROL, "caraserve", "{\"adapter\": 5}", "a name or {\"name\", \"version\"}"),
+    H("base_version", ROL, "caraserve", "{\"base_version\": \"x\"}", "pins the base weights' version (GET /v1/weights)"),
     H("batch_id", ROL, "caraserve", "{\"batch_id\": 5}", "names the batch for /v1/rollout/abort"),
     H("completion", ROL, "caraserve", "{\"completion\": \"x\"}", "{\"target_groups\", \"on_target\"}"),
     H("stream", ROL, "caraserve", "{\"stream\": \"x\"}", "NDJSON, a line per group"),

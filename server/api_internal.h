@@ -165,6 +165,8 @@ enum MHD_Result api_models(server_t *s, struct MHD_Connection *c);
 enum MHD_Result api_model(server_t *s, struct MHD_Connection *c, const char *url);
 enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_load_lora_sgl(server_t *s, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_unload_lora_sgl(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
 /* api_metrics.c: GET /metrics */
 enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c);
 /* GET /v1/state: the running and waiting sequences, adapters and cost model (a router's view) */

@@ -865,7 +865,7 @@ int server_add_adapter(server_t *s, const char *name, const char *dir, bool inpl
         fail(e, 400, "lora_path", "'%s' is the base model's name", name);
         return CS_EINVAL;
     }
-    int rc = lora_adapter_load(dir, model_get_config(s->model), &a);
+    int rc = lora_adapter_load(dir, &s->mcfg, &a);
     if (rc) {
         fail(e, rc == CS_ENOTFOUND ? 404 : 400, "lora_path", "adapter '%s' at %s: %s", name, dir, cs_error_last());
         return rc;
@@ -929,6 +929,37 @@ enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b) 
     return http_text(c, 200, "text/plain; charset=utf-8", strdup(msg), strlen(msg));
 }
 
+/* SGLang's answer to /load_lora_adapter and /unload_lora_adapter: {success, error_message,
+ * loaded_adapters: {name: path}}, 200 or (failed) 400 */
+static enum MHD_Result sgl_lora_answer(server_t *s, struct MHD_Connection *c, const char *err) {
+    json_t *loaded = json_object();
+    pthread_mutex_lock(&s->mu);
+    for (served_adapter_t *a = s->adapters; a; a = a->next)
+        if (!a->unloading) json_object_set_new(loaded, a->name, json_string(a->path ? a->path : ""));
+    pthread_mutex_unlock(&s->mu);
+    json_t *o = json_pack("{s:b, s:o, s:o}", "success", err == NULL, "error_message", err ? json_string(err) : json_null(),
+                          "loaded_adapters", loaded);
+    return http_json(c, err ? 400 : 200, o);
+}
+
+/* SGLang's POST /load_lora_adapter {lora_name, lora_path, pinned} */
+enum MHD_Result api_load_lora_sgl(server_t *s, struct MHD_Connection *c, json_t *b) {
+    perr_t e = {0};
+    const char *name = NULL, *path = NULL;
+    bool pinned = false;
+    if (!get_str(b, "lora_name", &name, &e) || !get_str(b, "lora_path", &path, &e) || !get_bool(b, "pinned", &pinned, &e))
+        return sgl_lora_answer(s, c, e.msg);
+    if (!name || !path) return sgl_lora_answer(s, c, "'lora_name' and 'lora_path' are required");
+    if (pinned)
+        return sgl_lora_answer(s, c, "pinned adapters are not offered: device slots are given by use (--max-loras), "
+                                     "and an adapter in flight is never evicted");
+    char *real = NULL;
+    if (lora_path_check(s, path, &real, &e)) return sgl_lora_answer(s, c, e.msg);
+    int rc = server_add_adapter(s, name, real, false, &e);
+    free(real);
+    return sgl_lora_answer(s, c, rc ? e.msg : NULL);
+}
+
 static enum MHD_Result unload_done(struct MHD_Connection *c, const char *name) {
     char msg[512];
     snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' removed successfully.", name);
@@ -937,26 +968,28 @@ static enum MHD_Result unload_done(struct MHD_Connection *c, const char *name) {
 
 /* New requests for the adapter get 404 at once; the answer (and the removal) waits until
  * the requests in flight on it have finished, without holding an HTTP thread. */
-enum MHD_Result api_unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+static enum MHD_Result unload(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, bool sgl) {
     perr_t e = {0};
     const char *name = NULL;
-    if (!get_str(b, "lora_name", &name, &e)) return reply_err(c, &e);
-    if (!name) return http_error(c, 400, "lora_name", "'lora_name' is required");
+    if (!get_str(b, "lora_name", &name, &e)) return sgl ? sgl_lora_answer(s, c, e.msg) : reply_err(c, &e);
+    if (!name) return sgl ? sgl_lora_answer(s, c, "'lora_name' is required") : http_error(c, 400, "lora_name", "'lora_name' is required");
     pthread_mutex_lock(&s->mu);
     served_adapter_t *a = adapter_find(s, name);
     if (!a || a->unloading) {
         pthread_mutex_unlock(&s->mu);
-        return http_error(c, 404, "lora_name", "The lora adapter '%s' cannot be found.", name);
+        char msg[400];
+        snprintf(msg, sizeof msg, "The lora adapter '%.256s' cannot be found.", name);
+        return sgl ? sgl_lora_answer(s, c, msg) : http_error(c, 404, "lora_name", "%s", msg);
     }
     a->unloading = true;
     if (a->in_flight == 0) {
         lora_registry_remove(s->reg, name);
         adapter_unlink(s, a);
         pthread_mutex_unlock(&s->mu);
-        enum MHD_Result r = unload_done(c, name);
         adapter_free(a);
-        return r;
+        return sgl ? sgl_lora_answer(s, c, NULL) : unload_done(c, name);
     }
+    cn->unload_sglang = sgl;
     struct MHD_Connection **w = realloc(a->waiters, sizeof *w * (size_t)(a->n_waiters + 1));
     cn->unload_name = strdup(name);
     if (!w || !cn->unload_name) {
@@ -973,11 +1006,20 @@ enum MHD_Result api_unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *
     return MHD_YES;
 }
 
+enum MHD_Result api_unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    return unload(s, cn, c, b, false);
+}
+
+/* SGLang's POST /unload_lora_adapter {lora_name} */
+enum MHD_Result api_unload_lora_sgl(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
+    return unload(s, cn, c, b, true);
+}
+
 enum MHD_Result api_unload_resume(server_t *s, conn_t *cn, struct MHD_Connection *c) {
     cn->unload_waiting = false;
     pthread_mutex_lock(&s->mu);
     s->n_unload_waiting--;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    return unload_done(c, cn->unload_name);
+    return cn->unload_sglang ? sgl_lora_answer(s, c, NULL) : unload_done(c, cn->unload_name);
 }

@@ -313,9 +313,29 @@ static int serve_load_model(server_t *s) {
     return rc;
 }
 
+/* where the weights are, for the ready line (before the engine owns them) */
+static void serve_weights_note(server_t *s) {
+    size_t huge = 0, copied = model_weights_copied(s->model, &huge);
+    char *wmem = s->weights_note;
+    size_t wlen = sizeof s->weights_note;
+    snprintf(wmem, wlen, "weights mapped");
+    if (copied)
+        snprintf(wmem, wlen, "weights in memory, %.0f of %.0f MiB in huge pages", (double)huge / (1 << 20),
+                 (double)copied / (1 << 20));
+    backend_stats_t wbs;
+    backend_get_stats(s->be, &wbs);
+    if (wbs.prepared_bytes) {
+        size_t l = strlen(wmem);
+        snprintf(wmem + l, wlen - l, ", coded in %.0f of %.0f MiB%s", (double)wbs.prepared_bytes / (1 << 20),
+                 (double)wbs.prepared_from / (1 << 20),
+                 model_weights_released(s->model) ? ", the BF16 released" : " for decode");
+    }
+}
+
 /* the adapter registry, the cost model, the policy and the engine; *KV_DTYPE: its KV cache's */
 static int serve_make_engine(server_t *s, cs_dtype *kv_dtype) {
-    const model_config_t *mc = model_get_config(s->model);
+    s->mcfg = *model_get_config(s->model);
+    const model_config_t *mc = &s->mcfg;
     s->vocab_size = mc->vocab_size;
     lora_registry_params_t lp = {.cfg = mc, .buffered_io = s->cfg.lora_buffered_io, .hold_bf16 = s->cfg.lora_bf16,
                                  .cache_bytes = (size_t)s->cfg.lora_cache_bytes, .max_loras = s->cfg.max_cpu_loras,
@@ -338,7 +358,8 @@ static int serve_make_engine(server_t *s, cs_dtype *kv_dtype) {
     engine_params_t ep = {.model = s->model, .tokenizer = s->tok, .kv_cache_bytes = kv_bytes, .sched = s->sched,
                           .max_num_seqs = s->cfg.max_num_seqs, .max_num_batched_tokens = s->cfg.max_num_batched_tokens,
                           .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching,
-                          .cold_start = s->cfg.cold_start,
+                          .cold_start = s->cfg.cold_start, .own_model = true, .model_dir = s->cfg.model,
+                          .weight_version = s->cfg.weight_version,
                           .kv_cache_dtype = setup_kv_dtype(s->be, s->cfg.kv_cache_dtype, s->cfg.precision_bf16,
                                                           model_weight_dtype(s->model))};
     if (!s->tok && mc->n_eos) { ep.eos_ids = mc->eos_token_ids; ep.n_eos = mc->n_eos; }
@@ -350,8 +371,10 @@ static int serve_make_engine(server_t *s, cs_dtype *kv_dtype) {
     ep.loras = s->reg;
     engine_t *engine = NULL;
     if (engine_new(&ep, &engine)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); return -1; }
+    serve_weights_note(s);
     pthread_mutex_lock(&s->mu);
     s->engine = engine;
+    s->model = NULL; /* the engine's now: an update may free it */
     pthread_mutex_unlock(&s->mu);
     s->max_model_len = engine_max_model_len(s->engine);
     if (!s->cfg.max_n) s->cfg.max_n = s->cfg.max_num_seqs > 0 ? s->cfg.max_num_seqs : 256;
@@ -386,19 +409,7 @@ static int serve_start(server_t *s, const serve_modules_t *m) {
 
 /* "caraserve: ready: ..." with where the weights are */
 static void serve_say_ready(server_t *s, cs_dtype kv_dtype) {
-    size_t huge = 0, copied = model_weights_copied(s->model, &huge);
-    char wmem[224] = "weights mapped";
-    if (copied)
-        snprintf(wmem, sizeof wmem, "weights in memory, %.0f of %.0f MiB in huge pages", (double)huge / (1 << 20),
-                 (double)copied / (1 << 20));
-    backend_stats_t wbs;
-    backend_get_stats(s->be, &wbs);
-    if (wbs.prepared_bytes) {
-        size_t l = strlen(wmem);
-        snprintf(wmem + l, sizeof wmem - l, ", coded in %.0f of %.0f MiB%s", (double)wbs.prepared_bytes / (1 << 20),
-                 (double)wbs.prepared_from / (1 << 20),
-                 model_weights_released(s->model) ? ", the BF16 released" : " for decode");
-    }
+    const char *wmem = s->weights_note;
     fprintf(stderr, "caraserve: ready: %s (%d adapters, context %d, %s KV cache, %s chat template, %s) on http://%s:%d\n",
             s->model_name, s->cfg.n_lora_modules, s->max_model_len, cs_dtype_name(kv_dtype),
             s->tmpl ? "with a" : "no", wmem, s->cfg.host, s->bound_port);
@@ -474,7 +485,8 @@ static void serve_free(server_t *s) {
     chat_template_free(s->tmpl);
     grammar_cache_free(s->grammars);
     tokenizer_free(s->tok);
-    model_free(s->model);
+    model_free(s->model); /* NULL once the engine had it */
+    free(s->weights_dir);
     backend_free(s->be);
     server_metrics_free(s);
     for (served_adapter_t *a = s->adapters, *nx; a; a = nx) {

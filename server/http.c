@@ -7,6 +7,7 @@
  * and are resumed by the engine's sink (api_jobs.c); a finished connection aborts whatever it
  * still had running. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -159,10 +160,13 @@ static int root_of(const server_t *s, const char *p) {
     return -1;
 }
 
-int lora_path_check(const server_t *s, const char *path, char **real, perr_t *e) {
+/* realpath(PATH) inside a root, and every file of it read (FILES; NULL: every entry of the
+ * directory) inside the same root: symlinked files must not lead out. WHAT names it. */
+static int root_path_check(const server_t *s, const char *path, const char *what, const char *const *files,
+                           char **real, perr_t *e) {
     *real = NULL;
     if (s->n_roots == 0) {
-        fail(e, 403, NULL, "loading adapters over HTTP is disabled: start the server with --lora-root DIR");
+        fail(e, 403, NULL, "loading %ss over HTTP is disabled: start the server with --lora-root DIR", what);
         return 403;
     }
     char *rp = realpath(path, NULL);
@@ -173,35 +177,48 @@ int lora_path_check(const server_t *s, const char *path, char **real, perr_t *e)
         bool inside = lex && root_of(s, lex) >= 0;
         free(lex);
         if (!inside) {
-            fail(e, 403, NULL, "adapter path '%s' is outside the allowed --lora-root directories", path);
+            fail(e, 403, NULL, "%s path '%s' is outside the allowed --lora-root directories", what, path);
             return 403;
         }
-        fail(e, 404, NULL, "adapter path '%s' does not exist", path);
+        fail(e, 404, NULL, "%s path '%s' does not exist", what, path);
         return 404;
     }
     int root = root_of(s, rp);
     if (root < 0) {
         free(rp);
-        fail(e, 403, NULL, "adapter path '%s' is outside the allowed --lora-root directories", path);
+        fail(e, 403, NULL, "%s path '%s' is outside the allowed --lora-root directories", what, path);
         return 403;
     }
-    /* the files read from it must not lead out of the root either (symlinked files) */
-    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char *f = cs_path_join(rp, files[i]);
+    DIR *d = files ? NULL : opendir(rp);
+    struct dirent *de = NULL;
+    for (size_t i = 0;; i++) {
+        const char *name = files ? files[i] : (d && (de = readdir(d))) ? de->d_name : NULL;
+        if (!name) break;
+        if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
+        char *f = cs_path_join(rp, name);
         char *frp = f ? realpath(f, NULL) : NULL;
         bool bad = frp && root_of(s, frp) != root;
         free(f);
         free(frp);
         if (bad) {
+            fail(e, 403, NULL, "%s path '%s': %s leads outside the allowed --lora-root directories", what, path, name);
+            if (d) closedir(d);
             free(rp);
-            fail(e, 403, NULL, "adapter path '%s': %s leads outside the allowed --lora-root directories", path,
-                     files[i]);
             return 403;
         }
     }
+    if (d) closedir(d);
     *real = rp;
     return 0;
+}
+
+int lora_path_check(const server_t *s, const char *path, char **real, perr_t *e) {
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", NULL};
+    return root_path_check(s, path, "adapter", files, real, e);
+}
+
+int weights_path_check(const server_t *s, const char *path, char **real, perr_t *e) {
+    return root_path_check(s, path, "weights", NULL, real, e);
 }
 
 /* ---- streamed bodies ---- */

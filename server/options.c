@@ -85,6 +85,8 @@ static const opt_t OPTS[] = {
      .help = "serve the PEFT adapter in DIR as NAME (repeatable)"},
     {"served-model-name", "NAME", K_STRING, SRV, F(served_model_name),
      .help = "the base model's name in the API (default: the directory's name)"},
+    {"weight-version", "NAME", K_STRING, SRV, F(weight_version), .def = "default",
+     .help = "the name of the first weights' version (SGLang's weight_version; an update names its own)"},
     {"lora-modules", "NAME=DIR ...", K_LIST_MANY, SRV, F(lora_modules), F(n_lora_modules),
      .help = "serve PEFT adapters (one or more after the flag; repeatable; also vLLM's JSON form "
              "'{\"name\": N, \"path\": DIR}')"},

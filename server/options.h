@@ -19,6 +19,7 @@ typedef struct cs_options {
     /* the model and its adapters */
     char *model;
     char *served_model_name;
+    char *weight_version;
     char **lora_modules;            /* serve --lora-modules, batch --lora: "name=dir" (serve: or JSON) */
     int n_lora_modules;
     char *lora_dir;                 /* generate --lora DIR */

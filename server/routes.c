@@ -43,6 +43,24 @@ static const route_t routes[] = {
     {"/continue_generation", "POST", ROUTE_AUTH | ROUTE_READY, R_SGL_CONTINUE},
     {"/flush_cache", "GET POST", ROUTE_AUTH | ROUTE_READY, R_FLUSH_CACHE},
     {"/reset_prefix_cache", "POST", ROUTE_AUTH | ROUTE_READY, R_RESET_PREFIX_CACHE},
+    /* the base weights (rollout_api/weights.c), ours and SGLang's */
+    {"/v1/weights", "GET POST", API, R_WEIGHTS},
+    {"/update_weights_from_disk", "POST", API, R_SGL_UPDATE_WEIGHTS},
+    {"/get_weight_version", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_WEIGHT_VERSION},
+    {"/update_weight_version", "POST", API, R_SGL_SET_WEIGHT_VERSION},
+    {"/get_model_info", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_MODEL_INFO},
+    {"/model_info", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_MODEL_INFO},
+    {"/get_server_info", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_SERVER_INFO},
+    {"/server_info", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_SERVER_INFO},
+    {"/v1/loads", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_LOADS},
+    {"/health_generate", "GET", ROUTE_READY, R_HEALTH_GENERATE},
+    {"/load_lora_adapter", "POST", API, R_SGL_LOAD_LORA},
+    {"/unload_lora_adapter", "POST", API, R_SGL_UNLOAD_LORA},
+    {"/update_weights_from_tensor", "POST", ROUTE_AUTH | ROUTE_READY, R_UNSPEAKABLE},
+    {"/update_weights_from_distributed", "POST", ROUTE_AUTH | ROUTE_READY, R_UNSPEAKABLE},
+    {"/init_weights_update_group", "POST", ROUTE_AUTH | ROUTE_READY, R_UNSPEAKABLE},
+    {"/destroy_weights_update_group", "POST", ROUTE_AUTH | ROUTE_READY, R_UNSPEAKABLE},
+    {"/update_weights_from_ipc", "POST", ROUTE_AUTH | ROUTE_READY, R_UNSPEAKABLE},
 };
 
 const route_t *route_find(const char *url) {

@@ -57,7 +57,10 @@ typedef struct server {
     serve_config_t cfg;
     const char *model_name;         /* served name of the base model */
     struct backend *be;
-    model_t *model;
+    model_t *model;                 /* the first weights until the engine owns them (then NULL) */
+    model_config_t mcfg;            /* the model's config: every weight version's */
+    char *weights_dir;              /* under mu: the directory of the active weights (NULL: --model) */
+    char weights_note[224];         /* where the first weights live, for the ready line */
     tokenizer_t *tok;
     lora_registry_t *reg;
     struct lora_assist *assist;     /* the cold start's host LoRA workers (NULL: none) */
@@ -135,6 +138,7 @@ struct conn {
     bool answered;                  /* the job's answer is queued */
     char *unload_name;              /* a suspended /v1/unload_lora_adapter waiting for in-flight requests */
     bool unload_waiting;
+    bool unload_sglang;             /* ... as SGLang's /unload_lora_adapter: answered in its JSON */
     struct gen_job *job;
     double t_arrival;               /* cs_time_ms() */
 };
@@ -157,5 +161,7 @@ bool auth_ok(const server_t *s, const char *authorization_header);
 /* realpath(path) inside one of the --lora-root directories: 0 and *real set (malloc'd),
  * else an HTTP status (403 outside, 404 missing), the error in *e. */
 int lora_path_check(const server_t *s, const char *path, char **real, perr_t *e);
+/* the same for a directory of base weights (every file in it must stay in the root) */
+int weights_path_check(const server_t *s, const char *path, char **real, perr_t *e);
 
 #endif

@@ -237,7 +237,7 @@ st, gen, _ = srv.request("POST", "/generate", {"input_ids": long_prompts[1], "lo
                                                "sampling_params": {"max_new_tokens": 40, "temperature": 0,
                                                                    "ignore_eos": True}, "rid": "x1"})
 if st != 200 or gen["output_ids"] != want["1"] or gen["meta_info"]["finish_reason"]["type"] != "length" or \
-        gen["meta_info"]["weight_version"] != 1 or [t for _, t, _ in gen["meta_info"]["output_token_logprobs"]] != want["1"] \
+        gen["meta_info"]["weight_version"] != "default" or gen["meta_info"]["adapter_version"] != 1 or [t for _, t, _ in gen["meta_info"]["output_token_logprobs"]] != want["1"] \
         or gen["meta_info"]["id"] != "x1" or gen["meta_info"]["completion_tokens"] != 40:
     reflib.fail(f"/generate: {st} {gen}")
 st, genb, _ = srv.request("POST", "/generate", {"input_ids": [long_prompts[0], long_prompts[2]], "lora_path": "pol",

@@ -154,7 +154,7 @@ if [(v["version"], v["active"]) for v in ad["versions"]] != [(1, False), (2, Tru
     reflib.fail(f"GET /v1/adapters versions: {ad}")
 for want, pin in ((2, None), (1, 1), (3, 3), (2, 2)):
     for s in roll_pin(pin)["groups"][0]["samples"]:
-        if s["adapter_version"] != want or s["version_spans"] != [[0, 8, want]]:
+        if s["adapter_version"] != want or s["version_spans"] != [[0, 8, want, 1]]:
             reflib.fail(f"pinned {pin}: sample on version {s['adapter_version']} spans {s['version_spans']}, want {want}")
         check_sample(s, ref_of(want), PROMPT, f"pinned version {pin}")
 e = refused(404, "pinning a version that is not kept", lambda: roll_pin(7))
@@ -172,7 +172,7 @@ r = cl.push_adapter("pin", 4, path=v_dirs[0], apply="abort_inflight")
 srv.resume()
 th.join()
 s = res[0]["groups"][0]["samples"][0]
-if r["aborted_requests"] != 0 or s["finish_reason"] != "length" or s["version_spans"] != [[0, 200, 1]]:
+if r["aborted_requests"] != 0 or s["finish_reason"] != "length" or s["version_spans"] != [[0, 200, 1, 1]]:
     reflib.fail(f"pinned rollout during abort_inflight: {r} {s['finish_reason']} {s['version_spans']}")
 check_sample(s, ref_of(1), PROMPT, "pinned rollout during an upload")
 # a pinned request holds its version from submission on: queued behind a pause while an upload
@@ -190,7 +190,7 @@ th.join()
 if r["kept_versions"] != [3, 5]:
     reflib.fail(f"keep_versions=1 with a request pinned to version 3: {r}")
 for s in res[0]["groups"][0]["samples"]:
-    if s["finish_reason"] != "length" or s["version_spans"] != [[0, 8, 3]]:
+    if s["finish_reason"] != "length" or s["version_spans"] != [[0, 8, 3, 1]]:
         reflib.fail(f"the queued pinned request: {s['finish_reason']} {s['version_spans']}")
     check_sample(s, ref_of(3), PROMPT, "a pinned request queued across an upload")
 cl.delete_adapter_version("pin", 3)
