@@ -13,6 +13,8 @@
 #include "engine/sampling_json.h"
 #include "sched/slo.h"
 #include "text/grammar/grammar.h"
+#include "text/tokenizer.h"
+#include "text/tool_calls.h"
 
 typedef struct ro_sample {
     json_t *ids, *lps, *tops;   /* tops: per token [[id, logprob], ...] when top_k > 0 */
@@ -30,8 +32,14 @@ typedef struct ro_group {
     int n;
     long long seed;
     bool has_seed;
-    int32_t *prompt;            /* input_ids + continue_from.output_ids */
+    int32_t *prompt;            /* input_ids + continue_from.output_ids, or input_ids + the turns */
     int n_input, n_prompt, resumed_len, max_tokens;
+    /* a multi-turn group: the earlier turns' tokens after input_ids (prompt[n_input ..
+     * n_prompt)), which of them the model generated (1) and which the environment added (0),
+     * and the model's logprobs of them when every turn gave its own (else NULL) */
+    int n_hist;
+    uint8_t *hist_mask;
+    float *hist_lps;
     char *adapter;              /* NULL: the base model */
     int adapter_version;        /* 0: the active one (follows updates); > 0 pinned */
     double slo_ttft_ms, slo_tpot_ms; /* the group's SLO: the request's, else its model's (0: none) */
@@ -57,6 +65,9 @@ struct rollout {
     double t0;
     int top_k;
     bool want_lp;
+    const struct tokenizer *tok; /* want_tools: each sample's text and tool calls */
+    int tool_format;
+    bool want_tools;
     rollout_observer_t obs;
 };
 
@@ -73,6 +84,8 @@ static void rollout_free(rollout_t *r) {
         free(gr->samples);
         free(gr->group_id);
         free(gr->prompt);
+        free(gr->hist_mask);
+        free(gr->hist_lps);
         free(gr->adapter);
         grammar_unref(gr->grammar);
     }
@@ -94,6 +107,46 @@ void rollout_release(rollout_t *r) {
     if (r) unref(r);
 }
 
+/* a multi-turn sample's whole response, veRL's agent-loop shape: response_ids (the earlier
+ * turns' tokens, then this turn's output), response_mask (1: the model generated it, 0: the
+ * environment added it) and, when the turns carried theirs, response_logprobs (0 for the
+ * environment's tokens) */
+static json_t *turn_json(rollout_t *r, ro_group_t *g, ro_sample_t *s) {
+    json_t *ids = json_array(), *mask = json_array();
+    json_t *lps = r->want_lp && g->hist_lps ? json_array() : NULL;
+    for (int i = 0; i < g->n_hist; i++) {
+        json_array_append_new(ids, json_integer(g->prompt[g->n_input + i]));
+        json_array_append_new(mask, json_integer(g->hist_mask[i]));
+        if (lps) json_array_append_new(lps, json_real(g->hist_mask[i] ? g->hist_lps[i] : 0.0));
+    }
+    size_t k;
+    json_t *v;
+    json_array_foreach(s->ids, k, v) {
+        json_array_append(ids, v);
+        json_array_append_new(mask, json_integer(1));
+        if (lps) json_array_append(lps, json_array_get(s->lps, k));
+    }
+    json_t *o = json_pack("{s:o, s:o, s:i}", "response_ids", ids, "response_mask", mask, "history_len", g->n_hist);
+    if (lps) json_object_set_new(o, "response_logprobs", lps);
+    return o;
+}
+
+/* a sample's text and the tool calls in it ("tool_calls": true): {text, content, tool_calls} */
+static json_t *tools_json(rollout_t *r, ro_sample_t *s) {
+    size_t n = json_array_size(s->ids), len = 0, content = 0;
+    int32_t *v = malloc(sizeof(int32_t) * (n + 1));
+    char *text = NULL;
+    json_t *calls = NULL;
+    for (size_t k = 0; v && k < n; k++) v[k] = (int32_t)json_integer_value(json_array_get(s->ids, k));
+    if (v && !tokenizer_decode(r->tok, v, n, true, &text, &len))
+        tool_calls_parse((tool_format)r->tool_format, text, len, &calls, &content);
+    free(v);
+    json_t *o = json_pack("{s:s%, s:s%, s:o}", "text", text ? text : "", text ? len : 0, "content", text ? text : "",
+                          text ? content : 0, "tool_calls", calls ? calls : json_null());
+    free(text);
+    return o;
+}
+
 static json_t *group_json(rollout_t *r, ro_group_t *g) {
     json_t *samples = json_array();
     for (int i = 0; i < g->n; i++) {
@@ -107,6 +160,16 @@ static json_t *group_json(rollout_t *r, ro_group_t *g) {
         if (!g->adapter) json_object_set_new(o, "adapter", json_null());
         json_object_set_new(o, "base_version", json_integer(s->base_version));
         if (r->want_lp) json_object_set(o, "logprobs", s->lps);
+        if (r->want_tools) {
+            json_t *t = tools_json(r, s);
+            json_object_update(o, t);
+            json_decref(t);
+        }
+        if (g->n_hist) {
+            json_t *t = turn_json(r, g, s);
+            json_object_update(o, t);
+            json_decref(t);
+        }
         if (r->want_lp && r->top_k > 0) json_object_set(o, "top_logprobs", s->tops);
         json_array_append_new(samples, o);
     }
@@ -350,6 +413,16 @@ static int parse_sampling(rollout_t *r, rollout_request_t *rq, engine_request_t 
     if (sched_parse_slo(json_object_get(rq->body, "slo"), &base->slo_ttft_ms, &base->slo_tpot_ms))
         BAD(CS_EINVAL, "slo", "%s", cs_error_last());
     if (sampling_params_validate(&base->sampling)) BAD(CS_EINVAL, "sampling", "%s", cs_error_last());
+    json_t *tc = json_object_get(rq->body, "tool_calls");
+    if (tc && !json_is_null(tc)) {
+        if (!json_is_boolean(tc)) BAD(CS_EINVAL, "tool_calls", "'tool_calls' must be true or false");
+        r->want_tools = json_is_true(tc);
+        if (r->want_tools && (!rq->lim->tok || !rq->lim->tool_format))
+            BAD(CS_EINVAL, "tool_calls", "'tool_calls' needs the model's tokenizer and a tool-call format (its chat "
+                                         "template's, or --tool-call-parser)");
+        r->tok = rq->lim->tok;
+        r->tool_format = rq->lim->tool_format;
+    }
     json_t *bv = json_object_get(rq->body, "base_version");
     if (bv && !json_is_null(bv)) {
         if (!json_is_integer(bv) || json_integer_value(bv) < 1 || json_integer_value(bv) > INT_MAX)
@@ -399,6 +472,88 @@ fail:
 }
 
 /* group g's prompt: input_ids, then continue_from's output_ids (n must be 1 then) */
+/* a multi-turn group: input_ids, then per earlier turn the model's output_ids (with their
+ * logprobs, optional) and the environment's env_ids, appended as they are (no re-tokenizing) */
+static int parse_turns(ro_group_t *gr, rollout_request_t *rq, json_t *jg, json_t *turns, const char *gp) {
+    int rc = CS_OK;
+    char what[160];
+    int32_t *in = NULL, *part = NULL;
+    int n_in = 0, n_part = 0;
+    if (!json_is_array(turns) || json_array_size(turns) == 0)
+        BAD(CS_EINVAL, "groups", "%s.turns must be a non-empty list of {\"output_ids\", \"env_ids\"}", gp);
+    snprintf(what, sizeof what, "%s.input_ids", gp);
+    if ((rc = ids_of(json_object_get(jg, "input_ids"), rq->lim->vocab, &in, &n_in, what))) BAD(rc, "groups", "%s", cs_error_last());
+    if (n_in == 0) BAD(CS_EINVAL, "groups", "%s.input_ids is empty", gp);
+    size_t cap = (size_t)n_in + 64;
+    gr->prompt = malloc(sizeof(int32_t) * cap);
+    gr->hist_mask = malloc(cap);
+    gr->hist_lps = malloc(sizeof(float) * cap);
+    if (!gr->prompt || !gr->hist_mask || !gr->hist_lps) BAD(CS_ENOMEM, NULL, "out of memory");
+    memcpy(gr->prompt, in, sizeof(int32_t) * (size_t)n_in);
+    int len = n_in;
+    bool all_lps = true;
+    size_t ti;
+    json_t *t;
+    json_array_foreach(turns, ti, t) {
+        if (!json_is_object(t)) BAD(CS_EINVAL, "groups", "%s.turns[%zu] must be {\"output_ids\", \"env_ids\"}", gp, ti);
+        static const char *const keys[] = {"output_ids", "env_ids"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(what, sizeof what, "%s.turns[%zu].%s", gp, ti, keys[k]);
+            json_t *a = json_object_get(t, keys[k]);
+            free(part);
+            part = NULL;
+            n_part = 0;
+            if (!a || json_is_null(a) || (json_is_array(a) && json_array_size(a) == 0)) {
+                if (k == 0 && json_object_get(t, "logprobs") && json_array_size(json_object_get(t, "logprobs")))
+                    BAD(CS_EINVAL, "groups", "%s.turns[%zu].logprobs must be a number per output id", gp, ti);
+                continue;
+            }
+            if ((rc = ids_of(a, rq->lim->vocab, &part, &n_part, what))) BAD(rc, "groups", "%s", cs_error_last());
+            if ((size_t)len + (size_t)n_part > cap) {
+                cap = ((size_t)len + (size_t)n_part) * 2;
+                int32_t *np = realloc(gr->prompt, sizeof(int32_t) * cap);
+                if (np) gr->prompt = np;
+                uint8_t *nm = realloc(gr->hist_mask, cap);
+                if (nm) gr->hist_mask = nm;
+                float *nl = realloc(gr->hist_lps, sizeof(float) * cap);
+                if (nl) gr->hist_lps = nl;
+                if (!np || !nm || !nl) BAD(CS_ENOMEM, NULL, "out of memory");
+            }
+            memcpy(gr->prompt + len, part, sizeof(int32_t) * (size_t)n_part);
+            memset(gr->hist_mask + (len - n_in), k == 0, (size_t)n_part);
+            if (k == 0) { /* the model's logprobs of its turn, when given */
+                json_t *lp = json_object_get(t, "logprobs");
+                if (!lp || json_is_null(lp)) {
+                    all_lps = all_lps && n_part == 0;
+                } else if (!json_is_array(lp) || json_array_size(lp) != (size_t)n_part) {
+                    BAD(CS_EINVAL, "groups", "%s.turns[%zu].logprobs must be a number per output id", gp, ti);
+                } else {
+                    for (int i = 0; i < n_part; i++) {
+                        json_t *x = json_array_get(lp, (size_t)i);
+                        if (!json_is_number(x))
+                            BAD(CS_EINVAL, "groups", "%s.turns[%zu].logprobs must be a number per output id", gp, ti);
+                        gr->hist_lps[len - n_in + i] = (float)json_number_value(x);
+                    }
+                }
+            }
+            len += n_part;
+        }
+    }
+    if (len == n_in) BAD(CS_EINVAL, "groups", "%s.turns hold no tokens", gp);
+    if (!all_lps) {
+        free(gr->hist_lps);
+        gr->hist_lps = NULL;
+    }
+    gr->n_input = n_in;
+    gr->n_prompt = len;
+    gr->n_hist = len - n_in;
+    rc = CS_OK;
+fail:
+    free(in);
+    free(part);
+    return rc;
+}
+
 static int parse_prompt(ro_group_t *gr, rollout_request_t *rq, json_t *jg, const char *gp) {
     int rc;
     int32_t *in = NULL, *cont = NULL;
@@ -407,7 +562,13 @@ static int parse_prompt(ro_group_t *gr, rollout_request_t *rq, json_t *jg, const
     snprintf(what, sizeof what, "%s.input_ids", gp);
     if ((rc = ids_of(json_object_get(jg, "input_ids"), rq->lim->vocab, &in, &n_in, what))) BAD(rc, "groups", "%s", cs_error_last());
     if (n_in == 0) BAD(CS_EINVAL, "groups", "%s.input_ids is empty", gp);
-    json_t *cf = json_object_get(jg, "continue_from");
+    json_t *cf = json_object_get(jg, "continue_from"), *turns = json_object_get(jg, "turns");
+    if (turns && !json_is_null(turns)) {
+        free(in);
+        in = NULL;
+        if (cf && !json_is_null(cf)) BAD(CS_EINVAL, "groups", "%s: turns and continue_from do not go together", gp);
+        return parse_turns(gr, rq, jg, turns, gp);
+    }
     if (cf && !json_is_null(cf)) {
         snprintf(what, sizeof what, "%s.continue_from.output_ids", gp);
         if (!json_is_object(cf)) BAD(CS_EINVAL, "groups", "%s.continue_from must be {\"output_ids\": [...]}", gp);

@@ -48,6 +48,10 @@ typedef struct rollout_limits {
      * CS_EINVAL with cs_error_set's message; NULL: refused */
     int (*compile)(void *user, json_t *spec, struct grammar **g);
     void *compile_user;
+    /* "tool_calls": true decodes each sample and parses its tool calls in this format
+     * (text/tool_calls.h; 0: refused), with this tokenizer (NULL: refused) */
+    const struct tokenizer *tok;
+    int tool_format;
 } rollout_limits_t;
 
 /* A rollout request: the parsed JSON body (../shared/ROLLOUT.md), the server's limits, and

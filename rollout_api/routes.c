@@ -115,7 +115,7 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
                             .base_name = s->model_name, .vocab = s->vocab_size,
                             .obs = {ro_obs_token, ro_obs_done, ro_obs_slo, s}, .slos = s->slos,
-                            .compile = ro_compile, .compile_user = s};
+                            .compile = ro_compile, .compile_user = s, .tok = s->tok, .tool_format = s->tool_format};
     rollout_request_t rq = {.body = b, .lim = &lim, .emit = ro_emit, .user = j};
     rollout_t *ro = NULL;
     int rc = rollout_start(s->engine, &rq, &ro);

@@ -165,7 +165,8 @@ const api_field_t api_fields[] = {
     R("lora_id", GEN, "SGLang", NULL, "name the adapter with lora_path"),
     R("data_parallel_rank", GEN, "SGLang", NULL, "one replica (the router places requests)"),
     /* /v1/rollout (docs/rollout.md) */
-    H("groups", ROL, "caraserve", "{\"groups\": \"x\"}", "group_id, input_ids, n, seed, continue_from"),
+    H("groups", ROL, "caraserve", "{\"groups\": \"x\"}", "group_id, input_ids, n, seed, continue_from, turns"),
+    H("tool_calls", ROL, "caraserve", "{\"tool_calls\": \"x\"}", "each sample's text and the tool calls in it"),
     H("sampling", ROL, "caraserve", "{\"sampling\": \"x\"}", "the engine's sampling fields"),
     H("structured_outputs", ROL, "caraserve", "{\"structured_outputs\": {\"regex\": 5}}",
       "every group's constraint, in vLLM's form (json, regex, choice, grammar, json_object); a group's own replaces it"),

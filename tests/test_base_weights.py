@@ -15,9 +15,14 @@ that train every weight do it, judged by transformers on each checkpoint.
    version_spans say from which token, and every logprob is transformers' (the old weights'
    KV up to there, the new ones' after).
 5. The routes a C server cannot speak (update_weights_from_tensor, ..._distributed) are 501
-   naming update_weights_from_disk."""
+   naming update_weights_from_disk.
+6. rollout_api/examples/grpo_full.py (every weight trained, each step saved and loaded through
+   /update_weights_from_disk): every rollout on the weights of the step before, the server's
+   logprobs equal to the trainer's within 1e-4."""
 import os
+import re
 import shutil
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -190,4 +195,20 @@ for path in ("/update_weights_from_tensor", "/update_weights_from_distributed", 
     if st != 501 or out["success"] is not False or "/update_weights_from_disk" not in out["message"]:
         reflib.fail(f"{path}: {st} {out}")
 print("ok  update_weights_from_tensor / _distributed / init_weights_update_group: 501 naming update_weights_from_disk")
+
+# 6. the full-parameter GRPO example: every step's rollout on the weights the step before saved
+save_root = os.path.join(root, "grpo")
+os.makedirs(save_root)
+p = subprocess.run([sys.executable, os.path.join(reflib.SRCDIR, "rollout_api", "examples", "grpo_full.py"),
+                    "--server", srv.base, "--model", dirs["b"], "--save-root", save_root, "--steps", "3",
+                    "--groups", "2", "--n", "4", "--max-tokens", "8", "--sglang"], capture_output=True, text=True,
+                   timeout=900)
+steps = re.findall(r"step +(\d+) +version (\S+) +reward (\S+) .* logprob\| (\S+) +-> base v(\d+)", p.stdout)
+if p.returncode != 0 or len(steps) != 3:
+    reflib.fail(f"grpo_full.py: exit {p.returncode}\n{p.stdout}\n{p.stderr[-2000:]}")
+for i, (st, ver, rew, diff, new) in enumerate(steps):
+    if ver != str(4 + i) or int(new) != 5 + i or float(diff) > TOL:
+        reflib.fail(f"grpo_full step {st}: rollout on base v{ver}, updated to v{new}, mismatch {diff}")
+print(f"ok  grpo_full.py (through /update_weights_from_disk): 3 steps, each on the weights saved before it, "
+      f"server/trainer logprob mismatch <= {max(float(s[3]) for s in steps):.1e}")
 srv.stop()

@@ -200,5 +200,53 @@ st, r, _ = srv.request("POST", "/v1/chat/completions", {"model": "m", "messages"
 if st != 400 or "has not been passed" not in r["error"]["message"]:
     reflib.fail(f"unknown named tool: {st} {r}")
 print("ok  tool_choice required and named: constrained calls valid against the tools' schemas, streamed too")
+
+# An agent loop on /v1/rollout, as veRL's runs one: the chat rendered once to ids, the model's
+# turn (forced into a call) parsed by the server ("tool_calls": true), the tool's answer
+# appended as tokens, the next turn continued from the ids without re-tokenizing; the response
+# marks which tokens the model made (response_mask 1) and which the environment added (0).
+import torch  # noqa: E402
+torch.set_num_threads(2)
+ref = transformers.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
+hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+st, tk, _ = srv.request("POST", "/tokenize", {"model": "m", "messages": msgs, "tools": TOOLS2})
+P = tk["tokens"]
+force = 'root ::= "<tool_call>\\n{\\"name\\": \\"book\\", \\"arguments\\": {\\"city\\": \\"Rome\\", \\"days\\": 3}}\\n</tool_call>"\n'
+samp = {"max_tokens": 200, "temperature": 0, "logprobs": True}
+st, t1, _ = srv.request("POST", "/v1/rollout", {"tool_calls": True, "sampling": samp, "structured_outputs": {"grammar": force},
+                                                "groups": [{"input_ids": P}]})
+s1 = t1["groups"][0]["samples"][0] if st == 200 else {}
+if st != 200 or s1["tool_calls"] != [{"name": "book", "arguments": {"city": "Rome", "days": 3}}]:
+    reflib.fail(f"turn 1 with tool_calls: {st} {t1}")
+O1, L1 = s1["output_ids"], s1["logprobs"]
+E1 = hf_tok.encode("<|im_end|>\n<|im_start|>user\n<tool_response>\n{\"booked\": true}\n</tool_response><|im_end|>\n"
+                   "<|im_start|>assistant\n", add_special_tokens=False)
+turn2 = {"sampling": {"max_tokens": 12, "temperature": 0, "logprobs": True, "ignore_eos": True},
+         "groups": [{"input_ids": P, "turns": [{"output_ids": O1, "env_ids": E1, "logprobs": L1}]}]}
+st, t2, _ = srv.request("POST", "/v1/rollout", turn2)
+g2 = t2["groups"][0] if st == 200 else {}
+s2 = g2["samples"][0] if st == 200 else {}
+if st != 200 or s2["response_ids"] != O1 + E1 + s2["output_ids"] or \
+        s2["response_mask"] != [1] * len(O1) + [0] * len(E1) + [1] * len(s2["output_ids"]) or \
+        s2["response_logprobs"] != L1 + [0.0] * len(E1) + s2["logprobs"] or s2["history_len"] != len(O1) + len(E1):
+    reflib.fail(f"turn 2: {st} {t2}")
+reuse = (len(P) + len(O1) - 1) // 16 * 16  # the blocks turn 1 computed in full
+if g2["cached_prompt_tokens"] < reuse or g2["prompt_len"] != len(P):
+    reflib.fail(f"turn 2 reused {g2['cached_prompt_tokens']} cached tokens, want at least {reuse}")
+ctx = P + O1 + E1
+with torch.no_grad():
+    lp = torch.log_softmax(ref(torch.tensor([ctx + s2["output_ids"]])).logits[0].double(), -1).numpy()
+worst = max(abs(l - lp[len(ctx) + j - 1][t]) for j, (t, l) in enumerate(zip(s2["output_ids"], s2["logprobs"])))
+if worst > 1e-4 or any(lp[len(ctx) + j - 1].argmax() != t for j, t in enumerate(s2["output_ids"])):
+    reflib.fail(f"turn 2 against transformers on the ids as they are: |dlogprob| {worst}")
+for bad, words in (({"turns": []}, "non-empty"), ({"turns": [{"output_ids": O1, "logprobs": [0.0]}]}, "logprobs"),
+                   ({"turns": [{"env_ids": [-1]}]}, "env_ids"), ({"turns": [{}]}, "no tokens"),
+                   ({"turns": [{"env_ids": E1}], "continue_from": {"output_ids": O1}}, "do not go together")):
+    st, r, _ = srv.request("POST", "/v1/rollout", {"groups": [dict({"input_ids": P}, **bad)]})
+    if st != 400 or words not in r["error"]["message"]:
+        reflib.fail(f"turns {bad}: {st} {r}")
+print(f"ok  a two-turn agent loop on /v1/rollout: the call parsed, the tool's {len(E1)} tokens appended as ids, "
+      f"{g2['cached_prompt_tokens']} of {len(ctx)} context tokens reused, response_mask/logprobs as veRL's, "
+      f"|dlogprob| {worst:.1e} against transformers")
 srv.stop()
 print("PASS")

@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import torch
 import transformers
@@ -26,6 +25,8 @@ from peft import LoraConfig, get_peft_model
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
 from caraserve_rollout import Client  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from grpo_common import make_prompts, most_common_token, policy_step, rollout  # noqa: E402
 
 
 def main():
@@ -58,9 +59,7 @@ def main():
                 p.normal_(0, 1e-3)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=a.lr)
     client = Client(a.server, api_key=a.api_key)
-    vocab = model.config.vocab_size
-    g = torch.Generator().manual_seed(a.seed)
-    prompts = [[1] + torch.randint(3, vocab, (int(6 + 3 * i),), generator=g).tolist() for i in range(a.groups)]
+    prompts = make_prompts(model.config.vocab_size, a.groups, a.seed)
     out_dir = tempfile.mkdtemp(prefix="grpo_")
 
     def push(version):
@@ -74,52 +73,15 @@ def main():
     target = None
     records = []
     for step in range(a.steps):
-        t0 = time.perf_counter()
-        out = client.rollout([{"group_id": str(i), "input_ids": p, "n": a.n, "seed": 1000 * step + 10 * i}
-                              for i, p in enumerate(prompts)], adapter=a.adapter, batch_id=f"step-{step}",
-                             sampling={"max_tokens": a.max_tokens, "temperature": 1.0, "ignore_eos": True,
-                                       "logprobs": {"mode": "processed"}})
-        wall = time.perf_counter() - t0
-        n_tok = out["summary"]["output_tokens"]
+        out, tok_s = rollout(client, prompts, step, a.n, a.max_tokens, adapter=a.adapter)
         versions = {s["adapter_version"] for grp in out["groups"] for s in grp["samples"]}
-        # rewards and group-relative advantages
         if target is None:
-            counts = {}
-            for grp in out["groups"]:
-                for s in grp["samples"]:
-                    for t in s["output_ids"]:
-                        counts[t] = counts.get(t, 0) + 1
-            target = max(sorted(counts), key=lambda t: counts[t])
-        seqs, olds, advs, rewards = [], [], [], []
-        for grp in out["groups"]:
-            p = prompts[int(grp["group_id"])]
-            r = torch.tensor([sum(t == target for t in s["output_ids"]) / len(s["output_ids"]) for s in grp["samples"]])
-            adv = (r - r.mean()) / (r.std() + 1e-6)
-            rewards += r.tolist()
-            for s, ad in zip(grp["samples"], adv.tolist()):
-                seqs.append((p, s["output_ids"]))
-                olds.append(torch.tensor(s["logprobs"], dtype=torch.float64))
-                advs.append(ad)
-        # the trainer's logprobs of the sampled tokens, and the clipped policy-gradient loss
-        model.train()
-        opt.zero_grad()
-        mismatch = 0.0
-        loss_total = 0.0
-        for (p, o), old, ad in zip(seqs, olds, advs):
-            ids = torch.tensor([p + o])
-            logits = model(ids).logits[0, len(p) - 1:-1].float()
-            lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(o)[:, None])[:, 0]
-            mismatch = max(mismatch, (lp.detach().double() - old).abs().max().item())
-            ratio = torch.exp(lp - old.float())
-            loss = -torch.min(ratio * ad, torch.clamp(ratio, 1 - a.clip, 1 + a.clip) * ad).mean() / len(seqs)
-            loss.backward()
-            loss_total += loss.item()
-        opt.step()
-        model.eval()
+            target = most_common_token(out)
+        reward, mismatch, loss = policy_step(model, opt, prompts, out, target, a.clip)
         version += 1
         pushed = push(version)
-        rec = {"step": step, "target_token": target, "rollout_version": sorted(versions), "reward": sum(rewards) / len(rewards),
-               "rollout_tokens_per_s": n_tok / wall, "max_abs_logprob_diff": mismatch, "loss": loss_total,
+        rec = {"step": step, "target_token": target, "rollout_version": sorted(versions), "reward": reward,
+               "rollout_tokens_per_s": tok_s, "max_abs_logprob_diff": mismatch, "loss": loss,
                "pushed_version": pushed["version"], "push_ms": pushed["load_ms"]}
         records.append(rec)
         print(f"step {step:3d}  version {','.join(map(str, sorted(versions)))}  reward {rec['reward']:.3f}  "

@@ -124,6 +124,24 @@ class Client:
     def adapters(self):
         return self._call("GET", "/v1/adapters")
 
+    def update_weights(self, path, weight_version=None, apply="next_request", load="auto", keep_versions=None,
+                       flush_cache=False):
+        """POST /v1/weights: the base weights from the Hugging Face directory PATH (under the
+        server's --lora-root), checked against the served model first. load: beside (while
+        serving), in_place (the engine stops for the load) or auto. apply as for adapters.
+        Returns {version, weight_version, path, load, bytes, load_ms, pause_ms, moved_requests,
+        aborted_requests}."""
+        b = {"path": path, "apply": apply, "load": load, "flush_cache": flush_cache}
+        if weight_version is not None:
+            b["weight_version"] = str(weight_version)
+        if keep_versions is not None:
+            b["keep_versions"] = int(keep_versions)
+        return self._call("POST", "/v1/weights", b)
+
+    def weights(self):
+        """GET /v1/weights: the base versions held, the active one first."""
+        return self._call("GET", "/v1/weights")["versions"]
+
     def abort(self, batch_id=None, group_ids=None, all=False):
         b = {"all": True} if all else {"batch_id": batch_id} if batch_id is not None else {"group_ids": list(group_ids)}
         return self._call("POST", "/v1/rollout/abort", b)
