@@ -409,6 +409,7 @@ static void emit(engine_t *e, req_t *r, int index, int n_generated, const sample
         ev.token = so->token;
         if (r->p.sampling.logprobs >= 0) {
             ev.logprob = so->logprob;
+            ev.kept_logmass = so->kept_logmass;
             ev.n_top = so->n_top;
             for (int i = 0; i < so->n_top; i++) { ids[i] = so->top[i].id; lps[i] = so->top[i].logprob; }
             ev.top_ids = ids;

@@ -66,6 +66,7 @@ typedef struct engine_event {
     bool has_token;
     int32_t token;
     float logprob;              /* when the request asked for logprobs */
+    float kept_logmass;         /* processed logprobs: the log of the mass truncation kept (sample_out_t) */
     int n_top;
     const int32_t *top_ids;     /* [n_top], by logprob desc */
     const float *top_logprobs;

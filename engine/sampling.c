@@ -109,6 +109,7 @@ static _Thread_local struct {
     float *e;      /* (vocab) exp(x - max) */
     cand_t *c;     /* (vocab) surviving candidates, for top-k / top-p */
     size_t cap;
+    double lse;    /* process(): log-sum-exp of x after the temperature, before min-p/top-k/top-p */
 } tl;
 
 void sampling_scratch_free(void) {
@@ -347,7 +348,13 @@ static bool process(sampler_t *s, const float *logits, const int32_t *banned, in
     if (T != 1.0f)
         for (int i = 0; i < n; i++) x[i] /= T;
     const float m = max_of(x, n);
+    tl.lse = m;
     if (m == -INFINITY) return true;
+    if (s->p.logprobs >= 0 && s->p.logprobs_mode == SAMPLING_LOGPROBS_PROCESSED) { /* the kept mass's denominator */
+        double z = 0;
+        for (int i = 0; i < n; i++) z += exp((double)x[i] - m);
+        tl.lse = m + log(z);
+    }
 
     if (s->p.min_p > 0) { /* p_i < min_p * p_max  <=>  x_i - m < log(min_p) */
         const double lmin = log((double)s->p.min_p);
@@ -497,6 +504,7 @@ int32_t sampler_sample(sampler_t *s, const float *logits, const int32_t *banned,
     scratch_reserve(n);
     float *x = tl.x;
     int32_t token;
+    double kept = 0;
     if (!process(s, logits, banned, n_banned, x)) {
         token = sampling_argmax(x, n);
         if (x[token] == -INFINITY) token = -1;
@@ -504,6 +512,7 @@ int32_t sampler_sample(sampler_t *s, const float *logits, const int32_t *banned,
         float m;
         double z = exps(x, n, tl.e, &m);
         token = z > 0 ? draw(tl.e, n, z, cs_rng_uniform(&s->rng)) : -1;
+        kept = z > 0 ? (double)m + log(z) - tl.lse : 0;
     }
     if (token < 0) return cs_error_set(CS_EINVAL, "sampler: every token is banned or masked");
     if (out) {
@@ -512,6 +521,7 @@ int32_t sampler_sample(sampler_t *s, const float *logits, const int32_t *banned,
         if (s->p.logprobs >= 0)
             fill_logprobs(s->p.logprobs_mode == SAMPLING_LOGPROBS_RAW ? logits : x, n, token,
                           s->p.logprobs, out);
+        if (s->p.logprobs >= 0 && s->p.logprobs_mode == SAMPLING_LOGPROBS_PROCESSED) out->kept_logmass = (float)kept;
     }
     return token;
 }

@@ -23,7 +23,7 @@
  *   7. sample from softmax(x) with exactly ONE uniform u from the sequence's RNG, by inverse
  *      CDF over the kept tokens in increasing id order: the first id whose cumulative
  *      (double) probability exceeds u. processed logprobs = log_softmax(x) after step 6,
- *      masked tokens -inf.
+ *      masked tokens -inf; with them, the log of the mass steps 4-6 kept (kept_logmass).
  * Why inverse CDF in id order: one draw per token keeps the RNG stream aligned token by
  * token (sample i of a request is reproducible from seed + i alone), and walking ids in
  * order needs no sort, so plain temperature sampling stays O(vocab). vLLM's exponential race
@@ -103,6 +103,11 @@ typedef struct sample_out {
     int rank;                 /* vLLM's rank: how many tokens have logprob >= token's (>= 1) */
     int n_top;                /* == params.logprobs (capped at vocab) */
     sample_logprob_t top[SAMPLING_MAX_LOGPROBS]; /* logprob desc, ties by id asc */
+    /* processed mode: log of the probability mass min-p, top-k and top-p kept, measured in
+     * softmax(x) after steps 1-3 (0 when nothing was cut, and for greedy). A processed logprob
+     * is renormalised over the kept tokens: log_softmax(x after step 3)[token] = logprob +
+     * kept_logmass, the trainer's logprob at that temperature (with the same penalties). */
+    float kept_logmass;
 } sample_out_t;
 
 typedef struct sampler sampler_t;

@@ -18,6 +18,7 @@
 
 typedef struct ro_sample {
     json_t *ids, *lps, *tops;   /* tops: per token [[id, logprob], ...] when top_k > 0 */
+    json_t *kept;               /* per token kept_logmass (logprobs.kept_mass) */
     json_t *spans;              /* [[start, end, adapter version, base version], ...]: which versions
                                  * made which tokens */
     const char *finish;
@@ -64,7 +65,7 @@ struct rollout {
     long long prompt_tokens, output_tokens;
     double t0;
     int top_k;
-    bool want_lp;
+    bool want_lp, want_kept;
     const struct tokenizer *tok; /* want_tools: each sample's text and tool calls */
     int tool_format;
     bool want_tools;
@@ -79,6 +80,7 @@ static void rollout_free(rollout_t *r) {
             json_decref(gr->samples[i].ids);
             json_decref(gr->samples[i].lps);
             json_decref(gr->samples[i].tops);
+            json_decref(gr->samples[i].kept);
             json_decref(gr->samples[i].spans);
         }
         free(gr->samples);
@@ -171,6 +173,7 @@ static json_t *group_json(rollout_t *r, ro_group_t *g) {
             json_decref(t);
         }
         if (r->want_lp && r->top_k > 0) json_object_set(o, "top_logprobs", s->tops);
+        if (r->want_kept) json_object_set(o, "kept_logmass", s->kept);
         json_array_append_new(samples, o);
     }
     return json_pack("{s:s, s:i, s:i, s:i, s:o}", "group_id", g->group_id, "prompt_len", g->n_input,
@@ -229,6 +232,7 @@ static void on_event(void *user, const engine_event_t *ev) {
                                                           ev->adapter_version, ev->base_version));
             if (r->want_lp) {
                 json_array_append_new(s->lps, cs_json_logprob(ev->logprob));
+                if (r->want_kept) json_array_append_new(s->kept, json_real(ev->kept_logmass));
                 if (r->top_k > 0) {
                     json_t *t = json_array();
                     for (int k = 0; k < ev->n_top; k++)
@@ -410,6 +414,14 @@ static int parse_sampling(rollout_t *r, rollout_request_t *rq, engine_request_t 
     base->n_stop_token_ids = sj->n_stop_ids;
     r->want_lp = sj->sampling.logprobs >= 0;
     r->top_k = CS_MAX(sj->sampling.logprobs, 0);
+    json_t *km = json_is_object(sp) ? json_object_get(json_object_get(sp, "logprobs"), "kept_mass") : NULL;
+    if (km && !json_is_null(km)) {
+        if (!json_is_boolean(km)) BAD(CS_EINVAL, "logprobs", "sampling.logprobs.kept_mass must be true or false");
+        r->want_kept = json_is_true(km);
+        if (r->want_kept && sj->sampling.logprobs_mode != SAMPLING_LOGPROBS_PROCESSED)
+            BAD(CS_EINVAL, "logprobs", "sampling.logprobs.kept_mass goes with mode \"processed\" (raw logprobs keep "
+                                       "the whole distribution)");
+    }
     if (sched_parse_slo(json_object_get(rq->body, "slo"), &base->slo_ttft_ms, &base->slo_tpot_ms))
         BAD(CS_EINVAL, "slo", "%s", cs_error_last());
     if (sampling_params_validate(&base->sampling)) BAD(CS_EINVAL, "sampling", "%s", cs_error_last());
@@ -655,6 +667,7 @@ static int parse_group(rollout_t *r, rollout_request_t *rq, int g, const engine_
         gr->samples[i].ids = json_array();
         gr->samples[i].lps = json_array();
         gr->samples[i].tops = json_array();
+        gr->samples[i].kept = json_array();
         gr->samples[i].spans = json_array();
     }
     return CS_OK;

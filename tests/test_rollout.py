@@ -91,6 +91,47 @@ if worst > TOL:
 print(f"ok  rollouts are deterministic; sampled-token logprobs equal transformers+peft (raw and processed, "
       f"base and adapter): max |diff| {worst:.2e}")
 
+# ---- the logprob contract: processed logprobs under top-k/top-p are renormalised over the kept
+# tokens; kept_logmass is the log of the mass kept, so processed + kept_logmass is the trainer's
+# log_softmax(logits / T) (vLLM's processed logprobs differ from it by exactly that) ----
+def kept_set(q, top_k, top_p):
+    """vLLM's top-k (ties with the k-th kept), then top-p over the renormalised survivors"""
+    order = sorted(range(len(q)), key=lambda i: (-q[i], i))
+    kth = q[order[top_k - 1]]
+    cand = [i for i in order if q[i] >= kth]
+    z = np.logaddexp.reduce(q[cand])
+    keep, mass = [], 0.0
+    for i in cand:
+        if mass >= top_p:
+            break
+        keep.append(i)
+        mass += float(np.exp(q[i] - z))
+    return keep
+
+
+body = {"sampling": {"max_tokens": 10, "temperature": 0.7, "top_k": 40, "top_p": 0.8, "ignore_eos": True,
+                     "logprobs": {"mode": "processed", "kept_mass": True}},
+        "groups": [{"input_ids": p, "n": 2, "seed": 7 + i} for i, p in enumerate(prompts[:2])]}
+worst_id, worst_mass, cut = 0.0, 0.0, 0
+for gi, g in enumerate(rollout(body)["groups"]):
+    p = prompts[gi]
+    for s in g["samples"]:
+        q_all = lsm(ref_base, p + s["output_ids"], 0.7)
+        for k, (t, lp, km) in enumerate(zip(s["output_ids"], s["logprobs"], s["kept_logmass"])):
+            q = q_all[len(p) + k - 1]
+            worst_id = max(worst_id, abs(lp + km - q[t]))
+            worst_mass = max(worst_mass, abs(km - np.logaddexp.reduce(q[kept_set(q, 40, 0.8)])))
+            cut += km < -1e-3
+if worst_id > TOL or worst_mass > TOL or cut == 0:
+    reflib.fail(f"kept_logmass: |processed + kept - trainer| {worst_id:.2e}, |kept - transformers' kept mass| "
+                f"{worst_mass:.2e}, {cut} tokens cut")
+for bad in ({"mode": "raw", "kept_mass": True}, {"mode": "processed", "kept_mass": 1}):
+    st, r, _ = srv.request("POST", "/v1/rollout", {"sampling": {"logprobs": bad}, "groups": [{"input_ids": prompts[0]}]})
+    if st != 400 or "kept_mass" not in r["error"]["message"]:
+        reflib.fail(f"logprobs {bad}: {st} {r}")
+print(f"ok  processed logprobs under top-k 40 / top-p 0.8: processed + kept_logmass = transformers' log_softmax(logits/T) "
+      f"within {worst_id:.1e}; kept_logmass = the kept set's mass within {worst_mass:.1e} ({cut} tokens cut)")
+
 # ---- 1 with --batch-invariant: cold, warm, beside other work and alone give the same bits ----
 inv = Server(["--model", model_dir, "--served-model-name", "base", "--lora-modules", f"pol={a_dir}", "--threads", "2",
               "--kv-cache-bytes", "64M", "--batch-invariant"])
