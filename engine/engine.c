@@ -113,7 +113,12 @@ typedef struct follow {
 } follow_t;
 
 /* an engine_update_base call waiting for the engine thread */
+typedef enum job_op { JOB_UPDATE = 0, JOB_SLEEP, JOB_WAKE } job_op;
+
 typedef struct base_job {
+    job_op op;
+    int level;                  /* JOB_SLEEP */
+    bool weights, kv;           /* JOB_WAKE: what comes back */
     engine_base_update_t u;     /* dir and label: copies */
     bool done;
     int rc;
@@ -189,7 +194,13 @@ struct engine {
     beam_set_t *beams;          /* the beam searches (their own lock) */
     base_ver_t *bases;          /* under mu (changed only by the engine thread): newest first */
     int base_last;              /* the newest version number handed out */
-    base_job_t *base_jobs;      /* under mu: pending engine_update_base calls */
+    base_job_t *base_jobs;      /* under mu: pending engine_update_base, engine_sleep, engine_wake_up calls */
+    /* asleep (engine_sleep): the KV cache's memory given back (kv NULL), the weights freed;
+     * the engine thread's, and copied under mu for engine_sleeping */
+    bool kv_gone, weights_gone;
+    bool sleeping_pub;          /* under mu */
+    kv_cache_params_t kvp;      /* to make the cache again */
+    struct lora_assist *assist; /* the weights' cold-start pool, to give them again */
     model_cold_stats_t cold_gone; /* the cold-start counts of base versions freed */
     pthread_cond_t follow_cv;
 };
@@ -989,7 +1000,8 @@ static void publish_stats(engine_t *e) {
     e->st.cold_host_rows = cs.host_rows;
     e->st.n_waiting = e->waiting.n;
     e->st.n_running = e->running.n;
-    kv_cache_get_stats(e->kv, &e->st.kv);
+    if (e->kv) kv_cache_get_stats(e->kv, &e->st.kv);
+    else e->st.kv = (kv_cache_stats_t){.dtype = e->kvp.dtype}; /* asleep: no memory held */
     /* the sequences, built outside the lock into the spare buffer */
     int n = e->running.n + e->waiting.n;
     if (n > e->cap_pub_work) {
@@ -1234,6 +1246,72 @@ static void base_job_run(engine_t *e, base_job_t *j) {
     j->res.pause_ms = now_ms() - t0;
 }
 
+/* ---- sleep (engine thread) ---- */
+static void sleep_run(engine_t *e, base_job_t *j) {
+    if (j->level >= 1 && !e->kv_gone) { /* every sequence gives its blocks back: it recomputes later */
+        while (e->running.head) preempt(e, e->running.head);
+        for (seq_t *s = e->waiting.head; s; s = s->next)
+            if (s->n_blocks) seq_release_blocks(e, s);
+        kv_prefix_flush(e->kv);
+        kv_cache_free(e->kv);
+        e->kv = NULL;
+        e->kv_gone = true;
+    }
+    if (j->level >= 2 && !e->weights_gone) {
+        for (base_ver_t *b = e->bases; b; b = b->next) {
+            if (!b->owned || !b->model) continue;
+            if (!e->assist) e->assist = model_assist(b->model);
+            model_free(b->model);
+            b->model = NULL;
+        }
+        e->model = NULL;
+        e->weights_gone = true;
+    }
+}
+
+static void wake_run(engine_t *e, base_job_t *j) {
+    if (j->weights && e->weights_gone) {
+        for (base_ver_t *b = e->bases; b; b = b->next) {
+            if (b->model) continue;
+            if (!b->dir) {
+                j->rc = cs_error_set(CS_EINVAL, "base version %d's weights came from no directory", b->version);
+            } else if ((j->rc = model_load_how(b->dir, e->be, MODEL_WEIGHTS_AUTO, &b->model)) == CS_OK) {
+                model_set_assist(b->model, e->assist);
+                continue;
+            }
+            snprintf(j->err, sizeof j->err, "%s", cs_error_last());
+            return;
+        }
+        e->model = e->bases->model;
+        e->weights_gone = false;
+    }
+    if (j->kv && e->kv_gone) {
+        if ((j->rc = kv_cache_new(e->be, &e->kvp, &e->kv))) {
+            snprintf(j->err, sizeof j->err, "%s", cs_error_last());
+            return;
+        }
+        e->kv_gone = false;
+    }
+}
+
+static void job_run(engine_t *e, base_job_t *j) {
+    if (j->op == JOB_UPDATE && (e->weights_gone || e->kv_gone)) {
+        model_free(j->u.model);
+        j->rc = cs_error_set(CS_EBUSY, "the engine is asleep: wake it up before updating its weights");
+        snprintf(j->err, sizeof j->err, "%s", cs_error_last());
+    } else if (j->op == JOB_UPDATE) {
+        base_job_run(e, j);
+    } else if (j->op == JOB_SLEEP) {
+        sleep_run(e, j);
+    } else {
+        wake_run(e, j);
+    }
+    if (j->op != JOB_UPDATE) publish_stats(e); /* the caller, back, sees the KV cache gone or there */
+    pthread_mutex_lock(&e->mu);
+    e->sleeping_pub = e->kv_gone || e->weights_gone;
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* the batch order of two requests: by base version (each version's rows run as a forward of
  * their own), then by adapter */
 static int batch_order(const req_t *a, const req_t *b) {
@@ -1253,7 +1331,7 @@ static engine_pause_mode step_begin(engine_t *e) {
         pthread_cond_broadcast(&e->pause_cv);
     }
     if (e->flush_seen != e->flush_gen) { /* the KV cache is this thread's: flushed here */
-        e->flush_dropped = kv_prefix_flush(e->kv);
+        e->flush_dropped = e->kv ? kv_prefix_flush(e->kv) : 0;
         e->flush_seen = e->flush_gen;
         pthread_cond_broadcast(&e->pause_cv);
     }
@@ -1263,7 +1341,7 @@ static engine_pause_mode step_begin(engine_t *e) {
     if (follows) take_follows(e); /* paused or not */
     for (base_job_t *j = jobs, *nx; j; j = nx) { /* paused or not */
         nx = j->next;
-        base_job_run(e, j);
+        job_run(e, j);
         pthread_mutex_lock(&e->mu); /* j is its caller's again once done */
         j->done = true;
         pthread_cond_broadcast(&e->follow_cv);
@@ -1590,7 +1668,7 @@ static void step_end(engine_t *e, sched_step_t *fb, double t0, bool decode_only,
  * sample. Returns how many sequences ran. */
 static int step(engine_t *e) {
     engine_pause_mode pause = step_begin(e);
-    if (pause == ENGINE_PAUSE_HOLD) return 0;
+    if (pause == ENGINE_PAUSE_HOLD || e->kv_gone || e->weights_gone) return 0; /* held, or asleep */
     double t0 = now_ms();
     int budget = e->p.max_num_batched_tokens, nb = 0;
     step_device_slots(e);
@@ -1729,6 +1807,7 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     e->next_id = 1;
     int rc;
     kv_cache_params_t kp = {e->cfg->n_layers, e->cfg->n_kv_heads * e->cfg->head_dim, p->kv_cache_bytes, p->kv_cache_dtype};
+    e->kvp = kp;
     if ((rc = kv_cache_new(model_backend(p->model), &kp, &e->kv))) goto err;
     int cap_tokens = kv_cache_n_blocks(e->kv) * KV_BLOCK_SIZE;
     e->max_model_len = p->max_model_len > 0 ? p->max_model_len
@@ -1760,7 +1839,7 @@ void engine_free(engine_t *e) {
         cs_stop_flag(&e->mu, &e->cv, &e->stop_thread);
         pthread_join(e->thread, NULL);
     }
-    if (e->kv) {
+    {
         take_inbox(e);
         for (int b = 0; b < REQ_BUCKETS; b++)
             while (e->reqs[b]) req_fail(e, e->reqs[b], ENGINE_FINISH_ABORT, 0, NULL);
@@ -2120,7 +2199,7 @@ int engine_flush_prefix_cache(engine_t *e) {
     pthread_mutex_lock(&e->mu);
     int n;
     if (!e->thread_started || e->stop_thread) { /* the caller drives the engine */
-        n = kv_prefix_flush(e->kv);
+        n = e->kv ? kv_prefix_flush(e->kv) : 0;
     } else {
         uint64_t gen = ++e->flush_gen;
         e->wake = true;
@@ -2130,6 +2209,43 @@ int engine_flush_prefix_cache(engine_t *e) {
     }
     pthread_mutex_unlock(&e->mu);
     return n;
+}
+
+/* J to the engine thread, and back once done (without the thread: run here) */
+static int job_wait(engine_t *e, base_job_t *j) {
+    pthread_mutex_lock(&e->mu);
+    bool threaded = e->thread_started && !e->stop_thread;
+    if (threaded) {
+        base_job_t **pp = &e->base_jobs;
+        while (*pp) pp = &(*pp)->next;
+        *pp = j;
+        e->wake = true;
+        pthread_cond_signal(&e->cv);
+        while (!j->done) pthread_cond_wait(&e->follow_cv, &e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!threaded) job_run(e, j); /* the caller drives the steps: this is their thread */
+    if (j->rc) cs_error_set(j->rc, "%s", j->err);
+    return j->rc;
+}
+
+int engine_sleep(engine_t *e, int level) {
+    if (level < 0 || level > 2) return cs_error_set(CS_EINVAL, "sleep levels are 0, 1 and 2");
+    if (level == 2 && !e->p.own_model) return cs_error_set(CS_EINVAL, "sleep level 2 needs an engine that owns its weights");
+    base_job_t j = {.op = JOB_SLEEP, .level = level};
+    return level ? job_wait(e, &j) : CS_OK;
+}
+
+int engine_wake_up(engine_t *e, bool weights, bool kv) {
+    base_job_t j = {.op = JOB_WAKE, .weights = weights, .kv = kv};
+    return job_wait(e, &j);
+}
+
+bool engine_sleeping(engine_t *e) {
+    pthread_mutex_lock(&e->mu);
+    bool s = e->sleeping_pub;
+    pthread_mutex_unlock(&e->mu);
+    return s;
 }
 
 int engine_update_base(engine_t *e, const engine_base_update_t *u, engine_base_result_t *res) {
@@ -2154,22 +2270,8 @@ int engine_update_base(engine_t *e, const engine_base_update_t *u, engine_base_r
         model_free(u->model);
         return rc;
     }
-    j->u = *u;
-    j->u.dir = u->dir; /* the caller's strings live until this returns */
-    pthread_mutex_lock(&e->mu);
-    bool threaded = e->thread_started && !e->stop_thread;
-    if (threaded) {
-        base_job_t **pp = &e->base_jobs;
-        while (*pp) pp = &(*pp)->next;
-        *pp = j;
-        e->wake = true;
-        pthread_cond_signal(&e->cv);
-        while (!j->done) pthread_cond_wait(&e->follow_cv, &e->mu);
-    }
-    pthread_mutex_unlock(&e->mu);
-    if (!threaded) base_job_run(e, j); /* the caller drives the steps: this is their thread */
-    rc = j->rc;
-    if (rc) cs_error_set(rc, "%s", j->err);
+    j->u = *u; /* the caller's strings live until this returns */
+    rc = job_wait(e, j);
     *res = j->res;
     free(j);
     return rc;

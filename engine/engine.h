@@ -277,6 +277,18 @@ void engine_base_relabel(engine_t *e, const char *label);
 /* VERSION's name into buf (its number once it is no longer held) */
 void engine_base_label(engine_t *e, int version, char *buf, size_t n);
 
+/* ---- sleep (vLLM's /sleep and /wake_up) ----
+ * Level 1 gives the KV cache's memory back: every running sequence is preempted first (it
+ * recomputes its KV after the wake-up, its sampler state kept) and the prefix cache goes.
+ * Level 2 also frees the base weights (every version held; each is loaded again from its
+ * directory at the wake-up; needs own_model). Level 0 does nothing here (the caller pauses).
+ * Nothing runs while asleep (requests wait; aborts are taken); base updates are refused
+ * (CS_EBUSY). Returns once done. */
+int engine_sleep(engine_t *e, int level);
+/* Give back what sleep freed: the weights and/or the KV cache. Asleep until both are back. */
+int engine_wake_up(engine_t *e, bool weights, bool kv);
+bool engine_sleeping(engine_t *e);
+
 void engine_get_stats(engine_t *e, engine_stats_t *st);
 /* A copy of the sequences (*out, free() it; *n of them): running first, then waiting. */
 int engine_get_state(engine_t *e, engine_seq_info_t **out, int *n);

@@ -168,6 +168,51 @@ enum MHD_Result rollout_route_abort(server_t *s, struct MHD_Connection *c, json_
     return http_json(c, 200, json_pack("{s:i}", "aborted", n));
 }
 
+/* vLLM's POST /abort_requests {"request_ids": [...]} (absent or empty: every request in
+ * flight): the completions' and chats' ids, rollouts' batch ids -> {"status": "aborted",
+ * "aborted": N} */
+enum MHD_Result rollout_route_vllm_abort(server_t *s, struct MHD_Connection *c, const char *body, size_t len) {
+    json_t *b = NULL;
+    if (len) {
+        json_error_t je;
+        if (!(b = json_loadb(body, len, 0, &je)) || !json_is_object(b)) {
+            json_decref(b);
+            return http_error(c, 400, NULL, "Invalid JSON format");
+        }
+    }
+    json_t *ids = json_object_get(b, "request_ids");
+    if (ids && !json_is_null(ids) && !json_is_array(ids)) {
+        json_decref(b);
+        return http_error(c, 400, "request_ids", "'request_ids' must be a list of request ids");
+    }
+    size_t k;
+    json_t *v;
+    json_array_foreach(ids, k, v) if (!json_is_string(v)) {
+        json_decref(b);
+        return http_error(c, 400, "request_ids", "'request_ids' must be a list of request ids (strings)");
+    }
+    bool all = json_array_size(ids) == 0;
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (gen_job_t *j = s->jobs; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        bool hit = all;
+        const char *jb = j->ro ? rollout_batch_id(j->ro) : NULL;
+        json_array_foreach(ids, k, v) hit = hit || !strcmp(json_string_value(v), j->id) || (jb && !strcmp(json_string_value(v), jb));
+        if (hit && !j->finished) {
+            bool any = false;
+            for (int i = 0; i < j->n_parts; i++)
+                if (j->parts[i].submitted && !j->parts[i].done) { engine_abort(s->engine, j->parts[i].id); any = true; }
+            if (j->ro) { rollout_abort(j->ro); any = true; }
+            n += any;
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    json_decref(b);
+    return http_json(c, 200, json_pack("{s:s, s:i}", "status", "aborted", "aborted", n));
+}
+
 /* ---- SGLang's /generate and /abort_request (on the rollout) ---- */
 /* SGLang's POST /generate: input_ids (or text; or lists of them), sampling_params,
  * return_logprob, lora_path (an adapter name), rid; answered in SGLang's shape */
@@ -391,6 +436,66 @@ enum MHD_Result rollout_route_vllm_pause(server_t *s, struct MHD_Connection *c) 
     if ((!cc || !strcasecmp(cc, "true")) && strcmp(mode ? mode : "abort", "keep"))
         engine_flush_prefix_cache(s->engine); /* vLLM clears it after draining, not for keep */
     return http_json(c, 200, json_pack("{s:s}", "status", "paused"));
+}
+
+/* vLLM's POST /sleep?level=0|1|2&mode=abort|wait|keep: paused as mode says (default abort),
+ * then level 1 gives the KV cache's memory back, level 2 the weights' too (engine_sleep); an
+ * empty 200 */
+enum MHD_Result rollout_route_sleep(server_t *s, struct MHD_Connection *c) {
+    const char *ls = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "level");
+    const char *mode = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "mode");
+    int level = 1;
+    if (ls) {
+        char *end;
+        long v = strtol(ls, &end, 10);
+        if (*end || end == ls || v < 0 || v > 2) return http_error(c, 400, "level", "level is 0, 1 or 2");
+        level = (int)v;
+    }
+    if (mode && strcmp(mode, "abort") && strcmp(mode, "wait") && strcmp(mode, "keep"))
+        return http_error(c, 400, "mode", "mode is abort, wait or keep");
+    pthread_mutex_lock(&s->mu);
+    bool asleep = s->sleeping;
+    s->sleeping = true;
+    pthread_mutex_unlock(&s->mu);
+    if (!asleep) pause_as(s, mode ? mode : "abort");
+    if (engine_sleep(s->engine, level)) return http_error(c, 500, NULL, "%s", cs_error_last());
+    return http_text(c, 200, "text/plain; charset=utf-8", strdup(""), 0);
+}
+
+typedef struct wake_tags { bool weights, kv, bad; } wake_tags_t;
+
+static enum MHD_Result wake_tag(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    wake_tags_t *t = cls;
+    if (strcmp(key, "tags")) return MHD_YES;
+    if (value && !strcmp(value, "weights")) t->weights = true;
+    else if (value && !strcmp(value, "kv_cache")) t->kv = true;
+    else if (!value || strcmp(value, "scheduling")) t->bad = true;
+    return MHD_YES;
+}
+
+/* vLLM's POST /wake_up[?tags=weights&tags=kv_cache]: what sleep freed comes back (no tags:
+ * all of it); awake once both are back, and then the engine runs again */
+enum MHD_Result rollout_route_wake_up(server_t *s, struct MHD_Connection *c) {
+    wake_tags_t t = {0};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, wake_tag, &t);
+    if (t.bad) return http_error(c, 400, "tags", "tags are weights, kv_cache and scheduling");
+    if (!t.weights && !t.kv) t.weights = t.kv = true;
+    if (engine_wake_up(s->engine, t.weights, t.kv)) return http_error(c, 500, NULL, "%s", cs_error_last());
+    pthread_mutex_lock(&s->mu);
+    bool was = s->sleeping, awake = !engine_sleeping(s->engine);
+    if (awake) s->sleeping = false;
+    pthread_mutex_unlock(&s->mu);
+    if (was && awake) resume(s);
+    return http_text(c, 200, "text/plain; charset=utf-8", strdup(""), 0);
+}
+
+/* vLLM's GET /is_sleeping -> {"is_sleeping": bool} */
+enum MHD_Result rollout_route_is_sleeping(server_t *s, struct MHD_Connection *c) {
+    pthread_mutex_lock(&s->mu);
+    bool asleep = s->sleeping;
+    pthread_mutex_unlock(&s->mu);
+    return http_json(c, 200, json_pack("{s:b}", "is_sleeping", asleep));
 }
 
 /* SGLang's GET or POST /flush_cache: the prefix cache emptied (running requests keep their

@@ -24,6 +24,12 @@ enum MHD_Result rollout_route_vllm_resume(server_t *s, struct MHD_Connection *c)
 enum MHD_Result rollout_route_is_paused(server_t *s, struct MHD_Connection *c);
 enum MHD_Result rollout_route_sgl_pause(server_t *s, struct MHD_Connection *c, const char *body, size_t len);
 enum MHD_Result rollout_route_sgl_continue(server_t *s, struct MHD_Connection *c);
+/* vLLM's POST /abort_requests {"request_ids": [...]} */
+enum MHD_Result rollout_route_vllm_abort(server_t *s, struct MHD_Connection *c, const char *body, size_t len);
+/* vLLM's POST /sleep?level=&mode=, POST /wake_up?tags=..., GET /is_sleeping */
+enum MHD_Result rollout_route_sleep(server_t *s, struct MHD_Connection *c);
+enum MHD_Result rollout_route_wake_up(server_t *s, struct MHD_Connection *c);
+enum MHD_Result rollout_route_is_sleeping(server_t *s, struct MHD_Connection *c);
 /* the prefix cache emptied: SGLang's /flush_cache, vLLM's /reset_prefix_cache */
 enum MHD_Result rollout_route_flush_cache(server_t *s, struct MHD_Connection *c);
 enum MHD_Result rollout_route_reset_prefix_cache(server_t *s, struct MHD_Connection *c);

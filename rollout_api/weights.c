@@ -331,9 +331,10 @@ static void probe_sink(void *user, const engine_event_t *ev) {
 
 enum MHD_Result weights_route_health_generate(server_t *s, struct MHD_Connection *c) {
     pthread_mutex_lock(&s->mu);
-    bool paused = s->paused, draining = s->draining;
+    bool paused = s->paused, draining = s->draining, sleeping = s->sleeping;
     pthread_mutex_unlock(&s->mu);
     if (draining) return http_error(c, 503, NULL, "shutting down");
+    if (sleeping && engine_sleeping(s->engine)) return http_error(c, 503, NULL, "asleep (POST /wake_up)");
     if (paused) return http_text(c, 200, "text/plain; charset=utf-8", strdup(""), 0); /* as SGLang: paused is healthy */
     probe_t *p = calloc(1, sizeof *p); /* the engine may call the sink after a timeout here: it leaks then */
     if (!p) return http_error(c, 500, NULL, "out of memory");

@@ -46,6 +46,10 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     case R_SGL_LOADS: return weights_route_sgl_loads(s, c);
     case R_HEALTH_GENERATE: return weights_route_health_generate(s, c);
     case R_UNSPEAKABLE: return weights_route_unspeakable(s, c, url);
+    case R_VLLM_ABORT: return rollout_route_vllm_abort(s, c, body, body_len);
+    case R_SLEEP: return rollout_route_sleep(s, c);
+    case R_WAKE_UP: return rollout_route_wake_up(s, c);
+    case R_IS_SLEEPING: return rollout_route_is_sleeping(s, c);
     case R_WEIGHTS:
         if (!strcmp(method, "GET")) return weights_route_list(s, c);
         break;

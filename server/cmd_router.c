@@ -938,11 +938,12 @@ static enum MHD_Result start_proxy(router_t *rt, http_conn_t *h, struct MHD_Conn
     route_id id = route ? route->id : R_HEALTH;
     if (!route) p->kind = PK_ANY;
     else if (route->flags & ROUTE_GENERATES) p->kind = PK_ROUTED;
-    else if (id == R_ROLLOUT_ABORT || id == R_ABORT_REQUEST) p->kind = PK_BROADCAST_ANY;
+    else if (id == R_ROLLOUT_ABORT || id == R_ABORT_REQUEST || id == R_VLLM_ABORT) p->kind = PK_BROADCAST_ANY;
     else if (id == R_LOAD_LORA || id == R_UNLOAD_LORA || id == R_ADAPTER_VERSION || id == R_PAUSE || id == R_RESUME ||
              id == R_VLLM_PAUSE || id == R_VLLM_RESUME || id == R_SGL_PAUSE || id == R_SGL_CONTINUE ||
              id == R_FLUSH_CACHE || id == R_RESET_PREFIX_CACHE || id == R_WEIGHTS || id == R_SGL_UPDATE_WEIGHTS ||
-             id == R_SGL_SET_WEIGHT_VERSION || id == R_SGL_LOAD_LORA || id == R_SGL_UNLOAD_LORA)
+             id == R_SGL_SET_WEIGHT_VERSION || id == R_SGL_LOAD_LORA || id == R_SGL_UNLOAD_LORA || id == R_SLEEP ||
+             id == R_WAKE_UP)
         p->kind = PK_BROADCAST_ALL;
     else p->kind = PK_ANY;
     if (p->kind == PK_ROUTED) estimate(rt, p, id);

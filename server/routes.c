@@ -43,6 +43,10 @@ static const route_t routes[] = {
     {"/continue_generation", "POST", ROUTE_AUTH | ROUTE_READY, R_SGL_CONTINUE},
     {"/flush_cache", "GET POST", ROUTE_AUTH | ROUTE_READY, R_FLUSH_CACHE},
     {"/reset_prefix_cache", "POST", ROUTE_AUTH | ROUTE_READY, R_RESET_PREFIX_CACHE},
+    {"/abort_requests", "POST", ROUTE_AUTH | ROUTE_READY, R_VLLM_ABORT},
+    {"/sleep", "POST", ROUTE_AUTH | ROUTE_READY, R_SLEEP},
+    {"/wake_up", "POST", ROUTE_AUTH | ROUTE_READY, R_WAKE_UP},
+    {"/is_sleeping", "GET", ROUTE_AUTH | ROUTE_READY, R_IS_SLEEPING},
     /* the base weights (rollout_api/weights.c), ours and SGLang's */
     {"/v1/weights", "GET POST", API, R_WEIGHTS},
     {"/update_weights_from_disk", "POST", API, R_SGL_UPDATE_WEIGHTS},

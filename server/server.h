@@ -61,6 +61,7 @@ typedef struct server {
     model_config_t mcfg;            /* the model's config: every weight version's */
     char *weights_dir;              /* under mu: the directory of the active weights (NULL: --model) */
     char weights_note[224];         /* where the first weights live, for the ready line */
+    bool sleeping;                  /* under mu: /sleep until /wake_up has everything back */
     tokenizer_t *tok;
     lora_registry_t *reg;
     struct lora_assist *assist;     /* the cold start's host LoRA workers (NULL: none) */

@@ -30,7 +30,7 @@ import reflib  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from serverlib import Server, make_tok_model  # noqa: E402
+from serverlib import Server, make_tok_model, wait_for  # noqa: E402
 
 torch.set_num_threads(2)
 transformers.utils.logging.disable_progress_bar()
@@ -127,12 +127,22 @@ st, gen, _ = srv.request("POST", "/generate", {"input_ids": PROMPT, "return_logp
                                                                    "ignore_eos": True}})
 if st != 200 or gen["meta_info"]["weight_version"] != "1" or gen["output_ids"] != s1["output_ids"]:
     reflib.fail(f"/generate after the update: {st} {gen}")
+# slime ends a step with /abort_request {"abort_all": true}, then polls /v1/loads until no
+# request is left (the engine publishes its counts after each iteration)
 st, _, _ = srv.request("POST", "/abort_request", {"abort_all": True})
-st2, loads, _ = srv.request("GET", "/v1/loads?include=core")
-one = loads["loads"][0] if st2 == 200 else {}
-if st != 200 or st2 != 200 or one.get("num_running_reqs") != 0 or one.get("num_waiting_reqs") != 0 or \
-        loads["aggregate"]["total_reqs"] != 0:
-    reflib.fail(f"/abort_request then /v1/loads: {st} {st2} {loads}")
+seen = []
+
+
+def idle():
+    st2, loads, _ = srv.request("GET", "/v1/loads?include=core")
+    seen.append((st2, loads))
+    one = loads["loads"][0]
+    return st2 == 200 and one["num_running_reqs"] + one["num_waiting_reqs"] == 0 and loads["aggregate"]["total_reqs"] == 0
+
+
+wait_for(idle, 60, "/v1/loads to say idle")
+if st != 200 or set(seen[-1][1]["loads"][0]) < {"num_running_reqs", "num_waiting_reqs", "num_total_reqs", "token_usage"}:
+    reflib.fail(f"/abort_request then /v1/loads: {st} {seen[-1]}")
 st, _, _ = srv.request("GET", "/health_generate")
 if st != 200:
     reflib.fail(f"/health_generate: {st}")
@@ -195,6 +205,44 @@ for path in ("/update_weights_from_tensor", "/update_weights_from_distributed", 
     if st != 501 or out["success"] is not False or "/update_weights_from_disk" not in out["message"]:
         reflib.fail(f"{path}: {st} {out}")
 print("ok  update_weights_from_tensor / _distributed / init_weights_update_group: 501 naming update_weights_from_disk")
+
+# 7. vLLM's sleep and wake-up, and /abort_requests
+th, res = srv.hold_call(lambda: rollout(srv, max_tokens=300), "a long rollout to sleep through")
+for method, path, want in (("POST", "/sleep?level=1&mode=keep", ""), ("GET", "/is_sleeping", {"is_sleeping": True}),
+                           ("GET", "/v1/loads", None), ("POST", "/wake_up", ""),
+                           ("GET", "/is_sleeping", {"is_sleeping": False})):
+    st, out, _ = srv.request(method, path)
+    if st != 200 or (want is not None and out != want) or \
+            (path == "/v1/loads" and out["loads"][0]["max_total_num_tokens"] != 0):
+        reflib.fail(f"{method} {path}: {st} {out}")
+th.join()
+s = res[0]
+if len(s["output_ids"]) != 300 or s["version_spans"] != [[0, 300, 0, 4]] or worst_vs(refs["b"], s) > TOL:
+    reflib.fail(f"the rollout slept through (its KV recomputed): {len(s['output_ids'])} tokens, "
+                f"|dlogprob| {worst_vs(refs['b'], s)}")
+for method, path, want in (("POST", "/sleep?level=2", ""), ("POST", "/wake_up?tags=kv_cache", ""),
+                           ("GET", "/is_sleeping", {"is_sleeping": True}), ("GET", "/health_generate", None),
+                           ("POST", "/v1/weights", None), ("POST", "/wake_up?tags=weights", ""),
+                           ("GET", "/is_sleeping", {"is_sleeping": False}), ("POST", "/sleep?level=3", None),
+                           ("POST", "/wake_up?tags=everything", None)):
+    st, out, _ = srv.request(method, path, {"path": dirs["a"]} if path == "/v1/weights" else None)
+    bad = {"/health_generate": 503, "/v1/weights": 400, "/sleep?level=3": 400, "/wake_up?tags=everything": 400}
+    if st != bad.get(path, 200) or (want is not None and out != want):
+        reflib.fail(f"{method} {path}: {st} {out}")
+s = rollout(srv)
+if s["logprobs"] != s1["logprobs"] or s["base_version"] != 4:
+    reflib.fail(f"after sleep level 2 and the weights loaded again: {s}")
+th, res = srv.hold_call(lambda: rollout(srv, max_tokens=300, batch_id="long-1"), "a rollout to abort")
+st, out, _ = srv.request("POST", "/abort_requests", {"request_ids": ["long-1"]})
+srv.resume()
+th.join()
+if st != 200 or out != {"status": "aborted", "aborted": 1} or res[0]["finish_reason"] != "abort":
+    reflib.fail(f"/abort_requests by id: {st} {out} {res[0]['finish_reason']}")
+st, out, _ = srv.request("POST", "/abort_requests", {"request_ids": "long-1"})
+if st != 400:
+    reflib.fail(f"/abort_requests with a string: {st} {out}")
+print("ok  vLLM's /sleep (level 1 with a running rollout kept; level 2), /wake_up by tags, /is_sleeping, "
+      "/abort_requests: the rollout slept through finished on transformers' logprobs, level 2 gave the same bits back")
 
 # 6. the full-parameter GRPO example: every step's rollout on the weights the step before saved
 save_root = os.path.join(root, "grpo")

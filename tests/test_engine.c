@@ -777,6 +777,55 @@ START_TEST(base_update) {
 }
 END_TEST
 
+/* sleep levels 1 and 2 in the middle of a request: nothing runs asleep, the KV memory (and the
+ * weights) go and come back, and the request goes on to the tokens of an undisturbed run */
+START_TEST(sleep_wake) {
+    model_t *m = NULL;
+    ck_assert_int_eq(model_load(model_dir, be, &m), CS_OK);
+    engine_params_t ep = {.sched = fcfs, .model = m, .own_model = true, .model_dir = model_dir,
+                          .kv_cache_bytes = kv_bytes_for_tokens(512)};
+    engine_t *e = NULL;
+    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    int32_t p[12];
+    ramp(p, 12, 30);
+    vrec_t a = {0}, ref = {0};
+    fresh_run(model_dir, p, 12, 30, &ref);
+    engine_request_t q = vreq(p, 12, 30, &a);
+    ck_assert_int_eq(engine_submit(e, &q, NULL), CS_OK);
+    for (int i = 0; i < 5; i++) engine_step(e);
+    for (int level = 1; level <= 2; level++) {
+        int before = a.n;
+        ck_assert_int_eq(engine_sleep(e, level), CS_OK);
+        ck_assert(engine_sleeping(e));
+        engine_base_update_t u = {.dir = model2_dir};
+        engine_base_result_t res;
+        ck_assert_int_eq(engine_update_base(e, &u, &res), CS_EBUSY); /* asleep: refused */
+        for (int i = 0; i < 3; i++) ck_assert_int_eq(engine_step(e), 0);
+        engine_stats_t st;
+        engine_get_stats(e, &st);
+        ck_assert_int_eq(st.kv.n_blocks, 0); /* the memory is given back */
+        ck_assert_int_eq(a.n, before);
+        if (level == 2) { /* the KV back without the weights: still asleep */
+            ck_assert_int_eq(engine_wake_up(e, false, true), CS_OK);
+            ck_assert(engine_sleeping(e));
+            ck_assert_int_eq(engine_step(e), 0);
+        }
+        ck_assert_int_eq(engine_wake_up(e, true, true), CS_OK);
+        ck_assert(!engine_sleeping(e));
+        for (int i = 0; i < 5; i++) engine_step(e);
+        ck_assert_int_gt(a.n, before);
+    }
+    while (!a.done) engine_step(e);
+    ck_assert_int_eq(a.n, ref.n);
+    for (int i = 0; i < a.n; i++) { /* recomputed KV: the same tokens, logprobs to rounding */
+        ck_assert_int_eq(a.tok[i], ref.tok[i]);
+        ck_assert_msg(fabsf(a.lp[i] - ref.lp[i]) < 1e-4f, "token %d: %g vs %g", i, a.lp[i], ref.lp[i]);
+    }
+    stats_no_leak(e);
+    engine_free(e);
+}
+END_TEST
+
 int main(void) {
     setup_files();
     be = cpu_backend_new(&(cpu_backend_params_t){.n_threads = 2});
@@ -787,7 +836,7 @@ int main(void) {
         loading_adapter_does_not_block, abort_within_one_iteration, preemption_no_leak,
         samples_share_prompt_blocks, submit_validation, engine_thread,
     };
-    const TTest *const more[] = {policy_decides, first_step_prefill_chunk, beam_search, base_update};
+    const TTest *const more[] = {policy_decides, first_step_prefill_chunk, beam_search, base_update, sleep_wake};
     TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
     tcase_add_loop_test(tc, prompt_logprobs, 0, 3);
     cs_tcase_add_tests(tc, more, CS_ARRAY_LEN(more));
