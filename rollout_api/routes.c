@@ -231,6 +231,21 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
     if (ri && !json_is_null(ri) && !json_is_string(ri)) return http_error(c, 400, "rid", "'rid' must be a string");
     if (ids && !json_is_null(ids) && !json_is_array(ids))
         return http_error(c, 400, "input_ids", "'input_ids' must be a list of token ids, or a list of such lists");
+    json_t *tln = json_object_get(b, "top_logprobs_num"), *rtl = json_object_get(b, "return_text_in_logprobs");
+    json_t *seed = json_is_object(sp) ? json_object_get(sp, "sampling_seed") : NULL;
+    json_t *sst = json_is_object(sp) ? json_object_get(sp, "skip_special_tokens") : NULL;
+    if (tln && !json_is_null(tln) && (!json_is_integer(tln) || json_integer_value(tln) < 0 ||
+                                      json_integer_value(tln) > s->cfg.max_logprobs))
+        return http_error(c, 400, "top_logprobs_num", "'top_logprobs_num' must be an integer from 0 to %d",
+                          s->cfg.max_logprobs);
+    if (rtl && !json_is_null(rtl) && !json_is_boolean(rtl))
+        return http_error(c, 400, "return_text_in_logprobs", "'return_text_in_logprobs' must be true or false");
+    if (seed && !json_is_null(seed) && !json_is_integer(seed))
+        return http_error(c, 400, "sampling_params.sampling_seed", "'sampling_params.sampling_seed' must be an integer");
+    if (sst && !json_is_null(sst) && !json_is_boolean(sst))
+        return http_error(c, 400, "sampling_params.skip_special_tokens",
+                          "'sampling_params.skip_special_tokens' must be true or false");
+    int top_n = json_is_integer(tln) ? (int)json_integer_value(tln) : 0;
     bool batch = false;
     json_t *prompts = json_array();
     if (ids && !json_is_null(ids)) {
@@ -297,7 +312,7 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
             return generate_error(c, api_status_of(crc), field, cs_error_last());
         }
     }
-    json_object_set_new(samp, "logprobs", json_pack("{s:s}", "mode", "raw"));
+    json_object_set_new(samp, "logprobs", json_pack("{s:s, s:i}", "mode", "raw", "top_k", top_n));
     const char *rid = json_string_value(json_object_get(b, "rid"));
     json_t *groups = json_array();
     size_t i;
@@ -306,7 +321,9 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
         char gid[300];
         snprintf(gid, sizeof gid, "%s%s%zu", rid ? rid : "", rid ? "-" : "", i);
         if (!batch && rid) snprintf(gid, sizeof gid, "%s", rid);
-        json_array_append_new(groups, json_pack("{s:s, s:O}", "group_id", gid, "input_ids", p));
+        json_t *g = json_pack("{s:s, s:O}", "group_id", gid, "input_ids", p);
+        if (json_is_integer(seed)) json_object_set(g, "seed", seed);
+        json_array_append_new(groups, g);
     }
     json_decref(prompts);
     json_t *req = json_pack("{s:o, s:o}", "groups", groups, "sampling", samp);
@@ -315,16 +332,32 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
     const char *lora = json_string_value(json_object_get(b, "lora_path"));
     if (lora) json_object_set_new(req, "adapter", json_string(lora));
     if (rid) json_object_set_new(req, "batch_id", json_string(rid));
-    enum MHD_Result r = rollout_run(s, cn, c, req, json_pack("{s:b, s:b}", "batch", batch, "return_logprob",
-                                                             json_is_true(json_object_get(b, "return_logprob"))));
+    enum MHD_Result r = rollout_run(s, cn, c, req, json_pack("{s:b, s:b, s:i, s:b, s:b}", "batch", batch, "return_logprob",
+                                                             json_is_true(json_object_get(b, "return_logprob")),
+                                                             "top_logprobs_num", top_n, "text_in_logprobs",
+                                                             json_is_true(rtl), "skip_special", !json_is_false(sst)));
     json_decref(req);
     return r;
+}
+
+/* a logprob entry's third element: the token's text (return_text_in_logprobs), else null */
+static json_t *token_text(server_t *s, json_t *id, bool want) {
+    int32_t t = (int32_t)json_integer_value(id);
+    char *text = NULL;
+    size_t n = 0;
+    if (!want || !s->tok || tokenizer_decode(s->tok, &t, 1, false, &text, &n)) return json_null();
+    json_t *o = jstr(text, n);
+    free(text);
+    return o;
 }
 
 /* SGLang's /generate answer from the rollout's groups (one sample per prompt, in order) */
 json_t *rollout_route_sglang_json(server_t *s, gen_job_t *j) {
     json_t *list = json_array();
     bool lp = json_is_true(json_object_get(j->sglang, "return_logprob"));
+    bool tl_text = json_is_true(json_object_get(j->sglang, "text_in_logprobs"));
+    bool skip = !json_is_false(json_object_get(j->sglang, "skip_special"));
+    int top_n = (int)json_integer_value(json_object_get(j->sglang, "top_logprobs_num"));
     size_t gi;
     json_t *g;
     json_array_foreach(j->ro_groups, gi, g) {
@@ -338,7 +371,7 @@ json_t *rollout_route_sglang_json(server_t *s, gen_job_t *j) {
             for (size_t k = 0; k < n; k++) v[k] = (int32_t)json_integer_value(json_array_get(ids, k));
             char *text = NULL;
             size_t tl = 0;
-            if (s->tok) tokenizer_decode(s->tok, v, n, true, &text, &tl);
+            if (s->tok) tokenizer_decode(s->tok, v, n, skip, &text, &tl);
             free(v);
             const char *fin = json_string_value(json_object_get(sm, "finish_reason"));
             char wv[ENGINE_LABEL_MAX]; /* SGLang's weight_version: the base weights' name */
@@ -351,8 +384,24 @@ json_t *rollout_route_sglang_json(server_t *s, gen_job_t *j) {
             if (lp) {
                 json_t *otl = json_array(), *lps = json_object_get(sm, "logprobs");
                 for (size_t k = 0; k < n; k++)
-                    json_array_append_new(otl, json_pack("[O, O, n]", json_array_get(lps, k), json_array_get(ids, k)));
+                    json_array_append_new(otl, json_pack("[O, O, o]", json_array_get(lps, k), json_array_get(ids, k),
+                                                         token_text(s, json_array_get(ids, k), tl_text)));
                 json_object_set_new(meta, "output_token_logprobs", otl);
+                if (top_n > 0) { /* per token [[logprob, id, text], ...], as SGLang's output_top_logprobs */
+                    json_t *ot = json_array(), *tops = json_object_get(sm, "top_logprobs");
+                    size_t k;
+                    json_t *row;
+                    json_array_foreach(tops, k, row) {
+                        json_t *r = json_array();
+                        size_t q;
+                        json_t *pair;
+                        json_array_foreach(row, q, pair)
+                            json_array_append_new(r, json_pack("[O, O, o]", json_array_get(pair, 1), json_array_get(pair, 0),
+                                                               token_text(s, json_array_get(pair, 0), tl_text)));
+                        json_array_append_new(ot, r);
+                    }
+                    json_object_set_new(meta, "output_top_logprobs", ot);
+                }
             }
             json_array_append_new(list, json_pack("{s:o, s:O, s:o}", "text", jstr(text ? text : "", tl), "output_ids", ids,
                                                   "meta_info", meta));

@@ -294,7 +294,29 @@ th.join()
 srv.resume()
 if st != 200 or res[0][1]["meta_info"]["finish_reason"]["type"] != "abort" or len(res[0][1]["output_ids"]) >= 1500:
     reflib.fail(f"/abort_request: {st} {ab} {res[0][1]['meta_info']}")
-print("ok  SGLang /generate (ids, batch, logprobs, weight_version) equals the rollout; /abort_request by rid")
+# slime's sampling_seed and SGLang's top_logprobs_num, return_text_in_logprobs, skip_special_tokens
+hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+st, gs, _ = srv.request("POST", "/generate", {"input_ids": prompts[2], "return_logprob": True, "top_logprobs_num": 3,
+                                              "return_text_in_logprobs": True,
+                                              "sampling_params": {"max_new_tokens": 10, "temperature": 1.0,
+                                                                  "sampling_seed": 5, "ignore_eos": True,
+                                                                  "skip_special_tokens": False}})
+ro = rollout({"sampling": {"max_tokens": 10, "temperature": 1.0, "ignore_eos": True, "logprobs": {"top_k": 3}},
+              "groups": [{"input_ids": prompts[2], "seed": 5}]})["groups"][0]["samples"][0]
+m = gs["meta_info"] if st == 200 else {}
+if st != 200 or gs["output_ids"] != ro["output_ids"] or \
+        [lp for lp, _, _ in m["output_token_logprobs"]] != ro["logprobs"] or \
+        [[(t, lp) for lp, t, _ in row] for row in m["output_top_logprobs"]] != [[tuple(x) for x in row] for row in ro["top_logprobs"]] or \
+        [txt for _, t, txt in m["output_token_logprobs"]] != [hf_tok.decode([t]) for t in ro["output_ids"]] or \
+        any(txt != hf_tok.decode([t]) for row in m["output_top_logprobs"] for _, t, txt in row) or \
+        gs["text"] != hf_tok.decode(ro["output_ids"], skip_special_tokens=False):
+    reflib.fail(f"/generate with sampling_seed, top_logprobs_num, return_text_in_logprobs: {st} {gs} vs {ro}")
+for bad, field in (({"top_logprobs_num": -1}, "top_logprobs_num"), ({"return_text_in_logprobs": 1}, "return_text_in_logprobs"),
+                   ({"sampling_params": {"sampling_seed": "x"}}, "sampling_params.sampling_seed")):
+    st, r, _ = srv.request("POST", "/generate", dict({"input_ids": prompts[0]}, **bad))
+    if st != 400 or r["error"]["param"] != field:
+        reflib.fail(f"/generate {bad}: {st} {r}")
+print("ok  SGLang /generate (ids, batch, logprobs, weight_version, sampling_seed, top_logprobs_num, return_text_in_logprobs) equals the rollout; /abort_request by rid")
 # pause / resume (a trainer updating weights)
 def bg(body):
     out = []
