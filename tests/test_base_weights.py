@@ -16,7 +16,10 @@ that train every weight do it, judged by transformers on each checkpoint.
    KV up to there, the new ones' after).
 5. The routes a C server cannot speak (update_weights_from_tensor, ..._distributed) are 501
    naming update_weights_from_disk.
-6. rollout_api/examples/grpo_full.py (every weight trained, each step saved and loaded through
+6. vLLM's /sleep (level 1 with a rollout kept running through it, level 2), /wake_up by tags,
+   /is_sleeping, /abort_requests by id.
+7. SGLang's /load_lora_adapter and /unload_lora_adapter with AReaL's body, /update_weight_version.
+8. rollout_api/examples/grpo_full.py (every weight trained, each step saved and loaded through
    /update_weights_from_disk): every rollout on the weights of the step before, the server's
    logprobs equal to the trainer's within 1e-4."""
 import os
@@ -30,6 +33,7 @@ import reflib  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from hfmodels import make_adapter  # noqa: E402
 from serverlib import Server, make_tok_model, wait_for  # noqa: E402
 
 torch.set_num_threads(2)
@@ -206,7 +210,7 @@ for path in ("/update_weights_from_tensor", "/update_weights_from_distributed", 
         reflib.fail(f"{path}: {st} {out}")
 print("ok  update_weights_from_tensor / _distributed / init_weights_update_group: 501 naming update_weights_from_disk")
 
-# 7. vLLM's sleep and wake-up, and /abort_requests
+# 6. vLLM's sleep and wake-up, and /abort_requests
 th, res = srv.hold_call(lambda: rollout(srv, max_tokens=300), "a long rollout to sleep through")
 for method, path, want in (("POST", "/sleep?level=1&mode=keep", ""), ("GET", "/is_sleeping", {"is_sleeping": True}),
                            ("GET", "/v1/loads", None), ("POST", "/wake_up", ""),
@@ -244,7 +248,38 @@ if st != 400:
 print("ok  vLLM's /sleep (level 1 with a running rollout kept; level 2), /wake_up by tags, /is_sleeping, "
       "/abort_requests: the rollout slept through finished on transformers' logprobs, level 2 gave the same bits back")
 
-# 6. the full-parameter GRPO example: every step's rollout on the weights the step before saved
+# 7. SGLang's adapter routes (AReaL's body: a versioned name, a path under the root) and
+# /update_weight_version
+ad_dir, ad_ref = make_adapter(dirs["b"], refs["b"], r=8, alpha=16, targets=["q_proj", "v_proj"], seed=3)
+shutil.copytree(ad_dir, os.path.join(root, "lora-v1"))
+st, out, _ = srv.request("POST", "/load_lora_adapter", {"lora_name": "pol-v1", "lora_path": os.path.join(root, "lora-v1")})
+if st != 200 or out != {"success": True, "error_message": None,
+                        "loaded_adapters": {"pol-v1": os.path.join(root, "lora-v1")}}:
+    reflib.fail(f"/load_lora_adapter: {st} {out}")
+sa = rollout(srv, adapter="pol-v1")
+wa = worst_vs(ad_ref, sa)
+if wa > TOL or sa["adapter_version"] != 1:
+    reflib.fail(f"a rollout on the adapter /load_lora_adapter loaded: |dlogprob| {wa}, {sa}")
+for body, words in (({"lora_name": "x", "lora_path": "/etc"}, "outside"),
+                    ({"lora_name": "x", "lora_path": os.path.join(root, "lora-v1"), "pinned": True}, "pinned"),
+                    ({"lora_path": os.path.join(root, "lora-v1")}, "required")):
+    st, out, _ = srv.request("POST", "/load_lora_adapter", body)
+    if st != 400 or out["success"] is not False or words not in out["error_message"] or "pol-v1" not in out["loaded_adapters"]:
+        reflib.fail(f"/load_lora_adapter {body}: {st} {out}")
+st, out, _ = srv.request("POST", "/unload_lora_adapter", {"lora_name": "pol-v1"})
+st2, out2, _ = srv.request("POST", "/unload_lora_adapter", {"lora_name": "pol-v1"})
+if st != 200 or out != {"success": True, "error_message": None, "loaded_adapters": {}} or st2 != 400 or \
+        "cannot be found" not in out2["error_message"]:
+    reflib.fail(f"/unload_lora_adapter: {st} {out}; again: {st2} {out2}")
+st, out, _ = srv.request("POST", "/update_weight_version", {"new_version": "step-7"})
+st2, out2, _ = srv.request("GET", "/get_weight_version")
+if st != 200 or out != {"success": True, "message": "Weight version updated to step-7", "new_version": "step-7"} or \
+        out2 != {"weight_version": "step-7"}:
+    reflib.fail(f"/update_weight_version: {st} {out}; then {out2}")
+print(f"ok  SGLang's /load_lora_adapter (a rollout on it: |dlogprob| {wa:.1e} against peft), its refusals (400, "
+      "success false), /unload_lora_adapter, /update_weight_version")
+
+# 8. the full-parameter GRPO example: every step's rollout on the weights the step before saved
 save_root = os.path.join(root, "grpo")
 os.makedirs(save_root)
 p = subprocess.run([sys.executable, os.path.join(reflib.SRCDIR, "rollout_api", "examples", "grpo_full.py"),
