@@ -234,6 +234,9 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
     json_t *tln = json_object_get(b, "top_logprobs_num"), *rtl = json_object_get(b, "return_text_in_logprobs");
     json_t *seed = json_is_object(sp) ? json_object_get(sp, "sampling_seed") : NULL;
     json_t *sst = json_is_object(sp) ? json_object_get(sp, "skip_special_tokens") : NULL;
+    json_t *nst = json_is_object(sp) ? json_object_get(sp, "no_stop_trim") : NULL;
+    if (nst && !json_is_null(nst) && !json_is_boolean(nst))
+        return http_error(c, 400, "sampling_params.no_stop_trim", "'sampling_params.no_stop_trim' must be true or false");
     if (tln && !json_is_null(tln) && (!json_is_integer(tln) || json_integer_value(tln) < 0 ||
                                       json_integer_value(tln) > s->cfg.max_logprobs))
         return http_error(c, 400, "top_logprobs_num", "'top_logprobs_num' must be an integer from 0 to %d",
@@ -332,10 +335,14 @@ enum MHD_Result rollout_route_generate(server_t *s, conn_t *cn, struct MHD_Conne
     const char *lora = json_string_value(json_object_get(b, "lora_path"));
     if (lora) json_object_set_new(req, "adapter", json_string(lora));
     if (rid) json_object_set_new(req, "batch_id", json_string(rid));
-    enum MHD_Result r = rollout_run(s, cn, c, req, json_pack("{s:b, s:b, s:i, s:b, s:b}", "batch", batch, "return_logprob",
-                                                             json_is_true(json_object_get(b, "return_logprob")),
-                                                             "top_logprobs_num", top_n, "text_in_logprobs",
-                                                             json_is_true(rtl), "skip_special", !json_is_false(sst)));
+    json_t *stops = json_is_object(sp) ? json_object_get(sp, "stop") : NULL;
+    json_t *sg = json_pack("{s:b, s:b, s:i, s:b, s:b, s:b}", "batch", batch, "return_logprob",
+                           json_is_true(json_object_get(b, "return_logprob")), "top_logprobs_num", top_n,
+                           "text_in_logprobs", json_is_true(rtl), "skip_special", !json_is_false(sst), "no_stop_trim",
+                           json_is_true(nst));
+    if (json_is_string(stops)) json_object_set_new(sg, "stop", json_pack("[O]", stops));
+    else if (json_is_array(stops)) json_object_set(sg, "stop", stops);
+    enum MHD_Result r = rollout_run(s, cn, c, req, sg);
     json_decref(req);
     return r;
 }
@@ -374,10 +381,24 @@ json_t *rollout_route_sglang_json(server_t *s, gen_job_t *j) {
             if (s->tok) tokenizer_decode(s->tok, v, n, skip, &text, &tl);
             free(v);
             const char *fin = json_string_value(json_object_get(sm, "finish_reason"));
+            /* SGLang's finish_reason: the stop string matched (the text trimmed before it unless
+             * no_stop_trim), the stop or EOS token, or the length */
+            json_t *why = json_pack("{s:s}", "type", fin);
+            const char *cut = NULL, *matched = NULL;
+            size_t si2;
+            json_t *st;
+            json_array_foreach(json_object_get(j->sglang, "stop"), si2, st) {
+                const char *f = text && !strcmp(fin, "stop") && json_string_length(st) ? strstr(text, json_string_value(st)) : NULL;
+                if (f && (!cut || f < cut)) { cut = f; matched = json_string_value(st); }
+            }
+            if (matched) json_object_set_new(why, "matched", json_string(matched));
+            else if (!strcmp(fin, "stop") && n) json_object_set(why, "matched", json_array_get(ids, n - 1));
+            else if (!strcmp(fin, "length")) json_object_set_new(why, "length", json_integer((json_int_t)n));
+            if (cut && !json_is_true(json_object_get(j->sglang, "no_stop_trim"))) tl = (size_t)(cut - text);
             char wv[ENGINE_LABEL_MAX]; /* SGLang's weight_version: the base weights' name */
             engine_base_label(s->engine, (int)json_integer_value(json_object_get(sm, "base_version")), wv, sizeof wv);
-            json_t *meta = json_pack("{s:s, s:{s:s}, s:O, s:I, s:O, s:s, s:O}", "id",
-                                     json_string_value(json_object_get(g, "group_id")), "finish_reason", "type", fin,
+            json_t *meta = json_pack("{s:s, s:o, s:O, s:I, s:O, s:s, s:O}", "id",
+                                     json_string_value(json_object_get(g, "group_id")), "finish_reason", why,
                                      "prompt_tokens", json_object_get(g, "prompt_len"), "completion_tokens",
                                      (json_int_t)n, "cached_tokens", json_object_get(g, "cached_prompt_tokens"),
                                      "weight_version", wv, "adapter_version", json_object_get(sm, "adapter_version"));

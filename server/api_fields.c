@@ -140,7 +140,7 @@ const api_field_t api_fields[] = {
       "a JSON schema (JSON text) the output follows"),
     H("sampling_params.ebnf", GEN, "SGLang", "{\"sampling_params\": {\"ebnf\": \"root ::= x\"}}", "a GBNF grammar the output follows"),
     R("sampling_params.structural_tag", GEN, "SGLang", NULL, "structural tags are not supported"),
-    R("sampling_params.no_stop_trim", GEN, "SGLang", "false", "stop strings are always trimmed"),
+    H("sampling_params.no_stop_trim", GEN, "SGLang", "{\"sampling_params\": {\"no_stop_trim\": \"x\"}}", "true: the text keeps the stop string"),
     H("sampling_params.skip_special_tokens", GEN, "SGLang", "{\"sampling_params\": {\"skip_special_tokens\": \"x\"}}", "false: the text keeps special tokens"),
     R("sampling_params.spaces_between_special_tokens", GEN, "SGLang", "true", "not supported"),
     R("sampling_params.logit_bias", GEN, "SGLang", "{}", "not supported on /generate (use /v1/completions)"),

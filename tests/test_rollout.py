@@ -311,12 +311,29 @@ if st != 200 or gs["output_ids"] != ro["output_ids"] or \
         any(txt != hf_tok.decode([t]) for row in m["output_top_logprobs"] for _, t, txt in row) or \
         gs["text"] != hf_tok.decode(ro["output_ids"], skip_special_tokens=False):
     reflib.fail(f"/generate with sampling_seed, top_logprobs_num, return_text_in_logprobs: {st} {gs} vs {ro}")
+# SGLang trims the stop string from the text (no_stop_trim keeps it) and says what matched
+base_gen = {"input_ids": prompts[1], "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+st, g0, _ = srv.request("POST", "/generate", base_gen)
+full = g0["text"]
+k = next(i for i in range(4, len(full) - 3) if full[i:i + 3].strip() and full.find(full[i:i + 3]) == i)
+stop = full[k:k + 3]
+for nst in (False, True):
+    st, gt, _ = srv.request("POST", "/generate", {"input_ids": prompts[1], "sampling_params": {
+        "max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop": [stop], "no_stop_trim": nst}})
+    want_text = full[:k + 3] if nst else full[:k]
+    if st != 200 or gt["meta_info"]["finish_reason"] != {"type": "stop", "matched": stop} or \
+            not gt["text"].startswith(want_text) or (not nst and gt["text"] != want_text) or \
+            gt["output_ids"] != g0["output_ids"][:len(gt["output_ids"])]:
+        reflib.fail(f"/generate stop {stop!r} no_stop_trim {nst}: {st} {gt} (full text {full!r})")
+if g0["meta_info"]["finish_reason"] != {"type": "length", "length": 24}:
+    reflib.fail(f"/generate finish_reason at the length: {g0['meta_info']['finish_reason']}")
 for bad, field in (({"top_logprobs_num": -1}, "top_logprobs_num"), ({"return_text_in_logprobs": 1}, "return_text_in_logprobs"),
-                   ({"sampling_params": {"sampling_seed": "x"}}, "sampling_params.sampling_seed")):
+                   ({"sampling_params": {"sampling_seed": "x"}}, "sampling_params.sampling_seed"),
+                   ({"sampling_params": {"no_stop_trim": 1}}, "sampling_params.no_stop_trim")):
     st, r, _ = srv.request("POST", "/generate", dict({"input_ids": prompts[0]}, **bad))
     if st != 400 or r["error"]["param"] != field:
         reflib.fail(f"/generate {bad}: {st} {r}")
-print("ok  SGLang /generate (ids, batch, logprobs, weight_version, sampling_seed, top_logprobs_num, return_text_in_logprobs) equals the rollout; /abort_request by rid")
+print("ok  SGLang /generate (ids, batch, logprobs, weight_version, sampling_seed, top_logprobs_num, return_text_in_logprobs, stop trimming and no_stop_trim) equals the rollout; /abort_request by rid")
 # pause / resume (a trainer updating weights)
 def bg(body):
     out = []
