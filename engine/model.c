@@ -61,12 +61,13 @@ struct model {
     model_cold_stats_t cold_st;
     uint64_t graph_kv;              /* kv_cache_id of the cache the recorded graphs write */
     bool probe;                     /* model_probe: tensors checked, nothing loaded */
+    uint64_t uid;                   /* its number: in its graphs' keys */
 };
 
-/* The model whose forwards the backend's recorded graphs replay (models of one base in two
- * versions share a backend; a graph names its model's buffers). One per process: a switch
- * between backends costs a reset, never a wrong replay. */
-static _Atomic(const model_t *) graph_owner;
+/* Models of one base in two versions share a backend, and a recorded graph names its model's
+ * buffers: a graph's key carries the model's number (unique in the process), so one model
+ * never replays another's. */
+static _Atomic uint64_t model_count;
 
 typedef struct cold_seg {
     int row0, n;
@@ -311,6 +312,7 @@ static int load(const char *dir, backend_t *be, model_weights_mem how, bool prob
     if (!m) return cs_error_set(CS_ENOMEM, "out of memory");
     m->be = be;
     m->probe = probe;
+    m->uid = atomic_fetch_add(&model_count, 1) + 1;
     int rc = model_config_load(dir, &m->cfg);
     if (rc) goto err;
     /* a backend that reads the weights in place in host memory streams them at every decode
@@ -448,9 +450,7 @@ void model_free(model_t *m) {
         backend_batch_free(m->be, m->batch);
         backend_buf_free(m->be, m->logits_buf);
         for (size_t i = 0; i < m->n_owned; i++) backend_buf_free(m->be, m->owned[i]);
-        /* graphs this model recorded name the buffers just freed */
-        const model_t *self = m;
-        if (atomic_compare_exchange_strong(&graph_owner, &self, NULL)) backend_graph_reset(m->be);
+        backend_graph_reset(m->be); /* graphs this model recorded name the buffers just freed */
     }
     free(m->cold);
     free(m->aseqs);
@@ -852,13 +852,11 @@ int model_forward_batch(model_t *m, kv_cache_t *kv, const model_batch_seq_t *seq
     /* a decode step (one token and its logits per sequence) has launches fixed by its batch
      * size and whether adapters take part: a backend with device graphs replays it */
     bool decode_only = n_out == T && T == n_seqs;
-    uint64_t gkey = ((uint64_t)T << 1) | (n_segs > 0);
+    uint64_t gkey = (m->uid << 40) | ((uint64_t)T << 1) | (n_segs > 0);
     if (m->n_cold) decode_only = false; /* host-assisted ops are not a graph's */
-    if (decode_only && (kv_cache_id(kv) != m->graph_kv || atomic_load(&graph_owner) != m)) {
-        /* graphs of another cache name its pools; another model's, its weights */
-        if (m->graph_kv || atomic_load(&graph_owner)) backend_graph_reset(be);
+    if (decode_only && kv_cache_id(kv) != m->graph_kv) { /* graphs of another cache name its pools */
+        if (m->graph_kv) backend_graph_reset(be);
         m->graph_kv = kv_cache_id(kv);
-        atomic_store(&graph_owner, m);
     }
     if (!decode_only || !backend_graph_begin(be, gkey)) {
         forward_ops(m, kv, T, n_out, n_segs);

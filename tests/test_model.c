@@ -275,6 +275,60 @@ START_TEST(test_graphs_two_caches) {
 }
 END_TEST
 
+/* Two models on one backend (two versions of the base weights) decoded in turn with graphs
+ * on give what each gives without graphs: a graph one recorded is never replayed for the
+ * other (that ran the first one's weights). */
+START_TEST(test_graphs_two_models) {
+    char *da = write_model("m_graphs_a", "LlamaForCausalLM", CS_DTYPE_F32, NULL, NULL, NULL);
+    char *db = write_model("m_graphs_b", "LlamaForCausalLM", CS_DTYPE_F32, NULL, NULL, NULL);
+    backend_t *bg = cuda_emu_backend_new(&(cuda_backend_params_t){.graphs = true});
+    backend_t *bp = cuda_emu_backend_new(&(cuda_backend_params_t){.graphs = false});
+    ck_assert_msg(bg && bp, "%s", cs_error_last());
+    model_t *mg[2], *mp[2];
+    for (int k = 0; k < 2; k++) {
+        ck_assert_msg(model_load(k ? db : da, bg, &mg[k]) == 0, "%s", cs_error_last());
+        ck_assert_msg(model_load(k ? db : da, bp, &mp[k]) == 0, "%s", cs_error_last());
+    }
+    model_seq_t *sg[2], *sp[2];
+    float *lg = malloc(sizeof(float) * VOCAB), *lp = malloc(sizeof(float) * VOCAB);
+    int32_t ids[12];
+    for (int i = 0; i < 12; i++) ids[i] = (int32_t)(cs_rng_next(&rng) % VOCAB);
+    for (int k = 0; k < 2; k++) { /* the same prompt: only the weights differ */
+        sg[k] = model_seq_new(mg[k], 20, CS_DTYPE_F32);
+        sp[k] = model_seq_new(mp[k], 20, CS_DTYPE_F32);
+        ck_assert_int_eq(model_forward(mg[k], sg[k], ids, 4, NULL, lg, false), 0);
+        ck_assert_int_eq(model_forward(mp[k], sp[k], ids, 4, NULL, lp, false), 0);
+    }
+    float apart = 0, *prev = malloc(sizeof(float) * VOCAB);
+    for (int step = 4; step < 12; step++)
+        for (int k = 0; k < 2; k++) { /* one token of each model in turn, the same batch shape */
+            ck_assert_int_eq(model_forward(mg[k], sg[k], &ids[step], 1, NULL, lg, false), 0);
+            ck_assert_int_eq(model_forward(mp[k], sp[k], &ids[step], 1, NULL, lp, false), 0);
+            float d = test_max_abs_diff(lg, lp, VOCAB);
+            ck_assert_msg(d < 1e-5f, "model %d, step %d: with graphs %g away from without", k, step, d);
+            if (k == 1) apart = fmaxf(apart, test_max_abs_diff(lp, prev, VOCAB)); /* the same tokens, other weights */
+            memcpy(prev, lp, sizeof(float) * VOCAB);
+        }
+    free(prev);
+    ck_assert_msg(apart > 1e-3f, "the two models give the same logits (%g): the test cannot tell them apart", apart);
+    backend_stats_t st;
+    backend_get_stats(bg, &st);
+    ck_assert_msg(st.graph_replays > 0, "no graph was replayed: the test does not test graphs");
+    free(lg);
+    free(lp);
+    for (int k = 0; k < 2; k++) {
+        model_seq_free(sg[k]);
+        model_seq_free(sp[k]);
+        model_free(mg[k]);
+        model_free(mp[k]);
+    }
+    backend_free(bg);
+    backend_free(bp);
+    free(da);
+    free(db);
+}
+END_TEST
+
 static void expect_load_error(const char *sub, const char *skip, const char *bad_shape, const char *extra, int code,
                               const char *must_contain) {
     char *dir = write_model(sub, "LlamaForCausalLM", CS_DTYPE_F32, skip, bad_shape, extra);
@@ -310,7 +364,7 @@ int main(void) {
     Suite *s = suite_create("model");
     const TTest *const tests[] = {
         test_llama_f32, test_llama_bf16, test_misaligned_tensors, test_weights_memory, test_qwen3_f32,
-        test_graphs_two_caches, test_missing_tensor, test_wrong_shape, test_unexpected_tensor
+        test_graphs_two_caches, test_graphs_two_models, test_missing_tensor, test_wrong_shape, test_unexpected_tensor
     };
     cs_tcase(s, "forward", tests, CS_ARRAY_LEN(tests), 120);
     int failed = cs_check_run(s, CK_FORK);
