@@ -83,8 +83,9 @@ bool grammar_matcher_accept_token(grammar_matcher_t *m, const grammar_vocab_t *v
 bool grammar_matcher_can_end(const grammar_matcher_t *m);     /* the output so far is complete */
 /* complete and nothing can follow: the sequence is over */
 bool grammar_matcher_done(const grammar_matcher_t *m);
-/* an accept failed because the grammar allowed more than 256 parses of the output at once
- * (a grammar ambiguous enough to make each step slow): the output is refused there */
+/* the grammar allowed more than 256 parses of the output at once, or one step (an accept,
+ * a mask) followed more than 16M paths through it (a grammar ambiguous enough to make each
+ * step slow): the output is refused there (the accept fails, the masks allow nothing) */
 bool grammar_matcher_too_ambiguous(const grammar_matcher_t *m);
 /* The tokens that keep the output in the grammar: bit id of mask ((vocab + 31) / 32 words)
  * set for each, EOS ids where the grammar can end. Walks the vocabulary's trie once. */

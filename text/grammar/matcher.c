@@ -43,6 +43,7 @@ struct grammar_matcher {
      * that each path is followed once however many ways lead to it through nullable rules */
     vslot_t *vis;
     uint32_t vis_cap, vis_n, vis_gen;
+    uint64_t spent;             /* pairs visited since the operation (a mask, an accept) began */
     struct { uint32_t pos; int32_t parent; } *work; /* expand()'s pending (pos, parent) pairs */
     int n_work, cap_work;
 };
@@ -55,6 +56,9 @@ struct grammar_matcher {
 /* the most (position, parent) pairs one expansion may visit: nested nullable repeats
  * ("a"{2,31}???{4,31}???...) can reach millions before any byte is read */
 #define VISIT_MAX (1 << 16)
+/* ... and one mask or accept in all its expansions: past it the grammar is refused as too
+ * ambiguous (a real grammar's first mask over a 150k vocabulary visits far fewer) */
+#define SPENT_MAX ((uint64_t)1 << 24)
 
 #define COMPACT_NODES (1 << 16)
 
@@ -129,7 +133,7 @@ static void visit_reset(grammar_matcher_t *m) {
 /* 1: (pos, parent) is new to this expansion (now marked), 0: visited, -1: out of memory,
  * -2: the expansion has visited VISIT_MAX pairs (a grammar ambiguous past any use) */
 static int visit(grammar_matcher_t *m, uint32_t pos, int32_t parent) {
-    if (m->vis_n >= VISIT_MAX) return -2;
+    if (m->vis_n >= VISIT_MAX || ++m->spent > SPENT_MAX) return -2;
     if ((m->vis_n + 1) * 2 > m->vis_cap) {
         uint32_t nc = m->vis_cap ? m->vis_cap * 2 : 256;
         vslot_t *nv = calloc(nc, sizeof *nv), *old = m->vis;
@@ -324,6 +328,8 @@ void grammar_matcher_free(grammar_matcher_t *m) {
 
 bool grammar_matcher_accept_bytes(grammar_matcher_t *m, const uint8_t *b, size_t n) {
     if (m->ended) return n == 0;
+    if (m->ambiguous) return false;
+    m->spent = 0;
     int mark = m->n_nodes;
     m->n_pool = 0;
     for (int i = 0; i < m->n_cur; i++)
@@ -562,6 +568,11 @@ static const uint32_t *union_of(grammar_t *g, const int *idx, int n, int words) 
 
 void grammar_matcher_mask(grammar_matcher_t *m, const grammar_vocab_t *v, uint32_t *mask) {
     int words = (v->n + 31) / 32;
+    m->spent = 0;
+    if (m->ambiguous) { /* refused: nothing may follow */
+        memset(mask, 0, sizeof *mask * (size_t)words);
+        return;
+    }
     if (m->ended || !m->n_cur) {
         memset(mask, 0, sizeof *mask * (size_t)words);
         if (!m->ended) mask_eos(m, v, mask);
@@ -608,11 +619,13 @@ void grammar_matcher_mask(grammar_matcher_t *m, const grammar_vocab_t *v, uint32
     pthread_mutex_unlock(&g->cache_mu);
     rollback(m, mark);
     mask_eos(m, v, mask);
+    if (m->ambiguous) memset(mask, 0, sizeof *mask * (size_t)words); /* it ran past SPENT_MAX */
 }
 
 void grammar_matcher_mask_ref(grammar_matcher_t *m, const grammar_vocab_t *v, uint32_t *mask) {
     memset(mask, 0, sizeof *mask * (size_t)((v->n + 31) / 32));
-    if (m->ended) return;
+    m->spent = 0;
+    if (m->ended || m->ambiguous) return;
     for (int32_t t = 0; t < v->n; t++) {
         if (v->len[t] == 0) continue;
         int mark = m->n_nodes;
@@ -630,4 +643,5 @@ void grammar_matcher_mask_ref(grammar_matcher_t *m, const grammar_vocab_t *v, ui
         rollback(m, mark);
     }
     mask_eos(m, v, mask);
+    if (m->ambiguous) memset(mask, 0, sizeof *mask * (size_t)((v->n + 31) / 32)); /* past SPENT_MAX */
 }
