@@ -176,6 +176,29 @@ START_TEST(done_and_eos) {
 }
 END_TEST
 
+/* a grammar ambiguous past any use (nullable repeats of nullable repeats): one mask would
+ * follow hundreds of millions of paths; it stops at 16M, refused, allowing nothing */
+START_TEST(too_ambiguous_step) {
+    grammar_t *g = compile_ok("root ::= [a-z]?{5,31}?{5,31}?\n");
+    const char *toks[] = {"a", "bc", "z", NULL};
+    size_t lens[] = {1, 2, 1, 0};
+    int32_t eos = 3;
+    grammar_vocab_t *v;
+    ck_assert_int_eq(grammar_vocab_from_bytes(toks, lens, 4, &eos, 1, &v), CS_OK);
+    grammar_matcher_t *m = grammar_matcher_new(g);
+    uint32_t mask[1] = {~0u}, ref[1] = {~0u};
+    grammar_matcher_mask(m, v, mask);
+    ck_assert(grammar_matcher_too_ambiguous(m));
+    ck_assert_uint_eq(mask[0], 0);
+    grammar_matcher_mask_ref(m, v, ref);
+    ck_assert_uint_eq(ref[0], 0);
+    ck_assert(!grammar_matcher_accept_token(m, v, 0));
+    grammar_matcher_free(m);
+    grammar_vocab_free(v);
+    grammar_unref(g);
+}
+END_TEST
+
 /* ---- the fast mask against the reference on random walks ---- */
 static uint64_t rng_state;
 static uint32_t rnd(void) {
@@ -255,6 +278,7 @@ int main(void) {
     tcase_add_loop_test(tc, compile_errors, 0, (int)CS_ARRAY_LEN(BAD));
     tcase_add_loop_test(tc, matches, 0, (int)CS_ARRAY_LEN(MATCH));
     tcase_add_test(tc, done_and_eos);
+    tcase_add_test(tc, too_ambiguous_step);
     tcase_add_test(tc, schema_long_parts);
     tcase_add_loop_test(tc, mask_equals_reference, 0, 8);
     tcase_set_timeout(tc, 300);
