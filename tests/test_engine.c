@@ -688,14 +688,21 @@ static int n_versions(engine_t *e, int *active) {
     return n;
 }
 
-/* beside and in place; next_request, pause_keep and pinned versions; refusals change nothing */
-START_TEST(base_update) {
+/* an engine that owns its own copy of the suite's model, loaded from model_dir (base updates
+ * and sleep free it) */
+static engine_t *owned_engine(void) {
     model_t *m = NULL;
     ck_assert_int_eq(model_load(model_dir, be, &m), CS_OK);
     engine_params_t ep = {.sched = fcfs, .model = m, .own_model = true, .model_dir = model_dir,
                           .kv_cache_bytes = kv_bytes_for_tokens(512)};
     engine_t *e = NULL;
     ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    return e;
+}
+
+/* beside and in place; next_request, pause_keep and pinned versions; refusals change nothing */
+START_TEST(base_update) {
+    engine_t *e = owned_engine();
     int32_t p[12], p2[12];
     ramp(p, 12, 20);
     ramp(p2, 12, 40);
@@ -780,12 +787,7 @@ END_TEST
 /* sleep levels 1 and 2 in the middle of a request: nothing runs asleep, the KV memory (and the
  * weights) go and come back, and the request goes on to the tokens of an undisturbed run */
 START_TEST(sleep_wake) {
-    model_t *m = NULL;
-    ck_assert_int_eq(model_load(model_dir, be, &m), CS_OK);
-    engine_params_t ep = {.sched = fcfs, .model = m, .own_model = true, .model_dir = model_dir,
-                          .kv_cache_bytes = kv_bytes_for_tokens(512)};
-    engine_t *e = NULL;
-    ck_assert_int_eq(engine_new(&ep, &e), CS_OK);
+    engine_t *e = owned_engine();
     int32_t p[12];
     ramp(p, 12, 30);
     vrec_t a = {0}, ref = {0};

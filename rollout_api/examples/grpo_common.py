@@ -7,6 +7,21 @@ import time
 import torch
 
 
+def add_loop_args(ap, lr):
+    """the arguments both loops take (the learning rate's default is the loop's own)"""
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--model", required=True, help="the model directory the server started on")
+    ap.add_argument("--api-key")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json-out", help="write the per-step records here")
+
+
 def make_prompts(vocab, groups, seed):
     g = torch.Generator().manual_seed(seed)
     return [[1] + torch.randint(3, vocab, (int(6 + 3 * i),), generator=g).tolist() for i in range(groups)]

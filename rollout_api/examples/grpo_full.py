@@ -26,24 +26,14 @@ import transformers
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
 from caraserve_rollout import Client  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from grpo_common import make_prompts, most_common_token, policy_step, rollout  # noqa: E402
+from grpo_common import add_loop_args, make_prompts, most_common_token, policy_step, rollout  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--model", required=True, help="the model directory the server started on")
+    add_loop_args(ap, lr=1e-5)
     ap.add_argument("--save-root", required=True, help="a directory under the server's --lora-root")
-    ap.add_argument("--api-key")
     ap.add_argument("--sglang", action="store_true", help="update through SGLang's /update_weights_from_disk")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--groups", type=int, default=4)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--clip", type=float, default=0.2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json-out", help="write the per-step records here")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)

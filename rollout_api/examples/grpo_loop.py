@@ -26,24 +26,14 @@ from peft import LoraConfig, get_peft_model
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
 from caraserve_rollout import Client  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from grpo_common import make_prompts, most_common_token, policy_step, rollout  # noqa: E402
+from grpo_common import add_loop_args, make_prompts, most_common_token, policy_step, rollout  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--model", required=True, help="the base model directory the server serves")
-    ap.add_argument("--api-key")
+    add_loop_args(ap, lr=3e-3)
     ap.add_argument("--adapter", default="policy")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--groups", type=int, default=4)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--clip", type=float, default=0.2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json-out", help="write the per-step records here")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
