@@ -698,7 +698,10 @@ static int submit(rollout_t *r, engine_t *e, rollout_request_t *rq, const engine
     const rollout_limits_t *lim = rq->lim;
     r->e = e;
     r->t0 = cs_time_ms();
-    engine_request_t *qs = calloc((size_t)r->n_groups, sizeof *qs);
+    engine_request_t *qs = NULL;
+    for (int g = 0; g < r->n_groups && lim->adapter_check; g++)
+        if ((rc = lim->adapter_check(lim->adapter_user, r->groups[g].adapter))) BAD(rc, "groups", "groups[%d]: %s", g, cs_error_last());
+    qs = calloc((size_t)r->n_groups, sizeof *qs);
     r->ids = calloc((size_t)r->n_groups, sizeof *r->ids);
     if (!qs || !r->ids) BAD(CS_ENOMEM, NULL, "out of memory");
     for (int g = 0; g < r->n_groups; g++) {

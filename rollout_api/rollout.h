@@ -52,6 +52,11 @@ typedef struct rollout_limits {
      * (text/tool_calls.h; 0: refused), with this tokenizer (NULL: refused) */
     const struct tokenizer *tok;
     int tool_format;
+    /* every group's model before anything is submitted (NAME NULL: the base model): CS_OK to
+     * go on, else a CS_E* code with cs_error_set's message (CS_ENOTFOUND: answered as the
+     * engine answers an unknown adapter). It may register NAME first. NULL: none. */
+    int (*adapter_check)(void *user, const char *name);
+    void *adapter_user;
 } rollout_limits_t;
 
 /* A rollout request: the parsed JSON body (../shared/ROLLOUT.md), the server's limits, and

@@ -42,25 +42,31 @@ static void ro_emit(void *user, json_t *line, bool last) {
 /* the rollout's metrics taps: the same series as completions, labelled by adapter */
 static void ro_obs_token(void *user, const char *adapter, double ttft_s, double itl_s) {
     server_t *s = user;
-    const char *lab[] = {adapter ? adapter : s->model_name};
-    if (ttft_s >= 0) metric_observe(s->m.ttft, lab, ttft_s);
-    if (itl_s >= 0) metric_observe(s->m.itl, lab, itl_s);
-    metric_inc(s->m.gen_tokens, lab, 1);
+    astats_token(s, adapter ? adapter : s->model_name, ttft_s, itl_s);
 }
 
 static void ro_obs_done(void *user, const char *adapter, int n_prompt, const char *finish, double e2e_s, double queue_s) {
     server_t *s = user;
-    const char *lab[] = {adapter ? adapter : s->model_name};
-    const char *rl[] = {lab[0], finish};
-    metric_observe(s->m.e2e, lab, e2e_s);
-    metric_observe(s->m.queue, lab, queue_s);
-    metric_inc(s->m.prompt_tokens, lab, n_prompt);
-    metric_inc(s->m.success, rl, 1);
+    astats_done(s, adapter ? adapter : s->model_name, n_prompt, finish, e2e_s, queue_s);
 }
 
 static void ro_obs_slo(void *user, const char *adapter, bool met) {
     server_t *s = user;
-    slo_count(s, adapter ? adapter : s->model_name, adapter, met);
+    astats_slo(s, adapter ? adapter : s->model_name, adapter, met);
+}
+
+/* a group's model: one the request's key may use (another's is answered as the engine
+ * answers an adapter it does not know), registered from --lora-resolve if it is not yet */
+static int ro_adapter_check(void *user, const char *name) {
+    conn_t *cn = user;
+    server_t *s = cn->srv;
+    if (!name) return api_may_use(cn, NULL) ? CS_OK : cs_error_set(CS_ENOTFOUND, "The model `%s` does not exist.", s->model_name);
+    if (!api_may_use(cn, name)) return cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
+    pthread_mutex_lock(&s->mu);
+    bool known = adapter_find(s, name) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (known || !server_resolve_adapter(s, name)) return CS_OK;
+    return cs_error_set(CS_ENOTFOUND, "adapter '%s' is not registered", name);
 }
 
 /* A /generate request's error in SGLang's names: the rollout's sampling.max_tokens is
@@ -115,7 +121,8 @@ static enum MHD_Result rollout_run(server_t *s, conn_t *cn, struct MHD_Connectio
     rollout_limits_t lim = {.max_samples = s->cfg.max_n * 64, .max_logprobs = s->cfg.max_logprobs,
                             .base_name = s->model_name, .vocab = s->vocab_size,
                             .obs = {ro_obs_token, ro_obs_done, ro_obs_slo, s}, .slos = s->slos,
-                            .compile = ro_compile, .compile_user = s, .tok = s->tok, .tool_format = s->tool_format};
+                            .compile = ro_compile, .compile_user = s, .tok = s->tok, .tool_format = s->tool_format,
+                            .adapter_check = ro_adapter_check, .adapter_user = cn};
     rollout_request_t rq = {.body = b, .lim = &lim, .emit = ro_emit, .user = j};
     rollout_t *ro = NULL;
     int rc = rollout_start(s->engine, &rq, &ro);
@@ -881,11 +888,11 @@ static bool add_version(server_t *s, const char *name, int version, char *dir, b
         pthread_mutex_unlock(&s->mu);
         goto refused;
     }
-    if (!ad) {
-        ad = calloc(1, sizeof *ad);
-        ad->name = strdup(name);
-        ad->next = s->adapters;
-        s->adapters = ad;
+    if (!ad && !(ad = adapter_add(s, name))) {
+        lora_registry_remove(s->reg, name);
+        pthread_mutex_unlock(&s->mu);
+        fail(e, 500, NULL, "out of memory");
+        goto refused;
     }
     if (q->activate) served_path_set(ad, dir);
     else free(dir);
@@ -967,13 +974,13 @@ enum MHD_Result rollout_route_delete_version(server_t *s, struct MHD_Connection 
     return http_json(c, 200, json_pack("{s:s, s:i, s:b}", "name", name, "version", version, "deleted", 1));
 }
 
-enum MHD_Result rollout_route_list_adapters(server_t *s, struct MHD_Connection *c) {
+enum MHD_Result rollout_route_list_adapters(server_t *s, conn_t *cn, struct MHD_Connection *c) {
     json_t *a = json_array();
     pthread_mutex_lock(&s->mu);
     for (served_adapter_t *ad = s->adapters; ad; ad = ad->next) {
         lora_state st = LORA_ON_DISK;
         int ver = 0;
-        if (ad->unloading || lora_registry_state(s->reg, ad->name, &st, &ver)) continue;
+        if (ad->unloading || !api_may_use(cn, ad->name) || lora_registry_state(s->reg, ad->name, &st, &ver)) continue;
         json_t *loaded = json_array(), *kept = kept_versions_json_ex(s, ad->name, true, loaded);
         json_array_append_new(a, json_pack("{s:s, s:i, s:o, s:o, s:i, s:s, s:s}", "name", ad->name, "active_version", ver,
                                            "loaded_versions", loaded, "versions", kept, "inflight", ad->in_flight, "tier",

@@ -33,7 +33,7 @@ enum MHD_Result rollout_route_is_sleeping(server_t *s, struct MHD_Connection *c)
 /* the prefix cache emptied: SGLang's /flush_cache, vLLM's /reset_prefix_cache */
 enum MHD_Result rollout_route_flush_cache(server_t *s, struct MHD_Connection *c);
 enum MHD_Result rollout_route_reset_prefix_cache(server_t *s, struct MHD_Connection *c);
-enum MHD_Result rollout_route_list_adapters(server_t *s, struct MHD_Connection *c);
+enum MHD_Result rollout_route_list_adapters(server_t *s, conn_t *cn, struct MHD_Connection *c);
 enum MHD_Result rollout_route_put_version(server_t *s, struct MHD_Connection *c, const char *url, const char *body,
                                           size_t len);
 enum MHD_Result rollout_route_delete_version(server_t *s, struct MHD_Connection *c, const char *url);

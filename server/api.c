@@ -9,7 +9,34 @@
 #include "rollout_api/routes.h"
 #include "rollout_api/weights.h"
 #include "server/api_internal.h"
+#include "server/keys.h"
 #include "server/routes.h"
+
+/* /v1/adapters/{name}/...: GET .../stats; PUT and DELETE .../versions/{v}. A tenant's key
+ * reaches only its own adapters (another's is answered as one that does not exist), and
+ * pushes or deletes versions only with "push". */
+static enum MHD_Result adapter_route(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method,
+                                     const char *url, const char *body, size_t body_len) {
+    const char *p = url + strlen("/v1/adapters/"), *slash = strchr(p, '/');
+    char name[257];
+    if (!slash || slash == p || (size_t)(slash - p) >= sizeof name)
+        return http_error(c, 404, NULL, "no route %s %s", method, url);
+    memcpy(name, p, (size_t)(slash - p));
+    name[slash - p] = 0;
+    bool get = !strcmp(method, "GET");
+    if (get) {
+        if (strcmp(slash, "/stats")) return http_error(c, 404, NULL, "GET /v1/adapters/NAME/stats");
+        return api_adapter_stats(s, cn, c, name);
+    }
+    if (!api_may_use(cn, name)) {
+        if (!strcmp(method, "PUT")) return http_error(c, 403, NULL, "this key may not push versions of '%s'", name);
+        return http_error(c, 404, NULL, "adapter '%s' does not exist", name);
+    }
+    if (!api_is_admin(cn) && !cn->who->push)
+        return http_error(c, 403, NULL, "this key may use '%s' but not push or delete its versions", name);
+    return !strcmp(method, "PUT") ? rollout_route_put_version(s, c, url, body, body_len)
+                                  : rollout_route_delete_version(s, c, url);
+}
 
 static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method, const char *url,
                              const char *body, size_t body_len) {
@@ -23,16 +50,18 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
         char m[64];
         return http_error(c, 405, NULL, "use %s %s", route_methods_text(rt, m, sizeof m), url);
     }
+    if ((rt->flags & ROUTE_AUTH) && !(rt->flags & ROUTE_TENANT) && !api_is_admin(cn))
+        return http_error(c, 403, NULL, "%s %s needs an admin key", method, url);
     switch (rt->id) { /* the routes without a JSON body */
     case R_HEALTH:
         if (!ready || draining) return http_error(c, 503, NULL, draining ? "shutting down" : "the model is loading");
         return http_text(c, 200, "text/plain; charset=utf-8", strdup(""), 0);
     case R_VERSION: return http_json(c, 200, json_pack("{s:s}", "version", PACKAGE_VERSION));
     case R_METRICS: return api_metrics(s, c);
-    case R_MODELS: return api_models(s, c);
-    case R_MODEL: return api_model(s, c, url);
+    case R_MODELS: return api_models(s, cn, c);
+    case R_MODEL: return api_model(s, cn, c, url);
     case R_STATE: return api_state(s, c);
-    case R_ADAPTERS: return rollout_route_list_adapters(s, c);
+    case R_ADAPTERS: return rollout_route_list_adapters(s, cn, c);
     case R_VLLM_PAUSE: return rollout_route_vllm_pause(s, c);
     case R_VLLM_RESUME: return rollout_route_vllm_resume(s, c);
     case R_IS_PAUSED: return rollout_route_is_paused(s, c);
@@ -53,9 +82,7 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
     case R_WEIGHTS:
         if (!strcmp(method, "GET")) return weights_route_list(s, c);
         break;
-    case R_ADAPTER_VERSION:
-        return !strcmp(method, "PUT") ? rollout_route_put_version(s, c, url, body, body_len)
-                                      : rollout_route_delete_version(s, c, url);
+    case R_ADAPTER_VERSION: return adapter_route(s, cn, c, method, url, body, body_len);
     default: break;
     }
     CS_ASSERT(rt->flags & ROUTE_JSON);
@@ -79,8 +106,8 @@ static enum MHD_Result route(server_t *s, conn_t *cn, struct MHD_Connection *c, 
         case R_ABORT_REQUEST: r = rollout_route_abort_request(s, c, b); break;
         case R_PAUSE: r = rollout_route_pause(s, c, b); break;
         case R_RESUME: r = rollout_route_resume(s, c); break;
-        case R_TOKENIZE: r = api_tokenize(s, c, b); break;
-        case R_DETOKENIZE: r = api_detokenize(s, c, b); break;
+        case R_TOKENIZE: r = api_tokenize(s, cn, c, b); break;
+        case R_DETOKENIZE: r = api_detokenize(s, cn, c, b); break;
         case R_LOAD_LORA: r = api_load_lora(s, c, b); break;
         case R_UNLOAD_LORA: r = api_unload_lora(s, cn, c, b); break;
         case R_WEIGHTS: r = weights_route_update(s, c, b); break;

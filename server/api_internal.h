@@ -31,13 +31,22 @@ bool api_frame(cs_buf_t *out, const json_t *o, bool ndjson);
 bool api_fields_check(unsigned ep, json_t *b, perr_t *e);
 /* the served adapter NAME or NULL; under s->mu */
 served_adapter_t *adapter_find(server_t *s, const char *name);
-/* adapter_unlink takes A off the list of served adapters (under s->mu); adapter_free frees it */
+bool adapter_insert(server_t *s, served_adapter_t *a);
+/* a new served adapter NAME, inserted (under s->mu; NULL: out of memory) */
+served_adapter_t *adapter_add(server_t *s, const char *name);
+/* adapter_insert adds A (its name set) to the served adapters (under s->mu; false: out of
+ * memory, nothing changed); adapter_unlink takes A off the list of served adapters (under s->mu); adapter_free frees it */
 void adapter_unlink(server_t *s, served_adapter_t *a);
 void adapter_free(served_adapter_t *a);
 /* a request on A (NULL: the base model) is over: its pin (in_flight) goes */
 void adapter_unpin(server_t *s, served_adapter_t *a);
-/* a name an adapter may be served under: 1 to 256 bytes, no '/' and no control characters */
+/* a name an adapter may be served under: 1 to 256 bytes, no '/' and no control characters,
+ * not "_other" (the label of the adapters without series of their own in /metrics) */
 bool valid_adapter_name(const char *n);
+/* the request's key may use adapter NAME (NULL: the base model); true without keys */
+bool api_may_use(const conn_t *cn, const char *name);
+/* the request's key is an admin's (true without keys) */
+bool api_is_admin(const conn_t *cn);
 
 /* ---- api_jobs.c ---- */
 typedef struct gen_job gen_job_t;
@@ -131,9 +140,6 @@ typedef struct gen_opts {
  * connection's reference. NULL when out of memory or (*draining) when the server has begun
  * shutting down. */
 gen_job_t *job_new(server_t *s, bool chat, int n_parts, int n, bool *draining);
-/* A request (or rollout group) with an SLO is over: slo_requests_total and, if met,
- * slo_attained_total, labelled LABEL and ADAPTER's rank (NULL: the base model, rank 0). */
-void slo_count(server_t *s, const char *label, const char *adapter, bool met);
 /* drops a reference; the last one frees the job */
 void job_unref(gen_job_t *j);
 /* Submits every part with the options o and answers the connection: a stream, or suspended
@@ -159,10 +165,12 @@ void api_request_drop(server_t *s, gen_job_t *j, gen_opts_t *o);
 typedef gen_job_t *(*api_parse_fn)(server_t *s, conn_t *cn, json_t *b, gen_opts_t *o, perr_t *e);
 /* POST /v1/completions (parse: api_completions_parse), /v1/chat/completions (api_chat_parse) */
 enum MHD_Result api_submit(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b, api_parse_fn parse);
-enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b);
-enum MHD_Result api_detokenize(server_t *s, struct MHD_Connection *c, json_t *b);
-enum MHD_Result api_models(server_t *s, struct MHD_Connection *c);
-enum MHD_Result api_model(server_t *s, struct MHD_Connection *c, const char *url);
+enum MHD_Result api_tokenize(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_detokenize(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
+enum MHD_Result api_models(server_t *s, conn_t *cn, struct MHD_Connection *c);
+enum MHD_Result api_model(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *url);
+/* GET /v1/adapters/{name}/stats (api_stats.c's counts) */
+enum MHD_Result api_adapter_stats(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *name);
 enum MHD_Result api_load_lora(server_t *s, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_unload_lora(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b);
 enum MHD_Result api_load_lora_sgl(server_t *s, struct MHD_Connection *c, json_t *b);

@@ -509,16 +509,6 @@ unsigned api_status_of(int cs) {
     }
 }
 
-void slo_count(server_t *s, const char *label, const char *adapter, bool met) {
-    char rank[16] = "0";
-    lora_adapter_info_t info;
-    if (adapter && s->reg && lora_registry_info(s->reg, adapter, 0, &info) == CS_OK)
-        snprintf(rank, sizeof rank, "%d", info.max_rank);
-    const char *lab[] = {label, rank};
-    metric_inc(s->m.slo_requests, lab, 1);
-    if (met) metric_inc(s->m.slo_met, lab, 1);
-}
-
 /* a request with SLOs (its own or its model's) is over: did it meet them? (per adapter and
  * rank) TTFT is arrival to first token; TPOT is each sample's (last - first) / (tokens - 1),
  * the worst */
@@ -533,7 +523,7 @@ static void slo_account(gen_job_t *j, gen_part_t *p, double now) {
     }
     if (j->slo_ttft_ms > 0 && first - j->t_arrival > j->slo_ttft_ms) met = false;
     if (j->slo_tpot_ms > 0 && worst_tpot > j->slo_tpot_ms) met = false;
-    slo_count(j->srv, j->label, j->adapter ? j->adapter->name : NULL, met);
+    astats_slo(j->srv, j->label, j->adapter ? j->adapter->name : NULL, met);
 }
 
 /* The engine's prompt-logprob event (engine thread, under j->mu): echo's logprobs of the
@@ -589,8 +579,6 @@ static void on_event(void *user, const engine_event_t *ev) {
     gen_part_t *p = user;
     gen_job_t *j = p->job;
     server_t *s = j->srv;
-    server_metrics_t *m = &s->m;
-    const char *lab[] = {j->label};
     double now = cs_time_ms();
     pthread_mutex_lock(&j->mu);
     p->n_prompt = ev->n_prompt_tokens;
@@ -600,17 +588,18 @@ static void on_event(void *user, const engine_event_t *ev) {
     gen_choice_t *c = &j->choices[ci];
     json_t *lp_delta = NULL;
     if (ev->has_token) {
+        double ttft = -1, itl = -1;
         if (!p->first_token) {
             p->first_token = true;
-            metric_observe(m->ttft, lab, (now - j->t_arrival) / 1000.0);
+            ttft = (now - j->t_arrival) / 1000.0;
         } else if (c->t_last > 0) {
-            metric_observe(m->itl, lab, (now - c->t_last) / 1000.0);
+            itl = (now - c->t_last) / 1000.0;
         }
+        astats_token(s, j->label, ttft, itl);
         if (c->n_tokens == 0) c->t_first = now;
         c->t_last = now;
         c->n_tokens++;
         j->completion_tokens++;
-        metric_inc(m->gen_tokens, lab, 1);
         if (j->logprobs >= 0) {
             if (j->chat) {
                 json_t *e = lp_chat_entry(j, ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_logprobs);
@@ -655,11 +644,7 @@ static void on_event(void *user, const engine_event_t *ev) {
         j->n_done++;
         drop = true;
         double e2e = (now - j->t_arrival) / 1000.0;
-        metric_observe(m->e2e, lab, e2e);
-        metric_observe(m->queue, lab, ev->queue_ms / 1000.0);
-        metric_inc(m->prompt_tokens, lab, p->n_prompt);
-        const char *rl[] = {j->label, fin ? fin : "abort"};
-        metric_inc(m->success, rl, 1);
+        astats_done(s, j->label, p->n_prompt, fin ? fin : "abort", e2e, ev->queue_ms / 1000.0);
         if (j->slo_ttft_ms > 0 || j->slo_tpot_ms > 0) slo_account(j, p, now);
         if (j->n_done == j->n_parts) {
             if (j->stream) {

@@ -19,12 +19,12 @@ static const double LAT_BUCKETS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
 
 void server_on_load_time(void *user, const char *name, double seconds) {
     server_t *s = user;
-    if (s->m.lora_load) metric_observe(s->m.lora_load, (const char *[]){name}, seconds);
+    if (s->astats) astats_load(s, name, seconds, false);
 }
 
 void server_on_streamed(void *user, const char *name, double seconds) {
     server_t *s = user;
-    if (s->m.lora_transfer) metric_observe(s->m.lora_transfer, (const char *[]){name}, seconds);
+    if (s->astats) astats_load(s, name, seconds, true);
 }
 
 static const double LOAD_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
@@ -33,11 +33,12 @@ static const double LOAD_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 static const char *const L_ADAPTER[] = {"adapter", NULL}, *const L_FIN[] = {"adapter", "finished_reason", NULL},
                          *const L_TIER[] = {"tier", NULL}, *const L_MODE[] = {"mode", NULL},
                          *const L_PATH[] = {"path", NULL}, *const L_IO[] = {"io", NULL},
-                         *const L_TERM[] = {"term", NULL}, *const L_ADAPTER_RANK[] = {"adapter", "rank", NULL};
+                         *const L_TERM[] = {"term", NULL}, *const L_ADAPTER_RANK[] = {"adapter", "rank", NULL},
+                         *const L_SERIES[] = {"series", NULL}, *const L_RESULT[] = {"result", NULL};
 
 /* The server's metric families, in the order /metrics lists them: where each lives in
  * server_metrics_t, its kind, name (after --metrics-prefix), help, labels and buckets. */
-typedef enum { FAM_COUNTER, FAM_GAUGE, FAM_HISTOGRAM } family_kind_t;
+typedef enum { FAM_COUNTER, FAM_GAUGE, FAM_HISTOGRAM, FAM_SUMMARY } family_kind_t;
 static const struct family {
     size_t off;
     family_kind_t kind;
@@ -48,11 +49,18 @@ static const struct family {
 } FAMILIES[] = {
 #define F(field, kind, name, help, labels) {offsetof(server_metrics_t, field), kind, name, help, labels, NULL, 0}
 #define H(field, name, help, labels, b, n) {offsetof(server_metrics_t, field), FAM_HISTOGRAM, name, help, labels, b, n}
-    H(ttft, "time_to_first_token_seconds", "Time from arrival to the first token.", L_ADAPTER, LAT_BUCKETS, N_LAT),
-    H(itl, "inter_token_latency_seconds", "Time between consecutive tokens of a sample.", L_ADAPTER, LAT_BUCKETS, N_LAT),
-    H(e2e, "e2e_request_latency_seconds", "Time from arrival to the last token.", L_ADAPTER, LAT_BUCKETS, N_LAT),
-    H(queue, "request_queue_time_seconds", "Time a request waited before it was first scheduled.", L_ADAPTER,
+    H(ttft, "time_to_first_token_seconds", "Time from arrival to the first token.", NULL, LAT_BUCKETS, N_LAT),
+    H(itl, "inter_token_latency_seconds", "Time between consecutive tokens of a sample.", NULL, LAT_BUCKETS, N_LAT),
+    H(e2e, "e2e_request_latency_seconds", "Time from arrival to the last token.", NULL, LAT_BUCKETS, N_LAT),
+    H(queue, "request_queue_time_seconds", "Time a request waited before it was first scheduled.", NULL,
       LAT_BUCKETS, N_LAT),
+    F(a_ttft, FAM_SUMMARY, "adapter_time_to_first_token_seconds",
+      "Time to the first token by model (the base model, the --metrics-max-adapters most requested adapters, the "
+      "rest as _other).", L_ADAPTER),
+    F(a_itl, FAM_SUMMARY, "adapter_inter_token_latency_seconds", "Time between consecutive tokens, by model.",
+      L_ADAPTER),
+    F(a_e2e, FAM_SUMMARY, "adapter_e2e_request_latency_seconds", "Time from arrival to the last token, by model.",
+      L_ADAPTER),
     F(prompt_tokens, FAM_COUNTER, "prompt_tokens_total", "Prompt tokens of finished requests.", L_ADAPTER),
     F(gen_tokens, FAM_COUNTER, "generation_tokens_total", "Generated tokens.", L_ADAPTER),
     F(success, FAM_COUNTER, "request_success_total", "Finished requests by finish reason.", L_FIN),
@@ -67,10 +75,9 @@ static const struct family {
     F(lora_tier, FAM_GAUGE, "lora_adapters",
       "Adapters by tier: registered (served names), host (resident in memory), loading, device (in a device slot).",
       L_TIER),
-    H(lora_load, "lora_load_seconds", "Adapter load time, disk to host memory.", L_ADAPTER, LOAD_BUCKETS, N_LOAD),
+    H(lora_load, "lora_load_seconds", "Adapter load time, disk to host memory.", NULL, LOAD_BUCKETS, N_LOAD),
     H(lora_transfer, "lora_transfer_seconds",
-      "Adapter slot streaming time, host memory to the device (upload to last layer).", L_ADAPTER, LOAD_BUCKETS,
-      N_LOAD),
+      "Adapter slot streaming time, host memory to the device (upload to last layer).", NULL, LOAD_BUCKETS, N_LOAD),
     F(cold_starts, FAM_COUNTER, "cold_starts_total",
       "Requests that found their adapter's device slot still streaming in, by what they did (cpu_assist, wait).",
       L_MODE),
@@ -100,6 +107,14 @@ static const struct family {
       L_ADAPTER_RANK),
     F(slo_met, FAM_COUNTER, "slo_attained_total",
       "Of those, the ones that met every bound they had (TTFT; worst sample's TPOT).", L_ADAPTER_RANK),
+    F(adapter_series, FAM_GAUGE, "metrics_adapters",
+      "Adapters that had requests, by whether they have series of their own (own) or are summed under "
+      "adapter=\"_other\" (other).", L_SERIES),
+    F(adapter_folds, FAM_COUNTER, "metrics_adapter_folds_total",
+      "Times an adapter's series were folded into adapter=\"_other\" (it left the most requested).", NULL),
+    F(lora_resolved, FAM_COUNTER, "lora_resolutions_total",
+      "First requests for an unregistered name, by result: registered from a --lora-resolve directory, or not_found.",
+      L_RESULT),
 #undef F
 #undef H
 };
@@ -112,10 +127,11 @@ int server_metrics_init(server_t *s) {
         const struct family *f = &FAMILIES[i];
         char name[128];
         snprintf(name, sizeof name, "%s%s", s->cfg.metrics_prefix, f->name);
-        metric_t *x = f->kind == FAM_COUNTER ? metrics_counter(m->reg, name, f->help, f->labels)
-                      : f->kind == FAM_GAUGE ? metrics_gauge(m->reg, name, f->help, f->labels)
-                                             : metrics_histogram(m->reg, name, f->help, f->labels, f->buckets,
-                                                                 f->n_buckets);
+        metric_t *x = f->kind == FAM_COUNTER   ? metrics_counter(m->reg, name, f->help, f->labels)
+                      : f->kind == FAM_GAUGE   ? metrics_gauge(m->reg, name, f->help, f->labels)
+                      : f->kind == FAM_SUMMARY ? metrics_summary(m->reg, name, f->help, f->labels)
+                                               : metrics_histogram(m->reg, name, f->help, f->labels, f->buckets,
+                                                                   f->n_buckets);
         if (!x) return cs_error_set(CS_ENOMEM, "metrics: %s", cs_error_last());
         *(metric_t **)((char *)m + f->off) = x;
     }
@@ -175,7 +191,15 @@ enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
         m->last_cold_waited = st.cold_waited;
         m->last_cold_host_layers = st.cold_host_layers;
         m->last_cold_device_layers = st.cold_device_layers;
+        pthread_mutex_lock(&s->mu);
+        uint64_t resolved = s->n_resolved, unresolved = s->n_resolve_failed;
+        pthread_mutex_unlock(&s->mu);
+        metric_inc(m->lora_resolved, (const char *[]){"registered"}, (double)(resolved - m->last_resolved));
+        metric_inc(m->lora_resolved, (const char *[]){"not_found"}, (double)(unresolved - m->last_resolve_failed));
+        m->last_resolved = resolved;
+        m->last_resolve_failed = unresolved;
         pthread_mutex_unlock(&m->mu);
+        astats_rebalance(s);
         metric_set(m->lora_tier, (const char *[]){"registered"}, ls.n_registered);
         metric_set(m->lora_tier, (const char *[]){"host"}, ls.n_resident);
         metric_set(m->lora_tier, (const char *[]){"loading"}, ls.n_loading);

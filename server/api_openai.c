@@ -54,22 +54,29 @@ bool api_fields_check(unsigned ep, json_t *b, perr_t *e) {
 }
 
 /* ---- the model a request names ---- */
-/* model name -> adapter (NULL: the base model); pins the adapter (in_flight) */
-static bool resolve_model(server_t *s, json_t *body, served_adapter_t **ad, char **label, perr_t *e) {
+/* model name -> adapter (NULL: the base model); pins the adapter (in_flight). A name the
+ * request's key may not use is answered as one that does not exist; an unregistered one is
+ * looked for in the --lora-resolve directories. */
+static bool resolve_model(server_t *s, conn_t *cn, json_t *body, served_adapter_t **ad, char **label, perr_t *e) {
     const char *m = NULL;
     *ad = NULL;
     if (!get_str(body, "model", &m, e)) return false;
     if (!m || !m[0] || !strcmp(m, s->model_name)) { /* "" is the base model, as in vLLM */
+        if (!api_may_use(cn, NULL)) return fail(e, 404, "model", "The model `%s` does not exist.", m ? m : "");
         *label = strdup(s->model_name);
         return *label != NULL || fail(e, 500, NULL, "out of memory");
     }
-    pthread_mutex_lock(&s->mu);
-    served_adapter_t *a = adapter_find(s, m);
-    if (a && !a->unloading) {
-        a->in_flight++;
-        *ad = a;
+    if (!api_may_use(cn, m)) return fail(e, 404, "model", "The model `%s` does not exist.", m);
+    for (int tries = 0; tries < 2 && !*ad; tries++) {
+        pthread_mutex_lock(&s->mu);
+        served_adapter_t *a = adapter_find(s, m);
+        if (a && !a->unloading) {
+            a->in_flight++;
+            *ad = a;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (a || tries || server_resolve_adapter(s, m)) break;
     }
-    pthread_mutex_unlock(&s->mu);
     if (!*ad) return fail(e, 404, "model", "The model `%s` does not exist.", m);
     *label = strdup(m);
     return true;
@@ -274,7 +281,7 @@ static bool check_len(server_t *s, int n_prompt, int max_tokens, perr_t *e) {
 static gen_job_t *request_job(server_t *s, conn_t *cn, json_t *b, bool chat, int n_prompts, perr_t *e) {
     served_adapter_t *ad = NULL;
     char *label = NULL;
-    if (!resolve_model(s, b, &ad, &label, e)) return NULL;
+    if (!resolve_model(s, cn, b, &ad, &label, e)) return NULL;
     bool draining;
     gen_job_t *j = job_new(s, chat, n_prompts, 1, &draining);
     if (!j) {
@@ -728,21 +735,24 @@ err:
 
 /* ---- /tokenize, /detokenize (vLLM's shapes) ---- */
 /* the model a tokenizer request names, if any: the base model or an adapter */
-static bool known_model(server_t *s, json_t *b, perr_t *e) {
+static bool known_model(server_t *s, conn_t *cn, json_t *b, perr_t *e) {
     const char *m = NULL;
     if (!get_str(b, "model", &m, e)) return false;
     if (!m) return true;
+    bool base = !m[0] || !strcmp(m, s->model_name);
+    if (!api_may_use(cn, base ? NULL : m)) return fail(e, 404, "model", "The model `%s` does not exist.", m);
+    if (base) return true;
     pthread_mutex_lock(&s->mu);
-    bool known = !m[0] || !strcmp(m, s->model_name) || adapter_find(s, m);
+    bool known = adapter_find(s, m) != NULL;
     pthread_mutex_unlock(&s->mu);
-    return known || fail(e, 404, "model", "The model `%s` does not exist.", m);
+    return known || !server_resolve_adapter(s, m) || fail(e, 404, "model", "The model `%s` does not exist.", m);
 }
 
-enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
+enum MHD_Result api_tokenize(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
     perr_t e = {0};
     int32_t *ids = NULL;
     int n = 0;
-    if (!api_fields_check(EP_TOKENIZE, b, &e) || !known_model(s, b, &e)) return reply_err(c, &e);
+    if (!api_fields_check(EP_TOKENIZE, b, &e) || !known_model(s, cn, b, &e)) return reply_err(c, &e);
     if (json_object_get(b, "messages")) {
         char *text = NULL;
         size_t len = 0;
@@ -780,9 +790,9 @@ enum MHD_Result api_tokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
                                         toks, "token_strs", ts));
 }
 
-enum MHD_Result api_detokenize(server_t *s, struct MHD_Connection *c, json_t *b) {
+enum MHD_Result api_detokenize(server_t *s, conn_t *cn, struct MHD_Connection *c, json_t *b) {
     perr_t e = {0};
-    if (!api_fields_check(EP_DETOKENIZE, b, &e) || !known_model(s, b, &e)) return reply_err(c, &e);
+    if (!api_fields_check(EP_DETOKENIZE, b, &e) || !known_model(s, cn, b, &e)) return reply_err(c, &e);
     json_t *t = json_object_get(b, "tokens");
     if (!json_is_array(t)) return http_error(c, 400, "tokens", "'tokens' (a list of token ids) is required");
     if (!s->tok) return http_error(c, 400, "tokens", "this model has no tokenizer");
@@ -828,27 +838,76 @@ static json_t *model_json(server_t *s, const served_adapter_t *a) {
     return model_entry(s, m);
 }
 
-/* GET /v1/models: the base model, then the adapters in the order they were registered */
-enum MHD_Result api_models(server_t *s, struct MHD_Connection *c) {
+/* a query argument of GET: a whole number from LO to HI (absent: *v as it is) */
+static bool query_int(struct MHD_Connection *c, const char *key, long lo, long hi, long *v, perr_t *e) {
+    const char *q = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, key);
+    if (!q) return true;
+    char *end;
+    long x = strtol(q, &end, 10);
+    if (!*q || *end || x < lo || x > hi) return fail(e, 400, key, "'%s' must be a whole number from %ld to %ld", key, lo, hi);
+    *v = x;
+    return true;
+}
+
+/* GET /v1/models[?limit=N&after=ID]: the base model, then the adapters in the order they were
+ * registered, those the request's key may use. Without limit, all of them; with it, N from
+ * the one after ID (OpenAI's cursor paging: has_more, first_id, last_id). */
+enum MHD_Result api_models(server_t *s, conn_t *cn, struct MHD_Connection *c) {
+    perr_t e = {0};
+    long limit = -1;
+    if (!query_int(c, "limit", 1, 100000, &limit, &e)) return reply_err(c, &e);
+    const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
     json_t *data = json_array();
-    json_array_append_new(data, model_json(s, NULL));
+    bool started = !after, base = api_may_use(cn, NULL);
+    if (after && base && !strcmp(after, s->model_name)) started = true;
+    else if (!after && base) json_array_append_new(data, model_json(s, NULL));
+    bool has_more = false;
     pthread_mutex_lock(&s->mu);
-    size_t base = json_array_size(data); /* s->adapters is newest first: each goes in before the later ones */
-    for (served_adapter_t *a = s->adapters; a; a = a->next)
-        if (!a->unloading) json_array_insert_new(data, base, model_json(s, a));
+    served_adapter_t **v = malloc((s->n_adapters ? s->n_adapters : 1) * sizeof *v);
+    size_t n = 0;
+    for (served_adapter_t *a = s->adapters; a && v; a = a->next) v[n++] = a; /* newest first */
+    for (size_t i = n; i-- > 0 && v;) {
+        served_adapter_t *a = v[i];
+        if (a->unloading || !api_may_use(cn, a->name)) continue;
+        if (!started) {
+            started = !strcmp(a->name, after);
+            continue;
+        }
+        if (limit >= 0 && (long)json_array_size(data) >= limit) {
+            has_more = true;
+            break;
+        }
+        json_array_append_new(data, model_json(s, a));
+    }
     pthread_mutex_unlock(&s->mu);
-    return http_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+    free(v);
+    if (!started) {
+        json_decref(data);
+        return http_error(c, 400, "after", "'after' is not the id of a model listed here");
+    }
+    if (!v) {
+        json_decref(data);
+        return http_error(c, 500, NULL, "out of memory");
+    }
+    size_t k = json_array_size(data);
+    json_t *first = k ? json_object_get(json_array_get(data, 0), "id") : NULL,
+           *last = k ? json_object_get(json_array_get(data, k - 1), "id") : NULL;
+    return http_json(c, 200, json_pack("{s:s, s:o, s:b, s:O?, s:O?}", "object", "list", "data", data, "has_more",
+                                        has_more, "first_id", first, "last_id", last));
 }
 
 /* GET /v1/models/{id} (the openai client's models.retrieve) */
-enum MHD_Result api_model(server_t *s, struct MHD_Connection *c, const char *url) {
+enum MHD_Result api_model(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *url) {
     const char *id = url + strlen("/v1/models/");
     json_t *m = NULL;
-    pthread_mutex_lock(&s->mu);
-    served_adapter_t *a = strcmp(id, s->model_name) ? adapter_find(s, id) : NULL;
-    if (!strcmp(id, s->model_name)) m = model_json(s, NULL);
-    else if (a && !a->unloading) m = model_json(s, a);
-    pthread_mutex_unlock(&s->mu);
+    bool base = !strcmp(id, s->model_name);
+    if (api_may_use(cn, base ? NULL : id)) {
+        pthread_mutex_lock(&s->mu);
+        served_adapter_t *a = base ? NULL : adapter_find(s, id);
+        if (base) m = model_json(s, NULL);
+        else if (a && !a->unloading) m = model_json(s, a);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (!m) return http_error(c, 404, "model", "The model `%s` does not exist.", id);
     return http_json(c, 200, m);
 }
@@ -856,6 +915,10 @@ enum MHD_Result api_model(server_t *s, struct MHD_Connection *c, const char *url
 /* Register NAME -> DIR (a new version when it exists and inplace). Validates the adapter
  * against the base model first, so a bad one is refused here and not at its first request. */
 int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, perr_t *e) {
+    return server_add_adapter_ex(s, name, dir, inplace, false, e);
+}
+
+int server_add_adapter_ex(server_t *s, const char *name, const char *dir, bool inplace, bool probe, perr_t *e) {
     lora_adapter_t *a = NULL;
     if (!valid_adapter_name(name)) {
         fail(e, 400, "lora_path", "invalid adapter name '%s'", name);
@@ -865,14 +928,16 @@ int server_add_adapter(server_t *s, const char *name, const char *dir, bool inpl
         fail(e, 400, "lora_path", "'%s' is the base model's name", name);
         return CS_EINVAL;
     }
-    int rc = lora_adapter_load(dir, &s->mcfg, &a);
+    lora_adapter_info_t info;
+    int rc = probe ? lora_adapter_probe(dir, &s->mcfg, s->cfg.lora_bf16, &info) : lora_adapter_load(dir, &s->mcfg, &a);
     if (rc) {
         fail(e, rc == CS_ENOTFOUND ? 404 : 400, "lora_path", "adapter '%s' at %s: %s", name, dir, cs_error_last());
         return rc;
     }
-    lora_adapter_info_t info;
-    lora_adapter_info(a, &info);
-    lora_adapter_free(a);
+    if (a) {
+        lora_adapter_info(a, &info);
+        lora_adapter_free(a);
+    }
     if (s->cfg.max_lora_rank > 0 && info.max_rank > s->cfg.max_lora_rank) { /* vLLM's words */
         fail(e, 400, "lora_path", "adapter '%s': LoRA rank %d is greater than max_lora_rank %d.", name, info.max_rank,
              s->cfg.max_lora_rank);
@@ -897,11 +962,11 @@ int server_add_adapter(server_t *s, const char *name, const char *dir, bool inpl
         fail(e, 500, "lora_path", "%s", cs_error_last());
         return rc;
     }
-    if (!ad) {
-        ad = calloc(1, sizeof *ad);
-        ad->name = strdup(name);
-        ad->next = s->adapters;
-        s->adapters = ad;
+    if (!ad && !(ad = adapter_add(s, name))) {
+        lora_registry_remove(s->reg, name);
+        pthread_mutex_unlock(&s->mu);
+        fail(e, 500, NULL, "out of memory");
+        return CS_ENOMEM;
     }
     free(ad->path);
     ad->path = strdup(dir);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "server/api_internal.h"
+#include "server/keys.h"
 
 /* ---- JSON strings ---- */
 /* The bytes as they are when they are valid UTF-8, else a character at a time, judged as
@@ -40,9 +41,49 @@ bool api_frame(cs_buf_t *out, const json_t *o, bool ndjson) {
 }
 
 /* ---- served adapters ---- */
+static uint64_t name_hash(const char *s) { /* FNV-1a */
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
 served_adapter_t *adapter_find(server_t *s, const char *name) {
-    for (served_adapter_t *a = s->adapters; a; a = a->next)
+    if (!s->index_cap) return NULL;
+    for (served_adapter_t *a = s->index[name_hash(name) & (s->index_cap - 1)]; a; a = a->hnext)
         if (!strcmp(a->name, name)) return a;
+    return NULL;
+}
+
+bool adapter_insert(server_t *s, served_adapter_t *a) {
+    if (s->n_adapters + 1 > s->index_cap / 2) { /* load factor at most 1/2 */
+        size_t cap = s->index_cap ? s->index_cap * 2 : 64;
+        served_adapter_t **t = calloc(cap, sizeof *t);
+        if (!t) return false;
+        for (size_t i = 0; i < s->index_cap; i++)
+            for (served_adapter_t *x = s->index[i], *nx; x; x = nx) {
+                nx = x->hnext;
+                size_t k = name_hash(x->name) & (cap - 1);
+                x->hnext = t[k];
+                t[k] = x;
+            }
+        free(s->index);
+        s->index = t;
+        s->index_cap = cap;
+    }
+    size_t k = name_hash(a->name) & (s->index_cap - 1);
+    a->hnext = s->index[k];
+    s->index[k] = a;
+    a->next = s->adapters;
+    s->adapters = a;
+    s->n_adapters++;
+    return true;
+}
+
+served_adapter_t *adapter_add(server_t *s, const char *name) {
+    served_adapter_t *a = calloc(1, sizeof *a);
+    if (a && (a->name = strdup(name)) && adapter_insert(s, a)) return a;
+    if (a) free(a->name);
+    free(a);
     return NULL;
 }
 
@@ -50,6 +91,10 @@ void adapter_unlink(server_t *s, served_adapter_t *a) {
     served_adapter_t **pp = &s->adapters;
     while (*pp != a) pp = &(*pp)->next;
     *pp = a->next;
+    pp = &s->index[name_hash(a->name) & (s->index_cap - 1)];
+    while (*pp != a) pp = &(*pp)->hnext;
+    *pp = a->hnext;
+    s->n_adapters--;
 }
 
 void adapter_free(served_adapter_t *a) {
@@ -77,8 +122,16 @@ void adapter_unpin(server_t *s, served_adapter_t *a) {
 }
 
 bool valid_adapter_name(const char *n) {
-    if (!n[0] || strlen(n) > 256) return false;
+    if (!n[0] || strlen(n) > 256 || !strcmp(n, "_other")) return false;
     for (const char *p = n; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == '/') return false;
     return true;
 }
+
+bool api_may_use(const conn_t *cn, const char *name) {
+    const key_grant_t *g = cn ? cn->who : NULL;
+    if (!g || key_is_admin(g)) return true;
+    return name ? key_may_use(g, name) : g->base;
+}
+
+bool api_is_admin(const conn_t *cn) { return !cn || !cn->who || key_is_admin(cn->who); }

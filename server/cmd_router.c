@@ -37,6 +37,7 @@
 #include "server/commands.h"
 #include "server/http.h"
 #include "server/metrics.h"
+#include "server/keys.h"
 #include "server/routes.h"
 
 typedef struct router_config {
@@ -47,6 +48,7 @@ typedef struct router_config {
     route_policy policy;
     int poll_ms;
     char *api_key;
+    char *api_keys;             /* --api-keys FILE: the keys of incoming requests (SIGHUP rereads it) */
     int http_threads;
     long long max_body_bytes, max_adapter_bytes;
     double tpot_factor;
@@ -84,6 +86,7 @@ typedef struct router {
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    keyring_t *keys;            /* under mu: the keys in force (server/keys.h) */
     unsigned rr;                /* round-robin cursor of the policy */
     unsigned rr_any;            /* ... of requests any replica may answer */
     proxy_t *proxies;           /* open ones */
@@ -1014,6 +1017,11 @@ static enum MHD_Result router_dispatch(void *ctx, http_conn_t *h, struct MHD_Con
                                        const char *url) {
     router_t *rt = ctx;
     const route_t *r = route_find(url);
+    if (r && (r->flags & ROUTE_AUTH) && !(r->flags & ROUTE_TENANT) && h->who && !key_is_admin(h->who)) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s %.256s needs an admin key", method, url);
+        return router_error(rt, c, 403, msg);
+    }
     if (r && (r->id == R_HEALTH || r->id == R_VERSION || r->id == R_METRICS || r->id == R_STATE))
         return own_route(rt, c, method, url, r);
     pthread_mutex_lock(&rt->mu);
@@ -1094,6 +1102,9 @@ static void usage_router(FILE *f) {
             "  --poll-interval-ms N          read each replica's /v1/state this often (default 50)\n"
             "  --api-key KEY                 require 'Authorization: Bearer KEY' (default:\n"
             "                                $CARASERVE_API_KEY; also sent to the replicas for its polls)\n"
+            "  --api-keys FILE               the replicas' key file: tenant keys reach the routes a tenant may\n"
+            "                                call, admin keys all (docs/security.md); requests go on with their\n"
+            "                                own key. SIGHUP rereads it. --api-key is then only the key of polls\n"
             "  --tpot-factor F               rank-aware: a request without a TPOT SLO is held to F times\n"
             "                                the base model's decode iteration (default 1.5)\n"
             "  --default-output-tokens N     rank-aware: expected output of a request without max_tokens\n"
@@ -1106,7 +1117,7 @@ static void usage_router(FILE *f) {
 }
 
 enum {
-    O_REPLICA = 1000, O_POLICY, O_HOST, O_PORT, O_POLL, O_API_KEY, O_TPOT, O_DEFOUT, O_HTTP_THREADS, O_MAX_BODY,
+    O_REPLICA = 1000, O_POLICY, O_HOST, O_PORT, O_POLL, O_API_KEY, O_API_KEYS, O_TPOT, O_DEFOUT, O_HTTP_THREADS, O_MAX_BODY,
     O_MAX_ADAPTER, O_SHUTDOWN,
 };
 
@@ -1139,6 +1150,7 @@ static int parse_args(int argc, char **argv, router_config_t *cfg) {
         {"replica", required_argument, 0, O_REPLICA}, {"policy", required_argument, 0, O_POLICY},
         {"host", required_argument, 0, O_HOST}, {"port", required_argument, 0, O_PORT},
         {"poll-interval-ms", required_argument, 0, O_POLL}, {"api-key", required_argument, 0, O_API_KEY},
+        {"api-keys", required_argument, 0, O_API_KEYS},
         {"tpot-factor", required_argument, 0, O_TPOT}, {"default-output-tokens", required_argument, 0, O_DEFOUT},
         {"http-threads", required_argument, 0, O_HTTP_THREADS}, {"max-body-bytes", required_argument, 0, O_MAX_BODY},
         {"max-adapter-bytes", required_argument, 0, O_MAX_ADAPTER},
@@ -1182,6 +1194,7 @@ static int parse_args(int argc, char **argv, router_config_t *cfg) {
         case O_PORT: ok = parse_num("port", optarg, 0, 65535, &v) && v == (int)v; cfg->port = (int)v; break;
         case O_POLL: ok = parse_num("poll-interval-ms", optarg, 1, 3600000, &v); cfg->poll_ms = (int)v; break;
         case O_API_KEY: cfg->api_key = optarg; break;
+        case O_API_KEYS: cfg->api_keys = optarg; break;
         case O_TPOT: ok = parse_num("tpot-factor", optarg, 1, 100, &v); cfg->tpot_factor = v; break;
         case O_DEFOUT: ok = parse_num("default-output-tokens", optarg, 1, 1 << 20, &v); cfg->default_output = (int)v; break;
         case O_HTTP_THREADS: ok = parse_num("http-threads", optarg, 1, 256, &v); cfg->http_threads = (int)v; break;
@@ -1264,7 +1277,33 @@ static void router_free(router_t *rt) {
     free(rt->rep);
     if (rt->share) curl_share_cleanup(rt->share);
     metrics_free(rt->reg);
+    keyring_unref(rt->keys);
     curl_global_cleanup();
+}
+
+static keyring_t *router_keys(void *ctx) {
+    router_t *rt = ctx;
+    pthread_mutex_lock(&rt->mu);
+    keyring_t *r = rt->keys;
+    keyring_ref(r);
+    pthread_mutex_unlock(&rt->mu);
+    return r;
+}
+
+/* SIGHUP: --api-keys read again (a file that does not parse leaves the keys as they were) */
+static void router_reload_keys(router_t *rt) {
+    if (!rt->cfg.api_keys) return;
+    keyring_t *r = keyring_load(rt->cfg.api_keys);
+    if (!r) {
+        fprintf(stderr, "caraserve router: SIGHUP: the keys stay as they were: %s\n", cs_error_last());
+        return;
+    }
+    pthread_mutex_lock(&rt->mu);
+    keyring_t *old = rt->keys;
+    rt->keys = r;
+    pthread_mutex_unlock(&rt->mu);
+    keyring_unref(old);
+    fprintf(stderr, "caraserve router: SIGHUP: %d keys from %s\n", keyring_count(r), rt->cfg.api_keys);
 }
 
 /* the signals that end the router, then the listening socket: CS_OK or an error */
@@ -1274,8 +1313,14 @@ static int router_listen(router_t *rt) {
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    rt->site = (http_site_t){.ctx = rt, .api_key = rt->cfg.api_key, .max_body_bytes = rt->cfg.max_body_bytes,
+    rt->keys = rt->cfg.api_keys ? keyring_load(rt->cfg.api_keys) : keyring_single(rt->cfg.api_key);
+    if (!rt->keys) {
+        fprintf(stderr, "caraserve router: %s\n", cs_error_last());
+        return CS_EINVAL;
+    }
+    rt->site = (http_site_t){.ctx = rt, .keys = router_keys, .max_body_bytes = rt->cfg.max_body_bytes,
                              .max_adapter_bytes = rt->cfg.max_adapter_bytes, .conn_new = router_conn_new,
                              .dispatch = router_dispatch, .resume = router_resume, .conn_done = router_conn_done,
                              .error_body = router_error_body};
@@ -1330,7 +1375,10 @@ static int router_serve(router_t *rt) {
     fflush(stderr);
     if (n_pollers == rt->n_rep && watching) {
         unsigned char b = 0;
-        while (read(sig_pipe[0], &b, 1) < 0 && errno == EINTR) {}
+        while ((read(sig_pipe[0], &b, 1) < 0 && errno == EINTR) || b == SIGHUP) {
+            if (b == SIGHUP) router_reload_keys(rt);
+            b = 0;
+        }
         pthread_mutex_lock(&rt->mu);
         int in_flight = rt->n_proxies;
         pthread_mutex_unlock(&rt->mu);

@@ -2,7 +2,7 @@
  * line, which wins), starts listening at once (/health answers 503 while the model loads),
  * loads the model, tokenizer, chat template and adapters, starts the engine thread, then
  * waits for SIGTERM or SIGINT: stop accepting, let in-flight requests finish within
- * --shutdown-timeout, abort the rest, exit 0. */
+ * --shutdown-timeout, abort the rest, exit 0. SIGHUP rereads --api-keys. */
 #include "config.h" /* first: _GNU_SOURCE for nftw */
 
 #include <errno.h>
@@ -23,6 +23,7 @@
 #include "engine/sched.h"
 #include "sched/cost.h"
 #include "sched/slo.h"
+#include "server/keys.h"
 #include "server/server.h"
 
 /* SIGTERM/SIGINT reach whichever thread (OpenBLAS starts its own before main): the handler
@@ -41,7 +42,7 @@ static void wake_engine(void *user) {
 }
 
 static void on_signal(int sig) {
-    if (loading) _exit(0); /* nothing accepted yet (requests got 503): no need to wait for the load */
+    if (loading && sig != SIGHUP) _exit(0); /* nothing accepted yet (requests got 503): no need to wait for the load */
     int saved = errno;
     unsigned char b = (unsigned char)sig;
     if (write(sig_pipe[1], &b, 1) < 0) {}
@@ -143,7 +144,11 @@ static int serve_parse(int argc, char **argv, serve_config_t *cfg, serve_modules
     if (r == OPT_ECONFIG) return 1;
     if (r != OPT_OK) goto usage_err;
     if (!cfg->model) { fprintf(stderr, "caraserve serve: --model DIR is required\n"); goto usage_err; }
-    if (!cfg->api_key && getenv("CARASERVE_API_KEY") && getenv("CARASERVE_API_KEY")[0])
+    if (cfg->api_key && cfg->api_keys) {
+        fprintf(stderr, "caraserve serve: --api-key and --api-keys together: give the admin key an entry in the file\n");
+        goto usage_err;
+    }
+    if (!cfg->api_key && !cfg->api_keys && getenv("CARASERVE_API_KEY") && getenv("CARASERVE_API_KEY")[0])
         cfg->api_key = strdup(getenv("CARASERVE_API_KEY"));
     for (const char *p = cfg->metrics_prefix; *p; p++)
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9' && p != cfg->metrics_prefix) || *p == '_' || *p == ':')) {
@@ -226,6 +231,30 @@ static int serve_prepare(server_t *s) {
         }
         s->roots[s->n_roots++] = rp;
     }
+    s->keys = s->cfg.api_keys ? keyring_load(s->cfg.api_keys) : keyring_single(s->cfg.api_key);
+    if (!s->keys) {
+        fprintf(stderr, "caraserve serve: %s\n", cs_error_last());
+        return -1;
+    }
+    s->resolve_dirs = calloc((size_t)s->cfg.n_lora_resolve + 1, sizeof(char *));
+    for (int i = 0; i < s->cfg.n_lora_resolve; i++) {
+        char *rp = realpath(s->cfg.lora_resolve[i], NULL);
+        if (!rp) {
+            fprintf(stderr, "caraserve serve: --lora-resolve %s: %s\n", s->cfg.lora_resolve[i], strerror(errno));
+            return -1;
+        }
+        s->resolve_dirs[s->n_resolve_dirs++] = rp;
+        bool inside = false;
+        for (int k = 0; k < s->n_roots && !inside; k++) {
+            size_t n = strlen(s->roots[k]);
+            inside = !strncmp(rp, s->roots[k], n) && (rp[n] == '/' || rp[n] == 0 || n == 1);
+        }
+        if (!inside) {
+            fprintf(stderr, "caraserve serve: --lora-resolve %s is not inside a --lora-root directory\n",
+                    s->cfg.lora_resolve[i]);
+            return -1;
+        }
+    }
     if (s->cfg.adapter_upload_dir) {
         if (mkdir(s->cfg.adapter_upload_dir, 0700) && errno != EEXIST) {
             fprintf(stderr, "caraserve serve: --adapter-upload-dir %s: %s\n", s->cfg.adapter_upload_dir, strerror(errno));
@@ -243,7 +272,7 @@ static int serve_prepare(server_t *s) {
             return -1;
         }
     }
-    if (server_metrics_init(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); return -1; }
+    if (server_metrics_init(s) || astats_init(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); return -1; }
     if (http_start(s)) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); return -1; }
     fprintf(stderr, "caraserve: listening on http://%s%s%s:%d (loading %s)\n", strchr(s->cfg.host, ':') ? "[" : "",
             s->cfg.host, strchr(s->cfg.host, ':') ? "]" : "", s->bound_port, s->cfg.model);
@@ -390,6 +419,11 @@ static int serve_start(server_t *s, const serve_modules_t *m) {
             return -1;
         }
     }
+    for (int i = 0; i < s->cfg.n_lora_modules_dirs; i++)
+        if (server_modules_dir(s, s->cfg.lora_modules_dirs[i]) < 0) {
+            fprintf(stderr, "caraserve serve: %s\n", cs_error_last());
+            return -1;
+        }
     if (s->cfg.profile_seconds > 0) {
         double tp = cs_time_ms();
         int steps = setup_profile_cost_model(s->engine, s->cost, (const char *const *)m->names, m->n,
@@ -410,8 +444,8 @@ static int serve_start(server_t *s, const serve_modules_t *m) {
 /* "caraserve: ready: ..." with where the weights are */
 static void serve_say_ready(server_t *s, cs_dtype kv_dtype) {
     const char *wmem = s->weights_note;
-    fprintf(stderr, "caraserve: ready: %s (%d adapters, context %d, %s KV cache, %s chat template, %s) on http://%s:%d\n",
-            s->model_name, s->cfg.n_lora_modules, s->max_model_len, cs_dtype_name(kv_dtype),
+    fprintf(stderr, "caraserve: ready: %s (%zu adapters, context %d, %s KV cache, %s chat template, %s) on http://%s:%d\n",
+            s->model_name, s->n_adapters, s->max_model_len, cs_dtype_name(kv_dtype),
             s->tmpl ? "with a" : "no", wmem, s->cfg.host, s->bound_port);
 }
 
@@ -423,10 +457,31 @@ static int serve_in_flight(server_t *s) {
     return n;
 }
 
+/* SIGHUP: --api-keys read again. New requests get the new keys; those already in get to
+ * finish on the ones they came with. A file that does not parse leaves the keys as they were. */
+static void serve_reload_keys(server_t *s) {
+    if (!s->cfg.api_keys) {
+        fprintf(stderr, "caraserve: SIGHUP: no --api-keys file to read again\n");
+        return;
+    }
+    keyring_t *r = keyring_load(s->cfg.api_keys);
+    if (!r) {
+        fprintf(stderr, "caraserve: SIGHUP: the keys stay as they were: %s\n", cs_error_last());
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    keyring_t *old = s->keys;
+    s->keys = r;
+    pthread_mutex_unlock(&s->mu);
+    keyring_unref(old);
+    fprintf(stderr, "caraserve: SIGHUP: %d keys from %s\n", keyring_count(r), s->cfg.api_keys);
+}
+
 /* until SIGTERM or SIGINT, then the drain: in-flight requests get --shutdown-timeout, the
  * rest are aborted; connections that still do not finish end the process here */
 static void serve_until_signal(server_t *s) {
-    int sig = next_signal(-1);
+    int sig;
+    while ((sig = next_signal(-1)) == SIGHUP) serve_reload_keys(s);
     fprintf(stderr, "caraserve: %s: draining (at most %gs)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", s->cfg.shutdown_timeout);
     pthread_mutex_lock(&s->mu);
     s->draining = true;
@@ -496,8 +551,13 @@ static void serve_free(server_t *s) {
         free(a->waiters);
         free(a);
     }
+    free(s->index);
     for (int i = 0; i < s->n_roots; i++) free(s->roots[i]);
     free(s->roots);
+    for (int i = 0; i < s->n_resolve_dirs; i++) free(s->resolve_dirs[i]);
+    free(s->resolve_dirs);
+    keyring_unref(s->keys);
+    astats_free(s);
     if (s->upload_dir && !s->cfg.adapter_upload_dir) /* ours (mkdtemp): uploads do not outlive the server */
         nftw(s->upload_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     free(s->upload_dir);
@@ -532,6 +592,7 @@ int cmd_serve(int argc, char **argv) {
     sa.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     server_t *s = serve_new(&cfg);

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "server/keys.h"
 #include "server/routes.h"
 #include "server/server.h"
 
@@ -121,7 +122,15 @@ enum MHD_Result http_error(struct MHD_Connection *c, unsigned status, const char
 }
 
 /* ---- security ---- */
-bool auth_ok(const server_t *s, const char *h) { return route_bearer_ok(s->cfg.api_key, h); }
+struct keyring *server_keys(server_t *s) {
+    pthread_mutex_lock(&s->mu);
+    struct keyring *r = s->keys;
+    keyring_ref(r);
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+static struct keyring *serve_keys(void *ctx) { return server_keys(ctx); }
 
 /* "/a/./b/../c" -> "/a/c" for an absolute path (no file system access) */
 static char *lexical_abs(const char *path) {
@@ -279,11 +288,16 @@ static enum MHD_Result on_headers(const http_site_t *site, struct MHD_Connection
         h->answered = true;
         return site_error_ex(c, site, &e, true);
     }
-    if (route_needs_auth(url) &&
-        !route_bearer_ok(site->api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
-        h->answered = true;
-        fail(&e, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer KEY')");
-        return site_error_ex(c, site, &e, false);
+    if (route_needs_auth(url) && site->keys) {
+        h->ring = site->keys(site->ctx);
+        h->who = h->ring ? keyring_check(h->ring, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                                               MHD_HTTP_HEADER_AUTHORIZATION))
+                         : NULL;
+        if (!h->who) {
+            h->answered = true;
+            fail(&e, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer KEY')");
+            return site_error_ex(c, site, &e, false);
+        }
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     h->limit = body_limit(site, method, url);
@@ -340,6 +354,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     http_conn_t *h = *con_cls;
     if (!h) return;
     site->conn_done(site->ctx, h->app);
+    keyring_unref(h->ring);
     cs_buf_free(&h->body);
     free(h);
     *con_cls = NULL;
@@ -387,6 +402,7 @@ static void *serve_conn_new(void *ctx) {
 
 static enum MHD_Result serve_dispatch(void *ctx, http_conn_t *h, struct MHD_Connection *c, const char *method,
                                       const char *url) {
+    ((conn_t *)h->app)->who = h->who;
     return api_dispatch(ctx, h->app, c, method, url, h->body.p ? h->body.p : "", h->body.len);
 }
 
@@ -405,7 +421,7 @@ static void serve_conn_done(void *ctx, void *app) {
 }
 
 int http_start(server_t *s) {
-    s->site = (http_site_t){.ctx = s, .api_key = s->cfg.api_key, .max_body_bytes = s->cfg.max_body_bytes,
+    s->site = (http_site_t){.ctx = s, .keys = serve_keys, .max_body_bytes = s->cfg.max_body_bytes,
                             .max_adapter_bytes = s->cfg.max_adapter_bytes, .conn_new = serve_conn_new,
                             .dispatch = serve_dispatch, .resume = serve_resume, .conn_done = serve_conn_done};
     unsigned threads = (unsigned)(s->cfg.http_threads > 0 ? s->cfg.http_threads : 4);

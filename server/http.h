@@ -30,13 +30,17 @@ typedef struct http_conn {
     size_t discarded;               /* body bytes dropped after too_large */
     bool answered;                  /* answered on its headers: the rest of the body is dropped */
     bool too_large, started;        /* started: handed to dispatch */
+    struct keyring *ring;           /* the keys it was let in with (held until it is done) */
+    const struct key_grant *who;    /* its key's grant in ring (NULL: a route without keys) */
     void *app;
 } http_conn_t;
 
 /* A server on the access handler. It must outlive the daemon that http_listen starts. */
 typedef struct http_site {
     void *ctx;                      /* the first argument of every callback */
-    const char *api_key;            /* required as 'Authorization: Bearer KEY' (NULL: none) */
+    /* a reference to the keys in force now (server/keys.h), asked for each request to a route
+     * with ROUTE_AUTH; NULL: no keys */
+    struct keyring *(*keys)(void *ctx);
     long long max_body_bytes;
     long long max_adapter_bytes;    /* PUT bodies of ROUTE_UPLOAD routes */
     /* the server's state of a new request (h->app; NULL: out of memory) */

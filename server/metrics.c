@@ -17,16 +17,16 @@
 
 #include "base/common.h"
 
-typedef enum metric_kind { METRIC_COUNTER, METRIC_GAUGE, METRIC_HISTOGRAM } metric_kind;
+typedef enum metric_kind { METRIC_COUNTER, METRIC_GAUGE, METRIC_HISTOGRAM, METRIC_SUMMARY } metric_kind;
 
-static const char *const kind_names[] = {"counter", "gauge", "histogram"};
+static const char *const kind_names[] = {"counter", "gauge", "histogram", "summary"};
 
 typedef struct series {
     struct series *hnext;   /* hash chain */
     uint64_t hash;
-    double value;           /* counter or gauge value; histogram: the sum */
+    double value;           /* counter or gauge value; histogram, summary: the sum */
     uint64_t *counts;       /* histogram: (n_buckets + 1) per-bucket counts, not cumulative;
-                               the last one is above every bound */
+                               the last one is above every bound; summary: (1) the count */
     char *values[];         /* (n_labels) label values, stored after the counts */
 } series_t;
 
@@ -37,7 +37,7 @@ struct metric {
     char *help;
     int n_labels;
     char *label_names[METRICS_MAX_LABELS];
-    int n_buckets;
+    int n_buckets;          /* 0 for a summary: its one count is a histogram's +Inf bucket */
     double *bounds;         /* (n_buckets) upper bounds, strictly increasing, finite */
 
     pthread_mutex_t lock;   /* guards everything below */
@@ -135,7 +135,8 @@ static metric_t *family_register(metrics_t *m, metric_kind kind, const char *nam
             cs_error_set(CS_EINVAL, "metrics: %s: more than %d labels", name, METRICS_MAX_LABELS);
             return NULL;
         }
-        if (!valid_name(l, false) || strncmp(l, "__", 2) == 0 || (kind == METRIC_HISTOGRAM && !strcmp(l, "le"))) {
+        if (!valid_name(l, false) || strncmp(l, "__", 2) == 0 || (kind == METRIC_HISTOGRAM && !strcmp(l, "le")) ||
+            (kind == METRIC_SUMMARY && !strcmp(l, "quantile"))) {
             cs_error_set(CS_EINVAL, "metrics: %s: invalid or reserved label name '%s'", name, l);
             return NULL;
         }
@@ -217,7 +218,16 @@ metric_t *metrics_histogram(metrics_t *m, const char *name, const char *help, co
     return family_register(m, METRIC_HISTOGRAM, name, help, label_names, buckets, n_buckets);
 }
 
+metric_t *metrics_summary(metrics_t *m, const char *name, const char *help, const char *const *label_names) {
+    return family_register(m, METRIC_SUMMARY, name, help, label_names, NULL, 0);
+}
+
 /* ---- series ---- */
+
+/* per-series counts: a histogram's buckets, a summary's count */
+static size_t n_counts(const metric_t *f) {
+    return f->kind == METRIC_HISTOGRAM || f->kind == METRIC_SUMMARY ? (size_t)f->n_buckets + 1 : 0;
+}
 
 /* FNV-1a over the values, each with its terminating NUL so that ("ab","c") != ("a","bc") */
 static uint64_t labels_hash(const metric_t *f, const char *const *label_values) {
@@ -277,13 +287,13 @@ static series_t *series_get(metric_t *f, const char *const *label_values, bool c
     /* one allocation: the struct, the value pointers, the counts (8-aligned), the strings */
     size_t counts_off = sizeof(series_t) + (size_t)f->n_labels * sizeof(char *);
     counts_off = (counts_off + 7) & ~(size_t)7;
-    size_t n_counts = f->kind == METRIC_HISTOGRAM ? (size_t)f->n_buckets + 1 : 0;
-    size_t strings_off = counts_off + n_counts * sizeof(uint64_t), size = strings_off;
+    size_t nc = n_counts(f);
+    size_t strings_off = counts_off + nc * sizeof(uint64_t), size = strings_off;
     for (int i = 0; i < f->n_labels; i++) size += strlen(label_values[i]) + 1;
     series_t *s = calloc(1, size);
     if (!s) return NULL;
     s->hash = h;
-    if (n_counts) s->counts = (uint64_t *)((char *)s + counts_off);
+    if (nc) s->counts = (uint64_t *)((char *)s + counts_off);
     char *p = (char *)s + strings_off;
     for (int i = 0; i < f->n_labels; i++) {
         size_t l = strlen(label_values[i]) + 1;
@@ -317,9 +327,10 @@ void metric_set(metric_t *f, const char *const *label_values, double v) {
 }
 
 void metric_observe(metric_t *f, const char *const *label_values, double v) {
-    CS_ASSERT(f && f->kind == METRIC_HISTOGRAM);
+    CS_ASSERT(f && (f->kind == METRIC_HISTOGRAM || f->kind == METRIC_SUMMARY));
     check_labels(f, label_values);
-    /* the first bucket with v <= bound; NaN and values above every bound go to the last */
+    /* the first bucket with v <= bound; NaN and values above every bound go to the last (a
+     * summary's only one) */
     int lo = 0, hi = f->n_buckets;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
@@ -335,15 +346,20 @@ void metric_observe(metric_t *f, const char *const *label_values, double v) {
     pthread_mutex_unlock(&f->lock);
 }
 
+/* Takes s out of its hash chain (not out of the order array). With f->lock held. */
+static void series_unhash(metric_t *f, series_t *s) {
+    series_t **pp = &f->table[s->hash & (f->table_size - 1)];
+    while (*pp != s) pp = &(*pp)->hnext;
+    *pp = s->hnext;
+}
+
 void metric_remove(metric_t *f, const char *const *label_values) {
     CS_ASSERT(f);
     check_labels(f, label_values);
     pthread_mutex_lock(&f->lock);
     series_t *s = series_get(f, label_values, false);
     if (s) {
-        series_t **pp = &f->table[s->hash & (f->table_size - 1)];
-        while (*pp != s) pp = &(*pp)->hnext;
-        *pp = s->hnext;
+        series_unhash(f, s);
         size_t i = 0;
         while (f->order[i] != s) i++;
         memmove(&f->order[i], &f->order[i + 1], (f->n_series - i - 1) * sizeof *f->order);
@@ -351,6 +367,46 @@ void metric_remove(metric_t *f, const char *const *label_values) {
         free(s);
     }
     pthread_mutex_unlock(&f->lock);
+}
+
+void metric_fold(metric_t *f, const char *label_name, const char *from, const char *to) {
+    CS_ASSERT(f && label_name && from && to);
+    int li = 0;
+    while (li < f->n_labels && strcmp(f->label_names[li], label_name) != 0) li++;
+    if (li == f->n_labels || strcmp(from, to) == 0) return;
+    size_t nc = n_counts(f);
+    pthread_mutex_lock(&f->lock);
+    /* One pass over the creation order, compacting it in place: order[0..w) is kept,
+     * order[i..n_series) is still to look at. A target created here is appended at the end
+     * and is looked at too, but its value is `to`, so it stays. */
+    size_t w = 0;
+    for (size_t i = 0; i < f->n_series; i++) {
+        series_t *s = f->order[i], *dst = NULL;
+        if (strcmp(s->values[li], from) == 0) {
+            const char *values[METRICS_MAX_LABELS];
+            for (int k = 0; k < f->n_labels; k++) values[k] = s->values[k];
+            values[li] = to;
+            dst = series_get(f, values, true); /* may append to f->order */
+        }
+        if (!dst) { /* not folded, or no memory for the target: kept as it is */
+            f->order[w++] = s;
+            continue;
+        }
+        dst->value += s->value;
+        for (size_t k = 0; k < nc; k++) dst->counts[k] += s->counts[k];
+        series_unhash(f, s);
+        free(s);
+    }
+    f->n_series = w;
+    pthread_mutex_unlock(&f->lock);
+}
+
+size_t metric_series_count(metric_t *f) {
+    CS_ASSERT(f);
+    pthread_mutex_lock(&f->lock);
+    size_t n = f->n_series;
+    pthread_mutex_unlock(&f->lock);
+    return n;
 }
 
 /* ---- rendering ---- */
@@ -434,7 +490,7 @@ static void render_family(sbuf_t *b, metric_t *f) {
     pthread_mutex_lock(&f->lock);
     for (size_t i = 0; i < f->n_series; i++) {
         const series_t *s = f->order[i];
-        if (f->kind != METRIC_HISTOGRAM) {
+        if (f->kind == METRIC_COUNTER || f->kind == METRIC_GAUGE) {
             sb_series_head(b, f, s, "");
             sb_puts(b, f->n_labels ? "} " : " ");
             sb_double(b, s->value);
@@ -444,6 +500,7 @@ static void render_family(sbuf_t *b, metric_t *f) {
         uint64_t cum = 0;
         for (int k = 0; k <= f->n_buckets; k++) {
             cum += s->counts[k];
+            if (f->kind == METRIC_SUMMARY) continue; /* no quantiles, no buckets */
             sb_series_head(b, f, s, "_bucket");
             sb_puts(b, f->n_labels ? ",le=\"" : "{le=\"");
             if (k < f->n_buckets) sb_double(b, f->bounds[k]);

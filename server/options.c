@@ -93,6 +93,11 @@ static const opt_t OPTS[] = {
     {"lora-root", "DIR", K_LIST, SRV, F(lora_roots), F(n_lora_roots),
      .help = "adapters loaded over HTTP must be inside DIR (repeatable; without it /v1/load_lora_adapter is "
              "refused)"},
+    {"lora-resolve", "DIR", K_LIST, SRV, F(lora_resolve), F(n_lora_resolve),
+     .help = "a request for a model that is not registered but names DIR/<model>, a PEFT adapter, loads it "
+             "on first use (repeatable, tried in order; DIR inside a --lora-root)"},
+    {"lora-modules-dir", "DIR", K_LIST, SRV, F(lora_modules_dirs), F(n_lora_modules_dirs),
+     .help = "at start, serve every PEFT adapter directory in DIR under its directory's name (repeatable)"},
     {"config", "FILE", K_CONFIG, SRV,
      .help = "read options from FILE ('name = value' lines; see etc/caraserve.conf); the command line wins"},
     {"generation-config", "auto|vllm|DIR", K_STRING, SRV, F(generation_config), .def = "auto",
@@ -138,6 +143,9 @@ static const opt_t OPTS[] = {
      .help = "TCP port (default 8000; 0 picks a free one, printed at start)"},
     {"api-key", "KEY", K_STRING, SRV, F(api_key),
      .help = "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize (default: $CARASERVE_API_KEY)"},
+    {"api-keys", "FILE", K_STRING, SRV, F(api_keys),
+     .help = "keys and what each may do: {\"keys\": [{\"key\", \"role\": admin|tenant, \"adapters\", \"push\", "
+             "\"base\"}]} (docs/security.md); reread on SIGHUP"},
     {"http-threads", "N", K_INT, SRV, F(http_threads), .lo = 1, .hi = 256, .def = "4",
      .help = "HTTP worker threads"},
     {"max-body-bytes", "N", K_SIZE, SRV, F(max_body_bytes), .lo = 1024, .def = "32M", .wants = "at least 1K",
@@ -161,6 +169,9 @@ static const opt_t OPTS[] = {
     {"shutdown-timeout", "S", K_DOUBLE, SRV, F(shutdown_timeout), .lo = 0, .hi = INFINITY, .def = "30",
      .wants = "wants seconds >= 0", .help = "on SIGTERM/SIGINT, seconds to let requests finish"},
     {"metrics-prefix", "P", K_STRING, SRV, F(metrics_prefix), .def = "caraserve_", .help = "prefix of /metrics names"},
+    {"metrics-max-adapters", "N", K_INT, SRV, F(metrics_max_adapters), .lo = 0, .hi = 100000, .def = "100",
+     .help = "adapters with /metrics series of their own: the N most requested over the last 5 minutes; the "
+             "rest are summed under adapter=\"_other\" (default 100; GET /v1/adapters/NAME/stats has each)"},
     {"max-adapter-bytes", "N", K_SIZE, SRV, F(max_adapter_bytes), .lo = 1024, .def = "2G",
      .help = "largest adapter upload (PUT /v1/adapters/...)"},
     {"adapter-upload-dir", "DIR", K_STRING, SRV, F(adapter_upload_dir),

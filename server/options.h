@@ -25,6 +25,10 @@ typedef struct cs_options {
     char *lora_dir;                 /* generate --lora DIR */
     char **lora_roots;
     int n_lora_roots;
+    char **lora_resolve;            /* --lora-resolve: directories searched for unknown models */
+    int n_lora_resolve;
+    char **lora_modules_dirs;       /* --lora-modules-dir */
+    int n_lora_modules_dirs;
     char *chat_template;            /* file overriding the tokenizer_config.json template */
     char *tool_call_parser;
     char *reasoning_parser;         /* --reasoning-parser: qwen3, deepseek_r1 (default: none) */         /* --tool-call-parser: hermes, llama3_json, mistral, none (default: from the template) */
@@ -33,6 +37,8 @@ typedef struct cs_options {
     char *host;
     int port;
     char *api_key;
+    char *api_keys;                 /* --api-keys FILE */
+    int metrics_max_adapters;       /* adapters with series of their own; the rest are "_other" */
     int http_threads;               /* libmicrohttpd pool */
     long long max_body_bytes;
     long long max_adapter_bytes;    /* PUT /v1/adapters/... bodies */

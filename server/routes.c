@@ -12,26 +12,27 @@
 #include <microhttpd.h>
 
 #define API (ROUTE_AUTH | ROUTE_READY | ROUTE_JSON)
+#define T ROUTE_TENANT
 
 static const route_t routes[] = {
     {"/health", "GET", 0, R_HEALTH},
     {"/version", "GET", 0, R_VERSION},
     {"/metrics", "GET", 0, R_METRICS},
-    {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY, R_MODELS},
-    {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY | ROUTE_PREFIX, R_MODEL},
+    {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY | T, R_MODELS},
+    {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY | ROUTE_PREFIX | T, R_MODEL},
     {"/v1/state", "GET", ROUTE_AUTH | ROUTE_READY, R_STATE},
-    {"/v1/completions", "POST", API | ROUTE_GENERATES, R_COMPLETIONS},
-    {"/v1/chat/completions", "POST", API | ROUTE_GENERATES, R_CHAT},
+    {"/v1/completions", "POST", API | ROUTE_GENERATES | T, R_COMPLETIONS},
+    {"/v1/chat/completions", "POST", API | ROUTE_GENERATES | T, R_CHAT},
     {"/v1/load_lora_adapter", "POST", API, R_LOAD_LORA},
     {"/v1/unload_lora_adapter", "POST", API, R_UNLOAD_LORA},
-    {"/tokenize", "POST", API, R_TOKENIZE},
-    {"/detokenize", "POST", API, R_DETOKENIZE},
+    {"/tokenize", "POST", API | T, R_TOKENIZE},
+    {"/detokenize", "POST", API | T, R_DETOKENIZE},
     /* the rollout side (rollout_api/README.md) */
-    {"/v1/adapters", "GET", ROUTE_AUTH | ROUTE_READY, R_ADAPTERS},
-    {"/v1/adapters", "PUT DELETE", ROUTE_AUTH | ROUTE_READY | ROUTE_PREFIX | ROUTE_UPLOAD, R_ADAPTER_VERSION},
-    {"/v1/rollout", "POST", API | ROUTE_GENERATES, R_ROLLOUT},
+    {"/v1/adapters", "GET", ROUTE_AUTH | ROUTE_READY | T, R_ADAPTERS},
+    {"/v1/adapters", "GET PUT DELETE", ROUTE_AUTH | ROUTE_READY | ROUTE_PREFIX | ROUTE_UPLOAD | T, R_ADAPTER_VERSION},
+    {"/v1/rollout", "POST", API | ROUTE_GENERATES | T, R_ROLLOUT},
     {"/v1/rollout/abort", "POST", API, R_ROLLOUT_ABORT},
-    {"/generate", "POST", API | ROUTE_GENERATES, R_GENERATE},
+    {"/generate", "POST", API | ROUTE_GENERATES | T, R_GENERATE},
     {"/abort_request", "POST", API, R_ABORT_REQUEST},
     {"/v1/pause", "POST", API, R_PAUSE},
     {"/v1/resume", "POST", API, R_RESUME},
@@ -52,8 +53,8 @@ static const route_t routes[] = {
     {"/update_weights_from_disk", "POST", API, R_SGL_UPDATE_WEIGHTS},
     {"/get_weight_version", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_WEIGHT_VERSION},
     {"/update_weight_version", "POST", API, R_SGL_SET_WEIGHT_VERSION},
-    {"/get_model_info", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_MODEL_INFO},
-    {"/model_info", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_MODEL_INFO},
+    {"/get_model_info", "GET", ROUTE_AUTH | ROUTE_READY | T, R_SGL_MODEL_INFO},
+    {"/model_info", "GET", ROUTE_AUTH | ROUTE_READY | T, R_SGL_MODEL_INFO},
     {"/get_server_info", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_SERVER_INFO},
     {"/server_info", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_SERVER_INFO},
     {"/v1/loads", "GET", ROUTE_AUTH | ROUTE_READY, R_SGL_LOADS},

@@ -24,6 +24,7 @@ enum {
     ROUTE_JSON = 1u << 3,       /* the body is a JSON object (400 otherwise) */
     ROUTE_PREFIX = 1u << 4,     /* the path is a prefix: PATH/... */
     ROUTE_UPLOAD = 1u << 5,     /* body limit --max-adapter-bytes instead of --max-body-bytes */
+    ROUTE_TENANT = 1u << 6,     /* a tenant's key may call it (the rest of ROUTE_AUTH: admin keys) */
 };
 
 typedef struct route {

@@ -33,7 +33,9 @@ typedef struct served_adapter {
     struct MHD_Connection **waiters;  /* unload requests suspended until in_flight is 0 */
     int n_waiters;
     time_t created;
-    struct served_adapter *next;
+    bool resolved;                    /* registered by --lora-resolve on first request */
+    struct served_adapter *next;      /* newest first */
+    struct served_adapter *hnext;     /* the name index's chain */
 } served_adapter_t;
 
 typedef struct server_metrics {
@@ -45,12 +47,15 @@ typedef struct server_metrics {
     metric_t *lora_transfer, *cold_starts, *cold_layers; /* the cold start */
     metric_t *cost_r2, *cost_err, *cost_coef, *cost_steps; /* the iteration cost model's fit */
     metric_t *slo_requests, *slo_met; /* requests with SLOs (own or --adapter-slos), and those that met them */
+    metric_t *a_ttft, *a_itl, *a_e2e;   /* per adapter (api_stats.c's bounded label): sums and counts */
+    metric_t *adapter_series, *adapter_folds, *lora_resolved;
     /* engine counters already reported (metrics are cumulative there) */
     pthread_mutex_t mu;
     uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;
     uint64_t last_cold_assisted, last_cold_waited, last_cold_host_layers, last_cold_device_layers;
     uint64_t last_prefill_tokens, last_lora_loads_direct, last_lora_loads_buffered;
     uint64_t last_lora_streamed, last_lora_partial;
+    uint64_t last_adapter_folds, last_resolved, last_resolve_failed;
 } server_metrics_t;
 
 typedef struct server {
@@ -90,6 +95,14 @@ typedef struct server {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     served_adapter_t *adapters;
+    served_adapter_t **index;       /* the adapters by name: chains of index_cap (a power of two) */
+    size_t index_cap, n_adapters;
+    struct resolving *resolving;    /* --lora-resolve: names being registered now (api_resolve.c) */
+    uint64_t n_resolved, n_resolve_failed; /* under mu: first requests that registered, that found nothing */
+    char **resolve_dirs;            /* realpath of each --lora-resolve directory */
+    int n_resolve_dirs;
+    struct keyring *keys;           /* under mu: the keys in force (--api-keys, --api-key; server/keys.h) */
+    struct adapter_stats *astats;   /* per-adapter statistics and the bounded labels (api_stats.c) */
     bool ready;                     /* model loaded: /health says 200 */
     bool draining;                  /* SIGTERM: no new generation requests */
     bool paused;                    /* /v1/pause: requests are accepted and wait */
@@ -142,6 +155,8 @@ struct conn {
     bool unload_sglang;             /* ... as SGLang's /unload_lora_adapter: answered in its JSON */
     struct gen_job *job;
     double t_arrival;               /* cs_time_ms() */
+    const struct key_grant *who;    /* the request's key (NULL: a route without keys); its ring
+                                     * is held by http.c until the request is done */
 };
 
 /* ---- metrics wiring (api_metrics.c) ---- */
@@ -156,9 +171,40 @@ void server_drain_drops(server_t *s);  /* delete the dropped uploads' files (no 
 /* Register NAME -> DIR (a new version when it exists and inplace), validated first. CS_OK, or
  * a CS_E* code with *E the HTTP error (param "lora_path"). */
 int server_add_adapter(server_t *s, const char *name, const char *dir, bool inplace, perr_t *e);
+/* The same; PROBE checks the adapter's config and safetensors headers only (its weights are
+ * read at its first request, as any adapter's after an eviction). */
+int server_add_adapter_ex(server_t *s, const char *name, const char *dir, bool inplace, bool probe, perr_t *e);
+
+/* ---- adapters found by name (api_resolve.c) ---- */
+/* NAME, not registered: registered now from a --lora-resolve directory (CS_OK), else
+ * CS_ENOTFOUND (the caller answers as for any unknown model) or CS_ENOMEM. Concurrent calls
+ * for one name register it once; the others wait for the outcome. No lock held. */
+int server_resolve_adapter(server_t *s, const char *name);
+/* --lora-modules-dir DIR: every adapter directory in DIR (the ones that do not fit are
+ * skipped, and said); the number registered, or CS_ENOTFOUND when DIR cannot be read */
+int server_modules_dir(server_t *s, const char *dir);
+
+/* ---- every adapter's statistics; the bounded adapter label of /metrics (api_stats.c) ---- */
+typedef struct adapter_stats adapter_stats_t;
+int astats_init(server_t *s);   /* after server_metrics_init */
+void astats_free(server_t *s);
+/* NAME (the base model's served name or an adapter's) had a token: TTFT or ITL (< 0: not
+ * this one), in seconds */
+void astats_token(server_t *s, const char *name, double ttft_s, double itl_s);
+/* a request (one prompt's samples) on NAME is over */
+void astats_done(server_t *s, const char *name, int n_prompt, const char *finish, double e2e_s, double queue_s);
+/* a request with SLOs on NAME (ADAPTER: NULL for the base model) is over: did it meet them */
+void astats_slo(server_t *s, const char *name, const char *adapter, bool met);
+/* NAME's weights came from disk (or, TRANSFER, went to the device) in SECONDS */
+void astats_load(server_t *s, const char *name, double seconds, bool transfer);
+/* at a scrape: the adapters with series of their own chosen again (the rest folded) */
+void astats_rebalance(server_t *s);
+/* NAME's statistics as JSON; KNOWN: zeros for a name never asked for (else NULL) */
+json_t *astats_get(server_t *s, const char *name, bool known);
 
 /* ---- security ---- */
-bool auth_ok(const server_t *s, const char *authorization_header);
+/* a reference to the keys in force (keyring_unref it) */
+struct keyring *server_keys(server_t *s);
 /* realpath(path) inside one of the --lora-root directories: 0 and *real set (malloc'd),
  * else an HTTP status (403 outside, 404 missing), the error in *e. */
 int lora_path_check(const server_t *s, const char *path, char **real, perr_t *e);

@@ -1,8 +1,9 @@
-/* test_metrics.c: the Prometheus registry. Counters, gauges and histograms with and
- * without labels rendered to exact text; cumulative buckets; escaping and invalid UTF-8;
- * numbers that read back exactly; remove; registration errors; several threads updating
- * while one renders (the sums must be exact); and a representative registry checked by
- * `promtool check metrics` when promtool is on PATH. */
+/* test_metrics.c: the Prometheus registry. Counters, gauges, histograms and summaries with
+ * and without labels rendered to exact text; cumulative buckets; escaping and invalid UTF-8;
+ * numbers that read back exactly; remove; folding a label value into another; registration
+ * errors; several threads updating (and folding) while one renders (the sums must be exact);
+ * and a representative registry checked by `promtool check metrics` when promtool is on
+ * PATH. */
 #include <check.h>
 #include <locale.h>
 #include <math.h>
@@ -434,6 +435,215 @@ START_TEST(test_registration_errors) {
 }
 END_TEST
 
+START_TEST(test_summary) {
+    metrics_t *m = metrics_new();
+    metric_t *s0 = metrics_summary(m, "caraserve_request_queue_seconds", "Time in the queue.", NULL);
+    metric_t *s1 = metrics_summary(m, "caraserve_lora_swap_seconds", "Adapter swap time.",
+                                   (const char *[]){"adapter", NULL});
+    ck_assert_ptr_nonnull(s0);
+    ck_assert_ptr_nonnull(s1);
+    expect_render(m, "# HELP caraserve_request_queue_seconds Time in the queue.\n"
+                  "# TYPE caraserve_request_queue_seconds summary\n"
+                  "caraserve_request_queue_seconds_sum 0\n"
+                  "caraserve_request_queue_seconds_count 0\n"
+                  "# HELP caraserve_lora_swap_seconds Adapter swap time.\n"
+                  "# TYPE caraserve_lora_swap_seconds summary\n");
+    metric_observe(s0, NULL, 0.25);
+    metric_observe(s0, NULL, 1.5);
+    metric_observe(s0, NULL, 1e9); /* no bound: anything counts */
+    metric_observe(s1, (const char *[]){"r8"}, 0.5);
+    metric_observe(s1, (const char *[]){"r16"}, 2);
+    metric_observe(s1, (const char *[]){"r8"}, 0.125);
+    expect_render(m, "# HELP caraserve_request_queue_seconds Time in the queue.\n"
+                  "# TYPE caraserve_request_queue_seconds summary\n"
+                  "caraserve_request_queue_seconds_sum 1000000001.75\n"
+                  "caraserve_request_queue_seconds_count 3\n"
+                  "# HELP caraserve_lora_swap_seconds Adapter swap time.\n"
+                  "# TYPE caraserve_lora_swap_seconds summary\n"
+                  "caraserve_lora_swap_seconds_sum{adapter=\"r8\"} 0.625\n"
+                  "caraserve_lora_swap_seconds_count{adapter=\"r8\"} 2\n"
+                  "caraserve_lora_swap_seconds_sum{adapter=\"r16\"} 2\n"
+                  "caraserve_lora_swap_seconds_count{adapter=\"r16\"} 1\n");
+    ck_assert_uint_eq(metric_series_count(s0), 1);
+    ck_assert_uint_eq(metric_series_count(s1), 2);
+    /* "quantile" is reserved, "le" is not */
+    ck_assert_ptr_null(metrics_summary(m, "x", "X.", (const char *[]){"quantile", NULL}));
+    ck_assert_ptr_nonnull(strstr(cs_error_last(), "reserved"));
+    ck_assert_ptr_nonnull(metrics_summary(m, "y", "Y.", (const char *[]){"le", NULL}));
+    metrics_free(m);
+}
+END_TEST
+
+/* The sum of every sample of FAMILY (lines starting with `family{` or `family `). */
+static double family_total(const char *text, const char *family) {
+    size_t n = strlen(family);
+    double total = 0;
+    for (const char *line = text; *line;) {
+        const char *eol = strchr(line, '\n');
+        ck_assert(eol);
+        if (!strncmp(line, family, n) && (line[n] == '{' || line[n] == ' ')) {
+            const char *v = eol;
+            while (v > line && v[-1] != ' ') v--;
+            total += strtod(v, NULL);
+        }
+        line = eol + 1;
+    }
+    return total;
+}
+
+START_TEST(test_fold_counter) {
+    metrics_t *m = metrics_new();
+    metric_t *c = metrics_counter(m, "caraserve_request_success", "Finished requests.",
+                                  (const char *[]){"adapter", "finished_reason", NULL});
+    metric_inc(c, (const char *[]){"a", "stop"}, 1);
+    metric_inc(c, (const char *[]){"b", "stop"}, 2);
+    metric_inc(c, (const char *[]){"a", "length"}, 4);
+    metric_inc(c, (const char *[]){"_other", "stop"}, 8);
+    metric_inc(c, (const char *[]){"c", "abort"}, 16);
+    ck_assert_uint_eq(metric_series_count(c), 5);
+    char *s = render(m);
+    double before = family_total(s, "caraserve_request_success_total");
+    free(s);
+    ck_assert(before == 31);
+
+    /* a: (a,stop) into the existing (_other,stop); (a,length) creates (_other,length) at the end */
+    metric_fold(c, "adapter", "a", "_other");
+    ck_assert_uint_eq(metric_series_count(c), 4);
+    expect_render(m, "# HELP caraserve_request_success_total Finished requests.\n"
+                  "# TYPE caraserve_request_success_total counter\n"
+                  "caraserve_request_success_total{adapter=\"b\",finished_reason=\"stop\"} 2\n"
+                  "caraserve_request_success_total{adapter=\"_other\",finished_reason=\"stop\"} 9\n"
+                  "caraserve_request_success_total{adapter=\"c\",finished_reason=\"abort\"} 16\n"
+                  "caraserve_request_success_total{adapter=\"_other\",finished_reason=\"length\"} 4\n");
+    /* no match, unknown label, from == to, the other label: as asked */
+    metric_fold(c, "adapter", "a", "_other");
+    metric_fold(c, "model", "b", "_other");
+    metric_fold(c, "adapter", "b", "b");
+    ck_assert_uint_eq(metric_series_count(c), 4);
+    metric_fold(c, "finished_reason", "length", "stop");
+    ck_assert_uint_eq(metric_series_count(c), 3);
+    expect_render(m, "# HELP caraserve_request_success_total Finished requests.\n"
+                  "# TYPE caraserve_request_success_total counter\n"
+                  "caraserve_request_success_total{adapter=\"b\",finished_reason=\"stop\"} 2\n"
+                  "caraserve_request_success_total{adapter=\"_other\",finished_reason=\"stop\"} 13\n"
+                  "caraserve_request_success_total{adapter=\"c\",finished_reason=\"abort\"} 16\n");
+    /* c: no (_other,abort) yet; then every adapter is folded */
+    metric_fold(c, "adapter", "c", "_other");
+    metric_fold(c, "adapter", "b", "_other");
+    ck_assert_uint_eq(metric_series_count(c), 2);
+    expect_render(m, "# HELP caraserve_request_success_total Finished requests.\n"
+                  "# TYPE caraserve_request_success_total counter\n"
+                  "caraserve_request_success_total{adapter=\"_other\",finished_reason=\"stop\"} 15\n"
+                  "caraserve_request_success_total{adapter=\"_other\",finished_reason=\"abort\"} 16\n");
+    s = render(m);
+    ck_assert(family_total(s, "caraserve_request_success_total") == before);
+    free(s);
+    /* a folded value comes back as a new series from zero, and updates still find every series */
+    metric_inc(c, (const char *[]){"a", "stop"}, 1);
+    metric_inc(c, (const char *[]){"_other", "stop"}, 1);
+    s = render(m);
+    ck_assert(sample(s, "caraserve_request_success_total{adapter=\"a\",finished_reason=\"stop\"}") == 1);
+    ck_assert(sample(s, "caraserve_request_success_total{adapter=\"_other\",finished_reason=\"stop\"}") == 16);
+    free(s);
+
+    /* many series folded at once: the hash table stays consistent */
+    metric_t *g = metrics_gauge(m, "running", "Requests running.", (const char *[]){"adapter", "kind", NULL});
+    char name[16];
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "x%d", i % 100);
+        metric_inc(g, (const char *[]){name, i < 100 ? "p" : i < 200 ? "q" : "r"}, 1);
+    }
+    for (int i = 1; i < 100; i++) {
+        snprintf(name, sizeof name, "x%d", i);
+        metric_fold(g, "adapter", name, "x0");
+    }
+    ck_assert_uint_eq(metric_series_count(g), 3);
+    metric_inc(g, (const char *[]){"x0", "q"}, 0.5);
+    s = render(m);
+    ck_assert(sample(s, "running{adapter=\"x0\",kind=\"p\"}") == 100);
+    ck_assert(sample(s, "running{adapter=\"x0\",kind=\"q\"}") == 100.5);
+    ck_assert(sample(s, "running{adapter=\"x0\",kind=\"r\"}") == 100);
+    free(s);
+
+    /* a family without labels: no-op */
+    metric_t *n = metrics_counter(m, "n", "N.", NULL);
+    metric_inc(n, NULL, 3);
+    metric_fold(n, "adapter", "a", "b");
+    ck_assert_uint_eq(metric_series_count(n), 1);
+    s = render(m);
+    ck_assert(sample(s, "n_total") == 3);
+    free(s);
+    metrics_free(m);
+}
+END_TEST
+
+START_TEST(test_fold_histogram_summary) {
+    metrics_t *m = metrics_new();
+    const char *names[] = {"adapter", "phase", NULL};
+    metric_t *h = metrics_histogram(m, "h_seconds", "H.", names, (const double[]){1, 2}, 2);
+    metric_t *sm = metrics_summary(m, "s_seconds", "S.", names);
+    /* a: 0.5, 1.5, 3; b: 0.25, 2; _other: 1 */
+    const struct { const char *a; double v; } obs[] = {{"a", 0.5}, {"b", 0.25}, {"a", 1.5}, {"_other", 1},
+                                                       {"b", 2},   {"a", 3}};
+    for (size_t i = 0; i < CS_ARRAY_LEN(obs); i++) {
+        metric_observe(h, (const char *[]){obs[i].a, "decode"}, obs[i].v);
+        metric_observe(sm, (const char *[]){obs[i].a, "decode"}, obs[i].v);
+    }
+    metric_observe(h, (const char *[]){"a", "prefill"}, 0.75);
+    metric_observe(sm, (const char *[]){"a", "prefill"}, 0.75);
+    char *s = render(m);
+    double sum_h = family_total(s, "h_seconds_sum"), cnt_h = family_total(s, "h_seconds_count");
+    double buckets_h = family_total(s, "h_seconds_bucket");
+    double sum_s = family_total(s, "s_seconds_sum"), cnt_s = family_total(s, "s_seconds_count");
+    free(s);
+
+    metric_fold(h, "adapter", "a", "_other");
+    metric_fold(sm, "adapter", "a", "_other");
+    ck_assert_uint_eq(metric_series_count(h), 3);
+    ck_assert_uint_eq(metric_series_count(sm), 3);
+    expect_render(m, "# HELP h_seconds H.\n"
+                  "# TYPE h_seconds histogram\n"
+                  "h_seconds_bucket{adapter=\"b\",phase=\"decode\",le=\"1\"} 1\n"
+                  "h_seconds_bucket{adapter=\"b\",phase=\"decode\",le=\"2\"} 2\n"
+                  "h_seconds_bucket{adapter=\"b\",phase=\"decode\",le=\"+Inf\"} 2\n"
+                  "h_seconds_sum{adapter=\"b\",phase=\"decode\"} 2.25\n"
+                  "h_seconds_count{adapter=\"b\",phase=\"decode\"} 2\n"
+                  "h_seconds_bucket{adapter=\"_other\",phase=\"decode\",le=\"1\"} 2\n"
+                  "h_seconds_bucket{adapter=\"_other\",phase=\"decode\",le=\"2\"} 3\n"
+                  "h_seconds_bucket{adapter=\"_other\",phase=\"decode\",le=\"+Inf\"} 4\n"
+                  "h_seconds_sum{adapter=\"_other\",phase=\"decode\"} 6\n"
+                  "h_seconds_count{adapter=\"_other\",phase=\"decode\"} 4\n"
+                  "h_seconds_bucket{adapter=\"_other\",phase=\"prefill\",le=\"1\"} 1\n"
+                  "h_seconds_bucket{adapter=\"_other\",phase=\"prefill\",le=\"2\"} 1\n"
+                  "h_seconds_bucket{adapter=\"_other\",phase=\"prefill\",le=\"+Inf\"} 1\n"
+                  "h_seconds_sum{adapter=\"_other\",phase=\"prefill\"} 0.75\n"
+                  "h_seconds_count{adapter=\"_other\",phase=\"prefill\"} 1\n"
+                  "# HELP s_seconds S.\n"
+                  "# TYPE s_seconds summary\n"
+                  "s_seconds_sum{adapter=\"b\",phase=\"decode\"} 2.25\n"
+                  "s_seconds_count{adapter=\"b\",phase=\"decode\"} 2\n"
+                  "s_seconds_sum{adapter=\"_other\",phase=\"decode\"} 6\n"
+                  "s_seconds_count{adapter=\"_other\",phase=\"decode\"} 4\n"
+                  "s_seconds_sum{adapter=\"_other\",phase=\"prefill\"} 0.75\n"
+                  "s_seconds_count{adapter=\"_other\",phase=\"prefill\"} 1\n");
+    s = render(m);
+    ck_assert(family_total(s, "h_seconds_sum") == sum_h);
+    ck_assert(family_total(s, "h_seconds_count") == cnt_h);
+    ck_assert(family_total(s, "h_seconds_bucket") == buckets_h);
+    ck_assert(family_total(s, "s_seconds_sum") == sum_s);
+    ck_assert(family_total(s, "s_seconds_count") == cnt_s);
+    free(s);
+    /* the merged series goes on counting into the right buckets */
+    metric_observe(h, (const char *[]){"_other", "prefill"}, 1.5);
+    s = render(m);
+    ck_assert(sample(s, "h_seconds_bucket{adapter=\"_other\",phase=\"prefill\",le=\"1\"}") == 1);
+    ck_assert(sample(s, "h_seconds_bucket{adapter=\"_other\",phase=\"prefill\",le=\"2\"}") == 2);
+    ck_assert(sample(s, "h_seconds_count{adapter=\"_other\",phase=\"prefill\"}") == 2);
+    free(s);
+    metrics_free(m);
+}
+END_TEST
+
 /* programming errors abort */
 START_TEST(test_negative_counter_aborts) {
     metrics_t *m = metrics_new();
@@ -444,6 +654,12 @@ END_TEST
 START_TEST(test_wrong_kind_aborts) {
     metrics_t *m = metrics_new();
     metric_observe(metrics_gauge(m, "g", "G.", NULL), NULL, 1);
+}
+END_TEST
+
+START_TEST(test_summary_set_aborts) {
+    metrics_t *m = metrics_new();
+    metric_set(metrics_summary(m, "s", "S.", NULL), NULL, 1);
 }
 END_TEST
 
@@ -539,6 +755,107 @@ START_TEST(test_concurrent) {
 }
 END_TEST
 
+/* Workers count into per-thread adapters while one thread folds them into "_other": every
+ * render sees each request exactly once (the totals never go down, the +Inf buckets add up
+ * to the count), and nothing is lost at the end. */
+typedef struct fold_shared {
+    metric_t *c, *h;
+    int id;
+} fold_shared_t;
+
+static void *fold_worker(void *arg) {
+    fold_shared_t *sh = arg;
+    char own[16];
+    snprintf(own, sizeof own, "t%d", sh->id);
+    for (int i = 0; i < N_ITERS; i++) {
+        metric_inc(sh->c, (const char *[]){own, i % 3 ? "stop" : "length"}, 1);
+        metric_observe(sh->h, (const char *[]){own}, (i % 4) * 0.25);
+    }
+    return NULL;
+}
+
+static atomic_int stop_fold;
+
+static void *folder(void *arg) {
+    fold_shared_t *sh = arg;
+    char name[16];
+    for (int round = 0; !atomic_load(&stop_fold); round++) {
+        snprintf(name, sizeof name, "t%d", round % N_THREADS);
+        metric_fold(sh->c, "adapter", name, "_other");
+        metric_fold(sh->h, "adapter", name, "_other");
+    }
+    return NULL;
+}
+
+static void *fold_renderer(void *arg) {
+    metrics_t *m = arg;
+    double last = 0, last_count = 0;
+    int n = 0;
+    do {
+        char *s = metrics_render(m, NULL);
+        ck_assert_ptr_nonnull(s);
+        double total = family_total(s, "req_total");
+        ck_assert_msg(total >= last, "total went from %g to %g", last, total);
+        last = total;
+        double count = family_total(s, "lat_seconds_count"), inf = 0;
+        ck_assert_msg(count >= last_count, "count went from %g to %g", last_count, count);
+        last_count = count;
+        for (const char *p = s; (p = strstr(p, "le=\"+Inf\"} ")); p++) inf += strtod(p + 11, NULL);
+        ck_assert(inf == count);
+        free(s);
+        n++;
+    } while (!atomic_load(&stop_render));
+    return (void *)(long)n;
+}
+
+START_TEST(test_concurrent_fold) {
+    metrics_t *m = metrics_new();
+    metric_t *c = metrics_counter(m, "req", "Requests.", (const char *[]){"adapter", "finished_reason", NULL});
+    metric_t *h = metrics_histogram(m, "lat_seconds", "Latency.", (const char *[]){"adapter", NULL},
+                                    (const double[]){0.1, 0.6}, 2);
+    fold_shared_t sh[N_THREADS], fsh = {.c = c, .h = h};
+    pthread_t t[N_THREADS], r, fo;
+    atomic_store(&stop_render, 0);
+    atomic_store(&stop_fold, 0);
+    ck_assert_int_eq(pthread_create(&r, NULL, fold_renderer, m), 0);
+    ck_assert_int_eq(pthread_create(&fo, NULL, folder, &fsh), 0);
+    for (int i = 0; i < N_THREADS; i++) {
+        sh[i] = (fold_shared_t){.c = c, .h = h, .id = i};
+        ck_assert_int_eq(pthread_create(&t[i], NULL, fold_worker, &sh[i]), 0);
+    }
+    for (int i = 0; i < N_THREADS; i++) pthread_join(t[i], NULL);
+    atomic_store(&stop_fold, 1);
+    pthread_join(fo, NULL);
+    atomic_store(&stop_render, 1);
+    void *renders;
+    pthread_join(r, &renders);
+    ck_assert_int_gt((int)(long)renders, 0);
+    char *s = render(m);
+    double n = (double)N_THREADS * N_ITERS;
+    ck_assert(family_total(s, "req_total") == n);
+    ck_assert(family_total(s, "lat_seconds_count") == n);
+    ck_assert(family_total(s, "lat_seconds_sum") == n / 4 * (0 + 0.25 + 0.5 + 0.75));
+    free(s);
+    /* everything left folds into two counter series and one histogram series */
+    for (int i = 0; i < N_THREADS; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d", i);
+        metric_fold(c, "adapter", name, "_other");
+        metric_fold(h, "adapter", name, "_other");
+    }
+    ck_assert_uint_eq(metric_series_count(c), 2);
+    ck_assert_uint_eq(metric_series_count(h), 1);
+    s = render(m);
+    ck_assert(sample(s, "lat_seconds_count{adapter=\"_other\"}") == n);
+    ck_assert(sample(s, "lat_seconds_bucket{adapter=\"_other\",le=\"0.1\"}") == n / 4);
+    ck_assert(sample(s, "lat_seconds_bucket{adapter=\"_other\",le=\"0.6\"}") == n * 3 / 4);
+    ck_assert(sample(s, "req_total{adapter=\"_other\",finished_reason=\"stop\"}") +
+                  sample(s, "req_total{adapter=\"_other\",finished_reason=\"length\"}") == n);
+    free(s);
+    metrics_free(m);
+}
+END_TEST
+
 /* ---- promtool ---- */
 
 static bool on_path(const char *prog) {
@@ -553,7 +870,8 @@ static bool on_path(const char *prog) {
     return false;
 }
 
-/* A registry like the server's: every kind, with and without labels, escaping. prefix is
+/* A registry like the server's: every kind, with and without labels, escaping, a folded
+ * label. prefix is
  * "caraserve_" or "caraserve:". */
 static metrics_t *representative(const char *prefix) {
     metrics_t *m = metrics_new();
@@ -577,8 +895,10 @@ static metrics_t *representative(const char *prefix) {
                                        tok_b, 13);
     metric_t *empty = metrics_histogram(m, NAME("lora_load_seconds"), "Adapter load time.", adapter,
                                         (const double[]){0.01, 0.1, 1}, 3);
+    metric_t *queue = metrics_summary(m, NAME("request_queue_seconds"), "Time in the queue.", adapter);
+    metric_t *wait = metrics_summary(m, NAME("scheduler_wait_seconds"), "Scheduler wait.", NULL);
 #undef NAME
-    ck_assert(prompt && gen && ok && running && kv && loaded && ttft && plen && empty);
+    ck_assert(prompt && gen && ok && running && kv && loaded && ttft && plen && empty && queue && wait);
     const char *names[] = {"", "demo-r8", "demo \"r16\"\\x\nnew", "caf\xc3\xa9", "bad\xff"};
     for (int i = 0; i < 5; i++) {
         const char *a[] = {names[i]};
@@ -586,7 +906,12 @@ static metrics_t *representative(const char *prefix) {
         metric_inc(ok, (const char *[]){names[i], i % 2 ? "length" : "stop"}, i + 1);
         metric_set(loaded, (const char *[]){names[i], "16"}, 1);
         for (int k = 0; k < 50; k++) metric_observe(ttft, a, 0.003 * k * (i + 1));
+        metric_observe(queue, a, 0.01 * i);
     }
+    metric_fold(ok, "adapter", "demo-r8", "_other");
+    metric_fold(ttft, "adapter", "demo-r8", "_other");
+    metric_fold(queue, "adapter", "demo-r8", "_other");
+    metric_observe(wait, NULL, 0.5);
     metric_remove(loaded, (const char *[]){"demo-r8", "16"});
     metric_inc(gen, NULL, 12345);
     metric_set(running, NULL, 3);
@@ -638,7 +963,7 @@ START_TEST(test_promtool) {
     int lines = 0;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), lines++)
         ck_assert_msg(strstr(line, "metric names should not contain ':'"), "promtool: %s", line);
-    ck_assert_int_eq(lines, 8); /* one per family with samples (not the empty histogram) */
+    ck_assert_int_eq(lines, 10); /* one per family with samples (not the empty histogram) */
     metrics_free(m);
 }
 END_TEST
@@ -647,7 +972,8 @@ int main(void) {
     Suite *s = suite_create("metrics");
     const TTest *const tests[] = {
         test_counter_gauge_no_labels, test_labels, test_histogram, test_histogram_cumulative, test_escaping,
-        test_numbers, test_remove, test_registration_errors, test_concurrent, test_promtool,
+        test_numbers, test_remove, test_summary, test_fold_counter, test_fold_histogram_summary,
+        test_registration_errors, test_concurrent, test_concurrent_fold, test_promtool,
     };
     TCase *tc = cs_tcase(s, "core", tests, CS_ARRAY_LEN(tests), 0);
     /* aborting tests need a forked child each */
@@ -655,6 +981,7 @@ int main(void) {
     if (!fork_env || strcmp(fork_env, "no") != 0) {
         tcase_add_test_raise_signal(tc, test_negative_counter_aborts, SIGABRT);
         tcase_add_test_raise_signal(tc, test_wrong_kind_aborts, SIGABRT);
+        tcase_add_test_raise_signal(tc, test_summary_set_aborts, SIGABRT);
         tcase_add_test_raise_signal(tc, test_missing_labels_abort, SIGABRT);
     }
     return cs_check_run(s, CK_FORK) ? 1 : 0;

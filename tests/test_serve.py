@@ -362,7 +362,7 @@ slo_met = 'caraserve_slo_attained_total{adapter="a1",rank="8"}'
 if vals.get(slo_req) != 2 or vals.get(slo_met) != 1:
     reflib.fail(f"/metrics: SLO requests {vals.get(slo_req)}, attained {vals.get(slo_met)} (want 2 and 1):\n{txt}")
 print("ok  requests with an slo are counted by adapter and rank, and whether they met it")
-for k in ("caraserve_time_to_first_token_seconds_count{adapter=\"a1\"}", "caraserve_generation_tokens_total{adapter=\"a2\"}",
+for k in ("caraserve_adapter_time_to_first_token_seconds_count{adapter=\"a1\"}", "caraserve_time_to_first_token_seconds_count", "caraserve_generation_tokens_total{adapter=\"a2\"}",
           "caraserve_num_requests_running", "caraserve_kv_cache_usage_perc", "caraserve_prefix_cache_queries_total",
           "caraserve_lora_adapters{tier=\"registered\"}", "caraserve_cost_model_r2", "caraserve_cost_model_coefficient_seconds{term=\"prefill_tokens\"}"):
     if k not in vals:
@@ -370,9 +370,19 @@ for k in ("caraserve_time_to_first_token_seconds_count{adapter=\"a1\"}", "carase
 dev_key = "caraserve_lora_adapters{tier=\"device\"}"
 if vals.get(dev_key, 0) < 2:  # a1 and a2 ran: their slots stay (no bound)
     reflib.fail(f"/metrics: adapters in device slots {vals.get(dev_key)}:\n{txt}")
-loads = {k: v for k, v in vals.items() if k.startswith("caraserve_lora_load_seconds_count{adapter=")}
-if len(loads) < 3 or sum(loads.values()) < 3 or vals["caraserve_prefix_cache_hits_total"] <= 0:
-    reflib.fail(f"/metrics: loads per adapter {loads}, prefix hits {vals['caraserve_prefix_cache_hits_total']}")
+# loads per adapter: GET /v1/adapters/NAME/stats (/metrics has their total)
+# (a3 is unloaded by now: its counts stay)
+loads = {}
+for name in ("a1", "a2", "a3"):
+    st, one, _ = srv.request("GET", f"/v1/adapters/{name}/stats", headers=AUTH)
+    if st != 200:
+        reflib.fail(f"GET /v1/adapters/{name}/stats: {st} {one}")
+    if one["loads"]["from_disk"]:
+        loads[name] = one["loads"]["from_disk"]
+if (len(loads) < 3 or sum(loads.values()) < 3 or vals["caraserve_prefix_cache_hits_total"] <= 0
+        or vals.get("caraserve_lora_load_seconds_count") != sum(loads.values())):
+    reflib.fail(f"loads per adapter {loads} (/metrics: {vals.get('caraserve_lora_load_seconds_count')} in all), "
+                f"prefix hits {vals['caraserve_prefix_cache_hits_total']}")
 # every load counted once by how it was read: O_DIRECT where the file system takes it
 try:
     os.close(os.open(os.path.join(a1_dir, "adapter_model.safetensors"), os.O_RDONLY | os.O_DIRECT))
