@@ -1103,7 +1103,7 @@ static void usage_router(FILE *f) {
             "  --api-key KEY                 require 'Authorization: Bearer KEY' (default:\n"
             "                                $CARASERVE_API_KEY; also sent to the replicas for its polls)\n"
             "  --api-keys FILE               the replicas' key file: tenant keys reach the routes a tenant may\n"
-            "                                call, admin keys all (docs/security.md); requests go on with their\n"
+            "                                call, admin keys all (docs/tenants.md); requests go on with their\n"
             "                                own key. SIGHUP rereads it. --api-key is then only the key of polls\n"
             "  --tpot-factor F               rank-aware: a request without a TPOT SLO is held to F times\n"
             "                                the base model's decode iteration (default 1.5)\n"

@@ -145,7 +145,7 @@ static const opt_t OPTS[] = {
      .help = "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize (default: $CARASERVE_API_KEY)"},
     {"api-keys", "FILE", K_STRING, SRV, F(api_keys),
      .help = "keys and what each may do: {\"keys\": [{\"key\", \"role\": admin|tenant, \"adapters\", \"push\", "
-             "\"base\"}]} (docs/security.md); reread on SIGHUP"},
+             "\"base\"}]} (docs/tenants.md); reread on SIGHUP"},
     {"http-threads", "N", K_INT, SRV, F(http_threads), .lo = 1, .hi = 256, .def = "4",
      .help = "HTTP worker threads"},
     {"max-body-bytes", "N", K_SIZE, SRV, F(max_body_bytes), .lo = 1024, .def = "32M", .wants = "at least 1K",
