@@ -558,7 +558,8 @@ static void on_line(xfer_t *x, char *s, size_t len, double t) {
         if (len == 6 && !memcmp(s, "[DONE]", 6)) return;
     }
     json_error_t je;
-    json_t *j = json_loadb(s, len, 0, &je);
+    /* a token's text may be a NUL byte (<0x00>): "\u0000" is valid JSON */
+    json_t *j = json_loadb(s, len, JSON_ALLOW_NUL, &je);
     if (!json_is_object(j)) {
         set_error(x, "bad JSON in the stream: %s", je.text);
         json_decref(j);

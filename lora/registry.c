@@ -1,14 +1,15 @@
 /* registry.c: adapter names -> versions -> load state, refcounts and the host cache. One
  * mutex guards it all; the disk work runs on the loader thread (lora/loader_uring.c) in two
  * reads per load: adapter_config.json first, which gives the exact F32 size so room is
- * reserved (evicting unheld adapters, least recently released first) before the weights
- * are read; a load that finds no room waits in a FIFO until a release or a removal makes
+ * reserved (evicting unheld adapters: those used once first, then the rest, each least
+ * recently released first) before the weights are read; a load that finds no room waits in a FIFO until a release or a removal makes
  * some. A freshly loaded adapter is kept for its requester (who retries on on_loaded) for
  * a grace (params.fresh_ms, LORA_FRESH_MS_DEFAULT) before a waiting load may evict it, or two loads could evict each other
  * forever; a loader timer re-runs the wait queue when that grace ends. The loader's
  * callbacks parse and convert outside the mutex. */
 #include "lora/registry.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -44,6 +45,8 @@ struct lora_entry {
     size_t nbytes;          /* A/B/Bᵀ bytes: the F32 bound once adapter_config.json is read, the
                              * bytes held once loaded */
     double fresh_until;     /* cs_time_ms() before which only its requester may take it */
+    unsigned uses;          /* acquires that found it in host memory, over its whole life: an
+                             * adapter used once is evicted before one used again */
     double load_started;    /* cs_time_ms() when the load from disk began */
     double failed_at;       /* cs_time_ms() of the last failed load */
     /* the device tier: a slot on r->p.device while RESIDENT */
@@ -432,17 +435,21 @@ static bool try_reserve(lora_registry_t *r, lora_entry_t *e) {
             r->tick_pending = true;
         return false;
     }
-    for (lora_entry_t *v = r->lru.head, *nx; v && ((cap && r->used_bytes + e->nbytes > cap) ||
-                                                   (max && r->used_count + 1 > max)); v = nx) {
-        nx = v->q.next;
-        if (v->fresh_until > now) continue;
-        CS_ASSERT(v->refs == 0 && v->state == LORA_RESIDENT);
-        lru_del(r, v);
-        unreserve(r, v);
-        set_state(r, v, LORA_ON_DISK);
-        host_drop(r, v);
-        r->stats.evictions++;
-    }
+    /* scan-resistant: the adapters used once go first (least recently released first), then
+     * the rest, so that a long tail of adapters asked for once (thousands of tenants) does not
+     * push out the ones asked for again and again */
+    for (int pass = 0; pass < 2; pass++)
+        for (lora_entry_t *v = r->lru.head, *nx; v && ((cap && r->used_bytes + e->nbytes > cap) ||
+                                                       (max && r->used_count + 1 > max)); v = nx) {
+            nx = v->q.next;
+            if (v->fresh_until > now || (pass == 0 && v->uses > 1)) continue;
+            CS_ASSERT(v->refs == 0 && v->state == LORA_RESIDENT);
+            lru_del(r, v);
+            unreserve(r, v);
+            set_state(r, v, LORA_ON_DISK);
+            host_drop(r, v);
+            r->stats.evictions++;
+        }
     r->used_bytes += e->nbytes;
     r->used_count++;
     e->reserved = true;
@@ -999,6 +1006,7 @@ static int acquire_entry(lora_registry_t *r, lora_entry_t *e, lora_ref_t **out) 
     switch (e->state) {
     case LORA_RESIDENT:
         if (e->refs++ == 0) lru_del(r, e);
+        if (e->uses < UINT_MAX) e->uses++;
         e->fresh_until = 0;
         r->stats.hits++;
         *out = &e->ref;

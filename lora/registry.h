@@ -2,8 +2,9 @@
  *
  * The host tier: adapters are registered by name (each add of a name is a new version; rank,
  * targets and bytes are probed then) and loaded on first use by the io_uring loader thread
- * into a host cache bounded in bytes and in count, evicting least recently used adapters
- * that nobody holds. Acquire never blocks on disk: it answers CS_EAGAIN while a load runs (or
+ * into a host cache bounded in bytes and in count, evicting adapters that nobody holds:
+ * those used once first, then the rest, each least recently used first (a tail of adapters
+ * asked for once does not push out the ones asked for again). Acquire never blocks on disk: it answers CS_EAGAIN while a load runs (or
  * waits for room) and the engine retries after on_loaded fires. States per version:
  * ON_DISK -> LOADING -> RESIDENT (-> ON_DISK when evicted), or FAILED: until re-added when the
  * file's content is wrong; for LORA_RETRY_MS when the disk failed (EIO, a missing file, no

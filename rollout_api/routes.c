@@ -984,7 +984,7 @@ enum MHD_Result rollout_route_list_adapters(server_t *s, conn_t *cn, struct MHD_
         json_t *loaded = json_array(), *kept = kept_versions_json_ex(s, ad->name, true, loaded);
         json_array_append_new(a, json_pack("{s:s, s:i, s:o, s:o, s:i, s:s, s:s}", "name", ad->name, "active_version", ver,
                                            "loaded_versions", loaded, "versions", kept, "inflight", ad->in_flight, "tier",
-                                           lora_state_name(st), "path", ad->path ? ad->path : ""));
+                                           lora_state_name(st), "path", ad->path && api_is_admin(cn) ? ad->path : ""));
     }
     pthread_mutex_unlock(&s->mu);
     return http_json(c, 200, a);

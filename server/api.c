@@ -18,12 +18,14 @@
 static enum MHD_Result adapter_route(server_t *s, conn_t *cn, struct MHD_Connection *c, const char *method,
                                      const char *url, const char *body, size_t body_len) {
     const char *p = url + strlen("/v1/adapters/"), *slash = strchr(p, '/');
+    bool get = !strcmp(method, "GET");
+    size_t ul = strlen(url);
+    if (get && ul > 6 && !strcmp(url + ul - 6, "/stats")) slash = url + ul - 6; /* a base model's name may hold '/' */
     char name[257];
     if (!slash || slash == p || (size_t)(slash - p) >= sizeof name)
         return http_error(c, 404, NULL, "no route %s %s", method, url);
     memcpy(name, p, (size_t)(slash - p));
     name[slash - p] = 0;
-    bool get = !strcmp(method, "GET");
     if (get) {
         if (strcmp(slash, "/stats")) return http_error(c, 404, NULL, "GET /v1/adapters/NAME/stats");
         return api_adapter_stats(s, cn, c, name);
@@ -34,6 +36,10 @@ static enum MHD_Result adapter_route(server_t *s, conn_t *cn, struct MHD_Connect
     }
     if (!api_is_admin(cn) && !cn->who->push)
         return http_error(c, 403, NULL, "this key may use '%s' but not push or delete its versions", name);
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!api_is_admin(cn) && !strcmp(method, "PUT") && ct && !strncmp(ct, "application/json", 16))
+        return http_error(c, 403, NULL, "a tenant's key pushes a version as its adapter_model.safetensors in the body "
+                                        "(?r=&lora_alpha=&target_modules=), not as a path on the server");
     return !strcmp(method, "PUT") ? rollout_route_put_version(s, c, url, body, body_len)
                                   : rollout_route_delete_version(s, c, url);
 }

@@ -41,7 +41,8 @@ void adapter_free(served_adapter_t *a);
 /* a request on A (NULL: the base model) is over: its pin (in_flight) goes */
 void adapter_unpin(server_t *s, served_adapter_t *a);
 /* a name an adapter may be served under: 1 to 256 bytes, no '/' and no control characters,
- * not "_other" (the label of the adapters without series of their own in /metrics) */
+ * not "." or "..", not "_other" (the label of the adapters without series of their own in
+ * /metrics) */
 bool valid_adapter_name(const char *n);
 /* the request's key may use adapter NAME (NULL: the base model); true without keys */
 bool api_may_use(const conn_t *cn, const char *name);

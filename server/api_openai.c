@@ -827,14 +827,16 @@ static json_t *model_entry(server_t *s, json_t *m) {
     return m;
 }
 
-/* a model's entry: the base model (a == NULL) or a served adapter; under s->mu for an adapter */
-static json_t *model_json(server_t *s, const served_adapter_t *a) {
+/* a model's entry: the base model (a == NULL) or a served adapter; under s->mu for an adapter.
+ * "root" is its directory for an admin's key, its name for a tenant's (a tenant learns
+ * nothing of the server's files) */
+static json_t *model_json(server_t *s, const served_adapter_t *a, bool admin) {
     json_t *m = a ? json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:i}", "id", a->name, "object", "model", "created",
-                              (json_int_t)a->created, "owned_by", "caraserve", "root", a->path, "parent", s->model_name,
-                              "max_model_len", s->max_model_len)
+                              (json_int_t)a->created, "owned_by", "caraserve", "root", admin ? a->path : a->name,
+                              "parent", s->model_name, "max_model_len", s->max_model_len)
                   : json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", s->model_name, "object", "model", "created",
-                              (json_int_t)s->created, "owned_by", "caraserve", "root", s->cfg.model, "parent",
-                              "max_model_len", s->max_model_len);
+                              (json_int_t)s->created, "owned_by", "caraserve", "root",
+                              admin ? s->cfg.model : s->model_name, "parent", "max_model_len", s->max_model_len);
     return model_entry(s, m);
 }
 
@@ -860,7 +862,7 @@ enum MHD_Result api_models(server_t *s, conn_t *cn, struct MHD_Connection *c) {
     json_t *data = json_array();
     bool started = !after, base = api_may_use(cn, NULL);
     if (after && base && !strcmp(after, s->model_name)) started = true;
-    else if (!after && base) json_array_append_new(data, model_json(s, NULL));
+    else if (!after && base) json_array_append_new(data, model_json(s, NULL, api_is_admin(cn)));
     bool has_more = false;
     pthread_mutex_lock(&s->mu);
     served_adapter_t **v = malloc((s->n_adapters ? s->n_adapters : 1) * sizeof *v);
@@ -877,7 +879,7 @@ enum MHD_Result api_models(server_t *s, conn_t *cn, struct MHD_Connection *c) {
             has_more = true;
             break;
         }
-        json_array_append_new(data, model_json(s, a));
+        json_array_append_new(data, model_json(s, a, api_is_admin(cn)));
     }
     pthread_mutex_unlock(&s->mu);
     free(v);
@@ -904,8 +906,8 @@ enum MHD_Result api_model(server_t *s, conn_t *cn, struct MHD_Connection *c, con
     if (api_may_use(cn, base ? NULL : id)) {
         pthread_mutex_lock(&s->mu);
         served_adapter_t *a = base ? NULL : adapter_find(s, id);
-        if (base) m = model_json(s, NULL);
-        else if (a && !a->unloading) m = model_json(s, a);
+        if (base) m = model_json(s, NULL, api_is_admin(cn));
+        else if (a && !a->unloading) m = model_json(s, a, api_is_admin(cn));
         pthread_mutex_unlock(&s->mu);
     }
     if (!m) return http_error(c, 404, "model", "The model `%s` does not exist.", id);

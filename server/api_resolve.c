@@ -58,6 +58,15 @@ static int register_from_dirs(server_t *s, const char *name) {
         }
         int status = lora_path_check(s, path, &real, &e);
         if (!status) status = server_add_adapter_ex(s, name, real, false, true, &e) ? 400 : 0;
+        pthread_mutex_lock(&s->mu);
+        served_adapter_t *a = adapter_find(s, name);
+        bool there = a && !a->unloading;
+        pthread_mutex_unlock(&s->mu);
+        if (status && there) { /* registered by a load or an upload meanwhile: not a refusal */
+            free(real);
+            free(path);
+            return CS_OK;
+        }
         free(real);
         if (!status) {
             free(path);
@@ -119,7 +128,9 @@ int server_resolve_adapter(server_t *s, const char *name) {
     pthread_mutex_unlock(&s->mu);
     int rc = register_from_dirs(s, name);
     pthread_mutex_lock(&s->mu);
-    if (!rc && (a = adapter_find(s, name))) a->resolved = true;
+    a = adapter_find(s, name);
+    if (rc && a && !a->unloading) rc = CS_OK; /* a load or an upload of the name came first */
+    else if (!rc && a) a->resolved = true;
     r->rc = rc;
     r->done = true;
     *find(s, name) = r->next;

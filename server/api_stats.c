@@ -266,9 +266,11 @@ void astats_rebalance(server_t *s) {
     pthread_mutex_unlock(&st->mu);
     metric_set(s->m.adapter_series, (const char *[]){"own"}, own);
     metric_set(s->m.adapter_series, (const char *[]){"other"}, other);
-    pthread_mutex_lock(&s->m.mu);
-    metric_inc(s->m.adapter_folds, NULL, (double)(folds - s->m.last_adapter_folds));
-    s->m.last_adapter_folds = folds;
+    pthread_mutex_lock(&s->m.mu); /* a concurrent scrape may have applied a newer count already */
+    if (folds > s->m.last_adapter_folds) {
+        metric_inc(s->m.adapter_folds, NULL, (double)(folds - s->m.last_adapter_folds));
+        s->m.last_adapter_folds = folds;
+    }
     pthread_mutex_unlock(&s->m.mu);
 }
 

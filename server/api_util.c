@@ -122,7 +122,7 @@ void adapter_unpin(server_t *s, served_adapter_t *a) {
 }
 
 bool valid_adapter_name(const char *n) {
-    if (!n[0] || strlen(n) > 256 || !strcmp(n, "_other")) return false;
+    if (!n[0] || strlen(n) > 256 || !strcmp(n, "_other") || !strcmp(n, ".") || !strcmp(n, "..")) return false;
     for (const char *p = n; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == '/') return false;
     return true;

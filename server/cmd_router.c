@@ -278,10 +278,13 @@ static CURLcode upstream_send(router_t *rt, int r, const char *method, const cha
     struct curl_slist *hd = curl_slist_append(NULL, "Expect:");
     char line[8192];
     if (ctype) snprintf(line, sizeof line, "Content-Type: %s", ctype), hd = curl_slist_append(hd, line);
-    if (auth) snprintf(line, sizeof line, "Authorization: %s", auth), hd = curl_slist_append(hd, line);
-    else if (rt->cfg.api_key) snprintf(line, sizeof line, "Authorization: Bearer %s", rt->cfg.api_key), hd = curl_slist_append(hd, line);
+    /* a client's request goes on with its own key (AUTH; "" for none), never the router's:
+     * that one is for the router's own polls (AUTH NULL) */
+    if (auth && *auth) snprintf(line, sizeof line, "Authorization: %s", auth), hd = curl_slist_append(hd, line);
+    else if (!auth && rt->cfg.api_key) snprintf(line, sizeof line, "Authorization: Bearer %s", rt->cfg.api_key), hd = curl_slist_append(hd, line);
     if (accept) snprintf(line, sizeof line, "Accept: %s", accept), hd = curl_slist_append(hd, line);
     curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L); /* the path as checked here, dot segments and all */
     curl_easy_setopt(h, CURLOPT_SHARE, rt->share);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -927,9 +930,20 @@ static enum MHD_Result start_proxy(router_t *rt, http_conn_t *h, struct MHD_Conn
     p->t_ready = cs_time_ms();
     qs_acc_t q = {0};
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, qs_add, &q);
-    size_t n = strlen(url) + q.b.len + 1;
+    /* the path as libmicrohttpd decoded it, encoded again: a decoded '?', '#' or space stays
+     * part of the path the replica sees */
+    cs_buf_t pb = {0};
+    for (const unsigned char *u = (const unsigned char *)url; *u; u++) {
+        char esc[4];
+        bool plain = (*u >= 'a' && *u <= 'z') || (*u >= 'A' && *u <= 'Z') || (*u >= '0' && *u <= '9') ||
+                     strchr("-._~/!$&'()*+,;=:@", *u);
+        snprintf(esc, sizeof esc, "%%%02X", *u);
+        cs_buf_add(&pb, plain ? (const char *)u : esc, plain ? 1 : 3);
+    }
+    size_t n = pb.len + q.b.len + 1;
     p->path = malloc(n);
-    if (p->path) snprintf(p->path, n, "%s%s", url, q.b.p ? q.b.p : "");
+    if (p->path) snprintf(p->path, n, "%.*s%s", (int)pb.len, pb.p ? pb.p : "", q.b.p ? q.b.p : "");
+    cs_buf_free(&pb);
     cs_buf_free(&q.b);
     p->method = strdup(method);
     p->body = h->body.p;
@@ -937,11 +951,13 @@ static enum MHD_Result start_proxy(router_t *rt, http_conn_t *h, struct MHD_Conn
     h->body = (cs_buf_t){0};
     p->content_type = dup_header(c, MHD_HTTP_HEADER_CONTENT_TYPE);
     p->authorization = dup_header(c, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!p->authorization) p->authorization = strdup(""); /* none: not the router's key either */
     p->accept = dup_header(c, MHD_HTTP_HEADER_ACCEPT);
     route_id id = route ? route->id : R_HEALTH;
     if (!route) p->kind = PK_ANY;
     else if (route->flags & ROUTE_GENERATES) p->kind = PK_ROUTED;
     else if (id == R_ROLLOUT_ABORT || id == R_ABORT_REQUEST || id == R_VLLM_ABORT) p->kind = PK_BROADCAST_ANY;
+    else if (id == R_ADAPTER_VERSION && !strcmp(method, "GET")) p->kind = PK_BROADCAST_ANY; /* one replica's stats */
     else if (id == R_LOAD_LORA || id == R_UNLOAD_LORA || id == R_ADAPTER_VERSION || id == R_PAUSE || id == R_RESUME ||
              id == R_VLLM_PAUSE || id == R_VLLM_RESUME || id == R_SGL_PAUSE || id == R_SGL_CONTINUE ||
              id == R_FLUSH_CACHE || id == R_RESET_PREFIX_CACHE || id == R_WEIGHTS || id == R_SGL_UPDATE_WEIGHTS ||

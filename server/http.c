@@ -288,8 +288,19 @@ static enum MHD_Result on_headers(const http_site_t *site, struct MHD_Connection
         h->answered = true;
         return site_error_ex(c, site, &e, true);
     }
-    if (route_needs_auth(url) && site->keys) {
+    if (!e.status && !route_path_ok(url)) {
+        h->answered = true;
+        fail(&e, 400, NULL, "a path with a '.' or '..' segment or a control character is refused");
+        return site_error_ex(c, site, &e, false);
+    }
+    const route_t *rt = route_find(url);
+    if (site->keys && (route_needs_auth(url) || (rt && (rt->flags & ROUTE_AUTH_TENANTS)))) {
         h->ring = site->keys(site->ctx);
+        if (h->ring && !route_needs_auth(url) && !keyring_has_tenants(h->ring)) { /* open without tenants */
+            keyring_unref(h->ring);
+            h->ring = NULL;
+            goto keyed;
+        }
         h->who = h->ring ? keyring_check(h->ring, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                                                MHD_HTTP_HEADER_AUTHORIZATION))
                          : NULL;
@@ -298,7 +309,13 @@ static enum MHD_Result on_headers(const http_site_t *site, struct MHD_Connection
             fail(&e, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer KEY')");
             return site_error_ex(c, site, &e, false);
         }
+        if (rt && (rt->flags & ROUTE_AUTH_TENANTS) && !key_is_admin(h->who)) {
+            h->answered = true;
+            fail(&e, 403, NULL, "%s %s needs an admin key (it names every tenant's adapters)", method, url);
+            return site_error_ex(c, site, &e, false);
+        }
     }
+keyed:;
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     h->limit = body_limit(site, method, url);
     if (cl && strtoll(cl, NULL, 10) > h->limit) {

@@ -303,6 +303,12 @@ int keyring_count(const keyring_t *r) {
     return r->n;
 }
 
+bool keyring_has_tenants(const keyring_t *r) {
+    for (int i = 0; r && i < r->n; i++)
+        if (r->grant[i].role == KEY_TENANT) return true;
+    return false;
+}
+
 void keyring_ref(keyring_t *r) {
     if (!r) return;
     int before = __atomic_fetch_add(&r->refs, 1, __ATOMIC_RELAXED);

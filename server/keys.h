@@ -53,6 +53,9 @@ bool keyring_open(const keyring_t *r);          /* true when it admits anyone (n
 void keyring_ref(keyring_t *r);                 /* NULL-safe */
 void keyring_unref(keyring_t *r);               /* NULL-safe; the last one frees the ring */
 int keyring_count(const keyring_t *r);          /* the keys; 0 for an open ring */
+/* some key is a tenant's: then the routes open to anyone without tenants (/metrics, whose
+ * adapter labels name tenants' adapters) need an admin key */
+bool keyring_has_tenants(const keyring_t *r);
 
 /* The grant of the key in an Authorization header value ("Bearer KEY", the scheme in any
  * case, spaces after it skipped); NULL when the header (may be NULL) has no Bearer key or

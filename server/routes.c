@@ -17,7 +17,7 @@
 static const route_t routes[] = {
     {"/health", "GET", 0, R_HEALTH},
     {"/version", "GET", 0, R_VERSION},
-    {"/metrics", "GET", 0, R_METRICS},
+    {"/metrics", "GET", ROUTE_AUTH_TENANTS, R_METRICS},
     {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY | T, R_MODELS},
     {"/v1/models", "GET", ROUTE_AUTH | ROUTE_READY | ROUTE_PREFIX | T, R_MODEL},
     {"/v1/state", "GET", ROUTE_AUTH | ROUTE_READY, R_STATE},
@@ -105,19 +105,14 @@ bool route_needs_auth(const char *url) {
     return !strncmp(url, "/v1/", 4) || !strcmp(url, "/v1");
 }
 
-bool route_bearer_ok(const char *key, const char *h) {
-    if (!key || !key[0]) return true;
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    const char *k = h + 7;
-    while (*k == ' ') k++;
-    /* every byte of the longer string is compared */
-    size_t a = strlen(k), b = strlen(key), n = a > b ? a : b;
-    unsigned char diff = (unsigned char)(a != b);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char x = i < a ? (unsigned char)k[i] : 0, y = i < b ? (unsigned char)key[i] : 0;
-        diff |= x ^ y;
+bool route_path_ok(const char *url) {
+    if (url[0] != '/') return false;
+    for (const char *p = url; *p; p++) {
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) return false;
+        if (*p == '/' && p[1] == '.' && (p[2] == '/' || p[2] == 0 || (p[2] == '.' && (p[3] == '/' || p[3] == 0))))
+            return false;
     }
-    return diff == 0;
+    return true;
 }
 
 /* ---- request framing (RFC 9112 section 6) ---- */

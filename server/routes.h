@@ -25,6 +25,7 @@ enum {
     ROUTE_PREFIX = 1u << 4,     /* the path is a prefix: PATH/... */
     ROUTE_UPLOAD = 1u << 5,     /* body limit --max-adapter-bytes instead of --max-body-bytes */
     ROUTE_TENANT = 1u << 6,     /* a tenant's key may call it (the rest of ROUTE_AUTH: admin keys) */
+    ROUTE_AUTH_TENANTS = 1u << 7, /* needs an admin key when some key is a tenant's, else open */
 };
 
 typedef struct route {
@@ -42,9 +43,9 @@ bool route_allows(const route_t *r, const char *method);
 const char *route_methods_text(const route_t *r, char *buf, int len);
 /* the API key is checked for this URL: its route's flag, or any other path under /v1 */
 bool route_needs_auth(const char *url);
-/* H (an Authorization header, or NULL) is "Bearer KEY"; any H when KEY is NULL or "". In
- * constant time in the key's length. */
-bool route_bearer_ok(const char *key, const char *h);
+/* URL (the path as libmicrohttpd decoded it) has no "." or ".." segment and no control
+ * character: what is routed, checked for keys and forwarded is one path */
+bool route_path_ok(const char *url);
 /* The request's framing (RFC 9112 section 6), from its headers: 0 when its body's length is
  * unambiguous; else the status with a message in MSG: 400 for Content-Length and
  * Transfer-Encoding together, two Content-Lengths, one that is not a number, two

@@ -71,7 +71,7 @@ class Server:
             return r.status, txt.decode("utf-8", "replace"), r.headers
 
     def metrics(self):
-        st, txt, _ = self.request("GET", "/metrics")
+        st, txt, _ = self.request("GET", "/metrics", headers=self.auth)  # a key only with tenants
         if st != 200:
             reflib.fail(f"/metrics answered {st}: {txt}")
         vals = {}

@@ -627,6 +627,31 @@ START_TEST(test_basic) {
 }
 END_TEST
 
+/* the host cache resists a scan: with room for two, "hot" asked for twice and "once" once,
+ * a third adapter evicts "once" although "hot" was released longer ago (plain LRU would
+ * evict "hot"); with only adapters asked for again left, the least recently released goes */
+START_TEST(test_scan_resistant) {
+    const char *names[] = {"hot", "once", "new", "newer"};
+    lora_registry_t *r = reg_new(0, 2);
+    for (int i = 0; i < 4; i++) {
+        int v = 0;
+        ck_assert_int_eq(lora_registry_add(r, names[i], write_adapter(names[i], 4, 20 + i), &v), CS_OK);
+    }
+    lora_registry_release(r, acquire_ok(r, "hot"));
+    lora_registry_release(r, acquire_ok(r, "hot"));   /* used twice */
+    lora_registry_release(r, acquire_ok(r, "once"));  /* used once, released after hot */
+    lora_registry_release(r, acquire_ok(r, "new"));
+    ck_assert_int_eq(state_of(r, "hot"), LORA_RESIDENT);
+    ck_assert_int_eq(state_of(r, "once"), LORA_ON_DISK);
+    lora_registry_release(r, acquire_ok(r, "new"));   /* now both cached ones were used twice */
+    lora_registry_release(r, acquire_ok(r, "newer"));
+    ck_assert_int_eq(state_of(r, "hot"), LORA_ON_DISK); /* the least recently released of them */
+    ck_assert_int_eq(state_of(r, "new"), LORA_RESIDENT);
+    ck_assert_uint_eq(stats(r).evictions, 2);
+    reg_free(r);
+}
+END_TEST
+
 enum { N_MANY = 50, BOUND = 5 };
 
 /* 50 adapters through a cache of 5, acquires spread over all of them, up to 3 held at once
@@ -1557,7 +1582,7 @@ int main(void) {
     };
     cs_tcase_fixture(s, "loader", loader, CS_ARRAY_LEN(loader), 120, setup, teardown);
     const TTest *const registry[] = {
-        test_basic, test_many_by_count, test_many_by_bytes, test_bytes_by_dtype, test_device_tier,
+        test_basic, test_scan_resistant, test_many_by_count, test_many_by_bytes, test_bytes_by_dtype, test_device_tier,
         test_stream_host, test_pinned_by_count, test_pinned_by_bytes, test_corrupt, test_versions,
         test_kept_versions, test_remove, test_concurrent, test_fresh_grace, test_free_while_loading,
     };

@@ -217,13 +217,34 @@ st, out, _ = req("POST", "/v1/completions", {"model": "base", "prompt": PROMPT, 
 st2, out2, _ = req("POST", "/v1/completions", {"model": "base", "prompt": PROMPT, "max_tokens": 2}, GLOBEX)
 if st != 404 or st2 != 200:
     reflib.fail(f"the base model: acme (no base) {st}, globex (base) {st2}")
-st, out, _ = req("PUT", "/v1/adapters/acme-a/versions/2", {"path": os.path.join(res_dir, "acme-b")}, ACME)
-st2, out2, _ = req("PUT", "/v1/adapters/globex-x/versions/2", {"path": os.path.join(res_dir, "acme-b")}, GLOBEX)
+with open(os.path.join(res_dir, "acme-b", "adapter_model.safetensors"), "rb") as f:
+    raw = f.read()
+
+
+def push_raw(name, key, version=2):
+    return srv.request("PUT", f"/v1/adapters/{name}/versions/{version}?r=8&lora_alpha=16", raw=raw,
+                       headers={**h(key), "Content-Type": "application/octet-stream"})
+
+
+st, out, _ = push_raw("acme-a", ACME)
+st2, out2, _ = push_raw("globex-x", GLOBEX)
 if st != 200 or st2 != 403 or "push" not in out2["error"]["message"]:
     reflib.fail(f"pushing: acme (push) {st} {out}; globex (no push) {st2} {out2}")
 st, out, _ = rollout("acme-a", ACME)
 if st != 200 or out["groups"][0]["samples"][0]["adapter_version"] != 2:
     reflib.fail(f"acme's pushed version: {st} {out}")
+# a tenant pushes files, not paths on the server (another tenant's adapter is one)
+st, out, _ = req("PUT", "/v1/adapters/acme-steal/versions/1", {"path": os.path.join(res_dir, "globex-x")}, ACME)
+if st != 403 or "not as a path" not in out["error"]["message"]:
+    reflib.fail(f"a tenant's PUT by path: {st} {out}")
+st, out, _ = push_raw("acme-up", ACME, version=1)
+if st != 200:
+    reflib.fail(f"a tenant's raw upload: {st} {out}")
+st, out, _ = req("GET", "/v1/models", key=ACME)
+st2, out2, _ = req("GET", "/v1/adapters", key=ACME)
+roots = {m["id"]: m["root"] for m in out["data"]}
+if any(r != i for i, r in roots.items()) or any(a["path"] for a in out2):
+    reflib.fail(f"a tenant sees the server's paths: {roots} {[a['path'] for a in out2]}")
 
 admin_routes = []
 for m in re.finditer(r'\{"(/[^"]*)", "([A-Z ]+)", ([^,]+), (R_\w+)\}',
@@ -241,6 +262,14 @@ for hd in ({}, h("sk-wrong-000"), {"Authorization": "sk-acme-00001"}):
     st, out, _ = srv.request("GET", "/v1/models", headers=hd)
     if st != 401:
         reflib.fail(f"/v1/models with {hd}: {st}")
+# /metrics names every tenant's busy adapters: an admin's, once some key is a tenant's
+seen = [srv.request("GET", "/metrics", headers=hd)[0] for hd in ({}, h(ACME), h(ADMIN))]
+if seen != [401, 403, 200]:
+    reflib.fail(f"/metrics without a key, a tenant's, an admin's: {seen}")
+for path in ("/v1/models/../../v1/state", "/v1/models/%2E%2E/x", "/x/../pause", "/v1/./state"):
+    st, out, _ = srv.request("GET", path, headers=h(ACME))
+    if st != 400 or "segment" not in out["error"]["message"]:
+        reflib.fail(f"GET {path}: {st} {out}")
 print(f"ok  keys: {len(same_as_missing)} routes answer another tenant's adapter as a missing one; "
       f"{len(admin_routes)} admin routes are 403 for a tenant; no key or a wrong one 401")
 
@@ -276,8 +305,17 @@ wait_for(lambda: rt.request("GET", "/health")[0] == 200, 30, "the router's /heal
 st, out, _ = rt.request("GET", "/v1/models", headers=h(ACME2))
 st2, out2, _ = rt.request("POST", "/v1/pause", {}, headers=h(ACME2))
 st3, _, _ = rt.request("GET", "/v1/models", headers=h("sk-wrong-000"))
-if st != 200 or [m["id"] for m in out["data"]] != ["acme-a", "acme-b"] or st2 != 403 or st3 != 401:
+if (st != 200 or [m["id"] for m in out["data"]] != ["acme-a", "acme-b", "acme-up"] or st2 != 403
+        or st3 != 401):
     reflib.fail(f"through the router: models {st} {out}; pause {st2} {out2}; wrong key {st3}")
+for path in ("/x/../pause", "/v1/models/..%2F..%2Fpause", "/v1/models/%2E%2E/%2E%2E/v1/state"):
+    for hd in ({}, h(ACME2)):
+        st, out, _ = rt.request("POST", path, {}, headers=hd)
+        if st != 400:
+            reflib.fail(f"through the router, POST {path} with {hd}: {st} {out}")
+st, out, _ = rt.request("GET", "/v1/adapters/acme-a/stats", headers=h(ACME2))
+if st != 200 or out["requests"] < 1:
+    reflib.fail(f"an adapter's stats through the router: {st} {out}")
 rt.stop()
 print("ok  the router applies the key file and passes each request's own key on")
 
@@ -305,7 +343,7 @@ def check_metrics(what):
         if p.returncode != 0 or p.stdout.strip() or p.stderr.strip():
             reflib.fail(f"{what}: promtool check metrics: {p.stdout}{p.stderr}")
     stats = {}
-    for n in names + ["acme-a", "acme-b", "globex-x", "base"]:
+    for n in names + ["acme-a", "acme-b", "acme-up", "globex-x", "base"]:
         st, out, _ = req("GET", f"/v1/adapters/{n}/stats")
         if st != 200:
             reflib.fail(f"GET /v1/adapters/{n}/stats: {st} {out}")
