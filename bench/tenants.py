@@ -545,6 +545,8 @@ def cmd_report(args):
                           "so it means something for thousands of adapters"}
     if "models" in p1:
         res["models_list"] = {"whole": p1.get("models_whole"), "paged_by_100": p1["models"]}
+    if j("paired.json"):
+        res["paired"] = j("paired.json")
     for k, p in (("modules_dir_idle", p1), ("A_after_run", pA), ("B_after_run", pB)):
         res.setdefault("scrape", {})[k] = {x: p.get(x) for x in ("scrape_bytes", "scrape_lines", "scrape_ms",
                                                                  "adapter_series", "adapter_labels")}
@@ -662,13 +664,73 @@ def plot(png, P, ra, rb, hot_ids, res):
     fig.savefig(png, dpi=90)
 
 
+def cmd_paired(args):
+    """paired BUILD MODEL ADAPTERS HOT ROUNDS N OUT_JSON: what registering every adapter of ADAPTERS
+    costs one request: servers with the HOT most popular adapters alone (--lora-modules) and with all
+    of them (--lora-modules-dir) in turn, ROUNDS times, N sequential requests each (128 prompt tokens,
+    16 out, greedy) over the hot adapters after a warm-up; latency percentiles per server"""
+    import socket
+    import statistics
+    import subprocess
+    build, model, ads, hot_n, rounds, n, out = args[0], args[1], args[2], int(args[3]), int(args[4]), int(args[5]), args[6]
+    hot = [name_of(i) for i in range(hot_n)]
+
+    def start(extra):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        p = subprocess.Popen([os.path.join(build, "caraserve"), "serve", "--model", model, "--served-model-name", "m",
+                              "--port", str(port), "--threads", "2", "--kv-cache-bytes", "256M",
+                              "--max-cpu-loras", "512"] + extra, stderr=subprocess.DEVNULL)
+        t0 = time.time()
+        while time.time() - t0 < 600:
+            try:
+                urllib.request.urlopen(url(port, "/health"), timeout=1)
+                return p, port
+            except Exception:
+                time.sleep(0.02)
+        p.kill()
+        sys.exit("paired: a server did not start")
+
+    def run(port, k):
+        ts = []
+        for i in range(k):
+            body = json.dumps({"model": hot[i % len(hot)], "prompt": list(range(5, 133)), "max_tokens": 16,
+                               "ignore_eos": True, "temperature": 0}).encode()
+            t = time.perf_counter()
+            urllib.request.urlopen(urllib.request.Request(url(port, "/v1/completions"), body,
+                                                          {"Content-Type": "application/json"}), timeout=60).read()
+            ts.append((time.perf_counter() - t) * 1000)
+        return ts
+    res = {"hot_only": [], "all_registered": []}
+    for _ in range(rounds):
+        for tag, extra in (("hot_only", ["--lora-modules"] + [f"{h}={ads}/{h}" for h in hot]),
+                           ("all_registered", ["--lora-modules-dir", ads])):
+            p, port = start(extra)
+            run(port, len(hot))
+            res[tag] += run(port, n)
+            p.terminate()
+            p.wait()
+    summary_ = {t: {"requests": len(v), "p50_ms": pct(v, 50), "p90_ms": pct(v, 90), "p99_ms": pct(v, 99),
+                    "mean_ms": statistics.mean(v)} for t, v in res.items()}
+    json.dump({"benchmark": "tenants_paired", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "adapters": len([d for d in os.listdir(ads) if not d.startswith(".")]), "hot": hot_n,
+               "rounds": rounds, "requests_per_round": n,
+               "how": "servers with the hot adapters alone and with every adapter registered, in turn; sequential "
+                      "1-at-a-time completions (128 prompt tokens, 16 out) over the hot adapters after a warm-up",
+               **summary_,
+               "all_over_hot_only": {k: summary_["all_registered"][k] / summary_["hot_only"][k]
+                                     for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}}, open(out, "w"), indent=2)
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
     f = {"adapters": cmd_adapters, "compare": cmd_compare, "popularity": cmd_popularity, "schedule": cmd_schedule,
          "wait-health": cmd_wait_health, "warm": cmd_warm, "tiers": cmd_tiers, "probe": cmd_probe,
-         "report": cmd_report}.get(cmd)
+         "report": cmd_report, "paired": cmd_paired}.get(cmd)
     if not f:
         sys.exit(__doc__)
     sys.exit(f(args) or 0)

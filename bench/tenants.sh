@@ -71,6 +71,7 @@
 #
 #   bench/tenants.sh        # the full run: ~12 min on 2 cores (+~1 min to write the adapters once)
 #   NAD=300 N=200 CPU_LORAS=64 bench/tenants.sh   # a quick one (~1.5 min)
+#   PAIRED_ONLY=1 bench/tenants.sh   # only the paired check below (~3 min)
 # Env: BUILD (build), THREADS (2), NAD (10000), HOT (0: by HOT_SHARE), HOT_SHARE (0.5),
 #      CPU_LORAS (512), SLOTS (0: --max-loras unset), N (1000), RATE (10), IN (128), OUT (32),
 #      SEED (1), ROUNDS (2), SAMPLES (8), DEVICE (cpu), KEEP (0; 1 keeps the work directory:
@@ -164,6 +165,19 @@ sleep 1
 "$PY" "$TP" tiers "$port" "$work/tiers.txt" "$IN" > "$work/tiers_dir.json"
 stop
 echo "{\"base\": $s_base, \"dir\": $s_dir}" > "$work/startup.json"
+
+# paired: registering every adapter against the hot set alone, request by request (the 40 most
+# popular, 3 rounds of 150 sequential requests a server); PAIRED_ONLY=1: only this, its JSON
+# in bench/results/tenants_paired-*.json
+"$PY" "$TP" paired "$BUILD" "$tmodel" "$ads" 40 3 150 "$work/paired.json"
+say "paired: $(tr -d '\n' < "$work/paired.json" | tr -s ' ' | cut -c1-300)"
+if [ "${PAIRED_ONLY:-0}" = 1 ]; then
+    out="bench/results/tenants_paired-$(date -u +%Y%m%dT%H%M%SZ).json"
+    cp "$work/paired.json" "$out"
+    bench_stamp "$out"
+    say "wrote $out"
+    exit 0
+fi
 
 # A and B in turn, ROUNDS times, each on a fresh server
 mods=()
