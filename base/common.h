@@ -171,6 +171,13 @@ void cs_flag_add(uint32_t *f, uint32_t v);
 void cs_flag_wait_geq(const uint32_t *f, uint32_t v); /* until *f >= v (no wrap: counts stay below 2^31) */
 
 #define CS_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* FNV-1a of a NUL-terminated string: the key of the name tables */
+static inline uint64_t cs_hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
 #define CS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define CS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -142,11 +142,7 @@ const char *lora_state_name(lora_state st) {
 
 /* ---- names ---- */
 
-static size_t hash_str(const char *s) {
-    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return (size_t)h;
-}
+static size_t hash_str(const char *s) { return (size_t)cs_hash_str(s); }
 
 static lora_name_t *name_find(const lora_registry_t *r, const char *name) {
     for (lora_name_t *n = r->buckets[hash_str(name) & (r->n_buckets - 1)]; n; n = n->next)

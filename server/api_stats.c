@@ -49,11 +49,6 @@ struct adapter_stats {
     uint64_t folds;             /* adapters whose series were folded into "_other" */
 };
 
-static uint64_t hash(const char *s) { /* FNV-1a */
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
 
 int astats_init(server_t *s) {
     adapter_stats_t *st = calloc(1, sizeof *st);
@@ -84,7 +79,7 @@ void astats_free(server_t *s) {
 }
 
 static astat_t *lookup(adapter_stats_t *st, const char *name) {
-    for (astat_t *a = st->table[hash(name) & (st->cap - 1)]; a; a = a->hnext)
+    for (astat_t *a = st->table[cs_hash_str(name) & (st->cap - 1)]; a; a = a->hnext)
         if (!strcmp(a->name, name)) return a;
     return NULL;
 }
@@ -101,7 +96,7 @@ static astat_t *get(server_t *s, const char *name) {
         for (size_t i = 0; i < st->cap; i++)
             for (astat_t *x = st->table[i], *nx; x; x = nx) {
                 nx = x->hnext;
-                size_t k = hash(x->name) & (cap - 1);
+                size_t k = cs_hash_str(x->name) & (cap - 1);
                 x->hnext = t[k];
                 t[k] = x;
             }
@@ -116,7 +111,7 @@ static astat_t *get(server_t *s, const char *name) {
     a->base = !strcmp(name, s->model_name);
     a->own = a->base;
     a->first_s = (double)time(NULL);
-    size_t k = hash(name) & (st->cap - 1);
+    size_t k = cs_hash_str(name) & (st->cap - 1);
     a->hnext = st->table[k];
     st->table[k] = a;
     st->n++;

@@ -41,15 +41,10 @@ bool api_frame(cs_buf_t *out, const json_t *o, bool ndjson) {
 }
 
 /* ---- served adapters ---- */
-static uint64_t name_hash(const char *s) { /* FNV-1a */
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
 
 served_adapter_t *adapter_find(server_t *s, const char *name) {
     if (!s->index_cap) return NULL;
-    for (served_adapter_t *a = s->index[name_hash(name) & (s->index_cap - 1)]; a; a = a->hnext)
+    for (served_adapter_t *a = s->index[cs_hash_str(name) & (s->index_cap - 1)]; a; a = a->hnext)
         if (!strcmp(a->name, name)) return a;
     return NULL;
 }
@@ -62,7 +57,7 @@ bool adapter_insert(server_t *s, served_adapter_t *a) {
         for (size_t i = 0; i < s->index_cap; i++)
             for (served_adapter_t *x = s->index[i], *nx; x; x = nx) {
                 nx = x->hnext;
-                size_t k = name_hash(x->name) & (cap - 1);
+                size_t k = cs_hash_str(x->name) & (cap - 1);
                 x->hnext = t[k];
                 t[k] = x;
             }
@@ -70,7 +65,7 @@ bool adapter_insert(server_t *s, served_adapter_t *a) {
         s->index = t;
         s->index_cap = cap;
     }
-    size_t k = name_hash(a->name) & (s->index_cap - 1);
+    size_t k = cs_hash_str(a->name) & (s->index_cap - 1);
     a->hnext = s->index[k];
     s->index[k] = a;
     a->next = s->adapters;
@@ -91,7 +86,7 @@ void adapter_unlink(server_t *s, served_adapter_t *a) {
     served_adapter_t **pp = &s->adapters;
     while (*pp != a) pp = &(*pp)->next;
     *pp = a->next;
-    pp = &s->index[name_hash(a->name) & (s->index_cap - 1)];
+    pp = &s->index[cs_hash_str(a->name) & (s->index_cap - 1)];
     while (*pp != a) pp = &(*pp)->hnext;
     *pp = a->hnext;
     s->n_adapters--;
