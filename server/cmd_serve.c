@@ -444,8 +444,11 @@ static int serve_start(server_t *s, const serve_modules_t *m) {
 /* "caraserve: ready: ..." with where the weights are */
 static void serve_say_ready(server_t *s, cs_dtype kv_dtype) {
     const char *wmem = s->weights_note;
+    pthread_mutex_lock(&s->mu); /* first requests may be registering adapters already */
+    size_t n_adapters = s->n_adapters;
+    pthread_mutex_unlock(&s->mu);
     fprintf(stderr, "caraserve: ready: %s (%zu adapters, context %d, %s KV cache, %s chat template, %s) on http://%s:%d\n",
-            s->model_name, s->n_adapters, s->max_model_len, cs_dtype_name(kv_dtype),
+            s->model_name, n_adapters, s->max_model_len, cs_dtype_name(kv_dtype),
             s->tmpl ? "with a" : "no", wmem, s->cfg.host, s->bound_port);
 }
 
