@@ -319,7 +319,8 @@ for path in ("/x/../pause", "/v1/models/..%2F..%2Fpause", "/v1/models/%2E%2E/%2E
 st, out, _ = rt.request("GET", "/v1/adapters/acme-a/stats", headers=h(ACME2))
 if st != 200 or out["requests"] < 1:
     reflib.fail(f"an adapter's stats through the router: {st} {out}")
-rt.stop()
+if rt.stop() != 0:
+    reflib.fail("the router did not exit 0 (under ASan: a leak?)\n" + "".join(rt.lines[-40:]))
 print("ok  the router applies the key file and passes each request's own key on")
 
 # 6. bounded metrics
@@ -377,5 +378,6 @@ if not stats2[outsider]["own_series"] or vals2.get("caraserve_metrics_adapter_fo
                 f"folds {vals2.get('caraserve_metrics_adapter_folds_total')}")
 print(f"ok  /metrics with {N_MANY} adapters in use: at most {n_labels} adapter labels per family, totals equal the "
       f"sum of {len(stats)} stats views; a busier adapter took a place at the next scrape")
-srv.stop()
+if srv.stop() != 0:
+    reflib.fail("the server did not exit 0 (under ASan: a leak?)\n" + "".join(srv.lines[-60:]))
 print("PASS")
