@@ -128,9 +128,6 @@ int server_resolve_adapter(server_t *s, const char *name) {
     pthread_mutex_unlock(&s->mu);
     int rc = register_from_dirs(s, name);
     pthread_mutex_lock(&s->mu);
-    a = adapter_find(s, name);
-    if (rc && a && !a->unloading) rc = CS_OK; /* a load or an upload of the name came first */
-    else if (!rc && a) a->resolved = true;
     r->rc = rc;
     r->done = true;
     *find(s, name) = r->next;

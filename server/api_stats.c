@@ -270,11 +270,10 @@ void astats_rebalance(server_t *s) {
 }
 
 /* one adapter's statistics as JSON (NULL: out of memory); under st->mu */
-static json_t *stats_json(const adapter_stats_t *st, const astat_t *a, int64_t now_min) {
+static json_t *stats_json(const astat_t *a, int64_t now_min) {
     json_t *fin = json_object();
     for (int i = 0; i < MAX_REASONS && a->fin[i].name[0]; i++)
         json_object_set_new(fin, a->fin[i].name, json_integer((json_int_t)a->fin[i].n));
-    (void)st;
     return json_pack("{s:s, s:I, s:o, s:I, s:I, s:{s:I, s:f, s:I, s:f, s:f, s:f}, s:{s:I, s:I}, "
                      "s:{s:I, s:f, s:I, s:f}, s:I, s:b, s:f, s:f}",
                      "id", a->name, "requests", (json_int_t)a->requests, "finish_reasons", fin, "prompt_tokens",
@@ -295,7 +294,7 @@ json_t *astats_get(server_t *s, const char *name, bool known) {
     pthread_mutex_lock(&st->mu);
     const astat_t *a = lookup(st, name);
     if (!a && known) a = &zero; /* served, never asked for */
-    json_t *o = a ? stats_json(st, a, now_min) : NULL;
+    json_t *o = a ? stats_json(a, now_min) : NULL;
     pthread_mutex_unlock(&st->mu);
     return o;
 }

@@ -33,7 +33,6 @@ typedef struct served_adapter {
     struct MHD_Connection **waiters;  /* unload requests suspended until in_flight is 0 */
     int n_waiters;
     time_t created;
-    bool resolved;                    /* registered by --lora-resolve on first request */
     struct served_adapter *next;      /* newest first */
     struct served_adapter *hnext;     /* the name index's chain */
 } served_adapter_t;
