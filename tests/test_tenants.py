@@ -166,6 +166,7 @@ for st, out, _ in results:
     if st != 200:
         reflib.fail(f"a first request for acme-a: {st} {out}\n" + "".join(srv.lines[-60:]))
 worst = max(worst_vs(refs["acme-a"], out["groups"][0]["samples"][0]) for _, out, _ in results)
+wait_for(lambda: any("adapter 'acme-a' registered" in ln for ln in srv.lines), 30, "the registration's log line")
 registered = [ln for ln in srv.lines if "adapter 'acme-a' registered" in ln]
 if resolutions()[0] != 1 or len(registered) != 1 or worst > TOL:
     reflib.fail(f"4 first requests: {resolutions()} resolutions, {len(registered)} log lines, |dlogprob| {worst}")
@@ -180,9 +181,10 @@ for name in ("..", ".hidden", "escape", "junk", "wide", "nope", "a/../acme-b", "
     bodies[name] = json.dumps(out).replace(json.dumps(name)[1:-1], "NAME")
 if len(set(bodies.values())) != 1:
     reflib.fail(f"the refusals differ: {bodies}")
+# the server wrote each line before it answered: the wait is for this process's reader of its stderr
 for name, words in (("escape", "outside"), ("junk", "'junk' is refused"), ("wide", "'wide' is refused")):
-    if not any(name in ln and words in ln for ln in srv.lines):
-        reflib.fail(f"the log does not say why {name} was refused ({words}):\n{''.join(srv.lines[-20:])}")
+    wait_for(lambda: any(name in ln and words in ln for ln in srv.lines), 30,
+             f"the log to say why {name} was refused ({words})")
 st, out, _ = req("POST", "/v1/completions", {"model": "acme-b", "prompt": PROMPT, "max_tokens": 2})
 if st != 200 or resolutions()[0] != before[0] + 1:
     reflib.fail(f"acme-b after the refusals: {st} {out} {resolutions()}")
