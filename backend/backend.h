@@ -42,9 +42,9 @@ typedef struct backend_event backend_event_t;
 
 /* A weight matrix (or vector, rows = 1) in a backend buffer. */
 typedef struct backend_weight {
-    cs_dtype dtype;         /* F32, BF16 or F16 */
+    cs_dtype dtype;         /* F32, BF16 or F16; a block type of base/quant.h where caps.quant_weights */
     int rows, cols;         /* (out, in) for matrices */
-    backend_buf_t *buf;     /* rows * cols elements from its start */
+    backend_buf_t *buf;     /* rows rows of cs_dtype_row_bytes(dtype, cols) bytes from its start */
     void *host;             /* the model's: the host bytes buf was made over (buf_from_host), or NULL */
 } backend_weight_t;
 
@@ -127,6 +127,7 @@ typedef struct backend_caps {
     bool host_assist;       /* host-assisted ops: backend_get_signal, backend_wait_add */
     bool graphs;            /* forwards recorded and replayed as device graphs (backend_graph_begin) */
     unsigned kv_dtypes;     /* the KV pool dtypes attention reads, a bit per cs_dtype */
+    bool quant_weights;     /* matmul and embed take the block-quantized weights of base/quant.h */
 } backend_caps_t;
 
 const backend_caps_t *backend_caps(const backend_t *b);

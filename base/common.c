@@ -63,18 +63,28 @@ void cs_assert_fail(const char *file, int line, const char *expr) {
     abort();
 }
 
-static const struct { const char *name; size_t size; } dtype_tab[CS_DTYPE_COUNT] = {
-    [CS_DTYPE_F32] = {"F32", 4},  [CS_DTYPE_F16] = {"F16", 2}, [CS_DTYPE_BF16] = {"BF16", 2},
-    [CS_DTYPE_F64] = {"F64", 8},  [CS_DTYPE_I64] = {"I64", 8}, [CS_DTYPE_I32] = {"I32", 4},
-    [CS_DTYPE_I16] = {"I16", 2},  [CS_DTYPE_I8] = {"I8", 1},   [CS_DTYPE_U8] = {"U8", 1},
-    [CS_DTYPE_BOOL] = {"BOOL", 1},
+static const struct { const char *name; size_t size; int block; } dtype_tab[CS_DTYPE_COUNT] = {
+    [CS_DTYPE_F32] = {"F32", 4, 1},  [CS_DTYPE_F16] = {"F16", 2, 1}, [CS_DTYPE_BF16] = {"BF16", 2, 1},
+    [CS_DTYPE_F64] = {"F64", 8, 1},  [CS_DTYPE_I64] = {"I64", 8, 1}, [CS_DTYPE_I32] = {"I32", 4, 1},
+    [CS_DTYPE_I16] = {"I16", 2, 1},  [CS_DTYPE_I8] = {"I8", 1, 1},   [CS_DTYPE_U8] = {"U8", 1, 1},
+    [CS_DTYPE_BOOL] = {"BOOL", 1, 1},
+    [CS_DTYPE_Q4_0] = {"Q4_0", 18, 32}, [CS_DTYPE_Q4_1] = {"Q4_1", 20, 32}, [CS_DTYPE_Q5_0] = {"Q5_0", 22, 32},
+    [CS_DTYPE_Q5_1] = {"Q5_1", 24, 32}, [CS_DTYPE_Q8_0] = {"Q8_0", 34, 32}, [CS_DTYPE_Q4_K] = {"Q4_K", 144, 256},
+    [CS_DTYPE_Q5_K] = {"Q5_K", 176, 256}, [CS_DTYPE_Q6_K] = {"Q6_K", 210, 256},
 };
 
 const char *cs_dtype_name(cs_dtype t) { return (unsigned)t < CS_DTYPE_COUNT ? dtype_tab[t].name : "?"; }
 size_t cs_dtype_size(cs_dtype t) { return (unsigned)t < CS_DTYPE_COUNT ? dtype_tab[t].size : 0; }
+int cs_dtype_block(cs_dtype t) { return (unsigned)t < CS_DTYPE_COUNT ? dtype_tab[t].block : 0; }
+
+size_t cs_dtype_row_bytes(cs_dtype t, int64_t n) {
+    int b = cs_dtype_block(t);
+    if (b <= 0 || n < 0 || n % b) return 0;
+    return (size_t)(n / b) * dtype_tab[t].size;
+}
 
 int cs_dtype_from_name(const char *name) {
-    for (int i = 0; i < CS_DTYPE_COUNT; i++)
+    for (int i = 0; i < CS_DTYPE_PLAIN_COUNT; i++)
         if (strcmp(dtype_tab[i].name, name) == 0) return i;
     return -1;
 }

@@ -45,7 +45,9 @@ extern int cs_log_verbose;
     } while (0)
 __attribute__((noreturn)) void cs_assert_fail(const char *file, int line, const char *expr);
 
-/* Tensor element types, as safetensors names them. */
+/* Tensor element types: the plain ones as safetensors names them, then the block-quantized
+ * weight types of GGUF files (base/quant.h: ggml's layouts, a block of 32 or 256 elements in
+ * a fixed number of bytes; a row is whole blocks). */
 typedef enum cs_dtype {
     CS_DTYPE_F32 = 0,
     CS_DTYPE_F16,
@@ -57,12 +59,28 @@ typedef enum cs_dtype {
     CS_DTYPE_I8,
     CS_DTYPE_U8,
     CS_DTYPE_BOOL,
+    CS_DTYPE_Q4_0,      /* 32 elements: an F16 scale, 4-bit values (18 bytes) */
+    CS_DTYPE_Q4_1,      /* ... and an F16 minimum (20) */
+    CS_DTYPE_Q5_0,      /* 5-bit values (22) */
+    CS_DTYPE_Q5_1,      /* 5-bit values and a minimum (24) */
+    CS_DTYPE_Q8_0,      /* 8-bit values (34) */
+    CS_DTYPE_Q4_K,      /* 256 elements: 8 sub-blocks with 6-bit scales and minima (144) */
+    CS_DTYPE_Q5_K,      /* the same with 5-bit values (176) */
+    CS_DTYPE_Q6_K,      /* 16 sub-blocks, 8-bit scales, 6-bit values (210) */
     CS_DTYPE_COUNT,
 } cs_dtype;
 
-const char *cs_dtype_name(cs_dtype t);          /* "F32", "BF16", ... */
-int cs_dtype_from_name(const char *name);       /* -1 if unknown */
+#define CS_DTYPE_PLAIN_COUNT CS_DTYPE_Q4_0 /* the types safetensors knows come before */
+
+const char *cs_dtype_name(cs_dtype t);          /* "F32", "BF16", "Q4_K", ... */
+int cs_dtype_from_name(const char *name);       /* a plain type's (safetensors'); -1 if unknown */
+/* bytes of an element; of a block for the block-quantized types */
 size_t cs_dtype_size(cs_dtype t);
+static inline bool cs_dtype_is_quant(cs_dtype t) { return t >= CS_DTYPE_Q4_0 && t < CS_DTYPE_COUNT; }
+/* elements in a block: 1, 32 or 256 */
+int cs_dtype_block(cs_dtype t);
+/* bytes of a row of n elements (n a multiple of cs_dtype_block; else 0) */
+size_t cs_dtype_row_bytes(cs_dtype t, int64_t n);
 
 static inline float cs_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };

@@ -4,6 +4,7 @@
  * from either the legacy `rope_scaling` + `rope_theta` layout or the transformers 5
  * `rope_parameters` dict, as transformers' own standardization does. */
 #include "base/model_config.h"
+#include "base/gguf.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -491,5 +492,135 @@ int model_gen_defaults_load(const char *dir, model_gen_defaults_t *out) {
         free(text);
     }
     free(path);
+    return rc;
+}
+
+/* ---- GGUF metadata ----
+ * A GGUF file's {arch}.* keys say what config.json says; they are translated into the
+ * config.json it stands for and parsed by the same code, so every check above holds for both.
+ * general.architecture "llama" (Llama and Mistral checkpoints alike) is LlamaForCausalLM,
+ * "qwen2" Qwen2ForCausalLM, "qwen3" Qwen3ForCausalLM. What changes the math and has no
+ * config.json equivalent here is refused by name. */
+static int gguf_int_field(const gguf_t *g, json_t *o, const char *key, const char *field, bool required) {
+    bool bad = false;
+    int64_t v;
+    if (!gguf_get_i64(g, key, &v, &bad)) {
+        if (bad) return CS_EFORMAT;
+        if (required) return cs_error_set(CS_EFORMAT, "%s: missing metadata key '%s'", gguf_path(g), key);
+        return CS_OK;
+    }
+    if (v < 0 || v > INT32_MAX) return cs_error_set(CS_EFORMAT, "%s: metadata '%s' = %lld is out of range", gguf_path(g), key, (long long)v);
+    json_object_set_new(o, field, json_integer(v));
+    return CS_OK;
+}
+
+static int gguf_num_field(const gguf_t *g, json_t *o, const char *key, const char *field) {
+    bool bad = false;
+    double v;
+    if (!gguf_get_f64(g, key, &v, &bad)) return bad ? CS_EFORMAT : CS_OK;
+    if (!isfinite(v)) return cs_error_set(CS_EFORMAT, "%s: metadata '%s' is not a finite number", gguf_path(g), key);
+    json_object_set_new(o, field, json_real(v));
+    return CS_OK;
+}
+
+int model_config_from_gguf(const gguf_t *g, model_config_t *out) {
+    memset(out, 0, sizeof *out);
+    const char *path = gguf_path(g);
+    bool bad = false;
+    const char *arch = gguf_get_str(g, "general.architecture", NULL, &bad);
+    if (!arch) return bad ? CS_EFORMAT : cs_error_set(CS_EFORMAT, "%s: missing metadata key 'general.architecture'", path);
+    const char *hf = !strcmp(arch, "llama") ? "LlamaForCausalLM" : !strcmp(arch, "qwen2") ? "Qwen2ForCausalLM"
+                   : !strcmp(arch, "qwen3") ? "Qwen3ForCausalLM" : NULL;
+    if (!hf)
+        return cs_error_set(CS_EUNSUPPORTED, "%s: GGUF architecture '%s' is not supported (llama, qwen2, qwen3)", path, arch);
+    json_t *o = json_object();
+    if (!o) return cs_error_set(CS_ENOMEM, "out of memory");
+    json_object_set_new(o, "architectures", json_pack("[s]", hf));
+    char key[128];
+    int rc = CS_OK;
+#define K(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    static const struct { const char *suffix, *field; bool required; } ints[] = {
+        {"embedding_length", "hidden_size", true},           {"feed_forward_length", "intermediate_size", true},
+        {"block_count", "num_hidden_layers", true},           {"attention.head_count", "num_attention_heads", true},
+        {"attention.head_count_kv", "num_key_value_heads", false}, {"context_length", "max_position_embeddings", false},
+    };
+    for (size_t i = 0; i < CS_ARRAY_LEN(ints) && !rc; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, ints[i].suffix);
+        rc = gguf_int_field(g, o, key, ints[i].field, ints[i].required);
+    }
+    /* head_dim: attention.key_length where given (Qwen3's 128 with a hidden of 1024, ...);
+     * values must have the same size, as the attention here assumes */
+    int64_t kl = 0, vl = 0;
+    if (!rc && gguf_get_i64(g, K("attention.key_length"), &kl, &bad)) {
+        if (gguf_get_i64(g, K("attention.value_length"), &vl, &bad) && vl != kl)
+            rc = cs_error_set(CS_EUNSUPPORTED, "%s: attention.key_length %lld differs from value_length %lld", path,
+                              (long long)kl, (long long)vl);
+        else if (kl <= 0 || kl > INT32_MAX) rc = cs_error_set(CS_EFORMAT, "%s: %s is out of range", path, key);
+        else json_object_set_new(o, "head_dim", json_integer(kl));
+    }
+    if (!rc && bad) rc = CS_EFORMAT;
+    if (!rc) rc = gguf_num_field(g, o, K("attention.layer_norm_rms_epsilon"), "rms_norm_eps");
+    if (!rc) rc = gguf_num_field(g, o, K("rope.freq_base"), "rope_theta");
+    if (!rc && !json_object_get(o, "rope_theta")) json_object_set_new(o, "rope_theta", json_real(10000.0));
+    /* RoPE scaling: linear maps onto config.json's; the rest is refused */
+    const char *rs = rc ? NULL : gguf_get_str(g, K("rope.scaling.type"), NULL, &bad);
+    if (!rc && bad) rc = CS_EFORMAT;
+    if (!rc && rs && strcmp(rs, "none")) {
+        double f = 0;
+        if (strcmp(rs, "linear"))
+            rc = cs_error_set(CS_EUNSUPPORTED, "%s: RoPE scaling '%s' is not supported in GGUF files (linear is)", path, rs);
+        else if (!gguf_get_f64(g, K("rope.scaling.factor"), &f, &bad) || !(f >= 1))
+            rc = cs_error_set(CS_EFORMAT, "%s: linear RoPE scaling needs rope.scaling.factor >= 1", path);
+        else json_object_set_new(o, "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "linear", "factor", f));
+    }
+    if (!rc && gguf_find_tensor(g, "rope_freqs.weight"))
+        rc = cs_error_set(CS_EUNSUPPORTED, "%s: per-frequency RoPE factors (rope_freqs.weight, Llama 3.1-style scaling) "
+                          "are not supported in GGUF files", path);
+    /* the vocabulary: the tokenizer's tokens, which the embedding must match */
+    const gguf_tensor_t *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!rc && !emb) rc = cs_error_set(CS_EFORMAT, "%s: no tensor token_embd.weight", path);
+    if (!rc) {
+        gguf_type et;
+        uint64_t nt = 0;
+        const void *d;
+        int64_t vocab = emb->n_dims == 2 ? emb->ne[1] : -1;
+        if (gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &nt, &d, &bad) && (int64_t)nt != vocab)
+            rc = cs_error_set(CS_EFORMAT, "%s: %llu tokens in tokenizer.ggml.tokens but token_embd.weight has %lld rows",
+                              path, (unsigned long long)nt, (long long)vocab);
+        else if (bad) rc = CS_EFORMAT;
+        else json_object_set_new(o, "vocab_size", json_integer(vocab));
+    }
+    if (!rc) {
+        json_object_set_new(o, "tie_word_embeddings", json_boolean(!gguf_find_tensor(g, "output.weight")));
+        /* biases: Qwen2 always has them on q/k/v; Llama's attention_bias covers q/k/v/o */
+        if (!strcmp(arch, "llama"))
+            json_object_set_new(o, "attention_bias", json_boolean(gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL));
+        if (!strcmp(arch, "qwen3"))
+            json_object_set_new(o, "attention_bias", json_boolean(gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL));
+    }
+    /* special tokens: bos, and every end-of-generation id the file names */
+    uint32_t id;
+    if (!rc && gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &id, &bad)) json_object_set_new(o, "bos_token_id", json_integer(id));
+    if (!rc) {
+        json_t *eos = json_array();
+        static const char *const eog[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                          "tokenizer.ggml.eom_token_id"};
+        for (size_t i = 0; i < CS_ARRAY_LEN(eog); i++) {
+            if (!gguf_get_u32(g, eog[i], &id, &bad)) continue;
+            bool seen = false;
+            for (size_t k = 0; k < json_array_size(eos); k++) seen |= json_integer_value(json_array_get(eos, k)) == id;
+            if (!seen) json_array_append_new(eos, json_integer(id));
+        }
+        if (json_array_size(eos)) json_object_set_new(o, "eos_token_id", eos);
+        else json_decref(eos);
+    }
+    if (!rc && bad) rc = CS_EFORMAT;
+#undef K
+    if (rc) { json_decref(o); return rc; }
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!text) return cs_error_set(CS_ENOMEM, "out of memory");
+    rc = parse_impl(path, text, out);
+    free(text);
     return rc;
 }

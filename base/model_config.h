@@ -55,6 +55,10 @@ typedef struct model_config {
 /* Parse config.json text / load DIR/config.json. Errors name the field. */
 int model_config_parse(const char *json_text, model_config_t *out);
 int model_config_load(const char *dir, model_config_t *out);
+/* The config a GGUF file's metadata describes ({arch}.* keys, the tokenizer's size and special
+ * ids, tensors present), checked as config.json is. Errors name the file and the key. */
+struct gguf;
+int model_config_from_gguf(const struct gguf *g, model_config_t *out);
 
 /* The sampling defaults a model's generation_config.json recommends, taken as vLLM's
  * `--generation-config auto` takes them: of temperature, top_p, top_k, min_p,

@@ -228,8 +228,10 @@ static void *copy_part(void *arg) {
  * transparent huge pages (MADV_HUGEPAGE: a hint, 4 KiB pages where the kernel declines),
  * then made read-only as the mapping was. A read of a page-cache mapping walks one 4 KiB
  * page table entry per page; here one entry covers 2 MiB (bench/pages.sh). */
-static int copy_shard(st_shard_t *sh, int fd, const char *path) {
-    size_t cap = (sh->size + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE, len = cap + ST_HUGE_PAGE;
+int safetensors_read_huge(int fd, size_t size, const char *path, void **copy, size_t *copy_len, size_t *huge) {
+    size_t cap = (size + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE, len = cap + ST_HUGE_PAGE;
+    *copy = NULL;
+    *copy_len = *huge = 0;
     char *raw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED)
         return cs_error_set(CS_ENOMEM, "%s: %zu bytes of memory for the weights: %s", path, cap, strerror(errno));
@@ -237,19 +239,19 @@ static int copy_shard(st_shard_t *sh, int fd, const char *path) {
     if (p > raw) munmap(raw, (size_t)(p - raw)); /* the slack before and after the aligned span */
     if (raw + len > p + cap) munmap(p + cap, (size_t)(raw + len - (p + cap)));
     (void)madvise(p, cap, MADV_HUGEPAGE);
-    sh->copy = p;
-    sh->copy_len = cap;
+    *copy = p;
+    *copy_len = cap;
     /* in 2 MiB-aligned parts, one thread each: the first touch of fresh huge pages (zeroing,
      * and in a VM the host backing them) costs more than the copy, and spreads over cores */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int n = (int)CS_MAX(1, CS_MIN(CS_MIN(ncpu, COPY_THREADS), (long)(cap / ST_HUGE_PAGE)));
-    size_t per = (sh->size / (size_t)n + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE;
+    size_t per = (size / (size_t)n + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE;
     copy_part_t parts[COPY_THREADS];
     pthread_t tid[COPY_THREADS];
     bool started[COPY_THREADS] = {false};
     for (int i = 0; i < n; i++) {
-        size_t o = CS_MIN(per * (size_t)i, sh->size);
-        parts[i] = (copy_part_t){fd, p, o, CS_MIN(sh->size, o + per), 0};
+        size_t o = CS_MIN(per * (size_t)i, size);
+        parts[i] = (copy_part_t){fd, p, o, CS_MIN(size, o + per), 0};
         started[i] = i > 0 && pthread_create(&tid[i], NULL, copy_part, &parts[i]) == 0;
     }
     for (int i = 0; i < n; i++) /* the caller's part, and any whose thread did not start */
@@ -261,11 +263,15 @@ static int copy_shard(st_shard_t *sh, int fd, const char *path) {
             return cs_error_set(CS_EIO, "%s: read at byte %zu: %s", path, parts[i].at, strerror(parts[i].err));
         if (parts[i].at < parts[i].end)
             return cs_error_set(CS_EIO, "%s: the file ended at byte %zu of %zu while it was read (changed on disk?)",
-                                path, parts[i].at, sh->size);
+                                path, parts[i].at, size);
     }
     (void)mprotect(p, cap, PROT_READ);
-    sh->copy_huge = huge_bytes_at(p, sh->size);
+    *huge = huge_bytes_at(p, size);
     return CS_OK;
+}
+
+static int copy_shard(st_shard_t *sh, int fd, const char *path) {
+    return safetensors_read_huge(fd, sh->size, path, &sh->copy, &sh->copy_len, &sh->copy_huge);
 }
 
 /* Map `path`, validate its header and append its tensors and metadata to `st`. */

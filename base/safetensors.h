@@ -35,6 +35,11 @@ int safetensors_open_dir(const char *dir, const char *basename, safetensors_t **
  * the kernel may still give 4 KiB pages, safetensors_copied_bytes says how many it did not). */
 typedef enum { ST_MMAP, ST_COPY_HUGE } st_load_t;
 int safetensors_open_dir_how(const char *dir, const char *basename, st_load_t how, safetensors_t **out);
+/* ST_COPY_HUGE's read, for the other weight formats' readers (gguf.c): SIZE bytes of FD into
+ * fresh anonymous memory aligned to 2 MiB and asked for huge pages, read in parts on up to 8
+ * threads, then made read-only. *copy and *copy_len (a multiple of 2 MiB) are set as soon as
+ * the memory exists, also on an error (the caller unmaps them); *huge: the bytes in huge pages. */
+int safetensors_read_huge(int fd, size_t size, const char *path, void **copy, size_t *copy_len, size_t *huge);
 /* bytes read in by ST_COPY_HUGE (0 when mapped); *huge (may be NULL): of those, in huge pages */
 size_t safetensors_copied_bytes(const safetensors_t *st, size_t *huge);
 /* Give back the memory of [p, p + n), which must lie in one file's mapping or copy (0

@@ -20,6 +20,7 @@
 #include "cpu_kernels/kernels_paged.h"
 #include "cpu_kernels/threadpool.h"
 #include "cpu_kernels/wcode.h"
+#include "base/quant.h"
 
 #define GEMV_MAX_N 8          /* up to this many rows use the GEMV kernel (n = 1 once TILE_MAX_N takes 2..) */
 #define TILE_MAX_N 32         /* 2..this many rows: the 4x4 dot tiles (cs_gemm_invariant_avx512), 1.1-2.7x
@@ -379,8 +380,88 @@ static void gemv_run(cpu_ctx_t *c, struct mm_job *j) {
     threadpool_run(c->pool, (j->w->rows + j->rows_per_task - 1) / j->rows_per_task, mm_gemv_task, j);
 }
 
+/* ---- block-quantized weights (GGUF's Q4_0 .. Q6_K) ----
+ * Up to CS_QGEMV_MAX_N rows of x (and every n when batch-invariant: a fixed sequence per
+ * output) the quantized GEMV streams the packed blocks; more rows dequantize each task's
+ * weight rows to F32 in the thread's buffer for the packed FMA GEMM (or sgemm). The
+ * reference kernels sum each dequantized row in double (cs_matmul_ref). */
+struct qmm_job {
+    cpu_ctx_t *c;
+    float *y;
+    const float *x;
+    int n;
+    const cs_weight_t *w;
+    int rows_per_task;
+};
+
+static void qmm_gemv_task(void *p, int task, int thread) {
+    struct qmm_job *j = p;
+    const cs_weight_t *w = j->w;
+    (void)thread;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows);
+    for (int i0 = 0; i0 < j->n; i0 += CS_QGEMV_MAX_N) {
+        int m = CS_MIN(CS_QGEMV_MAX_N, j->n - i0);
+        if (j->c->avx2) cs_qgemv_rows_avx2(j->y + (size_t)i0 * w->rows, w->rows, j->x + (size_t)i0 * w->cols, m, w, r0, r1);
+        else cs_qgemv_rows_ref(j->y + (size_t)i0 * w->rows, w->rows, j->x + (size_t)i0 * w->cols, m, w, r0, r1);
+    }
+}
+
+static void qmm_gemm_task(void *p, int task, int thread) {
+    struct qmm_job *j = p;
+    cpu_ctx_t *c = j->c;
+    const cs_weight_t *w = j->w;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows);
+    /* the rows dequantized into the thread's wdec buffer (counted in bf16 units: 2 per float) */
+    float *wf = (float *)c->wdec[thread];
+    if (c->avx2) cs_qdequant_rows_avx2(wf, w, r0, r1);
+    else cs_qdequant_rows_ref(wf, w, r0, r1);
+    cs_weight_t view = {CS_DTYPE_F32, r1 - r0, w->cols, wf, NULL};
+    if (c->packed && c->avx512)
+        cs_gemm_packed_avx512(j->y + r0, w->rows, (const float *)c->xpack, j->n, &view, 0, r1 - r0, c->scratch[thread]);
+    else if (c->packed)
+        cs_gemm_packed_avx2(j->y + r0, w->rows, (const float *)c->xpack, j->n, &view, 0, r1 - r0, c->scratch[thread]);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, r1 - r0, w->cols, 1.0f, j->x, w->cols, wf, w->cols,
+                    0.0f, j->y + r0, w->rows);
+}
+
+static void qmm_pack_x_task(void *p, int task, int thread) {
+    struct qmm_job *j = p;
+    (void)thread;
+    int mr = packed_mr(j->c), tiles = (j->n + mr - 1) / mr, t0 = task * j->rows_per_task;
+    cs_gemm_packed_pack_x((float *)j->c->xpack, j->x, j->n, j->w->cols, mr, t0, CS_MIN(tiles, t0 + j->rows_per_task));
+}
+
+static void cpu_matmul_quant(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
+    CS_ASSERT(w->cols % cs_dtype_block(w->dtype) == 0);
+    if (c->prec_bf16) x = round_input(c, x, (size_t)n * w->cols);
+    if (c->reference) { cs_matmul_ref(y, x, n, w, bias); return; }
+    struct qmm_job j = {c, y, x, n, w, 0};
+    if (n <= CS_QGEMV_MAX_N || c->invariant) {
+        int tasks = c->n_threads * 8;
+        j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
+        threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, qmm_gemv_task, &j);
+    } else {
+        if (c->packed) {
+            int mr = packed_mr(c), tiles = (n + mr - 1) / mr;
+            xpack_reserve(c, 2 * cs_gemm_packed_xp_len(n, w->cols, mr)); /* in bf16 units */
+            j.rows_per_task = (tiles + c->n_threads - 1) / c->n_threads; /* tiles per task here */
+            threadpool_run(c->pool, (tiles + j.rows_per_task - 1) / j.rows_per_task, qmm_pack_x_task, &j);
+            scratch_reserve(c, cs_gemm_packed_wp_len(PACKED_ROWS, w->cols));
+        }
+        j.rows_per_task = PACKED_ROWS;
+        for (int t = 0; t < c->n_threads; t++) /* PACKED_ROWS rows of F32, in bf16 units */
+            c->wdec[t] = buf_reserve(c->wdec[t], &c->wdec_len[t], 2 * (size_t)PACKED_ROWS * w->cols, sizeof(uint16_t));
+        threadpool_run(c->pool, (w->rows + PACKED_ROWS - 1) / PACKED_ROWS, qmm_gemm_task, &j);
+    }
+    if (bias)
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < w->rows; r++) y[(size_t)i * w->rows + r] += bias[r];
+}
+
 static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     cpu_ctx_t *c = ctx_of(b);
+    if (cs_dtype_is_quant(w->dtype)) { cpu_matmul_quant(c, y, x, n, w, bias); return; }
     bool bf16x = c->prec_bf16 && w->dtype == CS_DTYPE_BF16;
     bool passes = code_only(w) && n <= c->code_pass_max;
     /* the BF16 kernels round x themselves as they pack it; the others take it rounded */
@@ -503,6 +584,12 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
                              const float *const *biases, int count) {
     cpu_ctx_t *c = ctx_of(b);
     const float *x_in = x; /* the caller's x: cpu_matmul rounds it again into c->xround */
+    bool quant = false;
+    for (int k = 0; k < count; k++) quant |= cs_dtype_is_quant(ws[k]->dtype);
+    if (quant) {
+        for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x_in, n, ws[k], biases[k]);
+        return;
+    }
     bool passes = false;  /* a weight kept only coded, read in groups of rows of x: one at a time */
     for (int k = 0; k < count; k++) passes |= code_only(ws[k]) && n <= c->code_pass_max;
     if (passes && n > CS_WCODE_MAX_N) {
@@ -1266,6 +1353,14 @@ static void cpu_lora_batch(cpu_raw_t *b, float *y, const float *x, const cpu_lor
 
 static void cpu_embed(cpu_raw_t *b, float *y, const cs_weight_t *t, const int32_t *ids, int n) {
     size_t esz = cs_dtype_size(t->dtype);
+    if (cs_dtype_is_quant(t->dtype)) { /* each row dequantized as the reference does */
+        size_t rb = cs_dtype_row_bytes(t->dtype, t->cols);
+        for (int i = 0; i < n; i++) {
+            CS_ASSERT(ids[i] >= 0 && ids[i] < t->rows);
+            cs_dequant_row_ref(y + (size_t)i * t->cols, (const char *)t->data + (size_t)ids[i] * rb, t->dtype, t->cols);
+        }
+        return;
+    }
     if (code_only(t)) { /* a tied lm_head kept only coded: the rows decoded, one at a time */
         cpu_ctx_t *c = ctx_of(b);
         uint16_t *row = malloc(sizeof *row * (size_t)t->cols);

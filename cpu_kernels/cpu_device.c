@@ -213,7 +213,7 @@ static void *resolve(backend_t *b, const backend_buf_t *buf, size_t off, size_t 
 
 static cs_weight_t raw_weight(backend_t *b, const backend_weight_t *w, const char *what) {
     cs_weight_t r = {w->dtype, w->rows, w->cols, NULL, NULL};
-    r.data = resolve(b, w->buf, 0, (size_t)w->rows * w->cols * cs_dtype_size(w->dtype), what);
+    r.data = resolve(b, w->buf, 0, (size_t)w->rows * cs_dtype_row_bytes(w->dtype, w->cols), what);
     r.code = w->buf && w->buf->code && w->dtype == CS_DTYPE_BF16 && w->buf->code->rows == w->rows &&
                      w->buf->code->cols == w->cols
                  ? w->buf->code
@@ -946,7 +946,7 @@ static void dev_free(backend_t *b) {
     free(b);
 }
 
-#define KV_DTYPES .kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16
+#define KV_DTYPES .kv_dtypes = 1u << CS_DTYPE_F32 | 1u << CS_DTYPE_BF16, .quant_weights = true
 #define COMMON_OPS                                                                                          \
     .buf_alloc = dev_buf_alloc, .buf_free = dev_buf_free, .buf_size = dev_buf_size, .buf_set = dev_buf_set,  \
     .buf_get = dev_buf_get, .buf_copy = dev_buf_copy, .batch_upload = dev_batch_upload,                     \

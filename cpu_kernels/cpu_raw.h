@@ -11,7 +11,7 @@
 
 /* a weight in host memory */
 typedef struct cs_weight {
-    cs_dtype dtype;     /* F32, BF16 or F16 */
+    cs_dtype dtype;     /* F32, BF16, F16, or a block type of base/quant.h (matmuls, embed) */
     int rows, cols;     /* (out, in) for matrices; rows = 1 for vectors */
     const void *data;
     /* optional: the same BF16 matrix coded in 12 bits (wcode.h, --compress-weights), which

@@ -145,4 +145,16 @@ static inline int cs_dpbf16_padded_rows(int n) {
     return n <= CS_DP_LANE_N ? np : n <= CS_DP_SMALL_N ? (n + 15) / 16 * 16 : (n + 11) / 12 * 12;
 }
 
+
+/* ---- block-quantized weights (kernels_quant.c; base/quant.h's types), F32 activations ---- */
+#define CS_QGEMV_MAX_N 4
+/* y[i · ldy + r] = Σ_c x[i, c] · w[r, c] for r in [r0, r1), i < n ≤ CS_QGEMV_MAX_N: each
+ * weight dequantized in registers, F32 products in a fixed order per (i, r) (batch-invariant) */
+void cs_qgemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+void cs_qgemv_rows_ref(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
+/* rows [r0, r1) of w dequantized to F32 at dst, cols apart (cs_dequant_row_ref's values up to
+ * the rounding of s·q + o, fused here) */
+void cs_qdequant_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
+void cs_qdequant_rows_ref(float *dst, const cs_weight_t *w, int r0, int r1);
+
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu_kernels/kernels.h"
+#include "base/quant.h"
 
 static float weight_at(const cs_weight_t *w, size_t i) {
     switch (w->dtype) {
@@ -18,6 +19,15 @@ static float weight_at(const cs_weight_t *w, size_t i) {
 }
 
 void cs_matmul_ref(float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
+    if (cs_dtype_is_quant(w->dtype)) { /* each element dequantized, the sum in double in column order */
+        size_t rb = cs_dtype_row_bytes(w->dtype, w->cols);
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < w->rows; r++)
+                y[(size_t)i * w->rows + r] =
+                    (float)cs_quant_dot_ref((const char *)w->data + (size_t)r * rb, w->dtype, x + (size_t)i * w->cols, w->cols) +
+                    (bias ? bias[r] : 0.0f);
+        return;
+    }
     for (int i = 0; i < n; i++)
         for (int r = 0; r < w->rows; r++) {
             double acc = 0;

@@ -8,9 +8,12 @@
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 
 #include <stdatomic.h>
 
+#include "base/gguf.h"
 #include "base/safetensors.h"
 #include "lora/assist.h"
 
@@ -26,7 +29,10 @@ typedef struct layer_w {
 struct model {
     model_config_t cfg;
     backend_t *be;
-    safetensors_t *st;
+    safetensors_t *st;           /* a Hugging Face directory's weights, or */
+    gguf_t *gg;                  /* a GGUF file's, with */
+    st_tensor_t *gt;             /* its tensors under the Hugging Face names (gguf_tensors) */
+    size_t n_gt;
     backend_weight_t embed;      /* (vocab, hidden) */
     backend_weight_t lm_head;    /* (vocab, hidden), == embed when tied */
     backend_weight_t final_norm;
@@ -130,10 +136,70 @@ static const char *shape_str(char *buf, size_t len, const int64_t *s, int nd) {
 }
 
 /* Look up `name`, check dtype and shape (rows, cols; rows == 0 means a vector of cols). */
+/* GGUF's tensor names and Hugging Face's ("blk.3.attn_q.weight", "model.layers.3.self_attn.q_proj.weight") */
+static const char *const name_top[][2] = {
+    {"token_embd.weight", "model.embed_tokens.weight"}, {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"}};
+static const char *const name_blk[][2] = {
+    {"attn_norm.weight", "input_layernorm.weight"},    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},      {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},      {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},          {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},          {"attn_output.bias", "self_attn.o_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"}, {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},       {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"}};
+
+/* NAME from one naming into the other (to_hf: GGUF -> HF) in BUF; a name with no counterpart
+ * stays itself (a GGUF tensor then refused as unexpected) */
+static const char *rename_tensor(const char *name, bool to_hf, char *buf, size_t len) {
+    int from = to_hf ? 0 : 1, to = 1 - from;
+    for (size_t i = 0; i < CS_ARRAY_LEN(name_top); i++)
+        if (!strcmp(name, name_top[i][from])) return name_top[i][to];
+    int l, off = 0;
+    if ((to_hf ? sscanf(name, "blk.%d.%n", &l, &off) : sscanf(name, "model.layers.%d.%n", &l, &off)) == 1 && off > 0 && l >= 0)
+        for (size_t i = 0; i < CS_ARRAY_LEN(name_blk); i++)
+            if (!strcmp(name + off, name_blk[i][from])) {
+                snprintf(buf, len, to_hf ? "model.layers.%d.%s" : "blk.%d.%s", l, name_blk[i][to]);
+                return buf;
+            }
+    return name;
+}
+
+static size_t n_tensors(const model_t *m) { return m->gg ? m->n_gt : safetensors_count(m->st); }
+static const st_tensor_t *tensor_at(const model_t *m, size_t i) { return m->gg ? &m->gt[i] : safetensors_at(m->st, i); }
+
+static const st_tensor_t *find_tensor(const model_t *m, const char *name) {
+    if (!m->gg) return safetensors_find(m->st, name);
+    for (size_t i = 0; i < m->n_gt; i++)
+        if (!strcmp(m->gt[i].name, name)) return &m->gt[i];
+    return NULL;
+}
+
+/* a GGUF tensor's name in the file, for messages ("" for safetensors) */
+static const char *file_name_of(const model_t *m, const st_tensor_t *t) {
+    return m->gg ? gguf_tensor_at(m->gg, (size_t)(t - m->gt))->name : "";
+}
+
 static int get_tensor(model_t *m, const char *name, int rows, int cols, const st_tensor_t **out) {
-    const st_tensor_t *t = safetensors_find(m->st, name);
+    const st_tensor_t *t = find_tensor(m, name);
+    char gn[256];
+    if (!t && m->gg)
+        return cs_error_set(CS_ENOTFOUND, "%s: missing tensor '%s' (%s)", gguf_path(m->gg),
+                            rename_tensor(name, false, gn, sizeof gn), name);
     if (!t) return cs_error_set(CS_ENOTFOUND, "missing tensor '%s'", name);
-    if (t->dtype != CS_DTYPE_F32 && t->dtype != CS_DTYPE_BF16 && t->dtype != CS_DTYPE_F16)
+    if (m->gg && t->dtype == CS_DTYPE_COUNT)
+        return cs_error_set(CS_EUNSUPPORTED, "tensor '%s' (%s): GGUF type %s is not supported (F32, F16, BF16, Q4_0, "
+                            "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K are)", file_name_of(m, t), name,
+                            gguf_tensor_at(m->gg, (size_t)(t - m->gt))->type_name);
+    bool quant = cs_dtype_is_quant(t->dtype);
+    if (quant && !rows)
+        return cs_error_set(CS_EUNSUPPORTED, "tensor '%s' (%s): a vector quantized as %s (norms and biases must be "
+                            "F32, F16 or BF16)", file_name_of(m, t), name, cs_dtype_name(t->dtype));
+    if (quant && !m->probe && !backend_caps(m->be)->quant_weights)
+        return cs_error_set(CS_EUNSUPPORTED, "tensor '%s': %s weights are not supported on the %s backend", name,
+                            cs_dtype_name(t->dtype), backend_name(m->be));
+    if (t->dtype != CS_DTYPE_F32 && t->dtype != CS_DTYPE_BF16 && t->dtype != CS_DTYPE_F16 && !quant)
         return cs_error_set(CS_EUNSUPPORTED, "tensor '%s': dtype %s not supported (F32, BF16, F16 are)", name,
                             cs_dtype_name(t->dtype));
     int64_t want[2] = {rows, cols};
@@ -157,7 +223,8 @@ static int load_matrix(model_t *m, const char *name, int rows, int cols, backend
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;
-    bool aligned = (uintptr_t)t->data % cs_dtype_size(t->dtype) == 0;
+    /* blocks hold F16 scales: element alignment for them is 2 bytes */
+    bool aligned = (uintptr_t)t->data % (cs_dtype_is_quant(t->dtype) ? 2 : cs_dtype_size(t->dtype)) == 0;
     if (backend_caps(m->be)->host_memory) {
         /* used in place in the mmap; safetensors does not promise element alignment, so a
          * misaligned tensor is copied rather than misread */
@@ -242,6 +309,7 @@ static bool tensor_expected(const model_t *m, const char *name) {
 }
 
 static int prepare_weight(model_t *m, const backend_weight_t *w) {
+    if (m->gg) return CS_OK; /* quantized or not, a GGUF model's weights stay as they are */
     int rc = backend_weight_prepare(m->be, w);
     if (rc < 0) return rc;
     if (rc == BACKEND_WEIGHT_HOST_UNUSED && w->host)
@@ -249,13 +317,71 @@ static int prepare_weight(model_t *m, const backend_weight_t *w) {
     return CS_OK;
 }
 
-size_t model_weights_released(const model_t *m) { return safetensors_released_bytes(m->st); }
+size_t model_weights_released(const model_t *m) { return m->st ? safetensors_released_bytes(m->st) : 0; }
 
 int model_load(const char *dir, backend_t *be, model_t **out) { return model_load_how(dir, be, MODEL_WEIGHTS_AUTO, out); }
 
-size_t model_weights_copied(const model_t *m, size_t *huge) { return safetensors_copied_bytes(m->st, huge); }
+size_t model_weights_copied(const model_t *m, size_t *huge) {
+    return m->gg ? gguf_copied_bytes(m->gg, huge) : safetensors_copied_bytes(m->st, huge);
+}
 
 static int load(const char *dir, backend_t *be, model_weights_mem how, bool probe, model_t **out);
+
+bool model_path_is_gguf(const char *path) {
+    size_t n = strlen(path);
+    struct stat sb;
+    return n > 5 && !strcasecmp(path + n - 5, ".gguf") && !(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode));
+}
+
+/* A "llama" GGUF's Q and K rows are permuted per head for interleaved-pair RoPE (llama.cpp's
+ * converter: Hugging Face row h·hd + s·hd/2 + i is stored at h·hd + 2i + s). Rows are whole
+ * blocks, so the rotate-half order comes back by moving rows: a host copy in HF order. */
+static int unpermute_rows(model_t *m, st_tensor_t *t, int n_heads) {
+    int64_t rows = t->shape[0], cols = t->n_dims == 2 ? t->shape[1] : 1;
+    size_t rb = t->n_dims == 2 ? cs_dtype_row_bytes(t->dtype, cols) : cs_dtype_size(t->dtype);
+    if (n_heads <= 0 || rows % n_heads || (rows / n_heads) % 2 || rb == 0)
+        return cs_error_set(CS_ESHAPE, "tensor '%s': %lld rows do not split into %d heads of even size", t->name,
+                            (long long)rows, n_heads);
+    int64_t hd = rows / n_heads;
+    uint8_t *p = cs_aligned_alloc(64, (size_t)rows * rb);
+    if (!p) return cs_error_set(CS_ENOMEM, "out of memory");
+    int rc = own_host(m, p);
+    if (rc) return rc;
+    for (int64_t h = 0; h < n_heads; h++)
+        for (int64_t s = 0; s < 2; s++)
+            for (int64_t i = 0; i < hd / 2; i++)
+                memcpy(p + (size_t)(h * hd + s * hd / 2 + i) * rb, (const uint8_t *)t->data + (size_t)(h * hd + 2 * i + s) * rb, rb);
+    t->data = p;
+    return CS_OK;
+}
+
+/* m->gt: the GGUF's tensors as safetensors would have them (Hugging Face names and shapes,
+ * rows in HF order) */
+static int gguf_tensors(model_t *m) {
+    size_t n = gguf_n_tensors(m->gg);
+    m->gt = calloc(n ? n : 1, sizeof *m->gt);
+    if (!m->gt) return cs_error_set(CS_ENOMEM, "out of memory");
+    bool llama = m->cfg.arch == MODEL_ARCH_LLAMA;
+    for (size_t i = 0; i < n; i++) {
+        const gguf_tensor_t *g = gguf_tensor_at(m->gg, i);
+        st_tensor_t *t = &m->gt[m->n_gt];
+        char buf[256];
+        if (!(t->name = strdup(rename_tensor(g->name, true, buf, sizeof buf)))) return cs_error_set(CS_ENOMEM, "out of memory");
+        m->n_gt++;
+        t->dtype = g->dtype;
+        t->n_dims = g->n_dims;
+        for (int d = 0; d < g->n_dims; d++) t->shape[d] = g->ne[g->n_dims - 1 - d];
+        t->data = g->data;
+        t->nbytes = g->nbytes;
+        if (llama && !m->probe && t->dtype != CS_DTYPE_COUNT && (t->n_dims == 1 || t->n_dims == 2)) {
+            int rc = CS_OK;
+            bool q = strstr(g->name, ".attn_q.") != NULL, k = strstr(g->name, ".attn_k.") != NULL;
+            if (q || k) rc = unpermute_rows(m, t, q ? m->cfg.n_heads : m->cfg.n_kv_heads);
+            if (rc) return rc;
+        }
+    }
+    return CS_OK;
+}
 
 int model_load_how(const char *dir, backend_t *be, model_weights_mem how, model_t **out) {
     return load(dir, be, how, false, out);
@@ -313,14 +439,20 @@ static int load(const char *dir, backend_t *be, model_weights_mem how, bool prob
     m->be = be;
     m->probe = probe;
     m->uid = atomic_fetch_add(&model_count, 1) + 1;
-    int rc = model_config_load(dir, &m->cfg);
-    if (rc) goto err;
     /* a backend that reads the weights in place in host memory streams them at every decode
      * step: there they go into huge pages (auto: where the kernel offers them). A device
      * backend copies them once to its memory: the mapping is enough. */
     bool copy = !probe && backend_caps(be)->host_memory &&
                 (how == MODEL_WEIGHTS_COPY || (how == MODEL_WEIGHTS_AUTO && safetensors_huge_pages_offered()));
-    if ((rc = safetensors_open_dir_how(dir, "model", copy ? ST_COPY_HUGE : ST_MMAP, &m->st))) goto err;
+    int rc;
+    if (model_path_is_gguf(dir)) {
+        if ((rc = gguf_open(dir, copy ? ST_COPY_HUGE : ST_MMAP, &m->gg)) || (rc = model_config_from_gguf(m->gg, &m->cfg)) ||
+            (rc = gguf_tensors(m)))
+            goto err;
+    } else {
+        if ((rc = model_config_load(dir, &m->cfg))) goto err;
+        if ((rc = safetensors_open_dir_how(dir, "model", copy ? ST_COPY_HUGE : ST_MMAP, &m->st))) goto err;
+    }
     const model_config_t *c = &m->cfg;
     int H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
     int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
@@ -378,10 +510,10 @@ static int load(const char *dir, backend_t *be, model_weights_mem how, bool prob
             if ((rc = prepare_weight(m, ws[k]))) goto err;
     }
     /* a tensor we did not use would be silently ignored math: refuse it */
-    size_t n_all = safetensors_count(m->st);
+    size_t n_all = n_tensors(m);
     if (n_all > n_used) {
         for (size_t i = 0; i < n_all; i++) {
-            const st_tensor_t *t = safetensors_at(m->st, i);
+            const st_tensor_t *t = tensor_at(m, i);
             if (tensor_expected(m, t->name)) continue;
             bool used = strcmp(t->name, "model.embed_tokens.weight") == 0 || strcmp(t->name, "lm_head.weight") == 0 ||
                         strcmp(t->name, "model.norm.weight") == 0;
@@ -403,8 +535,8 @@ static int load(const char *dir, backend_t *be, model_weights_mem how, bool prob
                 if (!used && c->qk_norm) used = !strcmp(rest, "self_attn.q_norm.weight") || !strcmp(rest, "self_attn.k_norm.weight");
             }
             if (!used) {
-                rc = cs_error_set(CS_EUNSUPPORTED, "unexpected tensor '%s' for %s (config.json does not account for it)",
-                                  t->name, c->arch_name);
+                rc = cs_error_set(CS_EUNSUPPORTED, "unexpected tensor '%s' for %s (%s does not account for it)",
+                                  t->name, c->arch_name, m->gg ? "its metadata" : "config.json");
                 goto err;
             }
         }
@@ -462,6 +594,10 @@ void model_free(model_t *m) {
     free(m->layers);
     free(m->inv_freq);
     safetensors_free(m->st);
+    gguf_free(m->gg);
+    if (m->gt)
+        for (size_t i = 0; i < m->n_gt; i++) free((char *)m->gt[i].name);
+    free(m->gt);
     free(m);
 }
 

@@ -12,8 +12,14 @@
 typedef struct model model_t;
 typedef struct model_seq model_seq_t;
 
-/* Validates every tensor (present, dtype F32/F16/BF16, shape); errors name the tensor. */
+/* Validates every tensor (present, dtype F32/F16/BF16, shape); errors name the tensor. DIR
+ * is a Hugging Face directory (config.json, safetensors) or a GGUF file (model_path_is_gguf):
+ * its metadata gives the config, its tensors keep their types (the block-quantized ones of
+ * base/quant.h where the backend takes them, caps.quant_weights; norms and biases widened
+ * to F32 as always). */
 int model_load(const char *dir, backend_t *be, model_t **out);
+/* PATH names a GGUF file (ends in .gguf and is not a directory) */
+bool model_path_is_gguf(const char *path);
 /* Where the weights live on a backend that uses host memory in place (the CPU backend):
  * AUTO reads them into the process's memory in 2 MiB pages where the kernel offers
  * transparent huge pages, else maps them; MMAP maps them (the page cache, shared with other

@@ -12,6 +12,7 @@
 #include "cpu_kernels/kernels_paged.h"
 #include "cpu_kernels/threadpool.h"
 #include "cpu_kernels/wcode.h"
+#include "base/quant.h"
 
 #include <stdatomic.h>
 #include "engine/sampling.h"
@@ -955,13 +956,145 @@ START_TEST(test_half_conversions) {
 }
 END_TEST
 
+
+/* ---- block-quantized weights ---- */
+static const cs_dtype qtypes[] = {CS_DTYPE_Q4_0, CS_DTYPE_Q4_1, CS_DTYPE_Q5_0, CS_DTYPE_Q5_1,
+                                  CS_DTYPE_Q8_0, CS_DTYPE_Q4_K, CS_DTYPE_Q5_K, CS_DTYPE_Q6_K};
+
+/* rows x cols of type dt: random bytes, every F16 field a finite value of about `scale` (signs
+ * mixed; the K types' d and dmin positive as the quantizers write them, though nothing here
+ * depends on it) */
+static cs_weight_t make_qweight(int rows, int cols, cs_dtype dt, float scale, void **mem) {
+    size_t rb = cs_dtype_row_bytes(dt, cols), nb = (size_t)rows * cols / cs_dtype_block(dt), bs = cs_dtype_size(dt);
+    uint8_t *p = malloc((size_t)rows * rb);
+    for (size_t i = 0; i < (size_t)rows * rb; i++) p[i] = (uint8_t)cs_rng_next(&rng);
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *blk = p + b * bs;
+        uint16_t h[2] = {cs_f32_to_f16(scale * (cs_rng_uniform(&rng) - 0.3f)),
+                         cs_f32_to_f16(scale * (cs_rng_uniform(&rng) - 0.5f))};
+        switch (dt) {
+        case CS_DTYPE_Q4_1: case CS_DTYPE_Q5_1: memcpy(blk, h, 4); break;
+        case CS_DTYPE_Q4_K: case CS_DTYPE_Q5_K:
+            h[0] = cs_f32_to_f16(scale / 32 * cs_rng_uniform(&rng));
+            h[1] = cs_f32_to_f16(scale / 32 * cs_rng_uniform(&rng));
+            memcpy(blk, h, 4);
+            break;
+        case CS_DTYPE_Q6_K: h[0] = cs_f32_to_f16(scale / 64 * (cs_rng_uniform(&rng) - 0.5f)); memcpy(blk + 208, h, 2); break;
+        default: memcpy(blk, h, 2); break;
+        }
+    }
+    *mem = p;
+    return (cs_weight_t){dt, rows, cols, p, NULL};
+}
+
+/* the AVX2 decode against cs_dequant_row_ref: the same values, up to the fused s*q + o (one
+ * rounding where the reference has two) for the types with an offset */
+START_TEST(test_quant_dequant) {
+    if (!cs_cpu_has_avx2()) { printf("SKIP: no AVX2\n"); return; }
+    for (size_t t = 0; t < CS_ARRAY_LEN(qtypes); t++) {
+        cs_dtype dt = qtypes[t];
+        int rows = 5, cols = 2 * 256;
+        void *mem;
+        cs_weight_t w = make_qweight(rows, cols, dt, 0.7f, &mem);
+        float *a = malloc(sizeof(float) * rows * cols), *b = malloc(sizeof(float) * rows * cols);
+        cs_qdequant_rows_avx2(a, &w, 1, rows);
+        cs_qdequant_rows_ref(b, &w, 1, rows);
+        bool offset = dt == CS_DTYPE_Q4_1 || dt == CS_DTYPE_Q5_1 || dt == CS_DTYPE_Q4_K || dt == CS_DTYPE_Q5_K;
+        float mx = 0;
+        for (int i = 0; i < (rows - 1) * cols; i++) mx = fmaxf(mx, fabsf(b[i]));
+        for (int i = 0; i < (rows - 1) * cols; i++) {
+            if (!offset) ck_assert_msg(a[i] == b[i], "%s element %d: %g, reference %g", cs_dtype_name(dt), i, a[i], b[i]);
+            else ck_assert_msg(fabsf(a[i] - b[i]) <= 2.4e-7f * mx, "%s element %d: %g, reference %g", cs_dtype_name(dt), i, a[i], b[i]);
+        }
+        free(a); free(b); free(mem);
+    }
+}
+END_TEST
+
+/* the matmul on quantized weights through every path (the GEMV up to CS_QGEMV_MAX_N rows and
+ * in batch-invariant mode, the dequantized packed GEMM above, the reference kernels), 1 and 3
+ * threads, against the reference (each row dequantized, sums in double) */
+START_TEST(test_quant_matmul) {
+    static const int shapes[][3] = {{1, 64, 256}, {2, 37, 512}, {3, 7, 256}, {4, 130, 256}, {5, 40, 512},
+                                    {9, 33, 256}, {33, 70, 768}};
+    cpu_raw_t *bes[] = {be_for(1), be_for(3), cpu_raw_new(&(cpu_backend_params_t){.n_threads = 2, .no_avx2 = true, .no_avx512 = true}),
+                        cpu_raw_new(&(cpu_backend_params_t){.n_threads = 2, .reference = true})};
+    const char *names[] = {"1 thread", "3 threads", "plain", "reference"};
+    for (size_t k = 0; k < CS_ARRAY_LEN(bes); k++)
+        for (size_t t = 0; t < CS_ARRAY_LEN(qtypes); t++)
+            for (size_t s = 0; s < CS_ARRAY_LEN(shapes); s++) {
+                int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+                void *mem;
+                cs_weight_t w = make_qweight(rows, cols, qtypes[t], 0.05f, &mem);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *bias = test_randv(&rng, (size_t)rows, 0.1f);
+                float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+                cpu_raw_matmul(bes[k], y, x, n, &w, bias);
+                cs_matmul_ref(yr, x, n, &w, bias);
+                float e = test_max_rel_err(y, yr, (size_t)n * rows);
+                ck_assert_msg(e < 1e-5f, "%s %s n=%d %dx%d: rel err %g", names[k], cs_dtype_name(qtypes[t]), n, rows, cols, e);
+                free(mem); free(x); free(bias); free(y); free(yr);
+            }
+    for (size_t k = 0; k < CS_ARRAY_LEN(bes); k++) cpu_raw_free(bes[k]);
+}
+END_TEST
+
+/* batch-invariant mode: a row of x gives the same bits alone and inside a batch of any size;
+ * --precision bf16: x rounded to BF16 first, as for BF16 weights */
+START_TEST(test_quant_invariant_bf16) {
+    cpu_raw_t *inv = cpu_raw_new(&(cpu_backend_params_t){.n_threads = 3, .batch_invariant = true});
+    cpu_raw_t *pb = cpu_raw_new(&(cpu_backend_params_t){.n_threads = 2, .precision_bf16 = true});
+    for (size_t t = 0; t < CS_ARRAY_LEN(qtypes); t++) {
+        int rows = 45, cols = 512, n = 11;
+        void *mem;
+        cs_weight_t w = make_qweight(rows, cols, qtypes[t], 0.05f, &mem);
+        float *x = test_randv(&rng, (size_t)n * cols, 1.0f);
+        float *y = malloc(sizeof(float) * n * rows), *y1 = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * n * rows);
+        cpu_raw_matmul(inv, y, x, n, &w, NULL);
+        for (int i = 0; i < n; i += 5) {
+            cpu_raw_matmul(inv, y1, x + (size_t)i * cols, 1, &w, NULL);
+            ck_assert_msg(!memcmp(y1, y + (size_t)i * rows, sizeof(float) * rows), "%s: row %d of %d differs alone",
+                          cs_dtype_name(qtypes[t]), i, n);
+        }
+        cpu_raw_matmul(pb, y, x, n, &w, NULL);
+        float *xr = malloc(sizeof(float) * n * cols);
+        cs_round_bf16_ref(xr, x, (size_t)n * cols);
+        cs_matmul_ref(yr, xr, n, &w, NULL);
+        ck_assert_msg(test_max_rel_err(y, yr, (size_t)n * rows) < 1e-5f, "%s --precision bf16", cs_dtype_name(qtypes[t]));
+        free(mem); free(x); free(y); free(y1); free(yr); free(xr);
+    }
+    cpu_raw_free(inv);
+    cpu_raw_free(pb);
+}
+END_TEST
+
+/* an embedding row of a quantized table is its reference dequantization, bit for bit */
+START_TEST(test_quant_embed) {
+    cpu_raw_t *be = be_for(2);
+    for (size_t t = 0; t < CS_ARRAY_LEN(qtypes); t++) {
+        int rows = 20, cols = 256;
+        void *mem;
+        cs_weight_t w = make_qweight(rows, cols, qtypes[t], 0.5f, &mem);
+        int32_t ids[3] = {19, 0, 7};
+        float *y = malloc(sizeof(float) * 3 * cols), *r = malloc(sizeof(float) * cols);
+        cpu_raw_embed(be, y, &w, ids, 3);
+        for (int i = 0; i < 3; i++) {
+            cs_dequant_row_ref(r, (const uint8_t *)w.data + (size_t)ids[i] * cs_dtype_row_bytes(w.dtype, cols), w.dtype, cols);
+            ck_assert(!memcmp(r, y + (size_t)i * cols, sizeof(float) * cols));
+        }
+        free(mem); free(y); free(r);
+    }
+    cpu_raw_free(be);
+}
+END_TEST
+
 int main(void) {
     cs_rng_seed(&rng, 1234);
     const TTest *const tests[] = {
         test_matmul_vs_ref, test_matmul_sweep, test_gemm_bf16_amx, test_gemm_dpbf16,
         test_matmul_precision_bf16, test_attention_vs_ref, test_attention_ref_definition, test_lora_vs_ref,
         test_norm_rope_silu, test_gemv_streams, test_wcode_roundtrip, test_wcode_gemv, test_wcode_code_only,
-        test_split_tiles, test_avx2_kernels, test_half_conversions, test_threadpool_exactly_once
+        test_split_tiles, test_avx2_kernels, test_half_conversions, test_threadpool_exactly_once,
+        test_quant_dequant, test_quant_matmul, test_quant_invariant_bf16, test_quant_embed
     };
     return cs_check_main("cpu_kernels", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

@@ -1,0 +1,330 @@
+/* kernels_quant.c: matmuls against block-quantized weights (GGUF's Q4_0 .. Q6_K, base/quant.h)
+ * with F32 activations: each weight is dequantized in registers to the F32 value
+ * cs_dequant_row_ref gives it (up to one rounding: s·q + o fused where the reference rounds
+ * s·q first) and multiplied in F32, so a quantized model computes what an F32 model with the
+ * dequantized weights computes (the `exact` precision). The GEMV streams the packed blocks
+ * once for up to CS_QGEMV_MAX_N rows of x (decode: memory-bound, 4.5-8.5 bits a weight);
+ * larger batches dequantize a task's weight rows to F32 (cs_qdequant_rows_*) for the packed
+ * GEMM (compute-bound: the dequantization is paid once per weight row for all rows of x).
+ *
+ * Every block type is decoded 32 elements at a time into 32 signed bytes q, a scale for
+ * each half (two where Q6_K's 16-element sub-blocks differ) and an offset o: w = s·q + o. */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/quant.h"
+#include "cpu_kernels/kernels.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* the 32 elements [32k, 32k + 32) of a block: q, the scales of elements 0-15 and 16-31, o */
+typedef struct chunk {
+    __m256i q;
+    float s0, s1, o;
+} chunk_t;
+
+/* per block: what every chunk of it needs (the K types' 8 or 16 sub-block scales) */
+typedef struct blk_state {
+    float s[16], o[8];
+} blk_state_t;
+
+static inline int blk_chunks(cs_dtype dt) { return cs_dtype_block(dt) / 32; }
+
+/* an F16 scale widened exactly (F16C: the same value as cs_f16_to_f32, subnormals included) */
+AVX2 INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+AVX2 INLINE __m256i nibbles32(__m128i qs) { /* 16 bytes: low nibbles, then high nibbles */
+    __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m), _mm_and_si128(qs, m));
+}
+
+/* byte j of the result: 0x10 where bit j of h is set */
+AVX2 INLINE __m256i bits32(uint32_t h) {
+    __m256i v = _mm256_set1_epi32((int)h);
+    /* byte j takes byte j / 8 of h */
+    __m256i idx = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    v = _mm256_shuffle_epi8(v, idx);
+    __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+AVX2 INLINE void blk_setup(cs_dtype dt, const uint8_t *b, blk_state_t *st) {
+    if (dt == CS_DTYPE_Q4_K || dt == CS_DTYPE_Q5_K) {
+        const cs_block_q4_K *k = (const void *)b; /* Q5_K begins the same way */
+        float d = h2f(k->d), dmin = h2f(k->dmin);
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            cs_q4k_scale_min(j, k->scales, &sc, &m);
+            st->s[j] = d * sc;
+            st->o[j] = -(dmin * m);
+        }
+    } else if (dt == CS_DTYPE_Q6_K) {
+        const cs_block_q6_K *k = (const void *)b;
+        float d = h2f(k->d);
+        for (int j = 0; j < 16; j++) st->s[j] = d * k->scales[j];
+    }
+}
+
+AVX2 INLINE chunk_t blk_chunk(cs_dtype dt, const uint8_t *b, int c, const blk_state_t *st) {
+    chunk_t r;
+    switch (dt) {
+    case CS_DTYPE_Q4_0: {
+        const cs_block_q4_0 *k = (const void *)b;
+        r.q = _mm256_sub_epi8(nibbles32(_mm_loadu_si128((const __m128i *)k->qs)), _mm256_set1_epi8(8));
+        r.s0 = r.s1 = h2f(k->d);
+        r.o = 0;
+        break;
+    }
+    case CS_DTYPE_Q4_1: {
+        const cs_block_q4_1 *k = (const void *)b;
+        r.q = nibbles32(_mm_loadu_si128((const __m128i *)k->qs));
+        r.s0 = r.s1 = h2f(k->d);
+        r.o = h2f(k->m);
+        break;
+    }
+    case CS_DTYPE_Q5_0: {
+        const cs_block_q5_0 *k = (const void *)b;
+        uint32_t h;
+        memcpy(&h, k->qh, 4);
+        r.q = _mm256_or_si256(nibbles32(_mm_loadu_si128((const __m128i *)k->qs)), bits32(h));
+        r.q = _mm256_sub_epi8(r.q, _mm256_set1_epi8(16));
+        r.s0 = r.s1 = h2f(k->d);
+        r.o = 0;
+        break;
+    }
+    case CS_DTYPE_Q5_1: {
+        const cs_block_q5_1 *k = (const void *)b;
+        uint32_t h;
+        memcpy(&h, k->qh, 4);
+        r.q = _mm256_or_si256(nibbles32(_mm_loadu_si128((const __m128i *)k->qs)), bits32(h));
+        r.s0 = r.s1 = h2f(k->d);
+        r.o = h2f(k->m);
+        break;
+    }
+    case CS_DTYPE_Q8_0: {
+        const cs_block_q8_0 *k = (const void *)b;
+        r.q = _mm256_loadu_si256((const __m256i *)k->qs);
+        r.s0 = r.s1 = h2f(k->d);
+        r.o = 0;
+        break;
+    }
+    case CS_DTYPE_Q4_K: { /* sub-block c: the low (c even) or high nibbles of qs[32 (c / 2) ..] */
+        const cs_block_q4_K *k = (const void *)b;
+        __m256i v = _mm256_loadu_si256((const __m256i *)(k->qs + 32 * (c >> 1)));
+        if (c & 1) v = _mm256_srli_epi16(v, 4);
+        r.q = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+        r.s0 = r.s1 = st->s[c];
+        r.o = st->o[c];
+        break;
+    }
+    case CS_DTYPE_Q5_K: { /* ... and the fifth bit: bit c of qh[l] */
+        const cs_block_q5_K *k = (const void *)b;
+        __m256i v = _mm256_loadu_si256((const __m256i *)(k->qs + 32 * (c >> 1)));
+        if (c & 1) v = _mm256_srli_epi16(v, 4);
+        __m256i h = _mm256_loadu_si256((const __m256i *)k->qh);
+        h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
+        r.q = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi8(0x0F)), _mm256_slli_epi16(h, 4));
+        r.s0 = r.s1 = st->s[c];
+        r.o = st->o[c];
+        break;
+    }
+    case CS_DTYPE_Q6_K: { /* half c / 4 of the block, quarter t = c % 4 of it */
+        const cs_block_q6_K *k = (const void *)b;
+        int h = c >> 2, t = c & 3;
+        __m256i l = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32 * (t & 1)));
+        if (t & 2) l = _mm256_srli_epi16(l, 4);
+        l = _mm256_and_si256(l, _mm256_set1_epi8(0x0F));
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
+        hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+        r.q = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(hb, 4)), _mm256_set1_epi8(32));
+        r.s0 = st->s[8 * h + 2 * t];
+        r.s1 = st->s[8 * h + 2 * t + 1];
+        r.o = 0;
+        break;
+    }
+    default:
+        r.q = _mm256_setzero_si256();
+        r.s0 = r.s1 = r.o = 0;
+    }
+    return r;
+}
+
+/* the chunk's 32 weights as four vectors of 8 F32 */
+AVX2 INLINE void chunk_f32(const chunk_t *k, __m256 w[4]) {
+    __m128i lo = _mm256_castsi256_si128(k->q), hi = _mm256_extracti128_si256(k->q, 1);
+    __m256 s0 = _mm256_set1_ps(k->s0), s1 = _mm256_set1_ps(k->s1), o = _mm256_set1_ps(k->o);
+    w[0] = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), o);
+    w[1] = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), o);
+    w[2] = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), o);
+    w[3] = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), o);
+}
+
+AVX2 INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* the 32 signed bytes of a chunk as four vectors of 8 F32 (exact: |q| < 2^7) */
+AVX2 INLINE void q_f32(__m256i q, __m256 f[4]) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+static inline bool has_offset(cs_dtype dt) {
+    return dt == CS_DTYPE_Q4_1 || dt == CS_DTYPE_Q5_1 || dt == CS_DTYPE_Q4_K || dt == CS_DTYPE_Q5_K;
+}
+
+/* Rows [r0, r1) of w against n ≤ CS_QGEMV_MAX_N rows of x. Σ_j (s q_j + o) x_j is taken as
+ * s · Σ q_j x_j + o · Σ x_j: per 8 weights a widening, a conversion and one FMA, the scale once
+ * per 16 or 32 and the offset against x's sums per 32 (computed once per call). */
+AVX2 INLINE void qgemv_t(float *y, int ldy, const float *x, const int n, const cs_weight_t *w, int r0, int r1, cs_dtype dt) {
+    const int nb = w->cols / cs_dtype_block(dt), nc = blk_chunks(dt), groups = w->cols / 32;
+    const size_t bsz = cs_dtype_size(dt), rb = (size_t)nb * bsz;
+    float xsum_buf[CS_QGEMV_MAX_N * 512], *xsum = NULL;
+    if (has_offset(dt)) { /* Σ x over each 32 columns, per row of x */
+        xsum = (size_t)n * groups <= CS_ARRAY_LEN(xsum_buf) ? xsum_buf : malloc(sizeof(float) * (size_t)n * groups);
+        CS_ASSERT(xsum);
+        for (int i = 0; i < n; i++)
+            for (int g = 0; g < groups; g++) {
+                const float *xg = x + (size_t)i * w->cols + 32 * (size_t)g;
+                __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xg), _mm256_loadu_ps(xg + 8)),
+                                         _mm256_add_ps(_mm256_loadu_ps(xg + 16), _mm256_loadu_ps(xg + 24)));
+                xsum[(size_t)i * groups + g] = hsum8(v);
+            }
+    }
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        __m256 acc[CS_QGEMV_MAX_N];
+        float off[CS_QGEMV_MAX_N];
+        for (int i = 0; i < n; i++) { acc[i] = _mm256_setzero_ps(); off[i] = 0; }
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * bsz;
+            blk_state_t st;
+            blk_setup(dt, blk, &st);
+#pragma GCC unroll 8
+            for (int c = 0; c < nc; c++) { /* unrolled: the chunk's shifts become constants */
+                chunk_t k = blk_chunk(dt, blk, c, &st);
+                __m256 f[4];
+                q_f32(k.q, f);
+                const size_t g = (size_t)b * nc + (size_t)c, col = 32 * g;
+                __m256 s0 = _mm256_set1_ps(k.s0), s1 = _mm256_set1_ps(k.s1);
+                for (int i = 0; i < n; i++) {
+                    const float *xi = x + (size_t)i * w->cols + col;
+                    __m256 a0 = _mm256_mul_ps(f[0], _mm256_loadu_ps(xi));
+                    __m256 a1 = _mm256_mul_ps(f[2], _mm256_loadu_ps(xi + 16));
+                    a0 = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xi + 8), a0);
+                    a1 = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xi + 24), a1);
+                    acc[i] = _mm256_fmadd_ps(s0, a0, acc[i]);
+                    acc[i] = _mm256_fmadd_ps(s1, a1, acc[i]);
+                    if (has_offset(dt)) off[i] += k.o * xsum[(size_t)i * groups + g];
+                }
+            }
+        }
+        for (int i = 0; i < n; i++) y[(size_t)i * ldy + r] = hsum8(acc[i]) + off[i];
+    }
+    if (xsum && xsum != xsum_buf) free(xsum);
+}
+
+/* rows [r0, r1) dequantized to F32, cols apart */
+AVX2 INLINE void qdequant_t(float *dst, const cs_weight_t *w, int r0, int r1, cs_dtype dt) {
+    const int nb = w->cols / cs_dtype_block(dt), nc = blk_chunks(dt);
+    const size_t bsz = cs_dtype_size(dt), rb = (size_t)nb * bsz;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        float *o = dst + (size_t)(r - r0) * w->cols;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * bsz;
+            blk_state_t st;
+            blk_setup(dt, blk, &st);
+            for (int c = 0; c < nc; c++) {
+                chunk_t k = blk_chunk(dt, blk, c, &st);
+                __m256 wv[4];
+                chunk_f32(&k, wv);
+                float *p = o + (size_t)b * cs_dtype_block(dt) + 32 * (size_t)c;
+                for (int v = 0; v < 4; v++) _mm256_storeu_ps(p + 8 * v, wv[v]);
+            }
+        }
+    }
+}
+
+/* one instance per type and per n (a constant n keeps the weights in registers across x's rows) */
+#define PER_TYPE(F, T)                                                                                                 \
+    AVX2 static void qgemv_##T(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {   \
+        switch (n) {                                                                                                   \
+        case 1: qgemv_t(y, ldy, x, 1, w, r0, r1, CS_DTYPE_##T); break;                                                \
+        case 2: qgemv_t(y, ldy, x, 2, w, r0, r1, CS_DTYPE_##T); break;                                                \
+        case 3: qgemv_t(y, ldy, x, 3, w, r0, r1, CS_DTYPE_##T); break;                                                \
+        default: qgemv_t(y, ldy, x, 4, w, r0, r1, CS_DTYPE_##T); break;                                               \
+        }                                                                                                              \
+    }                                                                                                                  \
+    AVX2 static void qdeq_##T(float *dst, const cs_weight_t *w, int r0, int r1) { qdequant_t(dst, w, r0, r1, CS_DTYPE_##T); }
+PER_TYPE(, Q4_0)
+PER_TYPE(, Q4_1)
+PER_TYPE(, Q5_0)
+PER_TYPE(, Q5_1)
+PER_TYPE(, Q8_0)
+PER_TYPE(, Q4_K)
+PER_TYPE(, Q5_K)
+PER_TYPE(, Q6_K)
+#undef PER_TYPE
+
+void cs_qgemv_rows_avx2(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
+    CS_ASSERT(n >= 1 && n <= CS_QGEMV_MAX_N);
+    switch (w->dtype) {
+    case CS_DTYPE_Q4_0: qgemv_Q4_0(y, ldy, x, n, w, r0, r1); break;
+    case CS_DTYPE_Q4_1: qgemv_Q4_1(y, ldy, x, n, w, r0, r1); break;
+    case CS_DTYPE_Q5_0: qgemv_Q5_0(y, ldy, x, n, w, r0, r1); break;
+    case CS_DTYPE_Q5_1: qgemv_Q5_1(y, ldy, x, n, w, r0, r1); break;
+    case CS_DTYPE_Q8_0: qgemv_Q8_0(y, ldy, x, n, w, r0, r1); break;
+    case CS_DTYPE_Q4_K: qgemv_Q4_K(y, ldy, x, n, w, r0, r1); break;
+    case CS_DTYPE_Q5_K: qgemv_Q5_K(y, ldy, x, n, w, r0, r1); break;
+    case CS_DTYPE_Q6_K: qgemv_Q6_K(y, ldy, x, n, w, r0, r1); break;
+    default: CS_ASSERT(!"quantized dtype");
+    }
+}
+
+void cs_qdequant_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1) {
+    switch (w->dtype) {
+    case CS_DTYPE_Q4_0: qdeq_Q4_0(dst, w, r0, r1); break;
+    case CS_DTYPE_Q4_1: qdeq_Q4_1(dst, w, r0, r1); break;
+    case CS_DTYPE_Q5_0: qdeq_Q5_0(dst, w, r0, r1); break;
+    case CS_DTYPE_Q5_1: qdeq_Q5_1(dst, w, r0, r1); break;
+    case CS_DTYPE_Q8_0: qdeq_Q8_0(dst, w, r0, r1); break;
+    case CS_DTYPE_Q4_K: qdeq_Q4_K(dst, w, r0, r1); break;
+    case CS_DTYPE_Q5_K: qdeq_Q5_K(dst, w, r0, r1); break;
+    case CS_DTYPE_Q6_K: qdeq_Q6_K(dst, w, r0, r1); break;
+    default: CS_ASSERT(!"quantized dtype");
+    }
+}
+
+void cs_qdequant_rows_ref(float *dst, const cs_weight_t *w, int r0, int r1) {
+    size_t rb = cs_dtype_row_bytes(w->dtype, w->cols);
+    for (int r = r0; r < r1; r++)
+        cs_dequant_row_ref(dst + (size_t)(r - r0) * w->cols, (const char *)w->data + (size_t)r * rb, w->dtype, w->cols);
+}
+
+/* the plain GEMV: each row dequantized (cs_dequant_row_ref), then F32 products summed in
+ * column order; what the batch-invariant mode runs without AVX2 */
+void cs_qgemv_rows_ref(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1) {
+    size_t rb = cs_dtype_row_bytes(w->dtype, w->cols);
+    float *row = malloc(sizeof(float) * (size_t)w->cols);
+    CS_ASSERT(row);
+    for (int r = r0; r < r1; r++) {
+        cs_dequant_row_ref(row, (const char *)w->data + (size_t)r * rb, w->dtype, w->cols);
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + (size_t)i * w->cols;
+            float s = 0;
+            for (int c = 0; c < w->cols; c++) s += xi[c] * row[c];
+            y[(size_t)i * ldy + r] = s;
+        }
+    }
+    free(row);
+}

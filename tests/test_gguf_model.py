@@ -1,0 +1,288 @@
+"""test_gguf_model.py: GGUF models read directly, their quantized weights kept quantized, against
+transformers + peft running the same weights dequantized by the `gguf` package (GGUF's reference
+Python), in float32.
+
+Each checkpoint is a random transformers model (Llama, Mistral-as-llama, Qwen2, Qwen3) written as
+a GGUF file the way llama.cpp's converter writes one: metadata keys {arch}.*, Q and K rows of a
+"llama" permuted for interleaved-pair RoPE, norms and biases F32, matrices quantized per tensor
+(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 by gguf.quants.quantize; Q4_K, Q5_K, Q6_K by our quantizer, since
+gguf has none: their bytes are then read back by gguf's dequantizer for the reference). The
+reference model's weights are gguf's dequantization of those bytes, rows put back in Hugging Face
+order by this test. The engine computes in F32 on the same values (its kernels fuse s*q + o where
+the reference rounds twice: a weight moves by at most one F32 ulp), so the F32 tolerance of
+test_ref_forward.py holds: every position's log-softmax within 1e-4, greedy continuation equal
+(or a genuine tie). A LoRA adapter from peft on top of the quantized base is held to the same.
+Bad files are refused with a message naming what is wrong."""
+import os
+import subprocess
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reflib  # noqa: E402
+
+try:
+    import gguf  # noqa: E402
+    from gguf import GGMLQuantizationType as QT  # noqa: E402
+except ImportError:
+    print("SKIP: the gguf package is not installed")
+    sys.exit(77)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from hfmodels import ALL_PROJ, VOCAB, make_adapter, make_model  # noqa: E402
+
+torch.manual_seed(0)
+torch.set_num_threads(2)
+transformers.utils.logging.disable_progress_bar()
+
+HARNESS = os.path.join(reflib.BUILDDIR, "tests", "quant_harness")
+OURS = {QT.Q4_K: "Q4_K", QT.Q5_K: "Q5_K", QT.Q6_K: "Q6_K"}
+
+
+def quantize(w, qt):
+    """(rows, cols) float32 -> the tensor's bytes as the writer takes them (and its type)"""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if qt == QT.F32:
+        return w
+    if qt == QT.F16:
+        return w.astype(np.float16)
+    if qt in OURS:
+        p = subprocess.run([HARNESS, "quantize", OURS[qt], str(w.size)], input=w.tobytes(), capture_output=True)
+        if p.returncode:
+            reflib.fail(f"quant_harness quantize {OURS[qt]}: {p.stderr.decode()}")
+        return np.frombuffer(p.stdout, dtype=np.uint8).reshape(w.shape[0], -1)
+    return gguf.quants.quantize(w, qt)
+
+
+def dequantize(b, qt):
+    if qt in (QT.F32, QT.F16):
+        return np.asarray(b, dtype=np.float32)
+    return gguf.quants.dequantize(b, qt).astype(np.float32)
+
+
+def permute(w, n_head):
+    """llama.cpp's converter: HF row h*hd + s*hd/2 + i goes to h*hd + 2i + s"""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+}
+
+
+def gguf_name(hf):
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    if hf == "lm_head.weight":
+        return "output.weight"
+    parts = hf.split(".")  # model.layers.N.<module...>.weight|bias
+    layer, mod, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
+    return f"blk.{layer}.{GGUF_NAMES[mod]}.{kind}"
+
+
+def write_gguf(ref, kind, types, path, permute_qk=True, tensor_hook=None):
+    """Write REF (a transformers model) as a GGUF at PATH, matrices quantized by
+    types(gguf_name) -> QT; returns the reference model on the dequantized weights."""
+    cfg = ref.config
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[kind]
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    theta = cfg.rope_parameters["rope_theta"] if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
+    w.add_rope_freq_base(float(theta))
+    # tokens without a tokenizer model: the vocabulary's size, and no tokenizer (prompts as ids)
+    w.add_token_list([f"<t{i}>" for i in range(VOCAB)])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    tied = cfg.tie_word_embeddings
+    deq = {}
+    for name, t in sd.items():
+        if tied and name == "lm_head.weight":
+            continue
+        g = gguf_name(name)
+        if t.ndim == 2:
+            qt = types(g)
+            x = t
+            heads = cfg.num_attention_heads if ".attn_q." in g else cfg.num_key_value_heads
+            perm = arch == "llama" and (".attn_q." in g or ".attn_k." in g)
+            if perm and permute_qk:
+                x = permute(x, heads)
+            b = quantize(x, qt)
+            d = dequantize(b, qt).reshape(t.shape)
+            if perm:
+                d = unpermute(d, heads)
+            deq[name] = d
+            if tensor_hook:
+                b, qt = tensor_hook(g, b, qt)
+            if qt in (QT.F32, QT.F16):
+                w.add_tensor(g, b)
+            else:
+                w.add_tensor(g, b, raw_shape=b.shape, raw_dtype=qt)
+        else:
+            x = t
+            if arch == "llama" and (".attn_q." in g or ".attn_k." in g) and permute_qk:
+                x = permute(x, cfg.num_attention_heads if ".attn_q." in g else cfg.num_key_value_heads)
+            deq[name] = t
+            w.add_tensor(g, np.ascontiguousarray(x, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = type(ref)(cfg).eval()
+    with torch.no_grad():
+        sd2 = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in deq.items()}
+        if tied:
+            sd2["lm_head.weight"] = sd2["model.embed_tokens.weight"]
+        out.load_state_dict(sd2, strict=True)
+    return out
+
+
+def prompts(name, lengths=(1, 9, 120)):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    return [[int(t) for t in rng.integers(3, VOCAB, size=n)] for n in lengths]
+
+
+TOL = 1e-4
+worst = {}
+
+
+def check(name, ref, path, lora=None, extra=(), lengths=(1, 9, 120)):
+    for p in prompts(name, lengths):
+        wv = reflib.compare(f"{name} [len {len(p)}]", ref, path, p, 12, TOL, lora_dir=lora, extra=extra)
+        worst[name] = max(worst.get(name, 0), wv)
+
+
+def refused(path, *words):
+    p = subprocess.run([reflib.CARASERVE, "generate", "--model", path, "--prompt-ids", "1,2,3", "--max-tokens", "1"],
+                       capture_output=True, text=True)
+    if p.returncode == 0:
+        reflib.fail(f"{path}: accepted, expected a refusal mentioning {words}")
+    for wd in words:
+        if wd not in p.stderr:
+            reflib.fail(f"{path}: refusal does not mention {wd!r}:\n{p.stderr}")
+    print(f"ok  refused: {p.stderr.strip().splitlines()[-1][:160]}")
+
+
+def main():
+    if not os.path.exists(HARNESS):
+        reflib.fail(f"{HARNESS} is not built")
+    tmp = reflib.tmpdir("cs_gguf_")
+
+    # the 32-element types, each on every matrix, on a small Llama with GQA (Q/K permuted)
+    _, llama = make_model("llama", heads=4, kv_heads=2, hidden=64, inter=96)
+    refs = {}
+    for qt in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1):
+        path = os.path.join(tmp, f"llama-{qt.name}.gguf")
+        refs[qt] = write_gguf(llama, "llama", lambda g, qt=qt: qt, path)
+        check(f"llama {qt.name}", refs[qt], path)
+
+    # a Q4_K_M-like mix on rows of 256: Q4_K, Q6_K on attn_v / ffn_down / output, Q5_K, F16
+    _, big = make_model("llama", heads=4, kv_heads=2, hidden=256, inter=512)
+
+    def mix(g):
+        if g == "output.weight" or ".attn_v." in g or ".ffn_down." in g:
+            return QT.Q6_K
+        if ".ffn_up." in g:
+            return QT.Q5_K
+        if g == "token_embd.weight":
+            return QT.Q8_0
+        return QT.Q4_K
+    path_mix = os.path.join(tmp, "llama-mix.gguf")
+    ref_mix = write_gguf(big, "llama", mix, path_mix)
+    check("llama K-mix", ref_mix, path_mix)
+    # the same on the reference kernels (the fast ones against these: tests/test_cpu_kernels.c)
+    check("llama K-mix --reference-kernels", ref_mix, path_mix, extra=("--reference-kernels",), lengths=(9,))
+
+    # Qwen2 (q/k/v biases, not permuted), Qwen3 (q/k norms, head_dim 64 over hidden 128), tied
+    _, qwen2 = make_model("qwen2", heads=4, kv_heads=2, hidden=128, inter=160, tied=True)
+    path = os.path.join(tmp, "qwen2.gguf")
+    check("qwen2 Q8_0 tied", write_gguf(qwen2, "qwen2", lambda g: QT.Q8_0, path), path)
+    _, qwen3 = make_model("qwen3", heads=4, kv_heads=2, hidden=128, head_dim=64, inter=160)
+    path = os.path.join(tmp, "qwen3.gguf")
+    check("qwen3 Q5_0/F16", write_gguf(qwen3, "qwen3", lambda g: QT.F16 if "ffn" in g else QT.Q5_0, path), path)
+
+    # LoRA on the quantized base: peft's adapter on the dequantized weights
+    deq_dir = reflib.tmpdir("cs_gguf_deq_")
+    ref_mix.save_pretrained(deq_dir, safe_serialization=True)
+    lora_dir, peft_ref = make_adapter(deq_dir, ref_mix, r=16, alpha=32, targets=ALL_PROJ, seed=5)
+    check("llama K-mix + LoRA r16", peft_ref, path_mix, lora=lora_dir)
+
+    # the permutation matters: a llama file written without it must disagree with the model
+    # (rows are quantized one by one, so the same values as the Q8_0 file's, moved)
+    path = os.path.join(tmp, "llama-noperm.gguf")
+    write_gguf(llama, "llama", lambda g: QT.Q8_0, path, permute_qk=False)
+    rows, _ = reflib.run_engine(path, prompts("noperm")[2], 0)
+    lp = reflib.log_softmax64(rows)
+    lr = reflib.log_softmax64(reflib.hf_logits(refs[QT.Q8_0], prompts("noperm")[2]))
+    diff = float(np.abs(lp - lr).max())
+    if not diff > 1e-2:
+        reflib.fail(f"un-permuted Q/K rows gave the same logprobs ({diff:.2e}): the permutation is not exercised")
+    print(f"ok  a llama GGUF without the Q/K permutation differs by {diff:.2e} (the permutation is exercised)")
+
+    # refusals
+    def iq4(g, b, qt):  # one matrix in a type nothing computes with (same bytes per block as Q4_0)
+        return (b, QT.IQ4_NL) if g == "blk.0.ffn_up.weight" else (b, qt)
+    path = os.path.join(tmp, "iq4.gguf")
+    write_gguf(llama, "llama", lambda g: QT.Q4_0, path, tensor_hook=iq4)
+    refused(path, "blk.0.ffn_up.weight", "IQ4_NL", "not supported")
+
+    path = os.path.join(tmp, "phi.gguf")
+    w = gguf.GGUFWriter(path, "phi3")
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    refused(path, "phi3", "not supported")
+
+    path = os.path.join(tmp, "trunc.gguf")
+    with open(path_mix, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) - 1000])
+    refused(path, "trunc.gguf")
+
+    # a file whose metadata says 3 layers over tensors for 2
+    path = os.path.join(tmp, "two.gguf")
+    write_gguf(llama, "llama", lambda g: QT.Q8_0, path)
+    path3 = os.path.join(tmp, "lying.gguf")
+    r = gguf.GGUFReader(path)
+    wr = gguf.GGUFWriter(path3, "llama")
+    for field in r.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        val = field.contents()
+        if field.name == "llama.block_count":
+            val = 3
+        vt = field.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            wr.add_key_value(field.name, val, vt, sub_type=field.types[-1])
+        else:
+            wr.add_key_value(field.name, val, vt)
+    for t in r.tensors:
+        wr.add_tensor(t.name, np.array(t.data), raw_shape=np.array(t.data).shape, raw_dtype=t.tensor_type)
+    wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()
+    refused(path3, "blk.2.")
+
+    print("worst |dlogprob| per case:", {k: f"{v:.2e}" for k, v in worst.items()})
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
