@@ -352,10 +352,7 @@ static int batch_load_model(batch_t *b) {
         fprintf(stderr, "caraserve: %s: %s\n", o->model, cs_error_last());
         return -1;
     }
-    char *tj = cs_path_join(o->model, "tokenizer.json");
-    bool have_tok = tj && cs_file_exists(tj);
-    free(tj);
-    if (have_tok && tokenizer_load(o->model, &b->tok)) { fprintf(stderr, "caraserve: %s: %s\n", o->model, cs_error_last()); return -1; }
+    if (setup_tokenizer(o->model, &b->tok)) { fprintf(stderr, "caraserve: %s: %s\n", o->model, cs_error_last()); return -1; }
     bool assist_failed;
     b->assist = setup_assist(b->be, o->cold_start, o->assist_threads, &assist_failed);
     if (assist_failed) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); return -1; }

@@ -110,14 +110,11 @@ static int gen_load(gen_t *g) {
         return -1;
     }
     g->cfg = model_get_config(g->model);
-    char *tj = cs_path_join(o->model, "tokenizer.json");
-    bool have_tok = tj && cs_file_exists(tj);
-    free(tj);
-    if (have_tok && tokenizer_load(o->model, &g->tok)) {
+    if (setup_tokenizer(o->model, &g->tok)) {
         fprintf(stderr, "caraserve: %s: %s\n", o->model, cs_error_last());
         return -1;
     }
-    if (o->prompt && !g->tok) { fprintf(stderr, "caraserve: %s has no tokenizer.json; use --prompt-ids\n", o->model); return -1; }
+    if (o->prompt && !g->tok) { fprintf(stderr, "caraserve: %s has no tokenizer; use --prompt-ids\n", o->model); return -1; }
     if (o->lora_dir && lora_adapter_load_as(o->lora_dir, g->cfg, o->lora_bf16, &g->lora)) {
         fprintf(stderr, "caraserve: adapter %s: %s\n", o->lora_dir, cs_error_last());
         return -1;

@@ -73,7 +73,18 @@ static char *special_token(json_t *cfg, const char *key) {
     return json_is_string(v) ? strdup(json_string_value(v)) : NULL;
 }
 
-static char *template_source(const char *model_dir, const char *override, json_t **tcfg) {
+static char *template_source(const char *model_dir, const tokenizer_t *tok, const char *override, json_t **tcfg) {
+    if (model_path_is_gguf(model_dir)) { /* the file's tokenizer.chat_template, and its bos and eos */
+        *tcfg = json_object();
+        const char *b = tok ? tokenizer_id_to_token(tok, tokenizer_bos_id(tok)) : NULL;
+        const int32_t *eos;
+        const char *e = tok && tokenizer_eos_ids(tok, &eos) > 0 ? tokenizer_id_to_token(tok, eos[0]) : NULL;
+        if (b) json_object_set_new(*tcfg, "bos_token", json_string(b));
+        if (e) json_object_set_new(*tcfg, "eos_token", json_string(e));
+        if (override) return cs_read_file(override, NULL);
+        const char *ct = tok ? tokenizer_chat_template(tok) : NULL;
+        return ct ? strdup(ct) : NULL;
+    }
     char *path = cs_path_join(model_dir, "tokenizer_config.json");
     json_error_t je;
     /* model_max_length may be 1e30: read integers as reals */
@@ -298,12 +309,9 @@ static int serve_load_model(server_t *s) {
     s->assist = setup_assist(s->be, s->cfg.cold_start, s->cfg.assist_threads, &assist_failed);
     if (assist_failed) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); return -1; }
     model_set_assist(s->model, s->assist);
-    char *tj = cs_path_join(s->cfg.model, "tokenizer.json");
-    bool have_tok = tj && cs_file_exists(tj);
-    free(tj);
-    if (have_tok && tokenizer_load(s->cfg.model, &s->tok)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); return -1; }
+    if (setup_tokenizer(s->cfg.model, &s->tok)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); return -1; }
     json_t *tcfg = NULL;
-    char *tsrc = template_source(s->cfg.model, s->cfg.chat_template, &tcfg);
+    char *tsrc = template_source(s->cfg.model, s->tok, s->cfg.chat_template, &tcfg);
     int rc = 0;
     if (s->cfg.chat_template && !tsrc) {
         fprintf(stderr, "caraserve serve: --chat-template %s: %s\n", s->cfg.chat_template, cs_error_last());

@@ -1,5 +1,8 @@
 /* setup.c: see setup.h. */
 #include "server/setup.h"
+#include "base/gguf.h"
+#include "engine/model.h"
+#include "text/tokenizer.h"
 #include "engine/engine.h"
 #include "base/rng.h"
 #include "engine/sampling.h"
@@ -227,4 +230,19 @@ int setup_profile_cost_model(engine_t *e, cost_model_t *cost, const char *const 
     engine_get_stats(e, &st1);
     if (cost_model_fit(cost)) return cs_error_set(CS_EAGAIN, "--profile-cost-model: %s", cs_error_last());
     return (int)(st1.steps - st0.steps);
+}
+
+int setup_tokenizer(const char *model, tokenizer_t **out) {
+    *out = NULL;
+    if (model_path_is_gguf(model)) {
+        gguf_t *g;
+        if (gguf_open(model, ST_MMAP, &g)) return -1;
+        int rc = gguf_find_key(g, "tokenizer.ggml.model") < 0 ? 0 : tokenizer_load_gguf(g, out) ? -1 : 0;
+        gguf_free(g);
+        return rc;
+    }
+    char *tj = cs_path_join(model, "tokenizer.json");
+    bool have = tj && cs_file_exists(tj);
+    free(tj);
+    return have && tokenizer_load(model, out) ? -1 : 0;
 }

@@ -53,6 +53,12 @@ int setup_parse_cold_start(const char *s);
 int setup_parse_lora_dtype(const char *s);
 int setup_parse_kv_dtype(const char *s);
 cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16, cs_dtype weights);
+
+/* The model's tokenizer: a GGUF file's own (its tokenizer.ggml.* metadata), or a directory's
+ * tokenizer.json (with tokenizer_config.json). 0 with *out NULL where the model has none
+ * (prompts then come as token ids); -1 with cs_error set when it has one that fails to load. */
+struct tokenizer;
+int setup_tokenizer(const char *model, struct tokenizer **out);
 /* The host LoRA workers of the cold start (lora/assist.h) for backend BE under MODE: NULL
  * with no error where they have nothing to do (a backend that cannot stream adapter slots
  * or assist, or MODE wait); THREADS 0: a quarter of the CPUs (1 .. 8). Pinned to cores on

@@ -12,7 +12,13 @@ leave sampling fields out get those, as vLLM's --generation-config auto does. As
 How many of the ten default answers name Paris is printed, not asserted: this Q4_1 checkpoint
 puts "The" and "L" nearly level as the answer's first token (logprobs -1.883 and -1.965,
 exact against transformers), so at temperature 0.2 about 6 in 10 start "The capital of France
-is Paris". Skipped (77) without the demo model (CS_DEMO_MODEL)."""
+is Paris". Skipped (77) without the demo model (CS_DEMO_MODEL).
+
+The quickstart serves the demo's GGUF file as it comes (CS_DEMO_GGUF): its Q4_1 weights,
+tokenizer and chat template read from the file. Served with the directory's generation config,
+it must give the same ten answers and the same greedy one as the directory (F32 weights
+dequantized from that file): the same tokens in, the same values computed in F32 (in another
+summation order, far below what moves a sample)."""
 import json
 import os
 import sys
@@ -72,4 +78,21 @@ finally:
 if plain == first:
     reflib.fail("--generation-config vllm gave the same answers as the model's defaults")
 print(f"--generation-config vllm: {sum('Paris' in a for a in plain)} of 10 name Paris")
+
+gguf = os.environ.get("CS_DEMO_GGUF", "")
+if gguf and os.path.isfile(gguf):
+    srv = Server(["--model", gguf, "--served-model-name", "demo", "--kv-cache-bytes", "256M",
+                  "--generation-config", demo])
+    try:
+        g_first = answers(srv)
+        g_greedy = answers(srv, {"temperature": 0})
+    finally:
+        srv.stop()
+    if g_greedy != greedy:
+        reflib.fail(f"the GGUF's greedy answer differs from the directory's:\n{g_greedy[0]!r}\n{greedy[0]!r}")
+    if g_first != first:
+        reflib.fail(f"the GGUF's default answers differ from the directory's:\n{g_first}\n{first}")
+    print(f"the demo GGUF ({os.path.basename(gguf)}) served as it comes gives the same 10 answers and greedy answer")
+else:
+    print("note: CS_DEMO_GGUF not set: the demo GGUF file is not served")
 print("PASS")

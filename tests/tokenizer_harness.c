@@ -1,11 +1,14 @@
 /* tokenizer_harness.c: drives engine/tokenizer.c from JSON lines so that
  * tests/test_ref_tokenizer.py can compare it with the Python `tokenizers` library.
+ * DIR may also be a FILE.gguf: the tokenizer built from its metadata (test_gguf_tokenizer.py).
  *   tokenizer_harness DIR            {"text": s, "add_special": b} -> ids, decodes, streams
  *                                    ("stream": false leaves the streams out)
  *   tokenizer_harness DIR --decode   {"ids": [...]}                -> decodes, streams
  *   tokenizer_harness DIR --info     one line: vocab size, bos/eos ids, chat template
  *   tokenizer_harness DIR --bench N  stdin is one text, encoded N times; prints tokens/s */
 #include "text/tokenizer.h"
+
+#include "base/gguf.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -163,12 +166,23 @@ static int bench(const tokenizer_t *t, int reps) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s DIR [--decode | --info | --bench N] < in.jsonl\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR|FILE.gguf [--decode | --info | --bench N] < in.jsonl\n", argv[0]);
         return 2;
     }
     const char *mode = argc > 2 ? argv[2] : "";
     tokenizer_t *t;
-    int rc = tokenizer_load(argv[1], &t);
+    size_t n = strlen(argv[1]);
+    int rc;
+    if (n > 5 && strcmp(argv[1] + n - 5, ".gguf") == 0) {
+        gguf_t *g;
+        rc = gguf_open(argv[1], ST_MMAP, &g);
+        if (rc == CS_OK) {
+            rc = tokenizer_load_gguf(g, &t);
+            gguf_free(g); /* the tokenizer keeps copies of what it needs */
+        }
+    } else {
+        rc = tokenizer_load(argv[1], &t);
+    }
     if (rc < 0) {
         fprintf(stderr, "tokenizer_load(%s): %s: %s\n", argv[1], cs_strerror(rc), cs_error_last());
         return 1;

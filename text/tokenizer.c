@@ -2578,22 +2578,15 @@ static int add_eos(tokenizer_t *t, int32_t id) {
     return CS_OK;
 }
 
-static int load_config(tokenizer_t *t, const char *path) {
-    json_error_t jerr;
-    /* model_max_length is often 1e30 written as an integer: read numbers as reals */
-    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &jerr);
-    if (!cfg)
-        return cs_error_set(CS_EFORMAT, "%s:%d: bad JSON: %s", path, jerr.line, jerr.text);
+/* tokenizer_config.json's tree (label names it in messages): bos/eos, add_*_token, chat_template */
+static int load_config_tree(tokenizer_t *t, const char *label, json_t *cfg) {
+    if (!json_is_object(cfg)) return cs_error_set(CS_EFORMAT, "%s: not a JSON object", label);
     int rc = CS_OK;
-    if (!json_is_object(cfg)) {
-        rc = cs_error_set(CS_EFORMAT, "%s: not a JSON object", path);
-        goto out;
-    }
     const char *bos = config_token(cfg, "bos_token"), *eos = config_token(cfg, "eos_token");
     if (bos) t->bos_id = tokenizer_token_to_id(t, bos);
     if (eos) {
         int32_t id = tokenizer_token_to_id(t, eos);
-        if (id >= 0 && (rc = add_eos(t, id)) < 0) goto out;
+        if (id >= 0 && (rc = add_eos(t, id)) < 0) return rc;
     }
     t->add_bos = j_bool(cfg, "add_bos_token", false);
     t->add_eos = j_bool(cfg, "add_eos_token", false);
@@ -2609,16 +2602,22 @@ static int load_config(tokenizer_t *t, const char *path) {
         }
     }
     if (tmpl && !(t->chat_template = strdup(tmpl))) rc = tok_oom();
-out:
+    return rc;
+}
+
+static int load_config(tokenizer_t *t, const char *path) {
+    json_error_t jerr;
+    /* model_max_length is often 1e30 written as an integer: read numbers as reals */
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &jerr);
+    if (!cfg)
+        return cs_error_set(CS_EFORMAT, "%s:%d: bad JSON: %s", path, jerr.line, jerr.text);
+    int rc = load_config_tree(t, path, cfg);
     json_decref(cfg);
     return rc;
 }
 
 /* generation_config.json's eos_token_id (int or list): the ids that end generation. */
-static int load_generation_config(tokenizer_t *t, const char *path) {
-    json_error_t jerr;
-    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &jerr);
-    if (!cfg) return cs_error_set(CS_EFORMAT, "%s:%d: bad JSON: %s", path, jerr.line, jerr.text);
+static int load_generation_tree(tokenizer_t *t, json_t *cfg) {
     json_t *e = json_object_get(cfg, "eos_token_id");
     int rc = CS_OK;
     size_t n = json_is_array(e) ? json_array_size(e) : 1;
@@ -2627,45 +2626,45 @@ static int load_generation_config(tokenizer_t *t, const char *path) {
         if (json_is_number(v) && json_number_value(v) >= 0 && json_number_value(v) < INT32_MAX)
             rc = add_eos(t, (int32_t)json_number_value(v));
     }
+    return rc;
+}
+
+static int load_generation_config(tokenizer_t *t, const char *path) {
+    json_error_t jerr;
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &jerr);
+    if (!cfg) return cs_error_set(CS_EFORMAT, "%s:%d: bad JSON: %s", path, jerr.line, jerr.text);
+    int rc = load_generation_tree(t, cfg);
     json_decref(cfg);
     return rc;
 }
 
-int tokenizer_load_files(const char *json_path, const char *config_path, tokenizer_t **out) {
-    if (!json_path || !out) return cs_error_set(CS_EINVAL, "tokenizer_load_files: bad arguments");
-    *out = NULL;
+/* From the tokenizer.json tree root (label names it in messages); with own_root, root is
+ * released here, as soon as it has been read (a large vocabulary's tree is most of the memory). */
+static int load_tree(const char *label, json_t *root, bool own_root, tokenizer_t **out) {
     pthread_once(&g_bytes_once, bytes_table_init);
-    json_error_t jerr;
-    json_t *root = json_load_file(json_path, JSON_ALLOW_NUL, &jerr);
-    if (!root) {
-        if (!cs_file_exists(json_path))
-            return cs_error_set(CS_ENOTFOUND, "%s: no such file", json_path);
-        return cs_error_set(CS_EFORMAT, "%s:%d:%d: bad JSON: %s", json_path, jerr.line, jerr.column,
-                            jerr.text);
-    }
     tokenizer_t *t = calloc(1, sizeof *t);
     int rc = CS_OK;
     if (!t) {
-        json_decref(root);
+        if (own_root) json_decref(root);
         return tok_oom();
     }
     pthread_mutex_init(&t->cache_mu, NULL);
     t->unk_id = -1;
     t->bos_id = -1;
     if (!json_is_object(root)) {
-        rc = cs_error_set(CS_EFORMAT, "%s: not a JSON object", json_path);
+        rc = cs_error_set(CS_EFORMAT, "%s: not a JSON object", label);
         goto err;
     }
     const char *ver = j_str(root, "version");
     if (ver && strcmp(ver, "1.0") != 0) {
-        rc = cs_error_set(CS_EUNSUPPORTED, "%s: unknown tokenizer version '%s'", json_path, ver);
+        rc = cs_error_set(CS_EUNSUPPORTED, "%s: unknown tokenizer version '%s'", label, ver);
         goto err;
     }
     json_t *o;
     if ((o = json_object_get(root, "truncation")) && !json_is_null(o))
-        cs_log("tokenizer: %s: ignoring \"truncation\" (the server checks lengths itself)", json_path);
+        cs_log("tokenizer: %s: ignoring \"truncation\" (the server checks lengths itself)", label);
     if ((o = json_object_get(root, "padding")) && !json_is_null(o))
-        cs_log("tokenizer: %s: ignoring \"padding\"", json_path);
+        cs_log("tokenizer: %s: ignoring \"padding\"", label);
     if ((o = json_object_get(root, "normalizer")) && !json_is_null(o) && (rc = parse_normalizer(o, &t->norm)) < 0)
         goto err;
     if ((o = json_object_get(root, "pre_tokenizer")) && !json_is_null(o) && (rc = parse_pretok(o, &t->pre)) < 0)
@@ -2678,14 +2677,45 @@ int tokenizer_load_files(const char *json_path, const char *config_path, tokeniz
     if ((rc = load_model(t, json_object_get(root, "model"))) < 0) goto err;
     if ((rc = load_added(t, json_object_get(root, "added_tokens"))) < 0) goto err;
     if ((rc = build_id_tables(t)) < 0 || (rc = check_post_ids(t, t->post)) < 0) goto err;
-    json_decref(root);
-    root = NULL;
-    if (config_path && (rc = load_config(t, config_path)) < 0) goto err;
+    if (own_root) json_decref(root);
     *out = t;
     return CS_OK;
 err:
-    if (root) json_decref(root);
+    if (own_root) json_decref(root);
     tokenizer_free(t);
+    return rc;
+}
+
+int tokenizer_load_json(const char *label, json_t *root, json_t *config, json_t *generation,
+                        tokenizer_t **out) {
+    if (!label || !root || !out) return cs_error_set(CS_EINVAL, "tokenizer_load_json: bad arguments");
+    *out = NULL;
+    int rc = load_tree(label, root, false, out);
+    if (rc == CS_OK && config) rc = load_config_tree(*out, label, config);
+    if (rc == CS_OK && generation) rc = load_generation_tree(*out, generation);
+    if (rc < 0 && *out) {
+        tokenizer_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int tokenizer_load_files(const char *json_path, const char *config_path, tokenizer_t **out) {
+    if (!json_path || !out) return cs_error_set(CS_EINVAL, "tokenizer_load_files: bad arguments");
+    *out = NULL;
+    json_error_t jerr;
+    json_t *root = json_load_file(json_path, JSON_ALLOW_NUL, &jerr);
+    if (!root) {
+        if (!cs_file_exists(json_path))
+            return cs_error_set(CS_ENOTFOUND, "%s: no such file", json_path);
+        return cs_error_set(CS_EFORMAT, "%s:%d:%d: bad JSON: %s", json_path, jerr.line, jerr.column,
+                            jerr.text);
+    }
+    int rc = load_tree(json_path, root, true, out);
+    if (rc == CS_OK && config_path && (rc = load_config(*out, config_path)) < 0) {
+        tokenizer_free(*out);
+        *out = NULL;
+    }
     return rc;
 }
 

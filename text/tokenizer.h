@@ -15,6 +15,18 @@ typedef struct tokenizer tokenizer_t;
 int tokenizer_load(const char *dir, tokenizer_t **out);
 /* config_path may be NULL */
 int tokenizer_load_files(const char *json_path, const char *config_path, tokenizer_t **out);
+/* From a GGUF file's tokenizer.* metadata (llama.cpp's keys), built as the Hugging Face
+ * tokenizer.json a converter would write for it: "gpt2" (byte-level BPE; tokenizer.ggml.pre
+ * llama-bpe/llama3, qwen2, smollm-like, gpt-2) and "llama" (SentencePiece BPE, its merges made
+ * from the scores). Other models or pre-tokenizers are refused with a message naming them. */
+struct gguf;
+int tokenizer_load_gguf(const struct gguf *g, tokenizer_t **out);
+/* Within text/ (tokenizer_gguf.c): from the trees of tokenizer.json, tokenizer_config.json and
+ * generation_config.json already in memory (the last two may be NULL); label names the source
+ * in messages. The trees stay the caller's. */
+struct json_t;
+int tokenizer_load_json(const char *label, struct json_t *root, struct json_t *config,
+                        struct json_t *generation, tokenizer_t **out);
 void tokenizer_free(tokenizer_t *t);
 
 /* Encode UTF-8 text. add_special applies the post-processor (e.g. prepends <s> or
