@@ -57,6 +57,10 @@ typedef struct cpu_ctx {
     cs_rows_fn split;     /* BF16 dot tiles on x packed even/odd (cs_gemm_split_avx512/avx2), */
     void (*split_pack)(float *xs, const float *x, int n, int K, int i0, int i1); /* and its packing */
     bool prec_bf16;       /* --precision bf16: x rounded to BF16 before matmuls against BF16 weights */
+    bool prec_int8;       /* --precision int8: x quantized to 8 bits per 32 against quantized weights */
+    int8_t *xq;           /* ... x quantized (n · cols), its scales and sums (n · cols / 32 each) */
+    float *xq_d, *xq_s;
+    size_t xq_len;        /* bytes of xq; xq_d and xq_s hold xq_len / 32 floats */
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
     bool compress;        /* --compress-weights: the batch-1 GEMV reads BF16 weights coded in 12 bits */
@@ -394,6 +398,55 @@ struct qmm_job {
     int rows_per_task;
 };
 
+/* --precision int8: rows of x in groups of up to CS_QGEMV_MAX_N against the task's weight rows,
+ * which stay in cache from the first group on */
+static void qmm_int8_task(void *p, int task, int thread) {
+    struct qmm_job *j = p;
+    const cs_weight_t *w = j->w;
+    cpu_ctx_t *c = j->c;
+    (void)thread;
+    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows), g = w->cols / 32;
+    int nd = w->cols / cs_quant_act_block(w->dtype);
+    for (int i0 = 0; i0 < j->n; i0 += CS_QGEMV_MAX_N) {
+        int m = CS_MIN(CS_QGEMV_MAX_N, j->n - i0);
+        const int8_t *q = c->xq + (size_t)i0 * w->cols;
+        const float *d = c->xq_d + (size_t)i0 * nd, *sm = c->xq_s + (size_t)i0 * g;
+        if (c->avx2) cs_qgemv_int8_avx2(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
+        else cs_qgemv_int8_ref(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
+    }
+}
+
+static void cpu_matmul_int8(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
+    size_t need = (size_t)n * w->cols;
+    if (c->xq_len < need) {
+        free(c->xq); free(c->xq_d); free(c->xq_s);
+        c->xq = cs_aligned_alloc(64, need);
+        c->xq_d = malloc(sizeof(float) * (need / 32));
+        c->xq_s = malloc(sizeof(float) * (need / 32));
+        CS_ASSERT(c->xq && c->xq_d && c->xq_s);
+        c->xq_len = need;
+    }
+    int blk = cs_quant_act_block(w->dtype);
+    if (c->avx2 && !c->reference) cs_quantize_act_avx2(c->xq, c->xq_d, c->xq_s, x, (int64_t)need, blk);
+    else cs_quantize_act_ref(c->xq, c->xq_d, c->xq_s, x, (int64_t)need, blk);
+    if (c->reference) { /* the definition: the exact matmul on x̂ */
+        float *xh = malloc(sizeof(float) * need);
+        CS_ASSERT(xh);
+        for (size_t i = 0; i < need; i++) xh[i] = c->xq_d[i / (size_t)blk] * (float)c->xq[i];
+        cs_matmul_ref(y, xh, n, w, bias);
+        free(xh);
+        return;
+    }
+    struct qmm_job j = {c, y, x, n, w, 0};
+    int tasks = c->n_threads * 8;
+    j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
+    if (n > CS_QGEMV_MAX_N) j.rows_per_task = CS_MIN(j.rows_per_task, 16); /* cached across the groups of x */
+    threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, qmm_int8_task, &j);
+    if (bias)
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < w->rows; r++) y[(size_t)i * w->rows + r] += bias[r];
+}
+
 static void qmm_gemv_task(void *p, int task, int thread) {
     struct qmm_job *j = p;
     const cs_weight_t *w = j->w;
@@ -434,6 +487,7 @@ static void qmm_pack_x_task(void *p, int task, int thread) {
 
 static void cpu_matmul_quant(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     CS_ASSERT(w->cols % cs_dtype_block(w->dtype) == 0);
+    if (c->prec_int8) { cpu_matmul_int8(c, y, x, n, w, bias); return; }
     if (c->prec_bf16) x = round_input(c, x, (size_t)n * w->cols);
     if (c->reference) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct qmm_job j = {c, y, x, n, w, 0};
@@ -1395,6 +1449,9 @@ static void cpu_free(cpu_raw_t *b) {
         free(c->lora_wide);
         free(c->xpack);
         free(c->xround);
+        free(c->xq);
+        free(c->xq_d);
+        free(c->xq_s);
         free(c);
     }
     free(b);
@@ -1435,6 +1492,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->amx = c->avx512 && !(p && p->no_amx) && cs_cpu_has_amx_bf16();
     c->dpbf16 = c->avx512 && !(p && p->no_dpbf16) && cs_cpu_has_avx512_bf16();
     c->prec_bf16 = p && p->precision_bf16;
+    c->prec_int8 = p && p->precision_int8 && !c->prec_bf16;
     c->packed = (c->avx512 || c->avx2) && !(p && p->no_packed);
     const char *base = c->reference ? "reference"
                        : c->invariant ? (c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas")
@@ -1454,7 +1512,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->code_pass_max = c->avx512 && !c->prec_bf16 ? CPU_CODE_ONLY_PASS_MAX_N : CPU_CODE_ONLY_PASS_MAX_N / 2;
     c->wcode_max_n = c->avx512 ? 3 : CS_WCODE_MAX_N;
     snprintf(c->path, sizeof c->path, "%s%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
-             c->prec_bf16 ? "+bf16" : "", s4 ? "+gemv4" : "", c->code_only ? "+wc12only" : c->compress ? "+wc12" : "");
+             c->prec_bf16 ? "+bf16" : c->prec_int8 ? "+int8" : "", s4 ? "+gemv4" : "", c->code_only ? "+wc12only" : c->compress ? "+wc12" : "");
     if (c->avx512) {
         c->gemv = s4 ? cs_gemv_rows_avx512_s4 : cs_gemv_rows_avx512;
         c->tile = cs_gemm_invariant_avx512;

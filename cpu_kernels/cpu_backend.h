@@ -34,6 +34,12 @@ typedef struct cpu_backend_params {
      * GEMMs; on AMX and AVX512-BF16 CPUs that is one BF16 term where the exact default needs
      * three. Everything else (norms, attention, LoRA, F32/F16 weights) stays F32. */
     bool precision_bf16;
+    /* --precision int8: every matmul against block-quantized weights (base/quant.h) takes x
+     * quantized per 32 elements to 8 bits (cs_quantize_act_ref: scale max|x| / 127, rounded to
+     * nearest) and multiplies the integers exactly, the sums and scales in F32, as llama.cpp runs
+     * a quantized model (about 4x fewer instructions per weight than F32 FMAs); other weights
+     * keep the exact F32 products. */
+    bool precision_int8;
     /* --compress-weights: each BF16 matmul weight is also held coded in 12 bits, losslessly
      * (wcode.h), and the batch-1 GEMV reads that: 0.75x the bytes per decode step, 0.75x the
      * weights' size more memory. Where the GEMV runs (AVX-512 or AVX2; not --reference-kernels
@@ -52,8 +58,8 @@ backend_t *cpu_backend_new(const cpu_backend_params_t *p);
 /* the kernel path the CPU backend chose at start-up: "amx" (AMX BF16 GEMMs, AVX-512 for the
  * rest), "avx512", "avx512bf16" (--precision bf16 on vdpbf16ps), "avx2" (AVX2+FMA GEMV, dot
  * tiles, softmax and paged attention, OpenBLAS sgemm for prefill), "openblas" (plain loops
- * beside OpenBLAS), "reference", each with "+invariant" in batch-invariant mode and "+bf16"
- * with --precision bf16, "+gemv4" where the decode GEMV reads 4 row streams (AMD CPUs) and
+ * beside OpenBLAS), "reference", each with "+invariant" in batch-invariant mode, "+bf16"
+ * with --precision bf16 and "+int8" with --precision int8, "+gemv4" where the decode GEMV reads 4 row streams (AMD CPUs) and
  * "+wc12" where it reads weights coded in 12 bits (--compress-weights);
  * "?" for another backend */
 const char *cpu_backend_path(const backend_t *b);

@@ -156,5 +156,17 @@ void cs_qgemv_rows_ref(float *y, int ldy, const float *x, int n, const cs_weight
  * the rounding of s·q + o, fused here) */
 void cs_qdequant_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
 void cs_qdequant_rows_ref(float *dst, const cs_weight_t *w, int r0, int r1);
+/* --precision int8: n elements of x (a multiple of block) quantized per block (32, or 256 against
+ * the K types: cs_quant_act_block): d[b] = max|x| / 127 over the block, q = x · 127 / max|x|
+ * rounded to nearest (ties to even), sum[g] = Σ q over each 32; x̂ = d[b] · q */
+static inline int cs_quant_act_block(cs_dtype w) { return cs_dtype_block(w) == 256 ? 256 : 32; }
+void cs_quantize_act_ref(int8_t *q, float *d, float *sum, const float *x, int64_t n, int block);
+void cs_quantize_act_avx2(int8_t *q, float *d, float *sum, const float *x, int64_t n, int block);
+/* cs_qgemv_rows_*'s contract on x quantized so for w (rows of x cols apart in q, cols / block
+ * apart in d, cols / 32 in sum): y = x̂ · wᵀ with integer products, F32 sums */
+void cs_qgemv_int8_avx2(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,
+                        const cs_weight_t *w, int r0, int r1);
+void cs_qgemv_int8_ref(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,
+                       const cs_weight_t *w, int r0, int r1);
 
 #endif

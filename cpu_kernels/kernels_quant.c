@@ -10,6 +10,7 @@
  * Every block type is decoded 32 elements at a time into 32 signed bytes q, a scale for
  * each half (two where Q6_K's 16-element sub-blocks differ) and an offset o: w = s·q + o. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -323,6 +324,248 @@ void cs_qgemv_rows_ref(float *y, int ldy, const float *x, int n, const cs_weight
             const float *xi = x + (size_t)i * w->cols;
             float s = 0;
             for (int c = 0; c < w->cols; c++) s += xi[c] * row[c];
+            y[(size_t)i * ldy + r] = s;
+        }
+    }
+    free(row);
+}
+
+/* ---- --precision int8: 8-bit activations, integer products ----
+ * x is quantized per 32 elements (cs_quantize_act_ref); a chunk's dot is then Σ q_w q_x in
+ * integers (vpmaddubsw pairs, vpmaddwd to 32 bits: exact, |q_w| <= 128 and |q_x| <= 127 keep
+ * every pair sum below 2^15), scaled by s · d_x in F32, the offset o · d_x · Σ q_x beside. That
+ * is, exactly up to F32 rounding, the exact matmul on x̂ = d_x q_x (what the tests hold it to). */
+
+void cs_quantize_act_ref(int8_t *q, float *d, float *sum, const float *x, int64_t n, int block) {
+    for (int64_t b = 0; b < n / block; b++) {
+        const float *xb = x + (int64_t)block * b;
+        float amax = 0;
+        for (int j = 0; j < block; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float id = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int g = 0; g < block / 32; g++) {
+            int s = 0;
+            for (int j = 32 * g; j < 32 * g + 32; j++) {
+                int v = (int)nearbyintf(xb[j] * id); /* nearest, ties to even: the SIMD conversion's rounding */
+                v = v > 127 ? 127 : v < -127 ? -127 : v;
+                q[(int64_t)block * b + j] = (int8_t)v;
+                s += v;
+            }
+            sum[b * (block / 32) + g] = (float)s;
+        }
+        d[b] = amax / 127.0f;
+    }
+}
+
+/* 32 elements of x times id, rounded to the nearest (even) int8, and their sum */
+AVX2 INLINE void act_group(int8_t *q, float *sum, const float *xg, float id) {
+    __m256 v[4];
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xg + 8 * k);
+    __m256 idv = _mm256_set1_ps(id);
+    __m256i i32[4];
+    for (int k = 0; k < 4; k++) i32[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv)); /* nearest even */
+    /* pack 32 int32 to 32 int8 in element order (the packs interleave the 128-bit lanes) */
+    __m256i a = _mm256_packs_epi32(i32[0], i32[1]), b = _mm256_packs_epi32(i32[2], i32[3]);
+    __m256i p = _mm256_packs_epi16(a, b);
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    p = _mm256_max_epi8(p, _mm256_set1_epi8(-127));
+    _mm256_storeu_si256((__m256i *)q, p);
+    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
+    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    *sum = (float)_mm_cvtsi128_si32(t);
+}
+
+AVX2 void cs_quantize_act_avx2(int8_t *q, float *d, float *sum, const float *x, int64_t n, int block) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / block; b++) {
+        const float *xb = x + (int64_t)block * b;
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < block; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h), id = amax > 0 ? 127.0f / amax : 0.0f;
+        d[b] = amax / 127.0f;
+        for (int g = 0; g < block / 32; g++)
+            act_group(q + (int64_t)block * b + 32 * g, sum + b * (block / 32) + g, xb + 32 * g, id);
+    }
+}
+
+/* the weights' q (signed, or unsigned 0..31 where the type has an offset) against x's q: 8
+ * int32 lanes, lanes 0-3 from elements 0-15, 4-7 from 16-31 */
+AVX2 INLINE __m256i idot32(__m256i qw, __m256i qx, bool unsig) {
+    __m256i p = unsig ? _mm256_maddubs_epi16(qw, qx)
+                      : _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+#define QPREFETCH 1536 /* bytes ahead of the block being read that the int8 GEMVs prefetch */
+
+AVX2 INLINE void qgemv_int8_t(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int n,
+                              const cs_weight_t *w, int r0, int r1, cs_dtype dt) {
+    const int nb = w->cols / cs_dtype_block(dt), nc = blk_chunks(dt), groups = w->cols / 32;
+    const size_t bsz = cs_dtype_size(dt), rb = (size_t)nb * bsz;
+    const bool unsig = has_offset(dt);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        __m256 acc[CS_QGEMV_MAX_N];
+        float off[CS_QGEMV_MAX_N];
+        for (int i = 0; i < n; i++) { acc[i] = _mm256_setzero_ps(); off[i] = 0; }
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * bsz;
+            if ((b & 1) == 0) _mm_prefetch((const char *)blk + QPREFETCH, _MM_HINT_T0);
+            blk_state_t st;
+            blk_setup(dt, blk, &st);
+#pragma GCC unroll 8
+            for (int c = 0; c < nc; c++) {
+                chunk_t k = blk_chunk(dt, blk, c, &st);
+                const size_t g = (size_t)b * nc + (size_t)c;
+                __m256 s = _mm256_setr_m128(_mm_set1_ps(k.s0), _mm_set1_ps(k.s1));
+                for (int i = 0; i < n; i++) {
+                    const size_t gi = (size_t)i * groups + g;
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(qx + 32 * gi));
+                    __m256 f = _mm256_cvtepi32_ps(idot32(k.q, q, unsig));
+                    acc[i] = _mm256_fmadd_ps(f, _mm256_mul_ps(s, _mm256_set1_ps(dx[gi])), acc[i]);
+                    if (unsig) off[i] += k.o * dx[gi] * sx[gi];
+                }
+            }
+        }
+        for (int i = 0; i < n; i++) y[(size_t)i * ldy + r] = hsum8(acc[i]) + off[i];
+    }
+}
+
+/* The K types against x quantized per 256 (one scale a super-block, as llama.cpp's Q8_K): a
+ * super-block's sub-block dots are summed in integers with their integer scales (vpmaddwd),
+ * then scaled once by d_w · d_x in F32; Q4_K/Q5_K's minima come off as
+ * dmin · d_x · Σ_j m_j Σ q_x over sub-block j. Every integer sum stays below 2^24. */
+AVX2 INLINE void qgemv_int8_k_t(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int n,
+                                const cs_weight_t *w, int r0, int r1, cs_dtype dt) {
+    const int nb = w->cols / CS_QK_K, groups = w->cols / 32;
+    const size_t bsz = cs_dtype_size(dt), rb = (size_t)nb * bsz;
+    const bool q6 = dt == CS_DTYPE_Q6_K;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        __m256 acc[CS_QGEMV_MAX_N], offv[CS_QGEMV_MAX_N];
+        for (int i = 0; i < n; i++) acc[i] = offv[i] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * bsz;
+            for (size_t o = 0; o < bsz; o += 64) _mm_prefetch((const char *)blk + QPREFETCH + o, _MM_HINT_T0);
+            int16_t sc[16]; /* Q6_K: its 16 scales */
+            __m256i sc16 = _mm256_setzero_si256(); /* Q4_K/Q5_K: the 8 scales as int16, in both halves */
+            uint64_t mn = 0;
+            float d, dmin = 0;
+            if (q6) {
+                const cs_block_q6_K *k = (const void *)blk;
+                for (int j = 0; j < 16; j++) sc[j] = k->scales[j];
+                d = h2f(k->d);
+            } else {
+                /* cs_q4k_scale_min for all j at once, on 32-bit words of the 12 scale bytes */
+                const cs_block_q4_K *k = (const void *)blk;
+                uint32_t a, bw, cw;
+                memcpy(&a, k->scales, 4);
+                memcpy(&bw, k->scales + 4, 4);
+                memcpy(&cw, k->scales + 8, 4);
+                uint32_t s_lo = a & 0x3f3f3f3fu, m_lo = bw & 0x3f3f3f3fu;
+                uint32_t s_hi = (cw & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+                uint32_t m_hi = ((cw >> 4) & 0x0f0f0f0fu) | (((bw >> 6) & 0x03030303u) << 4);
+                __m128i s8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)s_hi, (int)s_lo));
+                sc16 = _mm256_set_m128i(s8, s8);
+                mn = (uint64_t)m_hi << 32 | m_lo;
+                d = h2f(k->d);
+                dmin = h2f(k->dmin);
+            }
+            __m256i sumi[CS_QGEMV_MAX_N];
+            for (int i = 0; i < n; i++) sumi[i] = _mm256_setzero_si256();
+            blk_state_t st; /* the chunks' float scales go unused here */
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                chunk_t k = blk_chunk(dt, blk, c, &st);
+                /* sub-block c's scale in every int16 lane (Q6_K: its two 16-element halves') */
+                __m256i scv = q6 ? _mm256_setr_m128i(_mm_set1_epi16(sc[2 * c]), _mm_set1_epi16(sc[2 * c + 1]))
+                                 : _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * c)));
+                __m256i qa = q6 ? _mm256_sign_epi8(k.q, k.q) : k.q;
+                for (int i = 0; i < n; i++) {
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(qx + (size_t)i * w->cols + (size_t)CS_QK_K * b + 32 * c));
+                    __m256i p = _mm256_maddubs_epi16(qa, q6 ? _mm256_sign_epi8(q, k.q) : q);
+                    sumi[i] = _mm256_add_epi32(sumi[i], _mm256_madd_epi16(p, scv));
+                }
+            }
+            /* the minima in lanes (a scalar sum here is a chain of dependent adds) */
+            __m256 mv = q6 ? _mm256_setzero_ps() : _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+            for (int i = 0; i < n; i++) {
+                float dd = dx[(size_t)i * nb + b];
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * dd), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
+                if (!q6)
+                    offv[i] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dd),
+                                              _mm256_mul_ps(mv, _mm256_loadu_ps(sx + (size_t)i * groups + 8 * (size_t)b)), offv[i]);
+            }
+        }
+        for (int i = 0; i < n; i++) y[(size_t)i * ldy + r] = hsum8(_mm256_sub_ps(acc[i], offv[i]));
+    }
+}
+
+#define PER_TYPE_I8(T)                                                                                                 \
+    AVX2 static void qgemv_i8_##T(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,       \
+                                  const cs_weight_t *w, int r0, int r1) {                                              \
+        if (cs_dtype_block(CS_DTYPE_##T) == CS_QK_K) {                                                                 \
+            switch (n) {                                                                                               \
+            case 1: qgemv_int8_k_t(y, ldy, qx, dx, sx, 1, w, r0, r1, CS_DTYPE_##T); break;                            \
+            case 2: qgemv_int8_k_t(y, ldy, qx, dx, sx, 2, w, r0, r1, CS_DTYPE_##T); break;                            \
+            case 3: qgemv_int8_k_t(y, ldy, qx, dx, sx, 3, w, r0, r1, CS_DTYPE_##T); break;                            \
+            default: qgemv_int8_k_t(y, ldy, qx, dx, sx, 4, w, r0, r1, CS_DTYPE_##T); break;                           \
+            }                                                                                                          \
+            return;                                                                                                    \
+        }                                                                                                              \
+        switch (n) {                                                                                                   \
+        case 1: qgemv_int8_t(y, ldy, qx, dx, sx, 1, w, r0, r1, CS_DTYPE_##T); break;                                  \
+        case 2: qgemv_int8_t(y, ldy, qx, dx, sx, 2, w, r0, r1, CS_DTYPE_##T); break;                                  \
+        case 3: qgemv_int8_t(y, ldy, qx, dx, sx, 3, w, r0, r1, CS_DTYPE_##T); break;                                  \
+        default: qgemv_int8_t(y, ldy, qx, dx, sx, 4, w, r0, r1, CS_DTYPE_##T); break;                                 \
+        }                                                                                                              \
+    }
+PER_TYPE_I8(Q4_0)
+PER_TYPE_I8(Q4_1)
+PER_TYPE_I8(Q5_0)
+PER_TYPE_I8(Q5_1)
+PER_TYPE_I8(Q8_0)
+PER_TYPE_I8(Q4_K)
+PER_TYPE_I8(Q5_K)
+PER_TYPE_I8(Q6_K)
+#undef PER_TYPE_I8
+
+void cs_qgemv_int8_avx2(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,
+                        const cs_weight_t *w, int r0, int r1) {
+    CS_ASSERT(n >= 1 && n <= CS_QGEMV_MAX_N);
+    switch (w->dtype) {
+    case CS_DTYPE_Q4_0: qgemv_i8_Q4_0(y, ldy, qx, dx, sx, n, w, r0, r1); break;
+    case CS_DTYPE_Q4_1: qgemv_i8_Q4_1(y, ldy, qx, dx, sx, n, w, r0, r1); break;
+    case CS_DTYPE_Q5_0: qgemv_i8_Q5_0(y, ldy, qx, dx, sx, n, w, r0, r1); break;
+    case CS_DTYPE_Q5_1: qgemv_i8_Q5_1(y, ldy, qx, dx, sx, n, w, r0, r1); break;
+    case CS_DTYPE_Q8_0: qgemv_i8_Q8_0(y, ldy, qx, dx, sx, n, w, r0, r1); break;
+    case CS_DTYPE_Q4_K: qgemv_i8_Q4_K(y, ldy, qx, dx, sx, n, w, r0, r1); break;
+    case CS_DTYPE_Q5_K: qgemv_i8_Q5_K(y, ldy, qx, dx, sx, n, w, r0, r1); break;
+    case CS_DTYPE_Q6_K: qgemv_i8_Q6_K(y, ldy, qx, dx, sx, n, w, r0, r1); break;
+    default: CS_ASSERT(!"quantized dtype");
+    }
+}
+
+/* the plain loop: x̂ = d_x q_x, then each row dequantized and summed in F32 in column order */
+void cs_qgemv_int8_ref(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,
+                       const cs_weight_t *w, int r0, int r1) {
+    (void)sx;
+    size_t rb = cs_dtype_row_bytes(w->dtype, w->cols);
+    float *row = malloc(sizeof(float) * (size_t)w->cols);
+    CS_ASSERT(row);
+    for (int r = r0; r < r1; r++) {
+        cs_dequant_row_ref(row, (const char *)w->data + (size_t)r * rb, w->dtype, w->cols);
+        for (int i = 0; i < n; i++) {
+            float s = 0;
+            for (int c = 0; c < w->cols; c++) {
+                size_t at = (size_t)i * w->cols + (size_t)c;
+                s += dx[at / (size_t)cs_quant_act_block(w->dtype)] * (float)qx[at] * row[c];
+            }
             y[(size_t)i * ldy + r] = s;
         }
     }

@@ -342,7 +342,7 @@ static int batch_load_model(batch_t *b) {
     }
     b->be = setup_backend(&(setup_backend_opts_t){.device = o->device, .threads = o->threads,
                                                   .reference = o->reference_kernels,
-                                                  .batch_invariant = o->batch_invariant, .precision_bf16 = o->precision_bf16,
+                                                  .batch_invariant = o->batch_invariant, .precision_bf16 = o->precision == 1, .precision_int8 = o->precision == 2,
                                                   .compress_weights = o->compress_weights,
                                                   .compress_weights_only = o->compress_weights_only,
                                                   .gpu_memory_fraction = o->gpu_memory_fraction,
@@ -407,7 +407,7 @@ static int batch_make_engine(batch_t *b) {
                           .sched = b->sched, .max_num_seqs = o->max_num_seqs,
                           .max_num_batched_tokens = o->max_num_batched_tokens, .max_model_len = o->max_model_len,
                           .no_prefix_caching = o->no_prefix_caching, .cold_start = o->cold_start,
-                          .kv_cache_dtype = setup_kv_dtype(b->be, o->kv_cache_dtype, o->precision_bf16,
+                          .kv_cache_dtype = setup_kv_dtype(b->be, o->kv_cache_dtype, o->precision == 1,
                                                            model_weight_dtype(b->model))};
     if (!b->tok && eos) { ep.eos_ids = eos; ep.n_eos = cfg->n_eos; }
     engine_t *made = NULL;

@@ -100,7 +100,7 @@ static int gen_parse(gen_t *g, int argc, char **argv) {
 static int gen_load(gen_t *g) {
     const cs_options_t *o = &g->o;
     g->be = setup_backend(&(setup_backend_opts_t){.device = o->device, .threads = o->threads,
-                                                  .reference = o->reference_kernels, .precision_bf16 = o->precision_bf16,
+                                                  .reference = o->reference_kernels, .precision_bf16 = o->precision == 1, .precision_int8 = o->precision == 2,
                                                   .compress_weights = o->compress_weights,
                                                   .compress_weights_only = o->compress_weights_only});
     if (!g->be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); return -1; }
@@ -142,7 +142,7 @@ static int gen_setup(gen_t *g) {
     const cs_options_t *o = &g->o;
     int capacity = g->n_prompt + o->max_tokens;
     g->seq = model_seq_new(g->model, capacity,
-                           setup_kv_dtype(g->be, o->kv_cache_dtype, o->precision_bf16, model_weight_dtype(g->model)));
+                           setup_kv_dtype(g->be, o->kv_cache_dtype, o->precision == 1, model_weight_dtype(g->model)));
     g->logits = malloc(sizeof(float) * (size_t)g->n_prompt * g->cfg->vocab_size);
     int32_t *all = realloc(g->ids, sizeof(int32_t) * (size_t)(capacity + 1));
     if (all) g->ids = all;
@@ -229,7 +229,7 @@ static void gen_print_stats(gen_t *g) {
             "(%.2f tok/s) | %s | weights %s%s | KV %s | params %.1fM\n",
             g->t_load, g->n_prompt, g->t_prefill, g->n_prompt / (g->t_prefill / 1e3), n_gen > 1 ? n_gen - 1 : 0,
             g->t_decode, n_gen > 1 ? (n_gen - 1) / (g->t_decode / 1e3) : 0.0, bdesc, cs_dtype_name(wd), coded,
-            cs_dtype_name(setup_kv_dtype(g->be, g->o.kv_cache_dtype, g->o.precision_bf16, wd)),
+            cs_dtype_name(setup_kv_dtype(g->be, g->o.kv_cache_dtype, g->o.precision == 1, wd)),
             model_n_params(g->model) / 1e6);
 }
 

@@ -295,7 +295,7 @@ static int serve_load_model(server_t *s) {
     s->be = setup_backend(&(setup_backend_opts_t){.device = s->cfg.device, .threads = s->cfg.threads,
                                                   .reference = s->cfg.reference_kernels,
                                                   .batch_invariant = s->cfg.batch_invariant,
-                                                  .precision_bf16 = s->cfg.precision_bf16,
+                                                  .precision_bf16 = s->cfg.precision == 1, .precision_int8 = s->cfg.precision == 2,
                                                   .compress_weights = s->cfg.compress_weights,
                                                   .compress_weights_only = s->cfg.compress_weights_only,
                                                   .gpu_memory_fraction = s->cfg.gpu_memory_fraction,
@@ -397,7 +397,7 @@ static int serve_make_engine(server_t *s, cs_dtype *kv_dtype) {
                           .max_model_len = s->cfg.max_model_len, .no_prefix_caching = s->cfg.no_prefix_caching,
                           .cold_start = s->cfg.cold_start, .own_model = true, .model_dir = s->cfg.model,
                           .weight_version = s->cfg.weight_version,
-                          .kv_cache_dtype = setup_kv_dtype(s->be, s->cfg.kv_cache_dtype, s->cfg.precision_bf16,
+                          .kv_cache_dtype = setup_kv_dtype(s->be, s->cfg.kv_cache_dtype, s->cfg.precision == 1,
                                                           model_weight_dtype(s->model))};
     if (!s->tok && mc->n_eos) { ep.eos_ids = mc->eos_token_ids; ep.n_eos = mc->n_eos; }
     *kv_dtype = ep.kv_cache_dtype;

@@ -50,7 +50,7 @@ typedef struct opt {
 
 static bool set_precision(void *dst, const char *arg) {
     int p = setup_parse_precision(arg);
-    *(bool *)dst = p == 1;
+    *(int *)dst = p;
     return p >= 0;
 }
 
@@ -231,11 +231,12 @@ static const opt_t OPTS[] = {
     /* the backend */
     {"device", "auto|cpu|cuda", K_STRING, ALL, F(device),
      .help = "where the model runs (default auto: cuda where a CUDA build sees a GPU)"},
-    {"precision", "exact|bf16", K_SET, ALL, F(precision_bf16), .set = set_precision, .def = "exact",
-     .wants = "wants exact or bf16",
-     .help = "CPU matmuls against BF16 weights: exact F32 products of the activations (default), or activations "
-             "rounded to BF16 with F32 sums, as PyTorch and vLLM run BF16 models (faster prefill and batched "
-             "decode on AVX512-BF16 and AMX CPUs)"},
+    {"precision", "exact|bf16|int8", K_SET, ALL, F(precision), .set = set_precision, .def = "exact",
+     .wants = "wants exact, bf16 or int8",
+     .help = "CPU matmuls: exact F32 products of the activations (default); bf16: against BF16 weights the "
+             "activations rounded to BF16 with F32 sums, as PyTorch and vLLM run BF16 models (faster prefill and "
+             "batched decode on AVX512-BF16 and AMX CPUs); int8: against quantized (GGUF) weights the activations "
+             "quantized to 8 bits per 32 with integer products, as llama.cpp runs them (faster)"},
     {"batch-invariant", NULL, K_FLAG, BAT | SRV, F(batch_invariant),
      .help = "every sequence's logits independent of the batch and the prefix cache (bit-identical repeats; "
              "slower prefill)"},

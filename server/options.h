@@ -73,7 +73,7 @@ typedef struct cs_options {
     char *device;                   /* --device: auto (NULL), cpu or cuda */
     bool reference_kernels;
     bool batch_invariant;           /* --batch-invariant: the CPU backend's batch-invariant kernels */
-    bool precision_bf16;            /* --precision bf16 */
+    int precision;                  /* --precision: 0 exact, 1 bf16, 2 int8 (setup_parse_precision) */
     model_weights_mem weights_mem;  /* --mmap / --no-mmap (default MODEL_WEIGHTS_AUTO) */
     bool compress_weights;          /* --compress-weights */
     bool compress_weights_only;     /* --compress-weights-only */

@@ -84,6 +84,7 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         .no_split = env_on("CS_NO_SPLIT"),
         .gemv_streams = (int)env_num("CS_GEMV_STREAMS", 0),
         .precision_bf16 = o->precision_bf16,
+        .precision_int8 = o->precision_int8,
         .compress_weights = o->compress_weights,
         .compress_weights_only = o->compress_weights_only,
     };
@@ -132,6 +133,7 @@ size_t setup_kv_bytes(backend_t *be, size_t requested, bool explicit_size) {
 int setup_parse_precision(const char *s) {
     if (!strcmp(s, "exact")) return 0;
     if (!strcmp(s, "bf16")) return 1;
+    if (!strcmp(s, "int8")) return 2;
     return -1;
 }
 

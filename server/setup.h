@@ -20,6 +20,7 @@ typedef struct setup_backend_opts {
     bool reference;         /* --reference-kernels */
     bool batch_invariant;   /* --batch-invariant */
     bool precision_bf16;    /* --precision bf16 (CPU backend; cpu_backend_params_t.precision_bf16) */
+    bool precision_int8;    /* --precision int8 (CPU backend; cpu_backend_params_t.precision_int8) */
     bool compress_weights;  /* --compress-weights (CPU backend; cpu_backend_params_t.compress_weights) */
     bool compress_weights_only; /* --compress-weights-only (cpu_backend_params_t.compress_weights_only) */
 } setup_backend_opts_t;

@@ -1087,6 +1087,63 @@ START_TEST(test_quant_embed) {
 }
 END_TEST
 
+
+/* --precision int8: the activations' quantization (AVX2 = reference, bit for bit), and the
+ * matmul on quantized weights = the exact matmul on x̂ (the dequantized 8-bit activations) up to
+ * F32 rounding, on every path and thread count; a row's result does not depend on its batch */
+START_TEST(test_quant_int8) {
+    if (cs_cpu_has_avx2()) {
+        int n = 32 * 40;
+        float *x = test_randv(&rng, (size_t)n, 3.0f), d[40], d2[40], s[40], s2[40];
+        for (int i = 0; i < 32; i++) x[i] = 0;               /* a zero block */
+        for (int i = 32; i < 64; i++) x[i] = (float)(i - 48) * 0.5f; /* a block of halves, its max exact */
+        x[40] = 8.0f;
+        int8_t q[32 * 40], q2[32 * 40];
+        for (int blk = 32; blk <= 256; blk *= 8) {
+            memset(d, 0, sizeof d), memset(d2, 0, sizeof d2);
+            cs_quantize_act_ref(q, d, s, x, blk == 32 ? n : 32 * 32, blk);
+            cs_quantize_act_avx2(q2, d2, s2, x, blk == 32 ? n : 32 * 32, blk);
+            int nq = blk == 32 ? n : 32 * 32;
+            ck_assert(!memcmp(q, q2, (size_t)nq) && !memcmp(d, d2, sizeof d) && !memcmp(s, s2, sizeof(float) * nq / 32));
+        }
+        free(x);
+    }
+    static const int shapes[][3] = {{1, 64, 256}, {3, 37, 512}, {4, 130, 256}, {9, 40, 512}, {33, 70, 768}};
+    cpu_backend_params_t ps[] = {{.n_threads = 1, .precision_int8 = true}, {.n_threads = 3, .precision_int8 = true},
+                                 {.n_threads = 2, .precision_int8 = true, .no_avx2 = true, .no_avx512 = true},
+                                 {.n_threads = 2, .precision_int8 = true, .reference = true},
+                                 {.n_threads = 2, .precision_int8 = true, .batch_invariant = true}};
+    for (size_t k = 0; k < CS_ARRAY_LEN(ps); k++) {
+        cpu_raw_t *be = cpu_raw_new(&ps[k]);
+        for (size_t t = 0; t < CS_ARRAY_LEN(qtypes); t++)
+            for (size_t sh = 0; sh < CS_ARRAY_LEN(shapes); sh++) {
+                int n = shapes[sh][0], rows = shapes[sh][1], cols = shapes[sh][2];
+                void *mem;
+                cs_weight_t w = make_qweight(rows, cols, qtypes[t], 0.05f, &mem);
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *bias = test_randv(&rng, (size_t)rows, 0.1f);
+                float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+                float *xh = malloc(sizeof(float) * n * cols), *d = malloc(sizeof(float) * n * cols / 32);
+                float *sm = malloc(sizeof(float) * n * cols / 32);
+                int8_t *q = malloc((size_t)n * cols);
+                int blk = cs_quant_act_block(qtypes[t]);
+                cs_quantize_act_ref(q, d, sm, x, (int64_t)n * cols, blk);
+                for (int i = 0; i < n * cols; i++) xh[i] = d[i / blk] * (float)q[i];
+                cpu_raw_matmul(be, y, x, n, &w, bias);
+                cs_matmul_ref(yr, xh, n, &w, bias);
+                float e = test_max_rel_err(y, yr, (size_t)n * rows);
+                ck_assert_msg(e < 1e-5f, "int8 params %zu %s n=%d %dx%d: rel err %g", k, cs_dtype_name(qtypes[t]), n, rows,
+                              cols, e);
+                if (n > 1) { /* row 0 alone: the same bits */
+                    cpu_raw_matmul(be, yr, x, 1, &w, bias);
+                    ck_assert_msg(!memcmp(yr, y, sizeof(float) * rows), "int8 %s: row 0 differs alone", cs_dtype_name(qtypes[t]));
+                }
+                free(mem); free(x); free(bias); free(y); free(yr); free(xh); free(d); free(sm); free(q);
+            }
+        cpu_raw_free(be);
+    }
+}
+END_TEST
+
 int main(void) {
     cs_rng_seed(&rng, 1234);
     const TTest *const tests[] = {
@@ -1094,7 +1151,7 @@ int main(void) {
         test_matmul_precision_bf16, test_attention_vs_ref, test_attention_ref_definition, test_lora_vs_ref,
         test_norm_rope_silu, test_gemv_streams, test_wcode_roundtrip, test_wcode_gemv, test_wcode_code_only,
         test_split_tiles, test_avx2_kernels, test_half_conversions, test_threadpool_exactly_once,
-        test_quant_dequant, test_quant_matmul, test_quant_invariant_bf16, test_quant_embed
+        test_quant_dequant, test_quant_matmul, test_quant_invariant_bf16, test_quant_embed, test_quant_int8
     };
     return cs_check_main("cpu_kernels", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }
