@@ -78,7 +78,7 @@ static bool set_cold_start(void *dst, const char *arg) { return (*(int *)dst = s
 static const opt_t OPTS[] = {
     /* the model and its adapters */
     {"model", "DIR", K_STRING, ALL, F(model),
-     .help = "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"},
+     .help = "Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or a GGUF file"},
     {"lora", "DIR", K_STRING, GEN, F(lora_dir),
      .help = "PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)"},
     {"lora", "NAME=DIR", K_LIST, BAT, F(lora_modules), F(n_lora_modules),

@@ -157,6 +157,34 @@ def write_gguf(ref, kind, types, path, permute_qk=True, tensor_hook=None):
     return out
 
 
+def act_quantize(x, block):
+    """--precision int8's activations: per BLOCK elements of the last dim, scale max|x| / 127,
+    values x * 127 / max|x| rounded to nearest even (torch.round), in float32"""
+    shp = x.shape
+    xb = x.reshape(-1, shp[-1] // block, block)
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    idv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(xb * idv).clamp(-127, 127)
+    return (q * (amax / 127.0)).reshape(shp)
+
+
+def int8_reference(ref, types):
+    """REF with every quantized Linear's input replaced by its 8-bit quantization (per 256 before
+    a K type, per 32 before the others), as --precision int8 computes; F32/F16 weights exact"""
+    def hook(block):
+        return lambda mod, args: (act_quantize(args[0], block),)
+    for name, mod in ref.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        hf = name.replace("base_model.model.", "").replace(".base_layer", "") + ".weight"
+        g = gguf_name(hf if hf.startswith(("model.", "lm_head")) else "model." + hf)
+        qt = types(g)
+        if qt in (QT.F32, QT.F16):
+            continue
+        mod.register_forward_pre_hook(hook(256 if qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 32))
+    return ref
+
+
 def prompts(name, lengths=(1, 9, 120)):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     return [[int(t) for t in rng.integers(3, VOCAB, size=n)] for n in lengths]
@@ -212,6 +240,28 @@ def main():
     check("llama K-mix", ref_mix, path_mix)
     # the same on the reference kernels (the fast ones against these: tests/test_cpu_kernels.c)
     check("llama K-mix --reference-kernels", ref_mix, path_mix, extra=("--reference-kernels",), lengths=(9,))
+
+    # --precision int8: the activations of every quantized matmul rounded to 8 bits, against
+    # transformers with the same rounding hooked in front of those Linears. The rounding is a
+    # step function: where the two sides compute an activation an F32 ulp apart across a
+    # rounding boundary, one value moves by a whole step (max|x| / 127), and in this random
+    # model that moves the later logprobs by 5e-2 to 1e-1 (torch against itself with its
+    # embeddings scaled by 1 + 1e-6 noise does the same from the 12th position of a 120-token
+    # prompt). So the sequences here are short (up to 21 positions), where no value lands that
+    # close to a boundary, and the F32 tolerance holds: every position within 1e-4.
+    for name, r, types, path in (("llama K-mix", ref_mix, mix, path_mix),
+                                 ("llama Q4_1", refs[QT.Q4_1], lambda g: QT.Q4_1, os.path.join(tmp, "llama-Q4_1.gguf"))):
+        r8 = int8_reference(r, types)
+        check(f"{name} --precision int8", r8, path, extra=("--precision", "int8"), lengths=(1, 9))
+        # and the rounding matters: the exact engine is far from that reference
+        p = prompts(name)[1]
+        rows, _ = reflib.run_engine(path, p, 0)
+        d = float(np.abs(reflib.log_softmax64(rows) - reflib.log_softmax64(reflib.hf_logits(r8, p))).max())
+        if not d > 1e-3:
+            reflib.fail(f"{name}: the exact engine is within {d:.2e} of the int8 reference: the check proves nothing")
+        print(f"ok  {name}: the exact engine is {d:.2e} from the int8 reference (the rounding is exercised)")
+        for mod in r.modules():  # the hooks off again
+            mod._forward_pre_hooks.clear()
 
     # Qwen2 (q/k/v biases, not permuted), Qwen3 (q/k norms, head_dim 64 over hidden 128), tied
     _, qwen2 = make_model("qwen2", heads=4, kv_heads=2, hidden=128, inter=160, tied=True)
