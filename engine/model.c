@@ -10,6 +10,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <pthread.h>
+
+#include "base/quant.h"
 
 #include <stdatomic.h>
 
@@ -67,6 +70,7 @@ struct model {
     model_cold_stats_t cold_st;
     uint64_t graph_kv;              /* kv_cache_id of the cache the recorded graphs write */
     bool probe;                     /* model_probe: tensors checked, nothing loaded */
+    bool quantized;                 /* some matrices quantized at load (--quantization) */
     uint64_t uid;                   /* its number: in its graphs' keys */
 };
 
@@ -216,10 +220,102 @@ static int get_tensor(model_t *m, const char *name, int rows, int cols, const st
     return CS_OK;
 }
 
+/* ---- --quantization ---- */
+static _Atomic int load_quant = CS_DTYPE_COUNT, load_quant_threads = 1;
+
+void model_set_load_quantization(cs_dtype t, int threads) {
+    atomic_store(&load_quant, cs_dtype_is_quant(t) ? (int)t : CS_DTYPE_COUNT);
+    atomic_store(&load_quant_threads, threads > 0 ? threads : 1);
+}
+
+cs_dtype model_load_quantization(void) { return (cs_dtype)atomic_load(&load_quant); }
+
+/* the type a matrix of COLS columns is quantized to under --quantization Q (CS_DTYPE_COUNT: kept) */
+static cs_dtype quant_target(cs_dtype q, int cols) {
+    if (cols % cs_dtype_block(q) == 0) return q;
+    cs_dtype f = q == CS_DTYPE_Q4_K ? CS_DTYPE_Q5_0 : q == CS_DTYPE_Q5_K ? CS_DTYPE_Q5_1 : q == CS_DTYPE_Q6_K ? CS_DTYPE_Q8_0 : q;
+    return cols % cs_dtype_block(f) == 0 ? f : CS_DTYPE_COUNT;
+}
+
+typedef struct quant_part {
+    const st_tensor_t *t;
+    cs_dtype to;
+    int cols, r0, r1;
+    uint8_t *dst;
+    int rc;
+} quant_part_t;
+
+static void *quant_rows(void *arg) {
+    quant_part_t *p = arg;
+    size_t es = cs_dtype_size(p->t->dtype), rb = cs_dtype_row_bytes(p->to, p->cols);
+    float *row = malloc(sizeof(float) * (size_t)p->cols);
+    void *src = malloc(es * (size_t)p->cols); /* the mapping may be misaligned for the dtype */
+    if (!row || !src) p->rc = CS_ENOMEM;
+    for (int r = p->r0; r < p->r1 && !p->rc; r++) {
+        memcpy(src, (const uint8_t *)p->t->data + (size_t)r * p->cols * es, es * (size_t)p->cols);
+        cs_to_f32(row, src, p->t->dtype, (size_t)p->cols);
+        p->rc = cs_quantize_row_ref(p->dst + (size_t)r * rb, row, p->to, p->cols);
+    }
+    free(row);
+    free(src);
+    return NULL;
+}
+
+/* *T quantized to TO in host memory the model owns (*t then describes that copy) */
+static int quantize_tensor(model_t *m, st_tensor_t *q, const st_tensor_t *t, int rows, int cols, cs_dtype to) {
+    size_t nbytes = (size_t)rows * cs_dtype_row_bytes(to, cols);
+    uint8_t *dst = cs_aligned_alloc(64, nbytes);
+    if (!dst) return cs_error_set(CS_ENOMEM, "tensor '%s': out of memory quantizing it", t->name);
+    int rc = own_host(m, dst);
+    if (rc) return rc;
+    enum { MAXT = 64 };
+    int n = CS_MAX(1, CS_MIN(CS_MIN(atomic_load(&load_quant_threads), MAXT), rows));
+    quant_part_t parts[MAXT];
+    pthread_t tid[MAXT];
+    bool started[MAXT] = {false};
+    for (int i = 0; i < n; i++) {
+        parts[i] = (quant_part_t){t, to, cols, (int)((int64_t)rows * i / n), (int)((int64_t)rows * (i + 1) / n), dst, 0};
+        started[i] = i > 0 && pthread_create(&tid[i], NULL, quant_rows, &parts[i]) == 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (!started[i]) quant_rows(&parts[i]);
+    for (int i = 1; i < n; i++)
+        if (started[i]) pthread_join(tid[i], NULL);
+    for (int i = 0; i < n; i++)
+        if (parts[i].rc) return cs_error_set(parts[i].rc, "tensor '%s': quantizing it to %s failed", t->name, cs_dtype_name(to));
+    *q = *t;
+    q->dtype = to;
+    q->data = dst;
+    q->nbytes = nbytes;
+    return CS_OK;
+}
+
+static int load_matrix_as(model_t *m, const char *name, int rows, int cols, backend_weight_t *w, bool quantizable);
+
 static int load_matrix(model_t *m, const char *name, int rows, int cols, backend_weight_t *w) {
+    return load_matrix_as(m, name, rows, cols, w, false);
+}
+
+/* a projection: quantized at load under --quantization */
+static int load_proj(model_t *m, const char *name, int rows, int cols, backend_weight_t *w) {
+    return load_matrix_as(m, name, rows, cols, w, true);
+}
+
+static int load_matrix_as(model_t *m, const char *name, int rows, int cols, backend_weight_t *w, bool quantizable) {
     const st_tensor_t *t;
     int rc = get_tensor(m, name, rows, cols, &t);
     if (rc || m->probe) return rc;
+    cs_dtype q = model_load_quantization();
+    st_tensor_t qt;
+    if (quantizable && cs_dtype_is_quant(q) && !cs_dtype_is_quant(t->dtype) && (q = quant_target(q, cols)) != CS_DTYPE_COUNT) {
+        if (!backend_caps(m->be)->quant_weights)
+            return cs_error_set(CS_EUNSUPPORTED, "--quantization %s: quantized weights are not supported on the %s backend",
+                                cs_dtype_name(model_load_quantization()), backend_name(m->be));
+        if ((rc = quantize_tensor(m, &qt, t, rows, cols, q))) return rc;
+        if (m->st) (void)safetensors_release(m->st, t->data, t->nbytes); /* the file's bytes: not read again */
+        t = &qt;
+        m->quantized = true;
+    }
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;
@@ -309,7 +405,7 @@ static bool tensor_expected(const model_t *m, const char *name) {
 }
 
 static int prepare_weight(model_t *m, const backend_weight_t *w) {
-    if (m->gg) return CS_OK; /* quantized or not, a GGUF model's weights stay as they are */
+    if (m->gg || cs_dtype_is_quant(w->dtype)) return CS_OK; /* a GGUF model's and quantized weights stay as they are */
     int rc = backend_weight_prepare(m->be, w);
     if (rc < 0) return rc;
     if (rc == BACKEND_WEIGHT_HOST_UNUSED && w->host)
@@ -476,13 +572,13 @@ static int load(const char *dir, backend_t *be, model_weights_mem how, bool prob
         layer_w_t *w = &m->layers[l];
         if ((rc = load_norm(m, L("input_layernorm.weight"), H, &w->attn_norm))) goto err;
         if ((rc = load_norm(m, L("post_attention_layernorm.weight"), H, &w->ffn_norm))) goto err;
-        if ((rc = load_matrix(m, L("self_attn.q_proj.weight"), qd, H, &w->wq))) goto err;
-        if ((rc = load_matrix(m, L("self_attn.k_proj.weight"), kvd, H, &w->wk))) goto err;
-        if ((rc = load_matrix(m, L("self_attn.v_proj.weight"), kvd, H, &w->wv))) goto err;
-        if ((rc = load_matrix(m, L("self_attn.o_proj.weight"), H, qd, &w->wo))) goto err;
-        if ((rc = load_matrix(m, L("mlp.gate_proj.weight"), I, H, &w->w_gate))) goto err;
-        if ((rc = load_matrix(m, L("mlp.up_proj.weight"), I, H, &w->w_up))) goto err;
-        if ((rc = load_matrix(m, L("mlp.down_proj.weight"), H, I, &w->w_down))) goto err;
+        if ((rc = load_proj(m, L("self_attn.q_proj.weight"), qd, H, &w->wq))) goto err;
+        if ((rc = load_proj(m, L("self_attn.k_proj.weight"), kvd, H, &w->wk))) goto err;
+        if ((rc = load_proj(m, L("self_attn.v_proj.weight"), kvd, H, &w->wv))) goto err;
+        if ((rc = load_proj(m, L("self_attn.o_proj.weight"), H, qd, &w->wo))) goto err;
+        if ((rc = load_proj(m, L("mlp.gate_proj.weight"), I, H, &w->w_gate))) goto err;
+        if ((rc = load_proj(m, L("mlp.up_proj.weight"), I, H, &w->w_up))) goto err;
+        if ((rc = load_proj(m, L("mlp.down_proj.weight"), H, I, &w->w_down))) goto err;
         if (c->attention_bias) {
             if ((rc = load_vector(m, L("self_attn.q_proj.bias"), qd, &w->bq))) goto err;
             if ((rc = load_vector(m, L("self_attn.k_proj.bias"), kvd, &w->bk))) goto err;

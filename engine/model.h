@@ -20,6 +20,15 @@ typedef struct model_seq model_seq_t;
 int model_load(const char *dir, backend_t *be, model_t **out);
 /* PATH names a GGUF file (ends in .gguf and is not a directory) */
 bool model_path_is_gguf(const char *path);
+/* --quantization: every model this process loads from here on has its F32/F16/BF16 projection
+ * matrices (q, k, v, o, gate, up, down; not the embedding or lm_head) quantized at load to T, one
+ * of base/quant.h's block types, on THREADS threads (0: 1), by cs_quantize_row_ref. A matrix
+ * whose rows are not whole blocks of T takes the 32-element type llama.cpp falls back to (Q4_K
+ * -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), or stays as it is where rows are not whole blocks of 32
+ * either. CS_DTYPE_COUNT (the default): none. A setting of the process, so that the base weights
+ * an RL trainer pushes later are quantized as the first ones were. */
+void model_set_load_quantization(cs_dtype t, int threads);
+cs_dtype model_load_quantization(void);
 /* Where the weights live on a backend that uses host memory in place (the CPU backend):
  * AUTO reads them into the process's memory in 2 MiB pages where the kernel offers
  * transparent huge pages, else maps them; MMAP maps them (the page cache, shared with other

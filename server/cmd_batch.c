@@ -348,6 +348,7 @@ static int batch_load_model(batch_t *b) {
                                                   .gpu_memory_fraction = o->gpu_memory_fraction,
                                                   .cuda_graphs = o->cuda_graphs});
     if (!b->be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); return -1; }
+    model_set_load_quantization((cs_dtype)o->quantization, backend_n_threads(b->be));
     if (model_load_how(o->model, b->be, o->weights_mem, &b->model)) {
         fprintf(stderr, "caraserve: %s: %s\n", o->model, cs_error_last());
         return -1;

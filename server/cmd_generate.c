@@ -105,6 +105,7 @@ static int gen_load(gen_t *g) {
                                                   .compress_weights_only = o->compress_weights_only});
     if (!g->be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); return -1; }
     double t0 = cs_time_ms();
+    model_set_load_quantization((cs_dtype)o->quantization, backend_n_threads(g->be));
     if (model_load_how(o->model, g->be, o->weights_mem, &g->model)) {
         fprintf(stderr, "caraserve: %s: %s\n", o->model, cs_error_last());
         return -1;

@@ -301,6 +301,7 @@ static int serve_load_model(server_t *s) {
                                                   .gpu_memory_fraction = s->cfg.gpu_memory_fraction,
                                                   .cuda_graphs = s->cfg.cuda_graphs});
     if (!s->be) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); return -1; }
+    model_set_load_quantization((cs_dtype)s->cfg.quantization, backend_n_threads(s->be));
     if (model_load_how(s->cfg.model, s->be, s->cfg.weights_mem, &s->model)) {
         fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last());
         return -1;

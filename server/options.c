@@ -54,6 +54,8 @@ static bool set_precision(void *dst, const char *arg) {
     return p >= 0;
 }
 
+static bool set_quantization(void *dst, const char *arg) { return (*(int *)dst = setup_parse_quantization(arg)) >= 0; }
+
 static bool set_kv_dtype(void *dst, const char *arg) { return (*(int *)dst = setup_parse_kv_dtype(arg)) != -2; }
 
 static bool set_lora_dtype(void *dst, const char *arg) {
@@ -237,6 +239,10 @@ static const opt_t OPTS[] = {
              "activations rounded to BF16 with F32 sums, as PyTorch and vLLM run BF16 models (faster prefill and "
              "batched decode on AVX512-BF16 and AMX CPUs); int8: against quantized (GGUF) weights the activations "
              "quantized to 8 bits per 32 with integer products, as llama.cpp runs them (faster)"},
+    {"quantization", "none|q8_0|q6_k|q5_k|q4_k|q5_1|q5_0|q4_1|q4_0", K_SET, ALL, F(quantization), .set = set_quantization,
+     .def = "none", .wants = "wants none, q8_0, q6_k, q5_k, q4_k, q5_1, q5_0, q4_1 or q4_0",
+     .help = "quantize the model's F32/F16/BF16 projection matrices at load into that GGUF block type (as vLLM's "
+             "--quantization names a method; the embedding and lm_head stay as they are)"},
     {"batch-invariant", NULL, K_FLAG, BAT | SRV, F(batch_invariant),
      .help = "every sequence's logits independent of the batch and the prefix cache (bit-identical repeats; "
              "slower prefill)"},

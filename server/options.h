@@ -74,6 +74,7 @@ typedef struct cs_options {
     bool reference_kernels;
     bool batch_invariant;           /* --batch-invariant: the CPU backend's batch-invariant kernels */
     int precision;                  /* --precision: 0 exact, 1 bf16, 2 int8 (setup_parse_precision) */
+    int quantization;               /* --quantization: a cs_dtype block type, CS_DTYPE_COUNT for none */
     model_weights_mem weights_mem;  /* --mmap / --no-mmap (default MODEL_WEIGHTS_AUTO) */
     bool compress_weights;          /* --compress-weights */
     bool compress_weights_only;     /* --compress-weights-only */

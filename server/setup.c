@@ -137,6 +137,16 @@ int setup_parse_precision(const char *s) {
     return -1;
 }
 
+int setup_parse_quantization(const char *s) {
+    if (!strcmp(s, "none")) return CS_DTYPE_COUNT;
+    static const char *const names[] = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"};
+    static const cs_dtype types[] = {CS_DTYPE_Q4_0, CS_DTYPE_Q4_1, CS_DTYPE_Q5_0, CS_DTYPE_Q5_1,
+                                     CS_DTYPE_Q8_0, CS_DTYPE_Q4_K, CS_DTYPE_Q5_K, CS_DTYPE_Q6_K};
+    for (size_t i = 0; i < CS_ARRAY_LEN(names); i++)
+        if (!strcasecmp(s, names[i])) return types[i];
+    return -1;
+}
+
 int setup_parse_lora_dtype(const char *s) {
     if (!strcmp(s, "auto")) return 0;
     if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) return 1;

@@ -52,6 +52,8 @@ int setup_parse_cold_start(const char *s);
  * streamed per token, as vLLM holds LoRA weights in a BF16 model's dtype); -1 for anything
  * else */
 int setup_parse_lora_dtype(const char *s);
+/* --quantization: none -> CS_DTYPE_COUNT, q8_0 ... q6_k -> their cs_dtype; -1 if unknown */
+int setup_parse_quantization(const char *s);
 int setup_parse_kv_dtype(const char *s);
 cs_dtype setup_kv_dtype(const backend_t *be, int choice, bool precision_bf16, cs_dtype weights);
 

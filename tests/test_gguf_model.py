@@ -271,6 +271,35 @@ def main():
     path = os.path.join(tmp, "qwen3.gguf")
     check("qwen3 Q5_0/F16", write_gguf(qwen3, "qwen3", lambda g: QT.F16 if "ffn" in g else QT.Q5_0, path), path)
 
+    # --quantization at load from a Hugging Face directory (BF16 weights): the projections
+    # quantized (Q8_0 by the same bytes as gguf.quants.quantize, the K types by our quantizer
+    # through the harness) and read back by gguf's dequantizer for the reference; the embedding,
+    # lm_head and norms as they are. A BF16 model of hidden 256 and intermediate 320: the down
+    # projection's rows of 320 are not whole Q4_K blocks and take Q5_0, as llama.cpp's do.
+    hf_dir, hf = make_model("llama", heads=4, kv_heads=2, hidden=256, inter=320, dtype="bfloat16")
+    for qname, qt in (("q8_0", QT.Q8_0), ("q4_k", QT.Q4_K), ("q6_k", QT.Q6_K)):
+        ref = type(hf)(hf.config).eval()
+        sd = {}
+        for k, v in hf.state_dict().items():
+            t = v.detach().float().numpy()
+            if any(p + ".weight" in k for p in ALL_PROJ):
+                q = qt if t.shape[1] % 256 == 0 or qt == QT.Q8_0 else {QT.Q4_K: QT.Q5_0, QT.Q6_K: QT.Q8_0}[qt]
+                t = dequantize(quantize(t, q), q).reshape(t.shape)
+            sd[k] = torch.from_numpy(np.ascontiguousarray(t))
+        ref.load_state_dict(sd, strict=True)
+        check(f"BF16 directory --quantization {qname}", ref, hf_dir, extra=("--quantization", qname), lengths=(1, 40))
+        p = prompts(qname)[2]
+        rows, _ = reflib.run_engine(hf_dir, p, 0)  # without the flag: the BF16 weights
+        d = float(np.abs(reflib.log_softmax64(rows) - reflib.log_softmax64(reflib.hf_logits(ref, p))).max())
+        if not d > 1e-4:
+            reflib.fail(f"--quantization {qname}: the unquantized engine is within {d:.2e} of the quantized reference")
+        print(f"ok  without --quantization {qname} the engine is {d:.2e} from that reference (the flag is exercised)")
+    p = subprocess.run([reflib.CARASERVE, "generate", "--model", hf_dir, "--prompt-ids", "1", "--quantization", "fp8"],
+                       capture_output=True, text=True)
+    if p.returncode != 2 or "--quantization wants none, q8_0" not in p.stderr:
+        reflib.fail(f"--quantization fp8: exit {p.returncode}, {p.stderr!r}")
+    print("ok  --quantization fp8: exit 2,", p.stderr.strip().splitlines()[0])
+
     # LoRA on the quantized base: peft's adapter on the dequantized weights
     deq_dir = reflib.tmpdir("cs_gguf_deq_")
     ref_mix.save_pretrained(deq_dir, safe_serialization=True)
