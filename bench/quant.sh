@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# bench/quant.sh: quantized GGUF models, caraserve beside llama.cpp on the same files in one run.
+# The ~200M Llama of bench/engine.sh (bench/common.sh), converted to an F16 GGUF by llama.cpp's
+# convert_hf_to_gguf.py and quantized by its llama-quantize to each of TYPES; for each file:
+#   - caraserve batch (--precision int8, and exact at batch 1): decode tokens/s at batch 1, 8,
+#     32, and at batch 8 with 8 distinct rank-16 adapters against the base; prefill of PROMPT;
+#   - llama-bench (pp PROMPT, tg GEN) and llama-batched-bench (decode at 1, 8, 32);
+#   - the read bandwidth of batch-1 decode: tok/s x the bytes of weights a token reads (every
+#     tensor of the file but the embedding's, from the file's own table), over bench/membw's;
+#   - perplexity against llama-perplexity's on the same files and text, on a model with real
+#     weights and a byte-level BPE tokenizer both sides tokenize alike (PPL_MODEL: the demo's
+#     SmolLM2-135M-Instruct directory, converted to F16 and quantized to TYPES as above; the
+#     benchmark model's random weights and its SentencePiece vocabulary without scores, which
+#     llama.cpp's converter writes as -1000 for every token, would compare tokenizers, not
+#     numerics): PPL_TEXT (the docs/ pages) cut into chunks of 512 as llama-perplexity scores
+#     them (BOS in place of the first token, the second half of each chunk scored).
+# Configurations alternate within each repetition; the ratios are per repetition (medians of
+# them). JSON in bench/results/quant-*.json with the CPU and the kernel paths. Quiet the machine.
+#
+#   LLAMA_CPP_DIR=/path/to/llama.cpp bench/quant.sh
+# Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (3), TYPES ("Q8_0 Q4_K_M Q6_K"),
+#      PPL_CHUNKS (4), PPL_TEXT (docs/*.md concatenated), PPL_MODEL (demo/smollm2-135m-instruct;
+#      none: no perplexity), CACHE, LLAMA_PY
+# LLAMA_CPP_DIR needs build/bin/llama-bench, llama-batched-bench, llama-quantize,
+# llama-perplexity, and convert_hf_to_gguf.py (with gguf-py/, or the gguf package installed).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+[ -n "${LLAMA_CPP_DIR:-}" ] || { echo "bench/quant.sh: set LLAMA_CPP_DIR to a llama.cpp build" >&2; exit 2; }
+GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-3} TYPES=${TYPES:-"Q8_0 Q4_K_M Q6_K"} PPL_CHUNKS=${PPL_CHUNKS:-4}
+. bench/common.sh # $model (BF16 directory), $gguf (its F16 GGUF)
+bin="$LLAMA_CPP_DIR/build/bin"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+bench_adapters # lora_args: --lora ad0..ad7
+
+files=()
+for t in $TYPES; do
+    f="$CACHE/llama-200m-$t.gguf"
+    [ -f "$f" ] || "$bin/llama-quantize" "$gguf" "$f" "$t" >/dev/null 2>&1 || { echo "llama-quantize $t failed" >&2; exit 1; }
+    files+=("$t:$f")
+done
+
+mkreq() { # B A -> requests: B sequences, 16-token prompts, GEN tokens each, adapters round-robin over A
+    $PY - "$1" "$2" "$GEN" > "$work/req-$1-$2.jsonl" <<'PYEOF'
+import json, random, sys
+b, a, gen = map(int, sys.argv[1:4])
+random.seed(b * 100 + a)
+for i in range(b):
+    r = {"prompt_ids": [random.randrange(3, 32000) for _ in range(16)], "max_tokens": gen, "ignore_eos": True,
+         "temperature": 0}
+    if a:
+        r["adapter"] = f"ad{i % a}"
+    print(json.dumps(r))
+PYEOF
+}
+configs="1:0 8:0 32:0 8:8"
+for c in $configs; do mkreq "${c%%:*}" "${c##*:}"; done
+$PY -c "import random; random.seed(1); print('{\"prompt_ids\": [' + ','.join(str(random.randrange(3, 32000)) for _ in range($PROMPT)) + '], \"max_tokens\": 1}')" > "$work/prefill.jsonl"
+
+results="$work/runs.jsonl"
+: > "$results"
+for r in $(seq "$REPS"); do
+    if [ -x "$BUILD/bench/membw" ]; then
+        bw=$("$BUILD/bench/membw" --threads "$THREADS" 2>/dev/null | tail -1 || true)
+        [ -n "$bw" ] && echo "{\"kind\": \"membw\", \"rep\": $r, \"out\": $bw}" >> "$results"
+    fi
+    for tf in "${files[@]}"; do
+        t=${tf%%:*} f=${tf#*:}
+        for c in $configs; do
+            b=${c%%:*} a=${c##*:}
+            for prec in int8 exact; do
+                [ "$prec" = exact ] && [ "$c" != "1:0" ] && continue
+                st=$(batch_stats "$BUILD/caraserve" --model "$f" "${lora_args[@]}" --requests "$work/req-$b-$a.jsonl" \
+                    --precision "$prec" --max-num-seqs 64 --kv-cache-bytes 2G)
+                echo "{\"kind\": \"decode\", \"type\": \"$t\", \"precision\": \"$prec\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
+                echo "rep $r $t $prec batch $b adapters $a: $(decode_tps "$st")" >&2
+            done
+        done
+        for prec in int8 exact; do
+            st=$(batch_stats "$BUILD/caraserve" --model "$f" --requests "$work/prefill.jsonl" --precision "$prec" \
+                --max-num-batched-tokens "$PROMPT")
+            echo "{\"kind\": \"prefill\", \"type\": \"$t\", \"precision\": \"$prec\", \"rep\": $r, \"stats\": $st}" >> "$results"
+        done
+        js=$("$bin/llama-bench" -m "$f" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null \
+            | $PY -c "import sys,json; print(json.dumps(json.load(sys.stdin)))")
+        echo "{\"kind\": \"llama-bench\", \"type\": \"$t\", \"rep\": $r, \"out\": $js}" >> "$results"
+        out=$("$bin/llama-batched-bench" -m "$f" -c 4096 -b 2048 -ub 512 -npp 16 -ntg "$GEN" -npl 1,8,32 -t "$THREADS" \
+            --output-format jsonl 2>/dev/null | grep '^{' | $PY -c "import sys,json; print(json.dumps([json.loads(l) for l in sys.stdin]))")
+        echo "{\"kind\": \"llama-batched-bench\", \"type\": \"$t\", \"rep\": $r, \"out\": $out}" >> "$results"
+    done
+done
+
+# perplexity on the same text, once per file of the real-weights model
+PPL_MODEL=${PPL_MODEL:-${CS_DEMO_MODEL:-demo/smollm2-135m-instruct}}
+pfiles=()
+if [ -f "$PPL_MODEL/config.json" ]; then
+    pf16="$CACHE/ppl-$(basename "$PPL_MODEL")-f16.gguf"
+    [ -f "$pf16" ] || PYTHONPATH="$LLAMA_CPP_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$LLAMA_PY" \
+        "$LLAMA_CPP_DIR/convert_hf_to_gguf.py" "$PPL_MODEL" --outtype f16 --outfile "$pf16" >&2
+    for t in $TYPES; do
+        f="$CACHE/ppl-$(basename "$PPL_MODEL")-$t.gguf"
+        [ -f "$f" ] || "$bin/llama-quantize" "$pf16" "$f" "$t" >/dev/null 2>&1 || { echo "llama-quantize $t failed" >&2; exit 1; }
+        pfiles+=("$t:$f")
+    done
+else
+    echo "bench/quant.sh: no $PPL_MODEL/config.json: perplexity left out" >&2
+fi
+text="$work/ppl.txt"
+# the first 48 KB (cut at a line end: one argument of `caraserve generate --prompt`; plenty of chunks)
+if [ -n "${PPL_TEXT:-}" ]; then cat "$PPL_TEXT"; else cat docs/*.md; fi | $PY -c "
+import sys
+t = sys.stdin.read()[:49152]
+sys.stdout.write(t[:t.rfind(chr(10)) + 1])" > "$text"
+for tf in ${pfiles[@]+"${pfiles[@]}"}; do
+    t=${tf%%:*} f=${tf#*:}
+    lp=$("$bin/llama-perplexity" -m "$f" -f "$text" -c 512 -b 512 --chunks "$PPL_CHUNKS" -t "$THREADS" 2>&1 \
+        | sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' | tail -1)
+    c8=$($PY bench/quant_ppl.py "$BUILD/caraserve" "$f" "$text" 512 "$PPL_CHUNKS" "$THREADS" int8)
+    cx=$($PY bench/quant_ppl.py "$BUILD/caraserve" "$f" "$text" 512 "$PPL_CHUNKS" "$THREADS" exact)
+    echo "{\"kind\": \"ppl\", \"type\": \"$t\", \"file\": \"$f\", \"llama_cpp\": ${lp:-null}, \"caraserve_int8\": $c8, \"caraserve_exact\": $cx}" >> "$results"
+    echo "$t perplexity: caraserve int8 $c8, exact $cx, llama.cpp ${lp:-?}" >&2
+done
+
+out="bench/results/quant-$(date -u +%Y%m%dT%H%M%SZ).json"
+$PY - "$results" "$out" "$THREADS" "$GEN" "$PROMPT" "${files[@]}" <<'PYEOF'
+import json, statistics, sys
+import gguf
+runs_path, out, threads, gen, prompt = sys.argv[1:6]
+files = dict(a.split(":", 1) for a in sys.argv[6:])
+runs = [json.loads(l) for l in open(runs_path)]
+med = statistics.median
+res = {"bench": "quant", "threads": int(threads), "gen": int(gen), "prompt": int(prompt), "types": {}}
+bw = [r["out"]["read_gb_s"] for r in runs if r["kind"] == "membw" and isinstance(r.get("out"), dict) and "read_gb_s" in r["out"]]
+res["membw_read_gb_s"] = med(bw) if bw else None
+reps = sorted({r["rep"] for r in runs if "rep" in r})
+for t, f in files.items():
+    g = gguf.GGUFReader(f)
+    tok_bytes = sum(int(x.n_bytes) for x in g.tensors if x.name != "token_embd.weight")
+    if not any(x.name == "output.weight" for x in g.tensors):  # tied: the embedding is the LM head
+        tok_bytes += sum(int(x.n_bytes) for x in g.tensors if x.name == "token_embd.weight")
+    d = {"file": f, "bytes_per_token": tok_bytes, "decode": {}, "prefill": {}, "llama_cpp": {}}
+    kernels = {}
+    per = {}
+    for r in runs:
+        if r.get("type") != t:
+            continue
+        if r["kind"] == "decode":
+            s = r["stats"]
+            kernels[r["precision"]] = s.get("backend", {}).get("kernels")
+            v = s["decode_only_tokens"] / s["decode_only_ms"] * 1e3
+            per.setdefault(r["rep"], {})[(r["precision"], r["batch"], r["adapters"])] = v
+        elif r["kind"] == "prefill":
+            s = r["stats"]
+            per.setdefault(r["rep"], {})[(r["precision"], "prefill")] = s["prefill_tokens"] / s["busy_ms"] * 1e3
+        elif r["kind"] == "llama-bench":
+            for row in r["out"]:
+                key = "pp" if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0 else "tg"
+                per.setdefault(r["rep"], {})[("llama", key)] = row["avg_ts"]
+        elif r["kind"] == "llama-batched-bench":
+            for row in r["out"]:
+                if "pl" in row:
+                    per.setdefault(r["rep"], {})[("llama", "b%d" % row["pl"])] = row["speed_tg"]
+    def series(key):
+        return [per[p][key] for p in reps if p in per and key in per[p]]
+    def ratio(a, b):
+        v = [per[p][a] / per[p][b] for p in reps if p in per and a in per[p] and b in per[p] and per[p][b] > 0]
+        return med(v) if v else None
+    for prec, b, a in sorted({k for p in per.values() for k in p if len(k) == 3}):
+        d["decode"][f"{prec}_b{b}_a{a}"] = {"tok_s": series((prec, b, a)), "median": med(series((prec, b, a)))}
+    for prec in ("int8", "exact"):
+        s = series((prec, "prefill"))
+        if s:
+            d["prefill"][prec] = {"tok_s": s, "median": med(s)}
+    for k in ("pp", "tg", "b1", "b8", "b32"):
+        s = series(("llama", k))
+        if s:
+            d["llama_cpp"][k] = {"tok_s": s, "median": med(s)}
+    d["kernels"] = kernels
+    d["ratios"] = {
+        "decode_b1_int8_vs_llama_tg": ratio(("int8", 1, 0), ("llama", "tg")),
+        "decode_b1_exact_vs_llama_tg": ratio(("exact", 1, 0), ("llama", "tg")),
+        "decode_b8_int8_vs_llama": ratio(("int8", 8, 0), ("llama", "b8")),
+        "decode_b32_int8_vs_llama": ratio(("int8", 32, 0), ("llama", "b32")),
+        "prefill_int8_vs_llama_pp": ratio(("int8", "prefill"), ("llama", "pp")),
+        "prefill_exact_vs_llama_pp": ratio(("exact", "prefill"), ("llama", "pp")),
+        "b8_8_adapters_vs_base": ratio(("int8", 8, 8), ("int8", 8, 0)),
+    }
+    if res["membw_read_gb_s"] and d["decode"].get("int8_b1_a0"):
+        d["decode_b1_int8_read_gb_s"] = d["decode"]["int8_b1_a0"]["median"] * tok_bytes / 1e9
+        d["decode_b1_int8_of_membw"] = d["decode_b1_int8_read_gb_s"] / res["membw_read_gb_s"]
+    ppl = [r for r in runs if r["kind"] == "ppl" and r["type"] == t]
+    if ppl:
+        q = ppl[0]
+        d["perplexity"] = {"file": q["file"], "caraserve_int8": q["caraserve_int8"], "caraserve_exact": q["caraserve_exact"],
+                           "llama_cpp": q["llama_cpp"]}
+        if q["llama_cpp"]:
+            d["perplexity"]["ratio_int8"] = q["caraserve_int8"] / q["llama_cpp"]
+            d["perplexity"]["ratio_exact"] = q["caraserve_exact"] / q["llama_cpp"]
+    res["types"][t] = d
+json.dump(res, open(out, "w"), indent=2)
+print(json.dumps({t: {**v["ratios"], "ppl": v.get("perplexity")} for t, v in res["types"].items()}, indent=1))
+print("wrote", out)
+PYEOF
+bench_stamp "$out"
