@@ -106,10 +106,11 @@ else
     echo "bench/quant.sh: no $PPL_MODEL/config.json: perplexity left out" >&2
 fi
 text="$work/ppl.txt"
-# the first 48 KB (cut at a line end: one argument of `caraserve generate --prompt`; plenty of chunks)
+# the first PPL_CHUNKS x 2.5 KB, about 1.6x the tokens the chunks score (cut at a line end): both
+# sides tokenize all of it, and caraserve's tokenization runs the prompt too
 if [ -n "${PPL_TEXT:-}" ]; then cat "$PPL_TEXT"; else cat docs/*.md; fi | $PY -c "
 import sys
-t = sys.stdin.read()[:49152]
+t = sys.stdin.read()[:2560 * $PPL_CHUNKS]
 sys.stdout.write(t[:t.rfind(chr(10)) + 1])" > "$text"
 for tf in ${pfiles[@]+"${pfiles[@]}"}; do
     t=${tf%%:*} f=${tf#*:}
@@ -130,7 +131,8 @@ files = dict(a.split(":", 1) for a in sys.argv[6:])
 runs = [json.loads(l) for l in open(runs_path)]
 med = statistics.median
 res = {"bench": "quant", "threads": int(threads), "gen": int(gen), "prompt": int(prompt), "types": {}}
-bw = [r["out"]["read_gb_s"] for r in runs if r["kind"] == "membw" and isinstance(r.get("out"), dict) and "read_gb_s" in r["out"]]
+bw = [r["out"]["read_gb_s_median"] for r in runs if r["kind"] == "membw" and isinstance(r.get("out"), dict)
+      and "read_gb_s_median" in r["out"]]
 res["membw_read_gb_s"] = med(bw) if bw else None
 reps = sorted({r["rep"] for r in runs if "rep" in r})
 for t, f in files.items():

@@ -29,6 +29,7 @@
 #define SLAB_BYTES (8u << 20) /* widened weight rows per GEMM task, per thread */
 #define PACKED_ROWS 32        /* weight rows per task of the packed GEMM (AVX-512, AVX2) */
 #define ATTN_QBLOCK 64        /* queries per attention GEMM task */
+#define CPU_QINT8_MAX_N 32    /* --precision int8: rows of x up to which activations are quantized */
 
 typedef void (*cs_rows_fn)(float *y, int ldy, const float *x, int n, const cs_weight_t *w, int r0, int r1);
 
@@ -487,7 +488,11 @@ static void qmm_pack_x_task(void *p, int task, int thread) {
 
 static void cpu_matmul_quant(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     CS_ASSERT(w->cols % cs_dtype_block(w->dtype) == 0);
-    if (c->prec_int8) { cpu_matmul_int8(c, y, x, n, w, bias); return; }
+    /* --precision int8 up to CPU_QINT8_MAX_N rows (decode); a prefill's many rows multiply the
+     * dequantized weights in F32 below, which the packed FMA GEMM does faster on AVX2 than the
+     * int8 GEMV in groups of 4 rows (bench/quant.sh: prefill 512 at 0.58-0.69x llama.cpp's
+     * int8, 0.88-1.09x dequantized, Zen 4 AVX2 path). Batch-invariant: int8 at every n. */
+    if (c->prec_int8 && (n <= CPU_QINT8_MAX_N || c->invariant)) { cpu_matmul_int8(c, y, x, n, w, bias); return; }
     if (c->prec_bf16) x = round_input(c, x, (size_t)n * w->cols);
     if (c->reference) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct qmm_job j = {c, y, x, n, w, 0};

@@ -34,11 +34,12 @@ typedef struct cpu_backend_params {
      * GEMMs; on AMX and AVX512-BF16 CPUs that is one BF16 term where the exact default needs
      * three. Everything else (norms, attention, LoRA, F32/F16 weights) stays F32. */
     bool precision_bf16;
-    /* --precision int8: every matmul against block-quantized weights (base/quant.h) takes x
-     * quantized per 32 elements to 8 bits (cs_quantize_act_ref: scale max|x| / 127, rounded to
-     * nearest) and multiplies the integers exactly, the sums and scales in F32, as llama.cpp runs
-     * a quantized model (about 4x fewer instructions per weight than F32 FMAs); other weights
-     * keep the exact F32 products. */
+    /* --precision int8: matmuls of up to 32 rows of x (decode batches; every n when batch-
+     * invariant) against block-quantized weights (base/quant.h) take x quantized to 8 bits per
+     * 32 elements, per 256 against the K types (cs_quantize_act_ref: scale max|x| / 127, rounded
+     * to nearest even) and multiply the integers exactly, the sums and scales in F32, as
+     * llama.cpp runs a quantized model (about a third of the instructions per weight of F32
+     * FMAs); more rows (prefill) and other weights keep the exact F32 products. */
     bool precision_int8;
     /* --compress-weights: each BF16 matmul weight is also held coded in 12 bits, losslessly
      * (wcode.h), and the batch-1 GEMV reads that: 0.75x the bytes per decode step, 0.75x the
