@@ -548,6 +548,15 @@ int model_config_from_gguf(const gguf_t *g, model_config_t *out) {
         snprintf(key, sizeof key, "%s.%s", arch, ints[i].suffix);
         rc = gguf_int_field(g, o, key, ints[i].field, ints[i].required);
     }
+    /* llama.cpp's defaults where a key is absent (not transformers' per-architecture ones:
+     * Qwen2's dataclass would say 32 KV heads): as many KV heads as heads, head_dim =
+     * embedding_length / head_count */
+    if (!rc && !json_object_get(o, "num_key_value_heads"))
+        json_object_set(o, "num_key_value_heads", json_object_get(o, "num_attention_heads"));
+    if (!rc) {
+        json_int_t h = json_integer_value(json_object_get(o, "hidden_size")), nh = json_integer_value(json_object_get(o, "num_attention_heads"));
+        if (nh > 0 && h % nh == 0) json_object_set_new(o, "head_dim", json_integer(h / nh));
+    }
     /* head_dim: attention.key_length where given (Qwen3's 128 with a hidden of 1024, ...);
      * values must have the same size, as the attention here assumes */
     int64_t kl = 0, vl = 0;
@@ -555,7 +564,7 @@ int model_config_from_gguf(const gguf_t *g, model_config_t *out) {
         if (gguf_get_i64(g, K("attention.value_length"), &vl, &bad) && vl != kl)
             rc = cs_error_set(CS_EUNSUPPORTED, "%s: attention.key_length %lld differs from value_length %lld", path,
                               (long long)kl, (long long)vl);
-        else if (kl <= 0 || kl > INT32_MAX) rc = cs_error_set(CS_EFORMAT, "%s: %s is out of range", path, key);
+        else if (kl <= 0 || kl > INT32_MAX) rc = cs_error_set(CS_EFORMAT, "%s: %s.attention.key_length is out of range", path, arch);
         else json_object_set_new(o, "head_dim", json_integer(kl));
     }
     if (!rc && bad) rc = CS_EFORMAT;

@@ -478,7 +478,7 @@ AVX2 INLINE void qgemv_int8_k_t(float *y, int ldy, const int8_t *qx, const float
             }
             __m256i sumi[CS_QGEMV_MAX_N];
             for (int i = 0; i < n; i++) sumi[i] = _mm256_setzero_si256();
-            blk_state_t st; /* the chunks' float scales go unused here */
+            blk_state_t st = {{0}, {0}}; /* the chunks' float scales go unused here */
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 chunk_t k = blk_chunk(dt, blk, c, &st);

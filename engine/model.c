@@ -469,13 +469,21 @@ static int gguf_tensors(model_t *m) {
         for (int d = 0; d < g->n_dims; d++) t->shape[d] = g->ne[g->n_dims - 1 - d];
         t->data = g->data;
         t->nbytes = g->nbytes;
-        if (llama && !m->probe && t->dtype != CS_DTYPE_COUNT && (t->n_dims == 1 || t->n_dims == 2)) {
+        /* (a quantized vector is refused by get_tensor: not moved here) */
+        if (llama && !m->probe && t->dtype != CS_DTYPE_COUNT && (t->n_dims == 2 || (t->n_dims == 1 && !cs_dtype_is_quant(t->dtype)))) {
             int rc = CS_OK;
             bool q = strstr(g->name, ".attn_q.") != NULL, k = strstr(g->name, ".attn_k.") != NULL;
             if (q || k) rc = unpermute_rows(m, t, q ? m->cfg.n_heads : m->cfg.n_kv_heads);
             if (rc) return rc;
         }
     }
+    /* two file names for one tensor ("blk.1." and "blk.01.", or a literal "lm_head.weight"
+     * beside "output.weight") would leave one of them silently unused */
+    for (size_t i = 0; i < m->n_gt; i++)
+        for (size_t j = i + 1; j < m->n_gt; j++)
+            if (!strcmp(m->gt[i].name, m->gt[j].name))
+                return cs_error_set(CS_EFORMAT, "%s: tensors '%s' and '%s' are both %s", gguf_path(m->gg),
+                                    gguf_tensor_at(m->gg, i)->name, gguf_tensor_at(m->gg, j)->name, m->gt[i].name);
     return CS_OK;
 }
 

@@ -91,7 +91,7 @@ def gguf_name(hf):
     return f"blk.{layer}.{GGUF_NAMES[mod]}.{kind}"
 
 
-def write_gguf(ref, kind, types, path, permute_qk=True, tensor_hook=None):
+def write_gguf(ref, kind, types, path, permute_qk=True, tensor_hook=None, omit=()):
     """Write REF (a transformers model) as a GGUF at PATH, matrices quantized by
     types(gguf_name) -> QT; returns the reference model on the dequantized weights."""
     cfg = ref.config
@@ -102,10 +102,12 @@ def write_gguf(ref, kind, types, path, permute_qk=True, tensor_hook=None):
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    if "head_count_kv" not in omit:
+        w.add_head_count_kv(cfg.num_key_value_heads)
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    w.add_key_length(hd)
-    w.add_value_length(hd)
+    if "key_length" not in omit:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     theta = cfg.rope_parameters["rope_theta"] if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
     w.add_rope_freq_base(float(theta))
@@ -299,6 +301,13 @@ def main():
     if p.returncode != 2 or "--quantization wants none, q8_0" not in p.stderr:
         reflib.fail(f"--quantization fp8: exit {p.returncode}, {p.stderr!r}")
     print("ok  --quantization fp8: exit 2,", p.stderr.strip().splitlines()[0])
+
+    # keys llama.cpp's converter may leave out take llama.cpp's defaults (KV heads = heads,
+    # head_dim = hidden / heads), not transformers' per-architecture ones (Qwen2's 32 KV heads)
+    _, q2 = make_model("qwen2", heads=4, kv_heads=4, hidden=64, inter=96)
+    path = os.path.join(tmp, "qwen2-nokv.gguf")
+    check("qwen2 without head_count_kv/key_length", write_gguf(q2, "qwen2", lambda g: QT.Q8_0, path,
+                                                               omit=("head_count_kv", "key_length")), path, lengths=(9,))
 
     # LoRA on the quantized base: peft's adapter on the dequantized weights
     deq_dir = reflib.tmpdir("cs_gguf_deq_")

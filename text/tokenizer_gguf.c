@@ -113,7 +113,8 @@ static int read_vocab(gvocab *v) {
         (rc = numeric_arr(v, "tokenizer.ggml.scores", &sel, &scores)) < 0)
         return rc;
     for (uint64_t i = 0; i < v->n; i++) {
-        v->type[i] = types ? (int32_t)gguf_arr_num(tel, types, i) : TT_NORMAL;
+        double t = types ? gguf_arr_num(tel, types, i) : TT_NORMAL;
+        v->type[i] = t >= 0 && t <= 255 ? (int32_t)t : -1; /* out of range (or NaN): no type of ours */
         double s = scores ? gguf_arr_num(sel, scores, i) : 0.0;
         v->score[i] = isnan(s) ? -INFINITY : (float)s; /* NaN would make the merge order undefined */
     }
@@ -227,6 +228,8 @@ static int spm_merge_cmp(const void *pa, const void *pb) {
  * scores, not the merges. As transformers' converter does, every split of every token into two
  * tokens becomes a merge, ranked as above. Split at character boundaries (Python slices
  * strings by code point). */
+#define SPM_MAX_PIECE 1024 /* bytes */
+
 static int spm_merges(const gvocab *v, json_t *merges) {
     spm_merge *m = NULL;
     size_t n = 0, cap = 0;
@@ -234,8 +237,13 @@ static int spm_merges(const gvocab *v, json_t *merges) {
     int rc = CS_OK;
     for (uint64_t i = 0; i < v->n && rc == CS_OK; i++) {
         const char *s = v->tok[i];
+        size_t len = strlen(s);
         if (vocab_id(v, s) != (int32_t)i) continue; /* a repeated text: its last id stands */
-        for (size_t k = 1; s[k] && rc == CS_OK; k++) {
+        /* every split costs a copy of the prefix: tokens longer than any real vocabulary's
+         * (SentencePiece caps pieces at 16 characters by default) make no merges, so that a
+         * hostile file cannot make this quadratic in a token's length */
+        if (len > SPM_MAX_PIECE) continue;
+        for (size_t k = 1; k < len && rc == CS_OK; k++) {
             if (((unsigned char)s[k] & 0xC0) == 0x80) continue;
             left.len = 0;
             if (!cs_buf_add(&left, s, k) || !cs_buf_add(&left, "", 1)) { rc = gg_oom(); break; }
