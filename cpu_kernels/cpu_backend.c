@@ -385,6 +385,13 @@ static void gemv_run(cpu_ctx_t *c, struct mm_job *j) {
     threadpool_run(c->pool, (j->w->rows + j->rows_per_task - 1) / j->rows_per_task, mm_gemv_task, j);
 }
 
+/* y[i, r] += bias[r] for n rows of `rows` outputs (bias NULL: nothing) */
+static void add_bias(float *y, int n, int rows, const float *bias) {
+    if (bias)
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < rows; r++) y[(size_t)i * rows + r] += bias[r];
+}
+
 /* ---- block-quantized weights (GGUF's Q4_0 .. Q6_K) ----
  * Up to CS_QGEMV_MAX_N rows of x (and every n when batch-invariant: a fixed sequence per
  * output) the quantized GEMV streams the packed blocks; more rows dequantize each task's
@@ -443,9 +450,7 @@ static void cpu_matmul_int8(cpu_ctx_t *c, float *y, const float *x, int n, const
     j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
     if (n > CS_QGEMV_MAX_N) j.rows_per_task = CS_MIN(j.rows_per_task, 16); /* cached across the groups of x */
     threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, qmm_int8_task, &j);
-    if (bias)
-        for (int i = 0; i < n; i++)
-            for (int r = 0; r < w->rows; r++) y[(size_t)i * w->rows + r] += bias[r];
+    add_bias(y, n, w->rows, bias);
 }
 
 static void qmm_gemv_task(void *p, int task, int thread) {
@@ -513,9 +518,7 @@ static void cpu_matmul_quant(cpu_ctx_t *c, float *y, const float *x, int n, cons
             c->wdec[t] = buf_reserve(c->wdec[t], &c->wdec_len[t], 2 * (size_t)PACKED_ROWS * w->cols, sizeof(uint16_t));
         threadpool_run(c->pool, (w->rows + PACKED_ROWS - 1) / PACKED_ROWS, qmm_gemm_task, &j);
     }
-    if (bias)
-        for (int i = 0; i < n; i++)
-            for (int r = 0; r < w->rows; r++) y[(size_t)i * w->rows + r] += bias[r];
+    add_bias(y, n, w->rows, bias);
 }
 
 static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
@@ -561,9 +564,7 @@ static void cpu_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_w
         if (w->dtype != CS_DTYPE_F32) scratch_reserve(c, (size_t)j.rows_per_task * w->cols);
         threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, mm_gemm_task, &j);
     }
-    if (bias)
-        for (int i = 0; i < n; i++)
-            for (int r = 0; r < w->rows; r++) y[(size_t)i * w->rows + r] += bias[r];
+    add_bias(y, n, w->rows, bias);
 }
 
 /* several weights of one input in one pool dispatch (the decode GEMV path only: one wake-up

@@ -70,7 +70,6 @@ struct model {
     model_cold_stats_t cold_st;
     uint64_t graph_kv;              /* kv_cache_id of the cache the recorded graphs write */
     bool probe;                     /* model_probe: tensors checked, nothing loaded */
-    bool quantized;                 /* some matrices quantized at load (--quantization) */
     uint64_t uid;                   /* its number: in its graphs' keys */
 };
 
@@ -314,7 +313,6 @@ static int load_matrix_as(model_t *m, const char *name, int rows, int cols, back
         if ((rc = quantize_tensor(m, &qt, t, rows, cols, q))) return rc;
         if (m->st) (void)safetensors_release(m->st, t->data, t->nbytes); /* the file's bytes: not read again */
         t = &qt;
-        m->quantized = true;
     }
     w->dtype = t->dtype;
     w->rows = rows;
