@@ -42,7 +42,8 @@ static const char QWEN2_RE[] =
  * special_eog_ids); Hugging Face models list the same ids in generation_config.json. */
 static const char *const EOG_TEXTS[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
-    "<|eom_id|>", "<EOT>", "_<EOT>", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "<|eom_id|>", "<EOT>", "_<EOT>",
+    ("<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"), /* one text: \x9c stops before 'e' */
     "<end_of_utterance>",
 };
 

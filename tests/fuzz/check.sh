@@ -13,7 +13,7 @@ if [ "${CS_FUZZ_KIND:-driver}" = libfuzzer ]; then
 fi
 mutations=${CS_FUZZ_MUTATIONS:-3000}
 targets="completions chat rollout safetensors model_config adapter_config tokenizer_json tokenizer chat_template
- config_file stream gbnf regex schema lark keys gguf"
+ config_file stream gbnf regex schema lark keys gguf gguf_tokenizer"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0

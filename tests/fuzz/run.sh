@@ -19,7 +19,7 @@ shift
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${CS_FUZZ_BUILD:-$src/build-fuzz}
 results=${CS_FUZZ_RESULTS:-$src/bench/results}
-all="completions chat rollout safetensors model_config adapter_config tokenizer_json tokenizer chat_template config_file stream gbnf regex schema lark keys gguf"
+all="completions chat rollout safetensors model_config adapter_config tokenizer_json tokenizer chat_template config_file stream gbnf regex schema lark keys gguf gguf_tokenizer"
 targets=${*:-$all}
 command -v clang >/dev/null || { echo "run.sh: clang is not installed (apt-get install clang libclang-rt-14-dev)" >&2; exit 2; }
 
