@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -138,6 +139,24 @@ void cs_to_f32(float *dst, const void *src, cs_dtype t, size_t n) {
 void *cs_aligned_alloc_uninit(size_t align, size_t size) {
     size_t sz = (size + align - 1) / align * align;
     return aligned_alloc(align, sz ? sz : align);
+}
+
+void *cs_huge_alloc(size_t n, size_t *len_out) {
+    size_t huge = (size_t)2 << 20, len = (n + 4095) & ~(size_t)4095;
+    char *raw = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    char *p = (char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (raw + len + huge > p + len) munmap(p + len, (size_t)(raw + len + huge - (p + len)));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len, MADV_HUGEPAGE);
+#endif
+    *len_out = len;
+    return p;
+}
+
+void cs_huge_free(void *p, size_t len) {
+    if (p) munmap(p, len);
 }
 
 void *cs_aligned_alloc(size_t align, size_t size) {

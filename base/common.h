@@ -102,6 +102,12 @@ void cs_to_f32(float *dst, const void *src, cs_dtype t, size_t n);
 void *cs_aligned_alloc(size_t align, size_t size); /* zero-filled; free with free() */
 /* the same, not filled (for memory written before it is read); free with free() */
 void *cs_aligned_alloc_uninit(size_t align, size_t size);
+/* n bytes (zero-filled) in 2 MiB huge pages where the kernel offers them (weights read on
+ * every decode step: fewer TLB misses): mapped from a 2 MiB boundary, the length rounded to
+ * 4 KiB only (*len; a huge page for a last partial 2 MiB would hold up to 2 MiB of nothing).
+ * NULL on ENOMEM; free with cs_huge_free(p, *len). */
+void *cs_huge_alloc(size_t n, size_t *len);
+void cs_huge_free(void *p, size_t len);
 /* A worker's stop: *flag set under mu and every waiter on cv woken (then join the thread) */
 void cs_stop_flag(pthread_mutex_t *mu, pthread_cond_t *cv, bool *flag);
 char *cs_read_file(const char *path, size_t *len);  /* NUL-terminated; NULL + error set */

@@ -62,6 +62,9 @@ typedef struct cpu_ctx {
     int8_t *xq;           /* ... x quantized (n · cols), its scales and sums (n · cols / 32 each) */
     float *xq_d, *xq_s;
     size_t xq_len;        /* bytes of xq; xq_d and xq_s hold xq_len / 32 floats */
+    bool vnni;            /* --precision int8 on AVX512-VNNI: Q8_0/Q4_K/Q6_K weights repacked
+                           * (cs_qpack_t, at weight_prepare) for cs_qgemv_int8_vnni */
+    int32_t *xq_s16;      /* ... and x's sums per 16 (Q6_K), xq_len / 16 */
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
     bool compress;        /* --compress-weights: the batch-1 GEMV reads BF16 weights coded in 12 bits */
@@ -162,7 +165,7 @@ static void run_rows(cpu_ctx_t *c, const cs_weight_t *w, int thread, int r0, int
     for (int a = r0; a < r1; a += chunk) {
         int z = CS_MIN(a + chunk, r1);
         c->wdecode(c->wdec[thread], code, a, z);
-        cs_weight_t view = {CS_DTYPE_BF16, z - a, w->cols, c->wdec[thread], NULL};
+        cs_weight_t view = {CS_DTYPE_BF16, z - a, w->cols, c->wdec[thread], NULL, NULL};
         fn(job, y + a, w->rows, &view, 0, z - a, thread);
     }
 }
@@ -347,7 +350,7 @@ static cs_rows_fn tile_kernel(cpu_ctx_t *c, const float **x, int n, int K, cs_dt
     if (n < 64) {
         c->split_pack((float *)c->xpack, *x, n, K, 0, n);
     } else {
-        cs_weight_t shape = {CS_DTYPE_BF16, 0, K, NULL, NULL};
+        cs_weight_t shape = {CS_DTYPE_BF16, 0, K, NULL, NULL, NULL};
         struct mm_job pj = {c, NULL, *x, n, &shape, NULL, 0, 0, (n + 2 * c->n_threads - 1) / (2 * c->n_threads), NULL};
         threadpool_run(c->pool, (n + pj.tiles_per_task - 1) / pj.tiles_per_task, split_pack_task, &pj);
     }
@@ -415,11 +418,15 @@ static void qmm_int8_task(void *p, int task, int thread) {
     (void)thread;
     int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows), g = w->cols / 32;
     int nd = w->cols / cs_quant_act_block(w->dtype);
+    bool vnni = c->vnni && w->pack;
     for (int i0 = 0; i0 < j->n; i0 += CS_QGEMV_MAX_N) {
         int m = CS_MIN(CS_QGEMV_MAX_N, j->n - i0);
         const int8_t *q = c->xq + (size_t)i0 * w->cols;
         const float *d = c->xq_d + (size_t)i0 * nd, *sm = c->xq_s + (size_t)i0 * g;
-        if (c->avx2) cs_qgemv_int8_avx2(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
+        if (vnni)
+            cs_qgemv_int8_vnni(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, c->xq_s16 + (size_t)i0 * (w->cols / 16), m,
+                               w->pack, r0, r1);
+        else if (c->avx2) cs_qgemv_int8_avx2(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
         else cs_qgemv_int8_ref(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
     }
 }
@@ -427,11 +434,12 @@ static void qmm_int8_task(void *p, int task, int thread) {
 static void cpu_matmul_int8(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     size_t need = (size_t)n * w->cols;
     if (c->xq_len < need) {
-        free(c->xq); free(c->xq_d); free(c->xq_s);
+        free(c->xq); free(c->xq_d); free(c->xq_s); free(c->xq_s16);
         c->xq = cs_aligned_alloc(64, need);
         c->xq_d = malloc(sizeof(float) * (need / 32));
         c->xq_s = malloc(sizeof(float) * (need / 32));
-        CS_ASSERT(c->xq && c->xq_d && c->xq_s);
+        c->xq_s16 = malloc(sizeof(int32_t) * (need / 16));
+        CS_ASSERT(c->xq && c->xq_d && c->xq_s && c->xq_s16);
         c->xq_len = need;
     }
     int blk = cs_quant_act_block(w->dtype);
@@ -449,6 +457,10 @@ static void cpu_matmul_int8(cpu_ctx_t *c, float *y, const float *x, int n, const
     int tasks = c->n_threads * 8;
     j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
     if (n > CS_QGEMV_MAX_N) j.rows_per_task = CS_MIN(j.rows_per_task, 16); /* cached across the groups of x */
+    if (c->vnni && w->pack) { /* whole groups of CS_QPACK_ROWS */
+        j.rows_per_task = (j.rows_per_task + CS_QPACK_ROWS - 1) / CS_QPACK_ROWS * CS_QPACK_ROWS;
+        if (w->dtype == CS_DTYPE_Q6_K) cs_act_sums16(c->xq_s16, c->xq, (int64_t)need);
+    }
     threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, qmm_int8_task, &j);
     add_bias(y, n, w->rows, bias);
 }
@@ -474,7 +486,7 @@ static void qmm_gemm_task(void *p, int task, int thread) {
     float *wf = (float *)c->wdec[thread];
     if (c->avx2) cs_qdequant_rows_avx2(wf, w, r0, r1);
     else cs_qdequant_rows_ref(wf, w, r0, r1);
-    cs_weight_t view = {CS_DTYPE_F32, r1 - r0, w->cols, wf, NULL};
+    cs_weight_t view = {CS_DTYPE_F32, r1 - r0, w->cols, wf, NULL, NULL};
     if (c->packed && c->avx512)
         cs_gemm_packed_avx512(j->y + r0, w->rows, (const float *)c->xpack, j->n, &view, 0, r1 - r0, c->scratch[thread]);
     else if (c->packed)
@@ -493,11 +505,16 @@ static void qmm_pack_x_task(void *p, int task, int thread) {
 
 static void cpu_matmul_quant(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     CS_ASSERT(w->cols % cs_dtype_block(w->dtype) == 0);
-    /* --precision int8 up to CPU_QINT8_MAX_N rows (decode); a prefill's many rows multiply the
-     * dequantized weights in F32 below, which the packed FMA GEMM does faster on AVX2 than the
-     * int8 GEMV in groups of 4 rows (bench/quant.sh: prefill 512 at 0.58-0.69x llama.cpp's
-     * int8, 0.88-1.09x dequantized, Zen 4 AVX2 path). Batch-invariant: int8 at every n. */
-    if (c->prec_int8 && (n <= CPU_QINT8_MAX_N || c->invariant)) { cpu_matmul_int8(c, y, x, n, w, bias); return; }
+    /* --precision int8 up to CPU_QINT8_MAX_N rows (decode); on AVX2 a prefill's many rows
+     * multiply the dequantized weights in F32 below, which the packed FMA GEMM does faster than
+     * the int8 GEMV in groups of 4 rows (bench/quant.sh: prefill 512 at 0.58-0.69x llama.cpp's
+     * int8, 0.88-1.09x dequantized, Zen 4 AVX2 path). Batch-invariant, or on a weight repacked
+     * for AVX512-VNNI (2.4x the dequantized GEMM at prefill 512, Q8_0, Zen 4, one thread):
+     * int8 at every n. */
+    if (c->prec_int8 && (n <= CPU_QINT8_MAX_N || c->invariant || (c->vnni && w->pack))) {
+        cpu_matmul_int8(c, y, x, n, w, bias);
+        return;
+    }
     if (c->prec_bf16) x = round_input(c, x, (size_t)n * w->cols);
     if (c->reference) { cs_matmul_ref(y, x, n, w, bias); return; }
     struct qmm_job j = {c, y, x, n, w, 0};
@@ -1458,6 +1475,7 @@ static void cpu_free(cpu_raw_t *b) {
         free(c->xq);
         free(c->xq_d);
         free(c->xq_s);
+        free(c->xq_s16);
         free(c);
     }
     free(b);
@@ -1499,6 +1517,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->dpbf16 = c->avx512 && !(p && p->no_dpbf16) && cs_cpu_has_avx512_bf16();
     c->prec_bf16 = p && p->precision_bf16;
     c->prec_int8 = p && p->precision_int8 && !c->prec_bf16;
+    c->vnni = c->prec_int8 && c->avx512 && !c->reference && !(p && p->no_vnni) && cs_cpu_has_avx512_vnni();
     c->packed = (c->avx512 || c->avx2) && !(p && p->no_packed);
     const char *base = c->reference ? "reference"
                        : c->invariant ? (c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas")
@@ -1518,7 +1537,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->code_pass_max = c->avx512 && !c->prec_bf16 ? CPU_CODE_ONLY_PASS_MAX_N : CPU_CODE_ONLY_PASS_MAX_N / 2;
     c->wcode_max_n = c->avx512 ? 3 : CS_WCODE_MAX_N;
     snprintf(c->path, sizeof c->path, "%s%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
-             c->prec_bf16 ? "+bf16" : c->prec_int8 ? "+int8" : "", s4 ? "+gemv4" : "", c->code_only ? "+wc12only" : c->compress ? "+wc12" : "");
+             c->prec_bf16 ? "+bf16" : c->vnni ? "+int8vnni" : c->prec_int8 ? "+int8" : "", s4 ? "+gemv4" : "", c->code_only ? "+wc12only" : c->compress ? "+wc12" : "");
     if (c->avx512) {
         c->gemv = s4 ? cs_gemv_rows_avx512_s4 : cs_gemv_rows_avx512;
         c->tile = cs_gemm_invariant_avx512;
@@ -1561,6 +1580,27 @@ err:
 const char *cpu_raw_path(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->path; }
 
 bool cpu_raw_codes_weights(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->compress; }
+
+bool cpu_raw_packs_quant(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->vnni; }
+
+struct qpack_job {
+    cs_qpack_t *p;
+    const cs_weight_t *w;
+};
+
+static void qpack_task(void *p, int task, int thread) {
+    struct qpack_job *j = p;
+    (void)thread;
+    cs_qpack_fill(j->p, j->w, task, task + 1);
+}
+
+cs_qpack_t *cpu_raw_qpack_new(cpu_raw_t *b, const cs_weight_t *w) {
+    cs_qpack_t *p = cs_qpack_new(w->dtype, w->rows, w->cols);
+    if (!p) return NULL;
+    struct qpack_job j = {p, w};
+    threadpool_run(ctx_of(b)->pool, w->rows / CS_QPACK_ROWS, qpack_task, &j);
+    return p;
+}
 
 /* --compress-weights-only where it applies: not on AMX, whose tile kernels read the BF16
  * weights in place (not decoded per task there: no AMX CPU to test it on) */

@@ -24,6 +24,7 @@
 #include "backend/backend_impl.h"
 #include "cpu_kernels/cpu_backend.h"
 #include "cpu_kernels/cpu_raw.h"
+#include "cpu_kernels/kernels.h"
 #include "cpu_kernels/wcode.h"
 
 #define BUF_MAGIC 0x42554631u   /* "BUF1" */
@@ -39,6 +40,7 @@ struct backend_buf {
     bool external;          /* buf_from_host: the memory is the caller's */
     struct cs_wcode *code;  /* weight_prepare: the weight coded in 12 bits (--compress-weights) */
     bool code_only;         /* ... and only the code is read from here on (host bytes released) */
+    struct cs_qpack *pack;  /* weight_prepare: the weight repacked for the VNNI int8 kernels */
     size_t mapped;          /* an anonymous mapping of this length (freed with munmap), or 0 */
 };
 
@@ -212,11 +214,15 @@ static void *resolve(backend_t *b, const backend_buf_t *buf, size_t off, size_t 
 #define F(b, buf, nfloats, what) ((float *)resolve((b), (buf), 0, sizeof(float) * (size_t)(nfloats), (what)))
 
 static cs_weight_t raw_weight(backend_t *b, const backend_weight_t *w, const char *what) {
-    cs_weight_t r = {w->dtype, w->rows, w->cols, NULL, NULL};
+    cs_weight_t r = {w->dtype, w->rows, w->cols, NULL, NULL, NULL};
     r.data = resolve(b, w->buf, 0, (size_t)w->rows * cs_dtype_row_bytes(w->dtype, w->cols), what);
     r.code = w->buf && w->buf->code && w->dtype == CS_DTYPE_BF16 && w->buf->code->rows == w->rows &&
                      w->buf->code->cols == w->cols
                  ? w->buf->code
+                 : NULL;
+    r.pack = w->buf && w->buf->pack && w->buf->pack->dtype == w->dtype && w->buf->pack->rows == w->rows &&
+                     w->buf->pack->cols == w->cols
+                 ? w->buf->pack
                  : NULL;
     if (w->buf && w->buf->code_only) {
         CS_ASSERT(r.code); /* its BF16 bytes are gone: a view of another shape could not be served */
@@ -229,7 +235,7 @@ static backend_buf_t *buf_new(backend_t *b, void *p, size_t n, bool external) {
     dev_ctx_t *d = dev(b);
     backend_buf_t *buf = calloc(1, sizeof *buf);
     if (!buf) return NULL;
-    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external, NULL, false, 0};
+    *buf = (backend_buf_t){BUF_MAGIC, b, p, n, external, NULL, false, NULL, 0};
     pthread_mutex_lock(&d->mu);
     if (d->strict && !live_add(d, buf)) {
         pthread_mutex_unlock(&d->mu);
@@ -281,6 +287,7 @@ static void dev_buf_free(backend_t *b, backend_buf_t *buf) {
     if (buf->mapped) munmap(buf->p, buf->mapped);
     else if (!buf->external) free(buf->p);
     cs_wcode_free(buf->code);
+    cs_qpack_free(buf->pack);
     buf->magic = 0;
     free(buf);
 }
@@ -766,6 +773,14 @@ static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float
  * uses it while a model loads. */
 static int dev_weight_prepare(backend_t *b, const backend_weight_t *w) {
     dev_ctx_t *d = dev(b);
+    if (cpu_raw_packs_quant(d->raw) && cs_qpack_supports(w->dtype, w->rows, w->cols)) {
+        cs_weight_t rw = raw_weight(b, w, "weight_prepare");
+        if (!w->buf || w->buf->pack) return CS_OK;
+        if (!(w->buf->pack = cpu_raw_qpack_new(d->raw, &rw)))
+            return cs_error_set(CS_ENOMEM, "--precision int8: out of memory repacking a %dx%d %s weight", w->rows, w->cols,
+                                cs_dtype_name(w->dtype));
+        return CS_OK;
+    }
     if (!cpu_raw_codes_weights(d->raw) || w->dtype != CS_DTYPE_BF16 || w->rows < 1 || w->cols < 1 ||
         (uint64_t)w->rows * (uint64_t)w->cols >= ((uint64_t)1 << 32))
         return CS_OK;

@@ -17,6 +17,9 @@ typedef struct cs_weight {
     /* optional: the same BF16 matrix coded in 12 bits (wcode.h, --compress-weights), which
      * the batch-1 GEMV reads instead of data; every other kernel reads data */
     const struct cs_wcode *code;
+    /* optional: a Q8_0/Q4_K/Q6_K matrix repacked for the AVX512-VNNI int8 kernels
+     * (kernels.h cs_qpack_t, --precision int8), which those read instead of data */
+    const struct cs_qpack *pack;
 } cs_weight_t;
 
 typedef struct cpu_attn_seq {
@@ -94,6 +97,11 @@ bool cpu_raw_code_only(const cpu_raw_t *b);
  * same bits. */
 #define CPU_CODE_ONLY_PASS_MAX_N 16
 struct cs_wcode *cpu_raw_wcode_new(cpu_raw_t *b, const cs_weight_t *w);
+/* --precision int8 on AVX512-VNNI: Q8_0, Q4_K and Q6_K weights of whole groups of 16 rows are
+ * repacked (cpu_raw_qpack_new, on the pool; NULL on ENOMEM) to hang on cs_weight_t.pack; the
+ * weight's own bytes stay, for the other paths */
+bool cpu_raw_packs_quant(const cpu_raw_t *b);
+struct cs_qpack *cpu_raw_qpack_new(cpu_raw_t *b, const cs_weight_t *w);
 
 static inline void cpu_raw_free(cpu_raw_t *b) { if (b) b->iface->free(b); }
 static inline void cpu_raw_matmul(cpu_raw_t *b, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {

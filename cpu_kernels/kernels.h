@@ -169,4 +169,30 @@ void cs_qgemv_int8_avx2(float *y, int ldy, const int8_t *qx, const float *dx, co
 void cs_qgemv_int8_ref(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,
                        const cs_weight_t *w, int r0, int r1);
 
+
+/* ---- --precision int8 on AVX512-VNNI (kernels_qpack.c): Q8_0, Q4_K and Q6_K weights
+ * repacked 16 rows at a time, each row in a 32-bit lane (the layouts: kernels_qpack.c) ---- */
+#define CS_QPACK_ROWS 16
+#define CS_QPACK_MAX_N 4
+typedef struct cs_qpack {
+    cs_dtype dtype;
+    int rows, cols;      /* rows a multiple of CS_QPACK_ROWS, cols of the type's blocks */
+    size_t group_bytes;  /* one group of CS_QPACK_ROWS rows */
+    uint8_t *data;       /* in huge pages (cs_huge_alloc) */
+    size_t data_len;
+} cs_qpack_t;
+int cs_cpu_has_avx512_vnni(void);
+bool cs_qpack_supports(cs_dtype dt, int rows, int cols);
+cs_qpack_t *cs_qpack_new(cs_dtype dt, int rows, int cols); /* NULL: not supported, or ENOMEM */
+/* groups [g0, g1) of CS_QPACK_ROWS rows of w (p's dtype and shape) into p */
+void cs_qpack_fill(cs_qpack_t *p, const cs_weight_t *w, int g0, int g1);
+size_t cs_qpack_bytes(const cs_qpack_t *p);
+void cs_qpack_free(cs_qpack_t *p);
+/* cs_qgemv_int8_*'s contract on the pack, n ≤ CS_QPACK_MAX_N, r0 and r1 whole groups (or r1 =
+ * rows); s16: Σ q_x over each 16 columns (cs_act_sums16, cols / 16 apart), read for Q6_K.
+ * Only where cs_cpu_has_avx512_vnni(). */
+void cs_qgemv_int8_vnni(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int32_t *s16, int n,
+                        const cs_qpack_t *p, int r0, int r1);
+void cs_act_sums16(int32_t *s16, const int8_t *q, int64_t n);
+
 #endif

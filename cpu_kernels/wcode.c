@@ -4,7 +4,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/common.h"
 
@@ -21,23 +20,6 @@ void cs_wcode_hist(const uint16_t *w, size_t n, uint64_t hist[256]) {
     }
     for (; i < n; i++) h[0][w[i] >> 8]++;
     for (int k = 0; k < 256; k++) hist[k] += (uint64_t)h[0][k] + h[1][k] + h[2][k] + h[3][k];
-}
-
-/* the data in 2 MiB huge pages where the kernel offers them (read on every decode step):
- * mapped from a 2 MiB boundary, its length rounded to 4 KiB only (a huge page for a last
- * partial 2 MiB would hold up to 2 MiB of nothing per matrix) */
-static void *data_alloc(size_t n, size_t *cap) {
-    size_t huge = (size_t)2 << 20, len = (n + 4095) & ~(size_t)4095;
-    char *raw = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return NULL;
-    char *p = (char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
-    if (p > raw) munmap(raw, (size_t)(p - raw));
-    if (raw + len + huge > p + len) munmap(p + len, (size_t)(raw + len + huge - (p + len)));
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, len, MADV_HUGEPAGE);
-#endif
-    *cap = len;
-    return p;
 }
 
 cs_wcode_t *cs_wcode_begin(int rows, int cols, const uint64_t hist[256]) {
@@ -62,7 +44,7 @@ cs_wcode_t *cs_wcode_begin(int rows, int cols, const uint64_t hist[256]) {
     for (; n < 16; n++) c->table[n] = 0; /* unused codes decode to 0x00 too */
     c->exc_row = calloc((size_t)rows + 1, sizeof *c->exc_row);
     size_t bytes = (size_t)rows * c->blocks * CS_WCODE_BLOCK_BYTES;
-    c->data = bytes ? data_alloc(bytes, &c->data_bytes) : NULL;
+    c->data = bytes ? cs_huge_alloc(bytes, &c->data_bytes) : NULL;
     if (!c->exc_row || (bytes && !c->data)) {
         cs_wcode_free(c);
         return NULL;
@@ -143,7 +125,7 @@ cs_wcode_t *cs_wcode_new(const uint16_t *w, int rows, int cols) {
 
 void cs_wcode_free(cs_wcode_t *c) {
     if (!c) return;
-    if (c->data) munmap(c->data, c->data_bytes);
+    cs_huge_free(c->data, c->data_bytes);
     free(c->exc_row);
     free(c->exc_col);
     free(c->exc_val);

@@ -403,9 +403,13 @@ static bool tensor_expected(const model_t *m, const char *name) {
 }
 
 static int prepare_weight(model_t *m, const backend_weight_t *w) {
-    if (m->gg || cs_dtype_is_quant(w->dtype)) return CS_OK; /* a GGUF model's and quantized weights stay as they are */
+    /* a quantized weight may gain a form of the backend's own (the VNNI int8 pack) beside its
+     * bytes, which stay (other paths read them); a GGUF model's other weights stay as they are */
+    bool keep = m->gg || cs_dtype_is_quant(w->dtype);
+    if (keep && !cs_dtype_is_quant(w->dtype)) return CS_OK;
     int rc = backend_weight_prepare(m->be, w);
     if (rc < 0) return rc;
+    if (keep) return CS_OK;
     if (rc == BACKEND_WEIGHT_HOST_UNUSED && w->host)
         (void)safetensors_release(m->st, w->host, (size_t)w->rows * w->cols * cs_dtype_size(w->dtype));
     return CS_OK;

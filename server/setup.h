@@ -1,6 +1,6 @@
 /* setup.h: the one place that builds the backend for `generate`, `batch` and `serve`
  * (and names it for their messages). Flags come in the options; the environment switches
- * of the CPU kernels (CS_NO_AVX512, CS_NO_AVX2, CS_NO_AMX, CS_NO_DPBF16, CS_NO_PACKED, CS_NO_TILE,
+ * of the CPU kernels (CS_NO_AVX512, CS_NO_AVX2, CS_NO_AMX, CS_NO_DPBF16, CS_NO_VNNI, CS_NO_PACKED, CS_NO_TILE,
  * CS_AMX_TERMS, CS_GEMV_STREAMS) and the tests'
  * CS_TEST_DEVICE=strict (CS_STRICT_GBPS, CS_STRICT_LATENCY_US,
  * CS_STRICT_LOCKSTEP, CS_STRICT_NO_STREAM) or =cuda-emu (the CUDA

@@ -109,7 +109,7 @@ static hweight_t hweight_new(cs_dtype dt, int rows, int cols, float scale) {
         }
         cs_to_f32(h.f32, h.bytes, dt, n); /* the exact values the kernels see */
     }
-    h.w = (cs_weight_t){dt, rows, cols, h.bytes, NULL};
+    h.w = (cs_weight_t){dt, rows, cols, h.bytes, NULL, NULL};
     return h;
 }
 

@@ -29,12 +29,12 @@ static cpu_raw_t *inv_backend(int threads) {
 static cs_weight_t make_weight(int rows, int cols, cs_dtype dt, void **mem) {
     size_t n = (size_t)rows * cols;
     float *f = test_randv(&rng, n, 0.5f);
-    if (dt == CS_DTYPE_F32) { *mem = f; return (cs_weight_t){dt, rows, cols, f, NULL}; }
+    if (dt == CS_DTYPE_F32) { *mem = f; return (cs_weight_t){dt, rows, cols, f, NULL, NULL}; }
     uint16_t *h = malloc(n * 2);
     for (size_t i = 0; i < n; i++) h[i] = dt == CS_DTYPE_BF16 ? cs_f32_to_bf16(f[i]) : cs_f32_to_f16(f[i]);
     free(f);
     *mem = h;
-    return (cs_weight_t){dt, rows, cols, h, NULL};
+    return (cs_weight_t){dt, rows, cols, h, NULL, NULL};
 }
 
 START_TEST(matmul_rows_independent_of_batch) {

@@ -259,7 +259,7 @@ START_TEST(matmul_multi_equals_each) {
                     else ((float *)data[k])[e] = f[e];
                 }
                 free(f);
-                w[k] = (cs_weight_t){dts[di], rows[k], cols, data[k], NULL};
+                w[k] = (cs_weight_t){dts[di], rows[k], cols, data[k], NULL, NULL};
                 bias[k] = k == 1 ? NULL : test_randv(&rng, (size_t)rows[k], 1.0f);
                 y[k] = malloc(sizeof(float) * (size_t)n * rows[k]);
                 yr[k] = malloc(sizeof(float) * (size_t)n * rows[k]);

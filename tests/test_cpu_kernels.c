@@ -33,7 +33,7 @@ static cs_weight_t make_weight(int rows, int cols, cs_dtype dt, void **mem) {
         d = h;
     }
     *mem = d;
-    return (cs_weight_t){dt, rows, cols, d, NULL};
+    return (cs_weight_t){dt, rows, cols, d, NULL, NULL};
 }
 
 static cpu_raw_t *be_for(int threads) { return cpu_raw_new(&(cpu_backend_params_t){.n_threads = threads}); }
@@ -338,7 +338,7 @@ START_TEST(test_norm_rope_silu) {
     int n = 70, dim = 320;
     float *x = test_randv(&rng, (size_t)n * dim, 2), *w = test_randv(&rng, (size_t)dim, 1);
     float *y = malloc(sizeof(float) * n * dim), *yr = malloc(sizeof(float) * n * dim);
-    cs_weight_t nw = {CS_DTYPE_F32, 1, dim, w, NULL};
+    cs_weight_t nw = {CS_DTYPE_F32, 1, dim, w, NULL, NULL};
     cpu_raw_rmsnorm(be, y, x, n, dim, &nw, 1e-6f);
     cs_rmsnorm_ref(yr, x, n, dim, w, 1e-6f);
     ck_assert_float_lt(test_max_rel_err(y, yr, (size_t)n * dim), 1e-6f);
@@ -519,7 +519,7 @@ START_TEST(test_wcode_roundtrip) {
                 ck_assert_uint_eq(c->n_exc, want);
                 if (kind == 0 && rows * cols >= 64 * 33) ck_assert_uint_lt(c->n_exc, (size_t)rows * cols / 100);
                 if (kind == 3) ck_assert_uint_eq(c->n_exc, 0);
-                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
+                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL, NULL};
                 cs_wcode_t *t = cpu_raw_wcode_new(be, &wt);
                 ck_assert_ptr_nonnull(t);
                 ck_assert_mem_eq(t->table, c->table, 16);
@@ -561,7 +561,7 @@ START_TEST(test_wcode_gemv) {
                     for (size_t i = 0; i < (size_t)rows * cols; i++)
                         if ((w[i] & 0x7f80) >= 0x7000) w[i] = 0x3f80;
                 cs_wcode_t *c = cs_wcode_new(w, rows, cols);
-                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
+                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL, NULL};
                 float *x = test_randv(&rng, (size_t)cols, 1.0f), *y = malloc(sizeof(float) * rows);
                 float *yr = malloc(sizeof(float) * rows);
                 float *yc = malloc(sizeof(float) * rows);
@@ -607,7 +607,7 @@ START_TEST(test_wcode_gemv) {
             for (size_t i = 0; i < (size_t)rows * cols; i++)
                 if ((w[i] & 0x7f80) >= 0x7000) w[i] = 0x3f80;
             cs_wcode_t *c = cs_wcode_new(w, rows, cols);
-            cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
+            cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL, NULL};
             for (int n = 2; n <= CS_WCODE_MAX_N; n++) {
                 int ldy = rows + 3; /* y's rows apart by more than rows */
                 float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *y = malloc(sizeof(float) * n * ldy);
@@ -654,7 +654,7 @@ START_TEST(test_wcode_gemv) {
         uint16_t *w = wcode_matrix(rows, cols, 2);
         for (size_t i = 0; i < (size_t)rows * cols; i++)
             if ((w[i] & 0x7f80) >= 0x7000) w[i] = 0x3f80;
-        cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL};
+        cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL, NULL};
         cs_weight_t wc = wt;
         wc.code = cpu_raw_wcode_new(coded, &wt);
         ck_assert_ptr_nonnull(wc.code);
@@ -733,9 +733,9 @@ START_TEST(test_wcode_code_only) {
                 uint16_t *w = wcode_matrix(rows, cols, 0), *w2 = wcode_matrix(rows / 2 + 1, cols, 0);
                 for (size_t i = 0; i < (size_t)rows * cols; i += 997) /* rare high bytes (tiny values): exceptions */
                     w[i] = (uint16_t)((0x20 + (i / 997) % 20) << 8 | 0x11);
-                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL}, wt2 = {CS_DTYPE_BF16, rows / 2 + 1, cols, w2, NULL};
-                cs_weight_t wc = {CS_DTYPE_BF16, rows, cols, NULL, cpu_raw_wcode_new(be, &wt)};
-                cs_weight_t wc2 = {CS_DTYPE_BF16, rows / 2 + 1, cols, NULL, cpu_raw_wcode_new(be, &wt2)};
+                cs_weight_t wt = {CS_DTYPE_BF16, rows, cols, w, NULL, NULL}, wt2 = {CS_DTYPE_BF16, rows / 2 + 1, cols, w2, NULL, NULL};
+                cs_weight_t wc = {CS_DTYPE_BF16, rows, cols, NULL, cpu_raw_wcode_new(be, &wt), NULL};
+                cs_weight_t wc2 = {CS_DTYPE_BF16, rows / 2 + 1, cols, NULL, cpu_raw_wcode_new(be, &wt2), NULL};
                 ck_assert(wc.code && wc2.code);
                 if (rows * cols >= 100000) ck_assert_uint_gt(wc.code->n_exc, 0); /* written back too */
                 cs_weight_t wb = wt, wb2 = wt2; /* the same weights, BF16 beside the code */
@@ -984,7 +984,7 @@ static cs_weight_t make_qweight(int rows, int cols, cs_dtype dt, float scale, vo
         }
     }
     *mem = p;
-    return (cs_weight_t){dt, rows, cols, p, NULL};
+    return (cs_weight_t){dt, rows, cols, p, NULL, NULL};
 }
 
 /* the AVX2 decode against cs_dequant_row_ref: the same values, up to the fused s*q + o (one
@@ -1146,6 +1146,79 @@ START_TEST(test_quant_int8) {
 }
 END_TEST
 
+/* --precision int8 on AVX512-VNNI: the repacked Q8_0/Q4_K/Q6_K weights (cs_qpack_t) against
+ * the exact matmul on the quantized x, through the backend (tasks of whole groups of 16 rows,
+ * x in groups of 4) and the kernel alone against cs_qgemv_int8_ref */
+START_TEST(test_quant_int8_vnni) {
+    if (!cs_cpu_has_avx512_vnni()) {
+        fprintf(stderr, "SKIP test_quant_int8_vnni: this CPU has no AVX512-VNNI\n");
+        return;
+    }
+    static const cs_dtype types[] = {CS_DTYPE_Q8_0, CS_DTYPE_Q4_K, CS_DTYPE_Q6_K};
+    static const int shapes[][3] = {{1, 16, 256}, {2, 32, 512}, {3, 48, 768}, {4, 64, 256}, {5, 16, 1280},
+                                    {9, 80, 512}, {33, 48, 256}, {1, 32, 32}, {2, 16, 96}, {6, 144, 2816}};
+    cpu_backend_params_t ps[] = {{.n_threads = 1, .precision_int8 = true}, {.n_threads = 3, .precision_int8 = true},
+                                 {.n_threads = 2, .precision_int8 = true, .batch_invariant = true}};
+    for (size_t k = 0; k < CS_ARRAY_LEN(ps); k++) {
+        cpu_raw_t *be = cpu_raw_new(&ps[k]);
+        ck_assert(cpu_raw_packs_quant(be));
+        for (size_t t = 0; t < CS_ARRAY_LEN(types); t++)
+            for (size_t sh = 0; sh < CS_ARRAY_LEN(shapes); sh++) {
+                int n = shapes[sh][0], rows = shapes[sh][1], cols = shapes[sh][2];
+                if (cols % cs_dtype_block(types[t])) continue;
+                void *mem;
+                cs_weight_t w = make_qweight(rows, cols, types[t], 0.05f, &mem);
+                cs_qpack_t *pk = cpu_raw_qpack_new(be, &w);
+                ck_assert(pk && cs_qpack_bytes(pk) >= (size_t)rows * cs_dtype_row_bytes(types[t], cols));
+                w.pack = pk;
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *bias = test_randv(&rng, (size_t)rows, 0.1f);
+                x[0] = 0; /* a zero column, and a whole zero block of x in the last row */
+                for (int c = 0; c < cs_quant_act_block(types[t]); c++) x[(size_t)(n - 1) * cols + c] = 0;
+                float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+                float *xh = malloc(sizeof(float) * n * cols), *d = malloc(sizeof(float) * n * cols / 32);
+                float *sm = malloc(sizeof(float) * n * cols / 32);
+                int32_t *s16 = malloc(sizeof(int32_t) * n * cols / 16);
+                int8_t *q = malloc((size_t)n * cols);
+                int blk = cs_quant_act_block(types[t]);
+                bool q8 = true; /* with the pack, at every n (prefill too) */
+                cs_quantize_act_ref(q, d, sm, x, (int64_t)n * cols, blk);
+                for (int i = 0; i < n * cols; i++) xh[i] = q8 ? d[i / blk] * (float)q[i] : x[i];
+                cpu_raw_matmul(be, y, x, n, &w, bias);
+                cs_matmul_ref(yr, xh, n, &w, bias);
+                float e = test_max_rel_err(y, yr, (size_t)n * rows);
+                ck_assert_msg(e < 1e-5f, "vnni params %zu %s n=%d %dx%d: rel err %g", k, cs_dtype_name(types[t]), n, rows,
+                              cols, e);
+                if (n > 1 && q8) { /* row 0 alone: the same bits */
+                    cpu_raw_matmul(be, yr, x, 1, &w, bias);
+                    ck_assert_msg(!memcmp(yr, y, sizeof(float) * rows), "vnni %s: row 0 differs alone", cs_dtype_name(types[t]));
+                }
+                /* the kernel alone, on every other group, against the plain int8 loop */
+                int m = CS_MIN(n, CS_QPACK_MAX_N);
+                cs_act_sums16(s16, q, (int64_t)m * cols);
+                for (int r0 = 0; r0 < rows; r0 += 2 * CS_QPACK_ROWS) {
+                    int r1 = CS_MIN(rows, r0 + CS_QPACK_ROWS);
+                    cs_qgemv_int8_vnni(y, rows, q, d, sm, s16, m, pk, r0, r1);
+                    cs_qgemv_int8_ref(yr, rows, q, d, sm, m, &w, r0, r1);
+                    for (int i = 0; i < m; i++) {
+                        float e2 = test_max_rel_err(y + (size_t)i * rows + r0, yr + (size_t)i * rows + r0, (size_t)(r1 - r0));
+                        ck_assert_msg(e2 < 1e-5f, "vnni kernel %s n=%d rows %d-%d: rel err %g", cs_dtype_name(types[t]), m,
+                                      r0, r1, e2);
+                    }
+                }
+                cs_qpack_free(pk);
+                free(mem); free(x); free(bias); free(y); free(yr); free(xh); free(d); free(sm); free(s16); free(q);
+            }
+        cpu_raw_free(be);
+    }
+    cpu_backend_params_t off = {.n_threads = 1, .precision_int8 = true, .no_vnni = true};
+    cpu_raw_t *be = cpu_raw_new(&off);
+    ck_assert(!cpu_raw_packs_quant(be));
+    cpu_raw_free(be);
+    ck_assert(!cs_qpack_supports(CS_DTYPE_Q8_0, 20, 64) && !cs_qpack_supports(CS_DTYPE_Q4_0, 16, 64) &&
+              !cs_qpack_supports(CS_DTYPE_Q4_K, 16, 128) && cs_qpack_supports(CS_DTYPE_Q6_K, 32, 512));
+}
+END_TEST
+
 int main(void) {
     cs_rng_seed(&rng, 1234);
     const TTest *const tests[] = {
@@ -1153,7 +1226,8 @@ int main(void) {
         test_matmul_precision_bf16, test_attention_vs_ref, test_attention_ref_definition, test_lora_vs_ref,
         test_norm_rope_silu, test_gemv_streams, test_wcode_roundtrip, test_wcode_gemv, test_wcode_code_only,
         test_split_tiles, test_avx2_kernels, test_half_conversions, test_threadpool_exactly_once,
-        test_quant_dequant, test_quant_matmul, test_quant_invariant_bf16, test_quant_embed, test_quant_int8
+        test_quant_dequant, test_quant_matmul, test_quant_invariant_bf16, test_quant_embed, test_quant_int8,
+        test_quant_int8_vnni
     };
     return cs_check_main("cpu_kernels", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

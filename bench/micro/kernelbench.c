@@ -191,7 +191,7 @@ static void kb_setup(kb_t *k) {
         uint16_t *h = malloc(n * 2);
         for (size_t i = 0; i < n; i++) h[i] = cs_f32_to_bf16(f[i]);
         free(f);
-        k->w[p] = (cs_weight_t){CS_DTYPE_BF16, projs[p % NP].rows, projs[p % NP].cols, h, NULL};
+        k->w[p] = (cs_weight_t){CS_DTYPE_BF16, projs[p % NP].rows, projs[p % NP].cols, h, NULL, NULL};
         k->wbytes += n * 2;
         k->params += n;
     }

@@ -1,0 +1,337 @@
+/* kernels_qpack.c: --precision int8 on AVX512-VNNI, over quantized weights repacked 16 rows
+ * at a time (cs_qpack_t, kernels.h).
+ *
+ * vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds the 4 products to a 32-bit
+ * lane. The pack puts each row of a group of 16 in its own lane: 64 bytes hold 4 columns
+ * (4 bytes, or 8 nibbles) of 16 rows, so one vpdpbusd whose signed operand is x's 4 quantized
+ * columns broadcast from memory advances 16 dot products by 4 columns, with no horizontal
+ * sums; the blocks' scales come as vectors over the 16 rows. The weights are the unsigned
+ * operand: Q8_0's q + 128 (its offset taken off against x's sums per 32), Q4_K's nibbles,
+ * Q6_K's six bits (its -32 likewise, against sums per 16). The integer parts are exact; the
+ * scales are applied in F32 per block (Q8_0) or super-block (the K types, whose sub-block
+ * scales multiply in integers): what cs_qgemv_int8_ref computes, up to F32 rounding.
+ *
+ * Group layouts (per block of the type, the blocks of a group in column order; a group is
+ * 16 rows x cols, cs_qpack_t.group_bytes):
+ *   Q8_0 (pairs of 32-column blocks, 1088 bytes): d[2][16] (F16); q[2][8][16][4]: word k
+ *     of row r = columns 4k..4k+3 of the block, each q + 128 (an odd last block: a pair
+ *     whose second half is unused).
+ *   Q4_K (256 columns, 2368 bytes): d[16], dmin[16] (F16); sc[8][16], m[8][16] (6-bit, one
+ *     byte each); qs[4][8][16][4]: the original qs bytes 32p + 4k .. + 3 of row r (low
+ *     nibbles columns 64p + 4k + i, high nibbles 64p + 32 + 4k + i).
+ *   Q6_K (256 columns, 3392 bytes): d[16] (F16), 32 unused; sc[16][16] (signed); ql[2][2][8][16][4]:
+ *     ql bytes 64h + 32t + 4k .. + 3 (low nibbles columns 128h + 32t + 4k + i, high
+ *     128h + 32(t + 2) + 4k + i); qh[2][8][16][4]: qh bytes 32h + 4k .. + 3 (bits 2t, 2t + 1
+ *     of byte i: quarter t, column 128h + 32t + 4k + i).
+ * Each is the type's own bytes per row (34, 144, 210 per block) rearranged, with every
+ * 64-byte vector aligned; Q4_K's 12 scale bytes become 16, Q6_K's block gains 2 bytes a row. */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/quant.h"
+#include "cpu_kernels/kernels.h"
+
+#define G CS_QPACK_ROWS
+
+static size_t pack_block_bytes(cs_dtype dt) {
+    switch (dt) {
+    case CS_DTYPE_Q8_0: return 544; /* half of a pair */
+    case CS_DTYPE_Q4_K: return 64 + 256 + 2048;
+    case CS_DTYPE_Q6_K: return 64 + 256 + 2048 + 1024;
+    default: return 0;
+    }
+}
+
+int cs_cpu_has_avx512_vnni(void) {
+    __builtin_cpu_init();
+    return cs_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
+bool cs_qpack_supports(cs_dtype dt, int rows, int cols) {
+    return pack_block_bytes(dt) && rows > 0 && rows % G == 0 && cols > 0 && cols % cs_dtype_block(dt) == 0;
+}
+
+cs_qpack_t *cs_qpack_new(cs_dtype dt, int rows, int cols) {
+    if (!cs_qpack_supports(dt, rows, cols)) return NULL;
+    cs_qpack_t *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->dtype = dt;
+    p->rows = rows;
+    p->cols = cols;
+    int nb = cols / cs_dtype_block(dt);
+    p->group_bytes = (size_t)(dt == CS_DTYPE_Q8_0 ? (nb + 1) / 2 * 2 : nb) * pack_block_bytes(dt);
+    p->data = cs_huge_alloc(p->group_bytes * (size_t)(rows / G), &p->data_len);
+    if (!p->data) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void cs_qpack_free(cs_qpack_t *p) {
+    if (!p) return;
+    cs_huge_free(p->data, p->data_len);
+    free(p);
+}
+
+size_t cs_qpack_bytes(const cs_qpack_t *p) { return p ? p->group_bytes * (size_t)(p->rows / G) : 0; }
+
+/* groups [g0, g1) of w (its dtype, rows and cols those of p) rearranged into p */
+void cs_qpack_fill(cs_qpack_t *p, const cs_weight_t *w, int g0, int g1) {
+    const cs_dtype dt = p->dtype;
+    const int nb = p->cols / cs_dtype_block(dt);
+    const size_t bsz = cs_dtype_size(dt), rb = (size_t)nb * bsz, pb = pack_block_bytes(dt);
+    for (int g = g0; g < g1; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *o = p->data + (size_t)g * p->group_bytes + (size_t)b * pb;
+            uint8_t *od = o, *oq = o + 32; /* Q8_0: the pair's scales, then its quants */
+            if (dt == CS_DTYPE_Q8_0) {
+                o = p->data + (size_t)g * p->group_bytes + (size_t)(b / 2) * 1088;
+                od = o + 32 * (b & 1);
+                oq = o + 64 + 512 * (b & 1);
+            }
+            for (int r = 0; r < G; r++) {
+                const uint8_t *blk = (const uint8_t *)w->data + (size_t)(G * g + r) * rb + (size_t)b * bsz;
+                if (dt == CS_DTYPE_Q8_0) {
+                    const cs_block_q8_0 *k = (const void *)blk;
+                    memcpy(od + 2 * r, &k->d, 2);
+                    for (int c = 0; c < 32; c++) oq[(c / 4 * G + r) * 4 + c % 4] = (uint8_t)(k->qs[c] ^ 0x80);
+                } else if (dt == CS_DTYPE_Q4_K) {
+                    const cs_block_q4_K *k = (const void *)blk;
+                    memcpy(o + 2 * r, &k->d, 2);
+                    memcpy(o + 32 + 2 * r, &k->dmin, 2);
+                    for (int j = 0; j < 8; j++) cs_q4k_scale_min(j, k->scales, o + 64 + j * G + r, o + 192 + j * G + r);
+                    for (int q = 0; q < 128; q++) /* byte q = 32p + 4k + i */
+                        o[320 + ((q / 4) * G + r) * 4 + q % 4] = k->qs[q];
+                } else {
+                    const cs_block_q6_K *k = (const void *)blk;
+                    memcpy(o + 2 * r, &k->d, 2);
+                    memset(o + 32 + 2 * r, 0, 2);
+                    for (int j = 0; j < 16; j++) o[64 + j * G + r] = (uint8_t)k->scales[j];
+                    for (int q = 0; q < 128; q++) /* byte q = 64h + 32t + 4k + i: word index q / 4 */
+                        o[320 + ((q / 4) * G + r) * 4 + q % 4] = k->ql[q];
+                    for (int q = 0; q < 64; q++) o[2368 + ((q / 4) * G + r) * 4 + q % 4] = k->qh[q];
+                }
+            }
+        }
+}
+
+/* ---- the kernels ---- */
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* x's 4 quantized columns at p, in every lane (the compiler folds it into vpdpbusd's {1to16}) */
+VNNI INLINE __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+VNNI INLINE __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* Software prefetch QPACK_AHEAD bytes ahead, spread over a block's steps: a block's vectors
+ * are read out of address order (scales, then quants by sub-block), which the hardware
+ * prefetchers follow too late for one core's consumption (Q6_K at one thread: half the AVX2
+ * kernel's speed without); step s of `steps` fetches the lines of its share of the block. */
+#define QPACK_AHEAD 3072
+INLINE void prefetch_step(const uint8_t *blk, size_t bytes, int s, int steps) {
+    size_t a = bytes * (size_t)s / (size_t)steps, z = bytes * (size_t)(s + 1) / (size_t)steps;
+    for (size_t o = a & ~(size_t)63; o < z; o += 64) _mm_prefetch((const char *)blk + QPACK_AHEAD + o, _MM_HINT_T0);
+}
+
+VNNI INLINE void q8_0_t(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int n,
+                        const cs_qpack_t *p, int g0, int g1) {
+    const int nb = p->cols / 32;
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *base = p->data + (size_t)g * p->group_bytes;
+        __m512 acc[CS_QPACK_MAX_N];
+        #pragma GCC unroll 4
+        for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *o = base + (size_t)(b / 2) * 1088, *od = o + 32 * (b & 1), *oq = o + 64 + 512 * (b & 1);
+            __m512i s[CS_QPACK_MAX_N];
+            #pragma GCC unroll 4
+            for (int i = 0; i < n; i++) s[i] = _mm512_set1_epi32(-128 * (int)sx[(size_t)i * nb + b]);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                prefetch_step(od, 544, k, 8);
+                __m512i wv = _mm512_load_si512((const void *)(oq + 64 * k));
+                #pragma GCC unroll 4
+                for (int i = 0; i < n; i++)
+                    s[i] = _mm512_dpbusd_epi32(s[i], wv, bcast4(qx + (size_t)i * p->cols + 32 * (size_t)b + 4 * k));
+            }
+            __m512 d = f16x16(od);
+            #pragma GCC unroll 4
+            for (int i = 0; i < n; i++)
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx[(size_t)i * nb + b])), acc[i]);
+        }
+        #pragma GCC unroll 4
+        for (int i = 0; i < n; i++) _mm512_storeu_ps(y + (size_t)i * ldy + (size_t)G * g, acc[i]);
+    }
+}
+
+VNNI INLINE void q4_k_t(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int n,
+                        const cs_qpack_t *p, int g0, int g1) {
+    const int nb = p->cols / 256, groups = p->cols / 32;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *base = p->data + (size_t)g * p->group_bytes;
+        __m512 acc[CS_QPACK_MAX_N];
+        #pragma GCC unroll 4
+        for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *o = base + (size_t)b * 2368;
+            __m512i isum[CS_QPACK_MAX_N];
+            #pragma GCC unroll 4
+            for (int i = 0; i < n; i++) isum[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int pr = 0; pr < 4; pr++) {
+                __m512i a0[CS_QPACK_MAX_N], a1[CS_QPACK_MAX_N];
+                #pragma GCC unroll 4
+                for (int i = 0; i < n; i++) a0[i] = a1[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    prefetch_step(o, 2368, 8 * pr + k, 32);
+                    __m512i v = _mm512_load_si512((const void *)(o + 320 + 64 * (8 * pr + k)));
+                    __m512i l = _mm512_and_si512(v, lo4), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    #pragma GCC unroll 4
+                    for (int i = 0; i < n; i++) {
+                        const int8_t *xi = qx + (size_t)i * p->cols + 256 * (size_t)b + 64 * pr + 4 * k;
+                        a0[i] = _mm512_dpbusd_epi32(a0[i], l, bcast4(xi));
+                        a1[i] = _mm512_dpbusd_epi32(a1[i], h, bcast4(xi + 32));
+                    }
+                }
+                __m512i s0 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(o + 64 + 32 * pr)));
+                __m512i s1 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(o + 64 + 32 * pr + 16)));
+                #pragma GCC unroll 4
+                for (int i = 0; i < n; i++)
+                    isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(a0[i], s0), _mm512_mullo_epi32(a1[i], s1)));
+            }
+            /* Σ_j m_j Σ x over sub-block j, in F32 (the sums of x per 32 are F32 already) */
+            __m512 msum[CS_QPACK_MAX_N];
+            #pragma GCC unroll 4
+            for (int i = 0; i < n; i++) msum[i] = _mm512_setzero_ps();
+            for (int j = 0; j < 8; j++) {
+                __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(o + 192 + 16 * j))));
+                #pragma GCC unroll 4
+                for (int i = 0; i < n; i++)
+                    msum[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * groups + 8 * (size_t)b + j]), msum[i]);
+            }
+            __m512 d = f16x16(o), dmin = f16x16(o + 32);
+            #pragma GCC unroll 4
+            for (int i = 0; i < n; i++) {
+                __m512 dd = _mm512_set1_ps(dx[(size_t)i * nb + b]);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, dd), acc[i]);
+                acc[i] = _mm512_fnmadd_ps(msum[i], _mm512_mul_ps(dmin, dd), acc[i]);
+            }
+        }
+        #pragma GCC unroll 4
+        for (int i = 0; i < n; i++) _mm512_storeu_ps(y + (size_t)i * ldy + (size_t)G * g, acc[i]);
+    }
+}
+
+/* s16: Σ q_x over each 16 columns, per row of x (cols / 16 apart) */
+VNNI INLINE void q6_k_t(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, const int n,
+                        const cs_qpack_t *p, int g0, int g1) {
+    const int nb = p->cols / 256, n16 = p->cols / 16;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b45 = _mm512_set1_epi8(0x30);
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *base = p->data + (size_t)g * p->group_bytes;
+        __m512 acc[CS_QPACK_MAX_N];
+        #pragma GCC unroll 4
+        for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *o = base + (size_t)b * 3392;
+            __m512i isum[CS_QPACK_MAX_N];
+            #pragma GCC unroll 4
+            for (int i = 0; i < n; i++) isum[i] = _mm512_setzero_si512();
+            for (int h = 0; h < 2; h++)
+                for (int kh = 0; kh < 2; kh++) { /* columns 128h + 32t + 16kh .. + 15: sub-block 8h + 2t + kh */
+                    __m512i a[4][CS_QPACK_MAX_N];
+                    #pragma GCC unroll 4
+                    for (int t = 0; t < 4; t++)
+                        #pragma GCC unroll 4
+                        for (int i = 0; i < n; i++) a[t][i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int k = 4 * kh; k < 4 * kh + 4; k++) {
+                        prefetch_step(o, 3392, 8 * h + k, 16);
+                        __m512i l0 = _mm512_load_si512((const void *)(o + 320 + 64 * (16 * h + k)));
+                        __m512i l1 = _mm512_load_si512((const void *)(o + 320 + 64 * (16 * h + 8 + k)));
+                        __m512i qh = _mm512_load_si512((const void *)(o + 2368 + 64 * (8 * h + k)));
+                        __m512i q[4];
+                        q[0] = _mm512_or_si512(_mm512_and_si512(l0, lo4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), b45));
+                        q[1] = _mm512_or_si512(_mm512_and_si512(l1, lo4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), b45));
+                        q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), lo4), _mm512_and_si512(qh, b45));
+                        q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), lo4),
+                                               _mm512_and_si512(_mm512_srli_epi16(qh, 2), b45));
+                        #pragma GCC unroll 4
+                        for (int t = 0; t < 4; t++)
+                            #pragma GCC unroll 4
+                            for (int i = 0; i < n; i++)
+                                a[t][i] = _mm512_dpbusd_epi32(a[t][i], q[t],
+                                                              bcast4(qx + (size_t)i * p->cols + 256 * (size_t)b + 128 * h + 32 * t + 4 * k));
+                    }
+                    #pragma GCC unroll 4
+                    for (int t = 0; t < 4; t++) {
+                        int j = 8 * h + 2 * t + kh;
+                        __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(o + 64 + 16 * j)));
+                        #pragma GCC unroll 4
+                        for (int i = 0; i < n; i++) {
+                            __m512i v = _mm512_sub_epi32(a[t][i], _mm512_set1_epi32(32 * s16[(size_t)i * n16 + 16 * (size_t)b + j]));
+                            isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(v, sc));
+                        }
+                    }
+                }
+            __m512 d = f16x16(o);
+            #pragma GCC unroll 4
+            for (int i = 0; i < n; i++)
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx[(size_t)i * nb + b])), acc[i]);
+        }
+        #pragma GCC unroll 4
+        for (int i = 0; i < n; i++) _mm512_storeu_ps(y + (size_t)i * ldy + (size_t)G * g, acc[i]);
+    }
+}
+
+#define PER_N(F, ...)                                                                                                  \
+    switch (n) {                                                                                                       \
+    case 1: F(__VA_ARGS__, 1, p, g0, g1); break;                                                                      \
+    case 2: F(__VA_ARGS__, 2, p, g0, g1); break;                                                                      \
+    case 3: F(__VA_ARGS__, 3, p, g0, g1); break;                                                                      \
+    default: F(__VA_ARGS__, 4, p, g0, g1); break;                                                                     \
+    }
+
+VNNI static void q8_0_n(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n, const cs_qpack_t *p,
+                        int g0, int g1) {
+    PER_N(q8_0_t, y, ldy, qx, dx, sx)
+}
+VNNI static void q4_k_n(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n, const cs_qpack_t *p,
+                        int g0, int g1) {
+    PER_N(q4_k_t, y, ldy, qx, dx, sx)
+}
+VNNI static void q6_k_n(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, int n,
+                        const cs_qpack_t *p, int g0, int g1) {
+    PER_N(q6_k_t, y, ldy, qx, dx, s16)
+}
+#undef PER_N
+
+void cs_qgemv_int8_vnni(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int32_t *s16, int n,
+                        const cs_qpack_t *p, int r0, int r1) {
+    CS_ASSERT(n >= 1 && n <= CS_QPACK_MAX_N && r0 % G == 0 && (r1 % G == 0 || r1 == p->rows) && r1 <= p->rows);
+    int g0 = r0 / G, g1 = r1 / G;
+    switch (p->dtype) {
+    case CS_DTYPE_Q8_0: q8_0_n(y, ldy, qx, dx, sx, n, p, g0, g1); break;
+    case CS_DTYPE_Q4_K: q4_k_n(y, ldy, qx, dx, sx, n, p, g0, g1); break;
+    case CS_DTYPE_Q6_K: CS_ASSERT(s16); q6_k_n(y, ldy, qx, dx, s16, n, p, g0, g1); break;
+    default: CS_ASSERT(!"packed dtype");
+    }
+}
+
+void cs_act_sums16(int32_t *s16, const int8_t *q, int64_t n) {
+    for (int64_t g = 0; g < n / 16; g++) {
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += q[16 * g + j];
+        s16[g] = s;
+    }
+}
