@@ -65,6 +65,7 @@ typedef struct cpu_ctx {
     bool vnni;            /* --precision int8 on AVX512-VNNI: Q8_0/Q4_K/Q6_K weights repacked
                            * (cs_qpack_t, at weight_prepare) for cs_qgemv_int8_vnni */
     int32_t *xq_s16;      /* ... and x's sums per 16 (Q6_K), xq_len / 16 */
+    cs_qpack_arena_t *qarena; /* ... the packs' memory */
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
     size_t xround_len;    /* floats */
     bool compress;        /* --compress-weights: the batch-1 GEMV reads BF16 weights coded in 12 bits */
@@ -409,14 +410,27 @@ struct qmm_job {
     int rows_per_task;
 };
 
-/* --precision int8: rows of x in groups of up to CS_QGEMV_MAX_N against the task's weight rows,
- * which stay in cache from the first group on */
+/* --precision int8: x quantized once (c->xq) for up to QMM_INT8_MAX weights of one block size,
+ * their row blocks in one pool dispatch (a layer's q/k/v, gate/up); rows of x in groups of up
+ * to CS_QGEMV_MAX_N against the task's weight rows, which stay in cache from the first group on */
+#define QMM_INT8_MAX 4
+struct qmm_int8_job {
+    cpu_ctx_t *c;
+    float *const *ys;
+    const cs_weight_t *const *ws;
+    int n, count;
+    int task0[QMM_INT8_MAX + 1], rows_per_task[QMM_INT8_MAX];
+};
+
 static void qmm_int8_task(void *p, int task, int thread) {
-    struct qmm_job *j = p;
-    const cs_weight_t *w = j->w;
+    struct qmm_int8_job *j = p;
     cpu_ctx_t *c = j->c;
     (void)thread;
-    int r0 = task * j->rows_per_task, r1 = CS_MIN(r0 + j->rows_per_task, w->rows), g = w->cols / 32;
+    int k = 0;
+    while (task >= j->task0[k + 1]) k++;
+    const cs_weight_t *w = j->ws[k];
+    float *y = j->ys[k];
+    int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows), g = w->cols / 32;
     int nd = w->cols / cs_quant_act_block(w->dtype);
     bool vnni = c->vnni && w->pack;
     for (int i0 = 0; i0 < j->n; i0 += CS_QGEMV_MAX_N) {
@@ -424,15 +438,19 @@ static void qmm_int8_task(void *p, int task, int thread) {
         const int8_t *q = c->xq + (size_t)i0 * w->cols;
         const float *d = c->xq_d + (size_t)i0 * nd, *sm = c->xq_s + (size_t)i0 * g;
         if (vnni)
-            cs_qgemv_int8_vnni(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, c->xq_s16 + (size_t)i0 * (w->cols / 16), m,
+            cs_qgemv_int8_vnni(y + (size_t)i0 * w->rows, w->rows, q, d, sm, c->xq_s16 + (size_t)i0 * (w->cols / 16), m,
                                w->pack, r0, r1);
-        else if (c->avx2) cs_qgemv_int8_avx2(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
-        else cs_qgemv_int8_ref(j->y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
+        else if (c->avx2) cs_qgemv_int8_avx2(y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
+        else cs_qgemv_int8_ref(y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
     }
 }
 
-static void cpu_matmul_int8(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
-    size_t need = (size_t)n * w->cols;
+/* ws[0..count) quantized, of one activation block size and one cols */
+static void cpu_matmul_int8_multi(cpu_ctx_t *c, float *const *ys, const float *x, int n, const cs_weight_t *const *ws,
+                                  const float *const *biases, int count) {
+    CS_ASSERT(count >= 1 && count <= QMM_INT8_MAX);
+    const int cols = ws[0]->cols, blk = cs_quant_act_block(ws[0]->dtype);
+    size_t need = (size_t)n * cols;
     if (c->xq_len < need) {
         free(c->xq); free(c->xq_d); free(c->xq_s); free(c->xq_s16);
         c->xq = cs_aligned_alloc(64, need);
@@ -442,27 +460,42 @@ static void cpu_matmul_int8(cpu_ctx_t *c, float *y, const float *x, int n, const
         CS_ASSERT(c->xq && c->xq_d && c->xq_s && c->xq_s16);
         c->xq_len = need;
     }
-    int blk = cs_quant_act_block(w->dtype);
     if (c->avx2 && !c->reference) cs_quantize_act_avx2(c->xq, c->xq_d, c->xq_s, x, (int64_t)need, blk);
     else cs_quantize_act_ref(c->xq, c->xq_d, c->xq_s, x, (int64_t)need, blk);
     if (c->reference) { /* the definition: the exact matmul on x̂ */
         float *xh = malloc(sizeof(float) * need);
         CS_ASSERT(xh);
         for (size_t i = 0; i < need; i++) xh[i] = c->xq_d[i / (size_t)blk] * (float)c->xq[i];
-        cs_matmul_ref(y, xh, n, w, bias);
+        for (int k = 0; k < count; k++) cs_matmul_ref(ys[k], xh, n, ws[k], biases[k]);
         free(xh);
         return;
     }
-    struct qmm_job j = {c, y, x, n, w, 0};
+    struct qmm_int8_job j = {c, ys, ws, n, count, {0}, {0}};
     int tasks = c->n_threads * 8;
-    j.rows_per_task = CS_MAX(4, (w->rows + tasks - 1) / tasks);
-    if (n > CS_QGEMV_MAX_N) j.rows_per_task = CS_MIN(j.rows_per_task, 16); /* cached across the groups of x */
-    if (c->vnni && w->pack) { /* whole groups of CS_QPACK_ROWS */
-        j.rows_per_task = (j.rows_per_task + CS_QPACK_ROWS - 1) / CS_QPACK_ROWS * CS_QPACK_ROWS;
-        if (w->dtype == CS_DTYPE_Q6_K) cs_act_sums16(c->xq_s16, c->xq, (int64_t)need);
+    bool s16 = false;
+    for (int k = 0; k < count; k++) {
+        const cs_weight_t *w = ws[k];
+        int rpt = CS_MAX(4, (w->rows + tasks - 1) / tasks);
+        if (n > CS_QGEMV_MAX_N) rpt = CS_MIN(rpt, 16); /* cached across the groups of x */
+        if (c->vnni && w->pack) { /* whole groups of CS_QPACK_ROWS */
+            rpt = (rpt + CS_QPACK_ROWS - 1) / CS_QPACK_ROWS * CS_QPACK_ROWS;
+            s16 |= w->dtype == CS_DTYPE_Q6_K;
+        }
+        j.rows_per_task[k] = rpt;
+        j.task0[k + 1] = j.task0[k] + (w->rows + rpt - 1) / rpt;
     }
-    threadpool_run(c->pool, (w->rows + j.rows_per_task - 1) / j.rows_per_task, qmm_int8_task, &j);
-    add_bias(y, n, w->rows, bias);
+    if (s16) cs_act_sums16(c->xq_s16, c->xq, (int64_t)need);
+    threadpool_run(c->pool, j.task0[count], qmm_int8_task, &j);
+    for (int k = 0; k < count; k++) add_bias(ys[k], n, ws[k]->rows, biases[k]);
+}
+
+static void cpu_matmul_int8(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
+    cpu_matmul_int8_multi(c, &y, x, n, &w, &bias, 1);
+}
+
+/* --precision int8 applies to w at n rows (see cpu_matmul_quant) */
+static bool int8_applies(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
+    return c->prec_int8 && cs_dtype_is_quant(w->dtype) && (n <= CPU_QINT8_MAX_N || c->invariant || (c->vnni && w->pack));
 }
 
 static void qmm_gemv_task(void *p, int task, int thread) {
@@ -511,7 +544,7 @@ static void cpu_matmul_quant(cpu_ctx_t *c, float *y, const float *x, int n, cons
      * int8, 0.88-1.09x dequantized, Zen 4 AVX2 path). Batch-invariant, or on a weight repacked
      * for AVX512-VNNI (2.4x the dequantized GEMM at prefill 512, Q8_0, Zen 4, one thread):
      * int8 at every n. */
-    if (c->prec_int8 && (n <= CPU_QINT8_MAX_N || c->invariant || (c->vnni && w->pack))) {
+    if (int8_applies(c, w, n)) {
         cpu_matmul_int8(c, y, x, n, w, bias);
         return;
     }
@@ -663,7 +696,15 @@ static void cpu_matmul_multi(cpu_raw_t *b, float *const *ys, const float *x, int
     const float *x_in = x; /* the caller's x: cpu_matmul rounds it again into c->xround */
     bool quant = false;
     for (int k = 0; k < count; k++) quant |= cs_dtype_is_quant(ws[k]->dtype);
-    if (quant) {
+    if (quant) { /* int8 on all, one block size: x quantized once, one dispatch */
+        bool one = count <= QMM_INT8_MAX;
+        for (int k = 0; k < count && one; k++)
+            one = int8_applies(c, ws[k], n) && ws[k]->cols == ws[0]->cols &&
+                  cs_quant_act_block(ws[k]->dtype) == cs_quant_act_block(ws[0]->dtype);
+        if (one) {
+            cpu_matmul_int8_multi(c, ys, x_in, n, ws, biases, count);
+            return;
+        }
         for (int k = 0; k < count; k++) cpu_matmul(b, ys[k], x_in, n, ws[k], biases[k]);
         return;
     }
@@ -1476,6 +1517,7 @@ static void cpu_free(cpu_raw_t *b) {
         free(c->xq_d);
         free(c->xq_s);
         free(c->xq_s16);
+        cs_qpack_arena_free(c->qarena);
         free(c);
     }
     free(b);
@@ -1595,10 +1637,12 @@ static void qpack_task(void *p, int task, int thread) {
 }
 
 cs_qpack_t *cpu_raw_qpack_new(cpu_raw_t *b, const cs_weight_t *w) {
-    cs_qpack_t *p = cs_qpack_new(w->dtype, w->rows, w->cols);
+    cpu_ctx_t *c = ctx_of(b);
+    if (!c->qarena && !(c->qarena = cs_qpack_arena_new())) return NULL;
+    cs_qpack_t *p = cs_qpack_new(w->dtype, w->rows, w->cols, c->qarena);
     if (!p) return NULL;
     struct qpack_job j = {p, w};
-    threadpool_run(ctx_of(b)->pool, w->rows / CS_QPACK_ROWS, qpack_task, &j);
+    threadpool_run(c->pool, w->rows / CS_QPACK_ROWS, qpack_task, &j);
     return p;
 }
 

@@ -178,12 +178,18 @@ typedef struct cs_qpack {
     cs_dtype dtype;
     int rows, cols;      /* rows a multiple of CS_QPACK_ROWS, cols of the type's blocks */
     size_t group_bytes;  /* one group of CS_QPACK_ROWS rows */
-    uint8_t *data;       /* in huge pages (cs_huge_alloc) */
+    uint8_t *data;       /* in huge pages: an arena's chunk, or its own cs_huge_alloc */
     size_t data_len;
+    struct cs_qpack_chunk *chunk;
 } cs_qpack_t;
+/* packs carved out of shared huge-page mappings (kernels_qpack.c); thread-safe */
+typedef struct cs_qpack_arena cs_qpack_arena_t;
+cs_qpack_arena_t *cs_qpack_arena_new(void);
+void cs_qpack_arena_free(cs_qpack_arena_t *a); /* the packs taken from it stay valid */
 int cs_cpu_has_avx512_vnni(void);
 bool cs_qpack_supports(cs_dtype dt, int rows, int cols);
-cs_qpack_t *cs_qpack_new(cs_dtype dt, int rows, int cols); /* NULL: not supported, or ENOMEM */
+/* NULL: not supported, or ENOMEM; arena NULL: a mapping of its own */
+cs_qpack_t *cs_qpack_new(cs_dtype dt, int rows, int cols, cs_qpack_arena_t *arena);
 /* groups [g0, g1) of CS_QPACK_ROWS rows of w (p's dtype and shape) into p */
 void cs_qpack_fill(cs_qpack_t *p, const cs_weight_t *w, int g0, int g1);
 size_t cs_qpack_bytes(const cs_qpack_t *p);

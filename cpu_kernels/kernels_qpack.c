@@ -26,6 +26,8 @@
  * Each is the type's own bytes per row (34, 144, 210 per block) rearranged, with every
  * 64-byte vector aligned; Q4_K's 12 scale bytes become 16, Q6_K's block gains 2 bytes a row. */
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,7 +55,73 @@ bool cs_qpack_supports(cs_dtype dt, int rows, int cols) {
     return pack_block_bytes(dt) && rows > 0 && rows % G == 0 && cols > 0 && cols % cs_dtype_block(dt) == 0;
 }
 
-cs_qpack_t *cs_qpack_new(cs_dtype dt, int rows, int cols) {
+/* ---- the arena ----
+ * A model's packs are carved one after another out of large mappings in huge pages: a
+ * matrix's pack alone would get huge pages only for its whole 2 MiB (a 1024 x 1024 Q8_0
+ * matrix, 1.1 MB, none), and reading packs from 4 KiB pages measured 0.8x the AVX2 kernels on
+ * the weights (in huge pages) at batch 1, two threads. A chunk is unmapped when its last pack
+ * is freed (base-weight pushes free the old packs); untouched parts of a mapping cost nothing. */
+#define QPACK_CHUNK ((size_t)256 << 20)
+
+struct cs_qpack_chunk {
+    uint8_t *base;
+    size_t len, used;
+    _Atomic int refs; /* live packs, and the arena while it allocates from it */
+};
+
+struct cs_qpack_arena {
+    pthread_mutex_t mu;
+    struct cs_qpack_chunk *cur;
+};
+
+static void chunk_unref(struct cs_qpack_chunk *c) {
+    if (c && atomic_fetch_sub(&c->refs, 1) == 1) {
+        cs_huge_free(c->base, c->len);
+        free(c);
+    }
+}
+
+cs_qpack_arena_t *cs_qpack_arena_new(void) {
+    cs_qpack_arena_t *a = calloc(1, sizeof *a);
+    if (a) pthread_mutex_init(&a->mu, NULL);
+    return a;
+}
+
+void cs_qpack_arena_free(cs_qpack_arena_t *a) {
+    if (!a) return;
+    chunk_unref(a->cur);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}
+
+/* n bytes, 64-aligned, from the arena's chunk (a new one when it is full) */
+static uint8_t *arena_take(cs_qpack_arena_t *a, size_t n, struct cs_qpack_chunk **from) {
+    n = (n + 63) & ~(size_t)63;
+    pthread_mutex_lock(&a->mu);
+    if (!a->cur || a->cur->len - a->cur->used < n) {
+        struct cs_qpack_chunk *c = calloc(1, sizeof *c);
+        size_t want = n > QPACK_CHUNK ? n : QPACK_CHUNK;
+        if (c && !(c->base = cs_huge_alloc(want, &c->len))) {
+            free(c);
+            c = NULL;
+        }
+        if (!c) {
+            pthread_mutex_unlock(&a->mu);
+            return NULL;
+        }
+        atomic_init(&c->refs, 1);
+        chunk_unref(a->cur);
+        a->cur = c;
+    }
+    uint8_t *p = a->cur->base + a->cur->used;
+    a->cur->used += n;
+    atomic_fetch_add(&a->cur->refs, 1);
+    *from = a->cur;
+    pthread_mutex_unlock(&a->mu);
+    return p;
+}
+
+cs_qpack_t *cs_qpack_new(cs_dtype dt, int rows, int cols, cs_qpack_arena_t *arena) {
     if (!cs_qpack_supports(dt, rows, cols)) return NULL;
     cs_qpack_t *p = calloc(1, sizeof *p);
     if (!p) return NULL;
@@ -62,7 +130,8 @@ cs_qpack_t *cs_qpack_new(cs_dtype dt, int rows, int cols) {
     p->cols = cols;
     int nb = cols / cs_dtype_block(dt);
     p->group_bytes = (size_t)(dt == CS_DTYPE_Q8_0 ? (nb + 1) / 2 * 2 : nb) * pack_block_bytes(dt);
-    p->data = cs_huge_alloc(p->group_bytes * (size_t)(rows / G), &p->data_len);
+    size_t n = p->group_bytes * (size_t)(rows / G);
+    p->data = arena ? arena_take(arena, n, &p->chunk) : cs_huge_alloc(n, &p->data_len);
     if (!p->data) {
         free(p);
         return NULL;
@@ -72,7 +141,8 @@ cs_qpack_t *cs_qpack_new(cs_dtype dt, int rows, int cols) {
 
 void cs_qpack_free(cs_qpack_t *p) {
     if (!p) return;
-    cs_huge_free(p->data, p->data_len);
+    if (p->chunk) chunk_unref(p->chunk);
+    else cs_huge_free(p->data, p->data_len);
     free(p);
 }
 
@@ -147,27 +217,36 @@ VNNI INLINE void q8_0_t(float *y, int ldy, const int8_t *qx, const float *dx, co
     for (int g = g0; g < g1; g++) {
         const uint8_t *base = p->data + (size_t)g * p->group_bytes;
         __m512 acc[CS_QPACK_MAX_N];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const uint8_t *o = base + (size_t)(b / 2) * 1088, *od = o + 32 * (b & 1), *oq = o + 64 + 512 * (b & 1);
-            __m512i s[CS_QPACK_MAX_N];
-            #pragma GCC unroll 4
-            for (int i = 0; i < n; i++) s[i] = _mm512_set1_epi32(-128 * (int)sx[(size_t)i * nb + b]);
+            /* up to 2 rows of x: a second chain of sums for the odd k (vpdpbusd's latency) */
+            __m512i s[CS_QPACK_MAX_N], s2[CS_QPACK_MAX_N];
+#pragma GCC unroll 4
+            for (int i = 0; i < n; i++) {
+                s[i] = _mm512_set1_epi32(-128 * (int)sx[(size_t)i * nb + b]);
+                s2[i] = _mm512_setzero_si512();
+            }
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
                 prefetch_step(od, 544, k, 8);
                 __m512i wv = _mm512_load_si512((const void *)(oq + 64 * k));
-                #pragma GCC unroll 4
-                for (int i = 0; i < n; i++)
-                    s[i] = _mm512_dpbusd_epi32(s[i], wv, bcast4(qx + (size_t)i * p->cols + 32 * (size_t)b + 4 * k));
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++) {
+                    __m512i xv = bcast4(qx + (size_t)i * p->cols + 32 * (size_t)b + 4 * k);
+                    if (n <= 2 && (k & 1)) s2[i] = _mm512_dpbusd_epi32(s2[i], wv, xv);
+                    else s[i] = _mm512_dpbusd_epi32(s[i], wv, xv);
+                }
             }
+#pragma GCC unroll 4
+            for (int i = 0; i < n && n <= 2; i++) s[i] = _mm512_add_epi32(s[i], s2[i]);
             __m512 d = f16x16(od);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int i = 0; i < n; i++)
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx[(size_t)i * nb + b])), acc[i]);
         }
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int i = 0; i < n; i++) _mm512_storeu_ps(y + (size_t)i * ldy + (size_t)G * g, acc[i]);
     }
 }
@@ -179,55 +258,62 @@ VNNI INLINE void q4_k_t(float *y, int ldy, const int8_t *qx, const float *dx, co
     for (int g = g0; g < g1; g++) {
         const uint8_t *base = p->data + (size_t)g * p->group_bytes;
         __m512 acc[CS_QPACK_MAX_N];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const uint8_t *o = base + (size_t)b * 2368;
             __m512i isum[CS_QPACK_MAX_N];
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int i = 0; i < n; i++) isum[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int pr = 0; pr < 4; pr++) {
-                __m512i a0[CS_QPACK_MAX_N], a1[CS_QPACK_MAX_N];
-                #pragma GCC unroll 4
-                for (int i = 0; i < n; i++) a0[i] = a1[i] = _mm512_setzero_si512();
+                /* one row of x: second chains for the odd k (vpdpbusd's latency) */
+                __m512i a0[CS_QPACK_MAX_N], a1[CS_QPACK_MAX_N], b0[CS_QPACK_MAX_N], b1[CS_QPACK_MAX_N];
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++) a0[i] = a1[i] = b0[i] = b1[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     prefetch_step(o, 2368, 8 * pr + k, 32);
                     __m512i v = _mm512_load_si512((const void *)(o + 320 + 64 * (8 * pr + k)));
                     __m512i l = _mm512_and_si512(v, lo4), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-                    #pragma GCC unroll 4
+#pragma GCC unroll 4
                     for (int i = 0; i < n; i++) {
                         const int8_t *xi = qx + (size_t)i * p->cols + 256 * (size_t)b + 64 * pr + 4 * k;
-                        a0[i] = _mm512_dpbusd_epi32(a0[i], l, bcast4(xi));
-                        a1[i] = _mm512_dpbusd_epi32(a1[i], h, bcast4(xi + 32));
+                        if (n == 1 && (k & 1)) {
+                            b0[i] = _mm512_dpbusd_epi32(b0[i], l, bcast4(xi));
+                            b1[i] = _mm512_dpbusd_epi32(b1[i], h, bcast4(xi + 32));
+                        } else {
+                            a0[i] = _mm512_dpbusd_epi32(a0[i], l, bcast4(xi));
+                            a1[i] = _mm512_dpbusd_epi32(a1[i], h, bcast4(xi + 32));
+                        }
                     }
                 }
+                if (n == 1) a0[0] = _mm512_add_epi32(a0[0], b0[0]), a1[0] = _mm512_add_epi32(a1[0], b1[0]);
                 __m512i s0 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(o + 64 + 32 * pr)));
                 __m512i s1 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(o + 64 + 32 * pr + 16)));
-                #pragma GCC unroll 4
+#pragma GCC unroll 4
                 for (int i = 0; i < n; i++)
                     isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(a0[i], s0), _mm512_mullo_epi32(a1[i], s1)));
             }
             /* Σ_j m_j Σ x over sub-block j, in F32 (the sums of x per 32 are F32 already) */
             __m512 msum[CS_QPACK_MAX_N];
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int i = 0; i < n; i++) msum[i] = _mm512_setzero_ps();
             for (int j = 0; j < 8; j++) {
                 __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(o + 192 + 16 * j))));
-                #pragma GCC unroll 4
+#pragma GCC unroll 4
                 for (int i = 0; i < n; i++)
                     msum[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * groups + 8 * (size_t)b + j]), msum[i]);
             }
             __m512 d = f16x16(o), dmin = f16x16(o + 32);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int i = 0; i < n; i++) {
                 __m512 dd = _mm512_set1_ps(dx[(size_t)i * nb + b]);
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, dd), acc[i]);
                 acc[i] = _mm512_fnmadd_ps(msum[i], _mm512_mul_ps(dmin, dd), acc[i]);
             }
         }
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int i = 0; i < n; i++) _mm512_storeu_ps(y + (size_t)i * ldy + (size_t)G * g, acc[i]);
     }
 }
@@ -240,19 +326,19 @@ VNNI INLINE void q6_k_t(float *y, int ldy, const int8_t *qx, const float *dx, co
     for (int g = g0; g < g1; g++) {
         const uint8_t *base = p->data + (size_t)g * p->group_bytes;
         __m512 acc[CS_QPACK_MAX_N];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const uint8_t *o = base + (size_t)b * 3392;
             __m512i isum[CS_QPACK_MAX_N];
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int i = 0; i < n; i++) isum[i] = _mm512_setzero_si512();
             for (int h = 0; h < 2; h++)
                 for (int kh = 0; kh < 2; kh++) { /* columns 128h + 32t + 16kh .. + 15: sub-block 8h + 2t + kh */
                     __m512i a[4][CS_QPACK_MAX_N];
-                    #pragma GCC unroll 4
+#pragma GCC unroll 4
                     for (int t = 0; t < 4; t++)
-                        #pragma GCC unroll 4
+#pragma GCC unroll 4
                         for (int i = 0; i < n; i++) a[t][i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
                     for (int k = 4 * kh; k < 4 * kh + 4; k++) {
@@ -266,18 +352,18 @@ VNNI INLINE void q6_k_t(float *y, int ldy, const int8_t *qx, const float *dx, co
                         q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), lo4), _mm512_and_si512(qh, b45));
                         q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), lo4),
                                                _mm512_and_si512(_mm512_srli_epi16(qh, 2), b45));
-                        #pragma GCC unroll 4
+#pragma GCC unroll 4
                         for (int t = 0; t < 4; t++)
-                            #pragma GCC unroll 4
+#pragma GCC unroll 4
                             for (int i = 0; i < n; i++)
                                 a[t][i] = _mm512_dpbusd_epi32(a[t][i], q[t],
                                                               bcast4(qx + (size_t)i * p->cols + 256 * (size_t)b + 128 * h + 32 * t + 4 * k));
                     }
-                    #pragma GCC unroll 4
+#pragma GCC unroll 4
                     for (int t = 0; t < 4; t++) {
                         int j = 8 * h + 2 * t + kh;
                         __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(o + 64 + 16 * j)));
-                        #pragma GCC unroll 4
+#pragma GCC unroll 4
                         for (int i = 0; i < n; i++) {
                             __m512i v = _mm512_sub_epi32(a[t][i], _mm512_set1_epi32(32 * s16[(size_t)i * n16 + 16 * (size_t)b + j]));
                             isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(v, sc));
@@ -285,11 +371,11 @@ VNNI INLINE void q6_k_t(float *y, int ldy, const int8_t *qx, const float *dx, co
                     }
                 }
             __m512 d = f16x16(o);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int i = 0; i < n; i++)
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx[(size_t)i * nb + b])), acc[i]);
         }
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int i = 0; i < n; i++) _mm512_storeu_ps(y + (size_t)i * ldy + (size_t)G * g, acc[i]);
     }
 }

@@ -1171,6 +1171,11 @@ START_TEST(test_quant_int8_vnni) {
                 cs_qpack_t *pk = cpu_raw_qpack_new(be, &w);
                 ck_assert(pk && cs_qpack_bytes(pk) >= (size_t)rows * cs_dtype_row_bytes(types[t], cols));
                 w.pack = pk;
+                cs_qpack_t *own = cs_qpack_new(types[t], rows, cols, NULL); /* outside an arena: the same bytes */
+                ck_assert(own);
+                cs_qpack_fill(own, &w, 0, rows / CS_QPACK_ROWS);
+                ck_assert(!memcmp(own->data, pk->data, cs_qpack_bytes(pk)));
+                cs_qpack_free(own);
                 float *x = test_randv(&rng, (size_t)n * cols, 1.0f), *bias = test_randv(&rng, (size_t)rows, 0.1f);
                 x[0] = 0; /* a zero column, and a whole zero block of x in the last row */
                 for (int c = 0; c < cs_quant_act_block(types[t]); c++) x[(size_t)(n - 1) * cols + c] = 0;
@@ -1219,6 +1224,57 @@ START_TEST(test_quant_int8_vnni) {
 }
 END_TEST
 
+/* --precision int8, several quantized weights at once (a layer's q/k/v, gate/up): x quantized
+ * once, one dispatch; the same bits as one matmul at a time, whichever kernels run (the VNNI
+ * pack where the CPU has it, AVX2, the reference) and with a mix of block sizes (then each
+ * on its own) */
+START_TEST(test_quant_int8_multi) {
+    cpu_backend_params_t ps[] = {{.n_threads = 2, .precision_int8 = true},
+                                 {.n_threads = 2, .precision_int8 = true, .no_vnni = true},
+                                 {.n_threads = 2, .precision_int8 = true, .reference = true},
+                                 {.n_threads = 3, .precision_int8 = true, .batch_invariant = true}};
+    static const cs_dtype sets[][3] = {{CS_DTYPE_Q4_K, CS_DTYPE_Q6_K, CS_DTYPE_Q4_K},
+                                       {CS_DTYPE_Q8_0, CS_DTYPE_Q4_0, CS_DTYPE_Q8_0},
+                                       {CS_DTYPE_Q8_0, CS_DTYPE_Q6_K, CS_DTYPE_Q5_1}};
+    static const int rows[3] = {64, 32, 48}, ns[] = {1, 3, 8, 40};
+    const int cols = 512;
+    for (size_t k = 0; k < CS_ARRAY_LEN(ps); k++) {
+        cpu_raw_t *be = cpu_raw_new(&ps[k]);
+        for (size_t st = 0; st < CS_ARRAY_LEN(sets); st++)
+            for (size_t ni = 0; ni < CS_ARRAY_LEN(ns); ni++) {
+                int n = ns[ni];
+                void *mem[3];
+                cs_weight_t w[3];
+                cs_qpack_t *pk[3] = {NULL, NULL, NULL};
+                float *y[3], *y1[3], *bias[3];
+                for (int m = 0; m < 3; m++) {
+                    w[m] = make_qweight(rows[m], cols, sets[st][m], 0.05f, &mem[m]);
+                    if (cpu_raw_packs_quant(be) && cs_qpack_supports(w[m].dtype, w[m].rows, w[m].cols))
+                        w[m].pack = pk[m] = cpu_raw_qpack_new(be, &w[m]);
+                    y[m] = malloc(sizeof(float) * n * rows[m]);
+                    y1[m] = malloc(sizeof(float) * n * rows[m]);
+                    bias[m] = m == 1 ? test_randv(&rng, (size_t)rows[m], 0.1f) : NULL;
+                }
+                float *x = test_randv(&rng, (size_t)n * cols, 1.0f);
+                const cs_weight_t *ws[3] = {&w[0], &w[1], &w[2]};
+                const float *bs[3] = {bias[0], bias[1], bias[2]};
+                cpu_raw_matmul_multi(be, y, x, n, ws, bs, 3);
+                for (int m = 0; m < 3; m++) {
+                    cpu_raw_matmul(be, y1[m], x, n, &w[m], bias[m]);
+                    ck_assert_msg(!memcmp(y[m], y1[m], sizeof(float) * n * rows[m]), "int8 multi params %zu set %zu n=%d: weight %d differs",
+                                  k, st, n, m);
+                }
+                for (int m = 0; m < 3; m++) {
+                    cs_qpack_free(pk[m]);
+                    free(mem[m]); free(y[m]); free(y1[m]); free(bias[m]);
+                }
+                free(x);
+            }
+        cpu_raw_free(be);
+    }
+}
+END_TEST
+
 int main(void) {
     cs_rng_seed(&rng, 1234);
     const TTest *const tests[] = {
@@ -1227,7 +1283,7 @@ int main(void) {
         test_norm_rope_silu, test_gemv_streams, test_wcode_roundtrip, test_wcode_gemv, test_wcode_code_only,
         test_split_tiles, test_avx2_kernels, test_half_conversions, test_threadpool_exactly_once,
         test_quant_dequant, test_quant_matmul, test_quant_invariant_bf16, test_quant_embed, test_quant_int8,
-        test_quant_int8_vnni
+        test_quant_int8_vnni, test_quant_int8_multi
     };
     return cs_check_main("cpu_kernels", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }
