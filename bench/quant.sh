@@ -4,6 +4,7 @@
 # convert_hf_to_gguf.py and quantized by its llama-quantize to each of TYPES; for each file:
 #   - caraserve batch (--precision int8, and exact at batch 1): decode tokens/s at batch 1, 8,
 #     32, and at batch 8 with 8 distinct rank-16 adapters against the base; prefill of PROMPT;
+#     where the CPU has AVX512-VNNI, int8 on the AVX2 kernels too (int8avx2: CS_NO_VNNI=1);
 #   - llama-bench (pp PROMPT, tg GEN) and llama-batched-bench (decode at 1, 8, 32);
 #   - the read bandwidth of batch-1 decode: tok/s x the bytes of weights a token reads (every
 #     tensor of the file but the embedding's, from the file's own table), over bench/membw's;
@@ -13,20 +14,23 @@
 #     benchmark model's random weights and its SentencePiece vocabulary without scores, which
 #     llama.cpp's converter writes as -1000 for every token, would compare tokenizers, not
 #     numerics): PPL_TEXT (the docs/ pages) cut into chunks of 512 as llama-perplexity scores
-#     them (BOS in place of the first token, the second half of each chunk scored).
+#     them (BOS in place of the first token, the second half of each chunk scored);
+#   - greedy continuations (GREEDY_TOKENS) of 8 prompts on those files against llama.cpp's
+#     (bench/quant_greedy.py: llama-completion with an F32 KV cache, or llama-simple).
 # Configurations alternate within each repetition; the ratios are per repetition (medians of
 # them). JSON in bench/results/quant-*.json with the CPU and the kernel paths. Quiet the machine.
 #
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/quant.sh
 # Env: BUILD (build), THREADS (2), GEN (64), PROMPT (512), REPS (3), TYPES ("Q8_0 Q4_K_M Q6_K"),
 #      PPL_CHUNKS (4), PPL_TEXT (docs/*.md concatenated), PPL_MODEL (demo/smollm2-135m-instruct;
-#      none: no perplexity), CACHE, LLAMA_PY
+#      none: no perplexity), GREEDY_TOKENS (32), CACHE, LLAMA_PY
 # LLAMA_CPP_DIR needs build/bin/llama-bench, llama-batched-bench, llama-quantize,
-# llama-perplexity, and convert_hf_to_gguf.py (with gguf-py/, or the gguf package installed).
+# llama-perplexity, and convert_hf_to_gguf.py (with gguf-py/, or the gguf package installed);
+# llama-completion (or llama-simple) for the greedy comparison, left out without.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -n "${LLAMA_CPP_DIR:-}" ] || { echo "bench/quant.sh: set LLAMA_CPP_DIR to a llama.cpp build" >&2; exit 2; }
-GEN=${GEN:-64} PROMPT=${PROMPT:-512} REPS=${REPS:-3} TYPES=${TYPES:-"Q8_0 Q4_K_M Q6_K"} PPL_CHUNKS=${PPL_CHUNKS:-4}
+GEN=${GEN:-64} PROMPT=${PROMPT:-512} GREEDY_TOKENS=${GREEDY_TOKENS:-32} REPS=${REPS:-3} TYPES=${TYPES:-"Q8_0 Q4_K_M Q6_K"} PPL_CHUNKS=${PPL_CHUNKS:-4}
 . bench/common.sh # $model (BF16 directory), $gguf (its F16 GGUF)
 bin="$LLAMA_CPP_DIR/build/bin"
 work=$(mktemp -d)
@@ -54,6 +58,10 @@ for i in range(b):
 PYEOF
 }
 configs="1:0 8:0 32:0 8:8"
+# int8avx2: --precision int8 on the AVX2 kernels (CS_NO_VNNI) where the CPU has AVX512-VNNI, at
+# batch 1 and prefill: the repacked VNNI kernels' gain, side by side
+precs="int8 exact"
+grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null && precs="int8 exact int8avx2"
 for c in $configs; do mkreq "${c%%:*}" "${c##*:}"; done
 $PY -c "import random; random.seed(1); print('{\"prompt_ids\": [' + ','.join(str(random.randrange(3, 32000)) for _ in range($PROMPT)) + '], \"max_tokens\": 1}')" > "$work/prefill.jsonl"
 
@@ -68,17 +76,29 @@ for r in $(seq "$REPS"); do
         t=${tf%%:*} f=${tf#*:}
         for c in $configs; do
             b=${c%%:*} a=${c##*:}
-            for prec in int8 exact; do
-                [ "$prec" = exact ] && [ "$c" != "1:0" ] && continue
-                st=$(batch_stats "$BUILD/caraserve" --model "$f" "${lora_args[@]}" --requests "$work/req-$b-$a.jsonl" \
-                    --precision "$prec" --max-num-seqs 64 --kv-cache-bytes 2G)
+            # int8lbf16: the adapters held in BF16 (--lora-dtype bf16, as vLLM holds them in the
+            # model's dtype): half the bytes the 8 adapters add to each step
+            for prec in $precs int8lbf16; do
+                case "$prec:$c" in
+                int8:* | exact:1:0 | int8avx2:1:0 | int8lbf16:8:8) ;;
+                *) continue ;;
+                esac
+                novnni="" ldt=auto pflag=$prec
+                case $prec in int8*) pflag=int8 ;; esac
+                [ "$prec" = int8avx2 ] && novnni=1
+                [ "$prec" = int8lbf16 ] && ldt=bf16
+                st=$(CS_NO_VNNI=$novnni batch_stats "$BUILD/caraserve" --model "$f" "${lora_args[@]}" \
+                    --requests "$work/req-$b-$a.jsonl" --precision "$pflag" --lora-dtype "$ldt" --max-num-seqs 64 \
+                    --kv-cache-bytes 2G)
                 echo "{\"kind\": \"decode\", \"type\": \"$t\", \"precision\": \"$prec\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
                 echo "rep $r $t $prec batch $b adapters $a: $(decode_tps "$st")" >&2
             done
         done
-        for prec in int8 exact; do
-            st=$(batch_stats "$BUILD/caraserve" --model "$f" --requests "$work/prefill.jsonl" --precision "$prec" \
-                --max-num-batched-tokens "$PROMPT")
+        for prec in $precs; do
+            novnni=""
+            [ "$prec" = int8avx2 ] && novnni=1
+            st=$(CS_NO_VNNI=$novnni batch_stats "$BUILD/caraserve" --model "$f" --requests "$work/prefill.jsonl" \
+                --precision "${prec%avx2}" --max-num-batched-tokens "$PROMPT")
             echo "{\"kind\": \"prefill\", \"type\": \"$t\", \"precision\": \"$prec\", \"rep\": $r, \"stats\": $st}" >> "$results"
         done
         js=$("$bin/llama-bench" -m "$f" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 -o json 2>/dev/null \
@@ -121,6 +141,21 @@ for tf in ${pfiles[@]+"${pfiles[@]}"}; do
     echo "{\"kind\": \"ppl\", \"type\": \"$t\", \"file\": \"$f\", \"llama_cpp\": ${lp:-null}, \"caraserve_int8\": $c8, \"caraserve_exact\": $cx}" >> "$results"
     echo "$t perplexity: caraserve int8 $c8, exact $cx, llama.cpp ${lp:-?}" >&2
 done
+
+# greedy continuations against llama.cpp's on the same files (bench/quant_greedy.py says where and
+# why they may part): llama-completion with an F32 KV cache where built, else llama-simple
+simple="$bin/llama-completion"
+[ -x "$simple" ] || simple="$bin/llama-simple"
+if [ -x "$simple" ]; then
+    for tf in ${pfiles[@]+"${pfiles[@]}"}; do
+        t=${tf%%:*} f=${tf#*:}
+        g=$($PY bench/quant_greedy.py "$BUILD/caraserve" "$simple" "$f" "$GREEDY_TOKENS" "$THREADS")
+        echo "{\"kind\": \"greedy\", \"type\": \"$t\", \"out\": $g}" >> "$results"
+        echo "$t greedy: $(echo "$g" | $PY -c "import json,sys; d=json.load(sys.stdin); print(d['int8_equal'], 'of', d['n_prompts'], 'equal (int8),', d['exact_equal'], '(exact)')")" >&2
+    done
+else
+    echo "bench/quant.sh: no $bin/llama-completion or llama-simple: greedy comparison left out" >&2
+fi
 
 out="bench/results/quant-$(date -u +%Y%m%dT%H%M%SZ).json"
 $PY - "$results" "$out" "$THREADS" "$GEN" "$PROMPT" "${files[@]}" <<'PYEOF'
@@ -169,7 +204,7 @@ for t, f in files.items():
         return med(v) if v else None
     for prec, b, a in sorted({k for p in per.values() for k in p if len(k) == 3}):
         d["decode"][f"{prec}_b{b}_a{a}"] = {"tok_s": series((prec, b, a)), "median": med(series((prec, b, a)))}
-    for prec in ("int8", "exact"):
+    for prec in ("int8", "exact", "int8avx2"):
         s = series((prec, "prefill"))
         if s:
             d["prefill"][prec] = {"tok_s": s, "median": med(s)}
@@ -186,7 +221,11 @@ for t, f in files.items():
         "prefill_int8_vs_llama_pp": ratio(("int8", "prefill"), ("llama", "pp")),
         "prefill_exact_vs_llama_pp": ratio(("exact", "prefill"), ("llama", "pp")),
         "b8_8_adapters_vs_base": ratio(("int8", 8, 8), ("int8", 8, 0)),
+        "b8_8_adapters_bf16_vs_base": ratio(("int8lbf16", 8, 8), ("int8", 8, 0)),
     }
+    if any(("int8avx2", 1, 0) in p for p in per.values()):
+        d["ratios"]["decode_b1_int8avx2_vs_llama_tg"] = ratio(("int8avx2", 1, 0), ("llama", "tg"))
+        d["ratios"]["prefill_int8avx2_vs_llama_pp"] = ratio(("int8avx2", "prefill"), ("llama", "pp"))
     if res["membw_read_gb_s"] and d["decode"].get("int8_b1_a0"):
         d["decode_b1_int8_read_gb_s"] = d["decode"]["int8_b1_a0"]["median"] * tok_bytes / 1e9
         d["decode_b1_int8_of_membw"] = d["decode_b1_int8_read_gb_s"] / res["membw_read_gb_s"]
@@ -198,9 +237,18 @@ for t, f in files.items():
         if q["llama_cpp"]:
             d["perplexity"]["ratio_int8"] = q["caraserve_int8"] / q["llama_cpp"]
             d["perplexity"]["ratio_exact"] = q["caraserve_exact"] / q["llama_cpp"]
+    gr = [r["out"] for r in runs if r["kind"] == "greedy" and r["type"] == t]
+    if gr:
+        g = gr[0]
+        d["greedy"] = {"llama_cpp": g["llama_cpp"], "tokens": g["tokens"], "prompts": g["n_prompts"],
+                       "int8_equal": g["int8_equal"], "exact_equal": g["exact_equal"],
+                       "int8_shared_chars": [p["int8_shared_chars"] for p in g["prompts"]],
+                       "exact_shared_chars": [p["exact_shared_chars"] for p in g["prompts"]],
+                       "llama_cpp_chars": [len(p["llama_cpp"]) for p in g["prompts"]], "texts": g["prompts"]}
     res["types"][t] = d
 json.dump(res, open(out, "w"), indent=2)
-print(json.dumps({t: {**v["ratios"], "ppl": v.get("perplexity")} for t, v in res["types"].items()}, indent=1))
+print(json.dumps({t: {**v["ratios"], "ppl": v.get("perplexity"),
+                      "greedy_equal": v.get("greedy", {}).get("int8_equal")} for t, v in res["types"].items()}, indent=1))
 print("wrote", out)
 PYEOF
 bench_stamp "$out"
