@@ -582,9 +582,6 @@ int model_config_from_gguf(const gguf_t *g, model_config_t *out) {
             rc = cs_error_set(CS_EFORMAT, "%s: linear RoPE scaling needs rope.scaling.factor >= 1", path);
         else json_object_set_new(o, "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "linear", "factor", f));
     }
-    if (!rc && gguf_find_tensor(g, "rope_freqs.weight"))
-        rc = cs_error_set(CS_EUNSUPPORTED, "%s: per-frequency RoPE factors (rope_freqs.weight, Llama 3.1-style scaling) "
-                          "are not supported in GGUF files", path);
     /* the vocabulary: the tokenizer's tokens, which the embedding must match */
     const gguf_tensor_t *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!rc && !emb) rc = cs_error_set(CS_EFORMAT, "%s: no tensor token_embd.weight", path);

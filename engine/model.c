@@ -395,9 +395,28 @@ void model_rope_inv_freq(const model_config_t *c, float *inv) {
     }
 }
 
+/* A GGUF's per-frequency RoPE factors (rope_freqs.weight: what llama.cpp's converter writes for
+ * Llama 3.1-style scaling, rope_scaling "llama3" folded into one factor per frequency):
+ * llama.cpp divides each frequency by its factor, so inv_freq[i] /= factor[i]. */
+static int gguf_rope_factors(model_t *m, float *inv, int half) {
+    const st_tensor_t *t = find_tensor(m, "rope_freqs.weight");
+    if (!t) return CS_OK;
+    if (t->dtype != CS_DTYPE_F32 || t->n_dims != 1 || t->shape[0] != half)
+        return cs_error_set(CS_EFORMAT, "rope_freqs.weight must be F32 of %d elements (head_dim / 2), not %s of %lld", half,
+                            cs_dtype_name(t->dtype), (long long)(t->n_dims ? t->shape[0] : 0));
+    const float *f = t->data;
+    for (int i = 0; i < half; i++) {
+        if (!(f[i] > 0) || !isfinite(f[i]))
+            return cs_error_set(CS_EFORMAT, "rope_freqs.weight[%d] = %g: factors must be finite and > 0", i, (double)f[i]);
+        inv[i] /= f[i];
+    }
+    return CS_OK;
+}
+
 static bool tensor_expected(const model_t *m, const char *name) {
     /* buffers some checkpoints carry that do not change the math */
     if (strstr(name, "rotary_emb.inv_freq")) return true;
+    if (m->gg && strcmp(name, "rope_freqs.weight") == 0) return true; /* read by gguf_rope_factors */
     if (m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0) return true;
     return false;
 }
@@ -654,6 +673,7 @@ static int load(const char *dir, backend_t *be, model_weights_mem how, bool prob
     m->inv_freq = malloc(sizeof(float) * (size_t)(hd / 2));
     if (!m->inv_freq) { rc = cs_error_set(CS_ENOMEM, "out of memory"); goto err; }
     model_rope_inv_freq(c, m->inv_freq);
+    if (m->gg && (rc = gguf_rope_factors(m, m->inv_freq, hd / 2))) goto err;
     if (!(m->inv_freq_buf = backend_buf_alloc(be, sizeof(float) * (size_t)(hd / 2)))) {
         rc = cs_error_set(CS_ENOMEM, "rotary frequencies: %s", cs_error_last());
         goto err;

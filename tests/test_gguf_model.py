@@ -13,6 +13,7 @@ the reference rounds twice: a weight moves by at most one F32 ulp), so the F32 t
 test_ref_forward.py holds: every position's log-softmax within 1e-4, greedy continuation equal
 (or a genuine tie). A LoRA adapter from peft on top of the quantized base is held to the same.
 Bad files are refused with a message naming what is wrong."""
+import math
 import os
 import subprocess
 import sys
@@ -91,7 +92,7 @@ def gguf_name(hf):
     return f"blk.{layer}.{GGUF_NAMES[mod]}.{kind}"
 
 
-def write_gguf(ref, kind, types, path, permute_qk=True, tensor_hook=None, omit=()):
+def write_gguf(ref, kind, types, path, permute_qk=True, tensor_hook=None, omit=(), extra_tensors=None):
     """Write REF (a transformers model) as a GGUF at PATH, matrices quantized by
     types(gguf_name) -> QT; returns the reference model on the dequantized weights."""
     cfg = ref.config
@@ -146,6 +147,8 @@ def write_gguf(ref, kind, types, path, permute_qk=True, tensor_hook=None, omit=(
                 x = permute(x, cfg.num_attention_heads if ".attn_q." in g else cfg.num_key_value_heads)
             deq[name] = t
             w.add_tensor(g, np.ascontiguousarray(x, dtype=np.float32))
+    for g, x in (extra_tensors or {}).items():
+        w.add_tensor(g, np.ascontiguousarray(x, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -202,6 +205,25 @@ def check(name, ref, path, lora=None, extra=(), lengths=(1, 9, 120)):
         worst[name] = max(worst.get(name, 0), wv)
 
 
+def llama3_rope_factors(theta, dim, rs):
+    """rope_freqs.weight as llama.cpp's converter writes it for rope_scaling "llama3": per
+    frequency the divisor that turns the plain frequency into the scaled one (1 above the
+    high-frequency wavelength, factor below the low one, smoothed between)"""
+    freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    old, lo, hi, factor = rs["original_max_position_embeddings"], rs["low_freq_factor"], rs["high_freq_factor"], rs["factor"]
+    out = []
+    for f in freqs:
+        wl = 2 * math.pi / f
+        if wl < old / hi:
+            out.append(1.0)
+        elif wl > old / lo:
+            out.append(factor)
+        else:
+            s = (old / wl - lo) / (hi - lo)
+            out.append(1.0 / ((1 - s) / factor + s))
+    return np.array(out, dtype=np.float32)
+
+
 def refused(path, *words):
     p = subprocess.run([reflib.CARASERVE, "generate", "--model", path, "--prompt-ids", "1,2,3", "--max-tokens", "1"],
                        capture_output=True, text=True)
@@ -225,6 +247,33 @@ def main():
         path = os.path.join(tmp, f"llama-{qt.name}.gguf")
         refs[qt] = write_gguf(llama, "llama", lambda g, qt=qt: qt, path)
         check(f"llama {qt.name}", refs[qt], path)
+
+    # Llama 3.1-style RoPE: transformers' rope_scaling "llama3" against the GGUF's
+    # rope_freqs.weight (no scaling in its metadata), frequencies in all three regimes
+    rs = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+    _, l31 = make_model("llama", heads=4, kv_heads=2, hidden=64, inter=96, rope_scaling=rs)
+    ff = llama3_rope_factors(10000.0, 16, rs)
+    if not (ff[0] == 1 and ff[-1] == 8 and any(1 < x < 8 for x in ff)):
+        reflib.fail(f"rope factors {ff}: not every regime")
+    path31 = os.path.join(tmp, "llama31.gguf")
+    ref31 = write_gguf(l31, "llama", lambda g: QT.Q8_0, path31, extra_tensors={"rope_freqs.weight": ff})
+    check("llama Q8_0 rope_freqs (llama3 scaling)", ref31, path31)
+    # the same file without the factors is another model: the check can fail
+    path31b = os.path.join(tmp, "llama31-nofactors.gguf")
+    write_gguf(l31, "llama", lambda g: QT.Q8_0, path31b)
+    p = prompts("rope")[2]
+    rows, _ = reflib.run_engine(path31b, p, 0)
+    d = float(np.abs(reflib.log_softmax64(rows) - reflib.log_softmax64(reflib.hf_logits(ref31, p))).max())
+    if not d > 1e-2:
+        reflib.fail(f"without rope_freqs.weight the engine is within {d:.2e} of the llama3-scaled reference")
+    print(f"ok  without rope_freqs.weight: {d:.2e} from the llama3-scaled reference")
+    bad = os.path.join(tmp, "llama31-bad.gguf")
+    write_gguf(l31, "llama", lambda g: QT.Q8_0, bad, extra_tensors={"rope_freqs.weight": np.concatenate([ff, ff])})
+    refused(bad, "rope_freqs.weight", "F32 of 8 elements")
+    bad0 = os.path.join(tmp, "llama31-zero.gguf")
+    write_gguf(l31, "llama", lambda g: QT.Q8_0, bad0, extra_tensors={"rope_freqs.weight": np.zeros_like(ff)})
+    refused(bad0, "rope_freqs.weight[0]", "> 0")
 
     # a Q4_K_M-like mix on rows of 256: Q4_K, Q6_K on attn_v / ffn_down / output, Q5_K, F16
     _, big = make_model("llama", heads=4, kv_heads=2, hidden=256, inter=512)
