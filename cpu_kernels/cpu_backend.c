@@ -427,7 +427,7 @@ struct qmm_int8_job {
  * 1.15x the VNNI kernel's tokens/s in two runs; Q4_K and Q6_K the other way), but for
  * --batch-invariant one kernel serves every n. */
 static bool int8_vnni(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
-    return c->vnni && w->pack && (c->invariant || w->dtype != CS_DTYPE_Q8_0 || n > 2);
+    return c->vnni && w->pack && (c->invariant || !c->avx2 || w->dtype != CS_DTYPE_Q8_0 || n > 2);
 }
 
 static void qmm_int8_task(void *p, int task, int thread) {

@@ -769,8 +769,10 @@ static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float
  * that over 1% of its weights are exceptions (then the code would not be smaller enough to
  * pay: 8 bytes and a scalar step each). Where the code serves every path (cpu_raw_code_only:
  * not on AMX) and the buffer is the caller's memory, only the code is read from here on and
- * the caller may release that memory. Runs the pool from the loading thread: nothing else
- * uses it while a model loads. */
+ * the caller may release that memory. --precision int8 on AVX512-VNNI: a Q8_0/Q4_K/Q6_K
+ * matrix repacked beside its blocks (cpu_raw_qpack_new), which stay. Both run the pool from the
+ * loading thread: the server holds the engine still while a model loads beside it with either
+ * (rollout_api/weights.c). */
 static int dev_weight_prepare(backend_t *b, const backend_weight_t *w) {
     dev_ctx_t *d = dev(b);
     if (cpu_raw_packs_quant(d->raw) && cs_qpack_supports(w->dtype, w->rows, w->cols)) {

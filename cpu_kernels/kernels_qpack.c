@@ -27,14 +27,15 @@
  * 64-byte vector aligned; Q4_K's 12 scale bytes become 16, Q6_K's block gains 2 bytes a row. */
 #include <immintrin.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #include "base/quant.h"
 #include "cpu_kernels/kernels.h"
 
 #define G CS_QPACK_ROWS
+_Static_assert(CS_QGEMV_MAX_N <= CS_QPACK_MAX_N, "the backend hands the int8 kernels up to CS_QGEMV_MAX_N rows");
 
 static size_t pack_block_bytes(cs_dtype dt) {
     switch (dt) {
@@ -60,44 +61,59 @@ bool cs_qpack_supports(cs_dtype dt, int rows, int cols) {
  * matrix's pack alone would get huge pages only for its whole 2 MiB (a 1024 x 1024 Q8_0
  * matrix, 1.1 MB, none), and reading packs from 4 KiB pages measured 0.8x the AVX2 kernels on
  * the weights (in huge pages) at batch 1, two threads. A chunk is unmapped when its last pack
- * is freed (base-weight pushes free the old packs); untouched parts of a mapping cost nothing. */
+ * is freed and the arena has moved on (base-weight pushes free the old packs); the arena's
+ * current chunk then starts over; untouched parts of a mapping cost nothing. */
 #define QPACK_CHUNK ((size_t)256 << 20)
 
 struct cs_qpack_chunk {
     uint8_t *base;
     size_t len, used;
-    _Atomic int refs; /* live packs, and the arena while it allocates from it */
+    int refs;                    /* live packs, and the arena while it allocates from it */
+    struct cs_qpack_arena *from; /* that arena (NULL once it is freed) */
 };
 
 struct cs_qpack_arena {
-    pthread_mutex_t mu;
     struct cs_qpack_chunk *cur;
 };
 
-static void chunk_unref(struct cs_qpack_chunk *c) {
-    if (c && atomic_fetch_sub(&c->refs, 1) == 1) {
+/* every arena's and chunk's counts and links: packs come and go at model loads only */
+static pthread_mutex_t arena_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* under arena_mu. The arena's current chunk, its last pack freed, starts over: its touched
+ * pages are given back (a model's packs freed, e.g. by a weight update or sleep, leave no
+ * resident chunk behind), and the next model's packs fill it from the start. */
+static void chunk_unref_locked(struct cs_qpack_chunk *c) {
+    if (!c) return;
+    if (--c->refs == 0) {
         cs_huge_free(c->base, c->len);
         free(c);
+    } else if (c->refs == 1 && c->from && c->from->cur == c && c->used) {
+        (void)madvise(c->base, c->len, MADV_DONTNEED);
+        c->used = 0;
     }
 }
 
-cs_qpack_arena_t *cs_qpack_arena_new(void) {
-    cs_qpack_arena_t *a = calloc(1, sizeof *a);
-    if (a) pthread_mutex_init(&a->mu, NULL);
-    return a;
+static void chunk_unref(struct cs_qpack_chunk *c) {
+    pthread_mutex_lock(&arena_mu);
+    chunk_unref_locked(c);
+    pthread_mutex_unlock(&arena_mu);
 }
+
+cs_qpack_arena_t *cs_qpack_arena_new(void) { return calloc(1, sizeof(cs_qpack_arena_t)); }
 
 void cs_qpack_arena_free(cs_qpack_arena_t *a) {
     if (!a) return;
-    chunk_unref(a->cur);
-    pthread_mutex_destroy(&a->mu);
+    pthread_mutex_lock(&arena_mu);
+    if (a->cur) a->cur->from = NULL;
+    chunk_unref_locked(a->cur);
+    pthread_mutex_unlock(&arena_mu);
     free(a);
 }
 
 /* n bytes, 64-aligned, from the arena's chunk (a new one when it is full) */
 static uint8_t *arena_take(cs_qpack_arena_t *a, size_t n, struct cs_qpack_chunk **from) {
     n = (n + 63) & ~(size_t)63;
-    pthread_mutex_lock(&a->mu);
+    pthread_mutex_lock(&arena_mu);
     if (!a->cur || a->cur->len - a->cur->used < n) {
         struct cs_qpack_chunk *c = calloc(1, sizeof *c);
         size_t want = n > QPACK_CHUNK ? n : QPACK_CHUNK;
@@ -106,18 +122,20 @@ static uint8_t *arena_take(cs_qpack_arena_t *a, size_t n, struct cs_qpack_chunk 
             c = NULL;
         }
         if (!c) {
-            pthread_mutex_unlock(&a->mu);
+            pthread_mutex_unlock(&arena_mu);
             return NULL;
         }
-        atomic_init(&c->refs, 1);
-        chunk_unref(a->cur);
+        c->refs = 1;
+        c->from = a;
+        if (a->cur) a->cur->from = NULL;
+        chunk_unref_locked(a->cur);
         a->cur = c;
     }
     uint8_t *p = a->cur->base + a->cur->used;
     a->cur->used += n;
-    atomic_fetch_add(&a->cur->refs, 1);
+    a->cur->refs++;
     *from = a->cur;
-    pthread_mutex_unlock(&a->mu);
+    pthread_mutex_unlock(&arena_mu);
     return p;
 }
 
@@ -230,7 +248,7 @@ VNNI INLINE void q8_0_t(float *y, int ldy, const int8_t *qx, const float *dx, co
             }
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
-                prefetch_step(od, 544, k, 8);
+                prefetch_step(o, 1088, 8 * (b & 1) + k, 16); /* the pair, over its two blocks' steps */
                 __m512i wv = _mm512_load_si512((const void *)(oq + 64 * k));
 #pragma GCC unroll 4
                 for (int i = 0; i < n; i++) {

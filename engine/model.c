@@ -397,18 +397,20 @@ void model_rope_inv_freq(const model_config_t *c, float *inv) {
 
 /* A GGUF's per-frequency RoPE factors (rope_freqs.weight: what llama.cpp's converter writes for
  * Llama 3.1-style scaling, rope_scaling "llama3" folded into one factor per frequency):
- * llama.cpp divides each frequency by its factor, so inv_freq[i] /= factor[i]. */
+ * llama.cpp divides each frequency by its factor, so inv_freq[i] /= factor[i]. inv NULL:
+ * only checked (a probe refuses a bad tensor as a load does). */
 static int gguf_rope_factors(model_t *m, float *inv, int half) {
     const st_tensor_t *t = find_tensor(m, "rope_freqs.weight");
     if (!t) return CS_OK;
     if (t->dtype != CS_DTYPE_F32 || t->n_dims != 1 || t->shape[0] != half)
         return cs_error_set(CS_EFORMAT, "rope_freqs.weight must be F32 of %d elements (head_dim / 2), not %s of %lld", half,
                             cs_dtype_name(t->dtype), (long long)(t->n_dims ? t->shape[0] : 0));
-    const float *f = t->data;
     for (int i = 0; i < half; i++) {
-        if (!(f[i] > 0) || !isfinite(f[i]))
-            return cs_error_set(CS_EFORMAT, "rope_freqs.weight[%d] = %g: factors must be finite and > 0", i, (double)f[i]);
-        inv[i] /= f[i];
+        float f;
+        memcpy(&f, (const char *)t->data + sizeof(float) * (size_t)i, sizeof f); /* the file's alignment may be 1 */
+        if (!(f > 0) || !isfinite(f))
+            return cs_error_set(CS_EFORMAT, "rope_freqs.weight[%d] = %g: factors must be finite and > 0", i, (double)f);
+        if (inv) inv[i] /= f;
     }
     return CS_OK;
 }
@@ -627,6 +629,7 @@ static int load(const char *dir, backend_t *be, model_weights_mem how, bool prob
 #undef L
     /* the matmul weights, all loaded: the backend may keep a form of its own beside each,
      * and where that form serves every op, the bytes in the file's memory are given back */
+    if (m->gg && (rc = gguf_rope_factors(m, NULL, hd / 2))) goto err; /* before any repacking, and in a probe */
     if (!probe && (rc = prepare_weight(m, &m->lm_head))) goto err;
     for (int l = 0; !probe && l < c->n_layers; l++) {
         layer_w_t *w = &m->layers[l];

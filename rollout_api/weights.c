@@ -87,11 +87,15 @@ static bool update(server_t *s, const weights_req_t *q, json_t **out, perr_t *e)
      * free memory is not known here: in place unless asked) */
     const backend_caps_t *caps = backend_caps(s->be);
     size_t avail = caps->host_memory ? cs_mem_available() : 0;
-    bool beside = !strcmp(mode, "beside") || (!strcmp(mode, "auto") && avail > bytes + bytes / 4 + ((size_t)256 << 20));
+    /* --precision int8 keeps a repacked copy of the quantized matrices beside them (about their
+     * bytes again, on AVX512-VNNI CPUs) */
+    size_t need = bytes + bytes / 4 + (s->cfg.precision == 2 ? bytes : 0) + ((size_t)256 << 20);
+    bool beside = !strcmp(mode, "beside") || (!strcmp(mode, "auto") && avail > need);
     /* a load beside runs while the engine serves, except where the backend's loading uses what
-     * its forwards use (the CPU's weight coding runs the compute pool; a device's copies its
-     * queue): then the engine holds still for the load */
-    bool hold = beside && (!caps->host_memory || s->cfg.compress_weights || s->cfg.compress_weights_only);
+     * its forwards use (the CPU's weight coding and int8 repacking run the compute pool; a
+     * device's copies its queue): then the engine holds still for the load */
+    bool hold = beside && (!caps->host_memory || s->cfg.compress_weights || s->cfg.compress_weights_only ||
+                           s->cfg.precision == 2);
     engine_base_update_t u = {.dir = dir, .how = s->cfg.weights_mem, .label = q->label, .apply = (engine_apply)apply,
                               .keep_versions = q->keep};
     double held_ms = 0;

@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reflib  # noqa: E402
@@ -295,3 +296,26 @@ for i, (st, ver, rew, diff, new) in enumerate(steps):
 print(f"ok  grpo_full.py (through /update_weights_from_disk): 3 steps, each on the weights saved before it, "
       f"server/trainer logprob mismatch <= {max(float(s[3]) for s in steps):.1e}")
 srv.stop()
+
+# 9. --precision int8 on weights quantized at load (on AVX512-VNNI CPUs each matrix is repacked on
+# the compute pool as it loads): an update beside, a rollout under way, holds the engine still
+# for the load; the rollouts after it equal a fresh server's on the new weights, bit for bit
+Q = ["--quantization", "q8_0", "--precision", "int8"] + ARGS
+s8 = Server(["--model", dirs["a"], "--lora-root", root] + Q)
+before = rollout(s8)
+out8 = []
+t8 = threading.Thread(target=lambda: out8.append(rollout(s8, max_tokens=200)))
+t8.start()
+st, out, _ = s8.request("POST", "/v1/weights", {"path": dirs["b"], "load": "beside"})
+t8.join()
+if st != 200 or out["load"] != "beside" or len(out8) != 1 or len(out8[0]["output_ids"]) != 200:
+    reflib.fail(f"int8: POST /v1/weights beside: {st} {out}; the rollout under way: {out8}")
+after = rollout(s8)
+s8.stop()
+fresh8 = Server(["--model", dirs["b"]] + Q)
+f8 = rollout(fresh8)
+fresh8.stop()
+if after["output_ids"] != f8["output_ids"] or after["logprobs"] != f8["logprobs"] or after["logprobs"] == before["logprobs"]:
+    reflib.fail(f"int8, after a beside update vs a fresh server on the new weights: {after['logprobs']} != {f8['logprobs']}")
+print("ok  --quantization q8_0 --precision int8: an update beside a running rollout; the rollout after it "
+      "bit-identical to a fresh server's")

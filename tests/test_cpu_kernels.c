@@ -1217,6 +1217,28 @@ START_TEST(test_quant_int8_vnni) {
             }
         cpu_raw_free(be);
     }
+    /* the arena: packs one after another; all freed, its chunk starts over; a pack outlives the
+     * backend (its chunk with it) */
+    {
+        cpu_backend_params_t on = {.n_threads = 2, .precision_int8 = true};
+        cpu_raw_t *be = cpu_raw_new(&on);
+        void *mem;
+        cs_weight_t w = make_qweight(32, 256, CS_DTYPE_Q4_K, 0.05f, &mem);
+        cs_qpack_t *a = cpu_raw_qpack_new(be, &w), *b = cpu_raw_qpack_new(be, &w);
+        ck_assert(a && b && b->data == a->data + cs_qpack_bytes(a));
+        uint8_t *first = a->data;
+        cs_qpack_free(a);
+        cs_qpack_free(b);
+        a = cpu_raw_qpack_new(be, &w);
+        ck_assert(a && a->data == first);
+        b = cs_qpack_new(CS_DTYPE_Q4_K, 32, 256, NULL);
+        cs_qpack_fill(b, &w, 0, 2);
+        cpu_raw_free(be);
+        ck_assert(!memcmp(a->data, b->data, cs_qpack_bytes(a)));
+        cs_qpack_free(a);
+        cs_qpack_free(b);
+        free(mem);
+    }
     cpu_backend_params_t off = {.n_threads = 1, .precision_int8 = true, .no_vnni = true};
     cpu_raw_t *be = cpu_raw_new(&off);
     ck_assert(!cpu_raw_packs_quant(be));
