@@ -422,12 +422,10 @@ struct qmm_int8_job {
     int task0[QMM_INT8_MAX + 1], rows_per_task[QMM_INT8_MAX];
 };
 
-/* The VNNI kernels on w's pack, or the AVX2 ones on its blocks. Q8_0 at 1-2 rows of x reads
- * its blocks faster in the AVX2 kernel (bench/quant.sh, Zen 4, two threads, batch 1: 1.31x and
- * 1.15x the VNNI kernel's tokens/s in two runs; Q4_K and Q6_K the other way), but for
- * --batch-invariant one kernel serves every n. */
+/* The VNNI kernels on w's pack, or the AVX2 ones on its blocks */
 static bool int8_vnni(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
-    return c->vnni && w->pack && (c->invariant || !c->avx2 || w->dtype != CS_DTYPE_Q8_0 || n > 2);
+    (void)n;
+    return c->vnni && w->pack;
 }
 
 static void qmm_int8_task(void *p, int task, int thread) {
