@@ -422,12 +422,6 @@ struct qmm_int8_job {
     int task0[QMM_INT8_MAX + 1], rows_per_task[QMM_INT8_MAX];
 };
 
-/* The VNNI kernels on w's pack, or the AVX2 ones on its blocks */
-static bool int8_vnni(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
-    (void)n;
-    return c->vnni && w->pack;
-}
-
 static void qmm_int8_task(void *p, int task, int thread) {
     struct qmm_int8_job *j = p;
     cpu_ctx_t *c = j->c;
@@ -438,7 +432,7 @@ static void qmm_int8_task(void *p, int task, int thread) {
     float *y = j->ys[k];
     int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows), g = w->cols / 32;
     int nd = w->cols / cs_quant_act_block(w->dtype);
-    bool vnni = int8_vnni(c, w, j->n);
+    bool vnni = c->vnni && w->pack; /* the VNNI kernels on the pack, or the AVX2 ones on the blocks */
     for (int i0 = 0; i0 < j->n; i0 += CS_QGEMV_MAX_N) {
         int m = CS_MIN(CS_QGEMV_MAX_N, j->n - i0);
         const int8_t *q = c->xq + (size_t)i0 * w->cols;
@@ -483,7 +477,7 @@ static void cpu_matmul_int8_multi(cpu_ctx_t *c, float *const *ys, const float *x
         const cs_weight_t *w = ws[k];
         int rpt = CS_MAX(4, (w->rows + tasks - 1) / tasks);
         if (n > CS_QGEMV_MAX_N) rpt = CS_MIN(rpt, 16); /* cached across the groups of x */
-        if (int8_vnni(c, w, n)) { /* whole groups of CS_QPACK_ROWS */
+        if (c->vnni && w->pack) { /* whole groups of CS_QPACK_ROWS */
             rpt = (rpt + CS_QPACK_ROWS - 1) / CS_QPACK_ROWS * CS_QPACK_ROWS;
             s16 |= w->dtype == CS_DTYPE_Q6_K;
         }
