@@ -149,9 +149,10 @@ void backend_get_signal(backend_t *b, void *dst, const backend_buf_t *src, size_
                         uint32_t value) {
     b->iface->get_signal(b, dst, src, off, n, flag, value);
 }
-void backend_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float *src, size_t n, const uint32_t *flag,
-                      uint32_t value) {
-    b->iface->wait_add(b, y, off, src, n, flag, value);
+void backend_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
+                      const uint32_t *flag, uint32_t value, int layer) {
+    CS_ASSERT(src_dtype == CS_DTYPE_F32 || src_dtype == CS_DTYPE_BF16);
+    b->iface->wait_add(b, y, off, src, src_dtype, n, flag, value, layer);
 }
 
 bool backend_graph_begin(backend_t *b, uint64_t key) {

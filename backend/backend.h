@@ -241,16 +241,21 @@ void backend_add(backend_t *b, backend_buf_t *y, const backend_buf_t *x, size_t 
 void backend_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, const backend_batch_t *bt, int layer,
                   int target, int d_in, int d_out);
 /* Host-assisted ops, the device side of the cold start (only with caps.host_assist).
- * get_signal: on the compute queue, after the ops before it, copy N bytes of SRC at OFF into
+ * get_signal: after the ops before it on the compute queue, copy N bytes of SRC at OFF into
  * DST (host memory from backend_host_alloc) and then set *FLAG = VALUE (cs_flag_store's
- * meaning); the caller's host does not wait. wait_add: on the compute queue, wait until *FLAG
- * >= VALUE (written by host threads with cs_flag_add/cs_flag_store), then add the N floats at
- * SRC (host memory from backend_host_alloc) to Y's floats from OFF bytes on. The host memory
- * and flags stay valid until the queue passed them (backend_synchronize). */
+ * meaning); the caller's host does not wait, and the compute queue need not either (the
+ * CUDA backend copies on a queue of its own): the caller writes SRC again only after a
+ * wait_add that waits, through the host, for these bytes. wait_add: on the compute queue, wait until *FLAG
+ * >= VALUE (written by host threads with cs_flag_add/cs_flag_store), then add the N values at
+ * SRC (host memory from backend_host_alloc; F32, or BF16: half the bytes over the link) to
+ * Y's floats from OFF bytes on. The host memory
+ * and flags stay valid until the queue passed them (backend_synchronize). LAYER names the
+ * wait: a device that gives up on a wait that never ends (the CUDA backend's spin deadline)
+ * says which layer it was. */
 void backend_get_signal(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n, uint32_t *flag,
                         uint32_t value);
-void backend_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float *src, size_t n, const uint32_t *flag,
-                      uint32_t value);
+void backend_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
+                      const uint32_t *flag, uint32_t value, int layer);
 
 /* A forward's ops replayed as a device graph (caps.graphs: CUDA graphs). The caller brackets
  * a forward whose every launch is fixed by key (the same buffers and shapes; only the

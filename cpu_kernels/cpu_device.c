@@ -750,15 +750,22 @@ static void dev_get_signal(backend_t *b, void *dst, const backend_buf_t *src, si
     cs_flag_store(flag, value);
 }
 
-static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float *src, size_t n, const uint32_t *flag,
-                         uint32_t value) {
+static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
+                         const uint32_t *flag, uint32_t value, int layer) {
     dev_ctx_t *d = dev(b);
+    (void)layer;
     float *p = resolve(b, y, off, sizeof(float) * n, "wait_add");
     cs_flag_wait_geq(flag, value);
-    link_delay(d, sizeof(float) * n); /* the host's result comes over the link */
-    cpu_raw_add(d->raw, p, src, n);
+    size_t bytes = cs_dtype_size(src_dtype) * n;
+    link_delay(d, bytes); /* the host's result comes over the link */
+    if (src_dtype == CS_DTYPE_F32) {
+        cpu_raw_add(d->raw, p, src, n);
+    } else { /* BF16: widened exactly, then added in F32 */
+        const uint16_t *h = src;
+        for (size_t i = 0; i < n; i++) p[i] += cs_bf16_to_f32(h[i]);
+    }
     pthread_mutex_lock(&d->mu);
-    d->stats.h2d_bytes += sizeof(float) * n;
+    d->stats.h2d_bytes += bytes;
     d->stats.h2d_copies++;
     pthread_mutex_unlock(&d->mu);
 }

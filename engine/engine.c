@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "lora/assist.h"
 #include "text/grammar/grammar.h"
 #include "text/stop.h"
 
@@ -79,6 +80,7 @@ struct req {
     bool adapter_ready;
     bool lora_known;            /* lora_info holds the adapter's shape (lora_registry_info) */
     bool cold_counted, cold_assisted, cold_waited; /* the cold start (engine_stats_t), once each */
+    int cold_auto;              /* --cold-start auto's byte model: SCHED_COLD_* chosen once (0: not yet) */
     bool disk_waited;           /* waited for its adapter's file (engine_stats_t.cold_disk_waits) */
     lora_adapter_info_t lora_info;
     bool no_publish;            /* moved to a newer version mid-way (engine_follow_active): its
@@ -530,9 +532,12 @@ static void take_inbox(engine_t *e) {
 /* ---- device slots ---- */
 static void view_fill(engine_t *e, seq_t *s, sched_view_t *v);
 
-/* the cold-start mode of S: the policy's choice, else --cold-start; assisting only where
- * the model can */
-static int cold_mode(engine_t *e, seq_t *s) {
+/* the cold-start mode of S, whose slot has ARRIVED of its layers: the policy's choice, else
+ * --cold-start; assisting only where the model can. auto: the byte model (lora_cold_cost),
+ * once per request, on its rows still to compute: a long prompt waits for the slot rather
+ * than send its rows over the link the slot streams over, a short one is assisted */
+static int cold_mode(engine_t *e, seq_t *s, int arrived) {
+    req_t *r = s->req;
     int m = e->p.cold_start;
     if (e->p.sched->iface->cold_start) {
         sched_view_t v;
@@ -540,8 +545,19 @@ static int cold_mode(engine_t *e, seq_t *s) {
         int pm = e->p.sched->iface->cold_start(e->p.sched, &v);
         if (pm != SCHED_COLD_DEFAULT) m = pm;
     }
-    const model_t *bm = s->req->base->model;
+    model_t *bm = r->base->model;
     bool can = bm && model_can_assist(bm);
+    if (m == SCHED_COLD_DEFAULT && can) {
+        if (!r->cold_auto) {
+            lora_cold_cost_t c;
+            lora_cold_cost(r->lora->adapter, arrived, CS_MAX(1, s->n_tokens - s->n_computed),
+                           lora_assist_terms_dtype(model_assist(bm)), &c);
+            r->cold_auto = lora_cold_prefer_assist(&c) ? SCHED_COLD_ASSIST : SCHED_COLD_WAIT;
+            if (r->cold_auto == SCHED_COLD_ASSIST) e->st.cold_auto_assist++;
+            else e->st.cold_auto_wait++;
+        }
+        m = r->cold_auto;
+    }
     if (m == SCHED_COLD_DEFAULT) m = can ? SCHED_COLD_ASSIST : SCHED_COLD_WAIT;
     if (m == SCHED_COLD_ASSIST && !can) m = SCHED_COLD_WAIT;
     return m;
@@ -598,13 +614,14 @@ static bool seq_slot(engine_t *e, seq_t *s, bool *failed) {
         return false;
     }
     s->dref = r->lora;
-    if (lora_registry_device_arrived(e->p.loras, r->lora, s->dslot) < r->lora->adapter->n_layers) {
+    int arrived = lora_registry_device_arrived(e->p.loras, r->lora, s->dslot);
+    if (arrived < r->lora->adapter->n_layers) {
         /* the slot is still streaming in: the cold start */
         if (!r->cold_counted) {
             r->cold_counted = true;
             e->st.cold_starts++;
         }
-        if (cold_mode(e, s) == SCHED_COLD_WAIT) { /* until it is complete (each group wakes us) */
+        if (cold_mode(e, s, arrived) == SCHED_COLD_WAIT) { /* until it is complete (each group wakes us) */
             seq_device_drop(e, s);
             if (!r->cold_waited) {
                 r->cold_waited = true;
@@ -984,6 +1001,13 @@ static void seq_info_fill(engine_t *e, const req_t *r, const seq_t *s, engine_se
     }
 }
 
+/* the cold start's pinned buffers of model M made now, for the largest batch: a cold request
+ * then pins nothing on its way (made by the first one instead should this fail) */
+static void assist_reserve(engine_t *e, model_t *m) {
+    if (model_assist_reserve(m, e->p.max_num_batched_tokens))
+        fprintf(stderr, "caraserve: %s: the first cold request makes them\n", cs_error_last());
+}
+
 static void publish_stats(engine_t *e) {
     model_cold_stats_t cs = e->cold_gone;
     for (base_ver_t *b = e->bases; b; b = b->next) { /* this thread changes the list: no lock to read it */
@@ -993,7 +1017,9 @@ static void publish_stats(engine_t *e) {
         cs.host_layers += one.host_layers;
         cs.device_layers += one.device_layers;
         cs.host_rows += one.host_rows;
+        cs.pinned_allocs += one.pinned_allocs;
     }
+    e->st.cold_pinned_allocs = cs.pinned_allocs;
     e->st.cold_forwards = cs.forwards;
     e->st.cold_host_layers = cs.host_layers;
     e->st.cold_device_layers = cs.device_layers;
@@ -1117,6 +1143,7 @@ static void bases_reap(engine_t *e) {
             e->cold_gone.host_layers += one.host_layers;
             e->cold_gone.device_layers += one.device_layers;
             e->cold_gone.host_rows += one.host_rows;
+            e->cold_gone.pinned_allocs += one.pinned_allocs;
             if (b->owned) model_free(b->model);
         }
         free(b->dir);
@@ -1204,6 +1231,7 @@ static void base_job_run(engine_t *e, base_job_t *j) {
     j->res.in_place = u->model == NULL;
     if (u->model) { /* beside: the old weights stay for the requests that hold them */
         model_set_assist(nb->model, assist);
+        assist_reserve(e, nb->model);
         e->model = nb->model;
         if (u->apply != ENGINE_APPLY_NEXT_REQUEST) bases_apply(e, nb, NULL, u->apply, j);
     } else { /* in place: every request on the old weights leaves them, then they go */
@@ -1277,6 +1305,7 @@ static void wake_run(engine_t *e, base_job_t *j) {
                 j->rc = cs_error_set(CS_EINVAL, "base version %d's weights came from no directory", b->version);
             } else if ((j->rc = model_load_how(b->dir, e->be, MODEL_WEIGHTS_AUTO, &b->model)) == CS_OK) {
                 model_set_assist(b->model, e->assist);
+                assist_reserve(e, b->model);
                 continue;
             }
             snprintf(j->err, sizeof j->err, "%s", cs_error_last());
@@ -1799,6 +1828,7 @@ int engine_new(const engine_params_t *p, engine_t **out) {
     if (e->p.max_num_seqs <= 0) e->p.max_num_seqs = 256;
     if (e->p.logits_keep_bytes == 0) e->p.logits_keep_bytes = LOGITS_KEEP_BYTES;
     if (e->p.max_num_batched_tokens <= 0) e->p.max_num_batched_tokens = 2048;
+    assist_reserve(e, p->model);
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->vocab_mu, NULL);
     pthread_cond_init(&e->cv, NULL);

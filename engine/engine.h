@@ -159,6 +159,10 @@ typedef struct engine_stats {
     uint64_t cold_forwards, cold_host_layers, cold_device_layers, cold_host_rows;
     uint64_t cold_disk_waits;       /* requests whose adapter still streamed in from disk while
                                      * others ran: they waited for the whole file */
+    uint64_t cold_pinned_allocs;    /* pinned host buffers made for host-assisted LoRA (at the
+                                     * start, for the largest batch; more only if one grew) */
+    uint64_t cold_auto_assist, cold_auto_wait; /* cold requests --cold-start auto's byte model
+                                     * (lora_cold_cost) sent each way */
     uint64_t logits_releases;       /* steps whose logits buffers were given back (many rows) */
 } engine_stats_t;
 

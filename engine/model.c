@@ -63,7 +63,8 @@ struct model {
     lora_assist_t *assist;
     struct cold_seg *cold;
     int n_cold, cold_cap;
-    float *hx, *hy;              /* pinned host rows: layer inputs out, LoRA terms back */
+    float *hx, *hy;              /* pinned host rows: layer inputs out, LoRA terms back (F32 or
+                                  * BF16: lora_assist_terms_dtype) */
     size_t hx_cap, hy_cap;       /* floats */
     uint32_t *flags;             /* 2 per cold segment: input there, parts done */
     int flags_cap;
@@ -82,7 +83,8 @@ typedef struct cold_seg {
     int row0, n;
     int device_layers;           /* layers [0, device_layers) run on the device this forward */
     const lora_adapter_t *ad;
-    float *hx, *hy;              /* its rows of m->hx / m->hy */
+    float *hx;                   /* its rows of m->hx */
+    char *hy;                    /* ... of m->hy, of the terms' dtype */
     uint32_t *xflag, *done;
     uint32_t xval, dval;
     bool started;                /* a job of the current group is out */
@@ -854,37 +856,57 @@ static int lora_segments(model_t *m, const model_batch_seq_t *seqs, int n_seqs, 
 }
 
 /* host room for the cold segments' rows: inputs (up to max(H, qd, I) wide), terms (up to
- * the widest group of outputs sharing an input), two flags each */
-static int cold_prepare(model_t *m) {
+ * the widest group of outputs sharing an input), two flags each. Pinned memory: pinning
+ * hundreds of MB takes milliseconds, so it is made once for the largest batch
+ * (model_assist_reserve, at the engine's start) and, should a forward need more, grown by
+ * doubling. */
+static void cold_widths(const model_t *m, size_t *win, size_t *wout) {
     const model_config_t *c = &m->cfg;
     size_t H = (size_t)c->hidden_size, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t I = (size_t)c->intermediate_size;
-    size_t win = CS_MAX(CS_MAX(H, qd), I), wout = CS_MAX(CS_MAX(qd + 2 * kvd, 2 * I), H);
-    size_t rows = 0;
+    *win = CS_MAX(CS_MAX(H, qd), I);
+    *wout = CS_MAX(CS_MAX(qd + 2 * kvd, 2 * I), H);
+}
+
+static void *cold_grow(model_t *m, void *p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap && p) return p;
+    size_t n = CS_MAX(need, 2 * *cap);
+    backend_host_free(m->be, p);
+    p = backend_host_alloc(m->be, elem * n);
+    *cap = p ? n : 0;
+    m->cold_st.pinned_allocs++;
+    return p;
+}
+
+static int cold_reserve(model_t *m, size_t rows, int segs) {
+    size_t win, wout, fc = (size_t)m->flags_cap;
+    cold_widths(m, &win, &wout);
+    m->hx = cold_grow(m, m->hx, &m->hx_cap, rows * win, sizeof(float));
+    m->hy = cold_grow(m, m->hy, &m->hy_cap, rows * wout, sizeof(float));
+    m->flags = cold_grow(m, m->flags, &fc, 2 * (size_t)segs, sizeof(uint32_t));
+    m->flags_cap = (int)fc;
+    if (!m->hx || !m->hy || !m->flags) return cs_error_set(CS_ENOMEM, "pinned host memory for the cold start's %zu rows", rows);
+    return CS_OK;
+}
+
+int model_assist_reserve(model_t *m, int rows) {
+    if (!model_can_assist(m) || rows <= 0) return CS_OK;
+    return cold_reserve(m, (size_t)rows, 64);
+}
+
+static int cold_prepare(model_t *m) {
+    size_t win, wout, rows = 0;
+    cold_widths(m, &win, &wout);
     for (int i = 0; i < m->n_cold; i++) rows += (size_t)m->cold[i].n;
-    if (rows * win > m->hx_cap) {
-        backend_host_free(m->be, m->hx);
-        m->hx = backend_host_alloc(m->be, sizeof(float) * rows * win);
-        m->hx_cap = m->hx ? rows * win : 0;
-    }
-    if (rows * wout > m->hy_cap) {
-        backend_host_free(m->be, m->hy);
-        m->hy = backend_host_alloc(m->be, sizeof(float) * rows * wout);
-        m->hy_cap = m->hy ? rows * wout : 0;
-    }
-    if (2 * m->n_cold > m->flags_cap) {
-        backend_host_free(m->be, m->flags);
-        m->flags = backend_host_alloc(m->be, sizeof(uint32_t) * 2 * (size_t)m->n_cold);
-        m->flags_cap = m->flags ? 2 * m->n_cold : 0;
-    }
-    if (!m->hx || !m->hy || !m->flags) return cs_error_set(CS_ENOMEM, "host memory for the cold start's %zu rows", rows);
+    int rc = cold_reserve(m, rows, m->n_cold);
+    if (rc) return rc;
     /* the last forward ended synchronized, every flag waited for: they start again at 0 */
     memset(m->flags, 0, sizeof(uint32_t) * 2 * (size_t)m->n_cold);
     size_t r = 0;
     for (int i = 0; i < m->n_cold; i++) {
         cold_seg_t *cs = &m->cold[i];
         cs->hx = m->hx + r * win;
-        cs->hy = m->hy + r * wout;
+        cs->hy = (char *)m->hy + r * wout * cs_dtype_size(lora_assist_terms_dtype(m->assist));
         cs->xflag = m->flags + 2 * i;
         cs->done = m->flags + 2 * i + 1;
         cs->xval = cs->dval = 0;
@@ -900,8 +922,9 @@ static int cold_prepare(model_t *m) {
 static bool cold_start_job(model_t *m, cold_seg_t *cs, int l, const lora_target *ts, int nt, const backend_buf_t *x,
                            int din) {
     if (l < cs->device_layers) return false;
+    cs_dtype ydt = lora_assist_terms_dtype(m->assist);
     lora_assist_job_t j = {.x = cs->hx, .n = cs->n, .ld_x = din, .x_flag = cs->xflag, .x_value = cs->xval + 1,
-                           .done = cs->done};
+                           .done = cs->done, .y_dtype = ydt};
     uint32_t host = cs_flag_load(&cs->ad->host_layers);
     if (host <= (uint32_t)l || host == LORA_HOST_FAILED) { /* still streaming in from disk (or failed:
                                                             * the workers write zeros) */
@@ -913,7 +936,7 @@ static bool cold_start_job(model_t *m, cold_seg_t *cs, int l, const lora_target 
         const lora_module_t *md = lora_adapter_module(cs->ad, l, ts[k]);
         if (md->rank <= 0) continue;
         j.mods[j.n_mods] = md;
-        j.y[j.n_mods++] = cs->hy + yo;
+        j.y[j.n_mods++] = cs->hy + yo * cs_dtype_size(ydt);
         yo += (size_t)cs->n * md->d_out;
     }
     if (!j.n_mods) return false;
@@ -927,12 +950,13 @@ static bool cold_start_job(model_t *m, cold_seg_t *cs, int l, const lora_target 
 }
 
 static void cold_finish(model_t *m, cold_seg_t *cs, int l, const lora_target *ts, int nt, backend_buf_t *const *ys) {
+    cs_dtype ydt = lora_assist_terms_dtype(m->assist);
     size_t yo = 0;
     for (int k = 0; k < nt; k++) {
         const lora_module_t *md = lora_adapter_module(cs->ad, l, ts[k]);
         if (md->rank <= 0) continue;
-        backend_wait_add(m->be, ys[k], sizeof(float) * (size_t)cs->row0 * md->d_out, cs->hy + yo,
-                         (size_t)cs->n * md->d_out, cs->done, cs->dval);
+        backend_wait_add(m->be, ys[k], sizeof(float) * (size_t)cs->row0 * md->d_out, cs->hy + yo * cs_dtype_size(ydt),
+                         ydt, (size_t)cs->n * md->d_out, cs->done, cs->dval, l);
         yo += (size_t)cs->n * md->d_out;
     }
 }

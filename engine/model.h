@@ -95,6 +95,10 @@ void model_release_logits(model_t *m, int keep_rows);
  * POOL must outlive the model's use of it; NULL turns it off. */
 struct lora_assist;
 void model_set_assist(model_t *m, struct lora_assist *pool);
+/* the cold start's pinned host buffers made now for batches of up to ROWS tokens (the engine:
+ * its max_num_batched_tokens), not by the first cold request; nothing where the model cannot
+ * assist. A later forward with more cold rows grows them. */
+int model_assist_reserve(model_t *m, int rows);
 bool model_can_assist(const model_t *m); /* a pool, and a backend with host-assisted ops */
 struct lora_assist *model_assist(const model_t *m); /* the pool model_set_assist gave (NULL: none) */
 
@@ -104,6 +108,7 @@ typedef struct model_cold_stats {
     uint64_t device_layers;     /* ... and on the device, in those forwards */
     uint64_t host_rows;         /* Σ rows x host layers */
     uint64_t waits;             /* forwards that waited for a slot (no pool) */
+    uint64_t pinned_allocs;     /* pinned host buffers made for it (model_assist_reserve, growth) */
 } model_cold_stats_t;
 void model_get_cold_stats(const model_t *m, model_cold_stats_t *st);
 

@@ -25,4 +25,9 @@ void op_add_bias(cudaStream_t st, float *y, const float *bias, int n, int cols) 
     CUDA_CHECK_LAUNCH();
 }
 
+void load_add_kernels() {
+    load_kernel(k_add);
+    load_kernel(k_add_bias);
+}
+
 } /* namespace CS_NS */

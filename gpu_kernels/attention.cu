@@ -100,4 +100,15 @@ void op_attention(cudaStream_t st, float *out, const float *q, const void *k, co
 }
 #undef K_ATTENTION
 
+void load_attention_kernels() {
+    load_kernel(k_attention<1, float>);
+    load_kernel(k_attention<2, float>);
+    load_kernel(k_attention<4, float>);
+    load_kernel(k_attention<8, float>);
+    load_kernel(k_attention<1, __nv_bfloat16>);
+    load_kernel(k_attention<2, __nv_bfloat16>);
+    load_kernel(k_attention<4, __nv_bfloat16>);
+    load_kernel(k_attention<8, __nv_bfloat16>);
+}
+
 } /* namespace CS_NS */

@@ -19,9 +19,9 @@
  * group's copies a host function raises the slot's arrived count (release) and calls
  * on_group. The table goes first, so layer 0's report covers it. The caller returns once the
  * slot is allocated and queued.
- * Host-assisted LoRA (get_signal / wait_add): get_signal copies rows to pinned host memory on
- * the compute stream and raises the flag from a host function on the signal stream, which
- * waits for compute by an event (compute itself never stops for a host function; the host
+ * Host-assisted LoRA (get_signal / wait_add): get_signal copies rows to pinned host memory and
+ * raises the flag from a host function, both on the signal stream, which waits for compute
+ * by an event (compute itself stops neither for the copy nor for a host function; the host
  * function's cs_flag_store wakes futex waiters). wait_add is a kernel on the compute stream
  * that spins on the flag in mapped host memory and then adds the host's terms, read in place
  * (pinned memory is in the device's address space under unified addressing). Neither is
@@ -54,8 +54,30 @@
 
 namespace CS_NS {
 
+/* the spin reports of the backends alive (op_wait_add's): a kernel that gave up on the host
+ * fills one in before it traps, and the CUDA call that then fails says why */
+enum { MAX_REPORTS = 16 };
+static spin_report *reports[MAX_REPORTS];
+static pthread_mutex_t reports_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void report_add(spin_report *r, bool add) {
+    pthread_mutex_lock(&reports_mu);
+    for (int i = 0; i < MAX_REPORTS; i++)
+        if (add ? !reports[i] : reports[i] == r) {
+            reports[i] = add ? r : NULL;
+            break;
+        }
+    pthread_mutex_unlock(&reports_mu);
+}
+
 [[noreturn]] void cuda_fatal(const char *call, const char *err, const char *file, int line) {
     fprintf(stderr, "CUDA error: %s\n  in %s at %s:%d\n", err, call, file, line);
+    for (int i = 0; i < MAX_REPORTS; i++) { /* no lock: the process is going */
+        const spin_report *r = reports[i];
+        if (r && r->hit)
+            fprintf(stderr, "  the GPU had waited %.1f s for the host's LoRA terms of layer %d (flag %u, waiting for %u) "
+                    "and stopped\n", (double)r->waited_ns * 1e-9, r->layer, r->seen, r->value);
+    }
     abort();
 }
 
@@ -108,6 +130,10 @@ struct ctx {
     /* get_signal: its host functions run here, after compute's position (an event) */
     cudaStream_t signal;
     cudaEvent_t signal_mark;
+    /* wait_add's deadline and where a wait that gave up reports (pinned, mapped) */
+    uint64_t spin_timeout_ns;
+    spin_report *report;
+    cudaEvent_t sync_ev;    /* blocking sync: a host waiting for compute sleeps, not spins */
 };
 
 } /* namespace CS_NS */
@@ -167,6 +193,23 @@ namespace CS_NS {
 
 static ctx *C(backend_t *b) { return (ctx *)b->ctx; }
 
+/* the backend's device current on the calling thread: launches go to the current device's
+ * streams only, and the entry points are called from several threads (the engine's, the
+ * loader's, the server's) */
+static void bind(ctx *c) {
+    int d = -1;
+    CUDA_CHECK(cudaGetDevice(&d));
+    if (d != c->device) CUDA_CHECK(cudaSetDevice(c->device));
+}
+
+/* the host waits for everything queued on compute so far, sleeping (a blocking-sync event:
+ * a stream synchronize would spin a core beside the host's LoRA workers) */
+static void sync_compute(ctx *c) {
+    bind(c);
+    CUDA_CHECK(cudaEventRecord(c->sync_ev, c->compute));
+    CUDA_CHECK(cudaEventSynchronize(c->sync_ev));
+}
+
 static void stat_add(ctx *c, uint64_t *bytes, uint64_t *count, size_t n) {
     pthread_mutex_lock(&c->mu);
     *bytes += n;
@@ -187,7 +230,7 @@ static void *dalloc(ctx *c, size_t n) {
                      (double)c->pub.budget / (double)c->total, c->total / 1048576.0);
         return NULL;
     }
-    CUDA_CHECK(cudaSetDevice(c->device));
+    bind(c);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
     if (e != cudaSuccess) {
@@ -204,6 +247,7 @@ static void *dalloc(ctx *c, size_t n) {
 
 static void dfree(ctx *c, void *p, size_t n) {
     if (!p) return;
+    bind(c);
     CUDA_CHECK(cudaFree(p));
     __atomic_sub_fetch(&c->pub.used, n ? n : 1, __ATOMIC_RELAXED);
 }
@@ -228,6 +272,7 @@ static void graphs_reset(ctx *c) {
 static bool be_graph_begin(backend_t *b, uint64_t key) {
     ctx *c = C(b);
     if (!c->graphs) return false;
+    bind(c);
     graph_entry *g = NULL;
     for (int i = 0; i < c->n_graphs && !g; i++)
         if (c->graph[i].key == key) g = &c->graph[i];
@@ -316,16 +361,18 @@ static char *at(const backend_buf_t *buf, size_t off, size_t n) {
 static void be_buf_set(backend_t *b, backend_buf_t *dst, size_t off, const void *src, size_t n) {
     ctx *c = C(b);
     if (!n) return;
+    bind(c);
     CUDA_CHECK(cudaMemcpyAsync(at(dst, off, n), src, n, cudaMemcpyHostToDevice, c->compute));
-    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    sync_compute(c);
     stat_add(c, &c->stats.h2d_bytes, &c->stats.h2d_copies, n);
 }
 
 static void be_buf_get(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n) {
     ctx *c = C(b);
     if (!n) return;
+    bind(c);
     CUDA_CHECK(cudaMemcpyAsync(dst, at(src, off, n), n, cudaMemcpyDeviceToHost, c->compute));
-    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    sync_compute(c);
     stat_add(c, &c->stats.d2h_bytes, &c->stats.d2h_copies, n);
 }
 
@@ -353,7 +400,7 @@ static void be_buf_get_async(backend_t *b, void *dst, const backend_buf_t *src, 
 }
 
 static void *be_host_alloc(backend_t *b, size_t n) {
-    CUDA_CHECK(cudaSetDevice(C(b)->device));
+    bind(C(b));
     void *p = NULL;
     if (cudaMallocHost(&p, n ? n : 1) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -368,7 +415,7 @@ static void be_host_free(backend_t *b, void *p) {
 }
 
 static backend_event_t *be_event_new(backend_t *b) {
-    CUDA_CHECK(cudaSetDevice(C(b)->device));
+    bind(C(b));
     backend_event_t *ev = (backend_event_t *)calloc(1, sizeof *ev);
     if (!ev) return NULL;
     if (cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming) != cudaSuccess) {
@@ -417,6 +464,7 @@ static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
 static int be_batch_upload(backend_t *b, backend_batch_t **io, const backend_batch_desc_t *d) {
     ctx *c = C(b);
     backend_batch_t *bt = *io;
+    bind(c); /* once per forward: the ops after it launch from this thread */
     if (!bt) {
         if (!(bt = (backend_batch_t *)calloc(1, sizeof *bt))) return cs_error_set(CS_ENOMEM, "out of memory");
         if (cudaEventCreateWithFlags(&bt->uploaded, cudaEventDisableTiming) != cudaSuccess) {
@@ -953,18 +1001,21 @@ static void be_get_signal(backend_t *b, void *dst, const backend_buf_t *src, siz
     signal_rec *r = (signal_rec *)malloc(sizeof *r);
     if (!r) cuda_fatal("get_signal", "out of memory", __FILE__, __LINE__);
     *r = signal_rec{flag, value};
-    if (n) {
-        CUDA_CHECK(cudaMemcpyAsync(dst, at(src, off, n), n, cudaMemcpyDeviceToHost, c->compute));
-        stat_add(c, &c->stats.d2h_bytes, &c->stats.d2h_copies, n);
-    }
-    /* the flag from the signal stream once compute passed this point: compute goes on */
+    /* the rows and then the flag from the signal stream once compute passed this point:
+     * compute goes on meanwhile (the caller writes SRC again only after a wait_add that waits
+     * for these rows) */
+    bind(c);
     CUDA_CHECK(cudaEventRecord(c->signal_mark, c->compute));
     CUDA_CHECK(cudaStreamWaitEvent(c->signal, c->signal_mark, 0));
+    if (n) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, at(src, off, n), n, cudaMemcpyDeviceToHost, c->signal));
+        stat_add(c, &c->stats.d2h_bytes, &c->stats.d2h_copies, n);
+    }
     CUDA_CHECK(cudaLaunchHostFunc(c->signal, signal_raise, r));
 }
 
-static void be_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float *src, size_t n, const uint32_t *flag,
-                        uint32_t value) {
+static void be_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
+                        const uint32_t *flag, uint32_t value, int layer) {
     ctx *c = C(b);
     no_graph(c, "wait_add");
     /* src and flag are host_alloc's (cudaMallocHost): mapped and portable under unified
@@ -973,8 +1024,8 @@ static void be_wait_add(backend_t *b, backend_buf_t *y, size_t off, const float 
                             __FILE__, __LINE__);
     CS_ASSERT(off % sizeof(float) == 0);
     float *p = (float *)at(y, off, sizeof(float) * n);
-    op_wait_add(c->compute, p, src, n, flag, value);
-    if (n) stat_add(c, &c->stats.h2d_bytes, &c->stats.h2d_copies, sizeof(float) * n);
+    op_wait_add(c->compute, p, src, dt_of(src_dtype), n, flag, value, c->spin_timeout_ns, layer, c->report);
+    if (n) stat_add(c, &c->stats.h2d_bytes, &c->stats.h2d_copies, cs_dtype_size(src_dtype) * n);
 }
 
 /* ---- compute ---- */
@@ -1112,7 +1163,7 @@ static void be_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, cons
     op_lora_expand(c->compute, F(y), d_out, c->lora_t, max_rank, bt->row_lseg, bt->lsegs, mod, bt->n_tokens, max_rank);
 }
 
-static void be_synchronize(backend_t *b) { CUDA_CHECK(cudaStreamSynchronize(C(b)->compute)); }
+static void be_synchronize(backend_t *b) { sync_compute(C(b)); }
 
 static void be_get_stats(backend_t *b, backend_stats_t *st) {
     ctx *c = C(b);
@@ -1150,6 +1201,11 @@ static void be_free(backend_t *b) {
         CUDA_CHECK(cudaStreamDestroy(c->compute));
         CUDA_CHECK(cudaStreamDestroy(c->copy));
         CUDA_CHECK(cudaEventDestroy(c->signal_mark));
+        CUDA_CHECK(cudaEventDestroy(c->sync_ev));
+        if (c->report) {
+            report_add(c->report, false);
+            CUDA_CHECK(cudaFreeHost(c->report));
+        }
         CUDA_CHECK(cudaStreamDestroy(c->load));
         CUDA_CHECK(cudaStreamDestroy(c->signal));
         pthread_mutex_destroy(&c->mu);
@@ -1275,6 +1331,26 @@ static backend_t *create(const cuda_backend_params_t *p) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->signal, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&c->signal_mark, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&c->sync_ev, cudaEventDisableTiming | cudaEventBlockingSync));
+    double spin_s = p->spin_timeout_s;
+    const char *env = getenv("CS_CUDA_SPIN_TIMEOUT_S");
+    if (spin_s <= 0 && env && atof(env) > 0) spin_s = atof(env);
+    if (spin_s <= 0) spin_s = 60;
+    c->spin_timeout_ns = (uint64_t)(spin_s * 1e9);
+    CUDA_CHECK(cudaMallocHost((void **)&c->report, sizeof *c->report));
+    memset(c->report, 0, sizeof *c->report);
+    report_add(c->report, true);
+    /* every kernel loaded now: none loads lazily while a wait_add spins */
+    load_embed_kernels();
+    load_rows_kernels();
+    load_convert_kernels();
+    load_add_kernels();
+    load_silu_mul_kernels();
+    load_rmsnorm_kernels();
+    load_rope_kernels();
+    load_attention_kernels();
+    load_lora_kernels();
+    load_assist_kernels();
     cublasStatus_t st = cublasCreate(&c->blas);
     if (st != CUBLAS_STATUS_SUCCESS) {
         cs_error_set(CS_EUNSUPPORTED, "cuBLAS: %s", cublasGetStatusString(st));
@@ -1303,6 +1379,6 @@ static backend_t *create(const cuda_backend_params_t *p) {
 } /* namespace CS_NS */
 
 extern "C" backend_t *PUB_NEW(const cuda_backend_params_t *p) {
-    cuda_backend_params_t d = {0, 0, false};
+    cuda_backend_params_t d = {0, 0, false, 0};
     return CS_NS::create(p ? p : &d);
 }

@@ -1,7 +1,10 @@
 /* bench.cu: what bench/gpu.sh measures the backend against, on the same GPU in the same run:
  * the device's read bandwidth (a kernel summing a buffer far larger than L2, as decode
  * reads its weights) and cuBLAS's own GEMM throughput on the prefill's shapes (BF16 in,
- * F32 out, F32 accumulation: the backend's matmul). CUDA builds only; not emulated. */
+ * F32 out, F32 accumulation: the backend's matmul). The operands are random, as weights and
+ * activations are: on zeros the tensor cores switch fewer bits, draw less power and hold
+ * higher clocks, which overstates the peak the backend is set against. CUDA builds only;
+ * not emulated. */
 #include "gpu_kernels/cuda_common.cuh"
 
 #include "gpu_kernels/gpu_backend.h"
@@ -15,7 +18,26 @@ static __global__ void k_read(const float4 *p, size_t n, float *out) {
         s += v.x + v.y + v.z + v.w;
     }
     s = warp_sum(s);
-    if ((threadIdx.x & 31) == 0 && s == 12345.678f) *out = s; /* keeps the loads; never true on zeros */
+    if ((threadIdx.x & 31) == 0 && s == 12345.678f) *out = s; /* keeps the loads; (almost) never true */
+}
+
+/* p[i] = a value in [-1, 1) from a hash of i and seed */
+static __device__ __forceinline__ float hash_unit(size_t i, uint32_t seed) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ (uint32_t)(i >> 32) * 40503u ^ seed * 0x9e3779b9u;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    return (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+static __global__ void k_fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2bfloat16(hash_unit(i, seed));
+}
+static __global__ void k_fill_f32(float *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = hash_unit(i, seed);
 }
 
 } /* namespace CS_NS */
@@ -40,7 +62,8 @@ extern "C" int gpu_bench_read_bandwidth(size_t bytes, int reps, double *gbps, ch
     float4 *buf = NULL;
     float *out = NULL;
     if (cudaMalloc(&buf, bytes) != cudaSuccess || cudaMalloc(&out, sizeof(float)) != cudaSuccess) return -1;
-    CUDA_CHECK(cudaMemset(buf, 0, bytes));
+    CS_LAUNCH(k_fill_f32, 1024, 256, 0, 0, (float *)buf, bytes / sizeof(float), 1u);
+    CUDA_CHECK_LAUNCH();
     size_t n = bytes / sizeof(float4);
     int blocks = prop.multiProcessorCount * 8;
     cudaEvent_t a, b;
@@ -61,8 +84,9 @@ extern "C" int gpu_bench_gemm(int m, int n, int k, int reps, double *tflops) {
     if (cudaMalloc(&A, (size_t)m * k * 2) != cudaSuccess || cudaMalloc(&B, (size_t)k * n * 2) != cudaSuccess ||
         cudaMalloc(&C, (size_t)m * n * 4) != cudaSuccess)
         return -1;
-    CUDA_CHECK(cudaMemset(A, 0, (size_t)m * k * 2));
-    CUDA_CHECK(cudaMemset(B, 0, (size_t)k * n * 2));
+    CS_LAUNCH(k_fill_bf16, 1024, 256, 0, 0, (__nv_bfloat16 *)A, (size_t)m * k, 2u);
+    CS_LAUNCH(k_fill_bf16, 1024, 256, 0, 0, (__nv_bfloat16 *)B, (size_t)k * n, 3u);
+    CUDA_CHECK_LAUNCH();
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
     const float one = 1.0f, zero = 0.0f;

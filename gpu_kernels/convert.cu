@@ -24,4 +24,9 @@ void op_convert(cudaStream_t st, void *dst, int dtype, const float *src, size_t 
     CUDA_CHECK_LAUNCH();
 }
 
+void load_convert_kernels() {
+    load_kernel(k_to_bf16);
+    load_kernel(k_to_f16);
+}
+
 } /* namespace CS_NS */

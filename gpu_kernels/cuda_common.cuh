@@ -14,7 +14,7 @@
 #define CS_NS cs_cuda_emu
 using namespace cs_cuda_emu; /* the runtime's names, as <cuda_runtime.h> gives them */
 #define CS_LAUNCH(kernel, grid, block, smem, stream, ...) \
-    cs_cuda_emu::launch((grid), (block), (smem), (stream), [=]() { kernel(__VA_ARGS__); })
+    cs_cuda_emu::launch((const void *)(kernel), (grid), (block), (smem), (stream), [=]() { kernel(__VA_ARGS__); })
 #else
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -41,6 +41,12 @@ namespace CS_NS {
         if (st_ != CUBLAS_STATUS_SUCCESS) cuda_fatal(#call, cublasGetStatusString(st_), __FILE__, __LINE__); \
     } while (0)
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+/* a kernel's module loaded now (ops.cuh's load_*_kernels) */
+template <class T> static inline void load_kernel(T *kernel) {
+    cudaFuncAttributes a;
+    CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+}
 
 /* dtypes of weights as the kernels see them (base/common.h's cs_dtype values) */
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };

@@ -3,6 +3,8 @@
 #include "gpu_kernels/cuda_emu.h"
 
 #include <cblas.h>
+#include "gpu_kernels/gpu_backend.h"
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -247,6 +249,57 @@ void launch_impl(dim3 grid, dim3 block, size_t smem, cudaStream_t s, emu_body_fn
     free(r);
 }
 
+/* ---- devices and kernel loading ---- */
+enum { MAX_DEVICES = 8, MAX_KERNELS = 1024 };
+static thread_local int cur_dev;            /* the calling thread's current device */
+static thread_local cudaError_t last_error; /* cudaGetLastError's */
+static uint64_t launches_on[MAX_DEVICES];   /* relaxed atomics */
+static uint64_t lazy_loads, wrong_device;
+static pthread_mutex_t kernels_mu = PTHREAD_MUTEX_INITIALIZER;
+static const void *kernels[MAX_KERNELS];    /* loaded, under kernels_mu */
+static int n_kernels;
+
+static int device_count() {
+    const char *e = getenv("CS_CUDA_EMU_DEVICES");
+    int n = e ? atoi(e) : 1;
+    return n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : n;
+}
+
+/* true when KERNEL was loaded before; loads it now either way */
+static bool kernel_load(const void *kernel) {
+    pthread_mutex_lock(&kernels_mu);
+    bool had = false;
+    for (int i = 0; i < n_kernels && !had; i++) had = kernels[i] == kernel;
+    if (!had) {
+        if (n_kernels == MAX_KERNELS) fatal("more than 1024 kernels");
+        kernels[n_kernels++] = kernel;
+    }
+    pthread_mutex_unlock(&kernels_mu);
+    return had;
+}
+
+static int stream_device(cudaStream_t s);
+
+bool launch_check(const void *kernel, cudaStream_t s) {
+    if (stream_device(s) != cur_dev) { /* the runtime refuses it: nothing runs */
+        last_error = cudaErrorInvalidResourceHandle;
+        __atomic_add_fetch(&wrong_device, 1, __ATOMIC_RELAXED);
+        return false;
+    }
+    __atomic_add_fetch(&launches_on[cur_dev], 1, __ATOMIC_RELAXED);
+    if (!kernel_load(kernel)) __atomic_add_fetch(&lazy_loads, 1, __ATOMIC_RELAXED);
+    return true;
+}
+
+cudaError_t func_get_attributes(cudaFuncAttributes *a, const void *kernel) {
+    if (!a || !kernel) return cudaErrorInvalidValue;
+    kernel_load(kernel);
+    a->maxThreadsPerBlock = MAX_THREADS;
+    a->numRegs = 32;
+    a->sharedSizeBytes = 0;
+    return cudaSuccess;
+}
+
 emu_counters counters() {
     emu_counters c;
     c.launches = __atomic_load_n(&n_done.launches, __ATOMIC_RELAXED);
@@ -307,7 +360,8 @@ struct emu_graph {          /* a captured graph, or an instantiated one (which t
     graph_op *ops;
     int n, cap;
 };
-struct emu_stream { emu_graph *capture; };
+struct emu_stream { emu_graph *capture; int device; };
+static int stream_device(cudaStream_t s) { return s ? s->device : cur_dev; } /* NULL: the current device's */
 
 static size_t mem_budget() {
     static size_t b;
@@ -326,17 +380,28 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     }
     return "unknown error";
 }
-cudaError_t cudaGetLastError() { return cudaSuccess; }
-cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetLastError() {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaGetDeviceCount(int *n) { *n = device_count(); return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= device_count()) return cudaErrorInvalidDevice;
+    cur_dev = d;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *d) { *d = cur_dev; return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
-    if (d != 0) return cudaErrorInvalidValue;
+    if (d < 0 || d >= device_count()) return cudaErrorInvalidDevice;
     memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "CUDA emulator (host)");
+    snprintf(p->name, sizeof p->name, "CUDA emulator (host) %d", d);
     p->totalGlobalMem = mem_budget();
     p->multiProcessorCount = 1;
     p->major = 9;
@@ -382,11 +447,13 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
     if (n) memmove(dst, src, n);
     return cudaSuccess;
 }
-struct emu_event { int unused; };
+struct emu_event { int device; };
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     (void)flags;
     *s = (cudaStream_t)calloc(1, sizeof(emu_stream));
-    return *s ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*s) return cudaErrorMemoryAllocation;
+    (*s)->device = cur_dev;
+    return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
@@ -401,12 +468,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     (void)flags;
     *e = (cudaEvent_t)calloc(1, sizeof(emu_event));
-    return *e ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*e) return cudaErrorMemoryAllocation;
+    (*e)->device = cur_dev;
+    return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    (void)e;
     if (stream_capturing(s)) fatal("an event recorded on a stream being captured");
+    if (e->device != stream_device(s)) return cudaErrorInvalidResourceHandle; /* as the runtime */
     return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) { (void)e; return cudaSuccess; }
@@ -416,6 +485,18 @@ cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 void nanosleep_impl(unsigned ns) {
     struct timespec ts = {0, (long)(ns < 1000000 ? ns : 1000000)};
     nanosleep(&ts, NULL);
+}
+
+uint64_t globaltimer_impl() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void trap_impl() {
+    fflush(stdout);
+    fprintf(stderr, "CUDA emulator: __trap() in a kernel\n");
+    abort();
 }
 
 /* ---- graphs ---- */
@@ -521,10 +602,12 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
 }
 
 /* ---- cuBLAS ---- */
-struct emu_cublas { cudaStream_t s; };
+struct emu_cublas { cudaStream_t s; int device; };
 cublasStatus_t cublasCreate(cublasHandle_t *h) {
     *h = (cublasHandle_t)calloc(1, sizeof(emu_cublas));
-    return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+    if (!*h) return CUBLAS_STATUS_ALLOC_FAILED;
+    (*h)->device = cur_dev; /* a handle works on the device current when it was made */
+    return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy(cublasHandle_t h) { free(h); return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->s = s; return CUBLAS_STATUS_SUCCESS; }
@@ -538,6 +621,7 @@ const char *cublasGetStatusString(cublasStatus_t s) {
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
     case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     }
     return "CUBLAS_STATUS_UNKNOWN";
@@ -586,6 +670,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (compute != CUBLAS_COMPUTE_32F || ct != CUDA_R_32F || at != bt) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    /* its kernels go to the handle's device, on its stream: with another device current the
+     * launch fails */
+    if (h->device != cur_dev || stream_device(h->s) != cur_dev) {
+        __atomic_add_fetch(&wrong_device, 1, __ATOMIC_RELAXED);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    __atomic_add_fetch(&launches_on[cur_dev], 1, __ATOMIC_RELAXED);
     if (stream_capturing(h->s)) {
         gemm_args *g = (gemm_args *)malloc(sizeof *g);
         if (!g) return CUBLAS_STATUS_ALLOC_FAILED;
@@ -617,3 +708,15 @@ static cublasStatus_t gemm_now(cublasOperation_t ta, cublasOperation_t tb, int m
 }
 
 } /* namespace cs_cuda_emu */
+
+extern "C" void cuda_emu_get_stats(cuda_emu_stats_t *st) {
+    using namespace cs_cuda_emu;
+    memset(st, 0, sizeof *st);
+    for (int d = 0; d < CUDA_EMU_MAX_DEVICES && d < MAX_DEVICES; d++)
+        st->launches_on[d] = __atomic_load_n(&launches_on[d], __ATOMIC_RELAXED);
+    st->wrong_device = __atomic_load_n(&wrong_device, __ATOMIC_RELAXED);
+    st->lazy_loads = __atomic_load_n(&lazy_loads, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&kernels_mu);
+    st->kernels_loaded = (uint64_t)n_kernels;
+    pthread_mutex_unlock(&kernels_mu);
+}

@@ -75,13 +75,19 @@ template <class T> static inline T shfl_down_sync(unsigned mask, T v, unsigned d
 typedef struct emu_stream *cudaStream_t;
 typedef void (*emu_body_fn)(void *);
 void launch_impl(dim3 grid, dim3 block, size_t smem, cudaStream_t s, emu_body_fn fn, void *arg);
+/* a launch of KERNEL on stream s: the launch is refused (cudaGetLastError's
+ * cudaErrorInvalidResourceHandle, nothing runs) when s belongs to another device than the
+ * calling thread's current one, as the runtime refuses it; a kernel launched before it was
+ * loaded (cudaFuncGetAttributes) counts as a lazy load */
+bool launch_check(const void *kernel, cudaStream_t s);
 /* a stream being captured into a graph records work instead of running it (a copy of the
  * closure, run and deleted by the graph) */
 bool stream_capturing(cudaStream_t s);
 void capture_launch(cudaStream_t s, dim3 grid, dim3 block, emu_body_fn fn, void *obj, emu_body_fn del);
 template <class F> static void launch_trampoline(void *p) { (*(F *)p)(); }
 template <class F> static void launch_delete(void *p) { delete (F *)p; }
-template <class F> static inline void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, F f) {
+template <class F> static inline void launch(const void *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, F f) {
+    if (!launch_check(kernel, s)) return;
     if (stream_capturing(s)) capture_launch(s, grid, block, launch_trampoline<F>, new F(f), launch_delete<F>);
     else launch_impl(grid, block, smem, s, launch_trampoline<F>, &f);
 }
@@ -110,7 +116,8 @@ static inline __half __float2half(float f) { __half h; h.x = float2half_impl(f);
 
 /* ---- the runtime ---- */
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
-                   cudaErrorNoDevice = 100, cudaErrorNotReady = 600 };
+                   cudaErrorNoDevice = 100, cudaErrorInvalidDevice = 101, cudaErrorInvalidResourceHandle = 400,
+                   cudaErrorNotReady = 600 };
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
                       cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
 typedef struct emu_event *cudaEvent_t;
@@ -129,13 +136,23 @@ struct cudaDeviceProp {
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetLastError();
 cudaError_t cudaGetDeviceCount(int *n);
+/* CS_CUDA_EMU_DEVICES (1-8, default 1) devices; the current one is the calling thread's (0
+ * until it sets one), as in the runtime. Streams, events and cuBLAS handles belong to the
+ * device current when they were made. */
 cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
 cudaError_t cudaMalloc(void **p, size_t n);
 template <class T> static inline cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocHost(void **p, size_t n);
+/* loads the kernel's module (kernels load lazily at first launch otherwise) */
+struct cudaFuncAttributes { int maxThreadsPerBlock, numRegs; size_t sharedSizeBytes; };
+cudaError_t func_get_attributes(cudaFuncAttributes *a, const void *kernel);
+template <class T> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, T *kernel) {
+    return func_get_attributes(a, (const void *)kernel);
+}
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s);
@@ -167,7 +184,8 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g);
 /* ---- cuBLAS: the GEMM ---- */
 typedef struct emu_cublas *cublasHandle_t;
 enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_ALLOC_FAILED = 3,
-                      CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
+                      CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_EXECUTION_FAILED = 13,
+                      CUBLAS_STATUS_NOT_SUPPORTED = 15 };
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 enum cudaDataType { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
@@ -184,6 +202,10 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 
 /* __nanosleep: the calling thread sleeps (a kernel spinning on host memory waits for other threads) */
 void nanosleep_impl(unsigned ns);
+/* %globaltimer: nanoseconds of CLOCK_MONOTONIC */
+uint64_t globaltimer_impl();
+/* __trap(): the kernel stops with an error, here the process (its message printed before) */
+[[noreturn]] void trap_impl();
 
 /* how many launches and block-fibers ran (tests check that work went through the emulator) */
 struct emu_counters { uint64_t launches, blocks, threads, switches, graph_launches; };
@@ -210,6 +232,8 @@ emu_counters counters();
 #define __ldg(p) (*(p))
 #define __ldcv(p) (*(p))
 #define __nanosleep(ns) cs_cuda_emu::nanosleep_impl(ns)
+#define __trap() cs_cuda_emu::trap_impl()
+#define __threadfence_system() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 
 #endif

@@ -20,4 +20,10 @@ void op_embed(cudaStream_t st, float *y, const void *table, int dtype, int cols,
     CUDA_CHECK_LAUNCH();
 }
 
+void load_embed_kernels() {
+    load_kernel(k_embed<float>);
+    load_kernel(k_embed<__nv_bfloat16>);
+    load_kernel(k_embed<__half>);
+}
+
 } /* namespace CS_NS */

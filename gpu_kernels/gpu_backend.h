@@ -24,11 +24,24 @@ typedef struct cuda_backend_params {
     int device;             /* CUDA device index */
     double memory_fraction; /* of the device's memory the backend may allocate (0: 0.90) */
     bool graphs;            /* record decode steps as CUDA graphs and replay them (--cuda-graphs) */
+    double spin_timeout_s;  /* a kernel waiting on the host (the cold start's wait_add) gives up
+                             * after this long and stops the process with a message naming the
+                             * layer, where it would hang (0: CS_CUDA_SPIN_TIMEOUT_S, else 60) */
 } cuda_backend_params_t;
 
 /* NULL with cs_error_last() set when no device, no driver or no memory */
 backend_t *cuda_backend_new(const cuda_backend_params_t *p);
 backend_t *cuda_emu_backend_new(const cuda_backend_params_t *p);
+
+/* the host emulation's counters, for tests: launches (kernels and GEMMs) per device, those
+ * refused because another device was current, kernels first loaded by a launch (not at
+ * backend creation), kernels loaded */
+enum { CUDA_EMU_MAX_DEVICES = 8 };
+typedef struct cuda_emu_stats {
+    uint64_t launches_on[CUDA_EMU_MAX_DEVICES];
+    uint64_t wrong_device, lazy_loads, kernels_loaded;
+} cuda_emu_stats_t;
+void cuda_emu_get_stats(cuda_emu_stats_t *st);
 
 /* true for either of the two */
 bool backend_is_cuda(const backend_t *b);

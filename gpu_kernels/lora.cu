@@ -80,4 +80,9 @@ void op_lora_expand(cudaStream_t st, float *y, int d_out, const float *t, int ld
     CUDA_CHECK_LAUNCH();
 }
 
+void load_lora_kernels() {
+    load_kernel(k_lora_shrink);
+    load_kernel(k_lora_expand);
+}
+
 } /* namespace CS_NS */

@@ -21,4 +21,8 @@ void op_rmsnorm(cudaStream_t st, float *y, const float *x, int n, int dim, const
     CUDA_CHECK_LAUNCH();
 }
 
+void load_rmsnorm_kernels() {
+    load_kernel(k_rmsnorm);
+}
+
 } /* namespace CS_NS */

@@ -27,4 +27,8 @@ void op_rope(cudaStream_t st, float *x, int n, int nh, int hd, const int32_t *po
     CUDA_CHECK_LAUNCH();
 }
 
+void load_rope_kernels() {
+    load_kernel(k_rope);
+}
+
 } /* namespace CS_NS */

@@ -32,4 +32,10 @@ void op_get_rows(cudaStream_t st, float *dst, const float *src, const int32_t *i
     CUDA_CHECK_LAUNCH();
 }
 
+void load_rows_kernels() {
+    load_kernel(k_set_rows<__nv_bfloat16>);
+    load_kernel(k_set_rows<float>);
+    load_kernel(k_get_rows);
+}
+
 } /* namespace CS_NS */

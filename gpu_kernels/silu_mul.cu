@@ -17,4 +17,8 @@ void op_silu_mul(cudaStream_t st, float *g, const float *u, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
+void load_silu_mul_kernels() {
+    load_kernel(k_silu_mul);
+}
+
 } /* namespace CS_NS */

@@ -63,18 +63,27 @@ static void *worker_main(void *arg) {
         double t1 = cs_time_ms();
         for (int k = 0; k < j->n_mods; k++) {
             const lora_module_t *m = j->mods[k];
+            size_t ny = (size_t)j->n * m->d_out;
+            bool bf16 = j->y_dtype == CS_DTYPE_BF16;
             if (failed) { /* they never came: zeros (the engine fails the requests that used them) */
-                memset(j->y[k], 0, sizeof(float) * (size_t)j->n * m->d_out);
+                memset(j->y[k], 0, cs_dtype_size(j->y_dtype) * ny);
                 continue;
             }
-            size_t need = (size_t)m->rank * ((size_t)j->n + m->d_in + m->d_out);
+            size_t need = (size_t)m->rank * ((size_t)j->n + m->d_in + m->d_out) + (bf16 ? ny : 0);
             if (need > scap) {
                 free(scratch);
                 scap = need + need / 4;
                 scratch = malloc(sizeof(float) * scap);
                 CS_ASSERT(scratch); /* a few rank-sized rows: out of memory here is fatal */
             }
-            lora_assist_term(j->y[k], j->x, j->n, j->ld_x, m, scratch);
+            if (!bf16) {
+                lora_assist_term(j->y[k], j->x, j->n, j->ld_x, m, scratch);
+                continue;
+            }
+            float *yf = scratch + (need - ny); /* F32 first, then rounded: half the bytes to the device */
+            lora_assist_term(yf, j->x, j->n, j->ld_x, m, scratch);
+            uint16_t *yo = j->y[k];
+            for (size_t i = 0; i < ny; i++) yo[i] = cs_f32_to_bf16(yf[i]);
         }
         double t2 = cs_time_ms();
         pthread_mutex_lock(&a->mu); /* counted before the part is reported done */
@@ -98,6 +107,7 @@ int lora_assist_new(const lora_assist_params_t *p, lora_assist_t **out) {
     if (!a) return cs_error_set(CS_ENOMEM, "out of memory");
     a->p = *p;
     if (a->p.n_threads <= 0) a->p.n_threads = 1;
+    if (a->p.terms_dtype != CS_DTYPE_BF16) a->p.terms_dtype = CS_DTYPE_F32;
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     if (!(a->threads = calloc((size_t)a->p.n_threads, sizeof *a->threads))) {
@@ -134,6 +144,7 @@ void lora_assist_free(lora_assist_t *a) {
 }
 
 int lora_assist_threads(const lora_assist_t *a) { return a->p.n_threads; }
+cs_dtype lora_assist_terms_dtype(const lora_assist_t *a) { return a->p.terms_dtype; }
 
 int lora_assist_submit(lora_assist_t *a, const lora_assist_job_t *job) {
     int n = job->n, parts = CS_MIN(a->p.n_threads, CS_MAX(n, 1));
@@ -149,7 +160,8 @@ int lora_assist_submit(lora_assist_t *a, const lora_assist_job_t *job) {
         pt->job = *job;
         pt->job.x = job->x + (size_t)r0 * job->ld_x;
         pt->job.n = r1 - r0;
-        for (int k = 0; k < job->n_mods; k++) pt->job.y[k] = job->y[k] + (size_t)r0 * job->mods[k]->d_out;
+        size_t es = cs_dtype_size(job->y_dtype);
+        for (int k = 0; k < job->n_mods; k++) pt->job.y[k] = (char *)job->y[k] + es * (size_t)r0 * job->mods[k]->d_out;
         pt->next = NULL;
         if (last) last->next = pt;
         else first = pt;
@@ -163,6 +175,24 @@ int lora_assist_submit(lora_assist_t *a, const lora_assist_job_t *job) {
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
     return parts;
+}
+
+void lora_cold_cost(const lora_adapter_t *a, int arrived, int rows, cs_dtype terms, lora_cold_cost_t *c) {
+    /* the group of each target: the projections sharing one input */
+    static const int group[LORA_N_TARGETS] = {0, 0, 0, 1, 2, 2, 3};
+    size_t ts = cs_dtype_size(terms);
+    c->assist_bytes = c->wait_bytes = 0;
+    for (int l = CS_MAX(arrived, 0); l < a->n_layers; l++) {
+        int din[4] = {0, 0, 0, 0};
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            const lora_module_t *m = lora_adapter_module(a, l, (lora_target)t);
+            if (m->rank <= 0) continue;
+            din[group[t]] = m->d_in;
+            c->assist_bytes += (uint64_t)rows * m->d_out * ts;
+            c->wait_bytes += (uint64_t)m->rank * (m->d_in + m->d_out) * cs_dtype_size(m->dtype);
+        }
+        for (int g = 0; g < 4; g++) c->assist_bytes += (uint64_t)rows * din[g] * sizeof(float);
+    }
 }
 
 void lora_assist_get_stats(lora_assist_t *a, lora_assist_stats_t *st) {

@@ -20,6 +20,7 @@ typedef struct lora_assist_params {
     int n_threads;          /* workers; 0: 1 */
     bool pin;               /* pin worker i to CPU (ncpu - 1 - i) */
     int max_rows;           /* rows of a job one worker takes at most per part; 0: an equal split */
+    cs_dtype terms_dtype;   /* of the terms the engine asks for (lora_assist_terms_dtype): F32 or BF16 */
 } lora_assist_params_t;
 
 enum { LORA_ASSIST_MODS = 3 }; /* modules sharing one input (q/k/v; gate/up) */
@@ -29,7 +30,8 @@ typedef struct lora_assist_job {
     int n, ld_x;
     int n_mods;
     const lora_module_t *mods[LORA_ASSIST_MODS];
-    float *y[LORA_ASSIST_MODS];   /* n rows of mods[k]->d_out floats (host): := the LoRA term */
+    void *y[LORA_ASSIST_MODS];    /* n rows of mods[k]->d_out values (host): := the LoRA term */
+    cs_dtype y_dtype;             /* of y: F32, or BF16 (computed in F32, rounded to nearest even) */
     const uint32_t *x_flag;
     uint32_t x_value;
     const uint32_t *w_flag; /* optional: the modules' weights are in host memory once *w_flag >=
@@ -43,6 +45,7 @@ int lora_assist_new(const lora_assist_params_t *p, lora_assist_t **out);
 /* Waits for the jobs queued (their flags must come), then stops the workers. NULL: nothing. */
 void lora_assist_free(lora_assist_t *a);
 int lora_assist_threads(const lora_assist_t *a);
+cs_dtype lora_assist_terms_dtype(const lora_assist_t *a);
 
 /* Queue JOB (copied); returns the parts it was split into (1 ..), which *done will be raised
  * by, or CS_ENOMEM. Never blocks on the job's flag. */
@@ -54,6 +57,20 @@ typedef struct lora_assist_stats {
     double wait_ms;               /* workers' time waiting for the device's input flag */
 } lora_assist_stats_t;
 void lora_assist_get_stats(lora_assist_t *a, lora_assist_stats_t *st);
+
+/* The byte model of the cold start (--cold-start auto): what the link to the device carries
+ * for a request of ROWS rows whose adapter A has ARRIVED of its layers in its device slot.
+ * cpu-assist sends, for every layer not there, each adapted group's input rows out (q/k/v
+ * share one, then o, gate/up, down; F32) and every adapted projection's terms back (TERMS:
+ * F32 or BF16); wait streams the rest of the slot first (A and Bᵀ of every module, in the
+ * adapter's dtype), and then runs with no host traffic. Both go over the same link, so the
+ * fewer bytes finish first: a long prompt waits (its rows outweigh the adapter), a short one
+ * is assisted. */
+typedef struct lora_cold_cost {
+    uint64_t assist_bytes, wait_bytes;
+} lora_cold_cost_t;
+void lora_cold_cost(const lora_adapter_t *a, int arrived, int rows, cs_dtype terms, lora_cold_cost_t *c);
+static inline bool lora_cold_prefer_assist(const lora_cold_cost_t *c) { return c->assist_bytes <= c->wait_bytes; }
 
 /* The term itself, on the calling thread (the workers' kernel; tests hold it to a plain
  * loop): Y[n, d_out] := scale · (X[n, ld_x] · Aᵀ) · Bᵀ; SCRATCH holds rank * (n + d_in + d_out)

@@ -81,6 +81,10 @@ static const struct family {
     F(cold_starts, FAM_COUNTER, "cold_starts_total",
       "Requests that found their adapter's device slot still streaming in, by what they did (cpu_assist, wait).",
       L_MODE),
+    F(cold_auto, FAM_COUNTER, "cold_start_auto_total",
+      "Cold-start requests under --cold-start auto, by what the byte model chose (cpu_assist: its rows and terms "
+      "cost the link fewer bytes than the rest of the adapter; wait: more).",
+      L_MODE),
     F(cold_layers, FAM_COUNTER, "cold_start_layers_total",
       "Adapter layers of cold-start forwards, by where their LoRA ran (host, device).", L_PATH),
     F(lora_hits, FAM_COUNTER, "lora_cache_hits_total", "Adapter acquires that found it resident.", NULL),
@@ -187,6 +191,10 @@ enum MHD_Result api_metrics(server_t *s, struct MHD_Connection *c) {
         metric_inc(m->cold_starts, (const char *[]){"wait"}, (double)(st.cold_waited - m->last_cold_waited));
         metric_inc(m->cold_layers, (const char *[]){"host"}, (double)(st.cold_host_layers - m->last_cold_host_layers));
         metric_inc(m->cold_layers, (const char *[]){"device"}, (double)(st.cold_device_layers - m->last_cold_device_layers));
+        metric_inc(m->cold_auto, (const char *[]){"cpu_assist"}, (double)(st.cold_auto_assist - m->last_cold_auto_assist));
+        metric_inc(m->cold_auto, (const char *[]){"wait"}, (double)(st.cold_auto_wait - m->last_cold_auto_wait));
+        m->last_cold_auto_assist = st.cold_auto_assist;
+        m->last_cold_auto_wait = st.cold_auto_wait;
         m->last_cold_assisted = st.cold_assisted;
         m->last_cold_waited = st.cold_waited;
         m->last_cold_host_layers = st.cold_host_layers;

@@ -355,7 +355,8 @@ static int batch_load_model(batch_t *b) {
     }
     if (setup_tokenizer(o->model, &b->tok)) { fprintf(stderr, "caraserve: %s: %s\n", o->model, cs_error_last()); return -1; }
     bool assist_failed;
-    b->assist = setup_assist(b->be, o->cold_start, o->assist_threads, &assist_failed);
+    b->assist = setup_assist(b->be, o->cold_start, o->assist_threads, o->assist_dtype, model_weight_dtype(b->model),
+                             &assist_failed);
     if (assist_failed) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); return -1; }
     model_set_assist(b->model, b->assist);
     return 0;
@@ -521,7 +522,8 @@ static void batch_print_stats(batch_t *b, double wall) {
             "\"graph_captures\": %llu, \"graph_replays\": %llu}, "
             "\"cold_start\": {\"requests\": %llu, \"assisted\": %llu, \"waited\": %llu, \"forwards\": %llu, "
             "\"host_layers\": %llu, \"device_layers\": %llu, \"host_rows\": %llu, \"streams\": %llu, "
-            "\"stream_ms\": %.3f, \"assist_threads\": %d, \"host_streams\": %llu, \"partial_acquires\": %llu, \"disk_waits\": %llu}, "
+            "\"stream_ms\": %.3f, \"assist_threads\": %d, \"host_streams\": %llu, \"partial_acquires\": %llu, \"disk_waits\": %llu, \"pinned_allocs\": %llu, "
+            "\"auto_assist\": %llu, \"auto_wait\": %llu}, "
             "\"scheduler\": \"%s\", \"cost_model\": %s, \"rss_bytes\": %zu, \"peak_rss_bytes\": %zu}\n",
             wall, (unsigned long long)st.steps, (unsigned long long)st.prefill_tokens,
             (unsigned long long)st.decode_tokens, st.busy_ms, st.decode_only_ms,
@@ -540,7 +542,9 @@ static void batch_print_stats(batch_t *b, double wall) {
             (unsigned long long)st.cold_host_layers, (unsigned long long)st.cold_device_layers,
             (unsigned long long)st.cold_host_rows, (unsigned long long)ls.device_streams, ls.device_stream_ms,
             b->assist ? lora_assist_threads(b->assist) : 0, (unsigned long long)ls.host_streams,
-            (unsigned long long)ls.partial_acquires, (unsigned long long)st.cold_disk_waits, sched_name(b->sched), cm,
+            (unsigned long long)ls.partial_acquires, (unsigned long long)st.cold_disk_waits,
+            (unsigned long long)st.cold_pinned_allocs, (unsigned long long)st.cold_auto_assist,
+            (unsigned long long)st.cold_auto_wait, sched_name(b->sched), cm,
             proc_status_bytes("VmRSS:"), proc_status_bytes("VmHWM:"));
 }
 

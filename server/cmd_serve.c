@@ -307,7 +307,8 @@ static int serve_load_model(server_t *s) {
         return -1;
     }
     bool assist_failed;
-    s->assist = setup_assist(s->be, s->cfg.cold_start, s->cfg.assist_threads, &assist_failed);
+    s->assist = setup_assist(s->be, s->cfg.cold_start, s->cfg.assist_threads, s->cfg.assist_dtype,
+                             model_weight_dtype(s->model), &assist_failed);
     if (assist_failed) { fprintf(stderr, "caraserve serve: %s\n", cs_error_last()); return -1; }
     model_set_assist(s->model, s->assist);
     if (setup_tokenizer(s->cfg.model, &s->tok)) { fprintf(stderr, "caraserve serve: %s: %s\n", s->cfg.model, cs_error_last()); return -1; }

@@ -71,6 +71,14 @@ static bool set_lora_io(void *dst, const char *arg) {
 
 static bool set_cold_start(void *dst, const char *arg) { return (*(int *)dst = setup_parse_cold_start(arg)) >= 0; }
 
+static bool set_assist_dtype(void *dst, const char *arg) {
+    if (!strcmp(arg, "auto")) *(int *)dst = SETUP_ASSIST_AUTO;
+    else if (!strcmp(arg, "f32")) *(int *)dst = SETUP_ASSIST_F32;
+    else if (!strcmp(arg, "bf16")) *(int *)dst = SETUP_ASSIST_BF16;
+    else return false;
+    return true;
+}
+
 #define F(field) offsetof(cs_options_t, field)
 #define GEN OPT_CMD_GENERATE
 #define BAT OPT_CMD_BATCH
@@ -229,10 +237,15 @@ static const opt_t OPTS[] = {
              "device can), cpu-assist (its LoRA from host workers for the layers not there yet), wait"},
     {"assist-threads", "N", K_INT, BAT | SRV, F(assist_threads), .lo = 1, .hi = 256,
      .help = "host LoRA workers of cpu-assist (default: a quarter of the CPUs)"},
+    {"assist-dtype", "auto|f32|bf16", K_SET, BAT | SRV, F(assist_dtype), .set = set_assist_dtype, .def = "auto",
+     .wants = "wants auto, f32 or bf16",
+     .help = "the LoRA terms cpu-assist sends back to the device: bf16 halves the bytes over the link; auto "
+             "(default): bf16 for a BF16 or F16 model on a GPU, else f32 (exact)"},
 
     /* the backend */
-    {"device", "auto|cpu|cuda", K_STRING, ALL, F(device),
-     .help = "where the model runs (default auto: cuda where a CUDA build sees a GPU)"},
+    {"device", "auto|cpu|cuda|cuda:N", K_STRING, ALL, F(device),
+     .help = "where the model runs (default auto: cuda where a CUDA build sees a GPU); cuda:N the N-th visible GPU "
+             "(cuda: the first)"},
     {"precision", "exact|bf16|int8", K_SET, ALL, F(precision), .set = set_precision, .def = "exact",
      .wants = "wants exact, bf16 or int8",
      .help = "CPU matmuls: exact F32 products of the activations (default); bf16: against BF16 weights the "

@@ -69,8 +69,9 @@ typedef struct cs_options {
     bool no_prefix_caching;
     int cold_start;                 /* --cold-start: SCHED_COLD_* (0: auto) */
     int assist_threads;             /* --assist-threads (0: the default) */
+    int assist_dtype;               /* --assist-dtype: SETUP_ASSIST_* */
     /* the backend */
-    char *device;                   /* --device: auto (NULL), cpu or cuda */
+    char *device;                   /* --device: auto (NULL), cpu, cuda or cuda:N */
     bool reference_kernels;
     bool batch_invariant;           /* --batch-invariant: the CPU backend's batch-invariant kernels */
     int precision;                  /* --precision: 0 exact, 1 bf16, 2 int8 (setup_parse_precision) */

@@ -43,7 +43,7 @@ typedef struct server_metrics {
     metric_t *running, *waiting, *kv_usage, *prefix_queries, *prefix_hits, *preemptions;
     metric_t *lora_tier, *lora_load, *lora_hits, *lora_misses, *lora_loads, *prefill_tokens;
     metric_t *lora_streamed, *lora_partial;
-    metric_t *lora_transfer, *cold_starts, *cold_layers; /* the cold start */
+    metric_t *lora_transfer, *cold_starts, *cold_layers, *cold_auto; /* the cold start */
     metric_t *cost_r2, *cost_err, *cost_coef, *cost_steps; /* the iteration cost model's fit */
     metric_t *slo_requests, *slo_met; /* requests with SLOs (own or --adapter-slos), and those that met them */
     metric_t *a_ttft, *a_itl, *a_e2e;   /* per adapter (api_stats.c's bounded label): sums and counts */
@@ -52,6 +52,7 @@ typedef struct server_metrics {
     pthread_mutex_t mu;
     uint64_t last_prefix_queries, last_prefix_hits, last_preemptions, last_lora_hits, last_lora_misses;
     uint64_t last_cold_assisted, last_cold_waited, last_cold_host_layers, last_cold_device_layers;
+    uint64_t last_cold_auto_assist, last_cold_auto_wait;
     uint64_t last_prefill_tokens, last_lora_loads_direct, last_lora_loads_buffered;
     uint64_t last_lora_streamed, last_lora_partial;
     uint64_t last_adapter_folds, last_resolved, last_resolve_failed;

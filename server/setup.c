@@ -46,6 +46,18 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         dev = pin && *pin ? pin : gpu_present() ? "cuda" : "cpu";
     }
     cuda_backend_params_t gp = {.device = 0, .memory_fraction = o->gpu_memory_fraction, .graphs = o->cuda_graphs};
+    char cuda_dev[16];
+    if (!strncmp(dev, "cuda:", 5)) { /* cuda:N, the N-th visible GPU (as torch and vLLM name it) */
+        char *end = NULL;
+        long n = strtol(dev + 5, &end, 10);
+        if (end == dev + 5 || *end || n < 0 || n > 1023) {
+            cs_error_set(CS_EINVAL, "--device %s: a GPU is cuda or cuda:N, N the device's index (0, 1, ...)", dev);
+            return NULL;
+        }
+        gp.device = (int)n;
+        snprintf(cuda_dev, sizeof cuda_dev, "cuda");
+        dev = cuda_dev;
+    }
     const char *test_dev = getenv("CS_TEST_DEVICE");
     if (test_dev && !strcmp(test_dev, "cuda-emu")) /* the CUDA backend's code on the host emulator */
         return cuda_emu_backend_new(&gp);
@@ -67,7 +79,7 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
 #endif
     }
     if (strcmp(dev, "cpu")) {
-        cs_error_set(CS_EINVAL, "--device %s: unknown device (cpu or cuda)", dev);
+        cs_error_set(CS_EINVAL, "--device %s: unknown device (cpu, cuda or cuda:N)", dev);
         return NULL;
     }
     cpu_backend_params_t cp = {
@@ -174,14 +186,17 @@ int setup_parse_cold_start(const char *s) {
     return -1;
 }
 
-lora_assist_t *setup_assist(backend_t *be, int mode, int threads, bool *failed) {
+lora_assist_t *setup_assist(backend_t *be, int mode, int threads, int dtype, cs_dtype model_dtype, bool *failed) {
     *failed = false;
     if (mode == SCHED_COLD_WAIT || !backend_caps(be)->adapter_stream || !backend_caps(be)->host_assist) return NULL;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = (int)CS_MIN(8, CS_MAX(1, n / 4));
     }
-    lora_assist_params_t ap = {.n_threads = threads, .pin = backend_is_cuda(be)};
+    bool half = model_dtype == CS_DTYPE_BF16 || model_dtype == CS_DTYPE_F16;
+    if (dtype == SETUP_ASSIST_AUTO) dtype = backend_is_cuda(be) && half ? SETUP_ASSIST_BF16 : SETUP_ASSIST_F32;
+    lora_assist_params_t ap = {.n_threads = threads, .pin = backend_is_cuda(be),
+                               .terms_dtype = dtype == SETUP_ASSIST_BF16 ? CS_DTYPE_BF16 : CS_DTYPE_F32};
     lora_assist_t *a = NULL;
     if (lora_assist_new(&ap, &a)) {
         *failed = true;

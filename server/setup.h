@@ -66,8 +66,11 @@ int setup_tokenizer(const char *model, struct tokenizer **out);
  * with no error where they have nothing to do (a backend that cannot stream adapter slots
  * or assist, or MODE wait); THREADS 0: a quarter of the CPUs (1 .. 8). Pinned to cores on
  * a GPU (the CPU kernels would share them otherwise). NULL with an error: cannot start. */
+/* DTYPE (SETUP_ASSIST_*): of the terms the workers send back; AUTO: BF16 for a model of
+ * 16-bit weights (MODEL_DTYPE) on a GPU, else F32. */
+enum { SETUP_ASSIST_AUTO = 0, SETUP_ASSIST_F32, SETUP_ASSIST_BF16 };
 struct lora_assist;
-struct lora_assist *setup_assist(backend_t *be, int mode, int threads, bool *failed);
+struct lora_assist *setup_assist(backend_t *be, int mode, int threads, int dtype, cs_dtype model_dtype, bool *failed);
 
 /* The scheduling policy NAME names (NULL: the default, fcfs), with COST (sched/cost.h; may
  * be NULL) learning from its steps; NULL with a message for an unknown one. Free with

@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "cpu_kernels/cpu_backend.h"
@@ -759,6 +761,33 @@ static void cold_check_lora(backend_t *b, const cold_adapter_t *c, backend_adapt
     lora_io_free(b, &io);
 }
 
+/* wait_add of BF16 terms (half the bytes over the link): each widened exactly and added in
+ * F32, at an offset; the flag is up before */
+static void cold_check_bf16_terms(backend_t *b, int be) {
+    const size_t NY = 3000, YO = 37, N = 2500;
+    float *y0 = test_randv(&rng, NY, 1.0f), *t = test_randv(&rng, N, 3.0f), *want = malloc(sizeof(float) * NY);
+    backend_buf_t *by = up(b, y0, sizeof(float) * NY);
+    uint16_t *h = backend_host_alloc(b, sizeof(uint16_t) * N);
+    uint32_t *flag = backend_host_alloc(b, sizeof(uint32_t));
+    ck_assert(h && flag);
+    memcpy(want, y0, sizeof(float) * NY);
+    for (size_t i = 0; i < N; i++) {
+        h[i] = cs_f32_to_bf16(t[i]);
+        want[YO + i] += cs_bf16_to_f32(h[i]);
+    }
+    cs_flag_store(flag, 5);
+    backend_wait_add(b, by, sizeof(float) * YO, h, CS_DTYPE_BF16, N, flag, 5, 0);
+    float *got = down(b, by, NY);
+    close_to(got, want, NY, 0, "wait_add of BF16 terms", be);
+    free(got);
+    free(want);
+    free(y0);
+    free(t);
+    backend_buf_free(b, by);
+    backend_host_free(b, h);
+    backend_host_free(b, flag);
+}
+
 /* get_signal / wait_add, two rounds: x += z; rows of x out; y += 2x + round from the host */
 static void cold_check_host_assist(backend_t *b, int be) {
     const size_t NX = 25000, NY = 26000, XO = 100, YO = 700, N = 20000, ROUNDS = 2;
@@ -778,7 +807,7 @@ static void cold_check_host_assist(backend_t *b, int be) {
     for (uint32_t r = 1; r <= ROUNDS; r++) {
         backend_add(b, bx, bz, NX); /* before get_signal: it sends the sum */
         backend_get_signal(b, hx, bx, sizeof(float) * XO, sizeof(float) * N, &flags[0], r);
-        backend_wait_add(b, by, sizeof(float) * YO, hy, N, &flags[1], r);
+        backend_wait_add(b, by, sizeof(float) * YO, hy, CS_DTYPE_F32, N, &flags[1], r, r);
         backend_buf_copy(b, by2, 0, by, 0, sizeof(float) * NY); /* after wait_add: sees its sum */
         for (size_t i = 0; i < NX; i++) xr[i] += z[i];
         for (size_t i = 0; i < N; i++) want[YO + i] += 2 * xr[XO + i] + (float)r;
@@ -827,7 +856,10 @@ START_TEST(test_cold_start) {
         backend_adapter_free(b, su);
         cold_adapter_free(&c);
     }
-    if (backend_caps(b)->host_assist) cold_check_host_assist(b, _i);
+    if (backend_caps(b)->host_assist) {
+        cold_check_host_assist(b, _i);
+        cold_check_bf16_terms(b, _i);
+    }
 }
 END_TEST
 
@@ -873,6 +905,55 @@ START_TEST(test_strict_fresh_memory_is_nan) {
 END_TEST
 #endif
 
+/* ---- the spin deadline (the CUDA backends) ----
+ * A wait_add whose flag never comes up (a host worker that died): the kernel gives up at the
+ * backend's deadline and the process stops with a message naming the layer, where it would
+ * hang the device and the engine. Run in a child: it must die of SIGABRT, saying so. */
+START_TEST(test_spin_deadline) {
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        close(fds[0]);
+        cuda_backend_params_t p = {.spin_timeout_s = 0.2};
+        backend_t *b = _i == 0 ? cuda_emu_backend_new(&p)
+#ifdef CS_HAVE_CUDA
+                               : cuda_backend_new(&p);
+#else
+                               : NULL;
+#endif
+        if (!b) {
+            printf("no backend: %s\n", cs_error_last());
+            _exit(3);
+        }
+        enum { N = 300 };
+        backend_buf_t *y = backend_buf_alloc(b, sizeof(float) * N);
+        float *src = backend_host_alloc(b, sizeof(float) * N);
+        uint32_t *flag = backend_host_alloc(b, sizeof(uint32_t));
+        memset(src, 0, sizeof(float) * N);
+        *flag = 0;
+        backend_wait_add(b, y, 0, src, CS_DTYPE_F32, N, flag, 1, 7); /* nobody raises it */
+        backend_synchronize(b);
+        printf("wait_add returned\n");
+        _exit(0);
+    }
+    close(fds[1]);
+    char out[8192];
+    size_t len = 0;
+    ssize_t k;
+    while (len < sizeof out - 1 && (k = read(fds[0], out + len, sizeof out - 1 - len)) > 0) len += (size_t)k;
+    out[len] = 0;
+    close(fds[0]);
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "the child ended otherwise (status %#x): %s", st, out);
+    ck_assert_msg(strstr(out, "LoRA terms of layer 7") && strstr(out, "waiting for 1"), "no message naming the layer: %s",
+                  out);
+}
+END_TEST
 
 /* ---- device graphs (the CUDA backends with graphs on) ----
  * Decode steps of one key (4 rows, adapters present) run through graph_begin/graph_end: the
@@ -1131,6 +1212,7 @@ int main(void) {
     tcase_set_timeout(tc, 600);
     add_op_tests(tc);
     tcase_add_loop_test(tc, test_graphs, 1, 2); /* cuda */
+    tcase_add_loop_test(tc, test_spin_deadline, 1, 2);
     suite_add_tcase(s, tc);
     return cs_check_run(s, CK_FORK) ? 1 : 0;
 }
@@ -1142,6 +1224,7 @@ int main(void) {
     tcase_set_timeout(tc, 600);
     add_op_tests(tc);
     tcase_add_loop_test(tc, test_graphs, 0, 1); /* cuda-emu */
+    tcase_add_loop_test(tc, test_spin_deadline, 0, 1);
     tcase_add_test(tc, test_weight_prepare);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("strict");

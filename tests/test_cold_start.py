@@ -46,8 +46,11 @@ def run(model_dir, requests, loras, strict, extra=(), env_extra=None):
     return [json.loads(x) for x in out], stats
 
 
-def compare(what, warm, cold):
-    """same tokens, logprobs within TOL; returns the largest difference"""
+def compare(what, warm, cold, tol=TOL, rel=False, splits=None):
+    """same tokens, logprobs within tol (rel: tol x (1 + |warm logprob|)); returns the largest
+    difference (rel: the largest over 1 + |warm logprob|). splits (a list): a sample may part
+    from warm's (a sampled or near-tied token that a perturbation flips); its logprobs are
+    compared up to the token where they part, which is appended to splits"""
     worst = 0.0
     for a, b in paired_lines(what, warm, cold):
         if "samples" not in a or "samples" not in b:
@@ -55,17 +58,22 @@ def compare(what, warm, cold):
         for sa, sb in zip(a["samples"], b["samples"]):
             if sa.get("error") or sb.get("error"):
                 reflib.fail(f"{what}: request {a['id']} failed: {sa.get('error')} / {sb.get('error')}")
+            upto = len(sa["tokens"])
             if sa["tokens"] != sb["tokens"]:
-                reflib.fail(f"{what}: request {a['id']} sample {sa['index']}: tokens {sa['tokens']} warm, "
-                            f"{sb['tokens']} cold")
-            for x, y in zip(sa["logprobs"], sb["logprobs"]):
-                worst = max(worst, abs(x - y))
-            for ta, tb in zip(sa.get("top_logprobs", []), sb.get("top_logprobs", [])):
+                if splits is None:
+                    reflib.fail(f"{what}: request {a['id']} sample {sa['index']}: tokens {sa['tokens']} warm, "
+                                f"{sb['tokens']} cold")
+                upto = next(i for i, (p, q) in enumerate(zip(sa["tokens"] + [None], sb["tokens"] + [None])) if p != q)
+                splits.append(upto)
+            for x, y in list(zip(sa["logprobs"], sb["logprobs"]))[:upto]:
+                worst = max(worst, abs(x - y) / (1 + abs(x) if rel else 1))
+            for ta, tb in list(zip(sa.get("top_logprobs", []), sb.get("top_logprobs", [])))[:upto + 1]:
                 for (ia, xa), (ib, xb) in zip(ta, tb):
                     if ia == ib:
-                        worst = max(worst, abs(xa - xb))
-    if worst > TOL:
-        reflib.fail(f"{what}: cold logprobs differ from warm ones by {worst:.3g} (> {TOL})")
+                        worst = max(worst, abs(xa - xb) / (1 + abs(xa) if rel else 1))
+    if worst > tol:
+        reflib.fail(f"{what}: cold logprobs differ from warm ones by {worst:.3g}{' x (1 + |logprob|)' if rel else ''} "
+                    f"(> {tol})")
     return worst
 
 
@@ -84,9 +92,33 @@ cs = st["cold_start"]
 if not (cs["requests"] >= 3 and cs["assisted"] == cs["requests"] and cs["waited"] == 0 and cs["host_layers"] > 0
         and cs["device_layers"] > 0 and 0 < cs["forwards"] < st["steps"] and cs["streams"] == 3):
     reflib.fail(f"cpu-assist: the cold start did not run on both paths: {cs} ({st['steps']} steps)")
+if cs["pinned_allocs"] != 3:  # inputs, terms, flags: once each, at the start, for the largest batch
+    reflib.fail(f"cpu-assist: {cs['pinned_allocs']} pinned buffers made, not 3 at the start")
 print(f"ok  cpu-assist: {cs['requests']} cold requests, {cs['forwards']} of {st['steps']} forwards with a slot "
       f"streaming in ({cs['host_layers']} adapter layers on the host, {cs['device_layers']} on the device, "
-      f"{cs['host_rows']} host rows); logprobs within {worst:.2g} of warm")
+      f"{cs['host_rows']} host rows); logprobs within {worst:.2g} of warm; 3 pinned buffers, made at the start")
+
+# 1b. the terms sent back as BF16 (--assist-dtype bf16: half the bytes over the link): each
+# term is the F32 one rounded to 8 significant bits (a relative error of at most 2^-9). The
+# logprobs must stay within BF16's own resolution of them, 2^-8 x (1 + |logprob|) (measured:
+# 2.8e-3 at most in absolute terms on these random rank 4-16 adapters, whose deltas are as
+# large as the base's outputs), and differ from warm at all (else nothing was rounded)
+TOL_BF16 = 2.0 ** -8
+cold, st = run(model_dir, reqs, loras, strict=True,
+               extra=("--preload-adapters", "--cold-start", "cpu-assist", "--assist-dtype", "bf16"))
+parted = []
+worst_bf16 = compare("cpu-assist, BF16 terms", warm, cold, TOL_BF16, rel=True, splits=parted)
+n_samples = sum(len(x["samples"]) for x in warm)
+if len(parted) > n_samples // 4:
+    reflib.fail(f"cpu-assist, BF16 terms: {len(parted)} of {n_samples} samples parted from warm's tokens")
+cs = st["cold_start"]
+if not (cs["host_layers"] > 0 and cs["device_layers"] > 0):
+    reflib.fail(f"cpu-assist, BF16 terms: the cold start did not run on both paths: {cs}")
+if worst_bf16 <= 1e-6:
+    reflib.fail(f"cpu-assist, BF16 terms: within {worst_bf16:.2g} of warm: the terms were not rounded")
+print(f"ok  cpu-assist with BF16 terms: {cs['host_layers']} host layers; logprobs within {worst_bf16:.2g} x "
+      f"(1 + |logprob|) of warm (<= 2^-8); {len(parted)} of {n_samples} samples parted from warm's tokens "
+      f"(at {parted}), compared up to there")
 
 # 2. wait: requests wait for their slots, nothing on the host
 cold, st = run(model_dir, reqs, loras, strict=True, extra=("--preload-adapters", "--cold-start", "wait"))
@@ -96,6 +128,39 @@ if not (cs["waited"] >= 3 and cs["assisted"] == 0 and cs["host_layers"] == 0 and
         and cs["assist_threads"] == 0):
     reflib.fail(f"wait: {cs}")
 print(f"ok  wait: {cs['waited']} requests waited for their slots, none ran on the host; within {worst:.2g}")
+
+# 2b. auto: the byte model chooses per request. cpu-assist sends each host layer's inputs out
+# (q/k/v share one; o, gate/up, down: 64 + 64 + 64 + 96 floats a row here) and the terms back
+# (64 + 32 + 32 + 64 + 96 + 96 + 64 floats); wait streams the rest of the slot (rank x
+# (d_in + d_out) a module). Computed here from the model's shapes, not by caraserve's code:
+# a request is assisted while its rows cost fewer bytes than its adapter, else it waits.
+H, KVD, INTER = 64, 32, 96
+DIMS = [(H, H), (H, KVD), (H, KVD), (H, H), (H, INTER), (H, INTER), (INTER, H)]
+
+
+def prefer_assist(rank, adapter_bytes, rows, terms_bytes=4):
+    wait = sum(rank * (a + b) * adapter_bytes for a, b in DIMS)
+    assist = rows * (sum(b for _, b in DIMS) * terms_bytes + (H + H + H + INTER) * 4)
+    return assist <= wait
+
+
+auto_reqs, want_assist = [], 0
+for i, (name, rank, abytes, n) in enumerate((("a0", 4, 4, 40), ("a1", 8, 2, 3), ("a2", 16, 4, 3), ("a2", 16, 4, 30))):
+    auto_reqs.append({"id": i, "prompt_ids": [1] + [rng.randrange(3, 200) for _ in range(n - 1)], "max_tokens": 4,
+                      "adapter": name, "temperature": 0, "logprobs": 2, "ignore_eos": True})
+    want_assist += prefer_assist(rank, abytes, n)
+warm_a, _ = run(model_dir, auto_reqs, loras, strict=False, extra=("--preload-adapters",))
+cold, st = run(model_dir, auto_reqs, loras, strict=True,
+               extra=("--preload-adapters", "--cold-start", "auto"))
+worst = compare("auto", warm_a, cold)
+cs = st["cold_start"]
+if (cs["auto_assist"], cs["auto_wait"]) != (want_assist, len(auto_reqs) - want_assist) or cs["requests"] != len(auto_reqs):
+    reflib.fail(f"auto: the byte model chose {cs['auto_assist']} cpu-assist and {cs['auto_wait']} wait of "
+                f"{cs['requests']} cold requests; the shapes say {want_assist} and {len(auto_reqs) - want_assist}: {cs}")
+if cs["assisted"] != want_assist or cs["waited"] != len(auto_reqs) - want_assist:
+    reflib.fail(f"auto: {cs['assisted']} assisted and {cs['waited']} waited, not as chosen: {cs}")
+print(f"ok  auto: of {len(auto_reqs)} cold requests (prompts of 40, 3, 3, 30 tokens; ranks 4, 8, 16, 16) the byte "
+      f"model assisted {cs['auto_assist']} and made {cs['auto_wait']} wait, as the shapes say; within {worst:.2g}")
 
 # 3. one device slot: slots are evicted while others stream in
 cold, st = run(model_dir, reqs, loras, strict=True,
@@ -130,6 +195,15 @@ if os.environ.get("CS_COLD_SKIP_EMU") != "1":
         reflib.fail(f"cuda-emu: slots did not stream through the CUDA backend: {st['backend']['name']}, {cs}")
     print(f"ok  cuda-emu: {cs['streams']} slots streamed by the CUDA backend's loader, {cs['forwards']} cold forwards "
           f"({cs['host_layers']} host, {cs['device_layers']} device layers this time); within {worst:.2g} of warm")
+    cold, st = run(model_dir, reqs, loras, strict=False,
+                   extra=("--preload-adapters", "--cold-start", "cpu-assist", "--assist-dtype", "bf16"),
+                   env_extra={"CS_TEST_DEVICE": "cuda-emu"})
+    parted = []
+    worst = compare("cuda-emu, BF16 terms", warm, cold, TOL_BF16, rel=True, splits=parted)
+    if len(parted) > n_samples // 4:
+        reflib.fail(f"cuda-emu, BF16 terms: {len(parted)} of {n_samples} samples parted from warm's tokens")
+    print(f"ok  cuda-emu with BF16 terms: {st['cold_start']['host_layers']} host layers; within {worst:.2g} x "
+          f"(1 + |logprob|) of warm; {len(parted)} of {n_samples} samples parted (at {parted})")
 
 # 4. fifty cold adapters in a row
 many, reqs4 = [], []

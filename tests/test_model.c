@@ -5,6 +5,7 @@
  * with an error naming the tensor. (transformers is the reference in test_ref_forward.py.) */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,6 +343,78 @@ static void expect_load_error(const char *sub, const char *skip, const char *bad
     free(dir);
 }
 
+/* The CUDA backend on a second device (the emulator with CS_CUDA_EMU_DEVICES=2), created on
+ * this thread and run, as the engine runs it, from another thread that never chose a device
+ * (its current one is 0; the runtime refuses a launch on another device's stream): prefill
+ * and decode with graphs give what device 0 gives, every launch and GEMM went to device 1,
+ * none was refused, and no kernel was first loaded by a launch (all at creation: a lazy load
+ * may wait for the device to go idle while a wait_add spins). */
+struct dev_run {
+    model_t *m;
+    model_seq_t *s;
+    const int32_t *ids;
+    float *logits;      /* [5 + STEPS] rows of VOCAB: the prompt's last, then each step's */
+    int rc;
+};
+enum { DEV_STEPS = 4 };
+
+static void *dev_run_main(void *p) {
+    struct dev_run *r = p;
+    r->rc = model_forward(r->m, r->s, r->ids, 5, NULL, r->logits, false);
+    for (int i = 0; i < DEV_STEPS && !r->rc; i++)
+        r->rc = model_forward(r->m, r->s, &r->ids[5 + i], 1, NULL, r->logits + (size_t)(1 + i) * VOCAB, false);
+    return NULL;
+}
+
+START_TEST(test_cuda_second_device) {
+    setenv("CS_CUDA_EMU_DEVICES", "2", 1);
+    char *dir = write_model("m_device", "LlamaForCausalLM", CS_DTYPE_F32, NULL, NULL, NULL);
+    backend_t *b0 = cuda_emu_backend_new(&(cuda_backend_params_t){.device = 0, .graphs = true});
+    backend_t *b1 = cuda_emu_backend_new(&(cuda_backend_params_t){.device = 1, .graphs = true});
+    ck_assert_msg(b0 && b1, "%s", cs_error_last());
+    model_t *m0, *m1;
+    ck_assert_msg(model_load(dir, b0, &m0) == 0, "%s", cs_error_last());
+    ck_assert_msg(model_load(dir, b1, &m1) == 0, "%s", cs_error_last());
+    int32_t ids[5 + DEV_STEPS];
+    for (int i = 0; i < 5 + DEV_STEPS; i++) ids[i] = (int32_t)(cs_rng_next(&rng) % VOCAB);
+    size_t nl = (size_t)(1 + DEV_STEPS) * VOCAB;
+    struct dev_run r0 = {m0, model_seq_new(m0, 16, CS_DTYPE_F32), ids, malloc(sizeof(float) * nl), -1};
+    struct dev_run r1 = {m1, model_seq_new(m1, 16, CS_DTYPE_F32), ids, malloc(sizeof(float) * nl), -1};
+    dev_run_main(&r0); /* device 0 from this thread */
+    ck_assert_msg(r0.rc == 0, "%s", cs_error_last());
+    cuda_emu_stats_t a, z;
+    cuda_emu_get_stats(&a);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, dev_run_main, &r1), 0);
+    pthread_join(th, NULL);
+    ck_assert_msg(r1.rc == 0, "%s", cs_error_last());
+    cuda_emu_get_stats(&z);
+    ck_assert_msg(z.wrong_device == a.wrong_device, "%llu launches refused: another device was current",
+                  (unsigned long long)(z.wrong_device - a.wrong_device));
+    ck_assert_msg(z.launches_on[0] == a.launches_on[0], "%llu launches went to device 0",
+                  (unsigned long long)(z.launches_on[0] - a.launches_on[0]));
+    ck_assert_msg(z.launches_on[1] - a.launches_on[1] >= 20, "only %llu launches on device 1",
+                  (unsigned long long)(z.launches_on[1] - a.launches_on[1]));
+    ck_assert_msg(z.lazy_loads == 0, "%llu kernels were loaded by their first launch, not at creation",
+                  (unsigned long long)z.lazy_loads);
+    ck_assert_uint_gt(z.kernels_loaded, 10);
+    float d = test_max_abs_diff(r0.logits, r1.logits, nl);
+    ck_assert_msg(d == 0.0f, "device 1 gives logits %g away from device 0's", d);
+    backend_stats_t st;
+    backend_get_stats(b1, &st);
+    ck_assert_msg(st.graph_replays > 0, "no graph was replayed on device 1");
+    free(r0.logits);
+    free(r1.logits);
+    model_seq_free(r0.s);
+    model_seq_free(r1.s);
+    model_free(m0);
+    model_free(m1);
+    backend_free(b0);
+    backend_free(b1);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_missing_tensor) {
     expect_load_error("miss", "model.layers.1.mlp.up_proj.weight", NULL, NULL, CS_ENOTFOUND,
                       "model.layers.1.mlp.up_proj.weight");
@@ -364,7 +437,7 @@ int main(void) {
     Suite *s = suite_create("model");
     const TTest *const tests[] = {
         test_llama_f32, test_llama_bf16, test_misaligned_tensors, test_weights_memory, test_qwen3_f32,
-        test_graphs_two_caches, test_graphs_two_models, test_missing_tensor, test_wrong_shape, test_unexpected_tensor
+        test_graphs_two_caches, test_graphs_two_models, test_cuda_second_device, test_missing_tensor, test_wrong_shape, test_unexpected_tensor
     };
     cs_tcase(s, "forward", tests, CS_ARRAY_LEN(tests), 120);
     int failed = cs_check_run(s, CK_FORK);

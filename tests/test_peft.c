@@ -726,8 +726,73 @@ START_TEST(test_assist_pool) {
     ck_assert_uint_eq(st.jobs, 1);
     ck_assert_uint_eq(st.parts, 3);
     ck_assert_uint_eq(st.rows, 2 * N);
+    /* BF16 terms: the F32 terms rounded to nearest even, each part's rows in place */
+    static uint16_t hq[N * 16], hv[N * 8];
+    lora_assist_job_t jb = {.x = x, .n = N, .ld_x = 32, .n_mods = 2, .mods = {&q, &v}, .y = {hq, hv},
+                            .y_dtype = CS_DTYPE_BF16, .x_flag = &xflag, .x_value = 1, .done = &done};
+    parts = lora_assist_submit(a, &jb);
+    cs_flag_wait_geq(&done, 3 + (uint32_t)parts);
+    for (int i = 0; i < N * 16; i++) ck_assert_uint_eq(hq[i], cs_f32_to_bf16(yq[i]));
+    for (int i = 0; i < N * 8; i++) ck_assert_uint_eq(hv[i], cs_f32_to_bf16(yv[i]));
     lora_assist_free(a);
     free(q.a), free(q.b), free(v.a), free(v.b);
+}
+END_TEST
+
+/* The cold start's byte model on a table of ranks and prompt lengths, on Llama-2-7B's shapes
+ * (H 4096, 32 heads of 128, I 11008; 4 layers of 32 stand in, the totals scale): the bytes
+ * each way against sums written out here, and the choice: cpu-assist while the rows' inputs
+ * and terms cost the link fewer bytes than the rest of the adapter, wait after. At rank 64
+ * on all 7 projections (F32, as peft saves it) a layer's slot is 20.0 MB and a row costs
+ * 263.2 KB with F32 terms, 178.2 KB with BF16 ones: the crossover is at 75.95 and 112.18
+ * rows; rank 16 on q and v alone: 1.05 MB a layer, 32.8 KB a row with BF16 terms, 32 rows. */
+START_TEST(test_cold_cost) {
+    enum { L = 4, H = 4096, KV = 4096, I = 11008 };
+    static const int din[LORA_N_TARGETS] = {H, H, H, H, H, H, I}, dout[LORA_N_TARGETS] = {H, KV, KV, H, I, I, H};
+    static const struct { int rank; cs_dtype dt; bool qv_only; int arrived, rows; cs_dtype terms; bool assist; } table[] = {
+        {64, CS_DTYPE_F32, false, 0, 1, CS_DTYPE_F32, true},
+        {64, CS_DTYPE_F32, false, 0, 75, CS_DTYPE_F32, true},
+        {64, CS_DTYPE_F32, false, 0, 76, CS_DTYPE_F32, false},
+        {64, CS_DTYPE_F32, false, 0, 112, CS_DTYPE_BF16, true},
+        {64, CS_DTYPE_F32, false, 0, 113, CS_DTYPE_BF16, false},
+        {64, CS_DTYPE_F32, false, 0, 2048, CS_DTYPE_BF16, false},
+        {64, CS_DTYPE_F32, false, 3, 76, CS_DTYPE_F32, false}, /* one layer left: the same per layer */
+        {8, CS_DTYPE_BF16, false, 0, 4, CS_DTYPE_F32, true},
+        {8, CS_DTYPE_BF16, false, 0, 5, CS_DTYPE_F32, false},
+        {16, CS_DTYPE_BF16, false, 0, 14, CS_DTYPE_BF16, true},
+        {16, CS_DTYPE_BF16, false, 0, 15, CS_DTYPE_BF16, false},
+        {16, CS_DTYPE_F32, true, 0, 32, CS_DTYPE_BF16, true},  /* q and v only: one input group */
+        {16, CS_DTYPE_F32, true, 0, 33, CS_DTYPE_BF16, false},
+        {16, CS_DTYPE_F32, true, 0, 2048, CS_DTYPE_F32, false},
+        {64, CS_DTYPE_F32, false, L, 2048, CS_DTYPE_F32, true}, /* all there: nothing either way */
+    };
+    lora_module_t mods[L * LORA_N_TARGETS];
+    lora_adapter_t a = {.n_layers = L, .mods = mods};
+    for (size_t k = 0; k < CS_ARRAY_LEN(table); k++) {
+        uint64_t want_wait = 0, want_assist = 0;
+        size_t es = cs_dtype_size(table[k].dt), ts = cs_dtype_size(table[k].terms);
+        for (int l = 0; l < L; l++) {
+            for (int t = 0; t < LORA_N_TARGETS; t++) {
+                bool on = !table[k].qv_only || t == LORA_Q || t == LORA_V;
+                mods[l * LORA_N_TARGETS + t] = (lora_module_t){on ? table[k].rank : 0, din[t], dout[t], 1.0f,
+                                                               table[k].dt, NULL, NULL, NULL};
+                if (!on || l < table[k].arrived) continue;
+                want_wait += (uint64_t)table[k].rank * (din[t] + dout[t]) * es;
+                want_assist += (uint64_t)table[k].rows * dout[t] * ts;
+            }
+            if (l < table[k].arrived) continue;
+            /* inputs out: q/k/v's (H), o's (H), gate/up's (H), down's (I), each once */
+            uint64_t in = table[k].qv_only ? H : (uint64_t)H + H + H + I;
+            want_assist += (uint64_t)table[k].rows * in * 4;
+        }
+        lora_cold_cost_t c;
+        lora_cold_cost(&a, table[k].arrived, table[k].rows, table[k].terms, &c);
+        ck_assert_msg(c.wait_bytes == want_wait && c.assist_bytes == want_assist,
+                      "row %zu: wait %llu assist %llu, want %llu %llu", k, (unsigned long long)c.wait_bytes,
+                      (unsigned long long)c.assist_bytes, (unsigned long long)want_wait, (unsigned long long)want_assist);
+        ck_assert_msg(lora_cold_prefer_assist(&c) == table[k].assist, "row %zu (rank %d, %d rows): %s", k,
+                      table[k].rank, table[k].rows, lora_cold_prefer_assist(&c) ? "cpu-assist" : "wait");
+    }
 }
 END_TEST
 
@@ -740,7 +805,7 @@ int main(void) {
         test_sharded_and_files,
     };
     cs_tcase_fixture(s, "core", core, CS_ARRAY_LEN(core), 0, setup, teardown);
-    const TTest *const assist[] = {test_assist_term, test_assist_pool};
+    const TTest *const assist[] = {test_assist_term, test_assist_pool, test_cold_cost};
     cs_tcase(s, "assist", assist, CS_ARRAY_LEN(assist), 0);
     return cs_check_run(s, CK_FORK) ? EXIT_FAILURE : EXIT_SUCCESS;
 }
