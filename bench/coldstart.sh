@@ -18,7 +18,8 @@
 # same two cores as the host workers, so it cannot show the overlap a GPU gives; it is
 # labelled "simulated" in its JSON and never stands in for the GPU numbers.
 # Env: BUILD (build), THREADS (2), DEVICE (strict|cuda), GBPS (25), LAYERS (2 strict, 32
-# cuda), PROMPT (256), REPS (3), RANKS ("8 32 64 128"), ASSIST_THREADS (default of caraserve)
+# cuda), PROMPT (256), REPS (3), RANKS ("8 32 64 128"), ASSIST_THREADS (default of caraserve),
+# RESULTS (where the JSON goes: bench/results)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DEVICE=${DEVICE:-strict} GBPS=${GBPS:-25} PROMPT=${PROMPT:-256} REPS=${REPS:-3} RANKS=${RANKS:-"8 32 64 128"}
@@ -83,7 +84,7 @@ print(', '.join(f\"{x['kind']} {x['ttft_ms']:.1f}\" for x in rows))") ms" >&2
     done
 done
 
-out="bench/results/coldstart-$([ "$DEVICE" = strict ] && echo sim- || true)$(date -u +%Y%m%dT%H%M%SZ).json"
+out="${RESULTS:-bench/results}/coldstart-$([ "$DEVICE" = strict ] && echo sim- || true)$(date -u +%Y%m%dT%H%M%SZ).json"
 gpu=""
 [ "$DEVICE" = cuda ] && gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 $PY - "$results" "$out" "$DEVICE" "$GBPS" "$LAYERS" "$PROMPT" "$THREADS" "$gpu" <<'PYEOF'

@@ -15,7 +15,9 @@
 #   bench/gpu.sh                    # needs a CUDA build and a GPU
 #   SHAPE=tiny CS_TEST_DEVICE=cuda-emu bench/gpu.sh   # the script's own dry run, no GPU: a tiny
 #                                   # model on the emulator; its numbers mean nothing
-# Env: BUILD (build), CACHE (~/.cache/caraserve-bench), REPS (3), GEN (64), SHAPE (7b|tiny)
+# Env: BUILD (build), CACHE (~/.cache/caraserve-bench), REPS (3), GEN (64), SHAPE (7b|tiny),
+#      LAYERS (the 7B shape's, 32; tools/gpu-host.sh runs 4: the per-layer figures are the
+#      same and the model is written in seconds)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD=${BUILD:-build} REPS=${REPS:-3} GEN=${GEN:-64} SHAPE=${SHAPE:-7b}
@@ -97,7 +99,19 @@ import json, os, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 model, yard, shape, emu = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]
 cfg = json.load(open(os.path.join(model, "config.json")))
-weight_bytes = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
+# the bytes a decode step reads: every tensor but the embedding table (one row a token), unless
+# the output projection is tied to it
+def tensor_bytes(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        hdr = json.loads(f.read(n))
+    return {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in hdr.items() if k != "__metadata__"}
+sizes = {}
+for f in os.listdir(model):
+    if f.endswith(".safetensors"):
+        sizes.update(tensor_bytes(os.path.join(model, f)))
+tied = cfg.get("tie_word_embeddings") or "lm_head.weight" not in sizes
+weight_bytes = sum(v for k, v in sizes.items() if tied or k != "model.embed_tokens.weight")
 med = statistics.median
 dec = {}
 for r in rows:

@@ -1212,7 +1212,10 @@ int main(void) {
     tcase_set_timeout(tc, 600);
     add_op_tests(tc);
     tcase_add_loop_test(tc, test_graphs, 1, 2); /* cuda */
-    tcase_add_loop_test(tc, test_spin_deadline, 1, 2);
+    /* under compute-sanitizer (tools/gpu-host.sh's memcheck, synccheck) the deadline's trap is
+     * an error by design: that run leaves the test out, and says so */
+    if (getenv("CS_TEST_NO_TRAP")) printf("test_spin_deadline left out (CS_TEST_NO_TRAP)\n");
+    else tcase_add_loop_test(tc, test_spin_deadline, 1, 2);
     suite_add_tcase(s, tc);
     return cs_check_run(s, CK_FORK) ? 1 : 0;
 }
