@@ -75,40 +75,211 @@ static __global__ void k_attention(float *out, const float *q, const KT *k, cons
     }
 }
 
+/* ---- split keys (flash-decoding) ----
+ * A decode step has few rows: one warp per (row, head) walks every key, and a batch of a few
+ * rows at 32 heads launches a handful of blocks on a GPU of 132 SMs. Here the visible keys of
+ * each row are split into `splits` ranges (z of the grid) of equal length, each a block of
+ * ATTN_WARPS heads as above, whose warp leaves its range's running max, sum and unnormalised
+ * accumulator in part; k_attn_combine then merges a row's ranges per head (rescaled to their
+ * common max). The split count depends on the batch's rows and heads alone (not on sequence
+ * lengths), so a captured graph replays for longer sequences too. Key rows are read with
+ * 16-byte loads where the head's size and the pool's dtype allow it. */
+struct attn_part_ptrs {
+    float *ml;  /* [rows][nh][splits][2]: max, sum */
+    float *acc; /* [rows][nh][splits][hd] */
+};
+
+/* q · k over hd elements: 16-byte loads where they line up (F32 hd % 4, BF16 hd % 8) */
+static __device__ __forceinline__ float key_dot(const float *q, const float *k, int hd) {
+    float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+    int e = 0;
+    if ((hd & 3) == 0) {
+        const float4 *k4 = (const float4 *)k, *q4 = (const float4 *)q;
+        for (; e + 4 <= hd; e += 4) {
+            float4 kv = k4[e >> 2], qv = q4[e >> 2];
+            d0 += qv.x * kv.x;
+            d1 += qv.y * kv.y;
+            d2 += qv.z * kv.z;
+            d3 += qv.w * kv.w;
+        }
+    }
+    for (; e < hd; e++) d0 += q[e] * k[e];
+    return (d0 + d1) + (d2 + d3);
+}
+static __device__ __forceinline__ float key_dot(const float *q, const __nv_bfloat16 *k, int hd) {
+    float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+    int e = 0;
+    if ((hd & 7) == 0) {
+        const uint4 *k8 = (const uint4 *)k;
+        for (; e + 8 <= hd; e += 8) {
+            uint4 w = k8[e >> 3];
+            const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) { /* two BF16 in each word: low then high */
+                __nv_bfloat16 lo, hi;
+                uint16_t l16 = (uint16_t)(u[j] & 0xffffu), h16 = (uint16_t)(u[j] >> 16);
+                memcpy(&lo, &l16, 2);
+                memcpy(&hi, &h16, 2);
+                float a = q[e + 2 * j] * __bfloat162float(lo), b = q[e + 2 * j + 1] * __bfloat162float(hi);
+                if (j & 1) d1 += a, d3 += b;
+                else d0 += a, d2 += b;
+            }
+        }
+    }
+    for (; e < hd; e++) d0 += q[e] * __bfloat162float(k[e]);
+    return (d0 + d1) + (d2 + d3);
+}
+
+template <int NJ, typename KT>
+static __global__ void k_attention_split(attn_part_ptrs part, const float *q, const KT *k, const KT *v,
+                                         const attn_seq *seqs, const int32_t *row_seq, const int32_t *blocks, int bs,
+                                         int nh, int nkv, int hd, int window, float scale, int splits) {
+    int row = blockIdx.x, lane = threadIdx.x & 31, z = blockIdx.z;
+    int h = blockIdx.y * ATTN_WARPS + (threadIdx.x >> 5);
+    if (h >= nh) return;
+    const attn_seq sq = seqs[row_seq[row]];
+    int qpos = sq.pos0 + (row - sq.row0);
+    int first = window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0;
+    int span = qpos - first + 1, chunk = (span + splits - 1) / splits;
+    int lo = first + z * chunk, hi = lo + chunk - 1 < qpos ? lo + chunk - 1 : qpos; /* [lo, hi] */
+    int kvh = h / (nh / nkv);
+    size_t kv_dim = (size_t)nkv * hd, off = (size_t)kvh * hd;
+    const float *qh = q + ((size_t)row * nh + h) * hd;
+    const int32_t *table = blocks + sq.blk0;
+    float acc[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) acc[j] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int t0 = lo; t0 <= hi; t0 += 32) {
+        int t = t0 + lane, nk = hi - t0 + 1 < 32 ? hi - t0 + 1 : 32;
+        float s = -INFINITY;
+        if (lane < nk) s = key_dot(qh, k + ((size_t)table[t / bs] * bs + t % bs) * kv_dim + off, hd) * scale;
+        float mn = fmaxf(m, warp_max(s)); /* finite: lane 0's key is in the range */
+        float corr = expf(m - mn), p = lane < nk ? expf(s - mn) : 0.0f;
+        l = l * corr + warp_sum(p);
+#pragma unroll
+        for (int j = 0; j < NJ; j++) acc[j] *= corr;
+        for (int i = 0; i < nk; i++) {
+            float pi = __shfl_sync(0xffffffffu, p, i);
+            int ti = t0 + i;
+            const KT *vr = v + ((size_t)table[ti / bs] * bs + ti % bs) * kv_dim + off;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                int e = lane + 32 * j;
+                if (e < hd) acc[j] += pi * load_f(vr, e);
+            }
+        }
+        m = mn;
+    }
+    size_t pi = ((size_t)row * nh + h) * splits + z; /* an empty range leaves m = -inf, l = 0 */
+    if (lane == 0) {
+        part.ml[2 * pi] = m;
+        part.ml[2 * pi + 1] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        int e = lane + 32 * j;
+        if (e < hd) part.acc[pi * hd + e] = acc[j];
+    }
+}
+
+/* a warp per (row, head): the ranges' accumulators rescaled to their common max, summed, over
+ * the summed normalisers */
+template <int NJ>
+static __global__ void k_attn_combine(float *out, attn_part_ptrs part, int nh, int hd, int splits) {
+    int row = blockIdx.x, lane = threadIdx.x & 31, h = blockIdx.y * ATTN_WARPS + (threadIdx.x >> 5);
+    if (h >= nh) return;
+    size_t p0 = ((size_t)row * nh + h) * splits;
+    float M = -INFINITY;
+    for (int z = 0; z < splits; z++) M = fmaxf(M, part.ml[2 * (p0 + z)]);
+    float L = 0.0f, acc[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) acc[j] = 0.0f;
+    for (int z = 0; z < splits; z++) {
+        float mz = part.ml[2 * (p0 + z)];
+        if (mz == -INFINITY) continue; /* an empty range */
+        float w = expf(mz - M);
+        L += part.ml[2 * (p0 + z) + 1] * w;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int e = lane + 32 * j;
+            if (e < hd) acc[j] += part.acc[(p0 + z) * hd + e] * w;
+        }
+    }
+    float inv = 1.0f / L;
+    float *oh = out + ((size_t)row * nh + h) * hd;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        int e = lane + 32 * j;
+        if (e < hd) oh[e] = acc[j] * inv;
+    }
+}
+
 #define K_ATTENTION(NJ) k_attention<NJ, KT> /* one macro argument for CS_LAUNCH */
+#define K_SPLIT(NJ) k_attention_split<NJ, KT>
 template <typename KT>
 static void launch(cudaStream_t st, float *out, const float *q, const KT *k, const KT *v, const attn_seq *seqs,
                    const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh, int nkv, int hd,
-                   int window) {
+                   int window, int splits, float *part) {
     dim3 grid(n_tokens, (nh + ATTN_WARPS - 1) / ATTN_WARPS);
     float scale = 1.0f / sqrtf((float)hd);
+    if (splits > 1) {
+        attn_part_ptrs pp = {part, part + (size_t)2 * n_tokens * nh * splits};
+        dim3 sg(n_tokens, grid.y, splits);
+        if (hd <= 32) CS_LAUNCH(K_SPLIT(1), sg, 32 * ATTN_WARPS, 0, st, pp, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale, splits);
+        else if (hd <= 64) CS_LAUNCH(K_SPLIT(2), sg, 32 * ATTN_WARPS, 0, st, pp, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale, splits);
+        else if (hd <= 128) CS_LAUNCH(K_SPLIT(4), sg, 32 * ATTN_WARPS, 0, st, pp, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale, splits);
+        else CS_LAUNCH(K_SPLIT(8), sg, 32 * ATTN_WARPS, 0, st, pp, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale, splits);
+        CUDA_CHECK_LAUNCH();
+        if (hd <= 32) CS_LAUNCH(k_attn_combine<1>, grid, 32 * ATTN_WARPS, 0, st, out, pp, nh, hd, splits);
+        else if (hd <= 64) CS_LAUNCH(k_attn_combine<2>, grid, 32 * ATTN_WARPS, 0, st, out, pp, nh, hd, splits);
+        else if (hd <= 128) CS_LAUNCH(k_attn_combine<4>, grid, 32 * ATTN_WARPS, 0, st, out, pp, nh, hd, splits);
+        else CS_LAUNCH(k_attn_combine<8>, grid, 32 * ATTN_WARPS, 0, st, out, pp, nh, hd, splits);
+        return;
+    }
     if (hd <= 32) CS_LAUNCH(K_ATTENTION(1), grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
     else if (hd <= 64) CS_LAUNCH(K_ATTENTION(2), grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
     else if (hd <= 128) CS_LAUNCH(K_ATTENTION(4), grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
     else CS_LAUNCH(K_ATTENTION(8), grid, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, bs, nh, nkv, hd, window, scale);
 }
 
+size_t attention_part_floats(int n_tokens, int nh, int hd, int splits) {
+    return splits > 1 ? (size_t)n_tokens * nh * splits * (hd + 2) : 0;
+}
+
 void op_attention(cudaStream_t st, float *out, const float *q, const void *k, const void *v, int kv_dtype,
                   const attn_seq *seqs, const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh,
-                  int nkv, int hd, int window) {
+                  int nkv, int hd, int window, int splits, float *part) {
     if (n_tokens <= 0) return;
     if (kv_dtype == DT_BF16)
         launch(st, out, q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv,
-               hd, window);
-    else launch(st, out, q, (const float *)k, (const float *)v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window);
+               hd, window, splits, part);
+    else
+        launch(st, out, q, (const float *)k, (const float *)v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window,
+               splits, part);
     CUDA_CHECK_LAUNCH();
 }
 #undef K_ATTENTION
+#undef K_SPLIT
+
+template <typename KT> static void load_for() {
+    load_kernel(k_attention<1, KT>);
+    load_kernel(k_attention<2, KT>);
+    load_kernel(k_attention<4, KT>);
+    load_kernel(k_attention<8, KT>);
+    load_kernel(k_attention_split<1, KT>);
+    load_kernel(k_attention_split<2, KT>);
+    load_kernel(k_attention_split<4, KT>);
+    load_kernel(k_attention_split<8, KT>);
+}
 
 void load_attention_kernels() {
-    load_kernel(k_attention<1, float>);
-    load_kernel(k_attention<2, float>);
-    load_kernel(k_attention<4, float>);
-    load_kernel(k_attention<8, float>);
-    load_kernel(k_attention<1, __nv_bfloat16>);
-    load_kernel(k_attention<2, __nv_bfloat16>);
-    load_kernel(k_attention<4, __nv_bfloat16>);
-    load_kernel(k_attention<8, __nv_bfloat16>);
+    load_for<float>();
+    load_for<__nv_bfloat16>();
+    load_kernel(k_attn_combine<1>);
+    load_kernel(k_attn_combine<2>);
+    load_kernel(k_attn_combine<4>);
+    load_kernel(k_attn_combine<8>);
 }
 
 } /* namespace CS_NS */

@@ -82,6 +82,8 @@ static void report_add(spin_report *r, bool add) {
 }
 
 enum { MAX_GRAPHS = 64, CUBLAS_WORKSPACE = 32 << 20 };
+/* above this many rows the LoRA shrink stages row tiles (prefill); decode keeps a warp per row */
+enum { LORA_TILE_MIN_ROWS = 16 };
 /* adapter streaming's pinned staging: a ring of buffers, each reused once its copy is done */
 enum { STAGE_BUFS = 3, STAGE_BYTES = 4 << 20 };
 
@@ -134,6 +136,11 @@ struct ctx {
     uint64_t spin_timeout_ns;
     spin_report *report;
     cudaEvent_t sync_ev;    /* blocking sync: a host waiting for compute sleeps, not spins */
+    int lora_tiled;         /* the shrink's row tiles: 0 for many rows, -1 never, 1 always */
+    /* attention's key ranges (flash-decoding): the parameter, the SM count, the partials */
+    int attn_splits, sms;
+    float *attn_part;
+    size_t attn_part_cap;   /* floats */
 };
 
 } /* namespace CS_NS */
@@ -1111,13 +1118,37 @@ static void be_kv_store(backend_t *b, backend_buf_t *pool, cs_dtype kv_dtype, co
                 row_len);
 }
 
+/* key ranges per row: enough blocks for two per SM where rows x head groups give fewer (a
+ * function of the batch's rows and heads alone: a graph's key fixes them) */
+static int attn_splits(const ctx *c, int n_tokens, int nh) {
+    if (c->attn_splits) return c->attn_splits < 0 ? 1 : c->attn_splits;
+    long blocks = (long)n_tokens * ((nh + 3) / 4), want = 2L * c->sms;
+    if (blocks <= 0 || blocks >= want) return 1;
+    long s = (want + blocks - 1) / blocks;
+    return s > 32 ? 32 : (int)s;
+}
+
 static void be_attention(backend_t *b, backend_buf_t *out, const backend_buf_t *q, const backend_buf_t *k,
                          const backend_buf_t *v, cs_dtype kv_dtype, const backend_batch_t *bt, int bs, int nh, int nkv,
                          int hd, int window) {
+    ctx *c = C(b);
     CS_ASSERT(kv_dtype == CS_DTYPE_F32 || kv_dtype == CS_DTYPE_BF16);
     CS_ASSERT(hd <= 256 && nkv > 0 && nh % nkv == 0);
-    op_attention(C(b)->compute, F(out), CF(q), k->d, v->d, kv_dtype == CS_DTYPE_BF16 ? DT_BF16 : DT_F32, bt->seqs, bt->row_seq, bt->blocks, bt->n_tokens, bs, nh, nkv,
-                 hd, window);
+    int splits = attn_splits(c, bt->n_tokens, nh);
+    size_t need = attention_part_floats(bt->n_tokens, nh, hd, splits);
+    if (need > c->attn_part_cap) {
+        if (c->capturing) cuda_fatal("the attention scratch", "grew during a graph capture", __FILE__, __LINE__);
+        size_t cap = need + need / 2;
+        float *m = (float *)dalloc(c, cap * sizeof(float));
+        if (!m) cuda_fatal("the attention scratch", cs_error_last(), __FILE__, __LINE__);
+        CUDA_CHECK(cudaStreamSynchronize(c->compute));
+        graphs_reset(c);
+        dfree(c, c->attn_part, c->attn_part_cap * sizeof(float));
+        c->attn_part = m;
+        c->attn_part_cap = cap;
+    }
+    op_attention(c->compute, F(out), CF(q), k->d, v->d, kv_dtype == CS_DTYPE_BF16 ? DT_BF16 : DT_F32, bt->seqs,
+                 bt->row_seq, bt->blocks, bt->n_tokens, bs, nh, nkv, hd, window, splits, c->attn_part);
 }
 
 static void be_get_out_rows(backend_t *b, backend_buf_t *dst, const backend_buf_t *src, const backend_batch_t *bt,
@@ -1159,7 +1190,9 @@ static void be_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, cons
         c->lora_t = m;
         c->lora_t_cap = cap;
     }
-    op_lora_shrink(c->compute, c->lora_t, max_rank, CF(x), d_in, bt->row_lseg, bt->lsegs, mod, bt->n_tokens, max_rank);
+    bool tiled = c->lora_tiled ? c->lora_tiled > 0 : bt->n_tokens > LORA_TILE_MIN_ROWS;
+    op_lora_shrink(c->compute, c->lora_t, max_rank, CF(x), d_in, bt->row_lseg, bt->lsegs, mod, bt->n_tokens, max_rank,
+                   tiled);
     op_lora_expand(c->compute, F(y), d_out, c->lora_t, max_rank, bt->row_lseg, bt->lsegs, mod, bt->n_tokens, max_rank);
 }
 
@@ -1195,6 +1228,7 @@ static void be_free(backend_t *b) {
         graphs_reset(c);
         dfree(c, c->xh, c->xh_cap);
         dfree(c, c->lora_t, c->lora_t_cap * sizeof(float));
+        dfree(c, c->attn_part, c->attn_part_cap * sizeof(float));
         if (c->blas) CUBLAS_CHECK(cublasDestroy(c->blas)); /* before its workspace goes */
         dfree(c, c->workspace, CUBLAS_WORKSPACE);
         CUDA_CHECK(cudaEventDestroy(c->compute_mark));
@@ -1325,6 +1359,9 @@ static backend_t *create(const cuda_backend_params_t *p) {
     pthread_cond_init(&c->load_cv, NULL);
     c->graphs = p->graphs;
     c->uva = prop.unifiedAddressing != 0;
+    c->sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    c->attn_splits = p->attn_splits > 32 ? 32 : p->attn_splits;
+    c->lora_tiled = p->lora_tiled;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->load, cudaStreamNonBlocking));
@@ -1379,6 +1416,6 @@ static backend_t *create(const cuda_backend_params_t *p) {
 } /* namespace CS_NS */
 
 extern "C" backend_t *PUB_NEW(const cuda_backend_params_t *p) {
-    cuda_backend_params_t d = {0, 0, false, 0};
+    cuda_backend_params_t d = {0, 0, false, 0, 0, 0};
     return CS_NS::create(p ? p : &d);
 }

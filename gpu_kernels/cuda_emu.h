@@ -24,6 +24,8 @@ namespace cs_cuda_emu {
 
 /* ---- types ---- */
 struct uint3 { unsigned x, y, z; };
+struct alignas(16) float4 { float x, y, z, w; };  /* 16-byte vector loads */
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}

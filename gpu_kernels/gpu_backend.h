@@ -27,6 +27,10 @@ typedef struct cuda_backend_params {
     double spin_timeout_s;  /* a kernel waiting on the host (the cold start's wait_add) gives up
                              * after this long and stops the process with a message naming the
                              * layer, where it would hang (0: CS_CUDA_SPIN_TIMEOUT_S, else 60) */
+    int attn_splits;        /* attention's key ranges per row (flash-decoding): 0 as many as fill
+                             * the GPU when rows x heads do not (1 .. 32), -1 never (a warp per
+                             * row and head over all its keys), N always N (tests) */
+    int lora_tiled;         /* the LoRA shrink's row tiles: 0 above 16 rows, -1 never, 1 always (tests) */
 } cuda_backend_params_t;
 
 /* NULL with cs_error_last() set when no device, no driver or no memory */

@@ -4,13 +4,18 @@
  *
  * shrink: a warp per (row, rank index): the dot product of the row of x with a row of A,
  *         read coalesced, reduced across the warp; ranks past the row's own are skipped.
+ *         Many rows (prefill): a block per tile of TILE_ROWS rows (and SHRINK_WARPS ranks)
+ *         stages the tile's x in shared memory TILE_K columns at a time, and each warp reads
+ *         its row of A once per tile for all the tile's rows of one adapter (a tile that
+ *         straddles segments takes them in turn): A is read n / TILE_ROWS times, not n. The
+ *         warp-per-row kernel stays the reference it is tested against.
  * expand: a thread per output column: the row's rank values sit in shared memory, and the
  *         transposed B (rank, d_out) is read coalesced across the threads. */
 #include "gpu_kernels/ops.cuh"
 
 namespace CS_NS {
 
-enum { SHRINK_WARPS = 8, EXPAND_THREADS = 256 };
+enum { SHRINK_WARPS = 8, EXPAND_THREADS = 256, TILE_ROWS = 8, TILE_K = 128 };
 
 template <class T>
 static __device__ __forceinline__ float row_dot(const float *x, const T *a, int d_in, int lane) {
@@ -35,6 +40,62 @@ static __global__ void k_lora_shrink(float *t, int ld_t, const float *x, int d_i
     default: s = row_dot(xr, (const __half *)m.a + (size_t)r * d_in, d_in, lane); break;
     }
     if (lane == 0) t[(size_t)row * ld_t + r] = m.scale * s;
+}
+
+/* the tile's rows in MASK (one adapter's) against A's row r, TILE_K columns of x at a time
+ * from shared memory; every thread of the block calls it (its barriers), warps past the rank
+ * with active false */
+template <class T>
+static __device__ __forceinline__ void tile_dots(float (*xs)[TILE_K], float *acc, const float *x, int r0, unsigned mask,
+                                                 int d_in, const T *ar, bool active, int lane) {
+    for (int k0 = 0; k0 < d_in; k0 += TILE_K) {
+        __syncthreads(); /* the last chunk's reads are done */
+        for (int i = threadIdx.x; i < TILE_ROWS * TILE_K; i += blockDim.x) {
+            int row = i / TILE_K, k = i % TILE_K;
+            xs[row][k] = (mask >> row & 1u) && k0 + k < d_in ? x[(size_t)(r0 + row) * d_in + k0 + k] : 0.0f;
+        }
+        __syncthreads();
+        if (!active) continue;
+        for (int k = lane; k < TILE_K && k0 + k < d_in; k += 32) {
+            float a = load_f(ar, (size_t)(k0 + k));
+#pragma unroll
+            for (int row = 0; row < TILE_ROWS; row++) acc[row] += xs[row][k] * a;
+        }
+    }
+}
+
+static __global__ void k_lora_shrink_tiled(float *t, int ld_t, const float *x, int d_in, const int32_t *row_seg,
+                                           const lora_seg *segs, int mod, int n_tokens) {
+    __shared__ float xs[TILE_ROWS][TILE_K];
+    int r0 = blockIdx.x * TILE_ROWS, lane = threadIdx.x & 31;
+    int r = blockIdx.y * SHRINK_WARPS + (threadIdx.x >> 5);
+    int nr = n_tokens - r0 < TILE_ROWS ? n_tokens - r0 : TILE_ROWS;
+    unsigned done = 0;
+    for (int i = 0; i < nr; i++) { /* each adapter of the tile in turn (the same for every thread) */
+        if (done >> i & 1u) continue;
+        int sg = row_seg[r0 + i];
+        unsigned mask = 0;
+        for (int j = i; j < nr; j++)
+            if (row_seg[r0 + j] == sg) mask |= 1u << j;
+        done |= mask;
+        if (sg < 0 || mod / LORA_TARGETS >= segs[sg].device_layers) continue; /* none, or the host adds it */
+        const lora_mod m = segs[sg].mods[mod];
+        bool active = r < m.rank; /* the same for the whole warp */
+        float acc[TILE_ROWS];
+#pragma unroll
+        for (int row = 0; row < TILE_ROWS; row++) acc[row] = 0.0f;
+        switch (m.dtype) {
+        case DT_F32: tile_dots(xs, acc, x, r0, mask, d_in, (const float *)m.a + (size_t)(active ? r : 0) * d_in, active, lane); break;
+        case DT_BF16: tile_dots(xs, acc, x, r0, mask, d_in, (const __nv_bfloat16 *)m.a + (size_t)(active ? r : 0) * d_in, active, lane); break;
+        default: tile_dots(xs, acc, x, r0, mask, d_in, (const __half *)m.a + (size_t)(active ? r : 0) * d_in, active, lane); break;
+        }
+#pragma unroll
+        for (int row = 0; row < TILE_ROWS; row++) {
+            if (!(mask >> row & 1u)) continue;
+            float s = warp_sum(acc[row]);
+            if (active && lane == 0) t[(size_t)(r0 + row) * ld_t + r] = m.scale * s;
+        }
+    }
 }
 
 template <class T>
@@ -65,10 +126,15 @@ static __global__ void k_lora_expand(float *y, int d_out, const float *t, int ld
 }
 
 void op_lora_shrink(cudaStream_t st, float *t, int ld_t, const float *x, int d_in, const int32_t *row_seg,
-                    const lora_seg *segs, int mod, int n_tokens, int max_rank) {
+                    const lora_seg *segs, int mod, int n_tokens, int max_rank, bool tiled) {
     if (n_tokens <= 0 || max_rank <= 0) return;
-    dim3 grid(n_tokens, (max_rank + SHRINK_WARPS - 1) / SHRINK_WARPS);
-    CS_LAUNCH(k_lora_shrink, grid, 32 * SHRINK_WARPS, 0, st, t, ld_t, x, d_in, row_seg, segs, mod);
+    if (tiled) {
+        dim3 grid((n_tokens + TILE_ROWS - 1) / TILE_ROWS, (max_rank + SHRINK_WARPS - 1) / SHRINK_WARPS);
+        CS_LAUNCH(k_lora_shrink_tiled, grid, 32 * SHRINK_WARPS, 0, st, t, ld_t, x, d_in, row_seg, segs, mod, n_tokens);
+    } else {
+        dim3 grid(n_tokens, (max_rank + SHRINK_WARPS - 1) / SHRINK_WARPS);
+        CS_LAUNCH(k_lora_shrink, grid, 32 * SHRINK_WARPS, 0, st, t, ld_t, x, d_in, row_seg, segs, mod);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
@@ -82,6 +148,7 @@ void op_lora_expand(cudaStream_t st, float *y, int d_out, const float *t, int ld
 
 void load_lora_kernels() {
     load_kernel(k_lora_shrink);
+    load_kernel(k_lora_shrink_tiled);
     load_kernel(k_lora_expand);
 }
 

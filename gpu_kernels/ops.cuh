@@ -33,12 +33,15 @@ void op_rmsnorm(cudaStream_t st, float *y, const float *x, int n, int dim, const
 void op_rope(cudaStream_t st, float *x, int n, int nh, int hd, const int32_t *pos, const float *inv_freq);
 
 /* attention.cu: paged attention over the batch's sequences (backend/backend.h's attention),
- * pools of kv_dtype (DT_F32 or DT_BF16) */
+ * pools of kv_dtype (DT_F32 or DT_BF16). splits <= 1: a warp per (row, head) over all its keys
+ * (the reference); splits > 1: each row's keys in that many ranges, then combined
+ * (flash-decoding), with part holding attention_part_floats of scratch. */
 struct attn_seq { int32_t row0, n, pos0, blk0; };
 void op_attention(cudaStream_t st, float *out, const float *q, const void *k, const void *v, int kv_dtype,
                   const attn_seq *seqs,
                   const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh, int nkv, int hd,
-                  int window);
+                  int window, int splits, float *part);
+size_t attention_part_floats(int n_tokens, int nh, int hd, int splits);
 
 /* lora.cu: grouped LoRA. A slot keeps a table of modules on the device, one per (layer,
  * target); a batch names, per LoRA segment, its slot's table, and per row its segment (-1:
@@ -60,8 +63,9 @@ struct lora_seg {
     int32_t device_layers; /* layers below this are added here; the rest by the host (cold start) */
     int32_t pad;
 };
+/* tiled: the row tiles' kernel (prefill), else a warp per (row, rank) (the reference) */
 void op_lora_shrink(cudaStream_t st, float *t, int ld_t, const float *x, int d_in, const int32_t *row_seg,
-                    const lora_seg *segs, int mod, int n_tokens, int max_rank);
+                    const lora_seg *segs, int mod, int n_tokens, int max_rank, bool tiled);
 void op_lora_expand(cudaStream_t st, float *y, int d_out, const float *t, int ld_t, const int32_t *row_seg,
                     const lora_seg *segs, int mod, int n_tokens, int max_rank);
 

@@ -401,8 +401,11 @@ START_TEST(test_rope_embed_rows) {
 END_TEST
 
 /* ---- paged attention ---- */
-START_TEST(test_attention) {
-    backend_t *b = bes[_i];
+/* attention on backend B (bes[be]'s kind); WHAT names the variant in messages */
+static void check_attention(backend_t *b, int be, const char *what) {
+    char m1[96], m2[96];
+    snprintf(m1, sizeof m1, "attention%s", what);
+    snprintf(m2, sizeof m2, "attention over BF16 pools%s", what);
     /* heads, kv heads, head_dim: up to 128 (the CUDA kernel's lanes hold 1, 2 or 4 of a head's
      * elements; the prompts span several of its 32-key tiles) */
     static const int cfgs[][3] = {{4, 4, 16}, {8, 2, 16}, {6, 1, 32}, {4, 2, 12}, {4, 2, 64}, {2, 1, 128}};
@@ -424,7 +427,7 @@ START_TEST(test_attention) {
             ck_assert(backend_caps(b)->kv_dtypes >> CS_DTYPE_F32 & 1u);
             backend_attention(b, bo, bq, bk, bv, CS_DTYPE_F32, bt, BS, nh, nkv, hd, window);
             float *got = down(b, bo, (size_t)t.T * nh * hd);
-            close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "attention", _i);
+            close_to(got, want, (size_t)t.T * nh * hd, 1e-5, m1, be);
             free(got);
             { /* the same over BF16 pools */
                 uint16_t *kb = malloc(sizeof(uint16_t) * pool_n), *vb = malloc(sizeof(uint16_t) * pool_n);
@@ -433,7 +436,7 @@ START_TEST(test_attention) {
                 backend_buf_t *bkb = up(b, kb, sizeof(uint16_t) * pool_n), *bvb = up(b, vb, sizeof(uint16_t) * pool_n);
                 backend_attention(b, bo, bq, bkb, bvb, CS_DTYPE_BF16, bt, BS, nh, nkv, hd, window);
                 got = down(b, bo, (size_t)t.T * nh * hd);
-                close_to(got, want, (size_t)t.T * nh * hd, 1e-5, "attention over BF16 pools", _i);
+                close_to(got, want, (size_t)t.T * nh * hd, 1e-5, m2, be);
                 free(got);
                 free(kb);
                 free(vb);
@@ -450,6 +453,124 @@ START_TEST(test_attention) {
             backend_buf_free(b, bo);
             backend_batch_free(b, bt);
         }
+}
+
+/* the CUDA backends' kernels both ways: a warp per (row, head) over all its keys, and the keys
+ * split into ranges that are then combined (flash-decoding: 3 ranges, and 32, more than most of
+ * these rows have keys, so many ranges are empty) */
+START_TEST(test_attention) {
+    check_attention(bes[_i], _i, "");
+    if (_i != CUDA_EMU && _i != CUDA_GPU) return;
+    static const int forced[3] = {-1, 3, 32};
+    for (int f = 0; f < 3; f++) {
+        cuda_backend_params_t p = {.attn_splits = forced[f]};
+        backend_t *b = _i == CUDA_EMU ? cuda_emu_backend_new(&p)
+#ifdef CS_HAVE_CUDA
+                                      : cuda_backend_new(&p);
+#else
+                                      : NULL;
+#endif
+        ck_assert_msg(b != NULL, "%s", cs_error_last());
+        char what[32];
+        snprintf(what, sizeof what, " (key ranges: %d)", forced[f]);
+        check_attention(b, _i, what);
+        backend_free(b);
+    }
+}
+
+END_TEST
+
+/* Long contexts on the CUDA backends: decode rows over 4096 and 32768 keys and a 3-row prefill
+ * at 4k, odd head counts (7 heads on 1 KV head; 6 on 3 of 80 elements; 5 of 40), with and
+ * without a 1000-key window, in F32 and BF16 pools: the keys split into ranges (the GPU's own
+ * choice; 16 on the emulator, which has one SM) against the warp-per-row kernel and against
+ * the CPU reference. F32 sums over 32768 keys in three orders: tolerance 2e-5 x (1 + |ref|). */
+START_TEST(test_attention_long) {
+    enum { NSEQ = 3, LBS = 16 };
+    static const int cfgs[][3] = {{7, 1, 64}, {6, 3, 80}, {5, 5, 40}};
+    const int cached[NSEQ] = {4095, 32767, 4090}, n_new[NSEQ] = {1, 1, 3};
+    cuda_backend_params_t pr = {.attn_splits = -1}, ps = {.attn_splits = _i == 0 ? 16 : 0};
+    backend_t *br = _i == 0 ? cuda_emu_backend_new(&pr)
+#ifdef CS_HAVE_CUDA
+                            : cuda_backend_new(&pr);
+#else
+                            : NULL;
+#endif
+    backend_t *bs = _i == 0 ? cuda_emu_backend_new(&ps)
+#ifdef CS_HAVE_CUDA
+                            : cuda_backend_new(&ps);
+#else
+                            : NULL;
+#endif
+    ck_assert_msg(br && bs, "%s", cs_error_last());
+    int nb = 0, T = 0;
+    for (int s = 0; s < NSEQ; s++) nb += (cached[s] + n_new[s] + LBS - 1) / LBS, T += n_new[s];
+    int32_t *table = malloc(sizeof(int32_t) * nb), *ids = calloc((size_t)T, sizeof(int32_t));
+    int32_t *pos = malloc(sizeof(int32_t) * T), *slots = malloc(sizeof(int32_t) * T), out_rows[NSEQ];
+    for (int i = 0; i < nb; i++) table[i] = i;
+    for (int i = nb - 1; i > 0; i--) { /* the blocks shuffled through the pool */
+        int j = (int)(cs_rng_next(&rng) % (uint64_t)(i + 1)), x = table[i];
+        table[i] = table[j];
+        table[j] = x;
+    }
+    backend_seq_desc_t seqs[NSEQ];
+    cpu_attn_seq_t hseqs[NSEQ];
+    for (int s = 0, row = 0, blk = 0; s < NSEQ; s++) {
+        seqs[s] = (backend_seq_desc_t){row, n_new[s], cached[s], blk};
+        hseqs[s] = (cpu_attn_seq_t){row, n_new[s], cached[s], table + blk};
+        for (int i = 0; i < n_new[s]; i++, row++) {
+            int p = cached[s] + i;
+            pos[row] = p;
+            slots[row] = table[blk + p / LBS] * LBS + p % LBS;
+        }
+        out_rows[s] = row - 1;
+        blk += (cached[s] + n_new[s] + LBS - 1) / LBS;
+    }
+    backend_batch_desc_t d = {T, ids, pos, slots, NSEQ, seqs, nb, table, NSEQ, out_rows, 0, NULL};
+    backend_batch_t *btr = NULL, *bts = NULL;
+    ck_assert_int_eq(backend_batch_upload(br, &btr, &d), CS_OK);
+    ck_assert_int_eq(backend_batch_upload(bs, &bts, &d), CS_OK);
+    for (size_t ci = 0; ci < CS_ARRAY_LEN(cfgs); ci++)
+        for (int window = 0; window <= 1000; window += 1000) {
+            if (window && ci) continue; /* the window on the first shape */
+            int nh = cfgs[ci][0], nkv = cfgs[ci][1], hd = cfgs[ci][2];
+            size_t pool_n = (size_t)nb * LBS * nkv * hd, qn = (size_t)T * nh * hd;
+            float *k = test_randv(&rng, pool_n, 1.0f), *v = test_randv(&rng, pool_n, 1.0f);
+            float *q = test_randv(&rng, qn, 0.5f), *want = malloc(sizeof(float) * qn);
+            uint16_t *kb = malloc(sizeof(uint16_t) * pool_n), *vb = malloc(sizeof(uint16_t) * pool_n);
+            for (size_t i = 0; i < pool_n; i++) kb[i] = cs_f32_to_bf16(k[i]), vb[i] = cs_f32_to_bf16(v[i]);
+            for (int bf = 0; bf < 2; bf++) {
+                cs_dtype dt = bf ? CS_DTYPE_BF16 : CS_DTYPE_F32;
+                const void *hk = bf ? (const void *)kb : k, *hv = bf ? (const void *)vb : v;
+                size_t bytes = cs_dtype_size(dt) * pool_n;
+                cs_attention_paged_kv_ref(want, q, hk, hv, dt, hseqs, NSEQ, LBS, nh, nkv, hd, window);
+                float *got[2];
+                for (int w = 0; w < 2; w++) {
+                    backend_t *b = w ? bs : br;
+                    backend_buf_t *bk = up(b, hk, bytes), *bv = up(b, hv, bytes), *bq = up(b, q, sizeof(float) * qn);
+                    backend_buf_t *bo = backend_buf_alloc(b, sizeof(float) * qn);
+                    backend_attention(b, bo, bq, bk, bv, dt, w ? bts : btr, LBS, nh, nkv, hd, window);
+                    got[w] = down(b, bo, qn);
+                    backend_buf_free(b, bk), backend_buf_free(b, bv), backend_buf_free(b, bq), backend_buf_free(b, bo);
+                }
+                char what[128];
+                snprintf(what, sizeof what, "long attention, %d heads on %d of %d, window %d, %s, key ranges", nh, nkv,
+                         hd, window, bf ? "BF16" : "F32");
+                close_to(got[1], got[0], qn, 2e-5, what, _i ? CUDA_GPU : CUDA_EMU);
+                close_to(got[1], want, qn, 2e-5, what, _i ? CUDA_GPU : CUDA_EMU);
+                snprintf(what, sizeof what, "long attention, %d heads on %d of %d, window %d, %s, warp per row", nh, nkv,
+                         hd, window, bf ? "BF16" : "F32");
+                close_to(got[0], want, qn, 2e-5, what, _i ? CUDA_GPU : CUDA_EMU);
+                free(got[0]);
+                free(got[1]);
+            }
+            free(k), free(v), free(q), free(want), free(kb), free(vb);
+        }
+    backend_batch_free(br, btr);
+    backend_batch_free(bs, bts);
+    backend_free(br);
+    backend_free(bs);
+    free(table), free(ids), free(pos), free(slots);
 }
 END_TEST
 
@@ -493,10 +614,13 @@ static void lora_io_free(backend_t *b, lora_io_t *io) {
     backend_batch_free(b, io->bt);
 }
 
-START_TEST(test_lora) {
-    backend_t *b = bes[_i];
+/* grouped LoRA on backend B (bes[be]'s kind) with inputs D_IN wide; WHAT names the variant */
+static void check_lora(backend_t *b, int be, int d_in, const char *what) {
     enum { NL = 2, NA = 3 };
-    const int d_in = 48, d_out = 40;
+    const int d_out = 40;
+    char m32[96], m16[96];
+    snprintf(m32, sizeof m32, "lora f32%s", what);
+    snprintf(m16, sizeof m16, "lora bf16%s", what);
     static const int ranks[NA] = {8, 1, 16};
     for (int bf16 = 0; bf16 < 2; bf16++) { /* adapter slots hold F32 and BF16 weights */
     cs_dtype dt = bf16 ? CS_DTYPE_BF16 : CS_DTYPE_F32;
@@ -557,7 +681,7 @@ START_TEST(test_lora) {
                                 t.lora[s].n, mem[a][m][0], mem[a][m][1], md[a][m].rank, d_in, d_out, md[a][m].scale);
             }
             float *got = lora_io_run(b, &io, layer, tg);
-            close_to(got, want, (size_t)t.T * d_out, 5e-5, bf16 ? "lora bf16" : "lora f32", _i);
+            close_to(got, want, (size_t)t.T * d_out, 5e-5, bf16 ? m16 : m32, be);
             free(got);
             free(want);
         }
@@ -571,6 +695,29 @@ START_TEST(test_lora) {
             }
     }
     }
+}
+
+/* the CUDA backends' shrink both ways: a warp per (row, rank) (the reference) and the row
+ * tiles that read A once per tile (the 21-row segment spans tiles; others share a tile), with
+ * inputs of 48 (part of one TILE_K chunk) and 300 columns (two whole chunks and a part) */
+START_TEST(test_lora) {
+    check_lora(bes[_i], _i, 48, "");
+    if (_i != CUDA_EMU && _i != CUDA_GPU) return;
+    for (int f = -1; f <= 1; f += 2)
+        for (int d_in = 48; d_in <= 300; d_in += 252) {
+            cuda_backend_params_t p = {.lora_tiled = f};
+            backend_t *b = _i == CUDA_EMU ? cuda_emu_backend_new(&p)
+#ifdef CS_HAVE_CUDA
+                                          : cuda_backend_new(&p);
+#else
+                                          : NULL;
+#endif
+            ck_assert_msg(b != NULL, "%s", cs_error_last());
+            char what[48];
+            snprintf(what, sizeof what, " (%s shrink, d_in %d)", f > 0 ? "tiled" : "warp-per-row", d_in);
+            check_lora(b, _i, d_in, what);
+            backend_free(b);
+        }
 }
 END_TEST
 
@@ -963,7 +1110,8 @@ END_TEST
  * appears in step 4, after the capture, larger than any in it). Every step's attention and
  * LoRA outputs are held to the references. */
 START_TEST(test_graphs) {
-    backend_t *b = _i == 0 ? cuda_emu_backend_new(&(cuda_backend_params_t){.graphs = true})
+    /* the emulator has one SM: its decode steps get key ranges as a GPU's would (3 here) */
+    backend_t *b = _i == 0 ? cuda_emu_backend_new(&(cuda_backend_params_t){.graphs = true, .attn_splits = 3})
 #ifdef CS_HAVE_CUDA
                            : cuda_backend_new(&(cuda_backend_params_t){.graphs = true});
 #else
@@ -1212,6 +1360,7 @@ int main(void) {
     tcase_set_timeout(tc, 600);
     add_op_tests(tc);
     tcase_add_loop_test(tc, test_graphs, 1, 2); /* cuda */
+    tcase_add_loop_test(tc, test_attention_long, 1, 2);
     /* under compute-sanitizer (tools/gpu-host.sh's memcheck, synccheck) the deadline's trap is
      * an error by design: that run leaves the test out, and says so */
     if (getenv("CS_TEST_NO_TRAP")) printf("test_spin_deadline left out (CS_TEST_NO_TRAP)\n");
@@ -1228,6 +1377,7 @@ int main(void) {
     add_op_tests(tc);
     tcase_add_loop_test(tc, test_graphs, 0, 1); /* cuda-emu */
     tcase_add_loop_test(tc, test_spin_deadline, 0, 1);
+    tcase_add_loop_test(tc, test_attention_long, 0, 1); /* cuda-emu */
     tcase_add_test(tc, test_weight_prepare);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("strict");
