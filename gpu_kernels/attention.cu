@@ -215,14 +215,131 @@ static __global__ void k_attn_combine(float *out, attn_part_ptrs part, int nh, i
     }
 }
 
+/* ---- query tiles (prefill) ----
+ * Many rows: a block per (tile of QT_ROWS consecutive rows, head) stages each tile of 32 keys
+ * and their values in shared memory once (widened to F32; rows padded by one float so the
+ * lanes' column reads fall in distinct banks) and its four warps score QT_ROWS / 4 rows each
+ * against it, the same online softmax per row as above: a key row is read from memory once
+ * per tile of rows rather than once per row. A tile that straddles sequences takes them in
+ * turn (keys in the union of their rows' visible ranges, each row masked to its own). Heads
+ * up to QT_MAX_HD. */
+enum { QT_ROWS = 16, QT_KEYS = 32, QT_MAX_HD = 128 };
+
+template <int NJ, typename KT>
+static __global__ void k_attention_tiled(float *out, const float *q, const KT *k, const KT *v, const attn_seq *seqs,
+                                         const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh,
+                                         int nkv, int hd, int window, float scale) {
+    __shared__ float ks[QT_KEYS][QT_MAX_HD + 1], vs[QT_KEYS][QT_MAX_HD + 1];
+    const int RW = QT_ROWS / ATTN_WARPS; /* rows per warp */
+    int r0 = blockIdx.x * QT_ROWS, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int nr = n_tokens - r0 < QT_ROWS ? n_tokens - r0 : QT_ROWS;
+    int kvh = h / (nh / nkv);
+    size_t kv_dim = (size_t)nkv * hd, off = (size_t)kvh * hd;
+    unsigned done = 0;
+    for (int i0 = 0; i0 < nr; i0++) { /* each sequence of the tile in turn (the same for every thread) */
+        if (done >> i0 & 1u) continue;
+        int sid = row_seq[r0 + i0];
+        const attn_seq sq = seqs[sid];
+        unsigned mask = 0;
+        int lo = 0x7fffffff, hi = -1;
+        for (int j = i0; j < nr; j++) {
+            if (row_seq[r0 + j] != sid) continue;
+            mask |= 1u << j;
+            int qp = sq.pos0 + (r0 + j - sq.row0), f = window > 0 && qp - window + 1 > 0 ? qp - window + 1 : 0;
+            lo = f < lo ? f : lo;
+            hi = qp > hi ? qp : hi;
+        }
+        done |= mask;
+        const int32_t *table = blocks + sq.blk0;
+        float m[RW], l[RW], acc[RW][NJ];
+        int qpos[RW], first[RW];
+        bool mine[RW];
+#pragma unroll
+        for (int a = 0; a < RW; a++) {
+            int j = w * RW + a; /* the tile's row this warp's a-th is */
+            mine[a] = j < nr && (mask >> j & 1u);
+            qpos[a] = sq.pos0 + (r0 + j - sq.row0);
+            first[a] = window > 0 && qpos[a] - window + 1 > 0 ? qpos[a] - window + 1 : 0;
+            m[a] = -INFINITY;
+            l[a] = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++) acc[a][jj] = 0.0f;
+        }
+        for (int t0 = lo; t0 <= hi; t0 += QT_KEYS) {
+            int nk = hi - t0 + 1 < QT_KEYS ? hi - t0 + 1 : QT_KEYS;
+            __syncthreads(); /* the last tile's reads are done */
+            for (int i = threadIdx.x; i < nk * hd; i += blockDim.x) {
+                int key = i / hd, e = i % hd, t = t0 + key;
+                size_t at = ((size_t)table[t / bs] * bs + t % bs) * kv_dim + off + e;
+                ks[key][e] = load_f(k, at);
+                vs[key][e] = load_f(v, at);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int a = 0; a < RW; a++) {
+                if (!mine[a]) continue; /* the same for the whole warp */
+                const float *qh = q + ((size_t)(r0 + w * RW + a) * nh + h) * hd;
+                int t = t0 + lane;
+                bool vis = lane < nk && t >= first[a] && t <= qpos[a];
+                float s = -INFINITY;
+                if (vis) {
+                    float d0 = 0.0f, d1 = 0.0f;
+                    int e = 0;
+                    for (; e + 2 <= hd; e += 2) {
+                        d0 += qh[e] * ks[lane][e];
+                        d1 += qh[e + 1] * ks[lane][e + 1];
+                    }
+                    for (; e < hd; e++) d0 += qh[e] * ks[lane][e];
+                    s = (d0 + d1) * scale;
+                }
+                float tmax = warp_max(s);
+                if (tmax == -INFINITY) continue; /* none of this tile's keys is visible to the row */
+                float mn = fmaxf(m[a], tmax);
+                float corr = expf(m[a] - mn), p = vis ? expf(s - mn) : 0.0f;
+                l[a] = l[a] * corr + warp_sum(p);
+#pragma unroll
+                for (int jj = 0; jj < NJ; jj++) acc[a][jj] *= corr;
+                for (int i = 0; i < nk; i++) {
+                    float pi = __shfl_sync(0xffffffffu, p, i);
+#pragma unroll
+                    for (int jj = 0; jj < NJ; jj++) {
+                        int e = lane + 32 * jj;
+                        if (e < hd) acc[a][jj] += pi * vs[i][e];
+                    }
+                }
+                m[a] = mn;
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < RW; a++) {
+            if (!mine[a]) continue;
+            float inv = 1.0f / l[a];
+            float *oh = out + ((size_t)(r0 + w * RW + a) * nh + h) * hd;
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++) {
+                int e = lane + 32 * jj;
+                if (e < hd) oh[e] = acc[a][jj] * inv;
+            }
+        }
+    }
+}
+
 #define K_ATTENTION(NJ) k_attention<NJ, KT> /* one macro argument for CS_LAUNCH */
 #define K_SPLIT(NJ) k_attention_split<NJ, KT>
+#define K_TILED(NJ) k_attention_tiled<NJ, KT>
 template <typename KT>
 static void launch(cudaStream_t st, float *out, const float *q, const KT *k, const KT *v, const attn_seq *seqs,
                    const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh, int nkv, int hd,
-                   int window, int splits, float *part) {
+                   int window, int splits, bool tiled, float *part) {
     dim3 grid(n_tokens, (nh + ATTN_WARPS - 1) / ATTN_WARPS);
     float scale = 1.0f / sqrtf((float)hd);
+    if (tiled && splits <= 1 && hd <= QT_MAX_HD) {
+        dim3 tg((n_tokens + QT_ROWS - 1) / QT_ROWS, nh);
+        if (hd <= 32) CS_LAUNCH(K_TILED(1), tg, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
+        else if (hd <= 64) CS_LAUNCH(K_TILED(2), tg, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
+        else CS_LAUNCH(K_TILED(4), tg, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
+        return;
+    }
     if (splits > 1) {
         attn_part_ptrs pp = {part, part + (size_t)2 * n_tokens * nh * splits};
         dim3 sg(n_tokens, grid.y, splits);
@@ -249,18 +366,19 @@ size_t attention_part_floats(int n_tokens, int nh, int hd, int splits) {
 
 void op_attention(cudaStream_t st, float *out, const float *q, const void *k, const void *v, int kv_dtype,
                   const attn_seq *seqs, const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh,
-                  int nkv, int hd, int window, int splits, float *part) {
+                  int nkv, int hd, int window, int splits, bool tiled, float *part) {
     if (n_tokens <= 0) return;
     if (kv_dtype == DT_BF16)
         launch(st, out, q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv,
-               hd, window, splits, part);
+               hd, window, splits, tiled, part);
     else
         launch(st, out, q, (const float *)k, (const float *)v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window,
-               splits, part);
+               splits, tiled, part);
     CUDA_CHECK_LAUNCH();
 }
 #undef K_ATTENTION
 #undef K_SPLIT
+#undef K_TILED
 
 template <typename KT> static void load_for() {
     load_kernel(k_attention<1, KT>);
@@ -271,6 +389,9 @@ template <typename KT> static void load_for() {
     load_kernel(k_attention_split<2, KT>);
     load_kernel(k_attention_split<4, KT>);
     load_kernel(k_attention_split<8, KT>);
+    load_kernel(k_attention_tiled<1, KT>);
+    load_kernel(k_attention_tiled<2, KT>);
+    load_kernel(k_attention_tiled<4, KT>);
 }
 
 void load_attention_kernels() {

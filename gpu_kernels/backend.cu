@@ -84,6 +84,8 @@ static void report_add(spin_report *r, bool add) {
 enum { MAX_GRAPHS = 64, CUBLAS_WORKSPACE = 32 << 20 };
 /* above this many rows the LoRA shrink stages row tiles (prefill); decode keeps a warp per row */
 enum { LORA_TILE_MIN_ROWS = 16 };
+/* from this many rows attention takes query tiles (prefill), where no key ranges are taken */
+enum { ATTN_TILE_MIN_ROWS = 32 };
 /* adapter streaming's pinned staging: a ring of buffers, each reused once its copy is done */
 enum { STAGE_BUFS = 3, STAGE_BYTES = 4 << 20 };
 
@@ -137,6 +139,7 @@ struct ctx {
     spin_report *report;
     cudaEvent_t sync_ev;    /* blocking sync: a host waiting for compute sleeps, not spins */
     int lora_tiled;         /* the shrink's row tiles: 0 for many rows, -1 never, 1 always */
+    int attn_tiled;         /* attention's query tiles: the same */
     /* attention's key ranges (flash-decoding): the parameter, the SM count, the partials */
     int attn_splits, sms;
     float *attn_part;
@@ -1148,7 +1151,8 @@ static void be_attention(backend_t *b, backend_buf_t *out, const backend_buf_t *
         c->attn_part_cap = cap;
     }
     op_attention(c->compute, F(out), CF(q), k->d, v->d, kv_dtype == CS_DTYPE_BF16 ? DT_BF16 : DT_F32, bt->seqs,
-                 bt->row_seq, bt->blocks, bt->n_tokens, bs, nh, nkv, hd, window, splits, c->attn_part);
+                 bt->row_seq, bt->blocks, bt->n_tokens, bs, nh, nkv, hd, window, splits,
+                 c->attn_tiled ? c->attn_tiled > 0 : bt->n_tokens >= ATTN_TILE_MIN_ROWS, c->attn_part);
 }
 
 static void be_get_out_rows(backend_t *b, backend_buf_t *dst, const backend_buf_t *src, const backend_batch_t *bt,
@@ -1362,6 +1366,7 @@ static backend_t *create(const cuda_backend_params_t *p) {
     c->sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
     c->attn_splits = p->attn_splits > 32 ? 32 : p->attn_splits;
     c->lora_tiled = p->lora_tiled;
+    c->attn_tiled = p->attn_tiled;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->load, cudaStreamNonBlocking));
@@ -1416,6 +1421,6 @@ static backend_t *create(const cuda_backend_params_t *p) {
 } /* namespace CS_NS */
 
 extern "C" backend_t *PUB_NEW(const cuda_backend_params_t *p) {
-    cuda_backend_params_t d = {0, 0, false, 0, 0, 0};
+    cuda_backend_params_t d = {0, 0, false, 0, 0, 0, 0};
     return CS_NS::create(p ? p : &d);
 }

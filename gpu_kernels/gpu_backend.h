@@ -31,6 +31,7 @@ typedef struct cuda_backend_params {
                              * the GPU when rows x heads do not (1 .. 32), -1 never (a warp per
                              * row and head over all its keys), N always N (tests) */
     int lora_tiled;         /* the LoRA shrink's row tiles: 0 above 16 rows, -1 never, 1 always (tests) */
+    int attn_tiled;         /* attention's query tiles: 0 from 32 rows, -1 never, 1 always (tests) */
 } cuda_backend_params_t;
 
 /* NULL with cs_error_last() set when no device, no driver or no memory */

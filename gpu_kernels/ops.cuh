@@ -35,12 +35,13 @@ void op_rope(cudaStream_t st, float *x, int n, int nh, int hd, const int32_t *po
 /* attention.cu: paged attention over the batch's sequences (backend/backend.h's attention),
  * pools of kv_dtype (DT_F32 or DT_BF16). splits <= 1: a warp per (row, head) over all its keys
  * (the reference); splits > 1: each row's keys in that many ranges, then combined
- * (flash-decoding), with part holding attention_part_floats of scratch. */
+ * (flash-decoding), with part holding attention_part_floats of scratch; tiled (splits <= 1,
+ * head_dim <= 128): tiles of 16 rows share each tile of keys in shared memory (prefill). */
 struct attn_seq { int32_t row0, n, pos0, blk0; };
 void op_attention(cudaStream_t st, float *out, const float *q, const void *k, const void *v, int kv_dtype,
                   const attn_seq *seqs,
                   const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh, int nkv, int hd,
-                  int window, int splits, float *part);
+                  int window, int splits, bool tiled, float *part);
 size_t attention_part_floats(int n_tokens, int nh, int hd, int splits);
 
 /* lora.cu: grouped LoRA. A slot keeps a table of modules on the device, one per (layer,

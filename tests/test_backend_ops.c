@@ -455,15 +455,16 @@ static void check_attention(backend_t *b, int be, const char *what) {
         }
 }
 
-/* the CUDA backends' kernels both ways: a warp per (row, head) over all its keys, and the keys
+/* the CUDA backends' kernels every way: a warp per (row, head) over all its keys, the keys
  * split into ranges that are then combined (flash-decoding: 3 ranges, and 32, more than most of
- * these rows have keys, so many ranges are empty) */
+ * these rows have keys, so many ranges are empty), and tiles of 16 rows sharing each tile of
+ * keys (prefill's; here the tiles straddle sequences) */
 START_TEST(test_attention) {
     check_attention(bes[_i], _i, "");
     if (_i != CUDA_EMU && _i != CUDA_GPU) return;
-    static const int forced[3] = {-1, 3, 32};
-    for (int f = 0; f < 3; f++) {
-        cuda_backend_params_t p = {.attn_splits = forced[f]};
+    static const int forced[4] = {-1, 3, 32, 0};
+    for (int f = 0; f < 4; f++) { /* the last: query tiles (prefill's kernel) for every batch */
+        cuda_backend_params_t p = {.attn_splits = f == 3 ? -1 : forced[f], .attn_tiled = f == 3 ? 1 : -1};
         backend_t *b = _i == CUDA_EMU ? cuda_emu_backend_new(&p)
 #ifdef CS_HAVE_CUDA
                                       : cuda_backend_new(&p);
@@ -472,7 +473,8 @@ START_TEST(test_attention) {
 #endif
         ck_assert_msg(b != NULL, "%s", cs_error_last());
         char what[32];
-        snprintf(what, sizeof what, " (key ranges: %d)", forced[f]);
+        if (f == 3) snprintf(what, sizeof what, " (query tiles)");
+        else snprintf(what, sizeof what, " (key ranges: %d)", forced[f]);
         check_attention(b, _i, what);
         backend_free(b);
     }
@@ -480,16 +482,25 @@ START_TEST(test_attention) {
 
 END_TEST
 
-/* Long contexts on the CUDA backends: decode rows over 4096 and 32768 keys and a 3-row prefill
- * at 4k, odd head counts (7 heads on 1 KV head; 6 on 3 of 80 elements; 5 of 40), with and
- * without a 1000-key window, in F32 and BF16 pools: the keys split into ranges (the GPU's own
- * choice; 16 on the emulator, which has one SM) against the warp-per-row kernel and against
- * the CPU reference. F32 sums over 32768 keys in three orders: tolerance 2e-5 x (1 + |ref|). */
+/* Long contexts on the CUDA backends: decode rows over 4096 and 32768 keys, a 3-row prefill
+ * at 4k and a 20-row one at 1k, odd head counts (7 heads on 1 KV head; 6 on 3 of 80 elements;
+ * 5 of 40), with and without a 1000-key window, in F32 and BF16 pools: the keys split into
+ * ranges (the GPU's own choice; 16 on the emulator, which has one SM) and the query tiles
+ * (which straddle the sequences here; on the first shape in F32 pools: on the emulator a
+ * tile's four warps walk the 32k keys for one row) against the warp-per-row kernel and against
+ * the CPU reference. F32 sums over 32768 keys in other orders: tolerance 2e-5 x (1 + |ref|). */
 START_TEST(test_attention_long) {
-    enum { NSEQ = 3, LBS = 16 };
+    enum { NSEQ = 4, LBS = 16 };
     static const int cfgs[][3] = {{7, 1, 64}, {6, 3, 80}, {5, 5, 40}};
-    const int cached[NSEQ] = {4095, 32767, 4090}, n_new[NSEQ] = {1, 1, 3};
-    cuda_backend_params_t pr = {.attn_splits = -1}, ps = {.attn_splits = _i == 0 ? 16 : 0};
+    const int cached[NSEQ] = {4095, 32767, 4090, 1000}, n_new[NSEQ] = {1, 1, 3, 20};
+    cuda_backend_params_t pr = {.attn_splits = -1, .attn_tiled = -1}, ps = {.attn_splits = _i == 0 ? 16 : 0, .attn_tiled = -1};
+    cuda_backend_params_t pt = {.attn_splits = -1, .attn_tiled = 1};
+    backend_t *bq = _i == 0 ? cuda_emu_backend_new(&pt)
+#ifdef CS_HAVE_CUDA
+                            : cuda_backend_new(&pt);
+#else
+                            : NULL;
+#endif
     backend_t *br = _i == 0 ? cuda_emu_backend_new(&pr)
 #ifdef CS_HAVE_CUDA
                             : cuda_backend_new(&pr);
@@ -502,7 +513,7 @@ START_TEST(test_attention_long) {
 #else
                             : NULL;
 #endif
-    ck_assert_msg(br && bs, "%s", cs_error_last());
+    ck_assert_msg(br && bs && bq, "%s", cs_error_last());
     int nb = 0, T = 0;
     for (int s = 0; s < NSEQ; s++) nb += (cached[s] + n_new[s] + LBS - 1) / LBS, T += n_new[s];
     int32_t *table = malloc(sizeof(int32_t) * nb), *ids = calloc((size_t)T, sizeof(int32_t));
@@ -527,9 +538,10 @@ START_TEST(test_attention_long) {
         blk += (cached[s] + n_new[s] + LBS - 1) / LBS;
     }
     backend_batch_desc_t d = {T, ids, pos, slots, NSEQ, seqs, nb, table, NSEQ, out_rows, 0, NULL};
-    backend_batch_t *btr = NULL, *bts = NULL;
+    backend_batch_t *btr = NULL, *bts = NULL, *btq = NULL;
     ck_assert_int_eq(backend_batch_upload(br, &btr, &d), CS_OK);
     ck_assert_int_eq(backend_batch_upload(bs, &bts, &d), CS_OK);
+    ck_assert_int_eq(backend_batch_upload(bq, &btq, &d), CS_OK);
     for (size_t ci = 0; ci < CS_ARRAY_LEN(cfgs); ci++)
         for (int window = 0; window <= 1000; window += 1000) {
             if (window && ci) continue; /* the window on the first shape */
@@ -544,14 +556,15 @@ START_TEST(test_attention_long) {
                 const void *hk = bf ? (const void *)kb : k, *hv = bf ? (const void *)vb : v;
                 size_t bytes = cs_dtype_size(dt) * pool_n;
                 cs_attention_paged_kv_ref(want, q, hk, hv, dt, hseqs, NSEQ, LBS, nh, nkv, hd, window);
-                float *got[2];
-                for (int w = 0; w < 2; w++) {
-                    backend_t *b = w ? bs : br;
-                    backend_buf_t *bk = up(b, hk, bytes), *bv = up(b, hv, bytes), *bq = up(b, q, sizeof(float) * qn);
+                float *got[3] = {NULL, NULL, NULL};
+                int nw = ci == 0 && window == 0 && !bf ? 3 : 2;
+                for (int w = 0; w < nw; w++) {
+                    backend_t *b = w == 2 ? bq : w ? bs : br;
+                    backend_buf_t *bk = up(b, hk, bytes), *bv = up(b, hv, bytes), *bqq = up(b, q, sizeof(float) * qn);
                     backend_buf_t *bo = backend_buf_alloc(b, sizeof(float) * qn);
-                    backend_attention(b, bo, bq, bk, bv, dt, w ? bts : btr, LBS, nh, nkv, hd, window);
+                    backend_attention(b, bo, bqq, bk, bv, dt, w == 2 ? btq : w ? bts : btr, LBS, nh, nkv, hd, window);
                     got[w] = down(b, bo, qn);
-                    backend_buf_free(b, bk), backend_buf_free(b, bv), backend_buf_free(b, bq), backend_buf_free(b, bo);
+                    backend_buf_free(b, bk), backend_buf_free(b, bv), backend_buf_free(b, bqq), backend_buf_free(b, bo);
                 }
                 char what[128];
                 snprintf(what, sizeof what, "long attention, %d heads on %d of %d, window %d, %s, key ranges", nh, nkv,
@@ -561,15 +574,24 @@ START_TEST(test_attention_long) {
                 snprintf(what, sizeof what, "long attention, %d heads on %d of %d, window %d, %s, warp per row", nh, nkv,
                          hd, window, bf ? "BF16" : "F32");
                 close_to(got[0], want, qn, 2e-5, what, _i ? CUDA_GPU : CUDA_EMU);
+                if (got[2]) {
+                    snprintf(what, sizeof what, "long attention, %d heads on %d of %d, window %d, %s, query tiles", nh,
+                             nkv, hd, window, bf ? "BF16" : "F32");
+                    close_to(got[2], got[0], qn, 2e-5, what, _i ? CUDA_GPU : CUDA_EMU);
+                    close_to(got[2], want, qn, 2e-5, what, _i ? CUDA_GPU : CUDA_EMU);
+                }
                 free(got[0]);
                 free(got[1]);
+                free(got[2]);
             }
             free(k), free(v), free(q), free(want), free(kb), free(vb);
         }
     backend_batch_free(br, btr);
     backend_batch_free(bs, bts);
+    backend_batch_free(bq, btq);
     backend_free(br);
     backend_free(bs);
+    backend_free(bq);
     free(table), free(ids), free(pos), free(slots);
 }
 END_TEST
