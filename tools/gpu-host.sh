@@ -11,7 +11,8 @@
 #                                     # tools/cuda-requirements.txt) into gpu-carry/bundle.tar.xz
 #                                     # (keep gpu-carry/ out of git; under 64 MiB)
 #   RUN=1 OUT=DIR tools/gpu-host.sh   # there, from the source root, with gpu-carry/ carried:
-#                                     # correctness (ops eager memcheck synccheck ref)
+#                                     # correctness (ops eager ref memcheck synccheck: the
+#                                     # sanitizers, slowest, take what is left of the budget)
 #   RUN=2 OUT=DIR tools/gpu-host.sh   # the measurements (gpu cold)
 #   DRY=1 tools/gpu-host.sh           # here, no GPU: both runs' steps on the host emulation of
 #                                     # CUDA and the strict test device, from build/ (no bundle),
@@ -90,9 +91,9 @@ fi
 
 RUN=${RUN:-} DRY=${DRY:-}
 case $RUN in
-1) def="ops eager memcheck synccheck ref" ;;
+1) def="ops eager ref memcheck synccheck" ;;
 2) def="gpu cold" ;;
-*) def="ops eager memcheck synccheck ref gpu cold" ;;
+*) def="ops eager ref memcheck synccheck gpu cold" ;;
 esac
 OUT=${OUT:-/tmp/gpu-out} STEPS=${STEPS:-$def} CACHE=${CACHE:-/tmp/cs-cache} BUDGET=${BUDGET:-450}
 REPS=${REPS:-1} COLD_REPS=${COLD_REPS:-2} THREADS=${THREADS:-16} STEP_TIMEOUT=${STEP_TIMEOUT:-240} LAYERS=${LAYERS:-4}
