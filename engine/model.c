@@ -65,7 +65,7 @@ struct model {
     int n_cold, cold_cap;
     float *hx, *hy;              /* pinned host rows: layer inputs out, LoRA terms back (F32 or
                                   * BF16: lora_assist_terms_dtype) */
-    size_t hx_cap, hy_cap;       /* floats */
+    size_t hx_cap, hy_cap;       /* floats (hy: the terms' bytes over 4) */
     uint32_t *flags;             /* 2 per cold segment: input there, parts done */
     int flags_cap;
     model_cold_stats_t cold_st;
@@ -882,7 +882,8 @@ static int cold_reserve(model_t *m, size_t rows, int segs) {
     size_t win, wout, fc = (size_t)m->flags_cap;
     cold_widths(m, &win, &wout);
     m->hx = cold_grow(m, m->hx, &m->hx_cap, rows * win, sizeof(float));
-    m->hy = cold_grow(m, m->hy, &m->hy_cap, rows * wout, sizeof(float));
+    size_t ts = cs_dtype_size(lora_assist_terms_dtype(m->assist)); /* the terms: F32 or BF16 */
+    m->hy = cold_grow(m, m->hy, &m->hy_cap, (rows * wout * ts + sizeof(float) - 1) / sizeof(float), sizeof(float));
     m->flags = cold_grow(m, m->flags, &fc, 2 * (size_t)segs, sizeof(uint32_t));
     m->flags_cap = (int)fc;
     if (!m->hx || !m->hy || !m->flags) return cs_error_set(CS_ENOMEM, "pinned host memory for the cold start's %zu rows", rows);
