@@ -224,12 +224,14 @@ static __global__ void k_attn_combine(float *out, attn_part_ptrs part, int nh, i
  * turn (keys in the union of their rows' visible ranges, each row masked to its own). Heads
  * up to QT_MAX_HD. */
 enum { QT_ROWS = 16, QT_KEYS = 32, QT_MAX_HD = 128 };
+static const size_t QT_SMEM = sizeof(float) * 2 * QT_KEYS * (QT_MAX_HD + 1); /* 33 KB: dynamic (under 48) */
 
 template <int NJ, typename KT>
 static __global__ void k_attention_tiled(float *out, const float *q, const KT *k, const KT *v, const attn_seq *seqs,
                                          const int32_t *row_seq, const int32_t *blocks, int n_tokens, int bs, int nh,
                                          int nkv, int hd, int window, float scale) {
-    __shared__ float ks[QT_KEYS][QT_MAX_HD + 1], vs[QT_KEYS][QT_MAX_HD + 1];
+    CS_DYN_SMEM(float, sm); /* ks[QT_KEYS][QT_MAX_HD + 1], then vs the same */
+    float (*ks)[QT_MAX_HD + 1] = (float (*)[QT_MAX_HD + 1])sm, (*vs)[QT_MAX_HD + 1] = ks + QT_KEYS;
     const int RW = QT_ROWS / ATTN_WARPS; /* rows per warp */
     int r0 = blockIdx.x * QT_ROWS, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int nr = n_tokens - r0 < QT_ROWS ? n_tokens - r0 : QT_ROWS;
@@ -335,9 +337,9 @@ static void launch(cudaStream_t st, float *out, const float *q, const KT *k, con
     float scale = 1.0f / sqrtf((float)hd);
     if (tiled && splits <= 1 && hd <= QT_MAX_HD) {
         dim3 tg((n_tokens + QT_ROWS - 1) / QT_ROWS, nh);
-        if (hd <= 32) CS_LAUNCH(K_TILED(1), tg, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
-        else if (hd <= 64) CS_LAUNCH(K_TILED(2), tg, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
-        else CS_LAUNCH(K_TILED(4), tg, 32 * ATTN_WARPS, 0, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
+        if (hd <= 32) CS_LAUNCH(K_TILED(1), tg, 32 * ATTN_WARPS, QT_SMEM, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
+        else if (hd <= 64) CS_LAUNCH(K_TILED(2), tg, 32 * ATTN_WARPS, QT_SMEM, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
+        else CS_LAUNCH(K_TILED(4), tg, 32 * ATTN_WARPS, QT_SMEM, st, out, q, k, v, seqs, row_seq, blocks, n_tokens, bs, nh, nkv, hd, window, scale);
         return;
     }
     if (splits > 1) {

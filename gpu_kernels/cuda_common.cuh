@@ -15,6 +15,8 @@
 using namespace cs_cuda_emu; /* the runtime's names, as <cuda_runtime.h> gives them */
 #define CS_LAUNCH(kernel, grid, block, smem, stream, ...) \
     cs_cuda_emu::launch((const void *)(kernel), (grid), (block), (smem), (stream), [=]() { kernel(__VA_ARGS__); })
+/* T *name: the launch's dynamic shared memory (CS_LAUNCH's smem bytes) */
+#define CS_DYN_SMEM(T, name) T *name = (T *)cs_cuda_emu::dynamic_smem()
 #else
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -22,6 +24,9 @@ using namespace cs_cuda_emu; /* the runtime's names, as <cuda_runtime.h> gives t
 #include <cuda_runtime.h>
 #define CS_NS cs_cuda
 #define CS_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define CS_DYN_SMEM(T, name)                                  \
+    extern __shared__ __align__(16) unsigned char cs_dyn_smem_[]; \
+    T *name = (T *)cs_dyn_smem_
 #endif
 
 namespace CS_NS {

@@ -70,6 +70,7 @@ struct block_run {
     unsigned warp_gen[MAX_THREADS / 32];
     uint64_t slots[MAX_THREADS];
     void *sched_sp;         /* the launching thread's context */
+    void *smem;             /* the launch's dynamic shared memory (reused by its blocks in turn) */
     emu_body_fn fn;
     void *arg;
 #if EMU_ASAN
@@ -211,8 +212,12 @@ uint64_t warp_exchange(uint64_t v, int src_lane) {
     return got;
 }
 
+void *dynamic_smem() {
+    if (!run || !run->smem) fatal("CS_DYN_SMEM in a launch without dynamic shared memory");
+    return run->smem;
+}
+
 void launch_impl(dim3 grid, dim3 block, size_t smem, cudaStream_t s, emu_body_fn fn, void *arg) {
-    (void)smem;
     (void)s;
     unsigned nt = block.x * block.y * block.z;
     if (nt == 0 || nt > MAX_THREADS) fatal("a launch with 0 or more than 1024 threads per block");
@@ -229,6 +234,9 @@ void launch_impl(dim3 grid, dim3 block, size_t smem, cudaStream_t s, emu_body_fn
     if (!r) fatal("out of memory");
     r->f = fibers;
     r->n = (int)nt;
+    if (smem > 227 * 1024) fatal("a launch with more than 227 KiB of dynamic shared memory");
+    if (smem && !(r->smem = malloc(smem))) fatal("out of memory");
+    if (smem) memset(r->smem, 0xff, smem); /* not zeroed on a GPU either */
     r->fn = fn;
     r->arg = arg;
     run = r;
@@ -246,6 +254,7 @@ void launch_impl(dim3 grid, dim3 block, size_t smem, cudaStream_t s, emu_body_fn
     COUNT(threads, (uint64_t)nt * grid.x * grid.y * grid.z);
     emu_cur_thread = saved;
     run = NULL;
+    free(r->smem);
     free(r);
 }
 
@@ -513,9 +522,9 @@ static void graph_push(cudaStream_t s, const graph_op &op) {
 
 bool stream_capturing(cudaStream_t s) { return s && s->capture; }
 
-void capture_launch(cudaStream_t s, dim3 grid, dim3 block, emu_body_fn fn, void *obj, emu_body_fn del) {
+void capture_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem, emu_body_fn fn, void *obj, emu_body_fn del) {
     graph_op op = {};
-    op.kind = 0, op.grid = grid, op.block = block, op.fn = fn, op.obj = obj, op.del = del;
+    op.kind = 0, op.grid = grid, op.block = block, op.fn = fn, op.obj = obj, op.del = del, op.n = smem;
     graph_push(s, op);
 }
 
@@ -552,7 +561,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
     for (int i = 0; i < e->n; i++) {
         const graph_op &op = e->ops[i];
         switch (op.kind) {
-        case 0: launch_impl(op.grid, op.block, 0, s, op.fn, op.obj); break;
+        case 0: launch_impl(op.grid, op.block, op.n, s, op.fn, op.obj); break;
         case 1: memmove(op.dst, op.src, op.n); break;
         case 2: memset(op.dst, op.v, op.n); break;
         default: op.fn(op.obj); break;

@@ -85,12 +85,16 @@ bool launch_check(const void *kernel, cudaStream_t s);
 /* a stream being captured into a graph records work instead of running it (a copy of the
  * closure, run and deleted by the graph) */
 bool stream_capturing(cudaStream_t s);
-void capture_launch(cudaStream_t s, dim3 grid, dim3 block, emu_body_fn fn, void *obj, emu_body_fn del);
+void capture_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem, emu_body_fn fn, void *obj, emu_body_fn del);
+/* the launch's dynamic shared memory (its smem bytes, one buffer for the block being run):
+ * kernels take it through CS_DYN_SMEM. Static __shared__ arrays are thread_local here, and
+ * static TLS is reserved in every thread of the process, so large ones go this way. */
+void *dynamic_smem();
 template <class F> static void launch_trampoline(void *p) { (*(F *)p)(); }
 template <class F> static void launch_delete(void *p) { delete (F *)p; }
 template <class F> static inline void launch(const void *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, F f) {
     if (!launch_check(kernel, s)) return;
-    if (stream_capturing(s)) capture_launch(s, grid, block, launch_trampoline<F>, new F(f), launch_delete<F>);
+    if (stream_capturing(s)) capture_launch(s, grid, block, smem, launch_trampoline<F>, new F(f), launch_delete<F>);
     else launch_impl(grid, block, smem, s, launch_trampoline<F>, &f);
 }
 

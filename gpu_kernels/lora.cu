@@ -66,7 +66,8 @@ static __device__ __forceinline__ void tile_dots(float (*xs)[TILE_K], float *acc
 
 static __global__ void k_lora_shrink_tiled(float *t, int ld_t, const float *x, int d_in, const int32_t *row_seg,
                                            const lora_seg *segs, int mod, int n_tokens) {
-    __shared__ float xs[TILE_ROWS][TILE_K];
+    CS_DYN_SMEM(float, sm); /* xs[TILE_ROWS][TILE_K] */
+    float (*xs)[TILE_K] = (float (*)[TILE_K])sm;
     int r0 = blockIdx.x * TILE_ROWS, lane = threadIdx.x & 31;
     int r = blockIdx.y * SHRINK_WARPS + (threadIdx.x >> 5);
     int nr = n_tokens - r0 < TILE_ROWS ? n_tokens - r0 : TILE_ROWS;
@@ -130,7 +131,8 @@ void op_lora_shrink(cudaStream_t st, float *t, int ld_t, const float *x, int d_i
     if (n_tokens <= 0 || max_rank <= 0) return;
     if (tiled) {
         dim3 grid((n_tokens + TILE_ROWS - 1) / TILE_ROWS, (max_rank + SHRINK_WARPS - 1) / SHRINK_WARPS);
-        CS_LAUNCH(k_lora_shrink_tiled, grid, 32 * SHRINK_WARPS, 0, st, t, ld_t, x, d_in, row_seg, segs, mod, n_tokens);
+        CS_LAUNCH(k_lora_shrink_tiled, grid, 32 * SHRINK_WARPS, sizeof(float) * TILE_ROWS * TILE_K, st, t, ld_t, x, d_in,
+                  row_seg, segs, mod, n_tokens);
     } else {
         dim3 grid(n_tokens, (max_rank + SHRINK_WARPS - 1) / SHRINK_WARPS);
         CS_LAUNCH(k_lora_shrink, grid, 32 * SHRINK_WARPS, 0, st, t, ld_t, x, d_in, row_seg, segs, mod);
