@@ -150,9 +150,9 @@ void backend_get_signal(backend_t *b, void *dst, const backend_buf_t *src, size_
     b->iface->get_signal(b, dst, src, off, n, flag, value);
 }
 void backend_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
-                      const uint32_t *flag, uint32_t value, int layer) {
+                      const uint32_t *flag, uint32_t value, const uint32_t *alive, int layer) {
     CS_ASSERT(src_dtype == CS_DTYPE_F32 || src_dtype == CS_DTYPE_BF16);
-    b->iface->wait_add(b, y, off, src, src_dtype, n, flag, value, layer);
+    b->iface->wait_add(b, y, off, src, src_dtype, n, flag, value, alive, layer);
 }
 
 bool backend_graph_begin(backend_t *b, uint64_t key) {

@@ -251,11 +251,13 @@ void backend_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, const 
  * Y's floats from OFF bytes on. The host memory
  * and flags stay valid until the queue passed them (backend_synchronize). LAYER names the
  * wait: a device that gives up on a wait that never ends (the CUDA backend's spin deadline)
- * says which layer it was. */
+ * says which layer it was. ALIVE (host memory from backend_host_alloc, or NULL): a count the
+ * host raises while it is still at work (waiting for a disk): each change restarts the
+ * deadline, so only a host that stopped moving is given up on. */
 void backend_get_signal(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n, uint32_t *flag,
                         uint32_t value);
 void backend_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
-                      const uint32_t *flag, uint32_t value, int layer);
+                      const uint32_t *flag, uint32_t value, const uint32_t *alive, int layer);
 
 /* A forward's ops replayed as a device graph (caps.graphs: CUDA graphs). The caller brackets
  * a forward whose every launch is fixed by key (the same buffers and shapes; only the

@@ -83,7 +83,7 @@ struct backend_i {
     void (*get_signal)(backend_t *b, void *dst, const backend_buf_t *src, size_t off, size_t n, uint32_t *flag,
                        uint32_t value);
     void (*wait_add)(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
-                     const uint32_t *flag, uint32_t value, int layer);
+                     const uint32_t *flag, uint32_t value, const uint32_t *alive, int layer);
 
     /* optional (all or none) */
     bool (*graph_begin)(backend_t *b, uint64_t key);

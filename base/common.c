@@ -304,6 +304,17 @@ void cs_flag_add(uint32_t *f, uint32_t v) {
     flag_wake(f);
 }
 
+bool cs_flag_wait_geq_for(const uint32_t *f, uint32_t v, double ms) {
+    double end = cs_time_ms() + ms;
+    for (;;) {
+        uint32_t cur = cs_flag_load(f);
+        if (cur >= v) return true;
+        if (cs_time_ms() >= end) return false;
+        struct timespec ts = {0, 50000}; /* as cs_flag_wait_geq: a device's store wakes nobody */
+        syscall(SYS_futex, f, FUTEX_WAIT_PRIVATE, cur, &ts, NULL, 0);
+    }
+}
+
 void cs_flag_wait_geq(const uint32_t *f, uint32_t v) {
     for (int i = 0; i < 2000; i++) {
         if (cs_flag_load(f) >= v) return;

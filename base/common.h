@@ -193,6 +193,7 @@ static inline uint32_t cs_flag_load(const uint32_t *f) { return __atomic_load_n(
 void cs_flag_store(uint32_t *f, uint32_t v);
 void cs_flag_add(uint32_t *f, uint32_t v);
 void cs_flag_wait_geq(const uint32_t *f, uint32_t v); /* until *f >= v (no wrap: counts stay below 2^31) */
+bool cs_flag_wait_geq_for(const uint32_t *f, uint32_t v, double ms); /* the same for MS at most: false then */
 
 #define CS_MIN(a, b) ((a) < (b) ? (a) : (b))
 

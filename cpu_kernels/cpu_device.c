@@ -751,9 +751,9 @@ static void dev_get_signal(backend_t *b, void *dst, const backend_buf_t *src, si
 }
 
 static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
-                         const uint32_t *flag, uint32_t value, int layer) {
+                         const uint32_t *flag, uint32_t value, const uint32_t *alive, int layer) {
     dev_ctx_t *d = dev(b);
-    (void)layer;
+    (void)layer, (void)alive; /* a host thread's wait: no deadline */
     float *p = resolve(b, y, off, sizeof(float) * n, "wait_add");
     cs_flag_wait_geq(flag, value);
     size_t bytes = cs_dtype_size(src_dtype) * n;

@@ -66,7 +66,7 @@ struct model {
     float *hx, *hy;              /* pinned host rows: layer inputs out, LoRA terms back (F32 or
                                   * BF16: lora_assist_terms_dtype) */
     size_t hx_cap, hy_cap;       /* floats (hy: the terms' bytes over 4) */
-    uint32_t *flags;             /* 2 per cold segment: input there, parts done */
+    uint32_t *flags;             /* 3 per cold segment: input there, parts done, heartbeat */
     int flags_cap;
     model_cold_stats_t cold_st;
     uint64_t graph_kv;              /* kv_cache_id of the cache the recorded graphs write */
@@ -85,7 +85,7 @@ typedef struct cold_seg {
     const lora_adapter_t *ad;
     float *hx;                   /* its rows of m->hx */
     char *hy;                    /* ... of m->hy, of the terms' dtype */
-    uint32_t *xflag, *done;
+    uint32_t *xflag, *done, *alive; /* alive: the workers' heartbeat (wait_add's deadline) */
     uint32_t xval, dval;
     bool started;                /* a job of the current group is out */
 } cold_seg_t;
@@ -884,7 +884,7 @@ static int cold_reserve(model_t *m, size_t rows, int segs) {
     m->hx = cold_grow(m, m->hx, &m->hx_cap, rows * win, sizeof(float));
     size_t ts = cs_dtype_size(lora_assist_terms_dtype(m->assist)); /* the terms: F32 or BF16 */
     m->hy = cold_grow(m, m->hy, &m->hy_cap, (rows * wout * ts + sizeof(float) - 1) / sizeof(float), sizeof(float));
-    m->flags = cold_grow(m, m->flags, &fc, 2 * (size_t)segs, sizeof(uint32_t));
+    m->flags = cold_grow(m, m->flags, &fc, 3 * (size_t)segs, sizeof(uint32_t));
     m->flags_cap = (int)fc;
     if (!m->hx || !m->hy || !m->flags) return cs_error_set(CS_ENOMEM, "pinned host memory for the cold start's %zu rows", rows);
     return CS_OK;
@@ -902,14 +902,15 @@ static int cold_prepare(model_t *m) {
     int rc = cold_reserve(m, rows, m->n_cold);
     if (rc) return rc;
     /* the last forward ended synchronized, every flag waited for: they start again at 0 */
-    memset(m->flags, 0, sizeof(uint32_t) * 2 * (size_t)m->n_cold);
+    memset(m->flags, 0, sizeof(uint32_t) * 3 * (size_t)m->n_cold);
     size_t r = 0;
     for (int i = 0; i < m->n_cold; i++) {
         cold_seg_t *cs = &m->cold[i];
         cs->hx = m->hx + r * win;
         cs->hy = (char *)m->hy + r * wout * cs_dtype_size(lora_assist_terms_dtype(m->assist));
-        cs->xflag = m->flags + 2 * i;
-        cs->done = m->flags + 2 * i + 1;
+        cs->xflag = m->flags + 3 * i;
+        cs->done = m->flags + 3 * i + 1;
+        cs->alive = m->flags + 3 * i + 2;
         cs->xval = cs->dval = 0;
         r += (size_t)cs->n;
     }
@@ -925,7 +926,7 @@ static bool cold_start_job(model_t *m, cold_seg_t *cs, int l, const lora_target 
     if (l < cs->device_layers) return false;
     cs_dtype ydt = lora_assist_terms_dtype(m->assist);
     lora_assist_job_t j = {.x = cs->hx, .n = cs->n, .ld_x = din, .x_flag = cs->xflag, .x_value = cs->xval + 1,
-                           .done = cs->done, .y_dtype = ydt};
+                           .done = cs->done, .alive = cs->alive, .y_dtype = ydt};
     uint32_t host = cs_flag_load(&cs->ad->host_layers);
     if (host <= (uint32_t)l || host == LORA_HOST_FAILED) { /* still streaming in from disk (or failed:
                                                             * the workers write zeros) */
@@ -957,7 +958,7 @@ static void cold_finish(model_t *m, cold_seg_t *cs, int l, const lora_target *ts
         const lora_module_t *md = lora_adapter_module(cs->ad, l, ts[k]);
         if (md->rank <= 0) continue;
         backend_wait_add(m->be, ys[k], sizeof(float) * (size_t)cs->row0 * md->d_out, cs->hy + yo * cs_dtype_size(ydt),
-                         ydt, (size_t)cs->n * md->d_out, cs->done, cs->dval, l);
+                         ydt, (size_t)cs->n * md->d_out, cs->done, cs->dval, cs->alive, l);
         yo += (size_t)cs->n * md->d_out;
     }
 }

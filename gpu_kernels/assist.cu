@@ -11,8 +11,10 @@
  *
  * A spin has a deadline (%globaltimer): a flag that never comes (a host thread that died, a
  * lazily loaded kernel that waits for this one to end) would hang the device and the engine
- * with it. Past the deadline the kernel writes what it waited for into the report (mapped
- * host memory the backend prints from when the next CUDA call fails), prints it and traps. */
+ * with it. The host raises a heartbeat while it is still at work (a worker waiting for a slow
+ * disk), which restarts the deadline. Past the deadline the kernel writes what it waited for
+ * into the report (mapped host memory the backend prints from when the next CUDA call fails),
+ * prints it and traps. */
 #include "gpu_kernels/ops.cuh"
 
 namespace CS_NS {
@@ -50,12 +52,16 @@ static __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat
 /* T: the terms' type in host memory (F32, or BF16: half the bytes over the link) */
 template <class T>
 static __global__ void k_wait_add(float *y, const T *src, size_t n, const uint32_t *flag, uint32_t value,
-                                  uint64_t timeout_ns, int layer, spin_report *report) {
+                                  const uint32_t *alive, uint64_t timeout_ns, int layer, spin_report *report) {
     if (threadIdx.x == 0) {
         uint64_t t0 = globaltimer();
         unsigned sleep = WAIT_SLEEP_MIN_NS;
-        uint32_t seen;
+        uint32_t seen, beat = alive ? flag_acquire(alive) : 0;
         while ((seen = flag_acquire(flag)) < value) {
+            if (alive && flag_acquire(alive) != beat) { /* the host is still at work: the deadline again */
+                beat = flag_acquire(alive);
+                t0 = globaltimer();
+            }
             uint64_t waited = globaltimer() - t0;
             if (waited > timeout_ns) {
                 report->layer = layer;
@@ -81,16 +87,16 @@ static __global__ void k_wait_add(float *y, const T *src, size_t n, const uint32
 }
 
 void op_wait_add(cudaStream_t st, float *y, const void *src, int src_dtype, size_t n, const uint32_t *flag,
-                 uint32_t value, uint64_t timeout_ns, int layer, spin_report *report) {
+                 uint32_t value, const uint32_t *alive, uint64_t timeout_ns, int layer, spin_report *report) {
     size_t blocks = (n + WAIT_ADD_THREADS - 1) / WAIT_ADD_THREADS;
     if (blocks < 1) blocks = 1; /* nothing to add: still the wait */
     if (blocks > WAIT_ADD_MAX_BLOCKS) blocks = WAIT_ADD_MAX_BLOCKS;
     if (src_dtype == DT_BF16)
         CS_LAUNCH(k_wait_add<__nv_bfloat16>, (unsigned)blocks, WAIT_ADD_THREADS, 0, st, y, (const __nv_bfloat16 *)src, n,
-                  flag, value, timeout_ns, layer, report);
+                  flag, value, alive, timeout_ns, layer, report);
     else
         CS_LAUNCH(k_wait_add<float>, (unsigned)blocks, WAIT_ADD_THREADS, 0, st, y, (const float *)src, n, flag, value,
-                  timeout_ns, layer, report);
+                  alive, timeout_ns, layer, report);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -82,9 +82,10 @@ static void report_add(spin_report *r, bool add) {
 }
 
 enum { MAX_GRAPHS = 64, CUBLAS_WORKSPACE = 32 << 20 };
-/* above this many rows the LoRA shrink stages row tiles (prefill); decode keeps a warp per row */
+/* above this many rows, 4 or more a segment, the LoRA shrink stages row tiles (prefill);
+ * decode keeps a warp per row */
 enum { LORA_TILE_MIN_ROWS = 16 };
-/* from this many rows attention takes query tiles (prefill), where no key ranges are taken */
+/* from this many rows, 4 or more a sequence, attention takes query tiles (prefill) */
 enum { ATTN_TILE_MIN_ROWS = 32 };
 /* adapter streaming's pinned staging: a ring of buffers, each reused once its copy is done */
 enum { STAGE_BUFS = 3, STAGE_BYTES = 4 << 20 };
@@ -1025,7 +1026,7 @@ static void be_get_signal(backend_t *b, void *dst, const backend_buf_t *src, siz
 }
 
 static void be_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *src, cs_dtype src_dtype, size_t n,
-                        const uint32_t *flag, uint32_t value, int layer) {
+                        const uint32_t *flag, uint32_t value, const uint32_t *alive, int layer) {
     ctx *c = C(b);
     no_graph(c, "wait_add");
     /* src and flag are host_alloc's (cudaMallocHost): mapped and portable under unified
@@ -1034,7 +1035,7 @@ static void be_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void *
                             __FILE__, __LINE__);
     CS_ASSERT(off % sizeof(float) == 0);
     float *p = (float *)at(y, off, sizeof(float) * n);
-    op_wait_add(c->compute, p, src, dt_of(src_dtype), n, flag, value, c->spin_timeout_ns, layer, c->report);
+    op_wait_add(c->compute, p, src, dt_of(src_dtype), n, flag, value, alive, c->spin_timeout_ns, layer, c->report);
     if (n) stat_add(c, &c->stats.h2d_bytes, &c->stats.h2d_copies, cs_dtype_size(src_dtype) * n);
 }
 
@@ -1121,6 +1122,12 @@ static void be_kv_store(backend_t *b, backend_buf_t *pool, cs_dtype kv_dtype, co
                 row_len);
 }
 
+/* query tiles pay where sequences bring many rows each (prefill); a decode batch's tiles would
+ * hold one row of each of 16 sequences, taken in turn by one warp of four */
+static bool attn_tile(const backend_batch_t *bt) {
+    return bt->n_tokens >= ATTN_TILE_MIN_ROWS && bt->n_tokens >= 4 * bt->n_seqs;
+}
+
 /* key ranges per row: enough blocks for two per SM where rows x head groups give fewer (a
  * function of the batch's rows and heads alone: a graph's key fixes them) */
 static int attn_splits(const ctx *c, int n_tokens, int nh) {
@@ -1152,7 +1159,7 @@ static void be_attention(backend_t *b, backend_buf_t *out, const backend_buf_t *
     }
     op_attention(c->compute, F(out), CF(q), k->d, v->d, kv_dtype == CS_DTYPE_BF16 ? DT_BF16 : DT_F32, bt->seqs,
                  bt->row_seq, bt->blocks, bt->n_tokens, bs, nh, nkv, hd, window, splits,
-                 c->attn_tiled ? c->attn_tiled > 0 : bt->n_tokens >= ATTN_TILE_MIN_ROWS, c->attn_part);
+                 c->attn_tiled ? c->attn_tiled > 0 : attn_tile(bt), c->attn_part);
 }
 
 static void be_get_out_rows(backend_t *b, backend_buf_t *dst, const backend_buf_t *src, const backend_batch_t *bt,
@@ -1194,7 +1201,11 @@ static void be_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, cons
         c->lora_t = m;
         c->lora_t_cap = cap;
     }
-    bool tiled = c->lora_tiled ? c->lora_tiled > 0 : bt->n_tokens > LORA_TILE_MIN_ROWS;
+    /* row tiles pay where segments bring many rows each (prefill): in a decode batch of many
+     * adapters a tile would take up to 8 of them in turn; never in a graph, whose key does not
+     * fix the segments */
+    bool tiled = c->lora_tiled ? c->lora_tiled > 0
+                               : !c->graph_mode && bt->n_tokens > LORA_TILE_MIN_ROWS && bt->n_tokens >= 4 * bt->n_lora;
     op_lora_shrink(c->compute, c->lora_t, max_rank, CF(x), d_in, bt->row_lseg, bt->lsegs, mod, bt->n_tokens, max_rank,
                    tiled);
     op_lora_expand(c->compute, F(y), d_out, c->lora_t, max_rank, bt->row_lseg, bt->lsegs, mod, bt->n_tokens, max_rank);

@@ -73,8 +73,9 @@ void op_lora_expand(cudaStream_t st, float *y, int d_out, const float *t, int ld
 /* assist.cu: wait until *flag >= value (host memory that host threads raise: the cold
  * start's host-assisted LoRA), then y[i] += src[i] for i < n, src in host memory (pinned:
  * mapped into the device's address space) of src_dtype (DT_F32 or DT_BF16). The stream stops at it until the flag is up, or
- * for timeout_ns at most: then the kernel fills *report (mapped host memory), prints it and
- * traps, and the next CUDA call fails. */
+ * for timeout_ns at most without a change of *alive (host memory the host raises while at
+ * work; NULL: none): then the kernel fills *report (mapped host memory), prints it and traps,
+ * and the next CUDA call fails. */
 struct spin_report {
     volatile uint32_t hit; /* 1 once a wait gave up */
     int32_t layer;
@@ -82,7 +83,7 @@ struct spin_report {
     uint64_t waited_ns;
 };
 void op_wait_add(cudaStream_t st, float *y, const void *src, int src_dtype, size_t n, const uint32_t *flag,
-                 uint32_t value, uint64_t timeout_ns, int layer, spin_report *report);
+                 uint32_t value, const uint32_t *alive, uint64_t timeout_ns, int layer, spin_report *report);
 
 /* every kernel of each file loaded now (cudaFuncGetAttributes), not lazily at its first
  * launch: a first launch may wait for the device to go idle, and the device may be waiting

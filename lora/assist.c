@@ -56,8 +56,9 @@ static void *worker_main(void *arg) {
         double t0 = cs_time_ms();
         cs_flag_wait_geq(j->x_flag, j->x_value);
         bool failed = false;
-        if (j->w_flag) { /* the layer's weights, streaming in from disk */
-            cs_flag_wait_geq(j->w_flag, j->w_value);
+        if (j->w_flag) { /* the layer's weights, streaming in from disk: a heartbeat meanwhile */
+            while (!cs_flag_wait_geq_for(j->w_flag, j->w_value, LORA_ASSIST_BEAT_MS))
+                if (j->alive) cs_flag_add(j->alive, 1);
             failed = cs_flag_load(j->w_flag) == LORA_HOST_FAILED;
         }
         double t1 = cs_time_ms();

@@ -24,6 +24,7 @@ typedef struct lora_assist_params {
 } lora_assist_params_t;
 
 enum { LORA_ASSIST_MODS = 3 }; /* modules sharing one input (q/k/v; gate/up) */
+enum { LORA_ASSIST_BEAT_MS = 100 };
 
 typedef struct lora_assist_job {
     const float *x;         /* n rows of ld_x floats (host), valid once *x_flag >= x_value */
@@ -39,6 +40,9 @@ typedef struct lora_assist_job {
                              * + 1); LORA_HOST_FAILED there makes the terms zeros */
     uint32_t w_value;
     uint32_t *done;         /* each part adds 1 when its rows are written */
+    uint32_t *alive;        /* optional: raised every LORA_ASSIST_BEAT_MS while a worker waits for
+                             * w_flag (the disk), so a device waiting on done with a deadline
+                             * knows the host is still at work */
 } lora_assist_job_t;
 
 int lora_assist_new(const lora_assist_params_t *p, lora_assist_t **out);

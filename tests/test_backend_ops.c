@@ -945,7 +945,7 @@ static void cold_check_bf16_terms(backend_t *b, int be) {
         want[YO + i] += cs_bf16_to_f32(h[i]);
     }
     cs_flag_store(flag, 5);
-    backend_wait_add(b, by, sizeof(float) * YO, h, CS_DTYPE_BF16, N, flag, 5, 0);
+    backend_wait_add(b, by, sizeof(float) * YO, h, CS_DTYPE_BF16, N, flag, 5, NULL, 0);
     float *got = down(b, by, NY);
     close_to(got, want, NY, 0, "wait_add of BF16 terms", be);
     free(got);
@@ -976,7 +976,7 @@ static void cold_check_host_assist(backend_t *b, int be) {
     for (uint32_t r = 1; r <= ROUNDS; r++) {
         backend_add(b, bx, bz, NX); /* before get_signal: it sends the sum */
         backend_get_signal(b, hx, bx, sizeof(float) * XO, sizeof(float) * N, &flags[0], r);
-        backend_wait_add(b, by, sizeof(float) * YO, hy, CS_DTYPE_F32, N, &flags[1], r, r);
+        backend_wait_add(b, by, sizeof(float) * YO, hy, CS_DTYPE_F32, N, &flags[1], r, NULL, r);
         backend_buf_copy(b, by2, 0, by, 0, sizeof(float) * NY); /* after wait_add: sees its sum */
         for (size_t i = 0; i < NX; i++) xr[i] += z[i];
         for (size_t i = 0; i < N; i++) want[YO + i] += 2 * xr[XO + i] + (float)r;
@@ -1075,9 +1075,26 @@ END_TEST
 #endif
 
 /* ---- the spin deadline (the CUDA backends) ----
- * A wait_add whose flag never comes up (a host worker that died): the kernel gives up at the
- * backend's deadline and the process stops with a message naming the layer, where it would
- * hang the device and the engine. Run in a child: it must die of SIGABRT, saying so. */
+ * First a wait the host keeps alive (a heartbeat every 50 ms for 0.8 s, four deadlines, then
+ * the flag: a worker waiting for a slow disk): it ends normally. Then a wait_add whose flag
+ * never comes up (a host worker that died): the kernel gives up at the backend's deadline and
+ * the process stops with a message naming the layer, where it would hang the device and the
+ * engine. Run in a child: it must die of SIGABRT, saying both. */
+struct beat {
+    uint32_t *alive, *flag;
+};
+
+static void *beat_main(void *p) {
+    struct beat *b = p;
+    for (int i = 0; i < 16; i++) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        cs_flag_add(b->alive, 1);
+    }
+    cs_flag_store(b->flag, 1);
+    return NULL;
+}
+
 START_TEST(test_spin_deadline) {
     int fds[2];
     ck_assert_int_eq(pipe(fds), 0);
@@ -1101,10 +1118,19 @@ START_TEST(test_spin_deadline) {
         enum { N = 300 };
         backend_buf_t *y = backend_buf_alloc(b, sizeof(float) * N);
         float *src = backend_host_alloc(b, sizeof(float) * N);
-        uint32_t *flag = backend_host_alloc(b, sizeof(uint32_t));
+        uint32_t *flag = backend_host_alloc(b, sizeof(uint32_t)), *beats = backend_host_alloc(b, 2 * sizeof(uint32_t));
         memset(src, 0, sizeof(float) * N);
+        beats[0] = beats[1] = 0;
+        struct beat bt = {&beats[0], &beats[1]};
+        pthread_t th;
+        if (pthread_create(&th, NULL, beat_main, &bt)) _exit(4);
+        backend_wait_add(b, y, 0, src, CS_DTYPE_F32, N, &beats[1], 1, &beats[0], 6);
+        backend_synchronize(b);
+        pthread_join(th, NULL);
+        printf("the kept-alive wait ended after %u beats\n", cs_flag_load(&beats[0]));
+        fflush(stdout);
         *flag = 0;
-        backend_wait_add(b, y, 0, src, CS_DTYPE_F32, N, flag, 1, 7); /* nobody raises it */
+        backend_wait_add(b, y, 0, src, CS_DTYPE_F32, N, flag, 1, NULL, 7); /* nobody raises it */
         backend_synchronize(b);
         printf("wait_add returned\n");
         _exit(0);
@@ -1119,6 +1145,8 @@ START_TEST(test_spin_deadline) {
     int st = 0;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
     ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "the child ended otherwise (status %#x): %s", st, out);
+    ck_assert_msg(strstr(out, "the kept-alive wait ended after 16 beats"), "the wait kept alive did not end: %s", out);
+    ck_assert_msg(!strstr(out, "layer 6"), "the wait kept alive was given up on: %s", out);
     ck_assert_msg(strstr(out, "LoRA terms of layer 7") && strstr(out, "waiting for 1"), "no message naming the layer: %s",
                   out);
 }
