@@ -1075,8 +1075,9 @@ END_TEST
 #endif
 
 /* ---- the spin deadline (the CUDA backends) ----
- * First a wait the host keeps alive (a heartbeat every 50 ms for 0.8 s, four deadlines, then
- * the flag: a worker waiting for a slow disk): it ends normally. Then a wait_add whose flag
+ * First a wait the host keeps alive under a 2 s deadline (a heartbeat every 20 ms for 2.5 s,
+ * then the flag: a worker waiting for a slow disk): it ends normally, unless the beating
+ * thread is held off the CPU for the whole 2 s. Then, under a 0.2 s deadline, a wait_add whose flag
  * never comes up (a host worker that died): the kernel gives up at the backend's deadline and
  * the process stops with a message naming the layer, where it would hang the device and the
  * engine. Run in a child: it must die of SIGABRT, saying both. */
@@ -1086,8 +1087,8 @@ struct beat {
 
 static void *beat_main(void *p) {
     struct beat *b = p;
-    for (int i = 0; i < 16; i++) {
-        struct timespec ts = {0, 50 * 1000 * 1000};
+    for (int i = 0; i < 125; i++) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
         cs_flag_add(b->alive, 1);
     }
@@ -1104,14 +1105,20 @@ START_TEST(test_spin_deadline) {
         dup2(fds[1], 1);
         dup2(fds[1], 2);
         close(fds[0]);
-        cuda_backend_params_t p = {.spin_timeout_s = 0.2};
+        cuda_backend_params_t p = {.spin_timeout_s = 0.2}, pk = {.spin_timeout_s = 2.0};
         backend_t *b = _i == 0 ? cuda_emu_backend_new(&p)
 #ifdef CS_HAVE_CUDA
                                : cuda_backend_new(&p);
 #else
                                : NULL;
 #endif
-        if (!b) {
+        backend_t *bk = _i == 0 ? cuda_emu_backend_new(&pk)
+#ifdef CS_HAVE_CUDA
+                                : cuda_backend_new(&pk);
+#else
+                                : NULL;
+#endif
+        if (!b || !bk) {
             printf("no backend: %s\n", cs_error_last());
             _exit(3);
         }
@@ -1124,8 +1131,9 @@ START_TEST(test_spin_deadline) {
         struct beat bt = {&beats[0], &beats[1]};
         pthread_t th;
         if (pthread_create(&th, NULL, beat_main, &bt)) _exit(4);
-        backend_wait_add(b, y, 0, src, CS_DTYPE_F32, N, &beats[1], 1, &beats[0], 6);
-        backend_synchronize(b);
+        backend_buf_t *yk = backend_buf_alloc(bk, sizeof(float) * N);
+        backend_wait_add(bk, yk, 0, src, CS_DTYPE_F32, N, &beats[1], 1, &beats[0], 6);
+        backend_synchronize(bk);
         pthread_join(th, NULL);
         printf("the kept-alive wait ended after %u beats\n", cs_flag_load(&beats[0]));
         fflush(stdout);
@@ -1145,7 +1153,7 @@ START_TEST(test_spin_deadline) {
     int st = 0;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
     ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "the child ended otherwise (status %#x): %s", st, out);
-    ck_assert_msg(strstr(out, "the kept-alive wait ended after 16 beats"), "the wait kept alive did not end: %s", out);
+    ck_assert_msg(strstr(out, "the kept-alive wait ended after 125 beats"), "the wait kept alive did not end: %s", out);
     ck_assert_msg(!strstr(out, "layer 6"), "the wait kept alive was given up on: %s", out);
     ck_assert_msg(strstr(out, "LoRA terms of layer 7") && strstr(out, "waiting for 1"), "no message naming the layer: %s",
                   out);
