@@ -105,9 +105,9 @@ struct ctx {
     cudaEvent_t compute_mark; /* where the copy stream waits for compute */
     cublasHandle_t blas;
     void *xh;               /* activations rounded to 16 bits for a GEMM */
-    size_t xh_cap;
+    size_t xh_cap;          /* bytes */
     float *lora_t;          /* the shrink's results, (rows, max rank) */
-    size_t lora_t_cap;
+    size_t lora_t_cap;      /* bytes */
     pthread_mutex_t mu;     /* stats */
     backend_stats_t stats;
     void *workspace;        /* cuBLAS's, set once: graph captures must not allocate */
@@ -144,7 +144,7 @@ struct ctx {
     /* attention's key ranges (flash-decoding): the parameter, the SM count, the partials */
     int attn_splits, sms;
     float *attn_part;
-    size_t attn_part_cap;   /* floats */
+    size_t attn_part_cap;   /* bytes */
 };
 
 } /* namespace CS_NS */
@@ -1053,21 +1053,26 @@ static cudaDataType cuda_type(cs_dtype t) {
     return t == CS_DTYPE_BF16 ? CUDA_R_16BF : t == CS_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
+/* scratch *p of *cap bytes grown to NEED bytes or more (half again): the last forward's ops
+ * that may still read the old buffer are waited for and the graphs that captured it dropped;
+ * never during a capture (a graph key's eager first run settles its scratch) */
+template <class T> static void scratch_reserve(ctx *c, T **p, size_t *cap, size_t need, const char *what) {
+    if (need <= *cap) return;
+    if (c->capturing) cuda_fatal(what, "grew during a graph capture", __FILE__, __LINE__);
+    size_t n = need + need / 2;
+    void *m = dalloc(c, n);
+    if (!m) cuda_fatal(what, cs_error_last(), __FILE__, __LINE__);
+    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    graphs_reset(c);
+    dfree(c, *p, *cap);
+    *p = (T *)m;
+    *cap = n;
+}
+
 /* x rounded to w's 16-bit dtype in the scratch (F32 weights: x itself) */
 static const void *gemm_input(ctx *c, const float *x, size_t nx, cs_dtype dt) {
     if (dt == CS_DTYPE_F32) return x;
-    size_t need = nx * 2;
-    if (need > c->xh_cap) {
-        size_t cap = need + need / 4;
-        if (c->capturing) cuda_fatal("the GEMM input scratch", "grew during a graph capture", __FILE__, __LINE__);
-        void *m = dalloc(c, cap);
-        if (!m) cuda_fatal("the GEMM input scratch", cs_error_last(), __FILE__, __LINE__);
-        CUDA_CHECK(cudaStreamSynchronize(c->compute));
-        graphs_reset(c);
-        dfree(c, c->xh, c->xh_cap);
-        c->xh = m;
-        c->xh_cap = cap;
-    }
+    scratch_reserve(c, &c->xh, &c->xh_cap, nx * 2, "the GEMM input scratch");
     op_convert(c->compute, c->xh, dt_of(dt), x, nx);
     return c->xh;
 }
@@ -1145,18 +1150,8 @@ static void be_attention(backend_t *b, backend_buf_t *out, const backend_buf_t *
     CS_ASSERT(kv_dtype == CS_DTYPE_F32 || kv_dtype == CS_DTYPE_BF16);
     CS_ASSERT(hd <= 256 && nkv > 0 && nh % nkv == 0);
     int splits = attn_splits(c, bt->n_tokens, nh);
-    size_t need = attention_part_floats(bt->n_tokens, nh, hd, splits);
-    if (need > c->attn_part_cap) {
-        if (c->capturing) cuda_fatal("the attention scratch", "grew during a graph capture", __FILE__, __LINE__);
-        size_t cap = need + need / 2;
-        float *m = (float *)dalloc(c, cap * sizeof(float));
-        if (!m) cuda_fatal("the attention scratch", cs_error_last(), __FILE__, __LINE__);
-        CUDA_CHECK(cudaStreamSynchronize(c->compute));
-        graphs_reset(c);
-        dfree(c, c->attn_part, c->attn_part_cap * sizeof(float));
-        c->attn_part = m;
-        c->attn_part_cap = cap;
-    }
+    scratch_reserve(c, &c->attn_part, &c->attn_part_cap,
+                    sizeof(float) * attention_part_floats(bt->n_tokens, nh, hd, splits), "the attention scratch");
     op_attention(c->compute, F(out), CF(q), k->d, v->d, kv_dtype == CS_DTYPE_BF16 ? DT_BF16 : DT_F32, bt->seqs,
                  bt->row_seq, bt->blocks, bt->n_tokens, bs, nh, nkv, hd, window, splits,
                  c->attn_tiled ? c->attn_tiled > 0 : attn_tile(bt), c->attn_part);
@@ -1189,18 +1184,7 @@ static void be_lora(backend_t *b, backend_buf_t *y, const backend_buf_t *x, cons
     }
     if (c->graph_mode && bt->n_lora) max_rank = LORA_MAX_RANK; /* the launch fits any adapters of the key */
     if (!max_rank) return;
-    size_t need = (size_t)bt->n_tokens * max_rank;
-    if (need > c->lora_t_cap) {
-        if (c->capturing) cuda_fatal("the LoRA scratch", "grew during a graph capture", __FILE__, __LINE__);
-        size_t cap = need + need / 2;
-        float *m = (float *)dalloc(c, cap * sizeof(float));
-        if (!m) cuda_fatal("the LoRA scratch", cs_error_last(), __FILE__, __LINE__);
-        CUDA_CHECK(cudaStreamSynchronize(c->compute));
-        graphs_reset(c);
-        dfree(c, c->lora_t, c->lora_t_cap * sizeof(float));
-        c->lora_t = m;
-        c->lora_t_cap = cap;
-    }
+    scratch_reserve(c, &c->lora_t, &c->lora_t_cap, sizeof(float) * bt->n_tokens * max_rank, "the LoRA scratch");
     /* row tiles pay where segments bring many rows each (prefill): in a decode batch of many
      * adapters a tile would take up to 8 of them in turn; never in a graph, whose key does not
      * fix the segments */
@@ -1242,8 +1226,8 @@ static void be_free(backend_t *b) {
         }
         graphs_reset(c);
         dfree(c, c->xh, c->xh_cap);
-        dfree(c, c->lora_t, c->lora_t_cap * sizeof(float));
-        dfree(c, c->attn_part, c->attn_part_cap * sizeof(float));
+        dfree(c, c->lora_t, c->lora_t_cap);
+        dfree(c, c->attn_part, c->attn_part_cap);
         if (c->blas) CUBLAS_CHECK(cublasDestroy(c->blas)); /* before its workspace goes */
         dfree(c, c->workspace, CUBLAS_WORKSPACE);
         CUDA_CHECK(cudaEventDestroy(c->compute_mark));

@@ -69,6 +69,18 @@ static backend_t *make_backend(int i) {
     return NULL;
 }
 
+/* a CUDA backend with params P: the emulator's, or with GPU the device's (NULL with an error
+ * in a build without CUDA) */
+static backend_t *cuda_with(bool gpu, const cuda_backend_params_t *p) {
+    if (!gpu) return cuda_emu_backend_new(p);
+#ifdef CS_HAVE_CUDA
+    return cuda_backend_new(p);
+#else
+    cs_error_set(CS_EUNSUPPORTED, "built without CUDA");
+    return NULL;
+#endif
+}
+
 static backend_buf_t *up(backend_t *b, const void *host, size_t nbytes) {
     backend_buf_t *buf = backend_buf_alloc(b, nbytes);
     ck_assert_ptr_nonnull(buf);
@@ -465,12 +477,7 @@ START_TEST(test_attention) {
     static const int forced[4] = {-1, 3, 32, 0};
     for (int f = 0; f < 4; f++) { /* the last: query tiles (prefill's kernel) for every batch */
         cuda_backend_params_t p = {.attn_splits = f == 3 ? -1 : forced[f], .attn_tiled = f == 3 ? 1 : -1};
-        backend_t *b = _i == CUDA_EMU ? cuda_emu_backend_new(&p)
-#ifdef CS_HAVE_CUDA
-                                      : cuda_backend_new(&p);
-#else
-                                      : NULL;
-#endif
+        backend_t *b = cuda_with(_i != CUDA_EMU, &p);
         ck_assert_msg(b != NULL, "%s", cs_error_last());
         char what[32];
         if (f == 3) snprintf(what, sizeof what, " (query tiles)");
@@ -495,24 +502,9 @@ START_TEST(test_attention_long) {
     const int cached[NSEQ] = {4095, 32767, 4090, 1000}, n_new[NSEQ] = {1, 1, 3, 20};
     cuda_backend_params_t pr = {.attn_splits = -1, .attn_tiled = -1}, ps = {.attn_splits = _i == 0 ? 16 : 0, .attn_tiled = -1};
     cuda_backend_params_t pt = {.attn_splits = -1, .attn_tiled = 1};
-    backend_t *bq = _i == 0 ? cuda_emu_backend_new(&pt)
-#ifdef CS_HAVE_CUDA
-                            : cuda_backend_new(&pt);
-#else
-                            : NULL;
-#endif
-    backend_t *br = _i == 0 ? cuda_emu_backend_new(&pr)
-#ifdef CS_HAVE_CUDA
-                            : cuda_backend_new(&pr);
-#else
-                            : NULL;
-#endif
-    backend_t *bs = _i == 0 ? cuda_emu_backend_new(&ps)
-#ifdef CS_HAVE_CUDA
-                            : cuda_backend_new(&ps);
-#else
-                            : NULL;
-#endif
+    backend_t *bq = cuda_with(_i != 0, &pt);
+    backend_t *br = cuda_with(_i != 0, &pr);
+    backend_t *bs = cuda_with(_i != 0, &ps);
     ck_assert_msg(br && bs && bq, "%s", cs_error_last());
     int nb = 0, T = 0;
     for (int s = 0; s < NSEQ; s++) nb += (cached[s] + n_new[s] + LBS - 1) / LBS, T += n_new[s];
@@ -728,12 +720,7 @@ START_TEST(test_lora) {
     for (int f = -1; f <= 1; f += 2)
         for (int d_in = 48; d_in <= 300; d_in += 252) {
             cuda_backend_params_t p = {.lora_tiled = f};
-            backend_t *b = _i == CUDA_EMU ? cuda_emu_backend_new(&p)
-#ifdef CS_HAVE_CUDA
-                                          : cuda_backend_new(&p);
-#else
-                                          : NULL;
-#endif
+            backend_t *b = cuda_with(_i != CUDA_EMU, &p);
             ck_assert_msg(b != NULL, "%s", cs_error_last());
             char what[48];
             snprintf(what, sizeof what, " (%s shrink, d_in %d)", f > 0 ? "tiled" : "warp-per-row", d_in);
@@ -1106,18 +1093,8 @@ START_TEST(test_spin_deadline) {
         dup2(fds[1], 2);
         close(fds[0]);
         cuda_backend_params_t p = {.spin_timeout_s = 0.2}, pk = {.spin_timeout_s = 2.0};
-        backend_t *b = _i == 0 ? cuda_emu_backend_new(&p)
-#ifdef CS_HAVE_CUDA
-                               : cuda_backend_new(&p);
-#else
-                               : NULL;
-#endif
-        backend_t *bk = _i == 0 ? cuda_emu_backend_new(&pk)
-#ifdef CS_HAVE_CUDA
-                                : cuda_backend_new(&pk);
-#else
-                                : NULL;
-#endif
+        backend_t *b = cuda_with(_i != 0, &p);
+        backend_t *bk = cuda_with(_i != 0, &pk);
         if (!b || !bk) {
             printf("no backend: %s\n", cs_error_last());
             _exit(3);
