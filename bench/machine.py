@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-SWITCHES = ("CS_NO_AVX512", "CS_NO_AVX2", "CS_NO_AMX", "CS_NO_DPBF16", "CS_NO_VNNI", "CS_NO_PACKED", "CS_NO_TILE", "CS_NO_SPLIT",
+SWITCHES = ("CS_NO_AVX512", "CS_NO_AVX2", "CS_NO_AMX", "CS_NO_DPBF16", "CS_NO_VNNI", "CS_NO_QPACK", "CS_NO_PACKED", "CS_NO_TILE", "CS_NO_SPLIT",
             "CS_AMX_TERMS", "CS_GEMV_STREAMS")
 
 

@@ -62,8 +62,9 @@ typedef struct cpu_ctx {
     int8_t *xq;           /* ... x quantized (n · cols), its scales and sums (n · cols / 32 each) */
     float *xq_d, *xq_s;
     size_t xq_len;        /* bytes of xq; xq_d and xq_s hold xq_len / 32 floats */
-    bool vnni;            /* --precision int8 on AVX512-VNNI: Q8_0/Q4_K/Q6_K weights repacked
-                           * (cs_qpack_t, at weight_prepare) for cs_qgemv_int8_vnni */
+    bool qpack;           /* --precision int8 on packs: Q8_0/Q4_K/Q6_K weights repacked
+                           * (cs_qpack_t, at weight_prepare) for ... */
+    bool vnni;            /* ... cs_qgemv_int8_vnni (AVX512-VNNI), or cs_qgemv_int8_pack_avx2 */
     int32_t *xq_s16;      /* ... and x's sums per 16 (Q6_K), xq_len / 16 */
     cs_qpack_arena_t *qarena; /* ... the packs' memory */
     float *xround;        /* --precision bf16: x rounded, for the kernels that take F32 x */
@@ -432,14 +433,17 @@ static void qmm_int8_task(void *p, int task, int thread) {
     float *y = j->ys[k];
     int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows), g = w->cols / 32;
     int nd = w->cols / cs_quant_act_block(w->dtype);
-    bool vnni = c->vnni && w->pack; /* the VNNI kernels on the pack, or the AVX2 ones on the blocks */
+    bool packed = c->qpack && w->pack; /* the kernels on the pack, or the AVX2 ones on the blocks */
     for (int i0 = 0; i0 < j->n; i0 += CS_QGEMV_MAX_N) {
         int m = CS_MIN(CS_QGEMV_MAX_N, j->n - i0);
         const int8_t *q = c->xq + (size_t)i0 * w->cols;
         const float *d = c->xq_d + (size_t)i0 * nd, *sm = c->xq_s + (size_t)i0 * g;
-        if (vnni)
+        if (packed && c->vnni)
             cs_qgemv_int8_vnni(y + (size_t)i0 * w->rows, w->rows, q, d, sm, c->xq_s16 + (size_t)i0 * (w->cols / 16), m,
                                w->pack, r0, r1);
+        else if (packed)
+            cs_qgemv_int8_pack_avx2(y + (size_t)i0 * w->rows, w->rows, q, d, sm, c->xq_s16 + (size_t)i0 * (w->cols / 16), m,
+                                    w->pack, r0, r1);
         else if (c->avx2) cs_qgemv_int8_avx2(y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
         else cs_qgemv_int8_ref(y + (size_t)i0 * w->rows, w->rows, q, d, sm, m, w, r0, r1);
     }
@@ -477,7 +481,7 @@ static void cpu_matmul_int8_multi(cpu_ctx_t *c, float *const *ys, const float *x
         const cs_weight_t *w = ws[k];
         int rpt = CS_MAX(4, (w->rows + tasks - 1) / tasks);
         if (n > CS_QGEMV_MAX_N) rpt = CS_MIN(rpt, 16); /* cached across the groups of x */
-        if (c->vnni && w->pack) { /* whole groups of CS_QPACK_ROWS */
+        if (c->qpack && w->pack) { /* whole groups of CS_QPACK_ROWS */
             rpt = (rpt + CS_QPACK_ROWS - 1) / CS_QPACK_ROWS * CS_QPACK_ROWS;
             s16 |= w->dtype == CS_DTYPE_Q6_K;
         }
@@ -495,7 +499,8 @@ static void cpu_matmul_int8(cpu_ctx_t *c, float *y, const float *x, int n, const
 
 /* --precision int8 applies to w at n rows (see cpu_matmul_quant) */
 static bool int8_applies(const cpu_ctx_t *c, const cs_weight_t *w, int n) {
-    return c->prec_int8 && cs_dtype_is_quant(w->dtype) && (n <= CPU_QINT8_MAX_N || c->invariant || (c->vnni && w->pack));
+    return c->prec_int8 && cs_dtype_is_quant(w->dtype) &&
+           (n <= CPU_QINT8_MAX_N || c->invariant || (c->qpack && w->pack));
 }
 
 static void qmm_gemv_task(void *p, int task, int thread) {
@@ -538,12 +543,13 @@ static void qmm_pack_x_task(void *p, int task, int thread) {
 
 static void cpu_matmul_quant(cpu_ctx_t *c, float *y, const float *x, int n, const cs_weight_t *w, const float *bias) {
     CS_ASSERT(w->cols % cs_dtype_block(w->dtype) == 0);
-    /* --precision int8 up to CPU_QINT8_MAX_N rows (decode); on AVX2 a prefill's many rows
-     * multiply the dequantized weights in F32 below, which the packed FMA GEMM does faster than
-     * the int8 GEMV in groups of 4 rows (bench/quant.sh: prefill 512 at 0.58-0.69x llama.cpp's
-     * int8, 0.88-1.09x dequantized, Zen 4 AVX2 path). Batch-invariant, or on a weight repacked
-     * for AVX512-VNNI (2.4x the dequantized GEMM at prefill 512, Q8_0, Zen 4, one thread):
-     * int8 at every n. */
+    /* --precision int8 up to CPU_QINT8_MAX_N rows (decode). On a repacked weight (Q8_0, Q4_K,
+     * Q6_K), or batch-invariant: int8 at every n. Prefill on the packs, Zen 4, 2 threads, 512
+     * tokens: AVX512-VNNI 2.4x the dequantized F32 GEMM (Q8_0, one thread); the AVX2 kernels
+     * 1.43x (Q4_K_M), 1.1x (Q8_0), 1.0x (Q6_K). Other quantized types' prefill multiplies the
+     * dequantized weights in F32 below, which the packed FMA GEMM does faster than the
+     * unpacked int8 GEMV in groups of 4 rows (0.58-0.69x llama.cpp's int8 prefill, 0.88-1.09x
+     * dequantized, Zen 4 AVX2 path). */
     if (int8_applies(c, w, n)) {
         cpu_matmul_int8(c, y, x, n, w, bias);
         return;
@@ -1559,7 +1565,8 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->dpbf16 = c->avx512 && !(p && p->no_dpbf16) && cs_cpu_has_avx512_bf16();
     c->prec_bf16 = p && p->precision_bf16;
     c->prec_int8 = p && p->precision_int8 && !c->prec_bf16;
-    c->vnni = c->prec_int8 && c->avx512 && !c->reference && !(p && p->no_vnni) && cs_cpu_has_avx512_vnni();
+    c->qpack = c->prec_int8 && c->avx2 && !c->reference && !(p && p->no_qpack);
+    c->vnni = c->qpack && c->avx512 && !(p && p->no_vnni) && cs_cpu_has_avx512_vnni();
     c->packed = (c->avx512 || c->avx2) && !(p && p->no_packed);
     const char *base = c->reference ? "reference"
                        : c->invariant ? (c->avx512 ? "avx512" : c->avx2 ? "avx2" : "openblas")
@@ -1579,7 +1586,7 @@ cpu_raw_t *cpu_raw_new(const cpu_backend_params_t *p) {
     c->code_pass_max = c->avx512 && !c->prec_bf16 ? CPU_CODE_ONLY_PASS_MAX_N : CPU_CODE_ONLY_PASS_MAX_N / 2;
     c->wcode_max_n = c->avx512 ? 3 : CS_WCODE_MAX_N;
     snprintf(c->path, sizeof c->path, "%s%s%s%s%s", base, c->invariant && !c->reference ? "+invariant" : "",
-             c->prec_bf16 ? "+bf16" : c->vnni ? "+int8vnni" : c->prec_int8 ? "+int8" : "", s4 ? "+gemv4" : "", c->code_only ? "+wc12only" : c->compress ? "+wc12" : "");
+             c->prec_bf16 ? "+bf16" : c->vnni ? "+int8vnni" : c->qpack ? "+int8pack" : c->prec_int8 ? "+int8" : "", s4 ? "+gemv4" : "", c->code_only ? "+wc12only" : c->compress ? "+wc12" : "");
     if (c->avx512) {
         c->gemv = s4 ? cs_gemv_rows_avx512_s4 : cs_gemv_rows_avx512;
         c->tile = cs_gemm_invariant_avx512;
@@ -1623,7 +1630,7 @@ const char *cpu_raw_path(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx
 
 bool cpu_raw_codes_weights(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->compress; }
 
-bool cpu_raw_packs_quant(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->vnni; }
+bool cpu_raw_packs_quant(const cpu_raw_t *b) { return ((const cpu_ctx_t *)b->ctx)->qpack; }
 
 struct qpack_job {
     cs_qpack_t *p;

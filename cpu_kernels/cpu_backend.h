@@ -23,6 +23,7 @@ typedef struct cpu_backend_params {
     int amx_terms;      /* BF16 terms of the activations in AMX GEMMs: 3 (default, exact) or 2 */
     bool no_dpbf16;     /* no AVX512-BF16 GEMMs (CS_NO_DPBF16): --precision bf16 on F32 FMAs */
     bool no_vnni;       /* no AVX512-VNNI int8 kernels (CS_NO_VNNI): --precision int8 on AVX2's */
+    bool no_qpack;      /* --precision int8 on the weights' own blocks (CS_NO_QPACK), not repacked */
     bool no_packed;     /* prefill GEMMs through OpenBLAS sgemm (CS_NO_PACKED), not the packed FMA
                          * kernels (AVX-512, AVX2) */
     bool no_split;      /* BF16 dot tiles (2-32 rows; every n when batch-invariant) on x in column

@@ -170,8 +170,9 @@ void cs_qgemv_int8_ref(float *y, int ldy, const int8_t *qx, const float *dx, con
                        const cs_weight_t *w, int r0, int r1);
 
 
-/* ---- --precision int8 on AVX512-VNNI (kernels_qpack.c): Q8_0, Q4_K and Q6_K weights
- * repacked 16 rows at a time, each row in a 32-bit lane (the layouts: kernels_qpack.c) ---- */
+/* ---- --precision int8 on packs (kernels_qpack.c): Q8_0, Q4_K and Q6_K weights repacked 16
+ * rows at a time, each row in a 32-bit lane (the layouts: kernels_qpack.c), for AVX512-VNNI
+ * and for AVX2 ---- */
 #define CS_QPACK_ROWS 16
 #define CS_QPACK_MAX_N 4
 typedef struct cs_qpack {
@@ -199,6 +200,9 @@ void cs_qpack_free(cs_qpack_t *p);
  * Only where cs_cpu_has_avx512_vnni(). */
 void cs_qgemv_int8_vnni(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int32_t *s16, int n,
                         const cs_qpack_t *p, int r0, int r1);
+/* the same on AVX2 (vpmaddubsw, vpmaddwd): cs_qgemv_int8_vnni's results, bit for bit */
+void cs_qgemv_int8_pack_avx2(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int32_t *s16,
+                             int n, const cs_qpack_t *p, int r0, int r1);
 void cs_act_sums16(int32_t *s16, const int8_t *q, int64_t n);
 
 #endif

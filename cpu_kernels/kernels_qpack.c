@@ -1,5 +1,5 @@
-/* kernels_qpack.c: --precision int8 on AVX512-VNNI, over quantized weights repacked 16 rows
- * at a time (cs_qpack_t, kernels.h).
+/* kernels_qpack.c: --precision int8 over quantized weights repacked 16 rows at a time
+ * (cs_qpack_t, kernels.h), on AVX512-VNNI and on AVX2.
  *
  * vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds the 4 products to a 32-bit
  * lane. The pack puts each row of a group of 16 in its own lane: 64 bytes hold 4 columns
@@ -437,5 +437,234 @@ void cs_act_sums16(int32_t *s16, const int8_t *q, int64_t n) {
         int s = 0;
         for (int j = 0; j < 16; j++) s += q[16 * g + j];
         s16[g] = s;
+    }
+}
+
+/* ---- the same packs on AVX2 (no VNNI) ----
+ * A 64-byte vector of a pack is two 32-byte halves: rows 0-7, then rows 8-15. Each block is
+ * read half by half (the second half from L1). vpmaddubsw multiplies the unsigned weight bytes
+ * by x's signed bytes and adds pairs into 16 bits; vpmaddwd then adds the pairs into 32 bits,
+ * times the sub-block's integer scale where the type has one (a 32-bit lane holds the scale
+ * in both 16-bit halves), so a lane gets what vpdpbusd (times the scale) gives it. The pairs
+ * stay below 2^15: Q4_K's nibbles and Q6_K's six bits as they are (2 · 63 · 127 at most);
+ * Q8_0's bytes back to signed q, as |q| against x with q's sign (2 · 128 · 127). Every
+ * integer is the VNNI kernel's, and the F32 steps are its steps in its order: the results are
+ * cs_qgemv_int8_vnni's, bit for bit. */
+#define PAVX2 __attribute__((target("avx2,fma,f16c")))
+
+PAVX2 INLINE __m256i bcast4y(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+PAVX2 INLINE __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* 8 unsigned bytes at p (one per row), each as a 16-bit pair (s, s) in its 32-bit lane */
+PAVX2 INLINE __m256i scale_pairs_u8(const uint8_t *p) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+
+PAVX2 INLINE __m256i dot_u8s8(__m256i wu, __m256i xs, __m256i pairs) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), pairs);
+}
+
+#define PREFETCH_HALF(hf, ...) \
+    do {                       \
+        if ((hf) == 0) prefetch_step(__VA_ARGS__); \
+    } while (0)
+
+PAVX2 INLINE void q8_0_a2(float *y, int ldy, const int8_t *qx, const float *dx, const int n, const cs_qpack_t *p, int g0,
+                          int g1) {
+    const int nb = p->cols / 32;
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *base = p->data + (size_t)g * p->group_bytes;
+        __m256 acc[2][CS_QPACK_MAX_N];
+        for (int hf = 0; hf < 2; hf++)
+#pragma GCC unroll 4
+            for (int i = 0; i < n; i++) acc[hf][i] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *o = base + (size_t)(b / 2) * 1088, *od = o + 32 * (b & 1), *oq = o + 64 + 512 * (b & 1);
+            for (int hf = 0; hf < 2; hf++) {
+                __m256i s[CS_QPACK_MAX_N];
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++) s[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    PREFETCH_HALF(hf, o, 1088, 8 * (b & 1) + k, 16);
+                    __m256i wq = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(oq + 64 * k + 32 * hf)), flip);
+                    __m256i wa = _mm256_sign_epi8(wq, wq); /* |q| (-128 stays 0x80: 128 unsigned) */
+#pragma GCC unroll 4
+                    for (int i = 0; i < n; i++) {
+                        __m256i xv = _mm256_sign_epi8(bcast4y(qx + (size_t)i * p->cols + 32 * (size_t)b + 4 * k), wq);
+                        s[i] = _mm256_add_epi32(s[i], dot_u8s8(wa, xv, ones));
+                    }
+                }
+                __m256 d = f16x8(od + 16 * hf);
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++)
+                    acc[hf][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
+                                                 _mm256_mul_ps(d, _mm256_set1_ps(dx[(size_t)i * nb + b])), acc[hf][i]);
+            }
+        }
+        for (int hf = 0; hf < 2; hf++)
+#pragma GCC unroll 4
+            for (int i = 0; i < n; i++) _mm256_storeu_ps(y + (size_t)i * ldy + (size_t)G * g + 8 * hf, acc[hf][i]);
+    }
+}
+
+PAVX2 INLINE void q4_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int n,
+                          const cs_qpack_t *p, int g0, int g1) {
+    const int nb = p->cols / 256, groups = p->cols / 32;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *base = p->data + (size_t)g * p->group_bytes;
+        __m256 acc[2][CS_QPACK_MAX_N];
+        for (int hf = 0; hf < 2; hf++)
+#pragma GCC unroll 4
+            for (int i = 0; i < n; i++) acc[hf][i] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *o = base + (size_t)b * 2368;
+            for (int hf = 0; hf < 2; hf++) {
+                __m256i isum[CS_QPACK_MAX_N];
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++) isum[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int pr = 0; pr < 4; pr++) { /* sub-blocks 2pr (low nibbles) and 2pr + 1 (high) */
+                    __m256i s0 = scale_pairs_u8(o + 64 + 32 * pr + 8 * hf), s1 = scale_pairs_u8(o + 64 + 32 * pr + 16 + 8 * hf);
+#pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++) {
+                        PREFETCH_HALF(hf, o, 2368, 8 * pr + k, 32);
+                        __m256i v = _mm256_load_si256((const __m256i *)(o + 320 + 64 * (8 * pr + k) + 32 * hf));
+                        __m256i l = _mm256_and_si256(v, lo4), h = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 4
+                        for (int i = 0; i < n; i++) {
+                            const int8_t *xi = qx + (size_t)i * p->cols + 256 * (size_t)b + 64 * pr + 4 * k;
+                            isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(dot_u8s8(l, bcast4y(xi), s0),
+                                                                                 dot_u8s8(h, bcast4y(xi + 32), s1)));
+                        }
+                    }
+                }
+                __m256 msum[CS_QPACK_MAX_N];
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++) msum[i] = _mm256_setzero_ps();
+                for (int j = 0; j < 8; j++) {
+                    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 192 + 16 * j + 8 * hf))));
+#pragma GCC unroll 4
+                    for (int i = 0; i < n; i++)
+                        msum[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[(size_t)i * groups + 8 * (size_t)b + j]), msum[i]);
+                }
+                __m256 d = f16x8(o + 16 * hf), dmin = f16x8(o + 32 + 16 * hf);
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++) {
+                    __m256 dd = _mm256_set1_ps(dx[(size_t)i * nb + b]);
+                    acc[hf][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(d, dd), acc[hf][i]);
+                    acc[hf][i] = _mm256_fnmadd_ps(msum[i], _mm256_mul_ps(dmin, dd), acc[hf][i]);
+                }
+            }
+        }
+        for (int hf = 0; hf < 2; hf++)
+#pragma GCC unroll 4
+            for (int i = 0; i < n; i++) _mm256_storeu_ps(y + (size_t)i * ldy + (size_t)G * g + 8 * hf, acc[hf][i]);
+    }
+}
+
+PAVX2 INLINE void q6_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, const int n,
+                          const cs_qpack_t *p, int g0, int g1) {
+    const int nb = p->cols / 256, n16 = p->cols / 16;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), b45 = _mm256_set1_epi8(0x30);
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *base = p->data + (size_t)g * p->group_bytes;
+        __m256 acc[2][CS_QPACK_MAX_N];
+        for (int hf = 0; hf < 2; hf++)
+#pragma GCC unroll 4
+            for (int i = 0; i < n; i++) acc[hf][i] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *o = base + (size_t)b * 3392;
+            for (int hf = 0; hf < 2; hf++) {
+                /* isum: Σ_j sc_j Σ q x over sub-block j; off: Σ_j sc_j Σ x (the -32 of the six bits) */
+                __m256i isum[CS_QPACK_MAX_N], off[CS_QPACK_MAX_N];
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++) isum[i] = off[i] = _mm256_setzero_si256();
+                for (int h = 0; h < 2; h++)
+                    for (int kh = 0; kh < 2; kh++) { /* columns 128h + 32t + 16kh .. + 15: sub-block 8h + 2t + kh */
+                        __m256i sc[4];
+#pragma GCC unroll 4
+                        for (int t = 0; t < 4; t++) {
+                            int j = 8 * h + 2 * t + kh;
+                            __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * hf)));
+#pragma GCC unroll 4
+                            for (int i = 0; i < n; i++)
+                                off[i] = _mm256_add_epi32(off[i], _mm256_mullo_epi32(v, _mm256_set1_epi32(s16[(size_t)i * n16 + 16 * (size_t)b + j])));
+                            sc[t] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+                        }
+#pragma GCC unroll 4
+                        for (int k = 4 * kh; k < 4 * kh + 4; k++) {
+                            PREFETCH_HALF(hf, o, 3392, 8 * h + k, 16);
+                            __m256i l0 = _mm256_load_si256((const __m256i *)(o + 320 + 64 * (16 * h + k) + 32 * hf));
+                            __m256i l1 = _mm256_load_si256((const __m256i *)(o + 320 + 64 * (16 * h + 8 + k) + 32 * hf));
+                            __m256i qh = _mm256_load_si256((const __m256i *)(o + 2368 + 64 * (8 * h + k) + 32 * hf));
+                            __m256i q[4];
+                            q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), b45));
+                            q[1] = _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), b45));
+                            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(qh, b45));
+                            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), b45));
+#pragma GCC unroll 4
+                            for (int t = 0; t < 4; t++)
+#pragma GCC unroll 4
+                                for (int i = 0; i < n; i++)
+                                    isum[i] = _mm256_add_epi32(
+                                        isum[i], dot_u8s8(q[t], bcast4y(qx + (size_t)i * p->cols + 256 * (size_t)b + 128 * h + 32 * t + 4 * k), sc[t]));
+                        }
+                    }
+                __m256 d = f16x8(o + 16 * hf);
+#pragma GCC unroll 4
+                for (int i = 0; i < n; i++) {
+                    __m256i v = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(off[i], 5));
+                    acc[hf][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(d, _mm256_set1_ps(dx[(size_t)i * nb + b])),
+                                                 acc[hf][i]);
+                }
+            }
+        }
+        for (int hf = 0; hf < 2; hf++)
+#pragma GCC unroll 4
+            for (int i = 0; i < n; i++) _mm256_storeu_ps(y + (size_t)i * ldy + (size_t)G * g + 8 * hf, acc[hf][i]);
+    }
+}
+#undef PREFETCH_HALF
+
+#define PER_N(F, ...)                                                                                                  \
+    switch (n) {                                                                                                       \
+    case 1: F(__VA_ARGS__, 1, p, g0, g1); break;                                                                      \
+    case 2: F(__VA_ARGS__, 2, p, g0, g1); break;                                                                      \
+    case 3: F(__VA_ARGS__, 3, p, g0, g1); break;                                                                      \
+    default: F(__VA_ARGS__, 4, p, g0, g1); break;                                                                     \
+    }
+
+PAVX2 static void q8_0_a2n(float *y, int ldy, const int8_t *qx, const float *dx, int n, const cs_qpack_t *p, int g0, int g1) {
+    PER_N(q8_0_a2, y, ldy, qx, dx)
+}
+PAVX2 static void q4_k_a2n(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,
+                           const cs_qpack_t *p, int g0, int g1) {
+    PER_N(q4_k_a2, y, ldy, qx, dx, sx)
+}
+PAVX2 static void q6_k_a2n(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, int n,
+                           const cs_qpack_t *p, int g0, int g1) {
+    PER_N(q6_k_a2, y, ldy, qx, dx, s16)
+}
+#undef PER_N
+
+void cs_qgemv_int8_pack_avx2(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int32_t *s16,
+                             int n, const cs_qpack_t *p, int r0, int r1) {
+    CS_ASSERT(n >= 1 && n <= CS_QPACK_MAX_N && r0 % G == 0 && (r1 % G == 0 || r1 == p->rows) && r1 <= p->rows);
+    int g0 = r0 / G, g1 = r1 / G;
+    switch (p->dtype) {
+    case CS_DTYPE_Q8_0: q8_0_a2n(y, ldy, qx, dx, n, p, g0, g1); break;
+    case CS_DTYPE_Q4_K: q4_k_a2n(y, ldy, qx, dx, sx, n, p, g0, g1); break;
+    case CS_DTYPE_Q6_K: CS_ASSERT(s16); q6_k_a2n(y, ldy, qx, dx, s16, n, p, g0, g1); break;
+    default: CS_ASSERT(!"packed dtype");
     }
 }

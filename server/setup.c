@@ -93,6 +93,7 @@ backend_t *setup_backend(const setup_backend_opts_t *o) {
         .amx_terms = (int)env_num("CS_AMX_TERMS", 3),
         .no_dpbf16 = env_on("CS_NO_DPBF16"),
         .no_vnni = env_on("CS_NO_VNNI"),
+        .no_qpack = env_on("CS_NO_QPACK"),
         .no_packed = env_on("CS_NO_PACKED"),
         .no_split = env_on("CS_NO_SPLIT"),
         .gemv_streams = (int)env_num("CS_GEMV_STREAMS", 0),

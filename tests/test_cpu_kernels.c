@@ -1146,19 +1146,49 @@ START_TEST(test_quant_int8) {
 }
 END_TEST
 
-/* --precision int8 on AVX512-VNNI: the repacked Q8_0/Q4_K/Q6_K weights (cs_qpack_t) against
- * the exact matmul on the quantized x, through the backend (tasks of whole groups of 16 rows,
- * x in groups of 4) and the kernel alone against cs_qgemv_int8_ref */
-START_TEST(test_quant_int8_vnni) {
-    if (!cs_cpu_has_avx512_vnni()) {
-        fprintf(stderr, "SKIP test_quant_int8_vnni: this CPU has no AVX512-VNNI\n");
+/* the pack's kernels alone on rows [r0, r1): the AVX2 one against cs_qgemv_int8_ref and, where
+ * the CPU has AVX512-VNNI, against the VNNI one bit for bit (and that one against the loop) */
+static void check_qpack_kernels(const cs_qpack_t *pk, const cs_weight_t *w, const int8_t *q, const float *d,
+                                const float *sm, const int32_t *s16, int m, int r0, int r1, const char *what) {
+    int rows = w->rows;
+    float *y = calloc((size_t)m * rows, sizeof(float)), *yv = calloc((size_t)m * rows, sizeof(float));
+    float *yr = calloc((size_t)m * rows, sizeof(float));
+    cs_qgemv_int8_pack_avx2(y, rows, q, d, sm, s16, m, pk, r0, r1);
+    cs_qgemv_int8_ref(yr, rows, q, d, sm, m, w, r0, r1);
+    bool vnni = cs_cpu_has_avx512_vnni();
+    if (vnni) cs_qgemv_int8_vnni(yv, rows, q, d, sm, s16, m, pk, r0, r1);
+    for (int i = 0; i < m; i++) {
+        size_t at = (size_t)i * rows + r0;
+        float e = test_max_rel_err(y + at, yr + at, (size_t)(r1 - r0));
+        ck_assert_msg(e < 1e-5f, "%s: pack kernel (AVX2) %s n=%d rows %d-%d: rel err %g", what, cs_dtype_name(w->dtype), m,
+                      r0, r1, e);
+        if (vnni) {
+            ck_assert_msg(!memcmp(y + at, yv + at, sizeof(float) * (size_t)(r1 - r0)),
+                          "%s: pack kernels %s n=%d rows %d-%d: AVX2 and VNNI differ", what, cs_dtype_name(w->dtype), m, r0, r1);
+            e = test_max_rel_err(yv + at, yr + at, (size_t)(r1 - r0));
+            ck_assert_msg(e < 1e-5f, "%s: pack kernel (VNNI) %s n=%d rows %d-%d: rel err %g", what, cs_dtype_name(w->dtype),
+                          m, r0, r1, e);
+        }
+    }
+    free(y); free(yv); free(yr);
+}
+
+/* --precision int8 on packs: the repacked Q8_0/Q4_K/Q6_K weights (cs_qpack_t) against the
+ * exact matmul on the quantized x, through the backend (tasks of whole groups of 16 rows, x in
+ * groups of 4; the VNNI kernels where the CPU has them, and the AVX2 ones) and the kernels
+ * alone against cs_qgemv_int8_ref and each other */
+START_TEST(test_quant_int8_pack) {
+    if (!cs_cpu_has_avx2()) {
+        fprintf(stderr, "SKIP test_quant_int8_pack: this CPU has no AVX2\n");
         return;
     }
     static const cs_dtype types[] = {CS_DTYPE_Q8_0, CS_DTYPE_Q4_K, CS_DTYPE_Q6_K};
     static const int shapes[][3] = {{1, 16, 256}, {2, 32, 512}, {3, 48, 768}, {4, 64, 256}, {5, 16, 1280},
                                     {9, 80, 512}, {33, 48, 256}, {1, 32, 32}, {2, 16, 96}, {6, 144, 2816}};
     cpu_backend_params_t ps[] = {{.n_threads = 1, .precision_int8 = true}, {.n_threads = 3, .precision_int8 = true},
-                                 {.n_threads = 2, .precision_int8 = true, .batch_invariant = true}};
+                                 {.n_threads = 2, .precision_int8 = true, .batch_invariant = true},
+                                 {.n_threads = 2, .precision_int8 = true, .no_vnni = true},
+                                 {.n_threads = 1, .precision_int8 = true, .no_avx512 = true}};
     for (size_t k = 0; k < CS_ARRAY_LEN(ps); k++) {
         cpu_raw_t *be = cpu_raw_new(&ps[k]);
         ck_assert(cpu_raw_packs_quant(be));
@@ -1191,25 +1221,17 @@ START_TEST(test_quant_int8_vnni) {
                 cpu_raw_matmul(be, y, x, n, &w, bias);
                 cs_matmul_ref(yr, xh, n, &w, bias);
                 float e = test_max_rel_err(y, yr, (size_t)n * rows);
-                ck_assert_msg(e < 1e-5f, "vnni params %zu %s n=%d %dx%d: rel err %g", k, cs_dtype_name(types[t]), n, rows,
+                ck_assert_msg(e < 1e-5f, "pack params %zu %s n=%d %dx%d: rel err %g", k, cs_dtype_name(types[t]), n, rows,
                               cols, e);
                 if (n > 1 && q8) { /* row 0 alone: the same bits */
                     cpu_raw_matmul(be, yr, x, 1, &w, bias);
-                    ck_assert_msg(!memcmp(yr, y, sizeof(float) * rows), "vnni %s: row 0 differs alone", cs_dtype_name(types[t]));
+                    ck_assert_msg(!memcmp(yr, y, sizeof(float) * rows), "pack %s: row 0 differs alone", cs_dtype_name(types[t]));
                 }
-                /* the kernel alone, on every other group, against the plain int8 loop */
+                /* the kernels alone, on every other group */
                 int m = CS_MIN(n, CS_QPACK_MAX_N);
                 cs_act_sums16(s16, q, (int64_t)m * cols);
-                for (int r0 = 0; r0 < rows; r0 += 2 * CS_QPACK_ROWS) {
-                    int r1 = CS_MIN(rows, r0 + CS_QPACK_ROWS);
-                    cs_qgemv_int8_vnni(y, rows, q, d, sm, s16, m, pk, r0, r1);
-                    cs_qgemv_int8_ref(yr, rows, q, d, sm, m, &w, r0, r1);
-                    for (int i = 0; i < m; i++) {
-                        float e2 = test_max_rel_err(y + (size_t)i * rows + r0, yr + (size_t)i * rows + r0, (size_t)(r1 - r0));
-                        ck_assert_msg(e2 < 1e-5f, "vnni kernel %s n=%d rows %d-%d: rel err %g", cs_dtype_name(types[t]), m,
-                                      r0, r1, e2);
-                    }
-                }
+                for (int r0 = 0; r0 < rows; r0 += 2 * CS_QPACK_ROWS)
+                    check_qpack_kernels(pk, &w, q, d, sm, s16, m, r0, CS_MIN(rows, r0 + CS_QPACK_ROWS), "random");
                 cs_qpack_free(pk);
                 free(mem); free(x); free(bias); free(y); free(yr); free(xh); free(d); free(sm); free(s16); free(q);
             }
@@ -1237,9 +1259,42 @@ START_TEST(test_quant_int8_vnni) {
         cs_qpack_free(b);
         free(mem);
     }
-    cpu_backend_params_t off = {.n_threads = 1, .precision_int8 = true, .no_vnni = true};
+    /* the extremes: every weight at its largest magnitude (Q8_0's q all -128, Q4_K's nibbles
+     * all 15, Q6_K's six bits all 63 and its scales -128) against x at +-127 in every column:
+     * the 16-bit pair sums at their bound (2 * 128 * 127 for Q8_0), which any offset in the
+     * unsigned operand would saturate */
+    for (size_t t = 0; t < CS_ARRAY_LEN(types); t++) {
+        int rows = 32, cols = 512, n = 4;
+        void *mem;
+        cs_weight_t w = make_qweight(rows, cols, types[t], 0.05f, &mem);
+        size_t bs = cs_dtype_size(types[t]), nb = (size_t)rows * cols / cs_dtype_block(types[t]);
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *blk = (uint8_t *)mem + b * bs;
+            if (types[t] == CS_DTYPE_Q8_0) memset(blk + 2, 0x80, 32);
+            else if (types[t] == CS_DTYPE_Q4_K) memset(blk + 16, 0xFF, 128);
+            else memset(blk, 0xFF, 192), memset(blk + 192, 0x80, 16);
+        }
+        cs_qpack_t *pk = cs_qpack_new(types[t], rows, cols, NULL);
+        ck_assert(pk);
+        cs_qpack_fill(pk, &w, 0, rows / CS_QPACK_ROWS);
+        float *x = malloc(sizeof(float) * n * cols), *d = malloc(sizeof(float) * n * cols / 32);
+        float *sm = malloc(sizeof(float) * n * cols / 32);
+        int32_t *s16 = malloc(sizeof(int32_t) * n * cols / 16);
+        int8_t *q = malloc((size_t)n * cols);
+        for (int i = 0; i < n * cols; i++) x[i] = i / cols == 1 ? -1.0f : i / cols == 2 && i % 3 ? -1.0f : 1.0f;
+        cs_quantize_act_ref(q, d, sm, x, (int64_t)n * cols, cs_quant_act_block(types[t]));
+        cs_act_sums16(s16, q, (int64_t)n * cols);
+        check_qpack_kernels(pk, &w, q, d, sm, s16, n, 0, rows, "extremes");
+        cs_qpack_free(pk);
+        free(mem); free(x); free(d); free(sm); free(s16); free(q);
+    }
+    cpu_backend_params_t off = {.n_threads = 1, .precision_int8 = true, .no_qpack = true};
     cpu_raw_t *be = cpu_raw_new(&off);
     ck_assert(!cpu_raw_packs_quant(be));
+    cpu_raw_free(be);
+    cpu_backend_params_t avx2 = {.n_threads = 1, .precision_int8 = true, .no_vnni = true};
+    be = cpu_raw_new(&avx2);
+    ck_assert(cpu_raw_packs_quant(be));
     cpu_raw_free(be);
     ck_assert(!cs_qpack_supports(CS_DTYPE_Q8_0, 20, 64) && !cs_qpack_supports(CS_DTYPE_Q4_0, 16, 64) &&
               !cs_qpack_supports(CS_DTYPE_Q4_K, 16, 128) && cs_qpack_supports(CS_DTYPE_Q6_K, 32, 512));
@@ -1305,7 +1360,7 @@ int main(void) {
         test_norm_rope_silu, test_gemv_streams, test_wcode_roundtrip, test_wcode_gemv, test_wcode_code_only,
         test_split_tiles, test_avx2_kernels, test_half_conversions, test_threadpool_exactly_once,
         test_quant_dequant, test_quant_matmul, test_quant_invariant_bf16, test_quant_embed, test_quant_int8,
-        test_quant_int8_vnni, test_quant_int8_multi
+        test_quant_int8_pack, test_quant_int8_multi
     };
     return cs_check_main("cpu_kernels", tests, CS_ARRAY_LEN(tests), 120, CK_FORK);
 }

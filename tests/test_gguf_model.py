@@ -300,19 +300,20 @@ def main():
     # embeddings scaled by 1 + 1e-6 noise does the same from the 12th position of a 120-token
     # prompt). So the sequences here are short (up to 21 positions), where no value lands that
     # close to a boundary, and the F32 tolerance holds: every position within 1e-4.
-    # The AVX512-VNNI kernels (repacked Q8_0/Q4_K/Q6_K) sum the same integers in another F32
-    # order, which moves where such near-boundary values fall (on these prompts one does, at
-    # one position: 9e-2): the check runs on the AVX2 int8 kernels (CS_NO_VNNI), and the VNNI
-    # kernels are held to the plain int8 loop, which these AVX2 kernels match here, at 1e-5 in
-    # tests/test_cpu_kernels.c (test_quant_int8_vnni).
+    # The kernels on the repacked Q8_0/Q4_K/Q6_K weights (AVX512-VNNI, and AVX2 with the same
+    # bits) sum the same integers in another F32 order, which moves where such near-boundary
+    # values fall (on these prompts one does, at one position: 9e-2): the check runs on the
+    # int8 kernels over the weights' own blocks (CS_NO_QPACK), and the packs' kernels are held
+    # to the plain int8 loop, which these match here, at 1e-5 in tests/test_cpu_kernels.c
+    # (test_quant_int8_pack).
     for name, r, types, path in (("llama K-mix", ref_mix, mix, path_mix),
                                  ("llama Q4_1", refs[QT.Q4_1], lambda g: QT.Q4_1, os.path.join(tmp, "llama-Q4_1.gguf"))):
         r8 = int8_reference(r, types)
-        os.environ["CS_NO_VNNI"] = "1"
+        os.environ["CS_NO_QPACK"] = "1"
         try:
             check(f"{name} --precision int8", r8, path, extra=("--precision", "int8"), lengths=(1, 9))
         finally:
-            del os.environ["CS_NO_VNNI"]
+            del os.environ["CS_NO_QPACK"]
         # and the rounding matters: the exact engine is far from that reference
         p = prompts(name)[1]
         rows, _ = reflib.run_engine(path, p, 0)
