@@ -534,6 +534,10 @@ PAVX2 INLINE void q4_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, 
 #pragma GCC unroll 4
                 for (int pr = 0; pr < 4; pr++) { /* sub-blocks 2pr (low nibbles) and 2pr + 1 (high) */
                     __m256i s0 = scale_pairs_u8(o + 64 + 32 * pr + 8 * hf), s1 = scale_pairs_u8(o + 64 + 32 * pr + 16 + 8 * hf);
+                    /* a sub-block's 8 steps add in 16 bits (8 · 2 · 15 · 127 < 2^15), then one vpmaddwd */
+                    __m256i pl[CS_QPACK_MAX_N], ph[CS_QPACK_MAX_N];
+#pragma GCC unroll 4
+                    for (int i = 0; i < n; i++) pl[i] = ph[i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                     for (int k = 0; k < 8; k++) {
                         PREFETCH_HALF(hf, o, 2368, 8 * pr + k, 32);
@@ -542,10 +546,13 @@ PAVX2 INLINE void q4_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, 
 #pragma GCC unroll 4
                         for (int i = 0; i < n; i++) {
                             const int8_t *xi = qx + (size_t)i * p->cols + 256 * (size_t)b + 64 * pr + 4 * k;
-                            isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(dot_u8s8(l, bcast4y(xi), s0),
-                                                                                 dot_u8s8(h, bcast4y(xi + 32), s1)));
+                            pl[i] = _mm256_add_epi16(pl[i], _mm256_maddubs_epi16(l, bcast4y(xi)));
+                            ph[i] = _mm256_add_epi16(ph[i], _mm256_maddubs_epi16(h, bcast4y(xi + 32)));
                         }
                     }
+#pragma GCC unroll 4
+                    for (int i = 0; i < n; i++)
+                        isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(pl[i], s0), _mm256_madd_epi16(ph[i], s1)));
                 }
                 __m256 msum[CS_QPACK_MAX_N];
 #pragma GCC unroll 4
@@ -571,6 +578,9 @@ PAVX2 INLINE void q4_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, 
     }
 }
 
+/* Q6_K: a quarter's six bits at a time (sixteen registers hold four rows of x's sums and
+ * not much more); the -32 of the six bits comes off once per block, as Σ_j sc_j Σ q_x over
+ * sub-block j, from the scales alone */
 PAVX2 INLINE void q6_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, const int n,
                           const cs_qpack_t *p, int g0, int g1) {
     const int nb = p->cols / 256, n16 = p->cols / 16;
@@ -584,42 +594,45 @@ PAVX2 INLINE void q6_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, 
         for (int b = 0; b < nb; b++) {
             const uint8_t *o = base + (size_t)b * 3392;
             for (int hf = 0; hf < 2; hf++) {
-                /* isum: Σ_j sc_j Σ q x over sub-block j; off: Σ_j sc_j Σ x (the -32 of the six bits) */
                 __m256i isum[CS_QPACK_MAX_N], off[CS_QPACK_MAX_N];
 #pragma GCC unroll 4
-                for (int i = 0; i < n; i++) isum[i] = off[i] = _mm256_setzero_si256();
+                for (int i = 0; i < n; i++) isum[i] = _mm256_setzero_si256();
+#pragma GCC unroll 2
                 for (int h = 0; h < 2; h++)
-                    for (int kh = 0; kh < 2; kh++) { /* columns 128h + 32t + 16kh .. + 15: sub-block 8h + 2t + kh */
-                        __m256i sc[4];
 #pragma GCC unroll 4
-                        for (int t = 0; t < 4; t++) {
-                            int j = 8 * h + 2 * t + kh;
-                            __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * hf)));
+                    for (int t = 0; t < 4; t++) /* columns 128h + 32t .. + 31: sub-blocks 8h + 2t, + 1 */
+#pragma GCC unroll 2
+                        for (int kh = 0; kh < 2; kh++) {
+                            __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * (8 * h + 2 * t + kh) + 8 * hf)));
+                            __m256i sc = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+#pragma GCC unroll 2
+                            for (int k = 4 * kh; k < 4 * kh + 4; k += 2) { /* two steps' pairs add in 16 bits (2 · 2 · 63 · 127) */
+                                __m256i q[2];
+#pragma GCC unroll 2
+                                for (int e = 0; e < 2; e++) {
+                                    PREFETCH_HALF(hf, o, 3392, 32 * h + 8 * t + k + e, 64);
+                                    __m256i l = _mm256_load_si256((const __m256i *)(o + 320 + 64 * (16 * h + 8 * (t & 1) + k + e) + 32 * hf));
+                                    __m256i qh = _mm256_load_si256((const __m256i *)(o + 2368 + 64 * (8 * h + k + e) + 32 * hf));
+                                    if (t >= 2) l = _mm256_srli_epi16(l, 4);
+                                    qh = t == 0 ? _mm256_slli_epi16(qh, 4) : t == 1 ? _mm256_slli_epi16(qh, 2) : t == 3 ? _mm256_srli_epi16(qh, 2) : qh;
+                                    q[e] = _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_and_si256(qh, b45));
+                                }
 #pragma GCC unroll 4
-                            for (int i = 0; i < n; i++)
-                                off[i] = _mm256_add_epi32(off[i], _mm256_mullo_epi32(v, _mm256_set1_epi32(s16[(size_t)i * n16 + 16 * (size_t)b + j])));
-                            sc[t] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+                                for (int i = 0; i < n; i++) {
+                                    const int8_t *xi = qx + (size_t)i * p->cols + 256 * (size_t)b + 128 * h + 32 * t + 4 * k;
+                                    __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast4y(xi)), _mm256_maddubs_epi16(q[1], bcast4y(xi + 4)));
+                                    isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(pr, sc));
+                                }
+                            }
                         }
 #pragma GCC unroll 4
-                        for (int k = 4 * kh; k < 4 * kh + 4; k++) {
-                            PREFETCH_HALF(hf, o, 3392, 8 * h + k, 16);
-                            __m256i l0 = _mm256_load_si256((const __m256i *)(o + 320 + 64 * (16 * h + k) + 32 * hf));
-                            __m256i l1 = _mm256_load_si256((const __m256i *)(o + 320 + 64 * (16 * h + 8 + k) + 32 * hf));
-                            __m256i qh = _mm256_load_si256((const __m256i *)(o + 2368 + 64 * (8 * h + k) + 32 * hf));
-                            __m256i q[4];
-                            q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), b45));
-                            q[1] = _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), b45));
-                            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(qh, b45));
-                            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), b45));
+                for (int i = 0; i < n; i++) off[i] = _mm256_setzero_si256();
+                for (int j = 0; j < 16; j++) {
+                    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 16 * j + 8 * hf)));
 #pragma GCC unroll 4
-                            for (int t = 0; t < 4; t++)
-#pragma GCC unroll 4
-                                for (int i = 0; i < n; i++)
-                                    isum[i] = _mm256_add_epi32(
-                                        isum[i], dot_u8s8(q[t], bcast4y(qx + (size_t)i * p->cols + 256 * (size_t)b + 128 * h + 32 * t + 4 * k), sc[t]));
-                        }
-                    }
+                    for (int i = 0; i < n; i++)
+                        off[i] = _mm256_add_epi32(off[i], _mm256_mullo_epi32(v, _mm256_set1_epi32(s16[(size_t)i * n16 + 16 * (size_t)b + j])));
+                }
                 __m256 d = f16x8(o + 16 * hf);
 #pragma GCC unroll 4
                 for (int i = 0; i < n; i++) {
