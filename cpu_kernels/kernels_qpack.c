@@ -19,11 +19,14 @@
  *   Q4_K (256 columns, 2368 bytes): d[16], dmin[16] (F16); sc[8][16], m[8][16] (6-bit, one
  *     byte each); qs[4][8][16][4]: the original qs bytes 32p + 4k .. + 3 of row r (low
  *     nibbles columns 64p + 4k + i, high nibbles 64p + 32 + 4k + i).
+ *   Q5_K (256 columns, 2880 bytes): Q4_K's layout with qh[8][16][4] before qs: qh bytes
+ *     4k .. + 3 of row r (bit j of byte i: the fifth bit of column 32j + 4k + i), which every
+ *     sub-block reads (ahead of qs in memory, so the prefetches ahead bring them in time).
  *   Q6_K (256 columns, 3392 bytes): d[16] (F16), 32 unused; sc[16][16] (signed); ql[2][2][8][16][4]:
  *     ql bytes 64h + 32t + 4k .. + 3 (low nibbles columns 128h + 32t + 4k + i, high
  *     128h + 32(t + 2) + 4k + i); qh[2][8][16][4]: qh bytes 32h + 4k .. + 3 (bits 2t, 2t + 1
  *     of byte i: quarter t, column 128h + 32t + 4k + i).
- * Each is the type's own bytes per row (34, 144, 210 per block) rearranged, with every
+ * Each is the type's own bytes per row (34, 144, 176, 210 per block) rearranged, with every
  * 64-byte vector aligned; Q4_K's 12 scale bytes become 16, Q6_K's block gains 2 bytes a row. */
 #include <immintrin.h>
 #include <pthread.h>
@@ -41,6 +44,7 @@ static size_t pack_block_bytes(cs_dtype dt) {
     switch (dt) {
     case CS_DTYPE_Q8_0: return 544; /* half of a pair */
     case CS_DTYPE_Q4_K: return 64 + 256 + 2048;
+    case CS_DTYPE_Q5_K: return 64 + 256 + 2048 + 512;
     case CS_DTYPE_Q6_K: return 64 + 256 + 2048 + 1024;
     default: return 0;
     }
@@ -193,6 +197,13 @@ void cs_qpack_fill(cs_qpack_t *p, const cs_weight_t *w, int g0, int g1) {
                     for (int j = 0; j < 8; j++) cs_q4k_scale_min(j, k->scales, o + 64 + j * G + r, o + 192 + j * G + r);
                     for (int q = 0; q < 128; q++) /* byte q = 32p + 4k + i */
                         o[320 + ((q / 4) * G + r) * 4 + q % 4] = k->qs[q];
+                } else if (dt == CS_DTYPE_Q5_K) {
+                    const cs_block_q5_K *k = (const void *)blk;
+                    memcpy(o + 2 * r, &k->d, 2);
+                    memcpy(o + 32 + 2 * r, &k->dmin, 2);
+                    for (int j = 0; j < 8; j++) cs_q4k_scale_min(j, k->scales, o + 64 + j * G + r, o + 192 + j * G + r);
+                    for (int q = 0; q < 32; q++) o[320 + ((q / 4) * G + r) * 4 + q % 4] = k->qh[q];
+                    for (int q = 0; q < 128; q++) o[832 + ((q / 4) * G + r) * 4 + q % 4] = k->qs[q];
                 } else {
                     const cs_block_q6_K *k = (const void *)blk;
                     memcpy(o + 2 * r, &k->d, 2);
@@ -224,9 +235,15 @@ VNNI INLINE __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_load
  * prefetchers follow too late for one core's consumption (Q6_K at one thread: half the AVX2
  * kernel's speed without); step s of `steps` fetches the lines of its share of the block. */
 #define QPACK_AHEAD 3072
-INLINE void prefetch_step(const uint8_t *blk, size_t bytes, int s, int steps) {
+#ifndef Q5_AHEAD
+#define Q5_AHEAD 12288
+#endif
+INLINE void prefetch_step_at(const uint8_t *blk, size_t bytes, int s, int steps, size_t ahead) {
     size_t a = bytes * (size_t)s / (size_t)steps, z = bytes * (size_t)(s + 1) / (size_t)steps;
-    for (size_t o = a & ~(size_t)63; o < z; o += 64) _mm_prefetch((const char *)blk + QPACK_AHEAD + o, _MM_HINT_T0);
+    for (size_t o = a & ~(size_t)63; o < z; o += 64) _mm_prefetch((const char *)blk + ahead + o, _MM_HINT_T0);
+}
+INLINE void prefetch_step(const uint8_t *blk, size_t bytes, int s, int steps) {
+    prefetch_step_at(blk, bytes, s, steps, QPACK_AHEAD);
 }
 
 VNNI INLINE void q8_0_t(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int n,
@@ -269,17 +286,20 @@ VNNI INLINE void q8_0_t(float *y, int ldy, const int8_t *qx, const float *dx, co
     }
 }
 
-VNNI INLINE void q4_k_t(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int n,
-                        const cs_qpack_t *p, int g0, int g1) {
+/* Q4_K, and Q5_K (q5: the fifth bits from qh, bit 2pr of a byte for the low nibbles'
+ * column, 2pr + 1 for the high nibbles') */
+VNNI INLINE void q4_k_t(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const bool q5,
+                        const int n, const cs_qpack_t *p, int g0, int g1) {
     const int nb = p->cols / 256, groups = p->cols / 32;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const size_t bb = q5 ? 2880 : 2368, qs0 = q5 ? 832 : 320; /* Q5_K: qh at 320 */
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     for (int g = g0; g < g1; g++) {
         const uint8_t *base = p->data + (size_t)g * p->group_bytes;
         __m512 acc[CS_QPACK_MAX_N];
 #pragma GCC unroll 4
         for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const uint8_t *o = base + (size_t)b * 2368;
+            const uint8_t *o = base + (size_t)b * bb;
             __m512i isum[CS_QPACK_MAX_N];
 #pragma GCC unroll 4
             for (int i = 0; i < n; i++) isum[i] = _mm512_setzero_si512();
@@ -291,9 +311,14 @@ VNNI INLINE void q4_k_t(float *y, int ldy, const int8_t *qx, const float *dx, co
                 for (int i = 0; i < n; i++) a0[i] = a1[i] = b0[i] = b1[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
-                    prefetch_step(o, 2368, 8 * pr + k, 32);
-                    __m512i v = _mm512_load_si512((const void *)(o + 320 + 64 * (8 * pr + k)));
+                    prefetch_step_at(o, bb, 8 * pr + k, 32, q5 ? Q5_AHEAD : QPACK_AHEAD);
+                    __m512i v = _mm512_load_si512((const void *)(o + qs0 + 64 * (8 * pr + k)));
                     __m512i l = _mm512_and_si512(v, lo4), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    if (q5) {
+                        __m512i hv = _mm512_load_si512((const void *)(o + 320 + 64 * k));
+                        l = _mm512_or_si512(l, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hv, 2 * pr), one), 4));
+                        h = _mm512_or_si512(h, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hv, 2 * pr + 1), one), 4));
+                    }
 #pragma GCC unroll 4
                     for (int i = 0; i < n; i++) {
                         const int8_t *xi = qx + (size_t)i * p->cols + 256 * (size_t)b + 64 * pr + 4 * k;
@@ -412,7 +437,11 @@ VNNI static void q8_0_n(float *y, int ldy, const int8_t *qx, const float *dx, co
 }
 VNNI static void q4_k_n(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n, const cs_qpack_t *p,
                         int g0, int g1) {
-    PER_N(q4_k_t, y, ldy, qx, dx, sx)
+    PER_N(q4_k_t, y, ldy, qx, dx, sx, false)
+}
+VNNI static void q5_k_n(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n, const cs_qpack_t *p,
+                        int g0, int g1) {
+    PER_N(q4_k_t, y, ldy, qx, dx, sx, true)
 }
 VNNI static void q6_k_n(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, int n,
                         const cs_qpack_t *p, int g0, int g1) {
@@ -427,6 +456,7 @@ void cs_qgemv_int8_vnni(float *y, int ldy, const int8_t *qx, const float *dx, co
     switch (p->dtype) {
     case CS_DTYPE_Q8_0: q8_0_n(y, ldy, qx, dx, sx, n, p, g0, g1); break;
     case CS_DTYPE_Q4_K: q4_k_n(y, ldy, qx, dx, sx, n, p, g0, g1); break;
+    case CS_DTYPE_Q5_K: q5_k_n(y, ldy, qx, dx, sx, n, p, g0, g1); break;
     case CS_DTYPE_Q6_K: CS_ASSERT(s16); q6_k_n(y, ldy, qx, dx, s16, n, p, g0, g1); break;
     default: CS_ASSERT(!"packed dtype");
     }
@@ -515,10 +545,11 @@ PAVX2 INLINE void q8_0_a2(float *y, int ldy, const int8_t *qx, const float *dx, 
     }
 }
 
-PAVX2 INLINE void q4_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int n,
-                          const cs_qpack_t *p, int g0, int g1) {
+PAVX2 INLINE void q4_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const bool q5,
+                          const int n, const cs_qpack_t *p, int g0, int g1) {
     const int nb = p->cols / 256, groups = p->cols / 32;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    const size_t bb = q5 ? 2880 : 2368, qs0 = q5 ? 832 : 320; /* Q5_K: qh at 320 */
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     for (int g = g0; g < g1; g++) {
         const uint8_t *base = p->data + (size_t)g * p->group_bytes;
         __m256 acc[2][CS_QPACK_MAX_N];
@@ -526,7 +557,7 @@ PAVX2 INLINE void q4_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, 
 #pragma GCC unroll 4
             for (int i = 0; i < n; i++) acc[hf][i] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const uint8_t *o = base + (size_t)b * 2368;
+            const uint8_t *o = base + (size_t)b * bb;
             for (int hf = 0; hf < 2; hf++) {
                 __m256i isum[CS_QPACK_MAX_N];
 #pragma GCC unroll 4
@@ -534,20 +565,33 @@ PAVX2 INLINE void q4_k_a2(float *y, int ldy, const int8_t *qx, const float *dx, 
 #pragma GCC unroll 4
                 for (int pr = 0; pr < 4; pr++) { /* sub-blocks 2pr (low nibbles) and 2pr + 1 (high) */
                     __m256i s0 = scale_pairs_u8(o + 64 + 32 * pr + 8 * hf), s1 = scale_pairs_u8(o + 64 + 32 * pr + 16 + 8 * hf);
-                    /* a sub-block's 8 steps add in 16 bits (8 · 2 · 15 · 127 < 2^15), then one vpmaddwd */
+                    /* a sub-block's 8 steps add in 16 bits (8 · 2 · 15 · 127 < 2^15), then one vpmaddwd;
+                     * Q5_K's 4 steps at a time (4 · 2 · 31 · 127) */
                     __m256i pl[CS_QPACK_MAX_N], ph[CS_QPACK_MAX_N];
 #pragma GCC unroll 4
                     for (int i = 0; i < n; i++) pl[i] = ph[i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                     for (int k = 0; k < 8; k++) {
-                        PREFETCH_HALF(hf, o, 2368, 8 * pr + k, 32);
-                        __m256i v = _mm256_load_si256((const __m256i *)(o + 320 + 64 * (8 * pr + k) + 32 * hf));
+                        PREFETCH_HALF(hf, o, bb, 8 * pr + k, 32);
+                        __m256i v = _mm256_load_si256((const __m256i *)(o + qs0 + 64 * (8 * pr + k) + 32 * hf));
                         __m256i l = _mm256_and_si256(v, lo4), h = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                        if (q5) {
+                            __m256i hv = _mm256_load_si256((const __m256i *)(o + 320 + 64 * k + 32 * hf));
+                            l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2 * pr), one), 4));
+                            h = _mm256_or_si256(h, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2 * pr + 1), one), 4));
+                        }
 #pragma GCC unroll 4
                         for (int i = 0; i < n; i++) {
                             const int8_t *xi = qx + (size_t)i * p->cols + 256 * (size_t)b + 64 * pr + 4 * k;
                             pl[i] = _mm256_add_epi16(pl[i], _mm256_maddubs_epi16(l, bcast4y(xi)));
                             ph[i] = _mm256_add_epi16(ph[i], _mm256_maddubs_epi16(h, bcast4y(xi + 32)));
+                        }
+                        if (q5 && k == 3) {
+#pragma GCC unroll 4
+                            for (int i = 0; i < n; i++) {
+                                isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(pl[i], s0), _mm256_madd_epi16(ph[i], s1)));
+                                pl[i] = ph[i] = _mm256_setzero_si256();
+                            }
                         }
                     }
 #pragma GCC unroll 4
@@ -662,7 +706,11 @@ PAVX2 static void q8_0_a2n(float *y, int ldy, const int8_t *qx, const float *dx,
 }
 PAVX2 static void q4_k_a2n(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,
                            const cs_qpack_t *p, int g0, int g1) {
-    PER_N(q4_k_a2, y, ldy, qx, dx, sx)
+    PER_N(q4_k_a2, y, ldy, qx, dx, sx, false)
+}
+PAVX2 static void q5_k_a2n(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, int n,
+                           const cs_qpack_t *p, int g0, int g1) {
+    PER_N(q4_k_a2, y, ldy, qx, dx, sx, true)
 }
 PAVX2 static void q6_k_a2n(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, int n,
                            const cs_qpack_t *p, int g0, int g1) {
@@ -677,6 +725,7 @@ void cs_qgemv_int8_pack_avx2(float *y, int ldy, const int8_t *qx, const float *d
     switch (p->dtype) {
     case CS_DTYPE_Q8_0: q8_0_a2n(y, ldy, qx, dx, n, p, g0, g1); break;
     case CS_DTYPE_Q4_K: q4_k_a2n(y, ldy, qx, dx, sx, n, p, g0, g1); break;
+    case CS_DTYPE_Q5_K: q5_k_a2n(y, ldy, qx, dx, sx, n, p, g0, g1); break;
     case CS_DTYPE_Q6_K: CS_ASSERT(s16); q6_k_a2n(y, ldy, qx, dx, s16, n, p, g0, g1); break;
     default: CS_ASSERT(!"packed dtype");
     }

@@ -1173,7 +1173,7 @@ static void check_qpack_kernels(const cs_qpack_t *pk, const cs_weight_t *w, cons
     free(y); free(yv); free(yr);
 }
 
-/* --precision int8 on packs: the repacked Q8_0/Q4_K/Q6_K weights (cs_qpack_t) against the
+/* --precision int8 on packs: the repacked Q8_0/Q4_K/Q5_K/Q6_K weights (cs_qpack_t) against the
  * exact matmul on the quantized x, through the backend (tasks of whole groups of 16 rows, x in
  * groups of 4; the VNNI kernels where the CPU has them, and the AVX2 ones) and the kernels
  * alone against cs_qgemv_int8_ref and each other */
@@ -1182,7 +1182,7 @@ START_TEST(test_quant_int8_pack) {
         fprintf(stderr, "SKIP test_quant_int8_pack: this CPU has no AVX2\n");
         return;
     }
-    static const cs_dtype types[] = {CS_DTYPE_Q8_0, CS_DTYPE_Q4_K, CS_DTYPE_Q6_K};
+    static const cs_dtype types[] = {CS_DTYPE_Q8_0, CS_DTYPE_Q4_K, CS_DTYPE_Q5_K, CS_DTYPE_Q6_K};
     static const int shapes[][3] = {{1, 16, 256}, {2, 32, 512}, {3, 48, 768}, {4, 64, 256}, {5, 16, 1280},
                                     {9, 80, 512}, {33, 48, 256}, {1, 32, 32}, {2, 16, 96}, {6, 144, 2816}};
     cpu_backend_params_t ps[] = {{.n_threads = 1, .precision_int8 = true}, {.n_threads = 3, .precision_int8 = true},
@@ -1260,9 +1260,10 @@ START_TEST(test_quant_int8_pack) {
         free(mem);
     }
     /* the extremes: every weight at its largest magnitude (Q8_0's q all -128, Q4_K's nibbles
-     * all 15, Q6_K's six bits all 63 and its scales -128) against x at +-127 in every column:
-     * the 16-bit pair sums at their bound (2 * 128 * 127 for Q8_0), which any offset in the
-     * unsigned operand would saturate */
+     * all 15, Q5_K's five bits all 31, Q6_K's six bits all 63 and its scales -128) against x at
+     * +-127 in every column: the 16-bit sums at their bounds (2 * 128 * 127 for Q8_0's pairs,
+     * 4 * 2 * 31 * 127 for Q5_K's four steps), which any offset in the unsigned operand, or
+     * one step more, would overflow */
     for (size_t t = 0; t < CS_ARRAY_LEN(types); t++) {
         int rows = 32, cols = 512, n = 4;
         void *mem;
@@ -1272,6 +1273,7 @@ START_TEST(test_quant_int8_pack) {
             uint8_t *blk = (uint8_t *)mem + b * bs;
             if (types[t] == CS_DTYPE_Q8_0) memset(blk + 2, 0x80, 32);
             else if (types[t] == CS_DTYPE_Q4_K) memset(blk + 16, 0xFF, 128);
+            else if (types[t] == CS_DTYPE_Q5_K) memset(blk + 16, 0xFF, 32 + 128);
             else memset(blk, 0xFF, 192), memset(blk + 192, 0x80, 16);
         }
         cs_qpack_t *pk = cs_qpack_new(types[t], rows, cols, NULL);
@@ -1297,7 +1299,8 @@ START_TEST(test_quant_int8_pack) {
     ck_assert(cpu_raw_packs_quant(be));
     cpu_raw_free(be);
     ck_assert(!cs_qpack_supports(CS_DTYPE_Q8_0, 20, 64) && !cs_qpack_supports(CS_DTYPE_Q4_0, 16, 64) &&
-              !cs_qpack_supports(CS_DTYPE_Q4_K, 16, 128) && cs_qpack_supports(CS_DTYPE_Q6_K, 32, 512));
+              !cs_qpack_supports(CS_DTYPE_Q4_K, 16, 128) && cs_qpack_supports(CS_DTYPE_Q6_K, 32, 512) &&
+              cs_qpack_supports(CS_DTYPE_Q5_K, 16, 256) && !cs_qpack_supports(CS_DTYPE_Q5_0, 16, 256));
 }
 END_TEST
 
