@@ -62,7 +62,7 @@ typedef struct cpu_ctx {
     int8_t *xq;           /* ... x quantized (n · cols), its scales and sums (n · cols / 32 each) */
     float *xq_d, *xq_s;
     size_t xq_len;        /* bytes of xq; xq_d and xq_s hold xq_len / 32 floats */
-    bool qpack;           /* --precision int8 on packs: Q8_0/Q4_K/Q6_K weights repacked
+    bool qpack;           /* --precision int8 on packs: Q8_0/Q4_K/Q5_K/Q6_K weights repacked
                            * (cs_qpack_t, at weight_prepare) for ... */
     bool vnni;            /* ... cs_qgemv_int8_vnni (AVX512-VNNI), or cs_qgemv_int8_pack_avx2 */
     int32_t *xq_s16;      /* ... and x's sums per 16 (Q6_K), xq_len / 16 */

@@ -40,7 +40,7 @@ struct backend_buf {
     bool external;          /* buf_from_host: the memory is the caller's */
     struct cs_wcode *code;  /* weight_prepare: the weight coded in 12 bits (--compress-weights) */
     bool code_only;         /* ... and only the code is read from here on (host bytes released) */
-    struct cs_qpack *pack;  /* weight_prepare: the weight repacked for the VNNI int8 kernels */
+    struct cs_qpack *pack;  /* weight_prepare: the weight repacked for the int8 kernels */
     size_t mapped;          /* an anonymous mapping of this length (freed with munmap), or 0 */
 };
 
@@ -776,7 +776,7 @@ static void dev_wait_add(backend_t *b, backend_buf_t *y, size_t off, const void 
  * that over 1% of its weights are exceptions (then the code would not be smaller enough to
  * pay: 8 bytes and a scalar step each). Where the code serves every path (cpu_raw_code_only:
  * not on AMX) and the buffer is the caller's memory, only the code is read from here on and
- * the caller may release that memory. --precision int8 on AVX512-VNNI: a Q8_0/Q4_K/Q6_K
+ * the caller may release that memory. --precision int8 (AVX512-VNNI, AVX2): a Q8_0/Q4_K/Q5_K/Q6_K
  * matrix repacked beside its blocks (cpu_raw_qpack_new), which stay. Both run the pool from the
  * loading thread: the server holds the engine still while a model loads beside it with either
  * (rollout_api/weights.c). */

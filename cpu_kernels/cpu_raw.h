@@ -17,7 +17,7 @@ typedef struct cs_weight {
     /* optional: the same BF16 matrix coded in 12 bits (wcode.h, --compress-weights), which
      * the batch-1 GEMV reads instead of data; every other kernel reads data */
     const struct cs_wcode *code;
-    /* optional: a Q8_0/Q4_K/Q6_K matrix repacked for the int8 kernels (AVX512-VNNI, AVX2)
+    /* optional: a Q8_0/Q4_K/Q5_K/Q6_K matrix repacked for the int8 kernels (AVX512-VNNI, AVX2)
      * (kernels.h cs_qpack_t, --precision int8), which those read instead of data */
     const struct cs_qpack *pack;
 } cs_weight_t;
@@ -97,7 +97,7 @@ bool cpu_raw_code_only(const cpu_raw_t *b);
  * same bits. */
 #define CPU_CODE_ONLY_PASS_MAX_N 16
 struct cs_wcode *cpu_raw_wcode_new(cpu_raw_t *b, const cs_weight_t *w);
-/* --precision int8 (AVX512-VNNI or AVX2): Q8_0, Q4_K and Q6_K weights of whole groups of 16 rows are
+/* --precision int8 (AVX512-VNNI or AVX2): Q8_0, Q4_K, Q5_K and Q6_K weights of whole groups of 16 rows are
  * repacked (cpu_raw_qpack_new, on the pool; NULL on ENOMEM) to hang on cs_weight_t.pack; the
  * weight's own bytes stay, for the other paths */
 bool cpu_raw_packs_quant(const cpu_raw_t *b);

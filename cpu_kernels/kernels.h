@@ -170,7 +170,7 @@ void cs_qgemv_int8_ref(float *y, int ldy, const int8_t *qx, const float *dx, con
                        const cs_weight_t *w, int r0, int r1);
 
 
-/* ---- --precision int8 on packs (kernels_qpack.c): Q8_0, Q4_K and Q6_K weights repacked 16
+/* ---- --precision int8 on packs (kernels_qpack.c): Q8_0, Q4_K, Q5_K and Q6_K weights repacked 16
  * rows at a time, each row in a 32-bit lane (the layouts: kernels_qpack.c), for AVX512-VNNI
  * and for AVX2 ---- */
 #define CS_QPACK_ROWS 16

@@ -300,7 +300,7 @@ def main():
     # embeddings scaled by 1 + 1e-6 noise does the same from the 12th position of a 120-token
     # prompt). So the sequences here are short (up to 21 positions), where no value lands that
     # close to a boundary, and the F32 tolerance holds: every position within 1e-4.
-    # The kernels on the repacked Q8_0/Q4_K/Q6_K weights (AVX512-VNNI, and AVX2 with the same
+    # The kernels on the repacked Q8_0/Q4_K/Q5_K/Q6_K weights (AVX512-VNNI, and AVX2 with the same
     # bits) sum the same integers in another F32 order, which moves where such near-boundary
     # values fall (on these prompts one does, at one position: 9e-2): the check runs on the
     # int8 kernels over the weights' own blocks (CS_NO_QPACK), and the packs' kernels are held
