@@ -38,8 +38,8 @@ typedef struct cpu_backend_params {
     bool precision_bf16;
     /* --precision int8: matmuls of up to 32 rows of x (decode batches; every n when batch-
      * invariant) against block-quantized weights (base/quant.h) take x quantized to 8 bits per
-     * 32 elements, per 256 against the K types (cs_quantize_act_ref: scale max|x| / 127, rounded
-     * to nearest even) and multiply the integers exactly, the sums and scales in F32, as
+     * 32 elements, per 256 against the K types (cs_quantize_act_ref: llama.cpp's Q8_0 and Q8_K
+     * blocks, rounded to nearest even) and multiply the integers exactly, the sums and scales in F32, as
      * llama.cpp runs a quantized model (about a third of the instructions per weight of F32
      * FMAs); more rows (prefill) and other weights keep the exact F32 products. */
     bool precision_int8;

@@ -157,8 +157,9 @@ void cs_qgemv_rows_ref(float *y, int ldy, const float *x, int n, const cs_weight
 void cs_qdequant_rows_avx2(float *dst, const cs_weight_t *w, int r0, int r1);
 void cs_qdequant_rows_ref(float *dst, const cs_weight_t *w, int r0, int r1);
 /* --precision int8: n elements of x (a multiple of block) quantized per block (32, or 256 against
- * the K types: cs_quant_act_block): d[b] = max|x| / 127 over the block, q = x · 127 / max|x|
- * rounded to nearest (ties to even), sum[g] = Σ q over each 32; x̂ = d[b] · q */
+ * the K types: cs_quant_act_block) as llama.cpp quantizes them (Q8_0 and Q8_K blocks): q = x · id
+ * rounded to nearest (ties to even), id = 127 / max|x| over the block; d[b] = max|x| / 127
+ * rounded to F16 per 32, 1 / id per 256; sum[g] = Σ q over each 32; x̂ = d[b] · q */
 static inline int cs_quant_act_block(cs_dtype w) { return cs_dtype_block(w) == 256 ? 256 : 32; }
 void cs_quantize_act_ref(int8_t *q, float *d, float *sum, const float *x, int64_t n, int block);
 void cs_quantize_act_avx2(int8_t *q, float *d, float *sum, const float *x, int64_t n, int block);

@@ -336,6 +336,13 @@ void cs_qgemv_rows_ref(float *y, int ldy, const float *x, int n, const cs_weight
  * every pair sum below 2^15), scaled by s · d_x in F32, the offset o · d_x · Σ q_x beside. That
  * is, exactly up to F32 rounding, the exact matmul on x̂ = d_x q_x (what the tests hold it to). */
 
+/* the block's scale as llama.cpp holds it, so the products are the ones it multiplies: Q8_0/Q8_1
+ * blocks of 32 keep max|x| / 127 in F16, Q8_K blocks of 256 keep 1 / (127 / max|x|) in F32 */
+static float act_scale(float amax, float id, int block) {
+    if (amax == 0) return 0;
+    return block == 32 ? cs_f16_to_f32(cs_f32_to_f16(amax / 127.0f)) : 1.0f / id;
+}
+
 void cs_quantize_act_ref(int8_t *q, float *d, float *sum, const float *x, int64_t n, int block) {
     for (int64_t b = 0; b < n / block; b++) {
         const float *xb = x + (int64_t)block * b;
@@ -352,7 +359,7 @@ void cs_quantize_act_ref(int8_t *q, float *d, float *sum, const float *x, int64_
             }
             sum[b * (block / 32) + g] = (float)s;
         }
-        d[b] = amax / 127.0f;
+        d[b] = act_scale(amax, id, block);
     }
 }
 
@@ -387,7 +394,7 @@ AVX2 void cs_quantize_act_avx2(int8_t *q, float *d, float *sum, const float *x, 
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         float amax = _mm_cvtss_f32(h), id = amax > 0 ? 127.0f / amax : 0.0f;
-        d[b] = amax / 127.0f;
+        d[b] = act_scale(amax, id, block);
         for (int g = 0; g < block / 32; g++)
             act_group(q + (int64_t)block * b + 32 * g, sum + b * (block / 32) + g, xb + 32 * g, id);
     }

@@ -106,10 +106,11 @@ def hf_logits(model, ids):
     return out.logits[0].double().numpy()
 
 
-def compare(name, model_ref, model_dir, prompt_ids, max_tokens, tol, lora_dir=None, threads=2, extra=()):
+def compare(name, model_ref, model_dir, prompt_ids, max_tokens, tol, lora_dir=None, threads=2, extra=(), held=None):
     """C engine vs transformers: every position's log-softmax, and the greedy continuation
     (a divergence is only accepted where transformers' own top-2 logits tie within 1e-4).
-    extra: more flags for `caraserve generate`."""
+    extra: more flags for `caraserve generate`. held: called after the reference's forward,
+    returns (n, loose): only the first n positions are held to tol, the rest to loose."""
     rows, gen = run_engine(model_dir, prompt_ids, max_tokens, lora_dir, threads, extra)
     full = list(prompt_ids) + gen
     ref = hf_logits(model_ref, full[:-1] if gen else full)
@@ -117,6 +118,17 @@ def compare(name, model_ref, model_dir, prompt_ids, max_tokens, tol, lora_dir=No
         fail(f"{name}: engine gave {rows.shape[0]} rows, reference {ref.shape[0]}")
     lp, lr = log_softmax64(rows), log_softmax64(ref)
     err = np.abs(lp - lr)
+    n_held, note = len(full), ""
+    if held is not None:  # positions from n_held on: within loose, not tol
+        n_held, loose = held()
+        n_held = min(n_held, err.shape[0])
+        if n_held < 1:
+            fail(f"{name}: no position is held to {tol}")
+        rest = float(err[n_held:].max()) if n_held < err.shape[0] else 0.0
+        if not rest <= loose:
+            fail(f"{name}: max |logprob diff| {rest:.3g} > {loose} after position {n_held}")
+        note = f" on positions 0-{n_held - 1}, {rest:.2e} (bound {loose}) after"
+        err = err[:n_held]
     worst = float(err.max())
     pos = int(err.max(axis=1).argmax())
     if not worst <= tol:
@@ -124,6 +136,8 @@ def compare(name, model_ref, model_dir, prompt_ids, max_tokens, tol, lora_dir=No
     n_prompt = len(prompt_ids)
     agreed = 0
     for k, tok in enumerate(gen):
+        if n_prompt - 1 + k >= n_held:
+            break  # not held to tol from here on
         r = ref[n_prompt - 1 + k]
         top2 = np.sort(r)[-2:]
         want = int(r.argmax())
@@ -133,5 +147,5 @@ def compare(name, model_ref, model_dir, prompt_ids, max_tokens, tol, lora_dir=No
             fail(f"{name}: greedy token {k} is {tok}, transformers says {want} (margin {top2[1]-top2[0]:.3g})")
         agreed += 1
     print(f"ok  {name}: {len(prompt_ids)} prompt + {len(gen)} generated tokens, max |dlogprob| {worst:.2e} "
-          f"(tol {tol}), greedy agrees on {agreed}/{len(gen)}")
+          f"(tol {tol}){note}, greedy agrees on {agreed}/{len(gen)}")
     return worst

@@ -1106,6 +1106,15 @@ START_TEST(test_quant_int8) {
             cs_quantize_act_avx2(q2, d2, s2, x, blk == 32 ? n : 32 * 32, blk);
             int nq = blk == 32 ? n : 32 * 32;
             ck_assert(!memcmp(q, q2, (size_t)nq) && !memcmp(d, d2, sizeof d) && !memcmp(s, s2, sizeof(float) * nq / 32));
+            /* the scales llama.cpp's activation blocks carry: Q8_0's F16 max/127, Q8_K's 1/(127/max) */
+            for (int b = 0; b < nq / blk; b++) {
+                float amax = 0;
+                for (int j = 0; j < blk; j++) amax = fmaxf(amax, fabsf(x[b * blk + j]));
+                float want = amax == 0 ? 0 : blk == 32 ? cs_f16_to_f32(cs_f32_to_f16(amax / 127)) : 1 / (127 / amax);
+                ck_assert_msg(d[b] == want, "block %d of %d: scale %.9g, llama.cpp's %.9g", b, blk, d[b], want);
+                for (int j = 0; j < blk; j++)
+                    ck_assert_int_eq(q[b * blk + j], (int)nearbyintf(x[b * blk + j] * (amax ? 127 / amax : 0)));
+            }
         }
         free(x);
     }
