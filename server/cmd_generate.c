@@ -100,7 +100,8 @@ static int gen_parse(gen_t *g, int argc, char **argv) {
 static int gen_load(gen_t *g) {
     const cs_options_t *o = &g->o;
     g->be = setup_backend(&(setup_backend_opts_t){.device = o->device, .threads = o->threads,
-                                                  .reference = o->reference_kernels, .precision_bf16 = o->precision == 1, .precision_int8 = o->precision == 2,
+                                                  .reference = o->reference_kernels, .batch_invariant = o->batch_invariant,
+                                                  .precision_bf16 = o->precision == 1, .precision_int8 = o->precision == 2,
                                                   .compress_weights = o->compress_weights,
                                                   .compress_weights_only = o->compress_weights_only});
     if (!g->be) { fprintf(stderr, "caraserve: %s\n", cs_error_last()); return -1; }

@@ -256,7 +256,7 @@ static const opt_t OPTS[] = {
      .def = "none", .wants = "wants none, q8_0, q6_k, q5_k, q4_k, q5_1, q5_0, q4_1 or q4_0",
      .help = "quantize the model's F32/F16/BF16 projection matrices at load into that GGUF block type (as vLLM's "
              "--quantization names a method; the embedding and lm_head stay as they are)"},
-    {"batch-invariant", NULL, K_FLAG, BAT | SRV, F(batch_invariant),
+    {"batch-invariant", NULL, K_FLAG, ALL, F(batch_invariant),
      .help = "every sequence's logits independent of the batch and the prefix cache (bit-identical repeats; "
              "slower prefill)"},
     {"reference-kernels", NULL, K_FLAG, ALL, F(reference_kernels),
