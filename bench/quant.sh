@@ -13,10 +13,13 @@
 #     SmolLM2-135M-Instruct directory, converted to F16 and quantized to TYPES as above; the
 #     benchmark model's random weights and its SentencePiece vocabulary without scores, which
 #     llama.cpp's converter writes as -1000 for every token, would compare tokenizers, not
-#     numerics): PPL_TEXT (the docs/ pages) cut into chunks of 512 as llama-perplexity scores
-#     them (BOS in place of the first token, the second half of each chunk scored);
+#     numerics): PPL_TEXT (the docs/ pages) in chunks of 512 tokens, llama-perplexity's tokens
+#     and log-probabilities (F32 KV cache) against caraserve's on the same tokens (int8, exact,
+#     int8 --batch-invariant): KL divergence, same top token, perplexity (bench/quant_ppl.py);
 #   - greedy continuations (GREEDY_TOKENS) of 8 prompts on those files against llama.cpp's
-#     (bench/quant_greedy.py: llama-completion with an F32 KV cache, or llama-simple).
+#     (bench/quant_greedy.py: llama-completion with an F32 KV cache, or llama-simple), with our
+#     log-probability margin where they part, and caraserve's int8 against itself with
+#     --batch-invariant as the yardstick.
 # Configurations alternate within each repetition; the ratios are per repetition (medians of
 # them). JSON in bench/results/quant-*.json with the CPU and the kernel paths. Quiet the machine.
 #
@@ -134,12 +137,9 @@ t = sys.stdin.read()[:2560 * $PPL_CHUNKS]
 sys.stdout.write(t[:t.rfind(chr(10)) + 1])" > "$text"
 for tf in ${pfiles[@]+"${pfiles[@]}"}; do
     t=${tf%%:*} f=${tf#*:}
-    lp=$("$bin/llama-perplexity" -m "$f" -f "$text" -c 512 -b 512 --chunks "$PPL_CHUNKS" -t "$THREADS" 2>&1 \
-        | sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' | tail -1)
-    c8=$($PY bench/quant_ppl.py "$BUILD/caraserve" "$f" "$text" 512 "$PPL_CHUNKS" "$THREADS" int8)
-    cx=$($PY bench/quant_ppl.py "$BUILD/caraserve" "$f" "$text" 512 "$PPL_CHUNKS" "$THREADS" exact)
-    echo "{\"kind\": \"ppl\", \"type\": \"$t\", \"file\": \"$f\", \"llama_cpp\": ${lp:-null}, \"caraserve_int8\": $c8, \"caraserve_exact\": $cx}" >> "$results"
-    echo "$t perplexity: caraserve int8 $c8, exact $cx, llama.cpp ${lp:-?}" >&2
+    o=$($PY bench/quant_ppl.py "$BUILD/caraserve" "$bin/llama-perplexity" "$f" "$text" 512 "$PPL_CHUNKS" "$THREADS")
+    echo "{\"kind\": \"ppl\", \"type\": \"$t\", \"out\": $o}" >> "$results"
+    echo "$t perplexity: $(echo "$o" | $PY -c "import json,sys; d=json.load(sys.stdin); print('llama.cpp %.4f, int8 %.4f (KLD %.2g, same top %.3f), exact %.4f (KLD %.2g); int8 vs int8 --batch-invariant KLD %.2g' % (d['llama_cpp_ppl'], d['int8']['ppl'], d['int8']['kld_mean'], d['int8']['same_top'], d['exact']['ppl'], d['exact']['kld_mean'], d['int8_vs_int8_invariant']['kld_mean']))")" >&2
 done
 
 # greedy continuations against llama.cpp's on the same files (bench/quant_greedy.py says where and
@@ -151,7 +151,7 @@ if [ -x "$simple" ]; then
         t=${tf%%:*} f=${tf#*:}
         g=$($PY bench/quant_greedy.py "$BUILD/caraserve" "$simple" "$f" "$GREEDY_TOKENS" "$THREADS")
         echo "{\"kind\": \"greedy\", \"type\": \"$t\", \"out\": $g}" >> "$results"
-        echo "$t greedy: $(echo "$g" | $PY -c "import json,sys; d=json.load(sys.stdin); print(d['int8_equal'], 'of', d['n_prompts'], 'equal (int8),', d['exact_equal'], '(exact)')")" >&2
+        echo "$t greedy: $(echo "$g" | $PY -c "import json,sys; d=json.load(sys.stdin); print(d['int8_equal'], 'of', d['n_prompts'], 'equal (int8),', d['exact_equal'], '(exact); int8 parts at margins', d['int8_margins'], '; int8 vs int8 --batch-invariant', d['int8_self_equal'], 'equal')")" >&2
     done
 else
     echo "bench/quant.sh: no $bin/llama-completion or llama-simple: greedy comparison left out" >&2
@@ -229,19 +229,19 @@ for t, f in files.items():
     if res["membw_read_gb_s"] and d["decode"].get("int8_b1_a0"):
         d["decode_b1_int8_read_gb_s"] = d["decode"]["int8_b1_a0"]["median"] * tok_bytes / 1e9
         d["decode_b1_int8_of_membw"] = d["decode_b1_int8_read_gb_s"] / res["membw_read_gb_s"]
-    ppl = [r for r in runs if r["kind"] == "ppl" and r["type"] == t]
+    ppl = [r["out"] for r in runs if r["kind"] == "ppl" and r["type"] == t]
     if ppl:
         q = ppl[0]
-        d["perplexity"] = {"file": q["file"], "caraserve_int8": q["caraserve_int8"], "caraserve_exact": q["caraserve_exact"],
-                           "llama_cpp": q["llama_cpp"]}
-        if q["llama_cpp"]:
-            d["perplexity"]["ratio_int8"] = q["caraserve_int8"] / q["llama_cpp"]
-            d["perplexity"]["ratio_exact"] = q["caraserve_exact"] / q["llama_cpp"]
+        d["perplexity"] = {"file": q["model"], "caraserve_int8": q["int8"]["ppl"], "caraserve_exact": q["exact"]["ppl"],
+                           "llama_cpp": q["llama_cpp_ppl"], "ratio_int8": q["int8"]["ppl_ratio"],
+                           "ratio_exact": q["exact"]["ppl_ratio"], "vs_llama_cpp": q}
     gr = [r["out"] for r in runs if r["kind"] == "greedy" and r["type"] == t]
     if gr:
         g = gr[0]
         d["greedy"] = {"llama_cpp": g["llama_cpp"], "tokens": g["tokens"], "prompts": g["n_prompts"],
                        "int8_equal": g["int8_equal"], "exact_equal": g["exact_equal"],
+                       "int8_max_margin": g["int8_max_margin"], "int8_margins": g["int8_margins"],
+                       "int8_self_equal": g["int8_self_equal"], "int8_self_margins": g["int8_self_margins"],
                        "int8_shared_chars": [p["int8_shared_chars"] for p in g["prompts"]],
                        "exact_shared_chars": [p["exact_shared_chars"] for p in g["prompts"]],
                        "llama_cpp_chars": [len(p["llama_cpp"]) for p in g["prompts"]], "texts": g["prompts"]}
