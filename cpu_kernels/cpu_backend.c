@@ -423,10 +423,15 @@ struct qmm_int8_job {
     int task0[QMM_INT8_MAX + 1], rows_per_task[QMM_INT8_MAX];
 };
 
+/* Q6_K weights at more rows of x than one kernel call takes: the values unpacked once per
+ * task (cs_qpack_q6k_unpack), the VNNI kernel reading them for every group of rows. The
+ * Q6_K kernel spends about as many instructions assembling the six bits from their two
+ * planes as multiplying them; at a prefill's 128 groups of 4 rows that was done 128 times. */
+static bool q6_unpacks(const cs_weight_t *w, int n) { return w->dtype == CS_DTYPE_Q6_K && n > CS_QGEMV_MAX_N; }
+
 static void qmm_int8_task(void *p, int task, int thread) {
     struct qmm_int8_job *j = p;
     cpu_ctx_t *c = j->c;
-    (void)thread;
     int k = 0;
     while (task >= j->task0[k + 1]) k++;
     const cs_weight_t *w = j->ws[k];
@@ -434,6 +439,13 @@ static void qmm_int8_task(void *p, int task, int thread) {
     int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows), g = w->cols / 32;
     int nd = w->cols / cs_quant_act_block(w->dtype);
     bool packed = c->qpack && w->pack; /* the kernels on the pack, or the AVX2 ones on the blocks */
+    /* Q6_K at many rows: the task's six-bit values unpacked once for all the groups of x
+     * (prefill of a Q6_K file, Zen 4, 2 threads: see q6_unpacks) */
+    uint8_t *u = NULL;
+    if (packed && c->vnni && q6_unpacks(w, j->n)) {
+        u = (uint8_t *)c->scratch[thread];
+        cs_qpack_q6k_unpack(u, w->pack, r0, r1);
+    }
     for (int i0 = 0; i0 < j->n; i0 += CS_QGEMV_MAX_N) {
         int m = CS_MIN(CS_QGEMV_MAX_N, j->n - i0);
         const int8_t *q = c->xq + (size_t)i0 * w->cols;
@@ -441,7 +453,10 @@ static void qmm_int8_task(void *p, int task, int thread) {
         /* Q5_K at one row: the AVX2 kernel, whose fewer steps per byte read memory faster
          * (batch-1 decode of a Q5_K_M file, Zen 4, 2 threads: 147-187 tok/s against the VNNI
          * kernel's 136-158, alternating); the two give the same bits */
-        if (packed && c->vnni && !(w->dtype == CS_DTYPE_Q5_K && m == 1))
+        if (u)
+            cs_qgemv_int8_vnni_q6u(y + (size_t)i0 * w->rows, w->rows, q, d, c->xq_s16 + (size_t)i0 * (w->cols / 16), m,
+                                   w->pack, r0, r1, u);
+        else if (packed && c->vnni && !(w->dtype == CS_DTYPE_Q5_K && m == 1))
             cs_qgemv_int8_vnni(y + (size_t)i0 * w->rows, w->rows, q, d, sm, c->xq_s16 + (size_t)i0 * (w->cols / 16), m,
                                w->pack, r0, r1);
         else if (packed)
@@ -480,6 +495,7 @@ static void cpu_matmul_int8_multi(cpu_ctx_t *c, float *const *ys, const float *x
     struct qmm_int8_job j = {c, ys, ws, n, count, {0}, {0}};
     int tasks = c->n_threads * 8;
     bool s16 = false;
+    size_t unpacked = 0; /* bytes of a task's Q6_K values unpacked (q6_unpacks) */
     for (int k = 0; k < count; k++) {
         const cs_weight_t *w = ws[k];
         int rpt = CS_MAX(4, (w->rows + tasks - 1) / tasks);
@@ -487,11 +503,14 @@ static void cpu_matmul_int8_multi(cpu_ctx_t *c, float *const *ys, const float *x
         if (c->qpack && w->pack) { /* whole groups of CS_QPACK_ROWS */
             rpt = (rpt + CS_QPACK_ROWS - 1) / CS_QPACK_ROWS * CS_QPACK_ROWS;
             s16 |= w->dtype == CS_DTYPE_Q6_K;
+            if (c->vnni && q6_unpacks(w, n))
+                unpacked = CS_MAX(unpacked, (size_t)(rpt / CS_QPACK_ROWS) * cs_qpack_q6k_unpacked_bytes(w->pack));
         }
         j.rows_per_task[k] = rpt;
         j.task0[k + 1] = j.task0[k] + (w->rows + rpt - 1) / rpt;
     }
     if (s16) cs_act_sums16(c->xq_s16, c->xq, (int64_t)need);
+    if (unpacked) scratch_reserve(c, (unpacked + sizeof(float) - 1) / sizeof(float));
     threadpool_run(c->pool, j.task0[count], qmm_int8_task, &j);
     for (int k = 0; k < count; k++) add_bias(ys[k], n, ws[k]->rows, biases[k]);
 }

@@ -38,6 +38,9 @@
 #include "cpu_kernels/kernels.h"
 
 #define G CS_QPACK_ROWS
+/* bytes of one group's six-bit values unpacked (cs_qpack_q6k_unpack): 64 per step, 4 steps
+ * of 8 in each half of each 256-column block */
+#define Q6U_GROUP(cols) ((size_t)(cols) / 256 * 4096)
 _Static_assert(CS_QGEMV_MAX_N <= CS_QPACK_MAX_N, "the backend hands the int8 kernels up to CS_QGEMV_MAX_N rows");
 
 static size_t pack_block_bytes(cs_dtype dt) {
@@ -361,9 +364,22 @@ VNNI INLINE void q4_k_t(float *y, int ldy, const int8_t *qx, const float *dx, co
     }
 }
 
-/* s16: Σ q_x over each 16 columns, per row of x (cols / 16 apart) */
-VNNI INLINE void q6_k_t(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, const int n,
-                        const cs_qpack_t *p, int g0, int g1) {
+/* the four vectors of six-bit values (0..63) of step k of half h of the block at o: columns
+ * 128h + 32t + 4k .. + 3 of the 16 rows, t < 4 */
+VNNI INLINE void q6_k_quads(__m512i q[4], const uint8_t *o, int h, int k, __m512i lo4, __m512i b45) {
+    __m512i l0 = _mm512_load_si512((const void *)(o + 320 + 64 * (16 * h + k)));
+    __m512i l1 = _mm512_load_si512((const void *)(o + 320 + 64 * (16 * h + 8 + k)));
+    __m512i qh = _mm512_load_si512((const void *)(o + 2368 + 64 * (8 * h + k)));
+    q[0] = _mm512_or_si512(_mm512_and_si512(l0, lo4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), b45));
+    q[1] = _mm512_or_si512(_mm512_and_si512(l1, lo4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), b45));
+    q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), lo4), _mm512_and_si512(qh, b45));
+    q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), lo4), _mm512_and_si512(_mm512_srli_epi16(qh, 2), b45));
+}
+
+/* s16: Σ q_x over each 16 columns, per row of x (cols / 16 apart); unp: the six-bit values
+ * come from u (cs_qpack_q6k_unpack of groups g0 ..), not from the pack */
+VNNI INLINE void q6_k_t(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, const bool unp,
+                        const uint8_t *u, const int n, const cs_qpack_t *p, int g0, int g1) {
     const int nb = p->cols / 256, n16 = p->cols / 16;
     const __m512i lo4 = _mm512_set1_epi8(0x0F), b45 = _mm512_set1_epi8(0x30);
     for (int g = g0; g < g1; g++) {
@@ -385,16 +401,15 @@ VNNI INLINE void q6_k_t(float *y, int ldy, const int8_t *qx, const float *dx, co
                         for (int i = 0; i < n; i++) a[t][i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
                     for (int k = 4 * kh; k < 4 * kh + 4; k++) {
-                        prefetch_step(o, 3392, 8 * h + k, 16);
-                        __m512i l0 = _mm512_load_si512((const void *)(o + 320 + 64 * (16 * h + k)));
-                        __m512i l1 = _mm512_load_si512((const void *)(o + 320 + 64 * (16 * h + 8 + k)));
-                        __m512i qh = _mm512_load_si512((const void *)(o + 2368 + 64 * (8 * h + k)));
                         __m512i q[4];
-                        q[0] = _mm512_or_si512(_mm512_and_si512(l0, lo4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), b45));
-                        q[1] = _mm512_or_si512(_mm512_and_si512(l1, lo4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), b45));
-                        q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), lo4), _mm512_and_si512(qh, b45));
-                        q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), lo4),
-                                               _mm512_and_si512(_mm512_srli_epi16(qh, 2), b45));
+                        if (unp) {
+                            const uint8_t *uq = u + (size_t)(g - g0) * Q6U_GROUP(p->cols) + (((size_t)b * 2 + h) * 8 + k) * 256;
+#pragma GCC unroll 4
+                            for (int t = 0; t < 4; t++) q[t] = _mm512_loadu_si512((const void *)(uq + 64 * t));
+                        } else {
+                            prefetch_step(o, 3392, 8 * h + k, 16);
+                            q6_k_quads(q, o, h, k, lo4, b45);
+                        }
 #pragma GCC unroll 4
                         for (int t = 0; t < 4; t++)
 #pragma GCC unroll 4
@@ -445,7 +460,7 @@ VNNI static void q5_k_n(float *y, int ldy, const int8_t *qx, const float *dx, co
 }
 VNNI static void q6_k_n(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, int n,
                         const cs_qpack_t *p, int g0, int g1) {
-    PER_N(q6_k_t, y, ldy, qx, dx, s16)
+    PER_N(q6_k_t, y, ldy, qx, dx, s16, false, NULL)
 }
 #undef PER_N
 
@@ -460,6 +475,41 @@ void cs_qgemv_int8_vnni(float *y, int ldy, const int8_t *qx, const float *dx, co
     case CS_DTYPE_Q6_K: CS_ASSERT(s16); q6_k_n(y, ldy, qx, dx, s16, n, p, g0, g1); break;
     default: CS_ASSERT(!"packed dtype");
     }
+}
+
+size_t cs_qpack_q6k_unpacked_bytes(const cs_qpack_t *p) { return Q6U_GROUP(p->cols); }
+
+VNNI void cs_qpack_q6k_unpack(uint8_t *dst, const cs_qpack_t *p, int r0, int r1) {
+    CS_ASSERT(p->dtype == CS_DTYPE_Q6_K && r0 % G == 0 && (r1 % G == 0 || r1 == p->rows) && r1 <= p->rows);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b45 = _mm512_set1_epi8(0x30);
+    for (int g = r0 / G; g < (r1 + G - 1) / G; g++) {
+        const uint8_t *base = p->data + (size_t)g * p->group_bytes;
+        for (int b = 0; b < p->cols / 256; b++)
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 8; k++) {
+                    __m512i q[4];
+                    q6_k_quads(q, base + (size_t)b * 3392, h, k, lo4, b45);
+                    for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(dst + 64 * t), q[t]);
+                    dst += 256;
+                }
+    }
+}
+
+VNNI static void q6_k_un(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, const uint8_t *u, int n,
+                         const cs_qpack_t *p, int g0, int g1) {
+    switch (n) {
+    case 1: q6_k_t(y, ldy, qx, dx, s16, true, u, 1, p, g0, g1); break;
+    case 2: q6_k_t(y, ldy, qx, dx, s16, true, u, 2, p, g0, g1); break;
+    case 3: q6_k_t(y, ldy, qx, dx, s16, true, u, 3, p, g0, g1); break;
+    default: q6_k_t(y, ldy, qx, dx, s16, true, u, 4, p, g0, g1); break;
+    }
+}
+
+void cs_qgemv_int8_vnni_q6u(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, int n,
+                            const cs_qpack_t *p, int r0, int r1, const uint8_t *u) {
+    CS_ASSERT(p->dtype == CS_DTYPE_Q6_K && n >= 1 && n <= CS_QPACK_MAX_N && r0 % G == 0 &&
+              (r1 % G == 0 || r1 == p->rows) && r1 <= p->rows && s16 && u);
+    q6_k_un(y, ldy, qx, dx, s16, u, n, p, r0 / G, (r1 + G - 1) / G);
 }
 
 void cs_act_sums16(int32_t *s16, const int8_t *q, int64_t n) {

@@ -1179,6 +1179,17 @@ static void check_qpack_kernels(const cs_qpack_t *pk, const cs_weight_t *w, cons
                           m, r0, r1, e);
         }
     }
+    if (vnni && w->dtype == CS_DTYPE_Q6_K) { /* the six-bit values unpacked once: the same bits */
+        size_t ub = cs_qpack_q6k_unpacked_bytes(pk) * (size_t)((r1 - r0 + CS_QPACK_ROWS - 1) / CS_QPACK_ROWS);
+        uint8_t *u = aligned_alloc(64, (ub + 63) / 64 * 64);
+        float *yu = calloc((size_t)m * rows, sizeof(float));
+        cs_qpack_q6k_unpack(u, pk, r0, r1);
+        cs_qgemv_int8_vnni_q6u(yu, rows, q, d, s16, m, pk, r0, r1, u);
+        for (int i = 0; i < m; i++)
+            ck_assert_msg(!memcmp(yu + (size_t)i * rows + r0, yv + (size_t)i * rows + r0, sizeof(float) * (size_t)(r1 - r0)),
+                          "%s: Q6_K unpacked n=%d rows %d-%d: not the VNNI kernel's bits", what, m, r0, r1);
+        free(u); free(yu);
+    }
     free(y); free(yv); free(yr);
 }
 
