@@ -527,35 +527,14 @@ static int copy_module(const char *dir, lora_module_t *mod, const st_tensor_t *t
     return CS_OK;
 }
 
-/* the bytes of a module's a, b and bt in the adapter's memory, each 64-byte aligned */
-static size_t module_bytes(const lora_module_t *mod) {
-    size_t es = cs_dtype_size(mod->dtype), n_a = (size_t)mod->rank * mod->d_in * es, n_b = (size_t)mod->d_out * mod->rank * es;
-    return (n_a + 63) / 64 * 64 + 2 * ((n_b + 63) / 64 * 64);
-}
+/* 64-byte aligned, not zeroed: copy_module writes every byte (zeroing hundreds of MB first
+ * cost as much as reading them from disk) */
+static void *alloc_raw(size_t n) { return aligned_alloc(64, n ? (n + 63) / 64 * 64 : 64); }
 
-/* the adapter's memory for every module (ranks and dtypes planned), carved into their a, b and bt; not
- * zeroed beyond what the mapping gives: the pages are touched as the weights are copied in
- * (zeroing hundreds of MB first cost as much as reading them from disk) */
-static int alloc_modules(const char *dir, lora_adapter_t *a) {
-    size_t total = 0;
-    for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++)
-        if (a->mods[i].rank > 0) total += module_bytes(&a->mods[i]);
-    if (!total) return CS_OK;
-    char *p = cs_huge_alloc(total, &a->mem_len);
-    if (!p) return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
-    a->mem = p;
-    for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++) {
-        lora_module_t *mod = &a->mods[i];
-        if (mod->rank <= 0) continue;
-        size_t es = cs_dtype_size(mod->dtype), n_a = (size_t)mod->rank * mod->d_in * es;
-        size_t n_b = (size_t)mod->d_out * mod->rank * es;
-        mod->a = p;
-        p += (n_a + 63) / 64 * 64;
-        mod->b = p;
-        p += (n_b + 63) / 64 * 64;
-        mod->bt = p;
-        p += (n_b + 63) / 64 * 64;
-    }
+static int alloc_module(const char *dir, lora_module_t *mod) {
+    size_t n_a = (size_t)mod->rank * mod->d_in, n_b = (size_t)mod->d_out * mod->rank, es = cs_dtype_size(mod->dtype);
+    if (!(mod->a = alloc_raw(n_a * es)) || !(mod->b = alloc_raw(n_b * es)) || !(mod->bt = alloc_raw(n_b * es)))
+        return cs_error_set(CS_ENOMEM, "%s: out of memory", dir);
     return CS_OK;
 }
 
@@ -603,21 +582,11 @@ static int fill(const char *dir, const safetensors_t *st, const model_config_t *
                                                                                                     : CS_DTYPE_F32;
             size_t es = cs_dtype_size(mod->dtype);
             a->nbytes += (n_a + 2 * n_b) * es;
+            if (!copy) continue;
+            if ((rc = alloc_module(dir, mod)) || (rc = copy_module(dir, mod, ta, tb))) return rc;
         }
     }
-    if (!copy) return CS_OK;
-    if ((rc = alloc_modules(dir, a))) return rc;
-    for (int l = 0; l < cfg->n_layers; l++) {
-        for (int t = 0; t < LORA_N_TARGETS; t++) {
-            lora_module_t *mod = lora_adapter_module(a, l, (lora_target)t);
-            if (mod->rank == 0) continue;
-            char na[256], nb[256];
-            tensor_names(l, t, na, nb, sizeof na);
-            const st_tensor_t *ta = safetensors_find(st, na), *tb = safetensors_find(st, nb);
-            if ((rc = copy_module(dir, mod, ta, tb))) return rc;
-        }
-    }
-    a->host_layers = (uint32_t)a->n_layers;
+    if (copy) a->host_layers = (uint32_t)a->n_layers;
     return CS_OK;
 }
 
@@ -645,13 +614,14 @@ int lora_adapter_begin(const char *name, const char *dir, const char *config_jso
     if ((rc = plan_fill(name, dir, config_json, config_len, st, cfg, bf16, false, &a)) != CS_OK) return rc;
     /* every module's memory now (a slot made before its layers came keeps these pointers),
      * not zeroed: its pages are touched only as the layers are copied in */
-    if ((rc = alloc_modules(dir, a)) != CS_OK) {
-        lora_adapter_free(a);
-        return rc;
-    }
+    for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++)
+        if (a->mods[i].rank > 0 && (rc = alloc_module(dir, &a->mods[i])) != CS_OK) goto err;
     a->host_layers = 0;
     *out = a;
     return CS_OK;
+err:
+    lora_adapter_free(a);
+    return rc;
 }
 
 void lora_adapter_layer_span(const lora_adapter_t *a, const safetensors_t *st, const void *base, int l,
@@ -860,7 +830,13 @@ void lora_adapter_free(lora_adapter_t *a) {
         backend_adapter_free(s->be, s->slot);
         free(s);
     }
-    cs_huge_free(a->mem, a->mem_len);
+    if (a->mods) {
+        for (int i = 0; i < a->n_layers * LORA_N_TARGETS; i++) {
+            free(a->mods[i].a);
+            free(a->mods[i].b);
+            free(a->mods[i].bt);
+        }
+    }
     free(a->mods);
     free(a->name);
     free(a->path);

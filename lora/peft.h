@@ -24,8 +24,7 @@ typedef struct lora_module {
     int d_in, d_out;
     float scale;        /* alpha / r, or alpha / sqrt(r) */
     cs_dtype dtype;     /* of a, b and bt: BF16 when the file's A and B both are, else F32 */
-    void *a;            /* (rank, d_in)  lora_A.weight; 64-byte aligned in the adapter's memory
-                           (lora_adapter_t.mem), freed with it */
+    void *a;            /* (rank, d_in)  lora_A.weight; cs_aligned_alloc(64), freed by lora_adapter_free */
     void *b;            /* (d_out, rank) lora_B.weight; same */
     void *bt;           /* (rank, d_out) B transposed, for the decode fast path (expand without
                            horizontal sums); same */
@@ -44,12 +43,6 @@ typedef struct lora_adapter {
                              * raises it layer by layer, and sets LORA_HOST_FAILED (above any
                              * count) when it fails part way: what is not there stays zero */
     lora_module_t *mods;    /* [n_layers * LORA_N_TARGETS] */
-    /* every module's a, b and bt, in one mapping asked for transparent huge pages: decode
-     * streams the adapters of a batch once per token, and the 4 KiB pages of separate
-     * allocations cost the stream (8 BF16 rank-16 adapters at 8 rows, 2 threads, Zen 4:
-     * 25.5 GB/s in 4 KiB pages, 29-31 in huge pages; F32 34 and 38-41) */
-    void *mem;
-    size_t mem_len;
     struct lora_slot *slots; /* its backend adapter slots (lora_adapter_slot), freed with it */
 } lora_adapter_t;
 

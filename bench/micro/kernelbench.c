@@ -385,21 +385,13 @@ static void run_gemv_tunings(const kb_t *k) {
  * base matmuls of the same rows; the JSON's last key */
 enum { LN = 8, RANK = 16 };
 static void run_lora(const kb_t *k) {
-    size_t nseg = (size_t)NP * k->layers * LN, total = 0, mem_len;
+    size_t nseg = (size_t)NP * k->layers * LN;
     cpu_lora_seg_t *segs = calloc(nseg, sizeof *segs);
-    for (size_t s = 0; s < nseg; s++) {
-        const proj_t *pj = &k->projs[(s / LN) % NP];
-        total += (size_t)RANK * (pj->cols + 2 * pj->rows) * 2;
-    }
-    /* in huge pages, as lora_adapter_t holds an adapter */
-    char *mem = cs_huge_alloc(total, &mem_len), *mp = mem;
-    CS_ASSERT(mem);
     for (size_t s = 0; s < nseg; s++) {
         const proj_t *pj = &k->projs[(s / LN) % NP];
         size_t na = (size_t)RANK * pj->cols, nb = (size_t)RANK * pj->rows;
         float *fa = randv(na), *fb = randv(nb);
-        uint16_t *a = (uint16_t *)mp, *b = a + na, *bt = b + nb;
-        mp += (na + 2 * nb) * 2;
+        uint16_t *a = malloc(na * 2), *b = malloc(nb * 2), *bt = malloc(nb * 2);
         for (size_t i = 0; i < na; i++) a[i] = cs_f32_to_bf16(fa[i]);
         for (int o = 0; o < pj->rows; o++)
             for (int r = 0; r < RANK; r++) {
@@ -425,7 +417,7 @@ static void run_lora(const kb_t *k) {
     printf(",\n \"lora_batch8_8_adapters\": {\"rank\": %d, \"dtype\": \"BF16\", \"base_ms\": %.3f, \"lora_ms\": %.3f, "
            "\"cost\": %.3f}\n}\n", RANK, base * 1e3, lora * 1e3, lora / base);
     cpu_raw_free(be);
-    cs_huge_free(mem, mem_len);
+    for (size_t s = 0; s < nseg; s++) { free((void *)segs[s].a); free((void *)segs[s].b); free((void *)segs[s].bt); }
     free(segs);
 }
 
