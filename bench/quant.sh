@@ -4,6 +4,7 @@
 # convert_hf_to_gguf.py and quantized by its llama-quantize to each of TYPES; for each file:
 #   - caraserve batch (--precision int8, and exact at batch 1): decode tokens/s at batch 1, 8,
 #     32, and at batch 8 with 8 distinct rank-16 adapters against the base; prefill of PROMPT;
+#     at batch 1 also with the KV cache in BF16 (llama.cpp's is F16 by default, ours F32);
 #     where the CPU has AVX512-VNNI, int8 on the AVX2 kernels too (int8avx2: CS_NO_VNNI=1);
 #   - llama-bench (pp PROMPT, tg GEN) and llama-batched-bench (decode at 1, 8, 32);
 #   - the read bandwidth of batch-1 decode: tok/s x the bytes of weights a token reads (every
@@ -80,19 +81,22 @@ for r in $(seq "$REPS"); do
         for c in $configs; do
             b=${c%%:*} a=${c##*:}
             # int8lbf16: the adapters held in BF16 (--lora-dtype bf16, as vLLM holds them in the
-            # model's dtype): half the bytes the 8 adapters add to each step
-            for prec in $precs int8lbf16; do
+            # model's dtype): half the bytes the 8 adapters add to each step; int8kv16: batch 1
+            # with the KV cache in BF16 (--kv-cache-dtype bf16), as many bytes as llama.cpp's
+            # default F16 cache (ours is F32 unless asked)
+            for prec in $precs int8lbf16 int8kv16; do
                 case "$prec:$c" in
-                int8:* | exact:1:0 | int8avx2:1:0 | int8lbf16:8:8) ;;
+                int8:* | exact:1:0 | int8avx2:1:0 | int8lbf16:8:8 | int8kv16:1:0) ;;
                 *) continue ;;
                 esac
-                novnni="" ldt=auto pflag=$prec
+                novnni="" ldt=auto pflag=$prec kvt=auto
                 case $prec in int8*) pflag=int8 ;; esac
                 [ "$prec" = int8avx2 ] && novnni=1
                 [ "$prec" = int8lbf16 ] && ldt=bf16
+                [ "$prec" = int8kv16 ] && kvt=bf16
                 st=$(CS_NO_VNNI=$novnni batch_stats "$BUILD/caraserve" --model "$f" "${lora_args[@]}" \
                     --requests "$work/req-$b-$a.jsonl" --precision "$pflag" --lora-dtype "$ldt" --max-num-seqs 64 \
-                    --kv-cache-bytes 2G)
+                    --kv-cache-bytes 2G --kv-cache-dtype "$kvt")
                 echo "{\"kind\": \"decode\", \"type\": \"$t\", \"precision\": \"$prec\", \"rep\": $r, \"batch\": $b, \"adapters\": $a, \"stats\": $st}" >> "$results"
                 echo "rep $r $t $prec batch $b adapters $a: $(decode_tps "$st")" >&2
             done
@@ -216,6 +220,7 @@ for t, f in files.items():
     d["ratios"] = {
         "decode_b1_int8_vs_llama_tg": ratio(("int8", 1, 0), ("llama", "tg")),
         "decode_b1_exact_vs_llama_tg": ratio(("exact", 1, 0), ("llama", "tg")),
+        "decode_b1_int8kv16_vs_llama_tg": ratio(("int8kv16", 1, 0), ("llama", "tg")),
         "decode_b8_int8_vs_llama": ratio(("int8", 8, 0), ("llama", "b8")),
         "decode_b32_int8_vs_llama": ratio(("int8", 32, 0), ("llama", "b32")),
         "prefill_int8_vs_llama_pp": ratio(("int8", "prefill"), ("llama", "pp")),
@@ -229,6 +234,8 @@ for t, f in files.items():
     if res["membw_read_gb_s"] and d["decode"].get("int8_b1_a0"):
         d["decode_b1_int8_read_gb_s"] = d["decode"]["int8_b1_a0"]["median"] * tok_bytes / 1e9
         d["decode_b1_int8_of_membw"] = d["decode_b1_int8_read_gb_s"] / res["membw_read_gb_s"]
+        if d["decode"].get("int8kv16_b1_a0"):
+            d["decode_b1_int8kv16_of_membw"] = d["decode"]["int8kv16_b1_a0"]["median"] * tok_bytes / 1e9 / res["membw_read_gb_s"]
     ppl = [r["out"] for r in runs if r["kind"] == "ppl" and r["type"] == t]
     if ppl:
         q = ppl[0]
