@@ -439,8 +439,7 @@ static void qmm_int8_task(void *p, int task, int thread) {
     int r0 = (task - j->task0[k]) * j->rows_per_task[k], r1 = CS_MIN(r0 + j->rows_per_task[k], w->rows), g = w->cols / 32;
     int nd = w->cols / cs_quant_act_block(w->dtype);
     bool packed = c->qpack && w->pack; /* the kernels on the pack, or the AVX2 ones on the blocks */
-    /* Q6_K at many rows: the task's six-bit values unpacked once for all the groups of x
-     * (prefill of a Q6_K file, Zen 4, 2 threads: see q6_unpacks) */
+    /* Q6_K at many rows: the task's six-bit values unpacked once for all the groups of x */
     uint8_t *u = NULL;
     if (packed && c->vnni && q6_unpacks(w, j->n)) {
         u = (uint8_t *)c->scratch[thread];

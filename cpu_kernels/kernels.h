@@ -206,8 +206,8 @@ void cs_qgemv_int8_pack_avx2(float *y, int ldy, const int8_t *qx, const float *d
                              int n, const cs_qpack_t *p, int r0, int r1);
 void cs_act_sums16(int32_t *s16, const int8_t *q, int64_t n);
 /* Q6_K at many rows of x (prefill): its groups' six-bit values unpacked once
- * (cs_qpack_q6k_unpack: the groups of rows [r0, r1), cs_qpack_q6k_unpacked_bytes each, to a
- * 64-byte aligned dst) for every group of up to CS_QPACK_MAX_N rows of x, not again at each;
+ * (cs_qpack_q6k_unpack: the groups of rows [r0, r1), cs_qpack_q6k_unpacked_bytes each, to
+ * dst) for every group of up to CS_QPACK_MAX_N rows of x, not again at each;
  * cs_qgemv_int8_vnni's results, bit for bit. Only where cs_cpu_has_avx512_vnni(). */
 size_t cs_qpack_q6k_unpacked_bytes(const cs_qpack_t *p);
 void cs_qpack_q6k_unpack(uint8_t *dst, const cs_qpack_t *p, int r0, int r1);

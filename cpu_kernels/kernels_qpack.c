@@ -462,6 +462,10 @@ VNNI static void q6_k_n(float *y, int ldy, const int8_t *qx, const float *dx, co
                         const cs_qpack_t *p, int g0, int g1) {
     PER_N(q6_k_t, y, ldy, qx, dx, s16, false, NULL)
 }
+VNNI static void q6_k_un(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, const uint8_t *u, int n,
+                         const cs_qpack_t *p, int g0, int g1) {
+    PER_N(q6_k_t, y, ldy, qx, dx, s16, true, u)
+}
 #undef PER_N
 
 void cs_qgemv_int8_vnni(float *y, int ldy, const int8_t *qx, const float *dx, const float *sx, const int32_t *s16, int n,
@@ -492,16 +496,6 @@ VNNI void cs_qpack_q6k_unpack(uint8_t *dst, const cs_qpack_t *p, int r0, int r1)
                     for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(dst + 64 * t), q[t]);
                     dst += 256;
                 }
-    }
-}
-
-VNNI static void q6_k_un(float *y, int ldy, const int8_t *qx, const float *dx, const int32_t *s16, const uint8_t *u, int n,
-                         const cs_qpack_t *p, int g0, int g1) {
-    switch (n) {
-    case 1: q6_k_t(y, ldy, qx, dx, s16, true, u, 1, p, g0, g1); break;
-    case 2: q6_k_t(y, ldy, qx, dx, s16, true, u, 2, p, g0, g1); break;
-    case 3: q6_k_t(y, ldy, qx, dx, s16, true, u, 3, p, g0, g1); break;
-    default: q6_k_t(y, ldy, qx, dx, s16, true, u, 4, p, g0, g1); break;
     }
 }
 
